@@ -1,0 +1,457 @@
+//! The TOML files operators write: run specs (`tollgate mint --spec run.toml`) and operator
+//! ceilings (`tollgate operator add --ceiling ceiling.toml`).
+//!
+//! Parsing is strict: unknown keys are errors, so a typo never silently drops a limit.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+use tollgate_proto::v1 as pb;
+
+/// A spec file could not be used. The message is one line naming the field and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The file is not valid TOML or does not have the expected shape.
+    #[error("{0}")]
+    Syntax(String),
+    /// A field has a value that cannot be used.
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// Dotted path of the field, e.g. `limits.memory`.
+        field: String,
+        /// What is wrong and what to write instead.
+        reason: String,
+    },
+}
+
+fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SpecError {
+    SpecError::Invalid {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// A size: an integer number of bytes or a string like `"512MiB"` or `"2 GB"`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum SizeValue {
+    /// Bytes.
+    Bytes(u64),
+    /// Human form, parsed with binary (`KiB`, `MiB`, `GiB`) and decimal (`kB`, `MB`) units.
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, field: &str) -> Result<u64, SpecError> {
+        let bytes = match self {
+            Self::Bytes(bytes) => *bytes,
+            Self::Text(text) => text
+                .trim()
+                .parse::<bytesize::ByteSize>()
+                .map_err(|e| invalid(field, format!("{text:?} is not a size like \"512MiB\": {e}")))?
+                .as_u64(),
+        };
+        if bytes == 0 {
+            return Err(invalid(field, "must be greater than zero"));
+        }
+        Ok(bytes)
+    }
+}
+
+/// Parses a duration like `"10m"`, `"1h 30m"` or `"90s"`.
+pub fn parse_duration(field: &str, text: &str) -> Result<Duration, SpecError> {
+    let duration = humantime::parse_duration(text.trim())
+        .map_err(|e| invalid(field, format!("{text:?} is not a duration like \"10m\": {e}")))?;
+    if duration.as_secs() == 0 {
+        return Err(invalid(field, "must be at least one second"));
+    }
+    Ok(duration)
+}
+
+/// `[limits]` of a run spec or ceiling. Absent fields are left to defaults (run spec) or
+/// uncapped (ceiling).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSpec {
+    /// Memory of the run's cgroup.
+    pub memory: Option<SizeValue>,
+    /// Processes and threads.
+    pub pids: Option<u32>,
+    /// CPU cores, fractional allowed (`0.5`).
+    pub cpu: Option<f64>,
+    /// Output bytes relayed or returned.
+    pub output: Option<SizeValue>,
+    /// Size of `/tmp`.
+    pub tmpfs: Option<SizeValue>,
+    /// Gateway tool calls.
+    pub tool_calls: Option<u64>,
+    /// Model tokens.
+    pub tokens: Option<u64>,
+}
+
+impl LimitsSpec {
+    /// The limits as a protocol message; absent fields are zero.
+    pub fn to_proto(&self) -> Result<pb::Limits, SpecError> {
+        let size = |value: &Option<SizeValue>, field: &str| {
+            value.as_ref().map_or(Ok(0), |v| v.bytes(field))
+        };
+        let nonzero = |value: Option<u64>, field: &str| match value {
+            Some(0) => Err(invalid(field, "must be greater than zero")),
+            other => Ok(other.unwrap_or(0)),
+        };
+        let cpu_millicores = match self.cpu {
+            None => 0,
+            Some(cores) if cores.is_finite() && cores >= 0.001 && cores <= 4096.0 => {
+                (cores * 1000.0).round() as u32
+            }
+            Some(cores) => {
+                return Err(invalid(
+                    "limits.cpu",
+                    format!("{cores} is not a core count between 0.001 and 4096"),
+                ))
+            }
+        };
+        Ok(pb::Limits {
+            memory_bytes: size(&self.memory, "limits.memory")?,
+            pids: u32::try_from(nonzero(self.pids.map(u64::from), "limits.pids")?)
+                .unwrap_or(u32::MAX),
+            cpu_millicores,
+            output_bytes: size(&self.output, "limits.output")?,
+            tmpfs_bytes: size(&self.tmpfs, "limits.tmpfs")?,
+            tool_calls: nonzero(self.tool_calls, "limits.tool_calls")?,
+            tokens: nonzero(self.tokens, "limits.tokens")?,
+        })
+    }
+}
+
+/// One `[[fs]]` grant.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FsSpec {
+    /// Absolute host path.
+    pub path: String,
+    /// `"read"` or `"write"`.
+    pub access: String,
+    /// Optional absolute path inside the sandbox to bind-mount at.
+    pub mount: Option<String>,
+}
+
+/// Parses `read` / `write`.
+pub fn parse_access(field: &str, text: &str) -> Result<pb::FsAccess, SpecError> {
+    match text.to_ascii_lowercase().as_str() {
+        "read" => Ok(pb::FsAccess::Read),
+        "write" => Ok(pb::FsAccess::Write),
+        _ => Err(invalid(field, format!("{text:?} is not \"read\" or \"write\""))),
+    }
+}
+
+/// Parses `low` / `medium` / `high`.
+pub fn parse_sensitivity(field: &str, text: &str) -> Result<pb::Sensitivity, SpecError> {
+    match text.to_ascii_lowercase().as_str() {
+        "low" => Ok(pb::Sensitivity::Low),
+        "medium" => Ok(pb::Sensitivity::Medium),
+        "high" => Ok(pb::Sensitivity::High),
+        _ => Err(invalid(
+            field,
+            format!("{text:?} is not \"low\", \"medium\" or \"high\""),
+        )),
+    }
+}
+
+fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
+    grants
+        .iter()
+        .enumerate()
+        .map(|(i, grant)| {
+            Ok(pb::FsGrant {
+                path: grant.path.clone(),
+                access: parse_access(&format!("fs[{i}].access"), &grant.access)? as i32,
+                mount: grant.mount.clone().unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// One `[[routes]]` grant.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSpec {
+    /// Route name from the supervisor's configuration (`"*"` in a ceiling: any route).
+    pub name: String,
+    /// `"low"`, `"medium"` or `"high"`.
+    pub max_sensitivity: String,
+}
+
+fn routes_to_proto(routes: &[RouteSpec]) -> Result<Vec<pb::RouteGrant>, SpecError> {
+    routes
+        .iter()
+        .enumerate()
+        .map(|(i, route)| {
+            Ok(pb::RouteGrant {
+                name: route.name.clone(),
+                max_sensitivity: parse_sensitivity(
+                    &format!("routes[{i}].max_sensitivity"),
+                    &route.max_sensitivity,
+                )? as i32,
+            })
+        })
+        .collect()
+}
+
+/// `[agent]`: a pinned command.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSection {
+    /// Executable (absolute path) and arguments.
+    pub argv: Vec<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory inside the sandbox.
+    pub workdir: Option<String>,
+}
+
+/// `[exec]`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSection {
+    /// Absolute paths of allowed executables.
+    #[serde(default)]
+    pub allow: Vec<String>,
+}
+
+/// `[delegate]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DelegateSection {
+    /// Levels of descendants allowed.
+    pub max_depth: u32,
+}
+
+/// A run spec: what an operator asks the authority to sign.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// The agent's name.
+    pub subject: String,
+    /// Lifetime, e.g. `"10m"`.
+    pub ttl: String,
+    /// Supervisor ids.
+    pub audience: Vec<String>,
+    /// Pinned agent command.
+    pub agent: Option<AgentSection>,
+    /// Limits.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+    /// File-system grants.
+    #[serde(default)]
+    pub fs: Vec<FsSpec>,
+    /// Executables.
+    #[serde(default)]
+    pub exec: ExecSection,
+    /// Model routes.
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    /// Delegation.
+    pub delegate: Option<DelegateSection>,
+}
+
+fn syntax(error: toml::de::Error) -> SpecError {
+    // toml's message spans several lines (with a source excerpt); keep it to one.
+    let message = error.message().replace('\n', " ");
+    match error.span() {
+        Some(span) => SpecError::Syntax(format!("{message} (at byte {})", span.start)),
+        None => SpecError::Syntax(message),
+    }
+}
+
+impl RunSpec {
+    /// Parses a run spec from TOML text.
+    pub fn parse(text: &str) -> Result<Self, SpecError> {
+        toml::from_str(text).map_err(syntax)
+    }
+
+    /// The mint request this spec asks for. Checks shapes; the authority checks the ceiling.
+    pub fn to_request(&self) -> Result<pb::MintReceiptRequest, SpecError> {
+        if self.subject.trim().is_empty() {
+            return Err(invalid("subject", "must not be empty"));
+        }
+        if self.audience.is_empty() {
+            return Err(invalid(
+                "audience",
+                "must name at least one supervisor id, e.g. audience = [\"workstation\"]",
+            ));
+        }
+        let ttl = parse_duration("ttl", &self.ttl)?;
+        Ok(pb::MintReceiptRequest {
+            subject: self.subject.clone(),
+            ttl_seconds: ttl.as_secs(),
+            audience: self.audience.clone(),
+            agent: self.agent.as_ref().map(|agent| pb::AgentSpec {
+                argv: agent.argv.clone(),
+                env: agent.env.clone().into_iter().collect(),
+                workdir: agent.workdir.clone().unwrap_or_default(),
+            }),
+            limits: Some(self.limits.to_proto()?),
+            fs: fs_to_proto(&self.fs)?,
+            exec: self.exec.allow.clone(),
+            routes: routes_to_proto(&self.routes)?,
+            delegate: self.delegate.as_ref().map(|d| pb::Delegation {
+                max_depth: d.max_depth,
+            }),
+            not_before: None,
+        })
+    }
+}
+
+/// An operator ceiling: the most an operator may grant.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CeilingSpec {
+    /// Longest ttl, e.g. `"8h"`.
+    pub max_ttl: String,
+    /// Allowed supervisor ids; empty means any.
+    #[serde(default)]
+    pub audience: Vec<String>,
+    /// Allowed executables; an entry ending in `/` covers a directory.
+    #[serde(default)]
+    pub exec: Vec<String>,
+    /// Highest delegation depth.
+    #[serde(default)]
+    pub max_delegate_depth: u32,
+    /// Path grants that cover requested paths beneath them.
+    #[serde(default)]
+    pub fs: Vec<FsSpec>,
+    /// Routes (`"*"` for any).
+    #[serde(default)]
+    pub routes: Vec<RouteSpec>,
+    /// Caps; absent means uncapped.
+    #[serde(default)]
+    pub limits: LimitsSpec,
+}
+
+impl CeilingSpec {
+    /// Parses a ceiling from TOML text.
+    pub fn parse(text: &str) -> Result<Self, SpecError> {
+        toml::from_str(text).map_err(syntax)
+    }
+
+    /// The ceiling as a protocol message.
+    pub fn to_proto(&self) -> Result<pb::Ceiling, SpecError> {
+        Ok(pb::Ceiling {
+            fs: fs_to_proto(&self.fs)?,
+            exec: self.exec.clone(),
+            routes: routes_to_proto(&self.routes)?,
+            limits: Some(self.limits.to_proto()?),
+            max_ttl_seconds: parse_duration("max_ttl", &self.max_ttl)?.as_secs(),
+            audience: self.audience.clone(),
+            max_delegate_depth: self.max_delegate_depth,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DESIGN_EXAMPLE: &str = r#"
+subject = "summarizer"
+ttl = "10m"
+audience = ["workstation"]
+
+[agent]
+argv = ["/usr/bin/python3", "/work/agent.py"]
+
+[limits]
+memory = "512MiB"
+pids = 64
+cpu = 1.0
+output = "5MiB"
+tmpfs = "64MiB"
+tool_calls = 1000
+tokens = 200000
+
+[[fs]]
+path = "/home/me/project"
+access = "read"
+mount = "/project"
+
+[exec]
+allow = ["/usr/bin/python3", "/usr/bin/grep"]
+
+[[routes]]
+name = "local"
+max_sensitivity = "high"
+
+[[routes]]
+name = "claude"
+max_sensitivity = "low"
+
+[delegate]
+max_depth = 1
+"#;
+
+    #[test]
+    fn design_example_parses_to_the_expected_request() {
+        let request = RunSpec::parse(DESIGN_EXAMPLE)
+            .unwrap()
+            .to_request()
+            .unwrap();
+        assert_eq!(request.ttl_seconds, 600);
+        let limits = request.limits.unwrap();
+        assert_eq!(limits.memory_bytes, 512 * 1024 * 1024);
+        assert_eq!(limits.cpu_millicores, 1000);
+        assert_eq!(limits.output_bytes, 5 * 1024 * 1024);
+        assert_eq!(limits.pids, 64);
+        assert_eq!(request.fs[0].access, pb::FsAccess::Read as i32);
+        assert_eq!(request.fs[0].mount, "/project");
+        assert_eq!(request.routes[1].max_sensitivity, pb::Sensitivity::Low as i32);
+        assert_eq!(request.delegate.unwrap().max_depth, 1);
+        assert_eq!(request.agent.unwrap().argv[0], "/usr/bin/python3");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_field() {
+        let typo = "subject='a'\nttl='1m'\naudience=['w']\n[limits]\nmemroy='1GiB'\n";
+        let error = RunSpec::parse(typo).unwrap_err().to_string();
+        assert!(error.contains("memroy"), "{error}");
+        assert!(!error.contains('\n'));
+
+        let bad_size = "subject='a'\nttl='1m'\naudience=['w']\n[limits]\nmemory='lots'\n";
+        let error = RunSpec::parse(bad_size).unwrap().to_request().unwrap_err();
+        assert!(error.to_string().starts_with("limits.memory:"), "{error}");
+
+        let bad_ttl = "subject='a'\nttl='soon'\naudience=['w']\n";
+        let error = RunSpec::parse(bad_ttl).unwrap().to_request().unwrap_err();
+        assert!(error.to_string().starts_with("ttl:"), "{error}");
+
+        let bad_access = "subject='a'\nttl='1m'\naudience=['w']\n[[fs]]\npath='/x'\naccess='rw'\n";
+        let error = RunSpec::parse(bad_access).unwrap().to_request().unwrap_err();
+        assert!(error.to_string().starts_with("fs[0].access:"), "{error}");
+
+        let no_audience = "subject='a'\nttl='1m'\naudience=[]\n";
+        let error = RunSpec::parse(no_audience).unwrap().to_request().unwrap_err();
+        assert!(error.to_string().starts_with("audience:"), "{error}");
+    }
+
+    #[test]
+    fn ceiling_parses() {
+        let text = r#"
+max_ttl = "8h"
+exec = ["/usr/bin/"]
+[[fs]]
+path = "/home/me"
+access = "write"
+[[routes]]
+name = "*"
+max_sensitivity = "medium"
+[limits]
+memory = "2GiB"
+"#;
+        let ceiling = CeilingSpec::parse(text).unwrap().to_proto().unwrap();
+        assert_eq!(ceiling.max_ttl_seconds, 8 * 3600);
+        assert_eq!(ceiling.limits.unwrap().memory_bytes, 2 << 30);
+        assert_eq!(ceiling.limits.unwrap().pids, 0);
+    }
+}
