@@ -1,1 +1,220 @@
-//! placeholder
+//! The Tollgate authority: mints Ed25519-signed run receipts within each operator's ceiling,
+//! revokes them, and publishes its key set and a revocation stream over gRPC.
+//!
+//! [`Authority::open`] loads (or initialises) a data directory; [`Authority::run`] serves on a
+//! bound listener until a shutdown future completes; [`serve`] is the whole daemon (bind,
+//! readiness file, run) used by the `tollgate-authority` binary.
+//!
+//! Data directory layout:
+//!
+//! | path | what |
+//! | --- | --- |
+//! | `authority.db` | SQLite: keys (public), operators (token hashes), receipts, revocations |
+//! | `keys/<key_id>.key` | the active private key, hex seed, 0600 |
+//! | `admin.token` | the bootstrap admin's bearer token, 0600, written on first start |
+//! | `authority.addr` | the bound `host:port`, written once the daemon accepts connections |
+#![forbid(unsafe_code)]
+
+pub mod ceiling;
+pub mod config;
+pub mod error;
+pub mod files;
+pub mod keys;
+pub mod operators;
+pub mod service;
+pub mod store;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch};
+use tokio_stream::wrappers::TcpListenerStream;
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_server::AuthorityServer;
+
+pub use config::AuthorityConfig;
+pub use error::{AuthorityError, CallError};
+
+use crate::files::{ensure_private_dir, write_atomic};
+use crate::keys::KeyRing;
+use crate::operators::{generate_token, token_hash, OperatorRegistry};
+use crate::service::AuthorityService;
+use crate::store::{Operator, Store};
+
+/// File name of the readiness file in the data directory.
+pub const ADDR_FILE: &str = "authority.addr";
+/// File name of the bootstrap admin token in the data directory.
+pub const ADMIN_TOKEN_FILE: &str = "admin.token";
+/// File name of the database in the data directory.
+pub const DATABASE_FILE: &str = "authority.db";
+/// Name of the bootstrap admin operator.
+pub const BOOTSTRAP_ADMIN: &str = "admin";
+
+/// An opened authority, ready to serve.
+#[derive(Debug)]
+pub struct Authority {
+    config: AuthorityConfig,
+    store: Arc<Store>,
+    keys: Arc<KeyRing>,
+    operators: OperatorRegistry,
+}
+
+impl Authority {
+    /// Opens the data directory: checks and migrates the database, loads (or generates) the
+    /// signing key, and on first start creates the bootstrap admin and `admin.token`.
+    /// Blocking.
+    pub fn open(config: AuthorityConfig) -> Result<Self, AuthorityError> {
+        ensure_private_dir(&config.data_dir)?;
+        let store = Arc::new(Store::open(&config.data_dir.join(DATABASE_FILE))?);
+        let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
+        let mut operators = store.operators()?;
+        if operators.is_empty() {
+            operators.push(bootstrap_admin(&config, &store)?);
+        }
+        tracing::info!(
+            data_dir = %config.data_dir.display(),
+            key_id = keys.active().key_id(),
+            operators = operators.len(),
+            "authority opened"
+        );
+        Ok(Self {
+            store,
+            keys,
+            operators: OperatorRegistry::new(operators),
+            config,
+        })
+    }
+
+    /// The resolved configuration.
+    pub fn config(&self) -> &AuthorityConfig {
+        &self.config
+    }
+
+    /// Serves the Authority, health and reflection services on `listener` until `shutdown`
+    /// completes; open revocation streams are then closed so shutdown does not hang.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), AuthorityError> {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (revocations, _) = broadcast::channel(1024);
+        let service = AuthorityService {
+            config: self.config,
+            store: self.store,
+            keys: self.keys,
+            operators: self.operators,
+            revocations,
+            shutdown: stop_rx,
+        };
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<AuthorityServer<AuthorityService>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tollgate_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| AuthorityError::Config(format!("reflection: {e}")))?;
+        let signal = async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            let _ = stop_tx.send(true);
+        };
+        tonic::transport::Server::builder()
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(AuthorityServer::new(service))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal)
+            .await?;
+        Ok(())
+    }
+}
+
+fn bootstrap_admin(
+    config: &AuthorityConfig,
+    store: &Store,
+) -> Result<([u8; 32], Operator), AuthorityError> {
+    let token = generate_token();
+    // Token file first: if we crash before the database insert, the next start simply makes
+    // a new token; the reverse order could leave an admin nobody can authenticate as.
+    write_atomic(
+        &config.data_dir.join(ADMIN_TOKEN_FILE),
+        format!("{token}\n").as_bytes(),
+        0o600,
+    )?;
+    let operator = Operator {
+        name: BOOTSTRAP_ADMIN.into(),
+        admin: true,
+        ceiling: pb::Ceiling {
+            fs: vec![pb::FsGrant {
+                path: "/".into(),
+                access: pb::FsAccess::Write as i32,
+                mount: String::new(),
+            }],
+            exec: vec!["/".into()],
+            routes: vec![pb::RouteGrant {
+                name: "*".into(),
+                max_sensitivity: pb::Sensitivity::High as i32,
+            }],
+            limits: Some(pb::Limits::default()),
+            max_ttl_seconds: config.admin_max_ttl.as_secs(),
+            audience: Vec::new(),
+            max_delegate_depth: config.admin_max_delegate_depth,
+        },
+        created_at: tollgate_receipt::unix_now(),
+        created_by: String::new(),
+    };
+    let hash = token_hash(&token);
+    store.insert_operator(&hash, &operator)?;
+    tracing::info!(path = %config.data_dir.join(ADMIN_TOKEN_FILE).display(), "created bootstrap admin token");
+    Ok((hash, operator))
+}
+
+/// Path of the readiness file for a data directory.
+pub fn addr_file(data_dir: &Path) -> PathBuf {
+    data_dir.join(ADDR_FILE)
+}
+
+/// The whole daemon: open the data directory, bind, write `authority.addr`, serve until
+/// `shutdown`, then remove `authority.addr`.
+pub async fn serve(
+    config: AuthorityConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), AuthorityError> {
+    let addr_path = addr_file(&config.data_dir);
+    // A stale address from an earlier run must never be mistaken for readiness.
+    match std::fs::remove_file(&addr_path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(AuthorityError::WriteFile {
+                path: addr_path,
+                source,
+            })
+        }
+    }
+    let opened = tokio::task::spawn_blocking(move || Authority::open(config))
+        .await
+        .map_err(|e| AuthorityError::Task(e.to_string()))??;
+    let listen = opened.config.listen.clone();
+    let listener = TcpListener::bind(&listen)
+        .await
+        .map_err(|source| AuthorityError::Bind {
+            addr: listen.clone(),
+            source,
+        })?;
+    let bound: SocketAddr = listener.local_addr().map_err(|source| AuthorityError::Bind {
+        addr: listen,
+        source,
+    })?;
+    // The socket is listening, so connections queue from here on: the daemon is ready.
+    write_atomic(&addr_path, format!("{bound}\n").as_bytes(), 0o644)?;
+    tracing::info!(addr = %bound, "authority listening");
+    let result = opened.run(listener, shutdown).await;
+    let _ = std::fs::remove_file(&addr_path);
+    result
+}

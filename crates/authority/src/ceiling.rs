@@ -1,0 +1,473 @@
+//! Request validation and operator ceilings: what an operator may ask the authority to sign.
+//!
+//! Validation failures are `INVALID_ARGUMENT` naming the field; anything above the ceiling is
+//! `PERMISSION_DENIED` naming the grant. Both are checked before anything is signed or stored.
+
+use tollgate_proto::v1 as pb;
+
+use crate::error::CallError;
+
+/// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
+/// slash (except the root itself), no NUL.
+pub fn is_normal_absolute(path: &str) -> bool {
+    if path == "/" {
+        return true;
+    }
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    !path.contains('\0')
+        && rest
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+}
+
+/// Whether host path `path` equals or lies beneath `prefix` (both normalised).
+fn path_within(path: &str, prefix: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+fn check_path(field: &str, path: &str) -> Result<(), CallError> {
+    if is_normal_absolute(path) {
+        Ok(())
+    } else {
+        Err(CallError::invalid(
+            field,
+            format!("{path:?} must be an absolute path without '.', '..', '//' or a trailing '/'"),
+        ))
+    }
+}
+
+fn sensitivity_name(value: i32) -> &'static str {
+    match pb::Sensitivity::try_from(value) {
+        Ok(pb::Sensitivity::Low) => "low",
+        Ok(pb::Sensitivity::Medium) => "medium",
+        Ok(pb::Sensitivity::High) => "high",
+        _ => "unspecified",
+    }
+}
+
+fn access_name(value: i32) -> &'static str {
+    match pb::FsAccess::try_from(value) {
+        Ok(pb::FsAccess::Read) => "read",
+        Ok(pb::FsAccess::Write) => "write",
+        _ => "unspecified",
+    }
+}
+
+fn check_fs_grants(fs: &[pb::FsGrant], prefix: &str) -> Result<(), CallError> {
+    for (i, grant) in fs.iter().enumerate() {
+        check_path(&format!("{prefix}fs[{i}].path"), &grant.path)?;
+        if !matches!(
+            pb::FsAccess::try_from(grant.access),
+            Ok(pb::FsAccess::Read | pb::FsAccess::Write)
+        ) {
+            return Err(CallError::invalid(
+                format!("{prefix}fs[{i}].access"),
+                "must be READ or WRITE",
+            ));
+        }
+        if !grant.mount.is_empty() {
+            check_path(&format!("{prefix}fs[{i}].mount"), &grant.mount)?;
+        }
+    }
+    Ok(())
+}
+
+fn check_routes(routes: &[pb::RouteGrant], prefix: &str) -> Result<(), CallError> {
+    for (i, route) in routes.iter().enumerate() {
+        if route.name.trim().is_empty() {
+            return Err(CallError::invalid(format!("{prefix}routes[{i}].name"), "must not be empty"));
+        }
+        if !matches!(
+            pb::Sensitivity::try_from(route.max_sensitivity),
+            Ok(pb::Sensitivity::Low | pb::Sensitivity::Medium | pb::Sensitivity::High)
+        ) {
+            return Err(CallError::invalid(
+                format!("{prefix}routes[{i}].max_sensitivity"),
+                "must be LOW, MEDIUM or HIGH",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_name_list(field: &str, values: &[String]) -> Result<(), CallError> {
+    for (i, value) in values.iter().enumerate() {
+        if value.trim().is_empty() || value.len() > 128 {
+            return Err(CallError::invalid(
+                format!("{field}[{i}]"),
+                "must be 1 to 128 characters",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the shape of a mint request (not the ceiling).
+pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
+    if request.subject.trim().is_empty() || request.subject.len() > 128 {
+        return Err(CallError::invalid("subject", "must be 1 to 128 characters"));
+    }
+    if request.ttl_seconds == 0 {
+        return Err(CallError::invalid("ttl_seconds", "must be greater than zero"));
+    }
+    if request.audience.is_empty() {
+        return Err(CallError::invalid("audience", "must name at least one supervisor id"));
+    }
+    check_name_list("audience", &request.audience)?;
+    check_fs_grants(&request.fs, "")?;
+    for (i, exec) in request.exec.iter().enumerate() {
+        if exec == "/" || !is_normal_absolute(exec) {
+            return Err(CallError::invalid(
+                format!("exec[{i}]"),
+                format!("{exec:?} must be the absolute, normalised path of an executable"),
+            ));
+        }
+    }
+    check_routes(&request.routes, "")?;
+    if let Some(agent) = &request.agent {
+        let Some(program) = agent.argv.first() else {
+            return Err(CallError::invalid("agent.argv", "must not be empty when agent is set"));
+        };
+        if !request.exec.contains(program) {
+            return Err(CallError::invalid(
+                "agent.argv[0]",
+                format!("{program:?} must also be listed in exec"),
+            ));
+        }
+        if !agent.workdir.is_empty() {
+            check_path("agent.workdir", &agent.workdir)?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks the shape of a ceiling given to AddOperator.
+pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
+    if ceiling.max_ttl_seconds == 0 {
+        return Err(CallError::invalid("ceiling.max_ttl_seconds", "must be greater than zero"));
+    }
+    check_fs_grants(&ceiling.fs, "ceiling.")?;
+    for (i, exec) in ceiling.exec.iter().enumerate() {
+        let path = exec.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(exec);
+        if !is_normal_absolute(path) {
+            return Err(CallError::invalid(
+                format!("ceiling.exec[{i}]"),
+                format!("{exec:?} must be an absolute path, or a directory ending in '/'"),
+            ));
+        }
+    }
+    check_routes(&ceiling.routes, "ceiling.")?;
+    check_name_list("ceiling.audience", &ceiling.audience)?;
+    Ok(())
+}
+
+/// Limits used for fields a request leaves at zero (before capping by the ceiling).
+pub fn default_limits() -> pb::Limits {
+    pb::Limits {
+        memory_bytes: 512 << 20,
+        pids: 64,
+        cpu_millicores: 1000,
+        output_bytes: 5 << 20,
+        tmpfs_bytes: 64 << 20,
+        tool_calls: 1000,
+        tokens: 200_000,
+    }
+}
+
+/// An operator's request measured against its ceiling.
+pub struct CeilingCheck<'a> {
+    /// The operator's name, for messages.
+    pub operator: &'a str,
+    /// Its ceiling.
+    pub ceiling: &'a pb::Ceiling,
+    /// Limits for unset fields.
+    pub defaults: &'a pb::Limits,
+}
+
+impl CeilingCheck<'_> {
+    fn denied(&self, grant: String) -> CallError {
+        CallError::PermissionDenied(format!(
+            "{grant} is above operator {:?}'s ceiling",
+            self.operator
+        ))
+    }
+
+    /// The receipt's limits: each requested limit must be within the ceiling; unset ones
+    /// take the default capped by the ceiling.
+    pub fn resolve_limits(&self, requested: Option<&pb::Limits>) -> Result<pb::Limits, CallError> {
+        let requested = requested.copied().unwrap_or_default();
+        let cap = self.ceiling.limits.unwrap_or_default();
+        let resolve = |name: &str, asked: u64, default: u64, cap: u64| -> Result<u64, CallError> {
+            if asked == 0 {
+                return Ok(if cap == 0 { default } else { default.min(cap) });
+            }
+            if cap != 0 && asked > cap {
+                return Err(self.denied(format!("limits.{name} = {asked} (ceiling {cap})")));
+            }
+            Ok(asked)
+        };
+        let d = self.defaults;
+        Ok(pb::Limits {
+            memory_bytes: resolve("memory_bytes", requested.memory_bytes, d.memory_bytes, cap.memory_bytes)?,
+            pids: resolve("pids", requested.pids.into(), d.pids.into(), cap.pids.into())? as u32,
+            cpu_millicores: resolve(
+                "cpu_millicores",
+                requested.cpu_millicores.into(),
+                d.cpu_millicores.into(),
+                cap.cpu_millicores.into(),
+            )? as u32,
+            output_bytes: resolve("output_bytes", requested.output_bytes, d.output_bytes, cap.output_bytes)?,
+            tmpfs_bytes: resolve("tmpfs_bytes", requested.tmpfs_bytes, d.tmpfs_bytes, cap.tmpfs_bytes)?,
+            tool_calls: resolve("tool_calls", requested.tool_calls, d.tool_calls, cap.tool_calls)?,
+            tokens: resolve("tokens", requested.tokens, d.tokens, cap.tokens)?,
+        })
+    }
+
+    /// Every grant of a (validated) request must be covered by the ceiling.
+    pub fn check_grants(&self, request: &pb::MintReceiptRequest) -> Result<(), CallError> {
+        let ceiling = self.ceiling;
+        if request.ttl_seconds > ceiling.max_ttl_seconds {
+            return Err(self.denied(format!(
+                "ttl_seconds = {} (ceiling {})",
+                request.ttl_seconds, ceiling.max_ttl_seconds
+            )));
+        }
+        if !ceiling.audience.is_empty() {
+            if let Some((i, audience)) = request
+                .audience
+                .iter()
+                .enumerate()
+                .find(|(_, a)| !ceiling.audience.contains(a))
+            {
+                return Err(self.denied(format!("audience[{i}] = {audience:?}")));
+            }
+        }
+        for (i, grant) in request.fs.iter().enumerate() {
+            let covered = ceiling.fs.iter().any(|allowed| {
+                path_within(&grant.path, &allowed.path) && allowed.access >= grant.access
+            });
+            if !covered {
+                return Err(self.denied(format!(
+                    "fs[{i}] = {} ({})",
+                    grant.path,
+                    access_name(grant.access)
+                )));
+            }
+        }
+        for (i, exec) in request.exec.iter().enumerate() {
+            let covered = ceiling.exec.iter().any(|allowed| match allowed.strip_suffix('/') {
+                Some(dir) => path_within(exec, if dir.is_empty() { "/" } else { dir }),
+                None => allowed == exec,
+            });
+            if !covered {
+                return Err(self.denied(format!("exec[{i}] = {exec}")));
+            }
+        }
+        for (i, route) in request.routes.iter().enumerate() {
+            let covered = ceiling.routes.iter().any(|allowed| {
+                (allowed.name == route.name || allowed.name == "*")
+                    && allowed.max_sensitivity >= route.max_sensitivity
+            });
+            if !covered {
+                return Err(self.denied(format!(
+                    "routes[{i}] = {} ({})",
+                    route.name,
+                    sensitivity_name(route.max_sensitivity)
+                )));
+            }
+        }
+        if let Some(delegate) = &request.delegate {
+            if delegate.max_depth > ceiling.max_delegate_depth {
+                return Err(self.denied(format!(
+                    "delegate.max_depth = {} (ceiling {})",
+                    delegate.max_depth, ceiling.max_delegate_depth
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ceiling() -> pb::Ceiling {
+        pb::Ceiling {
+            fs: vec![
+                pb::FsGrant {
+                    path: "/home/me".into(),
+                    access: pb::FsAccess::Write as i32,
+                    mount: String::new(),
+                },
+                pb::FsGrant {
+                    path: "/srv/data".into(),
+                    access: pb::FsAccess::Read as i32,
+                    mount: String::new(),
+                },
+            ],
+            exec: vec!["/usr/bin/python3".into(), "/opt/tools/".into()],
+            routes: vec![pb::RouteGrant {
+                name: "local".into(),
+                max_sensitivity: pb::Sensitivity::High as i32,
+            }],
+            limits: Some(pb::Limits {
+                memory_bytes: 1 << 30,
+                ..Default::default()
+            }),
+            max_ttl_seconds: 3600,
+            audience: vec!["workstation".into()],
+            max_delegate_depth: 1,
+        }
+    }
+
+    fn request() -> pb::MintReceiptRequest {
+        pb::MintReceiptRequest {
+            subject: "agent".into(),
+            ttl_seconds: 600,
+            audience: vec!["workstation".into()],
+            ..Default::default()
+        }
+    }
+
+    fn denial(request: &pb::MintReceiptRequest) -> String {
+        let ceiling = ceiling();
+        let check = CeilingCheck {
+            operator: "bob",
+            ceiling: &ceiling,
+            defaults: &default_limits(),
+        };
+        match check.check_grants(request) {
+            Err(CallError::PermissionDenied(message)) => message,
+            other => panic!("expected a denial, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn paths_must_be_normalised() {
+        for good in ["/", "/a", "/a/b.c", "/a/..b"] {
+            assert!(is_normal_absolute(good), "{good}");
+        }
+        for bad in ["", "a", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0"] {
+            assert!(!is_normal_absolute(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn prefix_match_respects_component_boundaries() {
+        assert!(path_within("/home/me", "/home/me"));
+        assert!(path_within("/home/me/x", "/home/me"));
+        assert!(!path_within("/home/meow", "/home/me"));
+        assert!(path_within("/etc", "/"));
+    }
+
+    #[test]
+    fn each_grant_above_the_ceiling_is_named() {
+        let mut r = request();
+        r.ttl_seconds = 7200;
+        assert!(denial(&r).contains("ttl_seconds = 7200"));
+
+        let mut r = request();
+        r.audience.push("laptop".into());
+        assert!(denial(&r).contains("audience[1] = \"laptop\""));
+
+        let mut r = request();
+        r.fs.push(pb::FsGrant {
+            path: "/srv/data/x".into(),
+            access: pb::FsAccess::Write as i32,
+            mount: String::new(),
+        });
+        assert!(denial(&r).contains("fs[0] = /srv/data/x (write)"));
+
+        let mut r = request();
+        r.fs.push(pb::FsGrant {
+            path: "/home/meow".into(),
+            access: pb::FsAccess::Read as i32,
+            mount: String::new(),
+        });
+        assert!(denial(&r).contains("fs[0] = /home/meow"));
+
+        let mut r = request();
+        r.exec = vec!["/opt/tools/x".into(), "/usr/bin/bash".into()];
+        assert!(denial(&r).contains("exec[1] = /usr/bin/bash"));
+
+        let mut r = request();
+        r.routes.push(pb::RouteGrant {
+            name: "claude".into(),
+            max_sensitivity: pb::Sensitivity::Low as i32,
+        });
+        assert!(denial(&r).contains("routes[0] = claude (low)"));
+
+        let mut r = request();
+        r.delegate = Some(pb::Delegation { max_depth: 2 });
+        assert!(denial(&r).contains("delegate.max_depth = 2"));
+    }
+
+    #[test]
+    fn limits_default_cap_and_deny() {
+        let ceiling = ceiling();
+        let defaults = pb::Limits {
+            memory_bytes: 2 << 30,
+            ..default_limits()
+        };
+        let check = CeilingCheck {
+            operator: "bob",
+            ceiling: &ceiling,
+            defaults: &defaults,
+        };
+        let resolved = check.resolve_limits(None).unwrap();
+        assert_eq!(resolved.memory_bytes, 1 << 30, "default capped by the ceiling");
+        assert_eq!(resolved.pids, 64, "uncapped limit takes the default");
+        let asked = pb::Limits {
+            memory_bytes: (1 << 30) + 1,
+            ..Default::default()
+        };
+        match check.resolve_limits(Some(&asked)) {
+            Err(CallError::PermissionDenied(m)) => assert!(m.contains("limits.memory_bytes")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn malformed_requests_name_the_field() {
+        let field = |r: &pb::MintReceiptRequest| match validate_mint(r) {
+            Err(CallError::InvalidArgument { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        let mut r = request();
+        r.subject.clear();
+        assert_eq!(field(&r), "subject");
+        let mut r = request();
+        r.ttl_seconds = 0;
+        assert_eq!(field(&r), "ttl_seconds");
+        let mut r = request();
+        r.audience.clear();
+        assert_eq!(field(&r), "audience");
+        let mut r = request();
+        r.fs.push(pb::FsGrant {
+            path: "/a/../etc".into(),
+            access: pb::FsAccess::Read as i32,
+            mount: String::new(),
+        });
+        assert_eq!(field(&r), "fs[0].path");
+        let mut r = request();
+        r.exec.push("python3".into());
+        assert_eq!(field(&r), "exec[0]");
+        let mut r = request();
+        r.agent = Some(pb::AgentSpec {
+            argv: vec!["/usr/bin/python3".into()],
+            ..Default::default()
+        });
+        assert_eq!(field(&r), "agent.argv[0]");
+        let mut r = request();
+        r.routes.push(pb::RouteGrant {
+            name: "local".into(),
+            max_sensitivity: 0,
+        });
+        assert_eq!(field(&r), "routes[0].max_sensitivity");
+    }
+}

@@ -1,0 +1,149 @@
+//! Errors of the authority, with one explicit mapping to gRPC status codes and exit codes.
+
+use std::path::PathBuf;
+
+/// Failures that stop the daemon or a storage operation.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthorityError {
+    /// The configuration file or a flag is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The data directory cannot be created or secured.
+    #[error("data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: PathBuf,
+        /// The I/O failure.
+        source: std::io::Error,
+    },
+    /// The database file cannot be opened or read (permissions, missing directory...).
+    #[error("cannot open database {path}: {detail}; fix its permissions or restore it from a backup")]
+    DatabaseUnreadable {
+        /// The database file.
+        path: PathBuf,
+        /// What SQLite said.
+        detail: String,
+    },
+    /// The database exists but is damaged. The daemon never resets it: the receipts and
+    /// revocations in it must not be lost silently.
+    #[error("database {path} is corrupt ({detail}); refusing to start: restore it from a backup or move it aside to start empty")]
+    DatabaseCorrupt {
+        /// The database file.
+        path: PathBuf,
+        /// What the integrity check or SQLite reported.
+        detail: String,
+    },
+    /// The database was written by a newer version of Tollgate.
+    #[error("database {path} has schema version {found}, newer than this build supports ({supported}); upgrade tollgate-authority")]
+    SchemaTooNew {
+        /// The database file.
+        path: PathBuf,
+        /// Schema version found.
+        found: i64,
+        /// Highest version this build knows.
+        supported: i64,
+    },
+    /// A storage operation failed at run time.
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A signing key file cannot be read or written.
+    #[error("signing key file {path}: {detail}")]
+    KeyFile {
+        /// The key file.
+        path: PathBuf,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Writing a file (token, address, key) failed.
+    #[error("cannot write {path}: {source}")]
+    WriteFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O failure.
+        source: std::io::Error,
+    },
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}; pick another address with --listen (\"127.0.0.1:0\" chooses a free port)")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The I/O failure.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A blocking storage task panicked or was cancelled.
+    #[error("storage task failed: {0}")]
+    Task(String),
+}
+
+impl AuthorityError {
+    /// Process exit code for this error when it stops the daemon (sysexits-style).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Config(_) => 78,                   // EX_CONFIG
+            Self::DatabaseCorrupt { .. } => 65,      // EX_DATAERR
+            Self::SchemaTooNew { .. } => 65,         // EX_DATAERR
+            Self::DatabaseUnreadable { .. } => 66,   // EX_NOINPUT
+            Self::Bind { .. } => 69,                 // EX_UNAVAILABLE
+            Self::DataDir { .. } | Self::KeyFile { .. } | Self::WriteFile { .. } => 73, // EX_CANTCREAT
+            Self::Sqlite(_) | Self::Transport(_) | Self::Task(_) => 70, // EX_SOFTWARE
+        }
+    }
+}
+
+/// Why one gRPC call failed. Converted to a [`tonic::Status`] in exactly one place.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// No token, or one the authority does not know.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The caller may not do this; the message names the offending grant.
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A request field is malformed; the message names it.
+    #[error("{field}: {reason}")]
+    InvalidArgument {
+        /// The request field, e.g. `fs[1].path`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The receipt (or other object) does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// An operator with this name already exists.
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// Storage failed; details are logged, not sent.
+    #[error("internal error: {0}")]
+    Internal(#[from] AuthorityError),
+}
+
+impl CallError {
+    /// Shorthand for [`CallError::InvalidArgument`].
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self::InvalidArgument {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<CallError> for tonic::Status {
+    fn from(error: CallError) -> Self {
+        let message = error.to_string();
+        match error {
+            CallError::Unauthenticated(_) => Self::unauthenticated(message),
+            CallError::PermissionDenied(_) => Self::permission_denied(message),
+            CallError::InvalidArgument { .. } => Self::invalid_argument(message),
+            CallError::NotFound(_) => Self::not_found(message),
+            CallError::AlreadyExists(_) => Self::already_exists(message),
+            CallError::Internal(inner) => {
+                tracing::error!(error = %inner, "call failed on storage");
+                Self::internal("the authority could not complete the call; see its log")
+            }
+        }
+    }
+}

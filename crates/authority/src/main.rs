@@ -1,0 +1,71 @@
+//! `tollgate-authority`: the receipt-minting daemon. Parses flags and hands over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tollgate_authority::{serve, AuthorityConfig};
+
+/// Mint, revoke and publish Ed25519-signed Tollgate run receipts over gRPC.
+///
+/// On first start the data directory is initialised: a signing key (keys/<key_id>.key, 0600),
+/// the SQLite database, and the bootstrap admin token (admin.token, 0600). Once the daemon
+/// accepts connections it writes its bound address to <data-dir>/authority.addr.
+///
+/// Clients authenticate with gRPC metadata "authorization: Bearer <token>".
+/// Stop it with SIGINT or SIGTERM. Log verbosity follows RUST_LOG (default "info").
+#[derive(Debug, Parser)]
+#[command(name = "tollgate-authority", version, about, long_about)]
+struct Flags {
+    /// Data directory (created 0700 if missing). Overrides `data_dir` in --config.
+    #[arg(long, value_name = "DIR", env = "TOLLGATE_AUTHORITY_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Address to listen on, e.g. 127.0.0.1:7700; port 0 (or ":0") picks a free port.
+    /// [default: 127.0.0.1:7700]
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Optional TOML configuration: issuer, listen, data_dir, policy_version, admin_max_ttl,
+    /// admin_max_delegate_depth and a [defaults] table of limits.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let flags = Flags::parse();
+    let result = match AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)
+    {
+        Ok(config) => serve(config, shutdown_signal()).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate-authority: error: {error}");
+            ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(1))
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,456 @@
+//! The `tollgate.v1.Authority` gRPC service.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_server::Authority;
+use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
+
+use crate::ceiling::{validate_ceiling, validate_mint, CeilingCheck};
+use crate::config::AuthorityConfig;
+use crate::error::{AuthorityError, CallError};
+use crate::keys::{key_set, KeyRing};
+use crate::operators::{generate_token, token_hash, valid_operator_name, OperatorRegistry};
+use crate::store::{Operator, ReceiptFilter, Store};
+
+/// Most receipts one ListReceipts page may hold.
+pub const MAX_PAGE: u32 = 1000;
+
+/// Shared state behind the service.
+#[derive(Debug)]
+pub struct AuthorityService {
+    pub(crate) config: AuthorityConfig,
+    pub(crate) store: Arc<Store>,
+    pub(crate) keys: Arc<KeyRing>,
+    pub(crate) operators: OperatorRegistry,
+    pub(crate) revocations: broadcast::Sender<pb::Revocation>,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+/// Runs blocking storage work off the async threads.
+async fn blocking<T, F>(work: F) -> Result<T, CallError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, AuthorityError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| CallError::Internal(AuthorityError::Task(e.to_string())))?
+        .map_err(CallError::from)
+}
+
+fn check_receipt_id(receipt_id: &str) -> Result<(), CallError> {
+    match uuid::Uuid::try_parse(receipt_id) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(CallError::invalid(
+            "receipt_id",
+            format!("{receipt_id:?} is not a receipt id (a UUID)"),
+        )),
+    }
+}
+
+fn check_owner(operator: &Operator, receipt: &pb::Receipt) -> Result<(), CallError> {
+    if operator.admin || operator.name == receipt.owner {
+        Ok(())
+    } else {
+        Err(CallError::PermissionDenied(format!(
+            "receipt {} belongs to operator {:?}, not {:?}",
+            receipt.receipt_id, receipt.owner, operator.name
+        )))
+    }
+}
+
+fn revoked_event(revocation: pb::Revocation) -> pb::RevocationEvent {
+    pb::RevocationEvent {
+        event: Some(pb::revocation_event::Event::Revoked(revocation)),
+    }
+}
+
+/// Completes once shutdown has been signalled.
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // The guard wait_for returns is not Send; drop it here, inside this future.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+type RevocationStream = Pin<Box<dyn Stream<Item = Result<pb::RevocationEvent, Status>> + Send>>;
+
+impl AuthorityService {
+    async fn mint(&self, request: Request<pb::MintReceiptRequest>) -> Result<pb::MintReceiptResponse, CallError> {
+        let operator = self.operators.authenticate(request.metadata())?;
+        let request = request.into_inner();
+        validate_mint(&request)?;
+        let check = CeilingCheck {
+            operator: &operator.name,
+            ceiling: &operator.ceiling,
+            defaults: &self.config.default_limits,
+        };
+        check.check_grants(&request)?;
+        let limits = check.resolve_limits(request.limits.as_ref())?;
+
+        let now = unix_now();
+        let not_before = request.not_before.map_or(now, |t| t.seconds.max(now));
+        let max_ttl = i64::try_from(operator.ceiling.max_ttl_seconds).unwrap_or(i64::MAX);
+        if not_before - now > max_ttl {
+            return Err(CallError::PermissionDenied(format!(
+                "not_before more than {max_ttl}s ahead is above operator {:?}'s ceiling",
+                operator.name
+            )));
+        }
+        let ttl = i64::try_from(request.ttl_seconds).unwrap_or(i64::MAX);
+        let mut receipt = pb::Receipt {
+            receipt_id: uuid::Uuid::now_v7().hyphenated().to_string(),
+            issuer: self.config.issuer.clone(),
+            key_id: String::new(), // set by the signer
+            owner: operator.name.clone(),
+            subject: request.subject,
+            audience: request.audience,
+            issued_at: Some(timestamp_from_unix(now)),
+            not_before: Some(timestamp_from_unix(not_before)),
+            expires_at: Some(timestamp_from_unix(not_before.saturating_add(ttl))),
+            policy_version: self.config.policy_version.clone(),
+            parent_receipt_id: String::new(),
+            depth: 0,
+            agent: request.agent,
+            limits: Some(limits),
+            fs: request.fs,
+            exec: request.exec,
+            routes: request.routes,
+            network: pb::NetworkAccess::LoopbackOnly as i32,
+            delegate: request.delegate,
+        };
+        let signed = self.keys.active().sign(&mut receipt);
+        let store = self.store.clone();
+        let (stored_receipt, stored_signed) = (receipt.clone(), signed.clone());
+        blocking(move || store.insert_receipt(&stored_receipt, &stored_signed)).await?;
+        tracing::info!(
+            receipt_id = %receipt.receipt_id,
+            owner = %receipt.owner,
+            subject = %receipt.subject,
+            key_id = %receipt.key_id,
+            ttl_seconds = ttl,
+            "minted receipt"
+        );
+        Ok(pb::MintReceiptResponse {
+            text: to_text(&signed),
+            signed: Some(signed),
+            receipt: Some(receipt),
+        })
+    }
+
+    async fn get(&self, request: Request<pb::GetReceiptRequest>) -> Result<pb::GetReceiptResponse, CallError> {
+        let operator = self.operators.authenticate(request.metadata())?;
+        let receipt_id = request.into_inner().receipt_id;
+        check_receipt_id(&receipt_id)?;
+        let store = self.store.clone();
+        let id = receipt_id.clone();
+        let stored = blocking(move || store.receipt(&id))
+            .await?
+            .ok_or_else(|| CallError::NotFound(format!("no receipt {receipt_id}")))?;
+        check_owner(&operator, &stored.receipt)?;
+        Ok(pb::GetReceiptResponse {
+            text: to_text(&stored.signed),
+            signed: Some(stored.signed),
+            receipt: Some(stored.receipt),
+            revocation: stored.revocation,
+        })
+    }
+
+    async fn list(&self, request: Request<pb::ListReceiptsRequest>) -> Result<pb::ListReceiptsResponse, CallError> {
+        let operator = self.operators.authenticate(request.metadata())?;
+        let request = request.into_inner();
+        let owner = if operator.admin {
+            (!request.owner.is_empty()).then_some(request.owner)
+        } else if request.owner.is_empty() || request.owner == operator.name {
+            Some(operator.name.clone())
+        } else {
+            return Err(CallError::PermissionDenied(format!(
+                "operator {:?} may list only its own receipts, not {:?}'s",
+                operator.name, request.owner
+            )));
+        };
+        let limit = match request.limit {
+            0 => 100,
+            n if n > MAX_PAGE => {
+                return Err(CallError::invalid("limit", format!("must be at most {MAX_PAGE}")))
+            }
+            n => n,
+        };
+        let before_id = if request.page_token.is_empty() {
+            None
+        } else {
+            check_receipt_id(&request.page_token)
+                .map_err(|_| CallError::invalid("page_token", "is not a token from ListReceipts"))?;
+            Some(request.page_token)
+        };
+        let filter = ReceiptFilter {
+            owner,
+            before_id,
+            limit,
+            include_expired: request.include_expired,
+            now: unix_now(),
+        };
+        let store = self.store.clone();
+        let rows = blocking(move || store.list_receipts(&filter)).await?;
+        let next_page_token = if rows.len() == limit as usize {
+            rows.last().map(|(r, _)| r.receipt_id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let receipts = rows
+            .into_iter()
+            .map(|(receipt, revoked)| pb::ReceiptSummary {
+                receipt_id: receipt.receipt_id,
+                owner: receipt.owner,
+                subject: receipt.subject,
+                issued_at: receipt.issued_at,
+                expires_at: receipt.expires_at,
+                revoked,
+                audience: receipt.audience,
+            })
+            .collect();
+        Ok(pb::ListReceiptsResponse {
+            receipts,
+            next_page_token,
+        })
+    }
+
+    async fn revoke(&self, request: Request<pb::RevokeReceiptRequest>) -> Result<pb::RevokeReceiptResponse, CallError> {
+        let operator = self.operators.authenticate(request.metadata())?;
+        let request = request.into_inner();
+        check_receipt_id(&request.receipt_id)?;
+        if request.reason.len() > 1024 {
+            return Err(CallError::invalid("reason", "must be at most 1024 bytes"));
+        }
+        let store = self.store.clone();
+        let id = request.receipt_id.clone();
+        let stored = blocking(move || store.receipt(&id))
+            .await?
+            .ok_or_else(|| CallError::NotFound(format!("no receipt {}", request.receipt_id)))?;
+        check_owner(&operator, &stored.receipt)?;
+        let store = self.store.clone();
+        let by = operator.name.clone();
+        let (revocation, already_revoked) = blocking(move || {
+            store.revoke(&request.receipt_id, &request.reason, &by, unix_now())
+        })
+        .await?
+        .ok_or_else(|| CallError::NotFound("receipt vanished".into()))?;
+        if !already_revoked {
+            tracing::info!(receipt_id = %revocation.receipt_id, seq = revocation.seq, by = %operator.name, "revoked receipt");
+            // No subscribers is fine: the revocation is durable and replayed on connect.
+            let _ = self.revocations.send(revocation.clone());
+        }
+        Ok(pb::RevokeReceiptResponse {
+            revocation: Some(revocation),
+            already_revoked,
+        })
+    }
+
+    fn watch(&self, after_seq: u64) -> RevocationStream {
+        let (tx, rx) = mpsc::channel(64);
+        // Subscribe before reading the snapshot so nothing revoked in between is missed;
+        // duplicates are dropped by seq.
+        let mut live = self.revocations.subscribe();
+        let store = self.store.clone();
+        let mut shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut last = after_seq;
+            let replay = |after: u64| {
+                let store = store.clone();
+                blocking(move || store.revocations_after(after))
+            };
+            let snapshot = match replay(last).await {
+                Ok(list) => list,
+                Err(e) => {
+                    let _ = tx.send(Err(Status::from(e))).await;
+                    return;
+                }
+            };
+            for revocation in snapshot {
+                last = last.max(revocation.seq);
+                if tx.send(Ok(revoked_event(revocation))).await.is_err() {
+                    return;
+                }
+            }
+            let caught_up = pb::RevocationEvent {
+                event: Some(pb::revocation_event::Event::CaughtUp(pb::CaughtUp { last_seq: last })),
+            };
+            if tx.send(Ok(caught_up)).await.is_err() {
+                return;
+            }
+            loop {
+                let pending = tokio::select! {
+                    _ = stopped(&mut shutdown) => return,
+                    _ = tx.closed() => return,
+                    message = live.recv() => match message {
+                        Ok(revocation) => vec![revocation],
+                        Err(broadcast::error::RecvError::Lagged(_)) => match replay(last).await {
+                            Ok(list) => list,
+                            Err(e) => {
+                                let _ = tx.send(Err(Status::from(e))).await;
+                                return;
+                            }
+                        },
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                for revocation in pending {
+                    if revocation.seq <= last {
+                        continue;
+                    }
+                    last = revocation.seq;
+                    if tx.send(Ok(revoked_event(revocation))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Box::pin(ReceiverStream::new(rx))
+    }
+
+    async fn add_operator(&self, request: Request<pb::AddOperatorRequest>) -> Result<pb::AddOperatorResponse, CallError> {
+        let admin = self.operators.authenticate_admin(request.metadata())?;
+        let request = request.into_inner();
+        if !valid_operator_name(&request.name) {
+            return Err(CallError::invalid(
+                "name",
+                "must be 1-64 letters, digits, '.', '_', '-' or '@'",
+            ));
+        }
+        let ceiling = request
+            .ceiling
+            .ok_or_else(|| CallError::invalid("ceiling", "is required"))?;
+        validate_ceiling(&ceiling)?;
+        let token = generate_token();
+        let hash = token_hash(&token);
+        let operator = Operator {
+            name: request.name.clone(),
+            admin: request.admin,
+            ceiling,
+            created_at: unix_now(),
+            created_by: admin.name.clone(),
+        };
+        let store = self.store.clone();
+        let stored = operator.clone();
+        if !blocking(move || store.insert_operator(&hash, &stored)).await? {
+            return Err(CallError::AlreadyExists(format!(
+                "operator {:?} already exists",
+                request.name
+            )));
+        }
+        self.operators.insert(hash, operator);
+        tracing::info!(operator = %request.name, admin = request.admin, by = %admin.name, "added operator");
+        Ok(pb::AddOperatorResponse {
+            name: request.name,
+            token,
+        })
+    }
+
+    async fn list_operators(&self, request: Request<pb::ListOperatorsRequest>) -> Result<pb::ListOperatorsResponse, CallError> {
+        self.operators.authenticate_admin(request.metadata())?;
+        let store = self.store.clone();
+        let operators = blocking(move || store.operators())
+            .await?
+            .into_iter()
+            .map(|(_, op)| pb::OperatorInfo {
+                name: op.name,
+                ceiling: Some(op.ceiling),
+                admin: op.admin,
+                created_at: Some(timestamp_from_unix(op.created_at)),
+                created_by: op.created_by,
+            })
+            .collect();
+        Ok(pb::ListOperatorsResponse { operators })
+    }
+
+    async fn rotate(&self, request: Request<pb::RotateKeyRequest>) -> Result<pb::RotateKeyResponse, CallError> {
+        let admin = self.operators.authenticate_admin(request.metadata())?;
+        let (store, keys) = (self.store.clone(), self.keys.clone());
+        let (active, retired, records) = blocking(move || {
+            let (active, retired) = keys.rotate(&store)?;
+            Ok((active, retired, store.keys()?))
+        })
+        .await?;
+        tracing::info!(by = %admin.name, new_key_id = %active, "key rotation requested");
+        let find = |id: &str| records.iter().find(|k| k.key_id == id).map(|k| k.to_proto());
+        Ok(pb::RotateKeyResponse {
+            active: find(&active),
+            retired: find(&retired),
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Authority for AuthorityService {
+    async fn mint_receipt(
+        &self,
+        request: Request<pb::MintReceiptRequest>,
+    ) -> Result<Response<pb::MintReceiptResponse>, Status> {
+        Ok(Response::new(self.mint(request).await?))
+    }
+
+    async fn get_receipt(
+        &self,
+        request: Request<pb::GetReceiptRequest>,
+    ) -> Result<Response<pb::GetReceiptResponse>, Status> {
+        Ok(Response::new(self.get(request).await?))
+    }
+
+    async fn list_receipts(
+        &self,
+        request: Request<pb::ListReceiptsRequest>,
+    ) -> Result<Response<pb::ListReceiptsResponse>, Status> {
+        Ok(Response::new(self.list(request).await?))
+    }
+
+    async fn revoke_receipt(
+        &self,
+        request: Request<pb::RevokeReceiptRequest>,
+    ) -> Result<Response<pb::RevokeReceiptResponse>, Status> {
+        Ok(Response::new(self.revoke(request).await?))
+    }
+
+    type WatchRevocationsStream = RevocationStream;
+
+    async fn watch_revocations(
+        &self,
+        request: Request<pb::WatchRevocationsRequest>,
+    ) -> Result<Response<Self::WatchRevocationsStream>, Status> {
+        Ok(Response::new(self.watch(request.into_inner().after_seq)))
+    }
+
+    async fn get_key_set(
+        &self,
+        _request: Request<pb::GetKeySetRequest>,
+    ) -> Result<Response<pb::KeySet>, Status> {
+        let store = self.store.clone();
+        let issuer = self.config.issuer.clone();
+        let set = blocking(move || key_set(&store, &issuer, unix_now())).await?;
+        Ok(Response::new(set))
+    }
+
+    async fn add_operator(
+        &self,
+        request: Request<pb::AddOperatorRequest>,
+    ) -> Result<Response<pb::AddOperatorResponse>, Status> {
+        Ok(Response::new(AuthorityService::add_operator(self, request).await?))
+    }
+
+    async fn list_operators(
+        &self,
+        request: Request<pb::ListOperatorsRequest>,
+    ) -> Result<Response<pb::ListOperatorsResponse>, Status> {
+        Ok(Response::new(AuthorityService::list_operators(self, request).await?))
+    }
+
+    async fn rotate_key(
+        &self,
+        request: Request<pb::RotateKeyRequest>,
+    ) -> Result<Response<pb::RotateKeyResponse>, Status> {
+        Ok(Response::new(self.rotate(request).await?))
+    }
+}
