@@ -1,1 +1,599 @@
-//! placeholder
+//! The `tollgate` operator CLI. The binary parses flags into [`Cli`] and calls [`run`].
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod error;
+mod quickstart;
+pub mod show;
+
+use std::collections::HashSet;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+use prost::Message as _;
+use serde_json::json;
+use tokio_stream::StreamExt as _;
+use tonic::transport::Channel;
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_client::AuthorityClient;
+use tollgate_receipt::spec::{CeilingSpec, RunSpec};
+use tollgate_receipt::{
+    from_text, unix_now, KeySet, Receipt, ReceiptVerifier, VerifyContext, VerifyError,
+};
+
+pub use error::CliError;
+
+use crate::client::{authed, connect, TokenSource, DEFAULT_AUTHORITY};
+
+/// Operate Tollgate: mint, inspect and revoke signed run receipts; manage operators and keys.
+///
+/// Every command talks to the authority over gRPC. The address comes from --authority or
+/// TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr file); the operator token
+/// from --token-file or TOLLGATE_TOKEN. Errors are one line on stderr with a non-zero exit:
+/// 1 invalid receipt, 65 bad request, 66 missing input, 69 authority unreachable, 77 not
+/// authenticated or not allowed.
+///
+/// New here? Run `tollgate quickstart`: it starts a throwaway authority, mints, verifies and
+/// revokes a receipt, and prints each step.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about, long_about)]
+pub struct Cli {
+    /// Options shared by every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Connection options.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Authority address: host:port, http://host:port, or the path of an authority.addr file.
+    #[arg(long, global = true, env = "TOLLGATE_AUTHORITY", default_value = DEFAULT_AUTHORITY)]
+    pub authority: String,
+    /// File holding the operator's bearer token (e.g. <authority data dir>/admin.token).
+    #[arg(long, global = true, env = "TOLLGATE_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// The operator's bearer token itself (prefer --token-file: environments leak).
+    #[arg(long, global = true, env = "TOLLGATE_TOKEN", hide_env_values = true, hide = true)]
+    pub token: Option<String>,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mint a receipt from a TOML run spec; print its tgr1. text or write it to --out.
+    ///
+    /// The spec names subject, ttl, audience, [agent], [limits], [[fs]], [exec], [[routes]]
+    /// and [delegate] (see docs/run-spec.md). The authority refuses anything above your
+    /// operator ceiling and names the grant.
+    Mint {
+        /// The run spec (TOML); "-" reads stdin.
+        #[arg(long, value_name = "FILE")]
+        spec: PathBuf,
+        /// Write the receipt's text form here (mode 0600) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Print the minted receipt as JSON (with its text form) instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect receipts.
+    #[command(subcommand)]
+    Receipt(ReceiptCommand),
+    /// List your receipts (admins: everyone's), newest first.
+    Receipts {
+        /// Include expired receipts.
+        #[arg(long)]
+        all: bool,
+        /// Only this owner's receipts (admins only).
+        #[arg(long)]
+        owner: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a receipt: supervisors following the authority stop honouring it at once.
+    Revoke {
+        /// The receipt id.
+        receipt_id: String,
+        /// Why (recorded and streamed to supervisors).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Manage operators (admin token needed).
+    #[command(subcommand)]
+    Operator(OperatorCommand),
+    /// Show the authority's public key set, or rotate the signing key.
+    Keys {
+        /// `rotate` starts signing with a new key (admin); omit to list keys.
+        #[command(subcommand)]
+        action: Option<KeysCommand>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Start a throwaway authority, mint, verify and revoke a receipt, and explain each step.
+    Quickstart {
+        /// Keep the temporary data directory (its path is printed).
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+/// `tollgate receipt ...`
+#[derive(Debug, Subcommand)]
+pub enum ReceiptCommand {
+    /// Decode a receipt and verify it against the authority's key set and revocations.
+    ///
+    /// Exits 0 when valid, 1 when not (the reason is printed: bad signature, unknown key,
+    /// malformed, not yet valid, expired, wrong audience or revoked).
+    Show {
+        /// File with the tgr1. text form; "-" reads stdin.
+        file: PathBuf,
+        /// Also require this supervisor id in the audience.
+        #[arg(long, value_name = "ID")]
+        audience: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `tollgate operator ...`
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    /// Create an operator with a ceiling; prints its token once.
+    Add {
+        /// Operator name: letters, digits, '.', '_', '-', '@'.
+        name: String,
+        /// Ceiling file (TOML): max_ttl, audience, exec, max_delegate_depth, [[fs]],
+        /// [[routes]], [limits] (see docs/authority.md).
+        #[arg(long, value_name = "FILE")]
+        ceiling: PathBuf,
+        /// Make it an admin (may add operators and rotate keys).
+        #[arg(long)]
+        admin: bool,
+        /// Write the token here (mode 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        token_out: Option<PathBuf>,
+    },
+    /// List operators and their ceilings.
+    List {
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `tollgate keys ...`
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Generate a new signing key; the old one stays verifiable until its receipts expire.
+    Rotate,
+}
+
+impl GlobalArgs {
+    fn tokens(&self) -> TokenSource {
+        TokenSource {
+            file: self.token_file.clone(),
+            value: self.token.clone(),
+        }
+    }
+}
+
+/// Runs one command; output goes to stdout, the caller prints the error.
+pub async fn run(cli: Cli) -> Result<(), CliError> {
+    let global = &cli.global;
+    match cli.command {
+        Command::Mint { spec, out, json } => mint(global, &spec, out.as_deref(), json).await,
+        Command::Receipt(ReceiptCommand::Show {
+            file,
+            audience,
+            json,
+        }) => show_receipt(global, &file, audience.as_deref(), json).await,
+        Command::Receipts {
+            all,
+            owner,
+            limit,
+            json,
+        } => list_receipts(global, all, owner, limit, json).await,
+        Command::Revoke { receipt_id, reason } => revoke(global, receipt_id, reason).await,
+        Command::Operator(OperatorCommand::Add {
+            name,
+            ceiling,
+            admin,
+            token_out,
+        }) => add_operator(global, name, &ceiling, admin, token_out.as_deref()).await,
+        Command::Operator(OperatorCommand::List { json }) => list_operators(global, json).await,
+        Command::Keys { action: None, json } => keys(global, json).await,
+        Command::Keys {
+            action: Some(KeysCommand::Rotate),
+            ..
+        } => rotate(global).await,
+        Command::Quickstart { keep } => quickstart::run(keep).await,
+    }
+}
+
+fn read_input(path: &Path) -> Result<String, CliError> {
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| CliError::Input(format!("cannot read stdin: {e}")))?;
+        return Ok(text);
+    }
+    std::fs::read_to_string(path)
+        .map_err(|e| CliError::Input(format!("cannot read {}: {e}", path.display())))
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<(), CliError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let error = |e: std::io::Error| CliError::Output {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(error)?;
+    file.write_all(contents.as_bytes()).map_err(error)?;
+    file.sync_all().map_err(error)
+}
+
+/// Mints from a spec file with an already-connected client.
+pub async fn mint_with(
+    client: &mut AuthorityClient<Channel>,
+    token: &str,
+    spec_text: &str,
+    spec_name: &str,
+) -> Result<pb::MintReceiptResponse, CliError> {
+    let request = RunSpec::parse(spec_text)
+        .and_then(|spec| spec.to_request())
+        .map_err(|e| CliError::Input(format!("{spec_name}: {e}")))?;
+    Ok(client.mint_receipt(authed(token, request)?).await?.into_inner())
+}
+
+async fn mint(
+    global: &GlobalArgs,
+    spec: &Path,
+    out: Option<&Path>,
+    json: bool,
+) -> Result<(), CliError> {
+    let text = read_input(spec)?;
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let minted = mint_with(&mut client, &token, &text, &spec.display().to_string()).await?;
+    let receipt = minted.receipt.clone().unwrap_or_default();
+    if let Some(out) = out {
+        write_private(out, &format!("{}\n", minted.text))?;
+        eprintln!(
+            "minted {} for {:?}, expires {}; written to {}",
+            receipt.receipt_id,
+            receipt.subject,
+            show::time_text(receipt.expires_at.as_ref()),
+            out.display()
+        );
+    }
+    if json {
+        let mut value = show::receipt_json(&receipt);
+        value["text"] = json!(minted.text);
+        println!("{value}");
+    } else if out.is_none() {
+        println!("{}", minted.text);
+    }
+    Ok(())
+}
+
+/// Fetches the key set and every current revocation (the stream's initial snapshot).
+pub async fn fetch_trust(
+    client: &mut AuthorityClient<Channel>,
+) -> Result<(KeySet, HashSet<String>), CliError> {
+    let set = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await?
+        .into_inner();
+    let keys = KeySet::from_proto(&set)
+        .map_err(|e| CliError::Other(format!("the authority's key set is unusable: {e}")))?;
+    let mut stream = client
+        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .await?
+        .into_inner();
+    let mut revoked = HashSet::new();
+    while let Some(event) = stream.next().await {
+        match event?.event {
+            Some(pb::revocation_event::Event::Revoked(r)) => {
+                revoked.insert(r.receipt_id);
+            }
+            Some(pb::revocation_event::Event::CaughtUp(_)) => break,
+            None => {}
+        }
+    }
+    Ok((keys, revoked))
+}
+
+/// Verifies receipt text against the authority's current keys and revocations.
+pub async fn verify_with(
+    client: &mut AuthorityClient<Channel>,
+    text: &str,
+    audience: Option<&str>,
+) -> Result<(Option<Receipt>, Result<Receipt, VerifyError>), CliError> {
+    let signed = match from_text(text) {
+        Ok(signed) => signed,
+        Err(e) => return Ok((None, Err(e))),
+    };
+    // Decoded without trust, only to show what the receipt claims when it fails.
+    let claimed = Receipt::decode(signed.receipt.as_slice()).ok();
+    let (keys, revoked) = fetch_trust(client).await?;
+    let outcome = ReceiptVerifier::new(keys).verify(
+        &signed,
+        &VerifyContext {
+            now: unix_now(),
+            audience,
+            revocations: &revoked,
+        },
+    );
+    Ok((claimed, outcome))
+}
+
+async fn show_receipt(
+    global: &GlobalArgs,
+    file: &Path,
+    audience: Option<&str>,
+    json: bool,
+) -> Result<(), CliError> {
+    let text = read_input(file)?;
+    let mut client = connect(&global.authority).await?;
+    let (claimed, outcome) = verify_with(&mut client, &text, audience).await?;
+    let shown = outcome.as_ref().ok().cloned().or(claimed);
+    if json {
+        let (valid, failure, reason) = match &outcome {
+            Ok(_) => (true, None, None),
+            Err(e) => (false, Some(e.failure().code()), Some(e.to_string())),
+        };
+        println!(
+            "{}",
+            json!({
+                "valid": valid,
+                "failure": failure,
+                "reason": reason,
+                "receipt": shown.as_ref().map(show::receipt_json),
+            })
+        );
+    } else {
+        let status = match &outcome {
+            Ok(_) => "valid (signature, validity window and revocation checked)".to_owned(),
+            Err(e) => format!("INVALID: {e}"),
+        };
+        println!("{:<11}{status}", "status");
+        if let Some(receipt) = &shown {
+            println!("{}", show::receipt_text(receipt));
+        }
+    }
+    outcome.map(|_| ()).map_err(CliError::InvalidReceipt)
+}
+
+async fn list_receipts(
+    global: &GlobalArgs,
+    all: bool,
+    owner: Option<String>,
+    limit: u32,
+    json: bool,
+) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let mut page_token = String::new();
+    let mut shown = 0u32;
+    if !json {
+        println!("{:<37}{:<14}{:<20}{:<22}STATE", "RECEIPT", "OWNER", "SUBJECT", "EXPIRES");
+    }
+    while shown < limit {
+        let page = client
+            .list_receipts(authed(
+                &token,
+                pb::ListReceiptsRequest {
+                    owner: owner.clone().unwrap_or_default(),
+                    limit: (limit - shown).min(1000),
+                    page_token: page_token.clone(),
+                    include_expired: all,
+                },
+            )?)
+            .await?
+            .into_inner();
+        for r in &page.receipts {
+            shown += 1;
+            let expired = r.expires_at.as_ref().is_some_and(|t| t.seconds <= unix_now());
+            let state = if r.revoked {
+                "revoked"
+            } else if expired {
+                "expired"
+            } else {
+                "valid"
+            };
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "receipt_id": r.receipt_id, "owner": r.owner, "subject": r.subject,
+                        "audience": r.audience,
+                        "issued_at": r.issued_at.map(|t| t.seconds),
+                        "expires_at": r.expires_at.map(|t| t.seconds),
+                        "state": state,
+                    })
+                );
+            } else {
+                println!(
+                    "{:<37}{:<14}{:<20}{:<22}{state}",
+                    r.receipt_id,
+                    r.owner,
+                    r.subject,
+                    show::time_text(r.expires_at.as_ref())
+                );
+            }
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    Ok(())
+}
+
+async fn revoke(global: &GlobalArgs, receipt_id: String, reason: String) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let response = client
+        .revoke_receipt(authed(&token, pb::RevokeReceiptRequest { receipt_id, reason })?)
+        .await?
+        .into_inner();
+    let revocation = response.revocation.unwrap_or_default();
+    if response.already_revoked {
+        println!(
+            "{} was already revoked at {} by {}",
+            revocation.receipt_id,
+            show::time_text(revocation.revoked_at.as_ref()),
+            revocation.revoked_by
+        );
+    } else {
+        println!("revoked {} (revocation #{})", revocation.receipt_id, revocation.seq);
+    }
+    Ok(())
+}
+
+async fn add_operator(
+    global: &GlobalArgs,
+    name: String,
+    ceiling_file: &Path,
+    admin: bool,
+    token_out: Option<&Path>,
+) -> Result<(), CliError> {
+    let text = read_input(ceiling_file)?;
+    let ceiling = CeilingSpec::parse(&text)
+        .and_then(|spec| spec.to_proto())
+        .map_err(|e| CliError::Input(format!("{}: {e}", ceiling_file.display())))?;
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let created = client
+        .add_operator(authed(
+            &token,
+            pb::AddOperatorRequest {
+                name,
+                ceiling: Some(ceiling),
+                admin,
+            },
+        )?)
+        .await?
+        .into_inner();
+    match token_out {
+        Some(path) => {
+            write_private(path, &format!("{}\n", created.token))?;
+            println!("added operator {}; token written to {}", created.name, path.display());
+        }
+        None => {
+            eprintln!("added operator {}; its token (shown once):", created.name);
+            println!("{}", created.token);
+        }
+    }
+    Ok(())
+}
+
+async fn list_operators(global: &GlobalArgs, json: bool) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let operators = client
+        .list_operators(authed(&token, pb::ListOperatorsRequest {})?)
+        .await?
+        .into_inner()
+        .operators;
+    if !json {
+        println!("{:<24}{:<7}{:<10}{:<16}GRANTS", "NAME", "ADMIN", "MAX TTL", "CREATED BY");
+    }
+    for op in operators {
+        let ceiling = op.ceiling.unwrap_or_default();
+        let ttl = humantime::format_duration(std::time::Duration::from_secs(ceiling.max_ttl_seconds));
+        if json {
+            println!(
+                "{}",
+                json!({
+                    "name": op.name, "admin": op.admin, "created_by": op.created_by,
+                    "created_at": op.created_at.map(|t| t.seconds),
+                    "max_ttl_seconds": ceiling.max_ttl_seconds,
+                    "fs": ceiling.fs.iter().map(|g| json!({"path": g.path, "access": show::access(g.access)})).collect::<Vec<_>>(),
+                    "exec": ceiling.exec,
+                    "routes": ceiling.routes.iter().map(|g| json!({"name": g.name, "max_sensitivity": show::sensitivity(g.max_sensitivity)})).collect::<Vec<_>>(),
+                    "audience": ceiling.audience,
+                    "max_delegate_depth": ceiling.max_delegate_depth,
+                })
+            );
+        } else {
+            let fs: Vec<_> = ceiling
+                .fs
+                .iter()
+                .map(|g| format!("{}:{}", show::access(g.access), g.path))
+                .collect();
+            println!(
+                "{:<24}{:<7}{:<10}{:<16}fs {} · exec {} · routes {}",
+                op.name,
+                if op.admin { "yes" } else { "no" },
+                ttl.to_string(),
+                if op.created_by.is_empty() { "-" } else { &op.created_by },
+                fs.join(","),
+                ceiling.exec.join(","),
+                ceiling.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(",")
+            );
+        }
+    }
+    Ok(())
+}
+
+async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError> {
+    let mut client = connect(&global.authority).await?;
+    let set = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await?
+        .into_inner();
+    if json {
+        println!(
+            "{}",
+            json!({"issuer": set.issuer, "keys": set.keys.iter().map(show::key_json).collect::<Vec<_>>()})
+        );
+        return Ok(());
+    }
+    println!("issuer {}", set.issuer);
+    println!("{:<18}{:<9}{:<22}{:<22}PUBLIC KEY", "KEY ID", "STATE", "CREATED", "VERIFY UNTIL");
+    for key in &set.keys {
+        println!(
+            "{:<18}{:<9}{:<22}{:<22}{}",
+            key.key_id,
+            if key.active { "active" } else { "retired" },
+            show::time_text(key.created_at.as_ref()),
+            show::time_text(key.verify_until.as_ref()),
+            hex::encode(&key.public_key)
+        );
+    }
+    Ok(())
+}
+
+async fn rotate(global: &GlobalArgs) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let rotated = client
+        .rotate_key(authed(&token, pb::RotateKeyRequest {})?)
+        .await?
+        .into_inner();
+    println!(
+        "signing with {}; {} retired (verifiable until its receipts expire)",
+        rotated.active.map(|k| k.key_id).unwrap_or_default(),
+        rotated.retired.map(|k| k.key_id).unwrap_or_default()
+    );
+    Ok(())
+}

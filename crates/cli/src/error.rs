@@ -1,0 +1,76 @@
+//! CLI errors: one line each, with one exit code per kind.
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A file given on the command line is unusable.
+    #[error("{0}")]
+    Input(String),
+    /// The authority cannot be reached.
+    #[error("cannot reach the authority at {addr}: {detail}; start tollgate-authority or pass --authority ADDR")]
+    Unreachable {
+        /// The address tried.
+        addr: String,
+        /// The transport error.
+        detail: String,
+    },
+    /// The authority answered with an error.
+    #[error("authority refused ({code}): {message}")]
+    Refused {
+        /// The gRPC code, in words.
+        code: String,
+        /// Its message.
+        message: String,
+        /// The raw code, for the exit status.
+        status: tonic::Code,
+    },
+    /// A receipt failed verification.
+    #[error("receipt is not valid: {0}")]
+    InvalidReceipt(#[from] tollgate_receipt::VerifyError),
+    /// No token was given.
+    #[error("no operator token: pass --token-file PATH or set TOLLGATE_TOKEN (the admin token is <authority data dir>/admin.token)")]
+    NoToken,
+    /// Writing output failed.
+    #[error("cannot write {path}: {detail}")]
+    Output {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// Something else went wrong (quickstart's child process, for example).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl From<tonic::Status> for CliError {
+    fn from(status: tonic::Status) -> Self {
+        Self::Refused {
+            code: status.code().description().to_lowercase(),
+            message: status.message().replace('\n', " "),
+            status: status.code(),
+        }
+    }
+}
+
+impl CliError {
+    /// The process exit code (sysexits-style; 1 for an invalid receipt).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Input(_) => 66,              // EX_NOINPUT
+            Self::Unreachable { .. } => 69,    // EX_UNAVAILABLE
+            Self::NoToken => 77,               // EX_NOPERM
+            Self::InvalidReceipt(_) => 1,
+            Self::Output { .. } => 73,         // EX_CANTCREAT
+            Self::Other(_) => 70,              // EX_SOFTWARE
+            Self::Refused { status, .. } => match status {
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => 77,
+                tonic::Code::InvalidArgument => 65, // EX_DATAERR
+                tonic::Code::NotFound => 66,
+                tonic::Code::AlreadyExists => 73,
+                tonic::Code::Unavailable => 69,
+                _ => 70,
+            },
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! Rendering receipts and keys for people (aligned text) and programs (JSON).
+
+use prost_types::Timestamp;
+use serde_json::{json, Value};
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::unix_now;
+
+/// RFC 3339 form of a timestamp ("-" when absent).
+pub fn time_text(t: Option<&Timestamp>) -> String {
+    match t {
+        Some(t) if t.seconds >= 0 => {
+            let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.seconds as u64);
+            humantime::format_rfc3339_seconds(at).to_string()
+        }
+        _ => "-".into(),
+    }
+}
+
+/// "in 9m 58s" / "4m 2s ago" relative to now.
+pub fn relative(t: Option<&Timestamp>) -> String {
+    let Some(t) = t else { return String::new() };
+    let delta = t.seconds - unix_now();
+    let span = humantime::format_duration(std::time::Duration::from_secs(delta.unsigned_abs()));
+    if delta >= 0 {
+        format!("in {span}")
+    } else {
+        format!("{span} ago")
+    }
+}
+
+fn size(bytes: u64) -> String {
+    bytesize::ByteSize::b(bytes).display().iec().to_string()
+}
+
+/// Name of a sensitivity value.
+pub fn sensitivity(value: i32) -> &'static str {
+    match pb::Sensitivity::try_from(value) {
+        Ok(pb::Sensitivity::Low) => "low",
+        Ok(pb::Sensitivity::Medium) => "medium",
+        Ok(pb::Sensitivity::High) => "high",
+        _ => "unspecified",
+    }
+}
+
+/// Name of an access value.
+pub fn access(value: i32) -> &'static str {
+    match pb::FsAccess::try_from(value) {
+        Ok(pb::FsAccess::Read) => "read",
+        Ok(pb::FsAccess::Write) => "write",
+        _ => "unspecified",
+    }
+}
+
+fn seconds(t: Option<&Timestamp>) -> Value {
+    t.map_or(Value::Null, |t| json!(t.seconds))
+}
+
+/// A receipt as JSON (times as Unix seconds and RFC 3339).
+pub fn receipt_json(r: &pb::Receipt) -> Value {
+    let limits = r.limits.unwrap_or_default();
+    json!({
+        "receipt_id": r.receipt_id,
+        "issuer": r.issuer,
+        "key_id": r.key_id,
+        "owner": r.owner,
+        "subject": r.subject,
+        "audience": r.audience,
+        "issued_at": seconds(r.issued_at.as_ref()),
+        "not_before": seconds(r.not_before.as_ref()),
+        "expires_at": seconds(r.expires_at.as_ref()),
+        "expires_at_rfc3339": time_text(r.expires_at.as_ref()),
+        "policy_version": r.policy_version,
+        "parent_receipt_id": r.parent_receipt_id,
+        "depth": r.depth,
+        "agent": r.agent.as_ref().map(|a| json!({
+            "argv": a.argv, "env": a.env, "workdir": a.workdir,
+        })),
+        "limits": {
+            "memory_bytes": limits.memory_bytes,
+            "pids": limits.pids,
+            "cpu_millicores": limits.cpu_millicores,
+            "output_bytes": limits.output_bytes,
+            "tmpfs_bytes": limits.tmpfs_bytes,
+            "tool_calls": limits.tool_calls,
+            "tokens": limits.tokens,
+        },
+        "fs": r.fs.iter().map(|g| json!({
+            "path": g.path, "access": access(g.access), "mount": g.mount,
+        })).collect::<Vec<_>>(),
+        "exec": r.exec,
+        "routes": r.routes.iter().map(|g| json!({
+            "name": g.name, "max_sensitivity": sensitivity(g.max_sensitivity),
+        })).collect::<Vec<_>>(),
+        "network": "loopback_only",
+        "delegate": r.delegate.map(|d| json!({"max_depth": d.max_depth})),
+    })
+}
+
+/// A receipt as aligned lines for a terminal.
+pub fn receipt_text(r: &pb::Receipt) -> String {
+    let mut lines = vec![
+        ("receipt", r.receipt_id.clone()),
+        ("issuer", format!("{} (key {})", r.issuer, r.key_id)),
+        ("owner", r.owner.clone()),
+        ("subject", r.subject.clone()),
+        ("audience", r.audience.join(", ")),
+        ("issued", time_text(r.issued_at.as_ref())),
+        ("valid from", time_text(r.not_before.as_ref())),
+        (
+            "expires",
+            format!(
+                "{} ({})",
+                time_text(r.expires_at.as_ref()),
+                relative(r.expires_at.as_ref())
+            ),
+        ),
+    ];
+    if !r.parent_receipt_id.is_empty() {
+        lines.push(("parent", format!("{} (depth {})", r.parent_receipt_id, r.depth)));
+    }
+    if let Some(agent) = &r.agent {
+        lines.push(("agent", agent.argv.join(" ")));
+    }
+    if let Some(l) = r.limits {
+        lines.push((
+            "limits",
+            format!(
+                "memory {} · pids {} · cpu {:.2} · output {} · tmpfs {} · tool calls {} · tokens {}",
+                size(l.memory_bytes),
+                l.pids,
+                f64::from(l.cpu_millicores) / 1000.0,
+                size(l.output_bytes),
+                size(l.tmpfs_bytes),
+                l.tool_calls,
+                l.tokens
+            ),
+        ));
+    }
+    for g in &r.fs {
+        let mount = if g.mount.is_empty() {
+            " (gateway only)".to_owned()
+        } else {
+            format!(" -> {}", g.mount)
+        };
+        lines.push(("fs", format!("{:<5} {}{mount}", access(g.access), g.path)));
+    }
+    if !r.exec.is_empty() {
+        lines.push(("exec", r.exec.join(", ")));
+    }
+    for g in &r.routes {
+        lines.push(("route", format!("{} (up to {})", g.name, sensitivity(g.max_sensitivity))));
+    }
+    lines.push(("network", "loopback only".into()));
+    if let Some(d) = r.delegate {
+        lines.push(("delegate", format!("max depth {}", d.max_depth)));
+    }
+    lines
+        .into_iter()
+        .map(|(k, v)| format!("{k:<11}{v}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A public key as JSON.
+pub fn key_json(k: &pb::PublicKey) -> Value {
+    json!({
+        "key_id": k.key_id,
+        "public_key_hex": hex::encode(&k.public_key),
+        "active": k.active,
+        "created_at": seconds(k.created_at.as_ref()),
+        "retired_at": seconds(k.retired_at.as_ref()),
+        "verify_until": seconds(k.verify_until.as_ref()),
+    })
+}
