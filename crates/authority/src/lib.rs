@@ -50,6 +50,8 @@ pub const ADDR_FILE: &str = "authority.addr";
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 /// File name of the database in the data directory.
 pub const DATABASE_FILE: &str = "authority.db";
+/// How long shutdown waits for clients to close their connections.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Name of the bootstrap admin operator.
 pub const BOOTSTRAP_ADMIN: &str = "admin";
 
@@ -101,6 +103,7 @@ impl Authority {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), AuthorityError> {
         let (stop_tx, stop_rx) = watch::channel(false);
+        let mut grace_rx = stop_rx.clone();
         let (revocations, _) = broadcast::channel(1024);
         let service = AuthorityService {
             config: self.config,
@@ -124,12 +127,24 @@ impl Authority {
             tracing::info!("shutting down");
             let _ = stop_tx.send(true);
         };
-        tonic::transport::Server::builder()
+        let server = tonic::transport::Server::builder()
             .add_service(health_service)
             .add_service(reflection)
             .add_service(AuthorityServer::new(service))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal)
-            .await?;
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), signal);
+        // Graceful shutdown waits for clients to close their connections; a client that
+        // never does must not keep the daemon alive, so the wait is bounded.
+        let grace = async move {
+            let _ = grace_rx.wait_for(|stop| *stop).await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            served = server => served?,
+            () = grace => tracing::warn!(
+                grace_seconds = SHUTDOWN_GRACE.as_secs(),
+                "clients still connected after the shutdown grace period; closing them"
+            ),
+        }
         Ok(())
     }
 }

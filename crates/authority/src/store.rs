@@ -460,11 +460,21 @@ impl Store {
         let Some(expires_at) = expires_at else {
             return Ok(None);
         };
-        let inserted = tx.execute(
-            "INSERT OR IGNORE INTO revocations (receipt_id, revoked_at, reason, revoked_by, receipt_expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![receipt_id, now, reason, revoked_by, expires_at],
-        )?;
+        let existing: Option<i64> = tx
+            .query_row(
+                "SELECT seq FROM revocations WHERE receipt_id = ?1",
+                params![receipt_id],
+                |row| row.get(0),
+            )
+            .optional()?;
+        // Insert only when new: an ignored insert would still consume a seq number.
+        if existing.is_none() {
+            tx.execute(
+                "INSERT INTO revocations (receipt_id, revoked_at, reason, revoked_by, receipt_expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![receipt_id, now, reason, revoked_by, expires_at],
+            )?;
+        }
         let revocation = tx.query_row(
             "SELECT seq, receipt_id, revoked_at, reason, revoked_by, receipt_expires_at
              FROM revocations WHERE receipt_id = ?1",
@@ -472,7 +482,7 @@ impl Store {
             revocation_from_row,
         )?;
         tx.commit()?;
-        Ok(Some((revocation, inserted == 0)))
+        Ok(Some((revocation, existing.is_some())))
     }
 
     /// Revocations with `seq > after_seq`, in order.

@@ -1,1 +1,156 @@
-//! placeholder
+//! Harness for cross-process tests: starts the real `tollgate-authority` binary on a free
+//! port in its own data directory and stops it (SIGTERM or SIGKILL) on demand or on drop.
+//!
+//! Binaries are looked up in the cargo target directory next to the running test executable
+//! (or in `TOLLGATE_BIN_DIR`); `scripts/test` builds them before the tests run.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tonic::transport::Channel;
+use tollgate_proto::v1::authority_client::AuthorityClient;
+
+/// Path of a workspace binary built by cargo.
+pub fn bin_path(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("TOLLGATE_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            // target/<profile>/deps/<test-binary> -> target/<profile>
+            let exe = std::env::current_exe().expect("current_exe");
+            let mut dir = exe.parent().expect("exe dir").to_path_buf();
+            if dir.ends_with("deps") {
+                dir.pop();
+            }
+            dir
+        }
+    };
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// Polls for `path` to exist with non-empty contents (the daemons' readiness files).
+pub fn wait_for_file(path: &Path, child: &mut Child, timeout: Duration) -> Result<String, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if !text.trim().is_empty() {
+                return Ok(text.trim().to_owned());
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("process exited with {status} before writing {}", path.display()));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{} did not appear within {timeout:?}", path.display()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A running `tollgate-authority`.
+pub struct AuthorityProcess {
+    child: Child,
+    data_dir: PathBuf,
+    addr: String,
+}
+
+impl AuthorityProcess {
+    /// Starts the daemon on `127.0.0.1:0` with `data_dir`, waiting until it is ready.
+    /// Its stderr goes to `<data_dir>/../authority.stderr`.
+    pub fn start(data_dir: &Path) -> Self {
+        Self::start_with(data_dir, &[]).unwrap_or_else(|(status, stderr)| {
+            panic!("authority failed to start ({status}): {stderr}")
+        })
+    }
+
+    /// Starts with extra flags; on failure returns the exit status and stderr.
+    pub fn start_with(data_dir: &Path, extra: &[&str]) -> Result<Self, (String, String)> {
+        let log = data_dir.with_extension("stderr");
+        // After a SIGKILL the old readiness file is still there; never mistake it for ours.
+        let _ = std::fs::remove_file(data_dir.join("authority.addr"));
+        let mut child = Command::new(bin_path("tollgate-authority"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&log).expect("create log"))
+            .spawn()
+            .expect("spawn tollgate-authority");
+        match wait_for_file(&data_dir.join("authority.addr"), &mut child, Duration::from_secs(30)) {
+            Ok(addr) => Ok(Self {
+                child,
+                data_dir: data_dir.to_owned(),
+                addr,
+            }),
+            Err(why) => {
+                let _ = child.kill();
+                let status = child.wait().map(|s| s.to_string()).unwrap_or(why);
+                Err((status, std::fs::read_to_string(&log).unwrap_or_default()))
+            }
+        }
+    }
+
+    /// `host:port` it listens on.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// `http://host:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The bootstrap admin token.
+    pub fn admin_token(&self) -> String {
+        std::fs::read_to_string(self.data_dir.join("admin.token"))
+            .expect("admin.token")
+            .trim()
+            .to_owned()
+    }
+
+    /// A connected gRPC client.
+    pub async fn client(&self) -> AuthorityClient<Channel> {
+        AuthorityClient::connect(self.url()).await.expect("connect")
+    }
+
+    /// Sends `signal` and waits for the process to exit.
+    pub fn stop(mut self, signal: Signal) -> ExitStatus {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for AuthorityProcess {
+    fn drop(&mut self) {
+        // Never leave a daemon behind, whatever the test did.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Wraps a message with `authorization: Bearer <token>`.
+pub fn authed<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    request
+}

@@ -1,0 +1,78 @@
+//! Receipt admission: the checks a supervisor makes before anything is spawned.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tollgate_receipt::{
+    KeySet, Receipt, ReceiptVerifier, SignedReceipt, VerifyContext, VerifyError,
+};
+
+/// Admits receipts addressed to one supervisor id, signed by trusted keys, inside their
+/// validity window (with clock skew) and not revoked.
+#[derive(Debug, Clone)]
+pub struct ReceiptAdmission {
+    supervisor_id: String,
+    verifier: ReceiptVerifier,
+    revoked: HashSet<String>,
+}
+
+impl ReceiptAdmission {
+    /// Admission for `supervisor_id` trusting `keys`, tolerating `clock_skew`.
+    pub fn new(supervisor_id: impl Into<String>, keys: KeySet, clock_skew: Duration) -> Self {
+        Self {
+            supervisor_id: supervisor_id.into(),
+            verifier: ReceiptVerifier::new(keys).with_clock_skew(clock_skew),
+            revoked: HashSet::new(),
+        }
+    }
+
+    /// Records a revocation (from the authority's revocation stream).
+    pub fn revoke(&mut self, receipt_id: impl Into<String>) {
+        self.revoked.insert(receipt_id.into());
+    }
+
+    /// Verifies `signed` at Unix time `now`: signature, window, audience, revocation.
+    pub fn admit(&self, signed: &SignedReceipt, now: i64) -> Result<Receipt, VerifyError> {
+        self.verifier.verify(
+            signed,
+            &VerifyContext {
+                now,
+                audience: Some(&self.supervisor_id),
+                revocations: &self.revoked,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_receipt::{timestamp_from_unix, ReceiptSigner, VerifyFailure};
+
+    #[test]
+    fn admits_only_its_own_unrevoked_receipts() {
+        let signer = ReceiptSigner::generate();
+        let mut keys = KeySet::new();
+        keys.insert(signer.public_key());
+        let mut admission = ReceiptAdmission::new("workstation", keys, Duration::from_secs(5));
+        let mut receipt = Receipt {
+            receipt_id: uuid::Uuid::now_v7().to_string(),
+            audience: vec!["workstation".into()],
+            not_before: Some(timestamp_from_unix(100)),
+            expires_at: Some(timestamp_from_unix(200)),
+            ..Default::default()
+        };
+        let signed = signer.sign(&mut receipt);
+        assert!(admission.admit(&signed, 150).is_ok());
+        let other = ReceiptAdmission::new("laptop", admission.verifier.keys().clone(), Duration::ZERO);
+        assert_eq!(
+            other.admit(&signed, 150).unwrap_err().failure(),
+            VerifyFailure::WrongAudience
+        );
+        admission.revoke(receipt.receipt_id.clone());
+        assert_eq!(
+            admission.admit(&signed, 150).unwrap_err().failure(),
+            VerifyFailure::Revoked
+        );
+    }
+}

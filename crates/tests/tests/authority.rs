@@ -1,0 +1,604 @@
+//! The real authority binary, over gRPC: mint, verify, restart, rejections, revocations,
+//! rotation, storage failures, health and reflection.
+
+use std::collections::HashSet;
+
+use nix::sys::signal::Signal;
+use prost::Message as _;
+use tokio_stream::StreamExt as _;
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::{
+    from_text, unix_now, KeySet, NoRevocations, Receipt, ReceiptVerifier, VerifyContext,
+    VerifyFailure,
+};
+use tollgate_tests::{authed, AuthorityProcess};
+use tonic::Code;
+
+fn mint_request(subject: &str) -> pb::MintReceiptRequest {
+    pb::MintReceiptRequest {
+        subject: subject.into(),
+        ttl_seconds: 600,
+        audience: vec!["workstation".into()],
+        exec: vec!["/usr/bin/python3".into()],
+        fs: vec![pb::FsGrant {
+            path: "/srv/project".into(),
+            access: pb::FsAccess::Read as i32,
+            mount: "/project".into(),
+        }],
+        routes: vec![pb::RouteGrant {
+            name: "local".into(),
+            max_sensitivity: pb::Sensitivity::High as i32,
+        }],
+        ..Default::default()
+    }
+}
+
+async fn fetch_verifier(client: &mut tollgate_proto::v1::authority_client::AuthorityClient<tonic::transport::Channel>) -> ReceiptVerifier {
+    let set = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+    ReceiptVerifier::new(KeySet::from_proto(&set).unwrap())
+}
+
+fn now_ctx() -> VerifyContext<'static> {
+    VerifyContext {
+        now: unix_now(),
+        audience: Some("workstation"),
+        revocations: &NoRevocations,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mint_verify_restart_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    let authority = AuthorityProcess::start(&data);
+    let token = authority.admin_token();
+    let mut client = authority.client().await;
+
+    let minted = client
+        .mint_receipt(authed(&token, mint_request("summarizer")))
+        .await
+        .unwrap()
+        .into_inner();
+    let signed = minted.signed.clone().unwrap();
+    assert_eq!(from_text(&minted.text).unwrap(), signed);
+    let receipt = fetch_verifier(&mut client).await.verify(&signed, &now_ctx()).unwrap();
+    assert_eq!(receipt, minted.receipt.clone().unwrap());
+    assert_eq!(receipt.owner, "admin");
+    assert_eq!(receipt.subject, "summarizer");
+    assert_eq!(receipt.depth, 0);
+    let ttl = receipt.expires_at.unwrap().seconds - receipt.not_before.unwrap().seconds;
+    assert_eq!(ttl, 600);
+    let limits = receipt.limits.unwrap();
+    assert_eq!(limits.memory_bytes, 512 << 20, "unset limits take the defaults");
+    assert!(uuid::Uuid::parse_str(&receipt.receipt_id).unwrap().get_version_num() == 7);
+
+    let revoked_id = {
+        let second = client
+            .mint_receipt(authed(&token, mint_request("second")))
+            .await
+            .unwrap()
+            .into_inner();
+        let id = second.receipt.unwrap().receipt_id;
+        client
+            .revoke_receipt(authed(
+                &token,
+                pb::RevokeReceiptRequest {
+                    receipt_id: id.clone(),
+                    reason: "test".into(),
+                },
+            ))
+            .await
+            .unwrap();
+        id
+    };
+    let keys_before = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+
+    // A clean stop removes the readiness file; a restart reads everything back.
+    let status = authority.stop(Signal::SIGTERM);
+    assert!(status.success(), "{status}");
+    assert!(!data.join("authority.addr").exists());
+    let authority = AuthorityProcess::start(&data);
+    assert_eq!(authority.admin_token(), token, "the admin token is created once");
+    let mut client = authority.client().await;
+    let keys_after = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+    assert_eq!(keys_before, keys_after);
+    let fetched = client
+        .get_receipt(authed(
+            &token,
+            pb::GetReceiptRequest {
+                receipt_id: receipt.receipt_id.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(fetched.signed.unwrap().encode_to_vec(), signed.encode_to_vec());
+    assert!(fetched.revocation.is_none());
+    let revoked = client
+        .get_receipt(authed(
+            &token,
+            pb::GetReceiptRequest {
+                receipt_id: revoked_id.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(revoked.revocation.unwrap().reason, "test");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_loses_no_acknowledged_receipt_or_revocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    let authority = AuthorityProcess::start(&data);
+    let token = authority.admin_token();
+    let mut client = authority.client().await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let minted = client
+            .mint_receipt(authed(&token, mint_request(&format!("agent-{i}"))))
+            .await
+            .unwrap()
+            .into_inner();
+        ids.push(minted.receipt.unwrap().receipt_id);
+    }
+    client
+        .revoke_receipt(authed(
+            &token,
+            pb::RevokeReceiptRequest {
+                receipt_id: ids[3].clone(),
+                reason: "before the crash".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    authority.stop(Signal::SIGKILL);
+
+    let authority = AuthorityProcess::start(&data);
+    let mut client = authority.client().await;
+    let listed = client
+        .list_receipts(authed(
+            &token,
+            pb::ListReceiptsRequest {
+                limit: 1000,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed_ids: HashSet<_> = listed.receipts.iter().map(|r| r.receipt_id.clone()).collect();
+    for id in &ids {
+        assert!(listed_ids.contains(id), "receipt {id} lost");
+    }
+    let revoked: Vec<_> = listed.receipts.iter().filter(|r| r.revoked).collect();
+    assert_eq!(revoked.len(), 1);
+    assert_eq!(revoked[0].receipt_id, ids[3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rejection_has_its_status_and_names_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let admin = authority.admin_token();
+    let mut client = authority.client().await;
+
+    // Missing and wrong tokens.
+    let status = client.mint_receipt(mint_request("x")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let status = client
+        .mint_receipt(authed("tgt_not-a-real-token", mint_request("x")))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+
+    // Malformed requests name the field.
+    let cases: Vec<(Box<dyn Fn(&mut pb::MintReceiptRequest)>, &str)> = vec![
+        (Box::new(|r| r.subject.clear()), "subject"),
+        (Box::new(|r| r.ttl_seconds = 0), "ttl_seconds"),
+        (Box::new(|r| r.audience.clear()), "audience"),
+        (Box::new(|r| r.fs[0].path = "/srv/../etc".into()), "fs[0].path"),
+        (Box::new(|r| r.fs[0].access = 0), "fs[0].access"),
+        (Box::new(|r| r.exec[0] = "python3".into()), "exec[0]"),
+        (Box::new(|r| r.routes[0].max_sensitivity = 0), "routes[0].max_sensitivity"),
+        (
+            Box::new(|r| {
+                r.agent = Some(pb::AgentSpec {
+                    argv: vec!["/bin/sh".into()],
+                    ..Default::default()
+                })
+            }),
+            "agent.argv[0]",
+        ),
+    ];
+    for (mutate, field) in cases {
+        let mut request = mint_request("x");
+        mutate(&mut request);
+        let status = client.mint_receipt(authed(&admin, request)).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(status.message().starts_with(field), "{field}: {}", status.message());
+    }
+
+    // An operator with a narrow ceiling.
+    let ceiling = pb::Ceiling {
+        fs: vec![pb::FsGrant {
+            path: "/srv/project".into(),
+            access: pb::FsAccess::Read as i32,
+            mount: String::new(),
+        }],
+        exec: vec!["/usr/bin/".into()],
+        routes: vec![pb::RouteGrant {
+            name: "local".into(),
+            max_sensitivity: pb::Sensitivity::High as i32,
+        }],
+        limits: Some(pb::Limits {
+            memory_bytes: 1 << 30,
+            ..Default::default()
+        }),
+        max_ttl_seconds: 3600,
+        audience: vec!["workstation".into()],
+        max_delegate_depth: 0,
+    };
+    let bob = client
+        .add_operator(authed(
+            &admin,
+            pb::AddOperatorRequest {
+                name: "bob".into(),
+                ceiling: Some(ceiling.clone()),
+                admin: false,
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    let duplicate = client
+        .add_operator(authed(
+            &admin,
+            pb::AddOperatorRequest {
+                name: "bob".into(),
+                ceiling: Some(ceiling),
+                admin: false,
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(duplicate.code(), Code::AlreadyExists);
+
+    let bobs = client
+        .mint_receipt(authed(&bob, mint_request("within")))
+        .await
+        .expect("a request within the ceiling is minted")
+        .into_inner();
+    assert_eq!(bobs.receipt.as_ref().unwrap().owner, "bob");
+    assert_eq!(bobs.receipt.as_ref().unwrap().limits.unwrap().memory_bytes, 512 << 20);
+
+    let above: Vec<(Box<dyn Fn(&mut pb::MintReceiptRequest)>, &str)> = vec![
+        (Box::new(|r| r.ttl_seconds = 7200), "ttl_seconds = 7200"),
+        (Box::new(|r| r.audience.push("laptop".into())), "audience[1]"),
+        (Box::new(|r| r.fs[0].access = pb::FsAccess::Write as i32), "fs[0] = /srv/project (write)"),
+        (Box::new(|r| r.fs[0].path = "/etc".into()), "fs[0] = /etc"),
+        (Box::new(|r| r.exec.push("/bin/sh".into())), "exec[1] = /bin/sh"),
+        (
+            Box::new(|r| {
+                r.routes.push(pb::RouteGrant {
+                    name: "claude".into(),
+                    max_sensitivity: pb::Sensitivity::Low as i32,
+                })
+            }),
+            "routes[1] = claude",
+        ),
+        (
+            Box::new(|r| {
+                r.limits = Some(pb::Limits {
+                    memory_bytes: 2 << 30,
+                    ..Default::default()
+                })
+            }),
+            "limits.memory_bytes",
+        ),
+        (Box::new(|r| r.delegate = Some(pb::Delegation { max_depth: 1 })), "delegate.max_depth"),
+    ];
+    for (mutate, grant) in above {
+        let mut request = mint_request("x");
+        mutate(&mut request);
+        let status = client.mint_receipt(authed(&bob, request)).await.unwrap_err();
+        assert_eq!(status.code(), Code::PermissionDenied, "{grant}: {status:?}");
+        assert!(status.message().contains(grant), "{grant}: {}", status.message());
+        assert!(status.message().contains("bob"), "{}", status.message());
+    }
+
+    // Admin-only calls, and other operators' receipts.
+    let status = client
+        .rotate_key(authed(&bob, pb::RotateKeyRequest {}))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let status = client
+        .add_operator(authed(&bob, pb::AddOperatorRequest::default()))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let admins = client
+        .mint_receipt(authed(&admin, mint_request("admins")))
+        .await
+        .unwrap()
+        .into_inner()
+        .receipt
+        .unwrap()
+        .receipt_id;
+    let status = client
+        .revoke_receipt(authed(
+            &bob,
+            pb::RevokeReceiptRequest {
+                receipt_id: admins.clone(),
+                reason: String::new(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    let listed = client
+        .list_receipts(authed(&bob, pb::ListReceiptsRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.receipts.iter().all(|r| r.owner == "bob"));
+    assert_eq!(listed.receipts.len(), 1);
+
+    // Unknown and malformed receipt ids.
+    let status = client
+        .get_receipt(authed(
+            &admin,
+            pb::GetReceiptRequest {
+                receipt_id: uuid::Uuid::now_v7().to_string(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::NotFound);
+    let status = client
+        .get_receipt(authed(
+            &admin,
+            pb::GetReceiptRequest {
+                receipt_id: "nope".into(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().starts_with("receipt_id"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn late_watcher_gets_current_revocations_then_live_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let token = authority.admin_token();
+    let mut client = authority.client().await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            client
+                .mint_receipt(authed(&token, mint_request(&format!("a{i}"))))
+                .await
+                .unwrap()
+                .into_inner()
+                .receipt
+                .unwrap()
+                .receipt_id,
+        );
+    }
+    for id in &ids[..2] {
+        client
+            .revoke_receipt(authed(
+                &token,
+                pb::RevokeReceiptRequest {
+                    receipt_id: id.clone(),
+                    reason: "early".into(),
+                },
+            ))
+            .await
+            .unwrap();
+    }
+    // Revoking twice is idempotent.
+    let again = client
+        .revoke_receipt(authed(
+            &token,
+            pb::RevokeReceiptRequest {
+                receipt_id: ids[0].clone(),
+                reason: "again".into(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.already_revoked);
+    assert_eq!(again.revocation.unwrap().reason, "early");
+
+    // A supervisor connecting late (no token needed) first receives the snapshot.
+    let mut watcher = authority.client().await;
+    let mut stream = watcher
+        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut seen = Vec::new();
+    loop {
+        match stream.next().await.unwrap().unwrap().event.unwrap() {
+            pb::revocation_event::Event::Revoked(r) => seen.push(r.receipt_id),
+            pb::revocation_event::Event::CaughtUp(c) => {
+                assert_eq!(c.last_seq, 2);
+                break;
+            }
+        }
+    }
+    assert_eq!(seen, ids[..2].to_vec());
+    client
+        .revoke_receipt(authed(
+            &token,
+            pb::RevokeReceiptRequest {
+                receipt_id: ids[2].clone(),
+                reason: "live".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    match stream.next().await.unwrap().unwrap().event.unwrap() {
+        pb::revocation_event::Event::Revoked(r) => {
+            assert_eq!(r.receipt_id, ids[2]);
+            assert_eq!(r.seq, 3);
+            assert_eq!(r.reason, "live");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Resuming after a known seq skips what was already seen.
+    let mut resumed = watcher
+        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 2 })
+        .await
+        .unwrap()
+        .into_inner();
+    match resumed.next().await.unwrap().unwrap().event.unwrap() {
+        pb::revocation_event::Event::Revoked(r) => assert_eq!(r.seq, 3),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Shutdown is not held up by open streams.
+    let status = authority.stop(Signal::SIGTERM);
+    assert!(status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_keeps_old_receipts_verifiable() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    let authority = AuthorityProcess::start(&data);
+    let token = authority.admin_token();
+    let mut client = authority.client().await;
+    let old = client
+        .mint_receipt(authed(&token, mint_request("before")))
+        .await
+        .unwrap()
+        .into_inner()
+        .signed
+        .unwrap();
+    let rotated = client
+        .rotate_key(authed(&token, pb::RotateKeyRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let (active, retired) = (rotated.active.unwrap(), rotated.retired.unwrap());
+    assert_eq!(retired.key_id, old.key_id);
+    assert!(active.active && !retired.active);
+    assert!(!data.join("keys").join(format!("{}.key", old.key_id)).exists(), "old private key deleted");
+    let new = client
+        .mint_receipt(authed(&token, mint_request("after")))
+        .await
+        .unwrap()
+        .into_inner()
+        .signed
+        .unwrap();
+    assert_eq!(new.key_id, active.key_id);
+    let set = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+    assert_eq!(set.keys.len(), 2);
+    let retired_entry = set.keys.iter().find(|k| k.key_id == old.key_id).unwrap();
+    let old_receipt = Receipt::decode(old.receipt.as_slice()).unwrap();
+    assert_eq!(retired_entry.verify_until, old_receipt.expires_at);
+    let verifier = fetch_verifier(&mut client).await;
+    verifier.verify(&old, &now_ctx()).unwrap();
+    verifier.verify(&new, &now_ctx()).unwrap();
+
+    // Survives a restart: the new key signs, both verify.
+    authority.stop(Signal::SIGTERM);
+    let authority = AuthorityProcess::start(&data);
+    let mut client = authority.client().await;
+    let after_restart = client
+        .mint_receipt(authed(&token, mint_request("restart")))
+        .await
+        .unwrap()
+        .into_inner()
+        .signed
+        .unwrap();
+    assert_eq!(after_restart.key_id, active.key_id);
+    let verifier = fetch_verifier(&mut client).await;
+    verifier.verify(&old, &now_ctx()).unwrap();
+
+    // A receipt signed by a key the authority never had is an unknown key.
+    let stranger = tollgate_receipt::ReceiptSigner::generate()
+        .sign(&mut Receipt::decode(old.receipt.as_slice()).unwrap());
+    assert_eq!(
+        verifier.verify(&stranger, &now_ctx()).unwrap_err().failure(),
+        VerifyFailure::UnknownKey
+    );
+}
+
+#[test]
+fn corrupt_database_stops_the_daemon_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    std::fs::create_dir_all(&data).unwrap();
+    let garbage = vec![0x42u8; 16384];
+    std::fs::write(data.join("authority.db"), &garbage).unwrap();
+    let (status, stderr) = AuthorityProcess::start_with(&data, &[])
+        .err()
+        .expect("a corrupt database must not start");
+    assert!(status.contains("65"), "exit status {status}");
+    let line = stderr.lines().last().unwrap();
+    assert!(line.contains("is corrupt") && line.contains("refusing to start"), "{line}");
+    assert_eq!(std::fs::read(data.join("authority.db")).unwrap(), garbage, "never reset");
+
+    // A missing private key for the active key is also fatal, and says which file.
+    let data = dir.path().join("second");
+    let authority = AuthorityProcess::start(&data);
+    authority.stop(Signal::SIGTERM);
+    for entry in std::fs::read_dir(data.join("keys")).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    let (status, stderr) = AuthorityProcess::start_with(&data, &[]).err().unwrap();
+    assert!(status.contains("73"), "exit status {status}");
+    assert!(stderr.contains("signing key file"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let channel = tonic::transport::Channel::from_shared(authority.url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let reply = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: "tollgate.v1.Authority".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        reply.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = tonic_reflection::pb::v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = reflection
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = replies.next().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+        panic!("unexpected reflection reply");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(names.contains(&"tollgate.v1.Authority".to_owned()), "{names:?}");
+    assert!(names.contains(&"grpc.health.v1.Health".to_owned()), "{names:?}");
+}
