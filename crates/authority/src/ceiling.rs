@@ -79,7 +79,10 @@ fn check_fs_grants(fs: &[pb::FsGrant], prefix: &str) -> Result<(), CallError> {
 fn check_routes(routes: &[pb::RouteGrant], prefix: &str) -> Result<(), CallError> {
     for (i, route) in routes.iter().enumerate() {
         if route.name.trim().is_empty() {
-            return Err(CallError::invalid(format!("{prefix}routes[{i}].name"), "must not be empty"));
+            return Err(CallError::invalid(
+                format!("{prefix}routes[{i}].name"),
+                "must not be empty",
+            ));
         }
         if !matches!(
             pb::Sensitivity::try_from(route.max_sensitivity),
@@ -112,10 +115,16 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
         return Err(CallError::invalid("subject", "must be 1 to 128 characters"));
     }
     if request.ttl_seconds == 0 {
-        return Err(CallError::invalid("ttl_seconds", "must be greater than zero"));
+        return Err(CallError::invalid(
+            "ttl_seconds",
+            "must be greater than zero",
+        ));
     }
     if request.audience.is_empty() {
-        return Err(CallError::invalid("audience", "must name at least one supervisor id"));
+        return Err(CallError::invalid(
+            "audience",
+            "must name at least one supervisor id",
+        ));
     }
     check_name_list("audience", &request.audience)?;
     check_fs_grants(&request.fs, "")?;
@@ -130,7 +139,10 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
     check_routes(&request.routes, "")?;
     if let Some(agent) = &request.agent {
         let Some(program) = agent.argv.first() else {
-            return Err(CallError::invalid("agent.argv", "must not be empty when agent is set"));
+            return Err(CallError::invalid(
+                "agent.argv",
+                "must not be empty when agent is set",
+            ));
         };
         if !request.exec.contains(program) {
             return Err(CallError::invalid(
@@ -148,11 +160,17 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
 /// Checks the shape of a ceiling given to AddOperator.
 pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
     if ceiling.max_ttl_seconds == 0 {
-        return Err(CallError::invalid("ceiling.max_ttl_seconds", "must be greater than zero"));
+        return Err(CallError::invalid(
+            "ceiling.max_ttl_seconds",
+            "must be greater than zero",
+        ));
     }
     check_fs_grants(&ceiling.fs, "ceiling.")?;
     for (i, exec) in ceiling.exec.iter().enumerate() {
-        let path = exec.strip_suffix('/').filter(|p| !p.is_empty()).unwrap_or(exec);
+        let path = exec
+            .strip_suffix('/')
+            .filter(|p| !p.is_empty())
+            .unwrap_or(exec);
         if !is_normal_absolute(path) {
             return Err(CallError::invalid(
                 format!("ceiling.exec[{i}]"),
@@ -212,17 +230,42 @@ impl CeilingCheck<'_> {
         };
         let d = self.defaults;
         Ok(pb::Limits {
-            memory_bytes: resolve("memory_bytes", requested.memory_bytes, d.memory_bytes, cap.memory_bytes)?,
-            pids: resolve("pids", requested.pids.into(), d.pids.into(), cap.pids.into())? as u32,
+            memory_bytes: resolve(
+                "memory_bytes",
+                requested.memory_bytes,
+                d.memory_bytes,
+                cap.memory_bytes,
+            )?,
+            pids: resolve(
+                "pids",
+                requested.pids.into(),
+                d.pids.into(),
+                cap.pids.into(),
+            )? as u32,
             cpu_millicores: resolve(
                 "cpu_millicores",
                 requested.cpu_millicores.into(),
                 d.cpu_millicores.into(),
                 cap.cpu_millicores.into(),
             )? as u32,
-            output_bytes: resolve("output_bytes", requested.output_bytes, d.output_bytes, cap.output_bytes)?,
-            tmpfs_bytes: resolve("tmpfs_bytes", requested.tmpfs_bytes, d.tmpfs_bytes, cap.tmpfs_bytes)?,
-            tool_calls: resolve("tool_calls", requested.tool_calls, d.tool_calls, cap.tool_calls)?,
+            output_bytes: resolve(
+                "output_bytes",
+                requested.output_bytes,
+                d.output_bytes,
+                cap.output_bytes,
+            )?,
+            tmpfs_bytes: resolve(
+                "tmpfs_bytes",
+                requested.tmpfs_bytes,
+                d.tmpfs_bytes,
+                cap.tmpfs_bytes,
+            )?,
+            tool_calls: resolve(
+                "tool_calls",
+                requested.tool_calls,
+                d.tool_calls,
+                cap.tool_calls,
+            )?,
             tokens: resolve("tokens", requested.tokens, d.tokens, cap.tokens)?,
         })
     }
@@ -259,10 +302,13 @@ impl CeilingCheck<'_> {
             }
         }
         for (i, exec) in request.exec.iter().enumerate() {
-            let covered = ceiling.exec.iter().any(|allowed| match allowed.strip_suffix('/') {
-                Some(dir) => path_within(exec, if dir.is_empty() { "/" } else { dir }),
-                None => allowed == exec,
-            });
+            let covered = ceiling
+                .exec
+                .iter()
+                .any(|allowed| match allowed.strip_suffix('/') {
+                    Some(dir) => path_within(exec, if dir.is_empty() { "/" } else { dir }),
+                    None => allowed == exec,
+                });
             if !covered {
                 return Err(self.denied(format!("exec[{i}] = {exec}")));
             }
@@ -420,7 +466,11 @@ mod tests {
             defaults: &defaults,
         };
         let resolved = check.resolve_limits(None).unwrap();
-        assert_eq!(resolved.memory_bytes, 1 << 30, "default capped by the ceiling");
+        assert_eq!(
+            resolved.memory_bytes,
+            1 << 30,
+            "default capped by the ceiling"
+        );
         assert_eq!(resolved.pids, 64, "uncapped limit takes the default");
         let asked = pb::Limits {
             memory_bytes: (1 << 30) + 1,

@@ -17,7 +17,9 @@ pub enum AuthorityError {
         source: std::io::Error,
     },
     /// The database file cannot be opened or read (permissions, missing directory...).
-    #[error("cannot open database {path}: {detail}; fix its permissions or restore it from a backup")]
+    #[error(
+        "cannot open database {path}: {detail}; fix its permissions or restore it from a backup"
+    )]
     DatabaseUnreadable {
         /// The database file.
         path: PathBuf,
@@ -82,11 +84,11 @@ impl AuthorityError {
     /// Process exit code for this error when it stops the daemon (sysexits-style).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Config(_) => 78,                   // EX_CONFIG
-            Self::DatabaseCorrupt { .. } => 65,      // EX_DATAERR
-            Self::SchemaTooNew { .. } => 65,         // EX_DATAERR
-            Self::DatabaseUnreadable { .. } => 66,   // EX_NOINPUT
-            Self::Bind { .. } => 69,                 // EX_UNAVAILABLE
+            Self::Config(_) => 78,                 // EX_CONFIG
+            Self::DatabaseCorrupt { .. } => 65,    // EX_DATAERR
+            Self::SchemaTooNew { .. } => 65,       // EX_DATAERR
+            Self::DatabaseUnreadable { .. } => 66, // EX_NOINPUT
+            Self::Bind { .. } => 69,               // EX_UNAVAILABLE
             Self::DataDir { .. } | Self::KeyFile { .. } | Self::WriteFile { .. } => 73, // EX_CANTCREAT
             Self::Sqlite(_) | Self::Transport(_) | Self::Task(_) => 70, // EX_SOFTWARE
         }

@@ -25,7 +25,10 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<(), Autho
         source,
     };
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
     let temp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
         let mut file = OpenOptions::new()
@@ -60,6 +63,10 @@ mod tests {
         assert_eq!(fs::read(&path).unwrap(), b"two");
         let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
     }
 }

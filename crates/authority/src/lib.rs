@@ -222,10 +222,12 @@ pub async fn serve(
             addr: listen.clone(),
             source,
         })?;
-    let bound: SocketAddr = listener.local_addr().map_err(|source| AuthorityError::Bind {
-        addr: listen,
-        source,
-    })?;
+    let bound: SocketAddr = listener
+        .local_addr()
+        .map_err(|source| AuthorityError::Bind {
+            addr: listen,
+            source,
+        })?;
     // The socket is listening, so connections queue from here on: the daemon is ready.
     write_atomic(&addr_path, format!("{bound}\n").as_bytes(), 0o644)?;
     tracing::info!(addr = %bound, "authority listening");

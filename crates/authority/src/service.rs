@@ -6,10 +6,10 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
-use tonic::{Request, Response, Status};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::Authority;
 use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
+use tonic::{Request, Response, Status};
 
 use crate::ceiling::{validate_ceiling, validate_mint, CeilingCheck};
 use crate::config::AuthorityConfig;
@@ -80,7 +80,10 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 type RevocationStream = Pin<Box<dyn Stream<Item = Result<pb::RevocationEvent, Status>> + Send>>;
 
 impl AuthorityService {
-    async fn mint(&self, request: Request<pb::MintReceiptRequest>) -> Result<pb::MintReceiptResponse, CallError> {
+    async fn mint(
+        &self,
+        request: Request<pb::MintReceiptRequest>,
+    ) -> Result<pb::MintReceiptResponse, CallError> {
         let operator = self.operators.authenticate(request.metadata())?;
         let request = request.into_inner();
         validate_mint(&request)?;
@@ -142,7 +145,10 @@ impl AuthorityService {
         })
     }
 
-    async fn get(&self, request: Request<pb::GetReceiptRequest>) -> Result<pb::GetReceiptResponse, CallError> {
+    async fn get(
+        &self,
+        request: Request<pb::GetReceiptRequest>,
+    ) -> Result<pb::GetReceiptResponse, CallError> {
         let operator = self.operators.authenticate(request.metadata())?;
         let receipt_id = request.into_inner().receipt_id;
         check_receipt_id(&receipt_id)?;
@@ -160,7 +166,10 @@ impl AuthorityService {
         })
     }
 
-    async fn list(&self, request: Request<pb::ListReceiptsRequest>) -> Result<pb::ListReceiptsResponse, CallError> {
+    async fn list(
+        &self,
+        request: Request<pb::ListReceiptsRequest>,
+    ) -> Result<pb::ListReceiptsResponse, CallError> {
         let operator = self.operators.authenticate(request.metadata())?;
         let request = request.into_inner();
         let owner = if operator.admin {
@@ -176,15 +185,19 @@ impl AuthorityService {
         let limit = match request.limit {
             0 => 100,
             n if n > MAX_PAGE => {
-                return Err(CallError::invalid("limit", format!("must be at most {MAX_PAGE}")))
+                return Err(CallError::invalid(
+                    "limit",
+                    format!("must be at most {MAX_PAGE}"),
+                ))
             }
             n => n,
         };
         let before_id = if request.page_token.is_empty() {
             None
         } else {
-            check_receipt_id(&request.page_token)
-                .map_err(|_| CallError::invalid("page_token", "is not a token from ListReceipts"))?;
+            check_receipt_id(&request.page_token).map_err(|_| {
+                CallError::invalid("page_token", "is not a token from ListReceipts")
+            })?;
             Some(request.page_token)
         };
         let filter = ReceiptFilter {
@@ -197,7 +210,9 @@ impl AuthorityService {
         let store = self.store.clone();
         let rows = blocking(move || store.list_receipts(&filter)).await?;
         let next_page_token = if rows.len() == limit as usize {
-            rows.last().map(|(r, _)| r.receipt_id.clone()).unwrap_or_default()
+            rows.last()
+                .map(|(r, _)| r.receipt_id.clone())
+                .unwrap_or_default()
         } else {
             String::new()
         };
@@ -219,7 +234,10 @@ impl AuthorityService {
         })
     }
 
-    async fn revoke(&self, request: Request<pb::RevokeReceiptRequest>) -> Result<pb::RevokeReceiptResponse, CallError> {
+    async fn revoke(
+        &self,
+        request: Request<pb::RevokeReceiptRequest>,
+    ) -> Result<pb::RevokeReceiptResponse, CallError> {
         let operator = self.operators.authenticate(request.metadata())?;
         let request = request.into_inner();
         check_receipt_id(&request.receipt_id)?;
@@ -234,11 +252,10 @@ impl AuthorityService {
         check_owner(&operator, &stored.receipt)?;
         let store = self.store.clone();
         let by = operator.name.clone();
-        let (revocation, already_revoked) = blocking(move || {
-            store.revoke(&request.receipt_id, &request.reason, &by, unix_now())
-        })
-        .await?
-        .ok_or_else(|| CallError::NotFound("receipt vanished".into()))?;
+        let (revocation, already_revoked) =
+            blocking(move || store.revoke(&request.receipt_id, &request.reason, &by, unix_now()))
+                .await?
+                .ok_or_else(|| CallError::NotFound("receipt vanished".into()))?;
         if !already_revoked {
             tracing::info!(receipt_id = %revocation.receipt_id, seq = revocation.seq, by = %operator.name, "revoked receipt");
             // No subscribers is fine: the revocation is durable and replayed on connect.
@@ -277,7 +294,9 @@ impl AuthorityService {
                 }
             }
             let caught_up = pb::RevocationEvent {
-                event: Some(pb::revocation_event::Event::CaughtUp(pb::CaughtUp { last_seq: last })),
+                event: Some(pb::revocation_event::Event::CaughtUp(pb::CaughtUp {
+                    last_seq: last,
+                })),
             };
             if tx.send(Ok(caught_up)).await.is_err() {
                 return;
@@ -312,7 +331,10 @@ impl AuthorityService {
         Box::pin(ReceiverStream::new(rx))
     }
 
-    async fn add_operator(&self, request: Request<pb::AddOperatorRequest>) -> Result<pb::AddOperatorResponse, CallError> {
+    async fn add_operator(
+        &self,
+        request: Request<pb::AddOperatorRequest>,
+    ) -> Result<pb::AddOperatorResponse, CallError> {
         let admin = self.operators.authenticate_admin(request.metadata())?;
         let request = request.into_inner();
         if !valid_operator_name(&request.name) {
@@ -350,7 +372,10 @@ impl AuthorityService {
         })
     }
 
-    async fn list_operators(&self, request: Request<pb::ListOperatorsRequest>) -> Result<pb::ListOperatorsResponse, CallError> {
+    async fn list_operators(
+        &self,
+        request: Request<pb::ListOperatorsRequest>,
+    ) -> Result<pb::ListOperatorsResponse, CallError> {
         self.operators.authenticate_admin(request.metadata())?;
         let store = self.store.clone();
         let operators = blocking(move || store.operators())
@@ -367,7 +392,10 @@ impl AuthorityService {
         Ok(pb::ListOperatorsResponse { operators })
     }
 
-    async fn rotate(&self, request: Request<pb::RotateKeyRequest>) -> Result<pb::RotateKeyResponse, CallError> {
+    async fn rotate(
+        &self,
+        request: Request<pb::RotateKeyRequest>,
+    ) -> Result<pb::RotateKeyResponse, CallError> {
         let admin = self.operators.authenticate_admin(request.metadata())?;
         let (store, keys) = (self.store.clone(), self.keys.clone());
         let (active, retired, records) = blocking(move || {
@@ -376,7 +404,12 @@ impl AuthorityService {
         })
         .await?;
         tracing::info!(by = %admin.name, new_key_id = %active, "key rotation requested");
-        let find = |id: &str| records.iter().find(|k| k.key_id == id).map(|k| k.to_proto());
+        let find = |id: &str| {
+            records
+                .iter()
+                .find(|k| k.key_id == id)
+                .map(|k| k.to_proto())
+        };
         Ok(pb::RotateKeyResponse {
             active: find(&active),
             retired: find(&retired),
@@ -437,14 +470,18 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::AddOperatorRequest>,
     ) -> Result<Response<pb::AddOperatorResponse>, Status> {
-        Ok(Response::new(AuthorityService::add_operator(self, request).await?))
+        Ok(Response::new(
+            AuthorityService::add_operator(self, request).await?,
+        ))
     }
 
     async fn list_operators(
         &self,
         request: Request<pb::ListOperatorsRequest>,
     ) -> Result<Response<pb::ListOperatorsResponse>, Status> {
-        Ok(Response::new(AuthorityService::list_operators(self, request).await?))
+        Ok(Response::new(
+            AuthorityService::list_operators(self, request).await?,
+        ))
     }
 
     async fn rotate_key(

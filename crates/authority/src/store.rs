@@ -209,7 +209,9 @@ impl Store {
     fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock leaves SQLite consistent (open transactions roll
         // back on drop), so a poisoned lock is safe to reuse.
-        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn migrate(&self) -> Result<(), AuthorityError> {
@@ -291,7 +293,14 @@ impl Store {
         let rows = stmt.query_map([], |row| {
             let hash: Vec<u8> = row.get(0)?;
             let ceiling: Vec<u8> = row.get(3)?;
-            Ok((hash, row.get(1)?, row.get(2)?, ceiling, row.get(4)?, row.get(5)?))
+            Ok((
+                hash,
+                row.get(1)?,
+                row.get(2)?,
+                ceiling,
+                row.get(4)?,
+                row.get(5)?,
+            ))
         })?;
         let mut operators = Vec::new();
         for row in rows {
@@ -363,7 +372,10 @@ impl Store {
         Ok(())
     }
 
-    fn decode_signed(&self, bytes: &[u8]) -> Result<(pb::SignedReceipt, pb::Receipt), AuthorityError> {
+    fn decode_signed(
+        &self,
+        bytes: &[u8],
+    ) -> Result<(pb::SignedReceipt, pb::Receipt), AuthorityError> {
         let corrupt = |detail: String| AuthorityError::DatabaseCorrupt {
             path: self.path.clone(),
             detail,
@@ -519,7 +531,10 @@ mod tests {
         let path = dir.path().join("authority.db");
         std::fs::write(&path, vec![0x5a; 8192]).unwrap();
         let error = Store::open(&path).unwrap_err();
-        assert!(matches!(error, AuthorityError::DatabaseCorrupt { .. }), "{error}");
+        assert!(
+            matches!(error, AuthorityError::DatabaseCorrupt { .. }),
+            "{error}"
+        );
         // The file is untouched.
         assert_eq!(std::fs::read(&path).unwrap(), vec![0x5a; 8192]);
     }
@@ -530,10 +545,14 @@ mod tests {
         let path = dir.path().join("authority.db");
         drop(Store::open(&path).unwrap());
         let conn = Connection::open(&path).unwrap();
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1).unwrap();
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
         drop(conn);
         let error = Store::open(&path).unwrap_err();
-        assert!(matches!(error, AuthorityError::SchemaTooNew { .. }), "{error}");
+        assert!(
+            matches!(error, AuthorityError::SchemaTooNew { .. }),
+            "{error}"
+        );
     }
 
     #[test]
@@ -543,9 +562,13 @@ mod tests {
         drop(Store::open(&path).unwrap());
         let store = Store::open(&path).unwrap();
         let conn = store.conn();
-        let sync: i64 = conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        let sync: i64 = conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(sync, 2, "synchronous must be FULL");
-        let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
     }
 }

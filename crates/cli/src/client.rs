@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tonic::transport::{Channel, Endpoint};
 use tollgate_proto::v1::authority_client::AuthorityClient;
+use tonic::transport::{Channel, Endpoint};
 
 use crate::error::CliError;
 
@@ -36,10 +36,13 @@ pub async fn connect(addr: &str) -> Result<AuthorityClient<Channel>, CliError> {
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| CliError::Input(format!("--authority {addr:?} is not an address: {e}")))?
         .connect_timeout(Duration::from_secs(5));
-    let channel = endpoint.connect().await.map_err(|e| CliError::Unreachable {
-        addr: url,
-        detail: error_chain(&e),
-    })?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| CliError::Unreachable {
+            addr: url,
+            detail: error_chain(&e),
+        })?;
     Ok(AuthorityClient::new(channel))
 }
 
@@ -82,7 +85,10 @@ pub fn read_token(path: &Path) -> Result<String, CliError> {
         .map_err(|e| CliError::Input(format!("cannot read token file {}: {e}", path.display())))?;
     let token = text.trim();
     if token.is_empty() {
-        return Err(CliError::Input(format!("token file {} is empty", path.display())));
+        return Err(CliError::Input(format!(
+            "token file {} is empty",
+            path.display()
+        )));
     }
     Ok(token.to_owned())
 }
@@ -90,9 +96,9 @@ pub fn read_token(path: &Path) -> Result<String, CliError> {
 /// Wraps a message with the `authorization: Bearer` header.
 pub fn authed<T>(token: &str, message: T) -> Result<tonic::Request<T>, CliError> {
     let mut request = tonic::Request::new(message);
-    let value = format!("Bearer {token}")
-        .parse()
-        .map_err(|_| CliError::Input("the token contains characters not allowed in a header".into()))?;
+    let value = format!("Bearer {token}").parse().map_err(|_| {
+        CliError::Input("the token contains characters not allowed in a header".into())
+    })?;
     request.metadata_mut().insert("authorization", value);
     Ok(request)
 }

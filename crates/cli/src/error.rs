@@ -46,23 +46,35 @@ pub enum CliError {
 impl From<tonic::Status> for CliError {
     fn from(status: tonic::Status) -> Self {
         Self::Refused {
-            code: status.code().description().to_lowercase(),
+            code: code_words(status.code()),
             message: status.message().replace('\n', " "),
             status: status.code(),
         }
     }
 }
 
+/// "PermissionDenied" -> "permission denied".
+fn code_words(code: tonic::Code) -> String {
+    let mut words = String::new();
+    for (i, c) in format!("{code:?}").chars().enumerate() {
+        if c.is_uppercase() && i > 0 {
+            words.push(' ');
+        }
+        words.push(c.to_ascii_lowercase());
+    }
+    words
+}
+
 impl CliError {
     /// The process exit code (sysexits-style; 1 for an invalid receipt).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Input(_) => 66,              // EX_NOINPUT
-            Self::Unreachable { .. } => 69,    // EX_UNAVAILABLE
-            Self::NoToken => 77,               // EX_NOPERM
+            Self::Input(_) => 66,           // EX_NOINPUT
+            Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
+            Self::NoToken => 77,            // EX_NOPERM
             Self::InvalidReceipt(_) => 1,
-            Self::Output { .. } => 73,         // EX_CANTCREAT
-            Self::Other(_) => 70,              // EX_SOFTWARE
+            Self::Output { .. } => 73, // EX_CANTCREAT
+            Self::Other(_) => 70,      // EX_SOFTWARE
             Self::Refused { status, .. } => match status {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => 77,
                 tonic::Code::InvalidArgument => 65, // EX_DATAERR

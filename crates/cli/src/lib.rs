@@ -14,13 +14,13 @@ use clap::{Args, Parser, Subcommand};
 use prost::Message as _;
 use serde_json::json;
 use tokio_stream::StreamExt as _;
-use tonic::transport::Channel;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_receipt::spec::{CeilingSpec, RunSpec};
 use tollgate_receipt::{
     from_text, unix_now, KeySet, Receipt, ReceiptVerifier, VerifyContext, VerifyError,
 };
+use tonic::transport::Channel;
 
 pub use error::CliError;
 
@@ -57,7 +57,13 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "TOLLGATE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// The operator's bearer token itself (prefer --token-file: environments leak).
-    #[arg(long, global = true, env = "TOLLGATE_TOKEN", hide_env_values = true, hide = true)]
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_TOKEN",
+        hide_env_values = true,
+        hide = true
+    )]
     pub token: Option<String>,
 }
 
@@ -260,7 +266,10 @@ pub async fn mint_with(
     let request = RunSpec::parse(spec_text)
         .and_then(|spec| spec.to_request())
         .map_err(|e| CliError::Input(format!("{spec_name}: {e}")))?;
-    Ok(client.mint_receipt(authed(token, request)?).await?.into_inner())
+    Ok(client
+        .mint_receipt(authed(token, request)?)
+        .await?
+        .into_inner())
 }
 
 async fn mint(
@@ -394,7 +403,10 @@ async fn list_receipts(
     let mut page_token = String::new();
     let mut shown = 0u32;
     if !json {
-        println!("{:<37}{:<14}{:<20}{:<22}STATE", "RECEIPT", "OWNER", "SUBJECT", "EXPIRES");
+        println!(
+            "{:<37}{:<14}{:<20}{:<22}STATE",
+            "RECEIPT", "OWNER", "SUBJECT", "EXPIRES"
+        );
     }
     while shown < limit {
         let page = client
@@ -411,7 +423,10 @@ async fn list_receipts(
             .into_inner();
         for r in &page.receipts {
             shown += 1;
-            let expired = r.expires_at.as_ref().is_some_and(|t| t.seconds <= unix_now());
+            let expired = r
+                .expires_at
+                .as_ref()
+                .is_some_and(|t| t.seconds <= unix_now());
             let state = if r.revoked {
                 "revoked"
             } else if expired {
@@ -452,7 +467,10 @@ async fn revoke(global: &GlobalArgs, receipt_id: String, reason: String) -> Resu
     let token = global.tokens().token()?;
     let mut client = connect(&global.authority).await?;
     let response = client
-        .revoke_receipt(authed(&token, pb::RevokeReceiptRequest { receipt_id, reason })?)
+        .revoke_receipt(authed(
+            &token,
+            pb::RevokeReceiptRequest { receipt_id, reason },
+        )?)
         .await?
         .into_inner();
     let revocation = response.revocation.unwrap_or_default();
@@ -464,7 +482,10 @@ async fn revoke(global: &GlobalArgs, receipt_id: String, reason: String) -> Resu
             revocation.revoked_by
         );
     } else {
-        println!("revoked {} (revocation #{})", revocation.receipt_id, revocation.seq);
+        println!(
+            "revoked {} (revocation #{})",
+            revocation.receipt_id, revocation.seq
+        );
     }
     Ok(())
 }
@@ -496,7 +517,11 @@ async fn add_operator(
     match token_out {
         Some(path) => {
             write_private(path, &format!("{}\n", created.token))?;
-            println!("added operator {}; token written to {}", created.name, path.display());
+            println!(
+                "added operator {}; token written to {}",
+                created.name,
+                path.display()
+            );
         }
         None => {
             eprintln!("added operator {}; its token (shown once):", created.name);
@@ -515,11 +540,15 @@ async fn list_operators(global: &GlobalArgs, json: bool) -> Result<(), CliError>
         .into_inner()
         .operators;
     if !json {
-        println!("{:<24}{:<7}{:<10}{:<16}GRANTS", "NAME", "ADMIN", "MAX TTL", "CREATED BY");
+        println!(
+            "{:<24}{:<7}{:<10}{:<16}GRANTS",
+            "NAME", "ADMIN", "MAX TTL", "CREATED BY"
+        );
     }
     for op in operators {
         let ceiling = op.ceiling.unwrap_or_default();
-        let ttl = humantime::format_duration(std::time::Duration::from_secs(ceiling.max_ttl_seconds));
+        let ttl =
+            humantime::format_duration(std::time::Duration::from_secs(ceiling.max_ttl_seconds));
         if json {
             println!(
                 "{}",
@@ -545,10 +574,19 @@ async fn list_operators(global: &GlobalArgs, json: bool) -> Result<(), CliError>
                 op.name,
                 if op.admin { "yes" } else { "no" },
                 ttl.to_string(),
-                if op.created_by.is_empty() { "-" } else { &op.created_by },
+                if op.created_by.is_empty() {
+                    "-"
+                } else {
+                    &op.created_by
+                },
                 fs.join(","),
                 ceiling.exec.join(","),
-                ceiling.routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(",")
+                ceiling
+                    .routes
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
             );
         }
     }
@@ -569,7 +607,10 @@ async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError> {
         return Ok(());
     }
     println!("issuer {}", set.issuer);
-    println!("{:<18}{:<9}{:<22}{:<22}PUBLIC KEY", "KEY ID", "STATE", "CREATED", "VERIFY UNTIL");
+    println!(
+        "{:<18}{:<9}{:<22}{:<22}PUBLIC KEY",
+        "KEY ID", "STATE", "CREATED", "VERIFY UNTIL"
+    );
     for key in &set.keys {
         println!(
             "{:<18}{:<9}{:<22}{:<22}{}",

@@ -63,7 +63,11 @@ pub(crate) fn find_binary(name: &str) -> Result<PathBuf, CliError> {
         })
 }
 
-async fn wait_for_addr(child: &mut Child, addr_file: &Path, log: &Path) -> Result<String, CliError> {
+async fn wait_for_addr(
+    child: &mut Child,
+    addr_file: &Path,
+    log: &Path,
+) -> Result<String, CliError> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(addr) = std::fs::read_to_string(addr_file) {
@@ -93,7 +97,10 @@ fn step(n: u32, text: &str) {
 }
 
 fn indent(text: &str) -> String {
-    text.lines().map(|l| format!("   {l}")).collect::<Vec<_>>().join("\n")
+    text.lines()
+        .map(|l| format!("   {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Runs the tour.
@@ -162,14 +169,22 @@ async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliE
         .await?
         .into_inner();
     for key in &keys.keys {
-        println!("   public key {} ({})", key.key_id, hex::encode(&key.public_key));
+        println!(
+            "   public key {} ({})",
+            key.key_id,
+            hex::encode(&key.public_key)
+        );
     }
 
     step(2, "Mint a receipt from a run spec (as the admin operator)");
     println!("{}", indent(SAMPLE_SPEC.trim_end()));
     let minted = mint_with(&mut client, &token, SAMPLE_SPEC, "sample spec").await?;
     let receipt = minted.receipt.clone().unwrap_or_default();
-    println!("\n   text form ({} chars): {}…", minted.text.len(), &minted.text[..48.min(minted.text.len())]);
+    println!(
+        "\n   text form ({} chars): {}…",
+        minted.text.len(),
+        &minted.text[..48.min(minted.text.len())]
+    );
 
     step(3, "Verify it as a supervisor with id \"workstation\" would");
     let (_, outcome) = verify_with(&mut client, &minted.text, Some("workstation")).await?;
@@ -180,9 +195,16 @@ async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliE
     step(4, "Tamper with one character: refused");
     let mut tampered = minted.text.clone();
     let middle = tampered.len() / 2;
-    let replacement = if &tampered[middle..=middle] == "A" { "B" } else { "A" };
+    let replacement = if &tampered[middle..=middle] == "A" {
+        "B"
+    } else {
+        "A"
+    };
     tampered.replace_range(middle..=middle, replacement);
-    match verify_with(&mut client, &tampered, Some("workstation")).await?.1 {
+    match verify_with(&mut client, &tampered, Some("workstation"))
+        .await?
+        .1
+    {
         Ok(_) => return Err(CliError::Other("a tampered receipt verified".into())),
         Err(e) => println!("   refused: {e}"),
     }
@@ -197,7 +219,10 @@ async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliE
             },
         )?)
         .await?;
-    match verify_with(&mut client, &minted.text, Some("workstation")).await?.1 {
+    match verify_with(&mut client, &minted.text, Some("workstation"))
+        .await?
+        .1
+    {
         Ok(_) => return Err(CliError::Other("a revoked receipt verified".into())),
         Err(e) => println!("   refused: {e}"),
     }

@@ -116,7 +116,10 @@ pub fn receipt_text(r: &pb::Receipt) -> String {
         ),
     ];
     if !r.parent_receipt_id.is_empty() {
-        lines.push(("parent", format!("{} (depth {})", r.parent_receipt_id, r.depth)));
+        lines.push((
+            "parent",
+            format!("{} (depth {})", r.parent_receipt_id, r.depth),
+        ));
     }
     if let Some(agent) = &r.agent {
         lines.push(("agent", agent.argv.join(" ")));
@@ -148,7 +151,10 @@ pub fn receipt_text(r: &pb::Receipt) -> String {
         lines.push(("exec", r.exec.join(", ")));
     }
     for g in &r.routes {
-        lines.push(("route", format!("{} (up to {})", g.name, sensitivity(g.max_sensitivity))));
+        lines.push((
+            "route",
+            format!("{} (up to {})", g.name, sensitivity(g.max_sensitivity)),
+        ));
     }
     lines.push(("network", "loopback only".into()));
     if let Some(d) = r.delegate {

@@ -156,9 +156,9 @@ pub fn parse_envelope(bytes: &[u8]) -> Result<SignedReceipt, VerifyError> {
 
 /// Decodes a public key of exactly 32 bytes.
 pub fn public_key_from_bytes(bytes: &[u8]) -> Result<VerifyingKey, KeySetError> {
-    let array: [u8; PUBLIC_KEY_LEN] = bytes
-        .try_into()
-        .map_err(|_| KeySetError::BadKey(format!("public key has {} bytes, not 32", bytes.len())))?;
+    let array: [u8; PUBLIC_KEY_LEN] = bytes.try_into().map_err(|_| {
+        KeySetError::BadKey(format!("public key has {} bytes, not 32", bytes.len()))
+    })?;
     VerifyingKey::from_bytes(&array)
         .map_err(|_| KeySetError::BadKey("public key is not a valid Ed25519 point".into()))
 }

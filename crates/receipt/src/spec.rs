@@ -49,7 +49,12 @@ impl SizeValue {
             Self::Text(text) => text
                 .trim()
                 .parse::<bytesize::ByteSize>()
-                .map_err(|e| invalid(field, format!("{text:?} is not a size like \"512MiB\": {e}")))?
+                .map_err(|e| {
+                    invalid(
+                        field,
+                        format!("{text:?} is not a size like \"512MiB\": {e}"),
+                    )
+                })?
                 .as_u64(),
         };
         if bytes == 0 {
@@ -61,8 +66,12 @@ impl SizeValue {
 
 /// Parses a duration like `"10m"`, `"1h 30m"` or `"90s"`.
 pub fn parse_duration(field: &str, text: &str) -> Result<Duration, SpecError> {
-    let duration = humantime::parse_duration(text.trim())
-        .map_err(|e| invalid(field, format!("{text:?} is not a duration like \"10m\": {e}")))?;
+    let duration = humantime::parse_duration(text.trim()).map_err(|e| {
+        invalid(
+            field,
+            format!("{text:?} is not a duration like \"10m\": {e}"),
+        )
+    })?;
     if duration.as_secs() == 0 {
         return Err(invalid(field, "must be at least one second"));
     }
@@ -102,9 +111,7 @@ impl LimitsSpec {
         };
         let cpu_millicores = match self.cpu {
             None => 0,
-            Some(cores) if cores.is_finite() && cores >= 0.001 && cores <= 4096.0 => {
-                (cores * 1000.0).round() as u32
-            }
+            Some(cores) if (0.001..=4096.0).contains(&cores) => (cores * 1000.0).round() as u32,
             Some(cores) => {
                 return Err(invalid(
                     "limits.cpu",
@@ -142,7 +149,10 @@ pub fn parse_access(field: &str, text: &str) -> Result<pb::FsAccess, SpecError> 
     match text.to_ascii_lowercase().as_str() {
         "read" => Ok(pb::FsAccess::Read),
         "write" => Ok(pb::FsAccess::Write),
-        _ => Err(invalid(field, format!("{text:?} is not \"read\" or \"write\""))),
+        _ => Err(invalid(
+            field,
+            format!("{text:?} is not \"read\" or \"write\""),
+        )),
     }
 }
 
@@ -406,7 +416,10 @@ max_depth = 1
         assert_eq!(limits.pids, 64);
         assert_eq!(request.fs[0].access, pb::FsAccess::Read as i32);
         assert_eq!(request.fs[0].mount, "/project");
-        assert_eq!(request.routes[1].max_sensitivity, pb::Sensitivity::Low as i32);
+        assert_eq!(
+            request.routes[1].max_sensitivity,
+            pb::Sensitivity::Low as i32
+        );
         assert_eq!(request.delegate.unwrap().max_depth, 1);
         assert_eq!(request.agent.unwrap().argv[0], "/usr/bin/python3");
     }
@@ -427,11 +440,17 @@ max_depth = 1
         assert!(error.to_string().starts_with("ttl:"), "{error}");
 
         let bad_access = "subject='a'\nttl='1m'\naudience=['w']\n[[fs]]\npath='/x'\naccess='rw'\n";
-        let error = RunSpec::parse(bad_access).unwrap().to_request().unwrap_err();
+        let error = RunSpec::parse(bad_access)
+            .unwrap()
+            .to_request()
+            .unwrap_err();
         assert!(error.to_string().starts_with("fs[0].access:"), "{error}");
 
         let no_audience = "subject='a'\nttl='1m'\naudience=[]\n";
-        let error = RunSpec::parse(no_audience).unwrap().to_request().unwrap_err();
+        let error = RunSpec::parse(no_audience)
+            .unwrap()
+            .to_request()
+            .unwrap_err();
         assert!(error.to_string().starts_with("audience:"), "{error}");
     }
 

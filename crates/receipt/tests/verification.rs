@@ -5,8 +5,8 @@ use std::collections::HashSet;
 use prost::Message as _;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::{
-    from_text, key_id, parse_envelope, timestamp_from_unix, to_text, verify_ed25519_strict,
-    KeySet, NoRevocations, Receipt, ReceiptSigner, ReceiptVerifier, VerifyContext, VerifyFailure,
+    from_text, key_id, parse_envelope, timestamp_from_unix, to_text, verify_ed25519_strict, KeySet,
+    NoRevocations, Receipt, ReceiptSigner, ReceiptVerifier, VerifyContext, VerifyFailure,
     SIGNING_DOMAIN,
 };
 
@@ -65,7 +65,11 @@ fn wycheproof_ed25519_vectors() {
             let accepted = verify_ed25519_strict(&group.key.pk, &test.msg, &test.sig);
             match test.result {
                 wycheproof::TestResult::Valid => {
-                    assert!(accepted, "valid vector {} rejected: {}", test.tc_id, test.comment)
+                    assert!(
+                        accepted,
+                        "valid vector {} rejected: {}",
+                        test.tc_id, test.comment
+                    )
                 }
                 wycheproof::TestResult::Invalid => assert!(
                     !accepted,
@@ -103,7 +107,10 @@ fn signature_follows_the_design_rule() {
     let digest = sha2::Sha256::digest(signer.public_key().as_bytes());
     assert_eq!(signed.key_id, hex::encode(&digest[..8]));
     assert_eq!(signed.key_id, key_id(&signer.public_key()));
-    assert_eq!(Receipt::decode(signed.receipt.as_slice()).unwrap().key_id, signed.key_id);
+    assert_eq!(
+        Receipt::decode(signed.receipt.as_slice()).unwrap().key_id,
+        signed.key_id
+    );
 }
 
 #[test]
@@ -152,7 +159,10 @@ fn every_character_change_of_the_text_form_is_rejected() {
             let mut tampered = text.clone();
             tampered.replace_range(index..index + 1, &substitute.to_string());
             let outcome = from_text(&tampered).and_then(|s| verifier.verify(&s, &context(None)));
-            assert!(outcome.is_err(), "change at {index} to {substitute} accepted");
+            assert!(
+                outcome.is_err(),
+                "change at {index} to {substitute} accepted"
+            );
         }
     }
 }
@@ -167,18 +177,27 @@ fn each_failure_has_its_own_reason() {
 
     // Unknown key: signed by a key the verifier does not trust.
     let stranger = ReceiptSigner::generate().sign(&mut sample_receipt());
-    assert_eq!(failure(&stranger, &context(None)), VerifyFailure::UnknownKey);
+    assert_eq!(
+        failure(&stranger, &context(None)),
+        VerifyFailure::UnknownKey
+    );
 
     // Bad signature: trusted key id, altered receipt bytes.
     let mut altered = signer.sign(&mut sample_receipt());
     let last = altered.receipt.len() - 1;
     altered.receipt[last] ^= 1;
-    assert_eq!(failure(&altered, &context(None)), VerifyFailure::BadSignature);
+    assert_eq!(
+        failure(&altered, &context(None)),
+        VerifyFailure::BadSignature
+    );
 
     // Bad signature: a valid signature by another key under this key's id.
     let mut swapped = ReceiptSigner::generate().sign(&mut sample_receipt());
     swapped.key_id = signer.key_id().to_owned();
-    assert_eq!(failure(&swapped, &context(None)), VerifyFailure::BadSignature);
+    assert_eq!(
+        failure(&swapped, &context(None)),
+        VerifyFailure::BadSignature
+    );
 
     // Malformed: correctly signed bytes that are not a receipt.
     let bytes = b"\xff\xff\xff not protobuf".to_vec();
@@ -196,8 +215,14 @@ fn each_failure_has_its_own_reason() {
     assert_eq!(failure(&signed, &context(None)), VerifyFailure::Malformed);
 
     // Malformed: bad text.
-    assert_eq!(from_text("tgr2.AAAA").unwrap_err().failure(), VerifyFailure::Malformed);
-    assert_eq!(from_text("tgr1.!!!").unwrap_err().failure(), VerifyFailure::Malformed);
+    assert_eq!(
+        from_text("tgr2.AAAA").unwrap_err().failure(),
+        VerifyFailure::Malformed
+    );
+    assert_eq!(
+        from_text("tgr1.!!!").unwrap_err().failure(),
+        VerifyFailure::Malformed
+    );
 
     let signed = signer.sign(&mut sample_receipt());
     // Not yet valid and expired, with the skew honoured at both ends.
@@ -209,18 +234,29 @@ fn each_failure_has_its_own_reason() {
     assert_eq!(failure(&signed, &at(NOW - 31)), VerifyFailure::NotYetValid);
     assert!(verifier.verify(&signed, &at(NOW - 29)).is_ok());
     assert!(verifier.verify(&signed, &at(NOW + 600 + 29)).is_ok());
-    assert_eq!(failure(&signed, &at(NOW + 600 + 30)), VerifyFailure::Expired);
+    assert_eq!(
+        failure(&signed, &at(NOW + 600 + 30)),
+        VerifyFailure::Expired
+    );
     let strict = verifier.clone().with_clock_skew(std::time::Duration::ZERO);
     assert_eq!(
-        strict.verify(&signed, &at(NOW + 600)).unwrap_err().failure(),
+        strict
+            .verify(&signed, &at(NOW + 600))
+            .unwrap_err()
+            .failure(),
         VerifyFailure::Expired
     );
 
     // Wrong audience.
-    assert_eq!(failure(&signed, &context(Some("laptop"))), VerifyFailure::WrongAudience);
+    assert_eq!(
+        failure(&signed, &context(Some("laptop"))),
+        VerifyFailure::WrongAudience
+    );
 
     // Revoked.
-    let receipt_id = Receipt::decode(signed.receipt.as_slice()).unwrap().receipt_id;
+    let receipt_id = Receipt::decode(signed.receipt.as_slice())
+        .unwrap()
+        .receipt_id;
     let revoked: HashSet<String> = [receipt_id].into();
     let ctx = VerifyContext {
         now: NOW + 1,
@@ -241,7 +277,10 @@ fn key_set_from_proto_checks_key_ids() {
             ..Default::default()
         }],
     };
-    assert!(KeySet::from_proto(&good).unwrap().get(signer.key_id()).is_some());
+    assert!(KeySet::from_proto(&good)
+        .unwrap()
+        .get(signer.key_id())
+        .is_some());
     let mut lying = good.clone();
     lying.keys[0].key_id = "0000000000000000".into();
     assert!(KeySet::from_proto(&lying).is_err());

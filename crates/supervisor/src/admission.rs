@@ -64,7 +64,8 @@ mod tests {
         };
         let signed = signer.sign(&mut receipt);
         assert!(admission.admit(&signed, 150).is_ok());
-        let other = ReceiptAdmission::new("laptop", admission.verifier.keys().clone(), Duration::ZERO);
+        let other =
+            ReceiptAdmission::new("laptop", admission.verifier.keys().clone(), Duration::ZERO);
         assert_eq!(
             other.admit(&signed, 150).unwrap_err().failure(),
             VerifyFailure::WrongAudience

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tonic::transport::Channel;
 use tollgate_proto::v1::authority_client::AuthorityClient;
+use tonic::transport::Channel;
 
 /// Path of a workspace binary built by cargo.
 pub fn bin_path(name: &str) -> PathBuf {
@@ -47,10 +47,16 @@ pub fn wait_for_file(path: &Path, child: &mut Child, timeout: Duration) -> Resul
             }
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!("process exited with {status} before writing {}", path.display()));
+            return Err(format!(
+                "process exited with {status} before writing {}",
+                path.display()
+            ));
         }
         if Instant::now() > deadline {
-            return Err(format!("{} did not appear within {timeout:?}", path.display()));
+            return Err(format!(
+                "{} did not appear within {timeout:?}",
+                path.display()
+            ));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -88,7 +94,11 @@ impl AuthorityProcess {
             .stderr(File::create(&log).expect("create log"))
             .spawn()
             .expect("spawn tollgate-authority");
-        match wait_for_file(&data_dir.join("authority.addr"), &mut child, Duration::from_secs(30)) {
+        match wait_for_file(
+            &data_dir.join("authority.addr"),
+            &mut child,
+            Duration::from_secs(30),
+        ) {
             Ok(addr) => Ok(Self {
                 child,
                 data_dir: data_dir.to_owned(),

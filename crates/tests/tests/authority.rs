@@ -14,6 +14,9 @@ use tollgate_receipt::{
 use tollgate_tests::{authed, AuthorityProcess};
 use tonic::Code;
 
+/// A change to a valid request, and what the refusal must name.
+type Mutation = Box<dyn Fn(&mut pb::MintReceiptRequest)>;
+
 fn mint_request(subject: &str) -> pb::MintReceiptRequest {
     pb::MintReceiptRequest {
         subject: subject.into(),
@@ -33,8 +36,14 @@ fn mint_request(subject: &str) -> pb::MintReceiptRequest {
     }
 }
 
-async fn fetch_verifier(client: &mut tollgate_proto::v1::authority_client::AuthorityClient<tonic::transport::Channel>) -> ReceiptVerifier {
-    let set = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+async fn fetch_verifier(
+    client: &mut tollgate_proto::v1::authority_client::AuthorityClient<tonic::transport::Channel>,
+) -> ReceiptVerifier {
+    let set = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     ReceiptVerifier::new(KeySet::from_proto(&set).unwrap())
 }
 
@@ -61,7 +70,10 @@ async fn mint_verify_restart_and_read_back() {
         .into_inner();
     let signed = minted.signed.clone().unwrap();
     assert_eq!(from_text(&minted.text).unwrap(), signed);
-    let receipt = fetch_verifier(&mut client).await.verify(&signed, &now_ctx()).unwrap();
+    let receipt = fetch_verifier(&mut client)
+        .await
+        .verify(&signed, &now_ctx())
+        .unwrap();
     assert_eq!(receipt, minted.receipt.clone().unwrap());
     assert_eq!(receipt.owner, "admin");
     assert_eq!(receipt.subject, "summarizer");
@@ -69,8 +81,17 @@ async fn mint_verify_restart_and_read_back() {
     let ttl = receipt.expires_at.unwrap().seconds - receipt.not_before.unwrap().seconds;
     assert_eq!(ttl, 600);
     let limits = receipt.limits.unwrap();
-    assert_eq!(limits.memory_bytes, 512 << 20, "unset limits take the defaults");
-    assert!(uuid::Uuid::parse_str(&receipt.receipt_id).unwrap().get_version_num() == 7);
+    assert_eq!(
+        limits.memory_bytes,
+        512 << 20,
+        "unset limits take the defaults"
+    );
+    assert!(
+        uuid::Uuid::parse_str(&receipt.receipt_id)
+            .unwrap()
+            .get_version_num()
+            == 7
+    );
 
     let revoked_id = {
         let second = client
@@ -91,16 +112,28 @@ async fn mint_verify_restart_and_read_back() {
             .unwrap();
         id
     };
-    let keys_before = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+    let keys_before = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .unwrap()
+        .into_inner();
 
     // A clean stop removes the readiness file; a restart reads everything back.
     let status = authority.stop(Signal::SIGTERM);
     assert!(status.success(), "{status}");
     assert!(!data.join("authority.addr").exists());
     let authority = AuthorityProcess::start(&data);
-    assert_eq!(authority.admin_token(), token, "the admin token is created once");
+    assert_eq!(
+        authority.admin_token(),
+        token,
+        "the admin token is created once"
+    );
     let mut client = authority.client().await;
-    let keys_after = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+    let keys_after = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(keys_before, keys_after);
     let fetched = client
         .get_receipt(authed(
@@ -112,7 +145,10 @@ async fn mint_verify_restart_and_read_back() {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(fetched.signed.unwrap().encode_to_vec(), signed.encode_to_vec());
+    assert_eq!(
+        fetched.signed.unwrap().encode_to_vec(),
+        signed.encode_to_vec()
+    );
     assert!(fetched.revocation.is_none());
     let revoked = client
         .get_receipt(authed(
@@ -168,7 +204,11 @@ async fn sigkill_loses_no_acknowledged_receipt_or_revocation() {
         .await
         .unwrap()
         .into_inner();
-    let listed_ids: HashSet<_> = listed.receipts.iter().map(|r| r.receipt_id.clone()).collect();
+    let listed_ids: HashSet<_> = listed
+        .receipts
+        .iter()
+        .map(|r| r.receipt_id.clone())
+        .collect();
     for id in &ids {
         assert!(listed_ids.contains(id), "receipt {id} lost");
     }
@@ -194,14 +234,20 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
 
     // Malformed requests name the field.
-    let cases: Vec<(Box<dyn Fn(&mut pb::MintReceiptRequest)>, &str)> = vec![
+    let cases: Vec<(Mutation, &str)> = vec![
         (Box::new(|r| r.subject.clear()), "subject"),
         (Box::new(|r| r.ttl_seconds = 0), "ttl_seconds"),
         (Box::new(|r| r.audience.clear()), "audience"),
-        (Box::new(|r| r.fs[0].path = "/srv/../etc".into()), "fs[0].path"),
+        (
+            Box::new(|r| r.fs[0].path = "/srv/../etc".into()),
+            "fs[0].path",
+        ),
         (Box::new(|r| r.fs[0].access = 0), "fs[0].access"),
         (Box::new(|r| r.exec[0] = "python3".into()), "exec[0]"),
-        (Box::new(|r| r.routes[0].max_sensitivity = 0), "routes[0].max_sensitivity"),
+        (
+            Box::new(|r| r.routes[0].max_sensitivity = 0),
+            "routes[0].max_sensitivity",
+        ),
         (
             Box::new(|r| {
                 r.agent = Some(pb::AgentSpec {
@@ -215,9 +261,16 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
     for (mutate, field) in cases {
         let mut request = mint_request("x");
         mutate(&mut request);
-        let status = client.mint_receipt(authed(&admin, request)).await.unwrap_err();
+        let status = client
+            .mint_receipt(authed(&admin, request))
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
-        assert!(status.message().starts_with(field), "{field}: {}", status.message());
+        assert!(
+            status.message().starts_with(field),
+            "{field}: {}",
+            status.message()
+        );
     }
 
     // An operator with a narrow ceiling.
@@ -272,14 +325,26 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
         .expect("a request within the ceiling is minted")
         .into_inner();
     assert_eq!(bobs.receipt.as_ref().unwrap().owner, "bob");
-    assert_eq!(bobs.receipt.as_ref().unwrap().limits.unwrap().memory_bytes, 512 << 20);
+    assert_eq!(
+        bobs.receipt.as_ref().unwrap().limits.unwrap().memory_bytes,
+        512 << 20
+    );
 
-    let above: Vec<(Box<dyn Fn(&mut pb::MintReceiptRequest)>, &str)> = vec![
+    let above: Vec<(Mutation, &str)> = vec![
         (Box::new(|r| r.ttl_seconds = 7200), "ttl_seconds = 7200"),
-        (Box::new(|r| r.audience.push("laptop".into())), "audience[1]"),
-        (Box::new(|r| r.fs[0].access = pb::FsAccess::Write as i32), "fs[0] = /srv/project (write)"),
+        (
+            Box::new(|r| r.audience.push("laptop".into())),
+            "audience[1]",
+        ),
+        (
+            Box::new(|r| r.fs[0].access = pb::FsAccess::Write as i32),
+            "fs[0] = /srv/project (write)",
+        ),
         (Box::new(|r| r.fs[0].path = "/etc".into()), "fs[0] = /etc"),
-        (Box::new(|r| r.exec.push("/bin/sh".into())), "exec[1] = /bin/sh"),
+        (
+            Box::new(|r| r.exec.push("/bin/sh".into())),
+            "exec[1] = /bin/sh",
+        ),
         (
             Box::new(|r| {
                 r.routes.push(pb::RouteGrant {
@@ -298,14 +363,24 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
             }),
             "limits.memory_bytes",
         ),
-        (Box::new(|r| r.delegate = Some(pb::Delegation { max_depth: 1 })), "delegate.max_depth"),
+        (
+            Box::new(|r| r.delegate = Some(pb::Delegation { max_depth: 1 })),
+            "delegate.max_depth",
+        ),
     ];
     for (mutate, grant) in above {
         let mut request = mint_request("x");
         mutate(&mut request);
-        let status = client.mint_receipt(authed(&bob, request)).await.unwrap_err();
+        let status = client
+            .mint_receipt(authed(&bob, request))
+            .await
+            .unwrap_err();
         assert_eq!(status.code(), Code::PermissionDenied, "{grant}: {status:?}");
-        assert!(status.message().contains(grant), "{grant}: {}", status.message());
+        assert!(
+            status.message().contains(grant),
+            "{grant}: {}",
+            status.message()
+        );
         assert!(status.message().contains("bob"), "{}", status.message());
     }
 
@@ -490,7 +565,13 @@ async fn rotation_keeps_old_receipts_verifiable() {
     let (active, retired) = (rotated.active.unwrap(), rotated.retired.unwrap());
     assert_eq!(retired.key_id, old.key_id);
     assert!(active.active && !retired.active);
-    assert!(!data.join("keys").join(format!("{}.key", old.key_id)).exists(), "old private key deleted");
+    assert!(
+        !data
+            .join("keys")
+            .join(format!("{}.key", old.key_id))
+            .exists(),
+        "old private key deleted"
+    );
     let new = client
         .mint_receipt(authed(&token, mint_request("after")))
         .await
@@ -499,7 +580,11 @@ async fn rotation_keeps_old_receipts_verifiable() {
         .signed
         .unwrap();
     assert_eq!(new.key_id, active.key_id);
-    let set = client.get_key_set(pb::GetKeySetRequest {}).await.unwrap().into_inner();
+    let set = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(set.keys.len(), 2);
     let retired_entry = set.keys.iter().find(|k| k.key_id == old.key_id).unwrap();
     let old_receipt = Receipt::decode(old.receipt.as_slice()).unwrap();
@@ -527,7 +612,10 @@ async fn rotation_keeps_old_receipts_verifiable() {
     let stranger = tollgate_receipt::ReceiptSigner::generate()
         .sign(&mut Receipt::decode(old.receipt.as_slice()).unwrap());
     assert_eq!(
-        verifier.verify(&stranger, &now_ctx()).unwrap_err().failure(),
+        verifier
+            .verify(&stranger, &now_ctx())
+            .unwrap_err()
+            .failure(),
         VerifyFailure::UnknownKey
     );
 }
@@ -544,8 +632,15 @@ fn corrupt_database_stops_the_daemon_with_a_clear_message() {
         .expect("a corrupt database must not start");
     assert!(status.contains("65"), "exit status {status}");
     let line = stderr.lines().last().unwrap();
-    assert!(line.contains("is corrupt") && line.contains("refusing to start"), "{line}");
-    assert_eq!(std::fs::read(data.join("authority.db")).unwrap(), garbage, "never reset");
+    assert!(
+        line.contains("is corrupt") && line.contains("refusing to start"),
+        "{line}"
+    );
+    assert_eq!(
+        std::fs::read(data.join("authority.db")).unwrap(),
+        garbage,
+        "never reset"
+    );
 
     // A missing private key for the active key is also fatal, and says which file.
     let data = dir.path().join("second");
@@ -599,6 +694,12 @@ async fn health_and_reflection_are_served() {
         panic!("unexpected reflection reply");
     };
     let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(names.contains(&"tollgate.v1.Authority".to_owned()), "{names:?}");
-    assert!(names.contains(&"grpc.health.v1.Health".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"tollgate.v1.Authority".to_owned()),
+        "{names:?}"
+    );
+    assert!(
+        names.contains(&"grpc.health.v1.Health".to_owned()),
+        "{names:?}"
+    );
 }

@@ -1,1 +1,276 @@
-fn main() {}
+//! `tollgate-bench`: benchmarks with a peer measured in the same run (see docs/benchmarks.md).
+//!
+//! * `verify`: full receipt verification (text decode, envelope, strict Ed25519, decode,
+//!   window, audience, revocation) beside its peer, a bare `verify_strict` over the same bytes.
+//! * `mint`: MintReceipt over gRPC against the real daemon, beside its peers: durable SQLite
+//!   commits of the same row on the same disk (the floor minting cannot beat) and GetKeySet
+//!   over the same gRPC stack (the service without a durable write).
+//!
+//! Build with `cargo build --release --workspace --bins` and run from target/release.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use nix::sys::signal::Signal;
+use prost::Message as _;
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::{
+    from_text, signing_message, timestamp_from_unix, to_text, unix_now, verify_ed25519_strict,
+    KeySet, Receipt, ReceiptSigner, ReceiptVerifier, VerifyContext,
+};
+use tollgate_tests::{authed, AuthorityProcess};
+
+#[derive(Parser)]
+#[command(about = "Tollgate benchmarks, each beside a peer measured in the same run")]
+struct Flags {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Verification cost per receipt.
+    Verify {
+        /// Verifications per sample.
+        #[arg(long, default_value_t = 2000)]
+        iterations: u32,
+        /// Samples (the median is reported).
+        #[arg(long, default_value_t = 15)]
+        samples: u32,
+    },
+    /// Mint throughput over gRPC.
+    Mint {
+        /// Receipts to mint.
+        #[arg(long, default_value_t = 2000)]
+        count: usize,
+        /// Concurrent clients.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+    },
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn sample_receipt() -> Receipt {
+    let now = unix_now();
+    Receipt {
+        receipt_id: uuid::Uuid::now_v7().to_string(),
+        issuer: "bench".into(),
+        owner: "admin".into(),
+        subject: "summarizer".into(),
+        audience: vec!["workstation".into()],
+        issued_at: Some(timestamp_from_unix(now)),
+        not_before: Some(timestamp_from_unix(now)),
+        expires_at: Some(timestamp_from_unix(now + 600)),
+        policy_version: "1".into(),
+        agent: Some(pb::AgentSpec {
+            argv: vec!["/usr/bin/python3".into(), "/work/agent.py".into()],
+            ..Default::default()
+        }),
+        limits: Some(pb::Limits {
+            memory_bytes: 512 << 20,
+            pids: 64,
+            cpu_millicores: 1000,
+            output_bytes: 5 << 20,
+            tmpfs_bytes: 64 << 20,
+            tool_calls: 1000,
+            tokens: 200_000,
+        }),
+        fs: vec![pb::FsGrant {
+            path: "/home/me/project".into(),
+            access: pb::FsAccess::Read as i32,
+            mount: "/project".into(),
+        }],
+        exec: vec!["/usr/bin/python3".into(), "/usr/bin/grep".into()],
+        routes: vec![pb::RouteGrant {
+            name: "local".into(),
+            max_sensitivity: pb::Sensitivity::High as i32,
+        }],
+        ..Default::default()
+    }
+}
+
+fn bench_verify(iterations: u32, samples: u32) {
+    let signer = ReceiptSigner::generate();
+    let signed = signer.sign(&mut sample_receipt());
+    let text = to_text(&signed);
+    let mut keys = KeySet::new();
+    keys.insert(signer.public_key());
+    let verifier = ReceiptVerifier::new(keys);
+    let revoked: HashSet<String> = (0..1000)
+        .map(|_| uuid::Uuid::now_v7().to_string())
+        .collect();
+    let public = signer.public_key().to_bytes();
+    let message = signing_message(&signed.receipt);
+
+    let mut full = Vec::new();
+    let mut bare = Vec::new();
+    for _ in 0..samples {
+        let start = Instant::now();
+        for _ in 0..iterations {
+            let parsed = from_text(std::hint::black_box(&text)).expect("parse");
+            let receipt = verifier
+                .verify(
+                    &parsed,
+                    &VerifyContext {
+                        now: unix_now(),
+                        audience: Some("workstation"),
+                        revocations: &revoked,
+                    },
+                )
+                .expect("valid");
+            std::hint::black_box(receipt);
+        }
+        full.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(iterations));
+        let start = Instant::now();
+        for _ in 0..iterations {
+            assert!(verify_ed25519_strict(
+                std::hint::black_box(&public),
+                std::hint::black_box(&message),
+                &signed.signature
+            ));
+        }
+        bare.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(iterations));
+    }
+    let (full, bare) = (median(full), median(bare));
+    println!(
+        "receipt size: {} bytes (text form {} chars)",
+        signed.encode_to_vec().len(),
+        text.len()
+    );
+    println!("full verification (text -> checked receipt): {full:.1} µs/receipt (median of {samples} x {iterations})");
+    println!("peer, bare Ed25519 verify_strict:            {bare:.1} µs/receipt");
+    println!(
+        "overhead over the bare signature check:      {:.1} µs ({:.2}x)",
+        full - bare,
+        full / bare
+    );
+}
+
+async fn bench_mint(count: usize, concurrency: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let token = authority.admin_token();
+    let request = pb::MintReceiptRequest {
+        subject: "bench".into(),
+        ttl_seconds: 600,
+        audience: vec!["workstation".into()],
+        exec: vec!["/usr/bin/python3".into()],
+        ..Default::default()
+    };
+    // Warm up connections.
+    let mut clients = Vec::new();
+    for _ in 0..concurrency {
+        let mut client = authority.client().await;
+        client.get_key_set(pb::GetKeySetRequest {}).await?;
+        clients.push(client);
+    }
+
+    let run = |kind: &'static str| {
+        let clients = clients.clone();
+        let token = token.clone();
+        let request = request.clone();
+        async move {
+            let start = Instant::now();
+            let mut tasks = Vec::new();
+            for (i, mut client) in clients.into_iter().enumerate() {
+                let token = token.clone();
+                let request = request.clone();
+                let share = count / concurrency + usize::from(i < count % concurrency);
+                tasks.push(tokio::spawn(async move {
+                    let mut latencies = Vec::with_capacity(share);
+                    for _ in 0..share {
+                        let t = Instant::now();
+                        if kind == "mint" {
+                            client.mint_receipt(authed(&token, request.clone())).await?;
+                        } else {
+                            client.get_key_set(pb::GetKeySetRequest {}).await?;
+                        }
+                        latencies.push(t.elapsed());
+                    }
+                    Ok::<_, tonic::Status>(latencies)
+                }));
+            }
+            let mut latencies = Vec::new();
+            for task in tasks {
+                latencies.extend(task.await.expect("task")?);
+            }
+            latencies.sort();
+            Ok::<_, anyhow::Error>((start.elapsed(), latencies))
+        }
+    };
+    let (mint_elapsed, mint_lat) = run("mint").await?;
+    let (keys_elapsed, keys_lat) = run("keys").await?;
+    drop(clients);
+    authority.stop(Signal::SIGTERM);
+
+    let row_size = {
+        let signer = ReceiptSigner::generate();
+        signer.sign(&mut sample_receipt()).encode_to_vec().len()
+    };
+    let sqlite_rate = sqlite_commit_rate(dir.path(), count.min(1000), row_size)?;
+
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64();
+    println!(
+        "{count} calls, {concurrency} concurrent clients, on {}",
+        dir.path().display()
+    );
+    println!(
+        "MintReceipt over gRPC:      {:>8.0} receipts/s  p50 {:>7.2} ms  p99 {:>7.2} ms",
+        rate(count, mint_elapsed),
+        percentile(&mint_lat, 0.5).as_secs_f64() * 1e3,
+        percentile(&mint_lat, 0.99).as_secs_f64() * 1e3
+    );
+    println!(
+        "peer, GetKeySet over gRPC:  {:>8.0} calls/s     p50 {:>7.2} ms  p99 {:>7.2} ms",
+        rate(count, keys_elapsed),
+        percentile(&keys_lat, 0.5).as_secs_f64() * 1e3,
+        percentile(&keys_lat, 0.99).as_secs_f64() * 1e3
+    );
+    println!("peer, durable SQLite commit of a {row_size}-byte row (WAL, synchronous=FULL): {sqlite_rate:>8.0} commits/s");
+    Ok(())
+}
+
+/// Commits per second for one-row transactions with the authority's durability settings.
+fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> anyhow::Result<f64> {
+    let conn = rusqlite::Connection::open(dir.join("peer.db"))?;
+    conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))?;
+    conn.execute_batch(
+        "PRAGMA synchronous = FULL;
+         CREATE TABLE receipts (receipt_id TEXT PRIMARY KEY, owner TEXT, signed BLOB);",
+    )?;
+    let blob = vec![0x5au8; row_size];
+    let start = Instant::now();
+    for _ in 0..rows {
+        conn.execute(
+            "INSERT INTO receipts VALUES (?1, 'admin', ?2)",
+            rusqlite::params![uuid::Uuid::now_v7().to_string(), blob],
+        )
+        .context("insert")?;
+    }
+    Ok(rows as f64 / start.elapsed().as_secs_f64())
+}
+
+fn main() -> anyhow::Result<()> {
+    match Flags::parse().bench {
+        Bench::Verify {
+            iterations,
+            samples,
+        } => {
+            bench_verify(iterations, samples);
+            Ok(())
+        }
+        Bench::Mint { count, concurrency } => {
+            tokio::runtime::Runtime::new()?.block_on(bench_mint(count, concurrency.max(1)))
+        }
+    }
+}

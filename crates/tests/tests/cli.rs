@@ -1,0 +1,311 @@
+//! The `tollgate` CLI against the real authority: mint from a spec, show/verify, revoke,
+//! operators, keys, and one-line errors with distinct exit codes.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use tollgate_tests::{bin_path, AuthorityProcess};
+
+fn tollgate(authority: &AuthorityProcess, token: Option<&Path>, args: &[&str]) -> Output {
+    let mut command = Command::new(bin_path("tollgate"));
+    command
+        .env_remove("TOLLGATE_TOKEN")
+        .env_remove("TOLLGATE_TOKEN_FILE")
+        .args(["--authority", authority.addr()]);
+    if let Some(token) = token {
+        command.arg("--token-file").arg(token);
+    }
+    command.args(args).output().expect("run tollgate")
+}
+
+fn stderr_line(output: &Output) -> String {
+    let text = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        text.trim_end().lines().count(),
+        1,
+        "errors are one line: {text:?}"
+    );
+    text.trim().to_owned()
+}
+
+const SPEC: &str = r#"
+subject = "summarizer"
+ttl = "10m"
+audience = ["workstation"]
+[agent]
+argv = ["/usr/bin/python3", "/work/agent.py"]
+[limits]
+memory = "256MiB"
+cpu = 0.5
+[[fs]]
+path = "/srv/project"
+access = "read"
+mount = "/project"
+[exec]
+allow = ["/usr/bin/python3"]
+[[routes]]
+name = "local"
+max_sensitivity = "high"
+"#;
+
+#[test]
+fn mint_show_revoke_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let token = authority.data_dir().join("admin.token");
+    let spec = dir.path().join("run.toml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let out = dir.path().join("receipt.tgr");
+
+    let minted = tollgate(
+        &authority,
+        Some(&token),
+        &[
+            "mint",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        minted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&minted.stderr)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.starts_with("tgr1."));
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    let shown = tollgate(
+        &authority,
+        None,
+        &[
+            "receipt",
+            "show",
+            out.to_str().unwrap(),
+            "--json",
+            "--audience",
+            "workstation",
+        ],
+    );
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(json["valid"], true);
+    assert_eq!(json["receipt"]["subject"], "summarizer");
+    assert_eq!(json["receipt"]["limits"]["memory_bytes"], 256 << 20);
+    assert_eq!(json["receipt"]["limits"]["cpu_millicores"], 500);
+    assert_eq!(json["receipt"]["fs"][0]["mount"], "/project");
+    let receipt_id = json["receipt"]["receipt_id"].as_str().unwrap().to_owned();
+
+    let human = tollgate(
+        &authority,
+        None,
+        &["receipt", "show", out.to_str().unwrap()],
+    );
+    let human_text = String::from_utf8_lossy(&human.stdout);
+    assert!(human_text.starts_with("status     valid"), "{human_text}");
+    assert!(
+        human_text.contains("read  /srv/project -> /project"),
+        "{human_text}"
+    );
+
+    let wrong = tollgate(
+        &authority,
+        None,
+        &[
+            "receipt",
+            "show",
+            out.to_str().unwrap(),
+            "--json",
+            "--audience",
+            "laptop",
+        ],
+    );
+    assert_eq!(wrong.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&wrong.stdout).unwrap();
+    assert_eq!(json["failure"], "wrong_audience");
+
+    let revoked = tollgate(
+        &authority,
+        Some(&token),
+        &["revoke", &receipt_id, "--reason", "done"],
+    );
+    assert!(revoked.status.success());
+    assert!(String::from_utf8_lossy(&revoked.stdout).contains("revoked"));
+    let after = tollgate(
+        &authority,
+        None,
+        &["receipt", "show", out.to_str().unwrap(), "--json"],
+    );
+    assert_eq!(after.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_slice(&after.stdout).unwrap();
+    assert_eq!(json["failure"], "revoked");
+
+    let listed = tollgate(&authority, Some(&token), &["receipts", "--json"]);
+    let line: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(line["state"], "revoked");
+
+    // Tampered text: one line, exit 1.
+    let tampered = dir.path().join("tampered.tgr");
+    let mut bytes = text.trim().as_bytes().to_vec();
+    let middle = bytes.len() / 2;
+    bytes[middle] = if bytes[middle] == b'A' { b'B' } else { b'A' };
+    std::fs::write(&tampered, bytes).unwrap();
+    let bad = tollgate(
+        &authority,
+        None,
+        &["receipt", "show", tampered.to_str().unwrap()],
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr_line(&bad).starts_with("tollgate: error: receipt is not valid"));
+}
+
+#[test]
+fn operators_keys_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let admin = authority.data_dir().join("admin.token");
+    let ceiling = dir.path().join("ceiling.toml");
+    std::fs::write(
+        &ceiling,
+        "max_ttl = '5m'\naudience = ['workstation']\nexec = ['/usr/bin/']\n[[fs]]\npath = '/srv'\naccess = 'read'\n[[routes]]\nname = 'local'\nmax_sensitivity = 'high'\n",
+    )
+    .unwrap();
+    let carol_token = dir.path().join("carol.token");
+    let added = tollgate(
+        &authority,
+        Some(&admin),
+        &[
+            "operator",
+            "add",
+            "carol",
+            "--ceiling",
+            ceiling.to_str().unwrap(),
+            "--token-out",
+            carol_token.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        added.status.success(),
+        "{}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let listed = tollgate(&authority, Some(&admin), &["operator", "list", "--json"]);
+    let names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["name"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(names, ["admin", "carol"]);
+
+    // Above carol's ceiling (ttl 10m > 5m): PERMISSION_DENIED named, exit 77.
+    let spec = dir.path().join("run.toml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let denied = tollgate(
+        &authority,
+        Some(&carol_token),
+        &["mint", "--spec", spec.to_str().unwrap()],
+    );
+    assert_eq!(denied.status.code(), Some(77));
+    let line = stderr_line(&denied);
+    assert!(
+        line.contains("permission denied") && line.contains("ttl_seconds = 600"),
+        "{line}"
+    );
+
+    // No token, bad token, bad spec, unreachable authority.
+    let no_token = tollgate(
+        &authority,
+        None,
+        &["mint", "--spec", spec.to_str().unwrap()],
+    );
+    assert_eq!(no_token.status.code(), Some(77));
+    assert!(stderr_line(&no_token).contains("--token-file"));
+    let junk = dir.path().join("junk.token");
+    std::fs::write(&junk, "tgt_junk\n").unwrap();
+    let bad_token = tollgate(
+        &authority,
+        Some(&junk),
+        &["mint", "--spec", spec.to_str().unwrap()],
+    );
+    assert_eq!(bad_token.status.code(), Some(77));
+    assert!(stderr_line(&bad_token).contains("unauthenticated"));
+    let bad_spec = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad_spec,
+        "subject = 'x'\nttl = 'forever'\naudience = ['w']\n",
+    )
+    .unwrap();
+    let invalid = tollgate(
+        &authority,
+        Some(&admin),
+        &["mint", "--spec", bad_spec.to_str().unwrap()],
+    );
+    assert_eq!(invalid.status.code(), Some(66));
+    assert!(stderr_line(&invalid).contains("ttl:"));
+    let unreachable = Command::new(bin_path("tollgate"))
+        .args(["--authority", "127.0.0.1:1", "keys"])
+        .output()
+        .unwrap();
+    assert_eq!(unreachable.status.code(), Some(69));
+    assert!(stderr_line(&unreachable).contains("cannot reach the authority"));
+
+    // Keys: list, rotate, list again.
+    let before: serde_json::Value =
+        serde_json::from_slice(&tollgate(&authority, None, &["keys", "--json"]).stdout).unwrap();
+    assert_eq!(before["keys"].as_array().unwrap().len(), 1);
+    let minted = tollgate(
+        &authority,
+        Some(&admin),
+        &["mint", "--spec", spec.to_str().unwrap()],
+    );
+    assert!(minted.status.success());
+    let rotated = tollgate(&authority, Some(&admin), &["keys", "rotate"]);
+    assert!(
+        rotated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rotated.stderr)
+    );
+    let after: serde_json::Value =
+        serde_json::from_slice(&tollgate(&authority, None, &["keys", "--json"]).stdout).unwrap();
+    assert_eq!(
+        after["keys"].as_array().unwrap().len(),
+        2,
+        "the retired key still verifies its receipts"
+    );
+    let not_admin = tollgate(&authority, Some(&carol_token), &["keys", "rotate"]);
+    assert_eq!(not_admin.status.code(), Some(77));
+}
+
+#[test]
+fn quickstart_runs_end_to_end() {
+    let output = Command::new(bin_path("tollgate"))
+        .arg("quickstart")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("refused: bad signature"), "{stdout}");
+    assert!(stdout.contains("has been revoked"), "{stdout}");
+    assert!(
+        stdout.contains("temporary data directory removed"),
+        "{stdout}"
+    );
+}
