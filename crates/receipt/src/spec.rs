@@ -455,6 +455,17 @@ max_depth = 1
     }
 
     #[test]
+    fn shipped_examples_parse() {
+        let run = RunSpec::parse(include_str!("../../../examples/run.toml")).unwrap();
+        assert_eq!(run.to_request().unwrap().routes.len(), 2);
+        let ceiling = CeilingSpec::parse(include_str!("../../../examples/ceiling.toml")).unwrap();
+        assert_eq!(
+            ceiling.to_proto().unwrap().limits.unwrap().cpu_millicores,
+            2000
+        );
+    }
+
+    #[test]
     fn ceiling_parses() {
         let text = r#"
 max_ttl = "8h"
