@@ -57,9 +57,30 @@ fn write_key(dir: &Path, signer: &ReceiptSigner) -> Result<(), AuthorityError> {
     write_atomic(&key_path(dir, signer.key_id()), text.as_bytes(), 0o600)
 }
 
+/// Removes `*.key` files other than the active key's: private keys that will never sign again
+/// must not linger on disk.
+fn sweep_inactive_key_files(dir: &Path, active_key_id: &str) -> Result<(), AuthorityError> {
+    let error = |path: &Path, e: std::io::Error| AuthorityError::KeyFile {
+        path: path.to_owned(),
+        detail: format!("cannot remove inactive key: {e}"),
+    };
+    let entries = std::fs::read_dir(dir).map_err(|e| error(dir, e))?;
+    for entry in entries {
+        let path = entry.map_err(|e| error(dir, e))?.path();
+        let is_key = path.extension().is_some_and(|ext| ext == "key");
+        let is_active = path.file_stem().is_some_and(|stem| stem == active_key_id);
+        if is_key && !is_active {
+            std::fs::remove_file(&path).map_err(|e| error(&path, e))?;
+            tracing::info!(path = %path.display(), "removed inactive private key");
+        }
+    }
+    Ok(())
+}
+
 impl KeyRing {
     /// Loads the active key from `dir`, generating the first key on a fresh authority, and
-    /// deletes private key files of keys that are no longer active.
+    /// deletes every other private key file (retired keys, or a key whose rotation crashed
+    /// before it became active).
     pub fn load(dir: PathBuf, store: &Store) -> Result<Self, AuthorityError> {
         ensure_private_dir(&dir)?;
         let keys = store.keys()?;
@@ -73,15 +94,7 @@ impl KeyRing {
                 signer
             }
         };
-        for retired in keys.iter().filter(|k| !k.active) {
-            let path = key_path(&dir, &retired.key_id);
-            if path.exists() {
-                std::fs::remove_file(&path).map_err(|e| AuthorityError::KeyFile {
-                    path: path.clone(),
-                    detail: format!("cannot remove retired key: {e}"),
-                })?;
-            }
-        }
+        sweep_inactive_key_files(&dir, signer.key_id())?;
         Ok(Self {
             dir,
             active: RwLock::new(Arc::new(signer)),
@@ -136,4 +149,39 @@ pub fn key_set(store: &Store, issuer: &str, now: i64) -> Result<pb::KeySet, Auth
         issuer: issuer.to_owned(),
         keys,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reload_keeps_the_active_key_and_sweeps_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("a.db")).unwrap();
+        let keys_dir = dir.path().join("keys");
+        let first = KeyRing::load(keys_dir.clone(), &store).unwrap();
+        let active = first.active().key_id().to_owned();
+        // A key written by a rotation that crashed before it was activated.
+        let orphan = ReceiptSigner::generate();
+        write_key(&keys_dir, &orphan).unwrap();
+        let again = KeyRing::load(keys_dir.clone(), &store).unwrap();
+        assert_eq!(again.active().key_id(), active);
+        assert!(!key_path(&keys_dir, orphan.key_id()).exists());
+        assert!(key_path(&keys_dir, &active).exists());
+
+        let (new, old) = again.rotate(&store).unwrap();
+        assert_eq!(old, active);
+        assert!(!key_path(&keys_dir, &old).exists());
+        assert_eq!(
+            KeyRing::load(keys_dir, &store).unwrap().active().key_id(),
+            new
+        );
+        let set = key_set(&store, "test", unix_now()).unwrap();
+        assert_eq!(
+            set.keys.len(),
+            1,
+            "a retired key that signed nothing is not published"
+        );
+    }
 }

@@ -15,33 +15,8 @@ use crate::error::CliError;
 use crate::{authed, mint_with, show, verify_with};
 use tollgate_proto::v1 as pb;
 
-const SAMPLE_SPEC: &str = r#"# A run spec: what an operator asks the authority to sign.
-subject = "summarizer"
-ttl = "10m"
-audience = ["workstation"]
-
-[agent]
-argv = ["/usr/bin/python3", "/work/agent.py"]
-
-[limits]
-memory = "512MiB"
-pids = 64
-cpu = 1.0
-tool_calls = 1000
-tokens = 200000
-
-[[fs]]
-path = "/srv/project"
-access = "read"
-mount = "/project"
-
-[exec]
-allow = ["/usr/bin/python3", "/usr/bin/grep"]
-
-[[routes]]
-name = "local"
-max_sensitivity = "high"
-"#;
+/// The shipped example run spec (also the one docs/run-spec.md explains).
+const SAMPLE_SPEC: &str = include_str!("../../../examples/run.toml");
 
 /// Finds a sibling binary of this executable, else one on PATH.
 pub(crate) fn find_binary(name: &str) -> Result<PathBuf, CliError> {

@@ -365,42 +365,8 @@ impl CeilingSpec {
 mod tests {
     use super::*;
 
-    const DESIGN_EXAMPLE: &str = r#"
-subject = "summarizer"
-ttl = "10m"
-audience = ["workstation"]
-
-[agent]
-argv = ["/usr/bin/python3", "/work/agent.py"]
-
-[limits]
-memory = "512MiB"
-pids = 64
-cpu = 1.0
-output = "5MiB"
-tmpfs = "64MiB"
-tool_calls = 1000
-tokens = 200000
-
-[[fs]]
-path = "/home/me/project"
-access = "read"
-mount = "/project"
-
-[exec]
-allow = ["/usr/bin/python3", "/usr/bin/grep"]
-
-[[routes]]
-name = "local"
-max_sensitivity = "high"
-
-[[routes]]
-name = "claude"
-max_sensitivity = "low"
-
-[delegate]
-max_depth = 1
-"#;
+    /// DESIGN.md's example run spec, as shipped in examples/.
+    const DESIGN_EXAMPLE: &str = include_str!("../../../examples/run.toml");
 
     #[test]
     fn design_example_parses_to_the_expected_request() {
@@ -455,9 +421,7 @@ max_depth = 1
     }
 
     #[test]
-    fn shipped_examples_parse() {
-        let run = RunSpec::parse(include_str!("../../../examples/run.toml")).unwrap();
-        assert_eq!(run.to_request().unwrap().routes.len(), 2);
+    fn shipped_ceiling_parses() {
         let ceiling = CeilingSpec::parse(include_str!("../../../examples/ceiling.toml")).unwrap();
         assert_eq!(
             ceiling.to_proto().unwrap().limits.unwrap().cpu_millicores,
