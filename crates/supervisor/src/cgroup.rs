@@ -1,0 +1,597 @@
+//! One cgroup per run, on cgroup v2, v1, or a hybrid host (v1 controllers beside a v2 tree).
+//!
+//! The cgroup exists, with its limits applied and read back, before the agent does: the
+//! sandbox's first process is placed in it (every `cgroup.procs` file from
+//! [`RunCgroup::procs_files`]) before it may run anything. The cgroup is the source of truth
+//! for "everything the run started": teardown kills what it contains and removes it.
+//!
+//! `cgroups-rs` creates the directories and applies the limits. Three things it does not do
+//! are written here at file level, each small:
+//! * **Hybrid hosts**: `cgroups-rs` picks v1 there and ignores the v2 tree beside it. We also
+//!   create the run's directory in the v2 tree, with no controllers, purely for membership, so
+//!   that `cgroup.kill` works (systemd does the same on hybrid hosts).
+//! * **Kill**: `cgroups-rs` kills only on v2 (`cgroup.kill`); on pure v1 we freeze, SIGKILL
+//!   every member, thaw, and repeat until empty, so nothing forks away mid-kill.
+//! * **Removal with retries**: `rmdir` of a cgroup fails with `EBUSY` while the kernel is
+//!   still releasing dying tasks; we retry with backoff instead of leaking it.
+//! * **Verification**: `cgroups-rs` ignores errors when applying some limits; we read every
+//!   limit back and fail closed if the kernel does not hold what the receipt promises.
+
+use std::fs;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cgroups_rs::fs::hierarchies::{self, V1};
+use cgroups_rs::fs::{Cgroup, Controllers, MaxValue, Resources};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
+use nix::unistd::Pid;
+
+/// Where cgroup v2 is mounted on a unified host.
+const UNIFIED_ROOT: &str = "/sys/fs/cgroup";
+/// Where systemd mounts the v2 tree on a hybrid host.
+const HYBRID_V2_ROOT: &str = "/sys/fs/cgroup/unified";
+/// v1 controllers a run uses: limits, plus the freezer for killing on pure v1.
+const V1_CONTROLLERS: [Controllers; 4] = [
+    Controllers::Mem,
+    Controllers::Pids,
+    Controllers::Cpu,
+    Controllers::Freezer,
+];
+/// CFS period used for the CPU quota.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// How the host mounts cgroups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// Pure cgroup v2 at `/sys/fs/cgroup`.
+    Unified,
+    /// Only v1 controller hierarchies.
+    Legacy,
+    /// v1 controllers, plus a v2 tree (without controllers) at `/sys/fs/cgroup/unified`.
+    Hybrid,
+}
+
+impl CgroupMode {
+    /// Detects the host's mode from the file-system types under `/sys/fs/cgroup`.
+    pub fn detect() -> Self {
+        let is_cgroup2 = |path: &str| {
+            statfs(path).is_ok_and(|stat| stat.filesystem_type() == CGROUP2_SUPER_MAGIC)
+        };
+        if is_cgroup2(UNIFIED_ROOT) {
+            Self::Unified
+        } else if is_cgroup2(HYBRID_V2_ROOT) {
+            Self::Hybrid
+        } else {
+            Self::Legacy
+        }
+    }
+}
+
+/// A cgroup operation failed. Each step has its own variant because each needs a different
+/// fix from the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// A needed v1 controller is not mounted.
+    #[error("cgroup v1 controller {0} is not mounted; mount it or run on a cgroup v2 host")]
+    ControllerMissing(String),
+    /// Creating the cgroup failed.
+    #[error("cannot create cgroup {path}: {detail}")]
+    Create {
+        /// The cgroup (relative path).
+        path: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The kernel does not hold a limit we set: the run must not start unlimited.
+    #[error("cgroup {file} holds {found:?}, not the requested {wanted:?}; refusing to run without the receipt's limit")]
+    LimitNotApplied {
+        /// The control file.
+        file: PathBuf,
+        /// What we wrote.
+        wanted: String,
+        /// What the kernel reports.
+        found: String,
+    },
+    /// Reading or writing a control file failed.
+    #[error("cgroup file {file}: {source}")]
+    Io {
+        /// The control file.
+        file: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// Processes were still alive after the kill deadline.
+    #[error("cgroup {path} still has {count} processes after killing for {waited:?}")]
+    KillTimeout {
+        /// The cgroup directory.
+        path: PathBuf,
+        /// How many remain.
+        count: usize,
+        /// How long we tried.
+        waited: Duration,
+    },
+    /// A directory could not be removed.
+    #[error("cannot remove cgroup {path}: {source}")]
+    Remove {
+        /// The cgroup directory.
+        path: PathBuf,
+        /// The last failure.
+        source: std::io::Error,
+    },
+}
+
+fn io_error(file: &Path) -> impl FnOnce(std::io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        file: file.to_owned(),
+        source,
+    }
+}
+
+/// How a cgroup's processes are killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KillMethod {
+    /// Write `1` to the v2 `cgroup.kill` (atomic, kernel 5.14+).
+    CgroupKill,
+    /// v1: freeze, SIGKILL each member, thaw, repeat until empty.
+    Freezer,
+}
+
+/// The limits a run's cgroup enforces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLimits {
+    /// Memory (and memory plus swap) limit in bytes; rounded up to whole pages.
+    pub memory_bytes: u64,
+    /// Maximum processes and threads.
+    pub pids: u32,
+    /// CPU quota in thousandths of a core.
+    pub cpu_millicores: u32,
+}
+
+impl CgroupLimits {
+    fn memory_rounded(&self) -> u64 {
+        const PAGE: u64 = 4096;
+        self.memory_bytes.div_ceil(PAGE).max(1) * PAGE
+    }
+
+    fn cpu_quota_us(&self) -> u64 {
+        (u64::from(self.cpu_millicores) * CPU_PERIOD_US / 1000).max(1000)
+    }
+
+    fn resources(&self) -> Resources {
+        let mut resources = Resources::default();
+        let memory = i64::try_from(self.memory_rounded()).unwrap_or(i64::MAX);
+        resources.memory.memory_hard_limit = Some(memory);
+        resources.pid.maximum_number_of_processes = Some(MaxValue::Value(i64::from(self.pids)));
+        resources.cpu.quota = Some(i64::try_from(self.cpu_quota_us()).unwrap_or(i64::MAX));
+        resources.cpu.period = Some(CPU_PERIOD_US);
+        resources
+    }
+}
+
+/// The cgroup of one run, in every hierarchy the host has.
+#[derive(Debug)]
+pub struct RunCgroup {
+    relative: String,
+    mode: CgroupMode,
+    /// v1 controller directories (empty on a unified host).
+    v1_dirs: Vec<(Controllers, PathBuf)>,
+    /// The v2 directory: the whole cgroup on a unified host, membership only on a hybrid one.
+    v2_dir: Option<PathBuf>,
+}
+
+fn v1_mount(v1: &V1, controller: Controllers) -> Result<PathBuf, CgroupError> {
+    v1.get_mount_point(controller.clone())
+        .map(|(mount_point, _root)| mount_point)
+        .ok_or_else(|| CgroupError::ControllerMissing(controller.to_string()))
+}
+
+fn read_trimmed(file: &Path) -> Result<String, CgroupError> {
+    fs::read_to_string(file)
+        .map(|text| text.trim().to_owned())
+        .map_err(io_error(file))
+}
+
+fn expect_value(file: PathBuf, wanted: String) -> Result<(), CgroupError> {
+    let found = read_trimmed(&file)?;
+    if found == wanted {
+        Ok(())
+    } else {
+        Err(CgroupError::LimitNotApplied {
+            file,
+            wanted,
+            found,
+        })
+    }
+}
+
+fn write_file(file: &Path, value: &str) -> Result<(), CgroupError> {
+    fs::write(file, value).map_err(io_error(file))
+}
+
+impl RunCgroup {
+    /// Creates `relative` (e.g. `tollgate/<run-id>`) in every hierarchy, applies `limits` and
+    /// reads them back. On any failure, whatever was created is removed again.
+    pub fn create(relative: &str, limits: CgroupLimits) -> Result<Self, CgroupError> {
+        let mode = CgroupMode::detect();
+        let mut cgroup = Self {
+            relative: relative.to_owned(),
+            mode: mode.clone(),
+            v1_dirs: Vec::new(),
+            v2_dir: None,
+        };
+        let result = cgroup.create_inner(limits);
+        if let Err(error) = result {
+            // Best effort: the original error is what the caller needs to see.
+            let _ = cgroup.remove();
+            return Err(error);
+        }
+        Ok(cgroup)
+    }
+
+    fn create_inner(&mut self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        let create_error = |detail: String| CgroupError::Create {
+            path: self.relative.clone(),
+            detail,
+        };
+        match self.mode {
+            CgroupMode::Unified => {
+                self.v2_dir = Some(Path::new(UNIFIED_ROOT).join(&self.relative));
+                let group = Cgroup::new_with_specified_controllers(
+                    hierarchies::auto(),
+                    &self.relative,
+                    Some(vec!["memory".into(), "pids".into(), "cpu".into()]),
+                )
+                .map_err(|e| create_error(e.to_string()))?;
+                group
+                    .apply(&limits.resources())
+                    .map_err(|e| create_error(e.to_string()))?;
+                self.verify_v2_limits(limits)
+            }
+            CgroupMode::Legacy | CgroupMode::Hybrid => {
+                let v1 = V1::new();
+                for controller in V1_CONTROLLERS {
+                    let dir = v1_mount(&v1, controller.clone())?.join(&self.relative);
+                    self.v1_dirs.push((controller, dir));
+                }
+                let group = Cgroup::new_with_specified_controllers(
+                    Box::new(V1::new()),
+                    &self.relative,
+                    Some(V1_CONTROLLERS.iter().map(|c| c.to_string()).collect()),
+                )
+                .map_err(|e| create_error(e.to_string()))?;
+                let mut resources = limits.resources();
+                // No swap beyond the memory limit, where swap accounting exists.
+                let memory_dir = self.v1_dir(&Controllers::Mem);
+                if memory_dir.join("memory.memsw.limit_in_bytes").exists() {
+                    resources.memory.memory_swap_limit = resources.memory.memory_hard_limit;
+                }
+                group
+                    .apply(&resources)
+                    .map_err(|e| create_error(e.to_string()))?;
+                self.verify_v1_limits(limits)?;
+                if self.mode == CgroupMode::Hybrid {
+                    let dir = Path::new(HYBRID_V2_ROOT).join(&self.relative);
+                    fs::create_dir_all(&dir)
+                        .map_err(|e| create_error(format!("{}: {e}", dir.display())))?;
+                    self.v2_dir = Some(dir);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn v1_dir(&self, controller: &Controllers) -> PathBuf {
+        self.v1_dirs
+            .iter()
+            .find(|(c, _)| c == controller)
+            .map(|(_, dir)| dir.clone())
+            .unwrap_or_default()
+    }
+
+    fn verify_v1_limits(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        let memory = self.v1_dir(&Controllers::Mem);
+        expect_value(
+            memory.join("memory.limit_in_bytes"),
+            limits.memory_rounded().to_string(),
+        )?;
+        if memory.join("memory.memsw.limit_in_bytes").exists() {
+            expect_value(
+                memory.join("memory.memsw.limit_in_bytes"),
+                limits.memory_rounded().to_string(),
+            )?;
+        }
+        expect_value(
+            self.v1_dir(&Controllers::Pids).join("pids.max"),
+            limits.pids.to_string(),
+        )?;
+        let cpu = self.v1_dir(&Controllers::Cpu);
+        expect_value(cpu.join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string())?;
+        expect_value(
+            cpu.join("cpu.cfs_quota_us"),
+            limits.cpu_quota_us().to_string(),
+        )
+    }
+
+    fn verify_v2_limits(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        let dir = self.v2_dir.clone().unwrap_or_default();
+        // cgroups-rs sets memory.max; swap beyond it is refused here.
+        if dir.join("memory.swap.max").exists() {
+            write_file(&dir.join("memory.swap.max"), "0")?;
+        }
+        expect_value(dir.join("memory.max"), limits.memory_rounded().to_string())?;
+        expect_value(dir.join("pids.max"), limits.pids.to_string())?;
+        expect_value(
+            dir.join("cpu.max"),
+            format!("{} {CPU_PERIOD_US}", limits.cpu_quota_us()),
+        )
+    }
+
+    /// The host's cgroup mode.
+    pub fn mode(&self) -> &CgroupMode {
+        &self.mode
+    }
+
+    /// Every `cgroup.procs` file a new process must be written to, so that it is limited
+    /// (v1 controllers or v2) and killable (freezer or v2 membership).
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.v1_dirs
+            .iter()
+            .map(|(_, dir)| dir.join("cgroup.procs"))
+            .chain(self.v2_dir.iter().map(|dir| dir.join("cgroup.procs")))
+            .collect()
+    }
+
+    /// Moves process `pid` into the run's cgroup in every hierarchy.
+    pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
+        for file in self.procs_files() {
+            write_file(&file, &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The directory that tracks membership: v2 where present, else the v1 freezer.
+    fn membership_dir(&self) -> PathBuf {
+        self.v2_dir
+            .clone()
+            .unwrap_or_else(|| self.v1_dir(&Controllers::Freezer))
+    }
+
+    /// Process ids in the run's cgroup (an empty list once it is gone).
+    pub fn pids(&self) -> Result<Vec<u32>, CgroupError> {
+        read_pids(&self.membership_dir())
+    }
+
+    /// How [`Self::kill_all`] kills on this host: `cgroup.kill` where a v2 directory has it
+    /// (kernel 5.14+), else the v1 freezer.
+    pub fn kill_method(&self) -> KillMethod {
+        match &self.v2_dir {
+            Some(dir) if dir.join("cgroup.kill").exists() => KillMethod::CgroupKill,
+            _ => KillMethod::Freezer,
+        }
+    }
+
+    /// Kills every process in the cgroup and waits until it is empty.
+    pub fn kill_all(&self, deadline: Duration) -> Result<(), CgroupError> {
+        self.kill_with(self.kill_method(), deadline)
+    }
+
+    /// Kills every process with a given method (both are tested on hybrid hosts, which
+    /// support both).
+    pub fn kill_with(&self, method: KillMethod, deadline: Duration) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        if method == KillMethod::CgroupKill {
+            let dir = self.v2_dir.clone().unwrap_or_default();
+            let kill_file = dir.join("cgroup.kill");
+            match fs::write(&kill_file, "1") {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+                Err(e) => {
+                    return Err(CgroupError::Io {
+                        file: kill_file,
+                        source: e,
+                    })
+                }
+            }
+            return wait_empty(&dir, start, deadline);
+        }
+        // Without cgroup.kill: freeze so nothing forks between reading the list and the
+        // kills, SIGKILL every member, thaw so the kills are delivered, until empty.
+        let freezer = self.v1_dir(&Controllers::Freezer);
+        loop {
+            let pids = read_pids(&freezer)?;
+            if pids.is_empty() {
+                return Ok(());
+            }
+            if start.elapsed() > deadline {
+                return Err(CgroupError::KillTimeout {
+                    path: freezer,
+                    count: pids.len(),
+                    waited: deadline,
+                });
+            }
+            freeze(&freezer, true)?;
+            for pid in read_pids(&freezer)? {
+                // ESRCH: already gone, which is what we want.
+                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+            freeze(&freezer, false)?;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    /// Peak memory use in bytes, when the kernel reports it.
+    pub fn peak_memory(&self) -> Option<u64> {
+        let file = match self.mode {
+            CgroupMode::Unified => self.v2_dir.as_ref()?.join("memory.peak"),
+            _ => self
+                .v1_dir(&Controllers::Mem)
+                .join("memory.max_usage_in_bytes"),
+        };
+        read_trimmed(&file).ok()?.parse().ok()
+    }
+
+    /// Whether the kernel's OOM killer acted inside the cgroup.
+    pub fn oom_killed(&self) -> bool {
+        let file = match self.mode {
+            CgroupMode::Unified => self
+                .v2_dir
+                .clone()
+                .unwrap_or_default()
+                .join("memory.events"),
+            _ => self.v1_dir(&Controllers::Mem).join("memory.oom_control"),
+        };
+        read_trimmed(&file).is_ok_and(|text| {
+            text.lines()
+                .filter_map(|line| line.strip_prefix("oom_kill "))
+                .any(|count| count.trim().parse::<u64>().unwrap_or(0) > 0)
+        })
+    }
+
+    /// Removes the cgroup from every hierarchy, retrying while the kernel still holds it.
+    /// Already-absent directories are fine.
+    pub fn remove(&self) -> Result<(), CgroupError> {
+        let dirs = self
+            .v1_dirs
+            .iter()
+            .map(|(_, dir)| dir.clone())
+            .chain(self.v2_dir.clone());
+        let mut first_error = None;
+        for dir in dirs {
+            if let Err(e) = remove_with_retries(&dir, Duration::from_secs(2)) {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+fn read_pids(dir: &Path) -> Result<Vec<u32>, CgroupError> {
+    let file = dir.join("cgroup.procs");
+    match fs::read_to_string(&file) {
+        Ok(text) => Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(CgroupError::Io { file, source: e }),
+    }
+}
+
+fn wait_empty(dir: &Path, start: Instant, deadline: Duration) -> Result<(), CgroupError> {
+    loop {
+        let pids = read_pids(dir)?;
+        if pids.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() > deadline {
+            return Err(CgroupError::KillTimeout {
+                path: dir.to_owned(),
+                count: pids.len(),
+                waited: deadline,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+fn freeze(freezer: &Path, frozen: bool) -> Result<(), CgroupError> {
+    let state = freezer.join("freezer.state");
+    let wanted = if frozen { "FROZEN" } else { "THAWED" };
+    write_file(&state, wanted)?;
+    if frozen {
+        // FREEZING means some task has not stopped yet; wait briefly for FROZEN.
+        let start = Instant::now();
+        while read_trimmed(&state)? != "FROZEN" && start.elapsed() < Duration::from_millis(200) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+    Ok(())
+}
+
+/// `rmdir` with exponential backoff on `EBUSY` (dying tasks are still being released).
+fn remove_with_retries(dir: &Path, deadline: Duration) -> Result<(), CgroupError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(100);
+    loop {
+        match fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+            Err(e) if start.elapsed() < deadline => {
+                tracing::debug!(dir = %dir.display(), error = %e, "cgroup busy; retrying removal");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(source) => {
+                return Err(CgroupError::Remove {
+                    path: dir.to_owned(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Removes every run cgroup under `parent` (e.g. `tollgate`) in every hierarchy, killing what
+/// is inside first; then `parent` itself when `remove_parent`. Used at start-up to sweep what
+/// a crashed supervisor left. Returns the run names swept.
+pub fn sweep(parent: &str, remove_parent: bool) -> Result<Vec<String>, CgroupError> {
+    let mode = CgroupMode::detect();
+    let mut roots = Vec::new();
+    match mode {
+        CgroupMode::Unified => roots.push(PathBuf::from(UNIFIED_ROOT)),
+        CgroupMode::Legacy | CgroupMode::Hybrid => {
+            let v1 = V1::new();
+            for controller in V1_CONTROLLERS {
+                if let Ok(mount) = v1_mount(&v1, controller) {
+                    roots.push(mount);
+                }
+            }
+            if mode == CgroupMode::Hybrid {
+                roots.push(PathBuf::from(HYBRID_V2_ROOT));
+            }
+        }
+    }
+    let mut names = std::collections::BTreeSet::new();
+    for root in &roots {
+        if let Ok(entries) = fs::read_dir(root.join(parent)) {
+            for entry in entries.flatten() {
+                if entry.path().is_dir() {
+                    names.insert(entry.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    for name in &names {
+        let relative = format!("{parent}/{name}");
+        let run = RunCgroup {
+            v1_dirs: match mode {
+                CgroupMode::Unified => Vec::new(),
+                _ => {
+                    let v1 = V1::new();
+                    V1_CONTROLLERS
+                        .into_iter()
+                        .filter_map(|c| {
+                            v1_mount(&v1, c.clone())
+                                .ok()
+                                .map(|m| (c, m.join(&relative)))
+                        })
+                        .collect()
+                }
+            },
+            v2_dir: match mode {
+                CgroupMode::Unified => Some(Path::new(UNIFIED_ROOT).join(&relative)),
+                CgroupMode::Hybrid => Some(Path::new(HYBRID_V2_ROOT).join(&relative)),
+                CgroupMode::Legacy => None,
+            },
+            mode: mode.clone(),
+            relative,
+        };
+        run.kill_all(Duration::from_secs(5))?;
+        run.remove()?;
+    }
+    if remove_parent {
+        for root in &roots {
+            remove_with_retries(&root.join(parent), Duration::from_secs(1))?;
+        }
+    }
+    Ok(names.into_iter().collect())
+}
