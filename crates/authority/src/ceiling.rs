@@ -7,6 +7,16 @@ use tollgate_proto::v1 as pb;
 
 use crate::error::CallError;
 
+/// Longest lifetime any receipt or ceiling may have (366 days). Keeps every timestamp well
+/// inside protobuf's range and makes "never expires" impossible to ask for.
+pub const MAX_TTL_SECONDS: u64 = 366 * 24 * 3600;
+
+/// Latest instant a protobuf `Timestamp` may hold (9999-12-31T23:59:59Z).
+const MAX_TIMESTAMP_SECONDS: i64 = 253_402_300_799;
+
+/// Sandbox paths a grant may not be mounted at or beneath: the sandbox builds them itself.
+pub const RESERVED_MOUNTS: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/work"];
+
 /// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
 /// slash (except the root itself), no NUL.
 pub fn is_normal_absolute(path: &str) -> bool {
@@ -78,10 +88,17 @@ fn check_fs_grants(fs: &[pb::FsGrant], prefix: &str) -> Result<(), CallError> {
 
 fn check_routes(routes: &[pb::RouteGrant], prefix: &str) -> Result<(), CallError> {
     for (i, route) in routes.iter().enumerate() {
-        if route.name.trim().is_empty() {
+        if route.name.trim().is_empty() || route.name.len() > 128 {
             return Err(CallError::invalid(
                 format!("{prefix}routes[{i}].name"),
-                "must not be empty",
+                "must be 1 to 128 characters",
+            ));
+        }
+        // "*" means "any route" in a ceiling; in a receipt it would be ambiguous.
+        if prefix.is_empty() && route.name == "*" {
+            return Err(CallError::invalid(
+                format!("routes[{i}].name"),
+                "\"*\" is a ceiling wildcard; name the route",
             ));
         }
         if !matches!(
@@ -109,16 +126,74 @@ fn check_name_list(field: &str, values: &[String]) -> Result<(), CallError> {
     Ok(())
 }
 
+/// Mount targets must not cover what the sandbox builds itself, overlap each other, or put a
+/// writable mount over an allowed executable (which would let the agent replace it).
+/// `exec` entries are paths inside the sandbox.
+fn check_mount_targets(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
+    let mounts: Vec<(usize, &pb::FsGrant)> = request
+        .fs
+        .iter()
+        .enumerate()
+        .filter(|(_, grant)| !grant.mount.is_empty())
+        .collect();
+    for &(i, grant) in &mounts {
+        let field = format!("fs[{i}].mount");
+        if grant.mount == "/" || RESERVED_MOUNTS.iter().any(|r| path_within(&grant.mount, r)) {
+            return Err(CallError::invalid(
+                field,
+                format!(
+                    "{:?} is reserved: the sandbox builds /, {}",
+                    grant.mount,
+                    RESERVED_MOUNTS.join(", ")
+                ),
+            ));
+        }
+        for &(j, other) in &mounts {
+            if j != i
+                && (path_within(&grant.mount, &other.mount)
+                    || path_within(&other.mount, &grant.mount))
+            {
+                return Err(CallError::invalid(
+                    field,
+                    format!("{:?} overlaps fs[{j}].mount {:?}", grant.mount, other.mount),
+                ));
+            }
+        }
+        if grant.access == pb::FsAccess::Write as i32 {
+            if let Some((k, exec)) = request
+                .exec
+                .iter()
+                .enumerate()
+                .find(|(_, exec)| path_within(exec, &grant.mount))
+            {
+                return Err(CallError::invalid(
+                    field,
+                    format!(
+                        "a writable mount at {:?} would let the agent replace exec[{k}] {exec:?}",
+                        grant.mount
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks the shape of a mint request (not the ceiling).
 pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
     if request.subject.trim().is_empty() || request.subject.len() > 128 {
         return Err(CallError::invalid("subject", "must be 1 to 128 characters"));
     }
-    if request.ttl_seconds == 0 {
+    if request.ttl_seconds == 0 || request.ttl_seconds > MAX_TTL_SECONDS {
         return Err(CallError::invalid(
             "ttl_seconds",
-            "must be greater than zero",
+            format!("must be between 1 and {MAX_TTL_SECONDS} (366 days)"),
         ));
+    }
+    if let Some(not_before) = &request.not_before {
+        if !(0..=MAX_TIMESTAMP_SECONDS).contains(&not_before.seconds) {
+            return Err(CallError::invalid("not_before", "is outside 1970..9999"));
+        }
     }
     if request.audience.is_empty() {
         return Err(CallError::invalid(
@@ -128,6 +203,7 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
     }
     check_name_list("audience", &request.audience)?;
     check_fs_grants(&request.fs, "")?;
+    check_mount_targets(request)?;
     for (i, exec) in request.exec.iter().enumerate() {
         if exec == "/" || !is_normal_absolute(exec) {
             return Err(CallError::invalid(
@@ -159,10 +235,10 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
 
 /// Checks the shape of a ceiling given to AddOperator.
 pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
-    if ceiling.max_ttl_seconds == 0 {
+    if ceiling.max_ttl_seconds == 0 || ceiling.max_ttl_seconds > MAX_TTL_SECONDS {
         return Err(CallError::invalid(
             "ceiling.max_ttl_seconds",
-            "must be greater than zero",
+            format!("must be between 1 and {MAX_TTL_SECONDS} (366 days)"),
         ));
     }
     check_fs_grants(&ceiling.fs, "ceiling.")?;
@@ -519,5 +595,75 @@ mod tests {
             max_sensitivity: 0,
         });
         assert_eq!(field(&r), "routes[0].max_sensitivity");
+        let mut r = request();
+        r.routes.push(pb::RouteGrant {
+            name: "*".into(),
+            max_sensitivity: pb::Sensitivity::Low as i32,
+        });
+        assert_eq!(field(&r), "routes[0].name");
+        let mut r = request();
+        r.ttl_seconds = MAX_TTL_SECONDS + 1;
+        assert_eq!(field(&r), "ttl_seconds");
+        let mut r = request();
+        r.not_before = Some(prost_types::Timestamp {
+            seconds: i64::MAX,
+            nanos: 0,
+        });
+        assert_eq!(field(&r), "not_before");
+    }
+
+    #[test]
+    fn mount_targets_are_checked() {
+        let grant = |path: &str, access: pb::FsAccess, mount: &str| pb::FsGrant {
+            path: path.into(),
+            access: access as i32,
+            mount: mount.into(),
+        };
+        let reason = |r: &pb::MintReceiptRequest| match validate_mint(r) {
+            Err(CallError::InvalidArgument { field, reason }) => format!("{field}: {reason}"),
+            other => panic!("{other:?}"),
+        };
+        for reserved in ["/", "/proc", "/dev/x", "/tmp", "/work/sub"] {
+            let mut r = request();
+            r.fs.push(grant("/srv", pb::FsAccess::Read, reserved));
+            assert!(reason(&r).starts_with("fs[0].mount"), "{reserved}");
+        }
+        let mut r = request();
+        r.fs.push(grant("/srv/a", pb::FsAccess::Read, "/data"));
+        r.fs.push(grant("/srv/b", pb::FsAccess::Read, "/data/b"));
+        assert!(reason(&r).contains("overlaps"));
+        let mut r = request();
+        r.exec.push("/opt/tools/run".into());
+        r.fs.push(grant("/home/me", pb::FsAccess::Write, "/opt"));
+        assert!(reason(&r).contains("replace exec[0]"));
+        // Read-only over an executable, and disjoint mounts, are fine.
+        let mut r = request();
+        r.exec.push("/opt/tools/run".into());
+        r.fs.push(grant("/home/me", pb::FsAccess::Read, "/opt"));
+        r.fs.push(grant("/srv", pb::FsAccess::Write, "/data"));
+        assert!(validate_mint(&r).is_ok());
+    }
+
+    #[test]
+    fn ceilings_are_validated() {
+        let field = |c: &pb::Ceiling| match validate_ceiling(c) {
+            Err(CallError::InvalidArgument { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert!(validate_ceiling(&ceiling()).is_ok());
+        let mut c = ceiling();
+        c.max_ttl_seconds = 0;
+        assert_eq!(field(&c), "ceiling.max_ttl_seconds");
+        c.max_ttl_seconds = u64::MAX;
+        assert_eq!(field(&c), "ceiling.max_ttl_seconds");
+        let mut c = ceiling();
+        c.fs[0].path = "relative".into();
+        assert_eq!(field(&c), "ceiling.fs[0].path");
+        let mut c = ceiling();
+        c.exec.push("bin/".into());
+        assert_eq!(field(&c), "ceiling.exec[2]");
+        let mut c = ceiling();
+        c.routes[0].max_sensitivity = 0;
+        assert_eq!(field(&c), "ceiling.routes[0].max_sensitivity");
     }
 }

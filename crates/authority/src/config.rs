@@ -109,6 +109,11 @@ impl AuthorityConfig {
         if let Some(ttl) = parsed.admin_max_ttl {
             config.admin_max_ttl = parse_duration("admin_max_ttl", &ttl)
                 .map_err(|e| AuthorityError::Config(e.to_string()))?;
+            if config.admin_max_ttl.as_secs() > crate::ceiling::MAX_TTL_SECONDS {
+                return Err(AuthorityError::Config(
+                    "admin_max_ttl: must be at most 366 days".into(),
+                ));
+            }
         }
         if let Some(depth) = parsed.admin_max_delegate_depth {
             config.admin_max_delegate_depth = depth;

@@ -26,6 +26,19 @@ pub enum AuthorityError {
         /// What SQLite said.
         detail: String,
     },
+    /// The database is gone but the directory was initialised before: starting afresh would
+    /// silently lose every receipt, revocation and operator.
+    #[error("database {path} is missing but this data directory was initialised before (it holds keys or admin.token); restore the database from a backup, or move the directory aside to start afresh")]
+    DatabaseMissing {
+        /// The database file.
+        path: PathBuf,
+    },
+    /// Another authority holds the data directory.
+    #[error("data directory {path} is in use by another tollgate-authority (lock held on {path}/lock); stop it or use another --data-dir")]
+    DataDirInUse {
+        /// The directory.
+        path: PathBuf,
+    },
     /// The database exists but is damaged. The daemon never resets it: the receipts and
     /// revocations in it must not be lost silently.
     #[error("database {path} is corrupt ({detail}); refusing to start: restore it from a backup or move it aside to start empty")]
@@ -84,11 +97,12 @@ impl AuthorityError {
     /// Process exit code for this error when it stops the daemon (sysexits-style).
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Config(_) => 78,                 // EX_CONFIG
-            Self::DatabaseCorrupt { .. } => 65,    // EX_DATAERR
-            Self::SchemaTooNew { .. } => 65,       // EX_DATAERR
-            Self::DatabaseUnreadable { .. } => 66, // EX_NOINPUT
-            Self::Bind { .. } => 69,               // EX_UNAVAILABLE
+            Self::Config(_) => 78,              // EX_CONFIG
+            Self::DatabaseCorrupt { .. } => 65, // EX_DATAERR
+            Self::SchemaTooNew { .. } => 65,    // EX_DATAERR
+            Self::DatabaseUnreadable { .. } | Self::DatabaseMissing { .. } => 66, // EX_NOINPUT
+            Self::DataDirInUse { .. } => 75,    // EX_TEMPFAIL
+            Self::Bind { .. } => 69,            // EX_UNAVAILABLE
             Self::DataDir { .. } | Self::KeyFile { .. } | Self::WriteFile { .. } => 73, // EX_CANTCREAT
             Self::Sqlite(_) | Self::Transport(_) | Self::Task(_) => 70, // EX_SOFTWARE
         }

@@ -38,7 +38,7 @@ use tollgate_proto::v1::authority_server::AuthorityServer;
 pub use config::AuthorityConfig;
 pub use error::{AuthorityError, CallError};
 
-use crate::files::{ensure_private_dir, write_atomic};
+use crate::files::{ensure_private_dir, write_atomic, DirLock};
 use crate::keys::KeyRing;
 use crate::operators::{generate_token, token_hash, OperatorRegistry};
 use crate::service::AuthorityService;
@@ -58,6 +58,7 @@ pub const BOOTSTRAP_ADMIN: &str = "admin";
 /// An opened authority, ready to serve.
 #[derive(Debug)]
 pub struct Authority {
+    _lock: DirLock,
     config: AuthorityConfig,
     store: Arc<Store>,
     keys: Arc<KeyRing>,
@@ -70,7 +71,12 @@ impl Authority {
     /// Blocking.
     pub fn open(config: AuthorityConfig) -> Result<Self, AuthorityError> {
         ensure_private_dir(&config.data_dir)?;
-        let store = Arc::new(Store::open(&config.data_dir.join(DATABASE_FILE))?);
+        let lock = DirLock::acquire(&config.data_dir)?;
+        let database = config.data_dir.join(DATABASE_FILE);
+        if !database.exists() && was_initialised(&config.data_dir) {
+            return Err(AuthorityError::DatabaseMissing { path: database });
+        }
+        let store = Arc::new(Store::open(&database)?);
         let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
         let mut operators = store.operators()?;
         if operators.is_empty() {
@@ -83,6 +89,7 @@ impl Authority {
             "authority opened"
         );
         Ok(Self {
+            _lock: lock,
             store,
             keys,
             operators: OperatorRegistry::new(operators),
@@ -164,6 +171,16 @@ fn incoming(
     })
 }
 
+/// Whether an earlier start left keys or the admin token here.
+fn was_initialised(data_dir: &Path) -> bool {
+    let has_key = std::fs::read_dir(data_dir.join("keys")).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.path().extension().is_some_and(|ext| ext == "key"))
+    });
+    has_key || data_dir.join(ADMIN_TOKEN_FILE).exists()
+}
+
 fn bootstrap_admin(
     config: &AuthorityConfig,
     store: &Store,
@@ -216,7 +233,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AuthorityError> {
     let addr_path = addr_file(&config.data_dir);
-    // A stale address from an earlier run must never be mistaken for readiness.
+    let opened = tokio::task::spawn_blocking(move || Authority::open(config))
+        .await
+        .map_err(|e| AuthorityError::Task(e.to_string()))??;
+    // We hold the directory lock now, so any address file is a stale one from a crashed
+    // run: it must never be mistaken for readiness.
     match std::fs::remove_file(&addr_path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -227,9 +248,6 @@ pub async fn serve(
             })
         }
     }
-    let opened = tokio::task::spawn_blocking(move || Authority::open(config))
-        .await
-        .map_err(|e| AuthorityError::Task(e.to_string()))??;
     let listen = opened.config.listen.clone();
     let listener = TcpListener::bind(&listen)
         .await

@@ -76,7 +76,11 @@ impl OperatorRegistry {
         let token = header
             .to_str()
             .ok()
-            .and_then(|value| value.strip_prefix("Bearer "))
+            // The scheme name is case-insensitive (RFC 9110).
+            .and_then(|value| {
+                let (scheme, token) = value.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then_some(token)
+            })
             .map(str::trim)
             .ok_or_else(|| {
                 CallError::Unauthenticated(

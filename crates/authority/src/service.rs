@@ -46,10 +46,10 @@ where
 
 fn check_receipt_id(receipt_id: &str) -> Result<(), CallError> {
     match uuid::Uuid::try_parse(receipt_id) {
-        Ok(_) => Ok(()),
-        Err(_) => Err(CallError::invalid(
+        Ok(id) if id.hyphenated().to_string() == receipt_id => Ok(()),
+        _ => Err(CallError::invalid(
             "receipt_id",
-            format!("{receipt_id:?} is not a receipt id (a UUID)"),
+            format!("{receipt_id:?} is not a receipt id (a lowercase hyphenated UUID)"),
         )),
     }
 }
@@ -104,7 +104,11 @@ impl AuthorityService {
                 operator.name
             )));
         }
+        // Both bounded by validation (366 days, year 9999), so this cannot overflow.
         let ttl = i64::try_from(request.ttl_seconds).unwrap_or(i64::MAX);
+        let expires_at = not_before.checked_add(ttl).ok_or_else(|| {
+            CallError::invalid("ttl_seconds", "not_before + ttl_seconds overflows")
+        })?;
         let mut receipt = pb::Receipt {
             receipt_id: uuid::Uuid::now_v7().hyphenated().to_string(),
             issuer: self.config.issuer.clone(),
@@ -114,7 +118,7 @@ impl AuthorityService {
             audience: request.audience,
             issued_at: Some(timestamp_from_unix(now)),
             not_before: Some(timestamp_from_unix(not_before)),
-            expires_at: Some(timestamp_from_unix(not_before.saturating_add(ttl))),
+            expires_at: Some(timestamp_from_unix(expires_at)),
             policy_version: self.config.policy_version.clone(),
             parent_receipt_id: String::new(),
             depth: 0,
@@ -306,14 +310,21 @@ impl AuthorityService {
                     _ = stopped(&mut shutdown) => return,
                     _ = tx.closed() => return,
                     message = live.recv() => match message {
-                        Ok(revocation) => vec![revocation],
-                        Err(broadcast::error::RecvError::Lagged(_)) => match replay(last).await {
-                            Ok(list) => list,
-                            Err(e) => {
-                                let _ = tx.send(Err(Status::from(e))).await;
-                                return;
+                        // The next one in order: send it as it is.
+                        Ok(revocation) if revocation.seq == last + 1 => vec![revocation],
+                        // Already sent (it arrived in a replay).
+                        Ok(revocation) if revocation.seq <= last => continue,
+                        // A gap (concurrent revokes broadcast out of commit order) or a
+                        // lagged receiver: the store is the truth, replay from it.
+                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            match replay(last).await {
+                                Ok(list) => list,
+                                Err(e) => {
+                                    let _ = tx.send(Err(Status::from(e))).await;
+                                    return;
+                                }
                             }
-                        },
+                        }
                         Err(broadcast::error::RecvError::Closed) => return,
                     },
                 };

@@ -238,9 +238,11 @@ fn read_input(path: &Path) -> Result<String, CliError> {
         .map_err(|e| CliError::Input(format!("cannot read {}: {e}", path.display())))
 }
 
+/// Writes a secret (receipt or token) to `path` with mode 0600, also when the file already
+/// existed with a looser mode (the mode given to open() applies only on creation).
 fn write_private(path: &Path, contents: &str) -> Result<(), CliError> {
     use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let error = |e: std::io::Error| CliError::Output {
         path: path.display().to_string(),
         detail: e.to_string(),
@@ -251,6 +253,8 @@ fn write_private(path: &Path, contents: &str) -> Result<(), CliError> {
         .truncate(true)
         .mode(0o600)
         .open(path)
+        .map_err(error)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(error)?;
     file.write_all(contents.as_bytes()).map_err(error)?;
     file.sync_all().map_err(error)

@@ -8,10 +8,12 @@ use tollgate_receipt::unix_now;
 /// RFC 3339 form of a timestamp ("-" when absent).
 pub fn time_text(t: Option<&Timestamp>) -> String {
     match t {
-        Some(t) if t.seconds >= 0 => {
+        // humantime formats years up to 9999 only; show anything beyond as raw seconds.
+        Some(t) if (0..=253_402_300_799).contains(&t.seconds) => {
             let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(t.seconds as u64);
             humantime::format_rfc3339_seconds(at).to_string()
         }
+        Some(t) => format!("unix {}", t.seconds),
         _ => "-".into(),
     }
 }

@@ -703,3 +703,244 @@ async fn health_and_reflection_are_served() {
         "{names:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_revocations_all_reach_a_watcher_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let token = authority.admin_token();
+    let mut client = authority.client().await;
+    let mut ids = Vec::new();
+    for i in 0..150 {
+        ids.push(
+            client
+                .mint_receipt(authed(&token, mint_request(&format!("r{i}"))))
+                .await
+                .unwrap()
+                .into_inner()
+                .receipt
+                .unwrap()
+                .receipt_id,
+        );
+    }
+    let mut watcher = authority.client().await;
+    let mut stream = watcher
+        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    match stream.next().await.unwrap().unwrap().event.unwrap() {
+        pb::revocation_event::Event::CaughtUp(c) => assert_eq!(c.last_seq, 0),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Revoke everything at once from many tasks: commits and broadcasts interleave.
+    let mut tasks = Vec::new();
+    for id in ids.clone() {
+        let mut client = client.clone();
+        let token = token.clone();
+        tasks.push(tokio::spawn(async move {
+            client
+                .revoke_receipt(authed(
+                    &token,
+                    pb::RevokeReceiptRequest {
+                        receipt_id: id,
+                        reason: "burst".into(),
+                    },
+                ))
+                .await
+                .unwrap();
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut seqs = Vec::new();
+    let mut seen = HashSet::new();
+    while seqs.len() < ids.len() {
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+            .await
+            .expect("a revocation went missing")
+            .unwrap()
+            .unwrap();
+        if let Some(pb::revocation_event::Event::Revoked(r)) = event.event {
+            seqs.push(r.seq);
+            seen.insert(r.receipt_id);
+        }
+    }
+    assert_eq!(
+        seqs,
+        (1..=ids.len() as u64).collect::<Vec<_>>(),
+        "in order, no gaps, no duplicates"
+    );
+    assert_eq!(seen.len(), ids.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_rejections_operator_input_and_bounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let admin = authority.admin_token();
+    let mut client = authority.client().await;
+    let ceiling = pb::Ceiling {
+        routes: vec![pb::RouteGrant {
+            name: "claude".into(),
+            max_sensitivity: pb::Sensitivity::Low as i32,
+        }],
+        exec: vec!["/usr/bin/".into()],
+        fs: vec![pb::FsGrant {
+            path: "/srv".into(),
+            access: pb::FsAccess::Read as i32,
+            mount: String::new(),
+        }],
+        max_ttl_seconds: 600,
+        ..Default::default()
+    };
+    let add = |name: &str, ceiling: Option<pb::Ceiling>| {
+        authed(
+            &admin,
+            pb::AddOperatorRequest {
+                name: name.into(),
+                ceiling,
+                admin: false,
+            },
+        )
+    };
+    for (request, field) in [
+        (add("bad name", Some(ceiling.clone())), "name"),
+        (add("dave", None), "ceiling"),
+        (
+            add(
+                "dave",
+                Some(pb::Ceiling {
+                    max_ttl_seconds: 0,
+                    ..ceiling.clone()
+                }),
+            ),
+            "ceiling.max_ttl_seconds",
+        ),
+    ] {
+        let status = client.add_operator(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+    let dave = client
+        .add_operator(add("dave", Some(ceiling)))
+        .await
+        .unwrap()
+        .into_inner()
+        .token;
+    // Lower-case scheme works too.
+    let mut request = tonic::Request::new(pb::MintReceiptRequest {
+        routes: vec![pb::RouteGrant {
+            name: "claude".into(),
+            max_sensitivity: pb::Sensitivity::Low as i32,
+        }],
+        ..mint_request("lower")
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", format!("bearer {dave}").parse().unwrap());
+    client.mint_receipt(request).await.expect("minted");
+
+    // A known route at a higher sensitivity than the ceiling allows.
+    let mut too_sensitive = mint_request("x");
+    too_sensitive.routes = vec![pb::RouteGrant {
+        name: "claude".into(),
+        max_sensitivity: pb::Sensitivity::Medium as i32,
+    }];
+    let status = client
+        .mint_receipt(authed(&dave, too_sensitive))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("routes[0] = claude (medium)"),
+        "{}",
+        status.message()
+    );
+
+    // not_before further ahead than the ceiling's max ttl.
+    let mut later = mint_request("x");
+    later.routes.clear();
+    later.not_before = Some(prost_types::Timestamp {
+        seconds: unix_now() + 3600,
+        nanos: 0,
+    });
+    let status = client.mint_receipt(authed(&dave, later)).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("not_before"),
+        "{}",
+        status.message()
+    );
+
+    // Beyond any receipt's lifetime: malformed, not merely above a ceiling.
+    let mut forever = mint_request("x");
+    forever.ttl_seconds = u64::MAX;
+    let status = client
+        .mint_receipt(authed(&admin, forever))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().starts_with("ttl_seconds"));
+    // Non-canonical receipt ids are malformed.
+    let status = client
+        .get_receipt(authed(
+            &admin,
+            pb::GetReceiptRequest {
+                receipt_id: uuid::Uuid::now_v7().to_string().to_uppercase(),
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+#[test]
+fn a_missing_database_or_a_second_daemon_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    let first = AuthorityProcess::start(&data);
+    let token = first.admin_token();
+
+    // A second daemon on the same directory stops at once and leaves the first one's
+    // readiness file alone.
+    let second = std::process::Command::new(tollgate_tests::bin_path("tollgate-authority"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(75), "{stderr}");
+    assert!(
+        stderr.contains("in use by another tollgate-authority"),
+        "{stderr}"
+    );
+    assert!(data.join("authority.addr").exists());
+    first.stop(Signal::SIGTERM);
+
+    // Losing the database must not silently start a fresh authority.
+    for entry in std::fs::read_dir(&data).unwrap().flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with("authority.db")
+        {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    let (status, stderr) = AuthorityProcess::start_with(&data, &[]).err().unwrap();
+    assert!(status.contains("66"), "exit status {status}");
+    assert!(
+        stderr.contains("is missing but this data directory was initialised"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(data.join("admin.token"))
+            .unwrap()
+            .trim(),
+        token,
+        "the admin token is untouched"
+    );
+}

@@ -309,3 +309,53 @@ fn quickstart_runs_end_to_end() {
         "{stdout}"
     );
 }
+
+#[test]
+fn secrets_written_over_existing_files_become_private() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let admin = authority.data_dir().join("admin.token");
+    let spec = dir.path().join("run.toml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let out = dir.path().join("receipt.tgr");
+    let token_out = dir.path().join("op.token");
+    let ceiling = dir.path().join("ceiling.toml");
+    std::fs::write(&ceiling, "max_ttl = '5m'\n").unwrap();
+    for file in [&out, &token_out] {
+        std::fs::write(file, "old").unwrap();
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    assert!(tollgate(
+        &authority,
+        Some(&admin),
+        &[
+            "mint",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap()
+        ]
+    )
+    .status
+    .success());
+    assert!(tollgate(
+        &authority,
+        Some(&admin),
+        &[
+            "operator",
+            "add",
+            "erin",
+            "--ceiling",
+            ceiling.to_str().unwrap(),
+            "--token-out",
+            token_out.to_str().unwrap()
+        ]
+    )
+    .status
+    .success());
+    for file in [&out, &token_out] {
+        let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+}
