@@ -1,5 +1,306 @@
-//! `tollgate-shim`, pid 1 inside each sandbox: reaps children, starts the agent, keeps the
-//! gateway link and dies with it. This crate is reserved in the workspace by the foundation
-//! issue; its code arrives with the supervisor issue (see docs/architecture.md), so it holds
-//! no functionality yet and ships no binary.
-#![forbid(unsafe_code)]
+//! `tollgate-shim`: builds one sandbox from the plan the supervisor sends, starts the agent in
+//! it, and is the sandbox's pid 1.
+//!
+//! The supervisor starts the shim already inside the run's cgroup, with the control socket on
+//! fd 3 ([`protocol::CONTROL_FD`]). Then, in three processes:
+//!
+//! 1. **outer** (host pid namespace, real root): reads the plan, unshares mount, pid, net,
+//!    ipc, uts and cgroup namespaces, forks pid 1 and waits for it, exiting with its status.
+//! 2. **pid 1** (new namespaces, real root): builds the root file system ([`setup`]), forks
+//!    the agent, writes the agent's uid/gid map, reports `Started`, then reaps children and
+//!    watches the control socket. When the agent exits it reports `Exited` and exits; when the
+//!    socket closes (the supervisor is gone) it exits at once. Either way the kernel kills
+//!    everything left in the pid namespace.
+//! 3. **agent**: clears groups, enters a new user namespace where it is an unprivileged
+//!    mapped id (unique on the host), drops every capability (bounding set too), sets
+//!    `no_new_privs`, applies Landlock and seccomp ([`confine`]), closes inherited fds and
+//!    executes the agent's argv in a new session.
+//!
+//! The shim is single-threaded, so `fork` here is ordinary (no other thread can hold a lock).
+
+pub mod confine;
+pub mod plan;
+pub mod protocol;
+pub mod setup;
+
+use std::ffi::CString;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::{fork, ForkResult, Pid};
+
+use crate::plan::SandboxPlan;
+use crate::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD};
+
+/// Exit status of the shim when the sandbox could not be built.
+pub const EXIT_SETUP_FAILED: i32 = 125;
+
+fn send(control: &mut UnixStream, message: &FromShim) {
+    // The supervisor may be gone; pid 1 notices through the socket's EOF.
+    if let Ok(mut line) = serde_json::to_vec(message) {
+        line.push(b'\n');
+        let _ = control.write_all(&line);
+    }
+}
+
+/// Entry point of `tollgate-shim` in sandbox mode. Never returns.
+pub fn run() -> ! {
+    // SAFETY: the supervisor placed the control socket on CONTROL_FD; we take ownership of
+    // it exactly once, here.
+    let control = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
+    let mut control_writer = match control.try_clone() {
+        Ok(writer) => writer,
+        Err(e) => fail_early(&format!("control socket unusable: {e}")),
+    };
+    let plan = match read_plan(&control) {
+        Ok(plan) => plan,
+        Err(reason) => {
+            send(&mut control_writer, &FromShim::Failed { reason: reason.clone() });
+            fail_early(&reason)
+        }
+    };
+    let namespaces = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWPID
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS
+        | CloneFlags::CLONE_NEWCGROUP;
+    if let Err(e) = unshare(namespaces) {
+        let reason = format!("unsharing namespaces: {e}");
+        send(&mut control_writer, &FromShim::Failed { reason: reason.clone() });
+        fail_early(&reason);
+    }
+    // SAFETY: single-threaded process; the child only runs ordinary Rust code.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => pid_one(&plan, control_writer),
+        Ok(ForkResult::Parent { child }) => {
+            // Only pid 1 keeps the link: when it exits, the supervisor sees EOF.
+            drop(control);
+            drop(control_writer);
+            let code = match waitpid(child, None) {
+                Ok(WaitStatus::Exited(_, code)) => code,
+                Ok(WaitStatus::Signaled(_, signal, _)) => 128 + signal as i32,
+                _ => EXIT_SETUP_FAILED,
+            };
+            std::process::exit(code)
+        }
+        Err(e) => {
+            let reason = format!("forking pid 1: {e}");
+            send(&mut control_writer, &FromShim::Failed { reason: reason.clone() });
+            fail_early(&reason)
+        }
+    }
+}
+
+fn fail_early(reason: &str) -> ! {
+    eprintln!("tollgate-shim: {reason}");
+    std::process::exit(EXIT_SETUP_FAILED)
+}
+
+fn read_plan(control: &UnixStream) -> Result<SandboxPlan, String> {
+    let mut line = String::new();
+    BufReader::new(control)
+        .read_line(&mut line)
+        .map_err(|e| format!("reading the plan: {e}"))?;
+    match serde_json::from_str::<ToShim>(&line) {
+        Ok(ToShim::Start(plan)) => Ok(*plan),
+        Err(e) => Err(format!("the plan is not valid: {e}")),
+    }
+}
+
+fn pid_one(plan: &SandboxPlan, mut control: UnixStream) -> ! {
+    let fail = |control: &mut UnixStream, reason: String| -> ! {
+        send(control, &FromShim::Failed { reason: reason.clone() });
+        fail_early(&reason)
+    };
+    if let Err(e) = setup::build_root(plan) {
+        fail(&mut control, e.to_string());
+    }
+    // SIGCHLD arrives through a signalfd so one poll() watches children and the socket.
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    if let Err(e) = mask.thread_block() {
+        fail(&mut control, format!("blocking SIGCHLD: {e}"));
+    }
+    let signals = match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK) {
+        Ok(fd) => fd,
+        Err(e) => fail(&mut control, format!("signalfd: {e}")),
+    };
+    let (agent, landlock_abi) = match start_agent(plan) {
+        Ok(started) => started,
+        Err(reason) => fail(&mut control, reason),
+    };
+    send(
+        &mut control,
+        &FromShim::Started {
+            agent_pid: agent.as_raw(),
+            landlock_abi,
+        },
+    );
+    let exit = supervise(agent, &control, &signals);
+    if let Some(exit) = exit {
+        send(&mut control, &FromShim::Exited(exit));
+    }
+    // Exiting as pid 1 makes the kernel kill everything left in the namespace.
+    std::process::exit(match exit {
+        Some(AgentExit::Code(code)) => code,
+        Some(AgentExit::Signal(signal)) => 128 + signal,
+        None => EXIT_SETUP_FAILED,
+    })
+}
+
+/// Reaps children until the agent exits (its status) or the supervisor goes away (`None`).
+fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<AgentExit> {
+    loop {
+        let mut fds = [
+            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(signals.as_fd(), PollFlags::POLLIN),
+        ];
+        if poll(&mut fds, PollTimeout::NONE).is_err() {
+            continue;
+        }
+        let control_event = fds[0].revents().unwrap_or(PollFlags::empty());
+        if control_event.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
+            let mut buffer = [0u8; 256];
+            // SAFETY: reading into a stack buffer of the given length from our socket fd.
+            let read = unsafe {
+                libc::read(control.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len())
+            };
+            if read <= 0 {
+                return None;
+            }
+        }
+        let _ = signals.read_signal();
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) if pid == agent => {
+                    return Some(AgentExit::Code(code))
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) if pid == agent => {
+                    return Some(AgentExit::Signal(signal as i32))
+                }
+                Ok(WaitStatus::StillAlive) | Err(_) => break,
+                Ok(_) => continue,
+            }
+        }
+    }
+}
+
+/// Forks the agent, maps its ids, and waits until it has executed (or failed). Returns its
+/// pid and the Landlock ABI it runs under.
+fn start_agent(plan: &SandboxPlan) -> Result<(Pid, u32), String> {
+    use nix::fcntl::OFlag;
+    // Both ends close on exec: EOF on the report pipe means the agent's exec succeeded.
+    let (report_read, report_write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let (go_read, go_write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: single-threaded process; the child only runs ordinary Rust code and execs.
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            drop(report_read);
+            drop(go_write);
+            let reason = agent_child(plan, &report_write, go_read);
+            let _ = nix::unistd::write(&report_write, reason.as_bytes());
+            std::process::exit(EXIT_SETUP_FAILED)
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(report_write);
+            drop(go_read);
+            // The child reports back after entering its user namespace; we map its ids.
+            let mut byte = [0u8; 1];
+            let got = nix::unistd::read(&report_read, &mut byte).map_err(|e| e.to_string())?;
+            if got != 1 || byte[0] != READY {
+                let rest = read_all(&report_read);
+                return Err(format!(
+                    "the agent process failed before its user namespace: {}{rest}",
+                    String::from_utf8_lossy(&byte[..got])
+                ));
+            }
+            let map = format!("{} {} 1\n", plan.inner_id, plan.host_id);
+            for file in ["uid_map", "gid_map"] {
+                std::fs::write(format!("/proc/{child}/{file}"), &map)
+                    .map_err(|e| format!("writing the agent's {file}: {e}"))?;
+            }
+            nix::unistd::write(&go_write, &[READY]).map_err(|e| e.to_string())?;
+            let failure = read_all(&report_read);
+            if failure.is_empty() {
+                Ok((child, confine::REQUIRED_LANDLOCK_ABI as u32))
+            } else {
+                let _ = waitpid(child, None);
+                Err(failure)
+            }
+        }
+        Err(e) => Err(format!("forking the agent: {e}")),
+    }
+}
+
+/// Byte the agent process sends once it is in its user namespace, and pid 1 sends back once
+/// the ids are mapped.
+const READY: u8 = 1;
+
+fn read_all(fd: &OwnedFd) -> String {
+    let mut text = Vec::new();
+    let mut buffer = [0u8; 512];
+    while let Ok(n) = nix::unistd::read(fd, &mut buffer) {
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// The agent side: returns only on failure (with the reason). On success it executes the
+/// agent, which closes the report pipe.
+fn agent_child(plan: &SandboxPlan, report: &OwnedFd, go: OwnedFd) -> String {
+    let step = || -> Result<(), String> {
+        nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+        // Restore the default signal mask pid 1 set up for itself.
+        SigSet::all().thread_unblock().map_err(|e| e.to_string())?;
+        confine::clear_groups().map_err(|e| e.to_string())?;
+        unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("new user namespace: {e}"))?;
+        nix::unistd::write(report, &[READY]).map_err(|e| e.to_string())?;
+        let mut byte = [0u8; 1];
+        if nix::unistd::read(&go, &mut byte).map_err(|e| e.to_string())? != 1 {
+            return Err("pid 1 did not map the agent's ids".into());
+        }
+        confine::drop_bounding_set().map_err(|e| e.to_string())?;
+        confine::become_agent(plan.inner_id).map_err(|e| e.to_string())?;
+        confine::no_new_privs().map_err(|e| e.to_string())?;
+        confine::landlock(&plan.landlock).map_err(|e| e.to_string())?;
+        confine::seccomp().map_err(|e| e.to_string())?;
+        std::env::set_current_dir(&plan.agent.cwd)
+            .map_err(|e| format!("cwd {}: {e}", plan.agent.cwd.display()))?;
+        Ok(())
+    };
+    if let Err(reason) = step() {
+        return reason;
+    }
+    drop(go);
+    // Every inherited fd above stderr closes at exec; the report pipe is one of them.
+    confine::mark_fds_cloexec_from(3);
+    let to_c = |s: &str| CString::new(s.as_bytes()).map_err(|_| format!("{s:?} contains NUL"));
+    let argv: Result<Vec<CString>, String> = plan.agent.argv.iter().map(|a| to_c(a)).collect();
+    let env: Result<Vec<CString>, String> = plan
+        .agent
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect();
+    let (argv, env) = match (argv, env) {
+        (Ok(argv), Ok(env)) if !argv.is_empty() => (argv, env),
+        (Err(e), _) | (_, Err(e)) => return e,
+        _ => return "empty argv".into(),
+    };
+    match nix::unistd::execve(&argv[0], &argv, &env) {
+        Err(e) => format!("exec {}: {e}", plan.agent.argv[0]),
+        Ok(never) => match never {},
+    }
+}

@@ -1,0 +1,68 @@
+//! The sandbox plan: everything the shim needs to build one sandbox, derived from a receipt
+//! by the supervisor and sent to the shim as one JSON line. Pure data, so the supervisor's
+//! translation of a receipt is unit-testable without root.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// A bind mount of a host path into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bind {
+    /// Host path (resolved by the supervisor).
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub target: PathBuf,
+    /// Whether the agent may write through it.
+    pub writable: bool,
+}
+
+/// Landlock allow-lists, as paths inside the sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandlockPlan {
+    /// Read files and list directories beneath these.
+    pub read: Vec<PathBuf>,
+    /// Read, create, modify and remove beneath these.
+    pub write: Vec<PathBuf>,
+    /// Execute these files (and the dynamic loader they need).
+    pub execute: Vec<PathBuf>,
+}
+
+/// What runs as the agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentCommand {
+    /// Absolute path of the executable, then arguments.
+    pub argv: Vec<String>,
+    /// The complete environment (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    /// Working directory inside the sandbox.
+    pub cwd: PathBuf,
+}
+
+/// One sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPlan {
+    /// The run id (the receipt id).
+    pub run_id: String,
+    /// Host name inside the sandbox.
+    pub hostname: String,
+    /// An empty host directory where the new root is assembled (a tmpfs is mounted on it).
+    pub root_dir: PathBuf,
+    /// Host system directories shown read-only at the same path (symlinks, as on merged-/usr
+    /// systems, are recreated as symlinks).
+    pub system_paths: Vec<PathBuf>,
+    /// Host directory shown read-write at `/work`.
+    pub workspace: PathBuf,
+    /// Size of the `/tmp` tmpfs.
+    pub tmpfs_bytes: u64,
+    /// The receipt's bind-mounted grants.
+    pub binds: Vec<Bind>,
+    /// Landlock allow-lists.
+    pub landlock: LandlockPlan,
+    /// The agent.
+    pub agent: AgentCommand,
+    /// The agent's uid and gid inside its user namespace.
+    pub inner_id: u32,
+    /// The host uid and gid the inner id maps to (unique to this sandbox).
+    pub host_id: u32,
+}

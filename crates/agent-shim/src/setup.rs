@@ -1,0 +1,328 @@
+//! Building the sandbox's file system and network, from inside its new namespaces.
+//!
+//! Runs in the shim's pid 1, which is still real root in mount, pid, net, ipc, uts and cgroup
+//! namespaces owned by the host's user namespace. Building the mounts as real root matters:
+//! the mounts are then owned by the host user namespace, so nothing the agent later does
+//! inside its own user namespace can unmount or remount them ("locked" mounts).
+//!
+//! Each privileged step has its own [`SetupError`] variant naming the step and the path.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::unistd::{chdir, pivot_root, sethostname};
+
+use crate::plan::SandboxPlan;
+
+/// A step of building the sandbox failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// Making the mount tree private (so nothing propagates back to the host) failed.
+    #[error("making mounts private: {0}")]
+    Private(nix::Error),
+    /// Mounting a file system failed.
+    #[error("mounting {what} at {target}: {source}")]
+    Mount {
+        /// What was mounted.
+        what: String,
+        /// Where.
+        target: PathBuf,
+        /// The error.
+        source: nix::Error,
+    },
+    /// Making a mount read-only (and nosuid, nodev) failed.
+    #[error("making {target} read-only: {source}")]
+    ReadOnly {
+        /// The mount.
+        target: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// Creating a mount point or link in the new root failed.
+    #[error("creating {path} in the new root: {source}")]
+    MountPoint {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A bind source does not exist on the host.
+    #[error("bind source {0} does not exist")]
+    MissingSource(PathBuf),
+    /// `pivot_root` or detaching the old root failed.
+    #[error("switching to the new root: {0}")]
+    PivotRoot(nix::Error),
+    /// Setting the host name failed.
+    #[error("setting the host name: {0}")]
+    Hostname(nix::Error),
+    /// Bringing up the loopback interface failed.
+    #[error("bringing up loopback: {0}")]
+    Loopback(std::io::Error),
+}
+
+/// Device nodes bound from the host into the sandbox's `/dev`.
+const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+
+fn inside(root: &Path, path: &Path) -> PathBuf {
+    root.join(path.strip_prefix("/").unwrap_or(path))
+}
+
+fn create_dir(path: &Path) -> Result<(), SetupError> {
+    fs::create_dir_all(path).map_err(|source| SetupError::MountPoint {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn mount_fs(
+    what: &str,
+    target: &Path,
+    fstype: &str,
+    flags: MsFlags,
+    data: &str,
+) -> Result<(), SetupError> {
+    mount(Some(what), target, Some(fstype), flags, Some(data)).map_err(|source| {
+        SetupError::Mount {
+            what: format!("{fstype} ({data})"),
+            target: target.to_owned(),
+            source,
+        }
+    })
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// Adds nosuid, nodev (unless `devices`) and read-only (when `read_only`) to the mount at
+/// `target` and every mount beneath it, in one call (mount_setattr, Linux 5.12+). Only adds
+/// restrictions, which the kernel allows even on locked mounts.
+fn restrict_recursively(target: &Path, read_only: bool, devices: bool) -> Result<(), SetupError> {
+    let error = |source| SetupError::ReadOnly {
+        target: target.to_owned(),
+        source,
+    };
+    let path = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_NOSUID
+            | if devices { 0 } else { MOUNT_ATTR_NODEV }
+            | if read_only { MOUNT_ATTR_RDONLY } else { 0 },
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `path` is a valid NUL-terminated string and `attr` a properly laid out
+    // `struct mount_attr` that outlives the call; the size passed is its exact size.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            AT_RECURSIVE,
+            &attr as *const MountAttr,
+            size_of::<MountAttr>(),
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(error(std::io::Error::last_os_error()))
+    }
+}
+
+/// Bind-mounts host `source` at `target` (creating the mount point as a file or directory to
+/// match), then restricts it (nodev unless `devices`).
+fn bind(source: &Path, target: &Path, writable: bool, devices: bool) -> Result<(), SetupError> {
+    let meta = fs::metadata(source).map_err(|_| SetupError::MissingSource(source.to_owned()))?;
+    if meta.is_dir() {
+        create_dir(target)?;
+    } else {
+        if let Some(parent) = target.parent() {
+            create_dir(parent)?;
+        }
+        fs::write(target, b"").map_err(|e| SetupError::MountPoint {
+            path: target.to_owned(),
+            source: e,
+        })?;
+    }
+    mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| SetupError::Mount {
+        what: format!("bind of {}", source.display()),
+        target: target.to_owned(),
+        source: e,
+    })?;
+    restrict_recursively(target, !writable, devices)
+}
+
+/// Builds the new root from the plan and switches to it. Must run in a fresh mount namespace
+/// and, for `/proc`, as pid 1 of a fresh pid namespace.
+pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
+    // Nothing we mount may propagate back to the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(SetupError::Private)?;
+    let root = plan.root_dir.as_path();
+    mount_fs(
+        "tollgate-root",
+        root,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        "mode=0755,size=1m",
+    )?;
+
+    for path in &plan.system_paths {
+        let target = inside(root, path);
+        match fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let link = fs::read_link(path).map_err(|source| SetupError::MountPoint {
+                    path: path.clone(),
+                    source,
+                })?;
+                if let Some(parent) = target.parent() {
+                    create_dir(parent)?;
+                }
+                symlink(&link, &target).map_err(|source| SetupError::MountPoint {
+                    path: target.clone(),
+                    source,
+                })?;
+            }
+            Ok(_) => bind(path, &target, false, false)?,
+            // A system path this host lacks (no /lib64 on some systems) is simply absent.
+            Err(_) => {}
+        }
+    }
+
+    let proc_dir = inside(root, Path::new("/proc"));
+    create_dir(&proc_dir)?;
+    mount_fs(
+        "proc",
+        &proc_dir,
+        "proc",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "",
+    )?;
+
+    let dev = inside(root, Path::new("/dev"));
+    create_dir(&dev)?;
+    mount_fs(
+        "tollgate-dev",
+        &dev,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "mode=0755,size=64k",
+    )?;
+    for device in DEVICES {
+        let host = Path::new("/dev").join(device);
+        if host.exists() {
+            bind(&host, &dev.join(device), true, true)?;
+        }
+    }
+    for (name, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        symlink(target, dev.join(name)).map_err(|source| SetupError::MountPoint {
+            path: dev.join(name),
+            source,
+        })?;
+    }
+    restrict_recursively(&dev, true, true)?;
+
+    let tmp = inside(root, Path::new("/tmp"));
+    create_dir(&tmp)?;
+    mount_fs(
+        "tollgate-tmp",
+        &tmp,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("mode=1777,size={}", plan.tmpfs_bytes.max(4096)),
+    )?;
+
+    bind(&plan.workspace, &inside(root, Path::new("/work")), true, false)?;
+    for grant in &plan.binds {
+        bind(&grant.source, &inside(root, &grant.target), grant.writable, false)?;
+    }
+
+    // Switch roots: the old root is stacked under the new one and detached, so no path
+    // leads back to the host's file system.
+    chdir(root).map_err(SetupError::PivotRoot)?;
+    pivot_root(".", ".").map_err(SetupError::PivotRoot)?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(SetupError::PivotRoot)?;
+    chdir("/").map_err(SetupError::PivotRoot)?;
+    // The root tmpfs itself becomes read-only: the agent writes only /work and /tmp.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(|source| SetupError::Mount {
+        what: "read-only remount of the root".into(),
+        target: PathBuf::from("/"),
+        source,
+    })?;
+
+    sethostname(&plan.hostname).map_err(SetupError::Hostname)?;
+    loopback_up().map_err(SetupError::Loopback)
+}
+
+/// Brings up `lo` in the (new, empty) network namespace: the only interface the sandbox has.
+fn loopback_up() -> std::io::Result<()> {
+    // SAFETY: plain socket(2) call; the result is checked and the fd closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+        *slot = *byte as libc::c_char;
+    }
+    // SAFETY: `fd` is an open socket and `request` a valid ifreq naming "lo"; SIOCGIFFLAGS
+    // and SIOCSIFFLAGS read and write only that struct.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request) < 0 {
+            -1
+        } else {
+            request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &request)
+        }
+    };
+    let error = std::io::Error::last_os_error();
+    // SAFETY: `fd` is ours and closed exactly once.
+    unsafe { libc::close(fd) };
+    if result < 0 {
+        Err(error)
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,408 @@
+//! From a verified receipt to a running sandbox: the plan (pure, unit-tested) and the spawn
+//! of `tollgate-shim` inside the run's cgroup.
+
+use std::fs;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use tollgate_agent_shim::plan::{AgentCommand, Bind, LandlockPlan, SandboxPlan};
+use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD};
+use tollgate_proto::v1 as pb;
+
+use crate::cgroup::RunCgroup;
+
+/// Host directories shown read-only inside every sandbox (those that exist on the host).
+pub const SYSTEM_PATHS: [&str; 8] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
+/// The agent's uid and gid inside its user namespace.
+pub const AGENT_INNER_ID: u32 = 1000;
+
+/// A sandbox could not be prepared or started.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The receipt pins no agent and none was given.
+    #[error("no agent command: the receipt pins none and none was given")]
+    NoAgent,
+    /// The agent's executable is not in the receipt's exec list.
+    #[error("{0} is not in the receipt's exec list")]
+    NotExecutable(String),
+    /// Preparing the run directory failed.
+    #[error("preparing {path}: {source}")]
+    RunDir {
+        /// The directory.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// Starting `tollgate-shim` failed.
+    #[error("starting {shim}: {source}")]
+    Spawn {
+        /// The shim binary.
+        shim: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// Talking to the shim failed.
+    #[error("control socket: {0}")]
+    Control(std::io::Error),
+    /// The shim reported a failure (the step and reason).
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+}
+
+/// Where a run's host-side files live: `<runs>/<run_id>/{root,work}`.
+#[derive(Debug, Clone)]
+pub struct RunDirs {
+    /// `<runs>/<run_id>`.
+    pub base: PathBuf,
+    /// Empty mount point for the sandbox's root.
+    pub root: PathBuf,
+    /// The workspace, shown at `/work`.
+    pub work: PathBuf,
+}
+
+impl RunDirs {
+    /// The directories of `run_id` under `runs`.
+    pub fn new(runs: &Path, run_id: &str) -> Self {
+        let base = runs.join(run_id);
+        Self {
+            root: base.join("root"),
+            work: base.join("work"),
+            base,
+        }
+    }
+
+    /// Creates them: `base` and `root` 0711 (owned by root, traversable), `work` 0700 owned
+    /// by the sandbox's host id so only that sandbox's agent can use it.
+    pub fn create(&self, host_id: u32) -> Result<(), SandboxError> {
+        let error = |path: &Path| {
+            let path = path.to_owned();
+            move |source| SandboxError::RunDir { path, source }
+        };
+        for dir in [&self.base, &self.root, &self.work] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(dir)
+                .map_err(error(dir))?;
+        }
+        fs::set_permissions(&self.work, fs::Permissions::from_mode(0o700)).map_err(error(&self.work))?;
+        nix::unistd::chown(
+            &self.work,
+            Some(nix::unistd::Uid::from_raw(host_id)),
+            Some(nix::unistd::Gid::from_raw(host_id)),
+        )
+        .map_err(|e| SandboxError::RunDir {
+            path: self.work.clone(),
+            source: e.into(),
+        })
+    }
+
+    /// Removes everything (after the sandbox's mounts died with its namespace).
+    pub fn remove(&self) -> Result<(), SandboxError> {
+        match fs::remove_dir_all(&self.base) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(SandboxError::RunDir {
+                path: self.base.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+/// Builds the sandbox plan for `receipt`. `argv` overrides the receipt's pinned agent (the
+/// caller checks the receipt allows that). Writes nothing; reads only which system paths
+/// exist on the host.
+pub fn plan_for(
+    receipt: &pb::Receipt,
+    dirs: &RunDirs,
+    host_id: u32,
+    argv: Option<Vec<String>>,
+) -> Result<SandboxPlan, SandboxError> {
+    let pinned = receipt.agent.as_ref();
+    let argv = argv
+        .or_else(|| pinned.map(|a| a.argv.clone()))
+        .filter(|argv| !argv.is_empty())
+        .ok_or(SandboxError::NoAgent)?;
+    if !receipt.exec.contains(&argv[0]) {
+        return Err(SandboxError::NotExecutable(argv[0].clone()));
+    }
+    let limits = receipt.limits.unwrap_or_default();
+    let binds: Vec<Bind> = receipt
+        .fs
+        .iter()
+        .filter(|grant| !grant.mount.is_empty())
+        .map(|grant| Bind {
+            source: PathBuf::from(&grant.path),
+            target: PathBuf::from(&grant.mount),
+            writable: grant.access == pb::FsAccess::Write as i32,
+        })
+        .collect();
+    let system: Vec<PathBuf> = SYSTEM_PATHS.iter().map(PathBuf::from).collect();
+    // System paths are shown at the same path, so the host tells which exist; everything
+    // else below is a sandbox path the shim creates.
+    let mut read: Vec<PathBuf> = system.iter().filter(|p| p.exists()).cloned().collect();
+    read.extend(["/proc", "/dev"].map(PathBuf::from));
+    read.extend(binds.iter().filter(|b| !b.writable).map(|b| b.target.clone()));
+    let mut write: Vec<PathBuf> = ["/work", "/tmp", "/dev"].map(PathBuf::from).to_vec();
+    write.extend(binds.iter().filter(|b| b.writable).map(|b| b.target.clone()));
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        ("HOME".into(), "/work".into()),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("TOLLGATE_RUN_ID".into(), receipt.receipt_id.clone()),
+    ];
+    if let Some(agent) = pinned {
+        let mut extra: Vec<_> = agent.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        extra.sort();
+        env.extend(extra);
+    }
+    let cwd = pinned
+        .map(|a| a.workdir.clone())
+        .filter(|w| !w.is_empty())
+        .unwrap_or_else(|| "/work".into());
+    Ok(SandboxPlan {
+        run_id: receipt.receipt_id.clone(),
+        hostname: "tollgate".into(),
+        root_dir: dirs.root.clone(),
+        // The shim skips system paths this host lacks.
+        system_paths: system,
+        workspace: dirs.work.clone(),
+        tmpfs_bytes: limits.tmpfs_bytes,
+        binds,
+        landlock: LandlockPlan {
+            read,
+            write,
+            execute: receipt.exec.iter().map(PathBuf::from).collect(),
+        },
+        agent: AgentCommand {
+            argv,
+            env,
+            cwd: PathBuf::from(cwd),
+        },
+        inner_id: AGENT_INNER_ID,
+        host_id,
+    })
+}
+
+/// A running `tollgate-shim` and its control socket.
+#[derive(Debug)]
+pub struct SandboxProcess {
+    child: Child,
+    events: BufReader<UnixStream>,
+    // Kept open: closing it tells pid 1 the supervisor is gone.
+    _control: UnixStream,
+}
+
+/// Formats `value` in decimal into `buffer`, returning the digits (no allocation: used
+/// between fork and exec).
+fn decimal(mut value: u32, buffer: &mut [u8; 10]) -> &[u8] {
+    let mut at = buffer.len();
+    loop {
+        at -= 1;
+        buffer[at] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            return &buffer[at..];
+        }
+    }
+}
+
+impl SandboxProcess {
+    /// Starts `shim` inside `cgroup` (it joins every hierarchy before it execs, so nothing of
+    /// the sandbox ever runs outside the limits), sends it the plan, and waits for `Started`.
+    pub fn start(
+        shim: &Path,
+        plan: &SandboxPlan,
+        cgroup: &RunCgroup,
+        stdout: Stdio,
+        stderr: Stdio,
+    ) -> Result<(Self, FromShim), SandboxError> {
+        let (ours, theirs) = UnixStream::pair().map_err(SandboxError::Control)?;
+        let procs: Vec<OwnedFd> = cgroup
+            .procs_files()
+            .iter()
+            .map(|file| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(file)
+                    .map(OwnedFd::from)
+                    .map_err(|source| SandboxError::Spawn {
+                        shim: file.clone(),
+                        source,
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let procs_fds: Vec<RawFd> = procs.iter().map(|fd| fd.as_raw_fd()).collect();
+        let control_fd = theirs.as_raw_fd();
+        let mut command = Command::new(shim);
+        command
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .env_clear();
+        #[allow(unsafe_code)]
+        // SAFETY: the closure runs between fork and exec in the child and only makes
+        // async-signal-safe system calls (getpid, write, dup2, fcntl) on descriptors opened
+        // before the fork, with no allocation: `decimal` writes into a stack buffer.
+        unsafe {
+            command.pre_exec(move || {
+                let mut buffer = [0u8; 10];
+                let pid = decimal(libc::getpid() as u32, &mut buffer);
+                for &fd in &procs_fds {
+                    if libc::write(fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if control_fd == CONTROL_FD {
+                    if libc::fcntl(CONTROL_FD, libc::F_SETFD, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                } else if libc::dup2(control_fd, CONTROL_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|source| SandboxError::Spawn {
+            shim: shim.to_owned(),
+            source,
+        })?;
+        drop(theirs);
+        drop(procs);
+        let mut control = ours;
+        let mut line = serde_json::to_vec(&ToShim::Start(Box::new(plan.clone())))
+            .map_err(|e| SandboxError::Control(std::io::Error::other(e)))?;
+        line.push(b'\n');
+        control.write_all(&line).map_err(SandboxError::Control)?;
+        let events = BufReader::new(control.try_clone().map_err(SandboxError::Control)?);
+        let mut process = Self {
+            child,
+            events,
+            _control: control,
+        };
+        match process.next_event()? {
+            Some(started @ FromShim::Started { .. }) => Ok((process, started)),
+            Some(FromShim::Failed { reason }) => {
+                let _ = process.child.wait();
+                Err(SandboxError::Setup(reason))
+            }
+            other => {
+                let status = process.child.wait().ok();
+                Err(SandboxError::Setup(format!(
+                    "the shim ended without starting the agent ({other:?}, status {status:?})"
+                )))
+            }
+        }
+    }
+
+    /// The shim's host pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next event from the shim; `None` when it has closed the socket.
+    pub fn next_event(&mut self) -> Result<Option<FromShim>, SandboxError> {
+        let mut line = String::new();
+        let read = self.events.read_line(&mut line).map_err(SandboxError::Control)?;
+        if read == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str(&line)
+            .map(Some)
+            .map_err(|e| SandboxError::Control(std::io::Error::other(e)))
+    }
+
+    /// Waits for the shim process to exit.
+    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receipt() -> pb::Receipt {
+        pb::Receipt {
+            receipt_id: "01900000-0000-7000-8000-000000000000".into(),
+            agent: Some(pb::AgentSpec {
+                argv: vec!["/usr/bin/python3".into(), "/work/agent.py".into()],
+                env: [("MODE".to_owned(), "fast".to_owned())].into(),
+                workdir: String::new(),
+            }),
+            limits: Some(pb::Limits {
+                tmpfs_bytes: 1 << 20,
+                ..Default::default()
+            }),
+            fs: vec![
+                pb::FsGrant {
+                    path: "/srv/data".into(),
+                    access: pb::FsAccess::Read as i32,
+                    mount: "/data".into(),
+                },
+                pb::FsGrant {
+                    path: "/srv/out".into(),
+                    access: pb::FsAccess::Write as i32,
+                    mount: "/out".into(),
+                },
+                pb::FsGrant {
+                    path: "/srv/gateway-only".into(),
+                    access: pb::FsAccess::Read as i32,
+                    mount: String::new(),
+                },
+            ],
+            exec: vec!["/usr/bin/python3".into()],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn plan_mirrors_the_receipt_and_nothing_more() {
+        let dirs = RunDirs::new(Path::new("/var/lib/tollgate/runs"), "r1");
+        let plan = plan_for(&receipt(), &dirs, 200_001, None).unwrap();
+        assert_eq!(plan.agent.argv[0], "/usr/bin/python3");
+        assert_eq!(plan.agent.cwd, PathBuf::from("/work"));
+        assert!(plan.agent.env.contains(&("MODE".into(), "fast".into())));
+        assert!(plan.agent.env.iter().all(|(k, _)| k != "OPENAI_API_KEY"));
+        assert_eq!(plan.binds.len(), 2, "gateway-only grants are not mounted");
+        assert!(!plan.binds[0].writable && plan.binds[1].writable);
+        assert!(plan.landlock.write.contains(&PathBuf::from("/out")));
+        assert!(plan.landlock.read.contains(&PathBuf::from("/data")));
+        assert!(!plan.landlock.write.contains(&PathBuf::from("/data")));
+        assert!(!plan.landlock.write.iter().any(|p| p == Path::new("/usr")));
+        assert_eq!(plan.landlock.execute, vec![PathBuf::from("/usr/bin/python3")]);
+        assert_eq!(plan.tmpfs_bytes, 1 << 20);
+        assert_eq!(plan.host_id, 200_001);
+        assert_eq!(plan.root_dir, PathBuf::from("/var/lib/tollgate/runs/r1/root"));
+    }
+
+    #[test]
+    fn agent_must_be_allowed_and_present() {
+        let dirs = RunDirs::new(Path::new("/runs"), "r1");
+        let mut r = receipt();
+        assert!(matches!(
+            plan_for(&r, &dirs, 1, Some(vec!["/bin/sh".into()])),
+            Err(SandboxError::NotExecutable(_))
+        ));
+        r.agent = None;
+        assert!(matches!(plan_for(&r, &dirs, 1, None), Err(SandboxError::NoAgent)));
+    }
+
+    #[test]
+    fn decimal_formats_without_allocating() {
+        let mut buffer = [0u8; 10];
+        assert_eq!(decimal(0, &mut buffer), b"0");
+        assert_eq!(decimal(4_294_967_295, &mut buffer), b"4294967295");
+        assert_eq!(decimal(1234, &mut buffer), b"1234");
+    }
+}
