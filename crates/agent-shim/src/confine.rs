@@ -5,8 +5,8 @@ use std::os::fd::RawFd;
 use std::path::Path;
 
 use landlock::{
-    Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetStatus, ABI,
+    Access, AccessFs, BitFlags, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetStatus, ABI,
 };
 use nix::unistd::{setresgid, setresuid, Gid, Uid};
 use seccompiler::{
@@ -173,7 +173,10 @@ pub fn with_interpreters(executables: &[std::path::PathBuf]) -> Vec<std::path::P
         if out.contains(&path) || !path.exists() {
             continue;
         }
-        if let Some(interpreter) = std::fs::read(&path).ok().and_then(|bytes| interpreter_of(&bytes)) {
+        if let Some(interpreter) = std::fs::read(&path)
+            .ok()
+            .and_then(|bytes| interpreter_of(&bytes))
+        {
             pending.push(interpreter);
         }
         out.push(path);
@@ -287,7 +290,10 @@ pub fn seccomp() -> Result<(), ConfineError> {
             new_user,
         )
         .map_err(backend_error)?;
-        rules.insert(nr, vec![SeccompRule::new(vec![condition]).map_err(backend_error)?]);
+        rules.insert(
+            nr,
+            vec![SeccompRule::new(vec![condition]).map_err(backend_error)?],
+        );
     }
     let deny = SeccompFilter::new(
         rules,
@@ -355,7 +361,8 @@ mod tests {
         let with = with_interpreters(std::slice::from_ref(&sh));
         assert!(with.contains(&sh));
         assert!(
-            with.iter().any(|p| p.to_string_lossy().contains("ld-linux")),
+            with.iter()
+                .any(|p| p.to_string_lossy().contains("ld-linux")),
             "the dynamic loader of /bin/sh: {with:?}"
         );
         let dir = std::env::temp_dir().join(format!("tollgate-interp-{}", std::process::id()));

@@ -61,7 +61,12 @@ pub fn run() -> ! {
     let plan = match read_plan(&control) {
         Ok(plan) => plan,
         Err(reason) => {
-            send(&mut control_writer, &FromShim::Failed { reason: reason.clone() });
+            send(
+                &mut control_writer,
+                &FromShim::Failed {
+                    reason: reason.clone(),
+                },
+            );
             fail_early(&reason)
         }
     };
@@ -73,7 +78,12 @@ pub fn run() -> ! {
         | CloneFlags::CLONE_NEWCGROUP;
     if let Err(e) = unshare(namespaces) {
         let reason = format!("unsharing namespaces: {e}");
-        send(&mut control_writer, &FromShim::Failed { reason: reason.clone() });
+        send(
+            &mut control_writer,
+            &FromShim::Failed {
+                reason: reason.clone(),
+            },
+        );
         fail_early(&reason);
     }
     // SAFETY: single-threaded process; the child only runs ordinary Rust code.
@@ -92,7 +102,12 @@ pub fn run() -> ! {
         }
         Err(e) => {
             let reason = format!("forking pid 1: {e}");
-            send(&mut control_writer, &FromShim::Failed { reason: reason.clone() });
+            send(
+                &mut control_writer,
+                &FromShim::Failed {
+                    reason: reason.clone(),
+                },
+            );
             fail_early(&reason)
         }
     }
@@ -116,7 +131,12 @@ fn read_plan(control: &UnixStream) -> Result<SandboxPlan, String> {
 
 fn pid_one(plan: &SandboxPlan, mut control: UnixStream) -> ! {
     let fail = |control: &mut UnixStream, reason: String| -> ! {
-        send(control, &FromShim::Failed { reason: reason.clone() });
+        send(
+            control,
+            &FromShim::Failed {
+                reason: reason.clone(),
+            },
+        );
         fail_early(&reason)
     };
     if let Err(e) = setup::build_root(plan) {
@@ -128,7 +148,8 @@ fn pid_one(plan: &SandboxPlan, mut control: UnixStream) -> ! {
     if let Err(e) = mask.thread_block() {
         fail(&mut control, format!("blocking SIGCHLD: {e}"));
     }
-    let signals = match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK) {
+    let signals = match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+    {
         Ok(fd) => fd,
         Err(e) => fail(&mut control, format!("signalfd: {e}")),
     };
@@ -170,7 +191,11 @@ fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<Age
             let mut buffer = [0u8; 256];
             // SAFETY: reading into a stack buffer of the given length from our socket fd.
             let read = unsafe {
-                libc::read(control.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len())
+                libc::read(
+                    control.as_raw_fd(),
+                    buffer.as_mut_ptr().cast(),
+                    buffer.len(),
+                )
             };
             if read <= 0 {
                 return None;

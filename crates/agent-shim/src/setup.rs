@@ -85,12 +85,10 @@ fn mount_fs(
     flags: MsFlags,
     data: &str,
 ) -> Result<(), SetupError> {
-    mount(Some(what), target, Some(fstype), flags, Some(data)).map_err(|source| {
-        SetupError::Mount {
-            what: format!("{fstype} ({data})"),
-            target: target.to_owned(),
-            source,
-        }
+    mount(Some(what), target, Some(fstype), flags, Some(data)).map_err(|source| SetupError::Mount {
+        what: format!("{fstype} ({data})"),
+        target: target.to_owned(),
+        source,
     })
 }
 
@@ -266,9 +264,19 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
         &format!("mode=1777,size={}", plan.tmpfs_bytes.max(4096)),
     )?;
 
-    bind(&plan.workspace, &inside(root, Path::new("/work")), true, false)?;
+    bind(
+        &plan.workspace,
+        &inside(root, Path::new("/work")),
+        true,
+        false,
+    )?;
     for grant in &plan.binds {
-        bind(&grant.source, &inside(root, &grant.target), grant.writable, false)?;
+        bind(
+            &grant.source,
+            &inside(root, &grant.target),
+            grant.writable,
+            false,
+        )?;
     }
 
     // Switch roots: the old root is stacked under the new one and detached, so no path

@@ -93,7 +93,8 @@ impl RunDirs {
                 .create(dir)
                 .map_err(error(dir))?;
         }
-        fs::set_permissions(&self.work, fs::Permissions::from_mode(0o700)).map_err(error(&self.work))?;
+        fs::set_permissions(&self.work, fs::Permissions::from_mode(0o700))
+            .map_err(error(&self.work))?;
         nix::unistd::chown(
             &self.work,
             Some(nix::unistd::Uid::from_raw(host_id)),
@@ -151,9 +152,19 @@ pub fn plan_for(
     // else below is a sandbox path the shim creates.
     let mut read: Vec<PathBuf> = system.iter().filter(|p| p.exists()).cloned().collect();
     read.extend(["/proc", "/dev"].map(PathBuf::from));
-    read.extend(binds.iter().filter(|b| !b.writable).map(|b| b.target.clone()));
+    read.extend(
+        binds
+            .iter()
+            .filter(|b| !b.writable)
+            .map(|b| b.target.clone()),
+    );
     let mut write: Vec<PathBuf> = ["/work", "/tmp", "/dev"].map(PathBuf::from).to_vec();
-    write.extend(binds.iter().filter(|b| b.writable).map(|b| b.target.clone()));
+    write.extend(
+        binds
+            .iter()
+            .filter(|b| b.writable)
+            .map(|b| b.target.clone()),
+    );
     let mut env: Vec<(String, String)> = vec![
         ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
         ("HOME".into(), "/work".into()),
@@ -162,7 +173,11 @@ pub fn plan_for(
         ("TOLLGATE_RUN_ID".into(), receipt.receipt_id.clone()),
     ];
     if let Some(agent) = pinned {
-        let mut extra: Vec<_> = agent.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let mut extra: Vec<_> = agent
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         extra.sort();
         env.extend(extra);
     }
@@ -313,7 +328,10 @@ impl SandboxProcess {
     /// The next event from the shim; `None` when it has closed the socket.
     pub fn next_event(&mut self) -> Result<Option<FromShim>, SandboxError> {
         let mut line = String::new();
-        let read = self.events.read_line(&mut line).map_err(SandboxError::Control)?;
+        let read = self
+            .events
+            .read_line(&mut line)
+            .map_err(SandboxError::Control)?;
         if read == 0 {
             return Ok(None);
         }
@@ -380,10 +398,16 @@ mod tests {
         assert!(plan.landlock.read.contains(&PathBuf::from("/data")));
         assert!(!plan.landlock.write.contains(&PathBuf::from("/data")));
         assert!(!plan.landlock.write.iter().any(|p| p == Path::new("/usr")));
-        assert_eq!(plan.landlock.execute, vec![PathBuf::from("/usr/bin/python3")]);
+        assert_eq!(
+            plan.landlock.execute,
+            vec![PathBuf::from("/usr/bin/python3")]
+        );
         assert_eq!(plan.tmpfs_bytes, 1 << 20);
         assert_eq!(plan.host_id, 200_001);
-        assert_eq!(plan.root_dir, PathBuf::from("/var/lib/tollgate/runs/r1/root"));
+        assert_eq!(
+            plan.root_dir,
+            PathBuf::from("/var/lib/tollgate/runs/r1/root")
+        );
     }
 
     #[test]
@@ -395,7 +419,10 @@ mod tests {
             Err(SandboxError::NotExecutable(_))
         ));
         r.agent = None;
-        assert!(matches!(plan_for(&r, &dirs, 1, None), Err(SandboxError::NoAgent)));
+        assert!(matches!(
+            plan_for(&r, &dirs, 1, None),
+            Err(SandboxError::NoAgent)
+        ));
     }
 
     #[test]

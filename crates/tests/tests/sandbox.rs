@@ -47,11 +47,36 @@ impl Harness {
 
     /// Runs `script` under /bin/sh in a sandbox; returns the agent's exit and its output.
     fn run(&self, script: &str, limits: CgroupLimits, host_id: u32) -> (AgentExit, String) {
+        self.run_argv(
+            vec!["/bin/sh".into(), "-c".into(), script.into()],
+            &[],
+            limits,
+            host_id,
+        )
+    }
+
+    /// Runs `argv` (whose program, plus `extra_exec`, is added to the exec list).
+    fn run_argv(
+        &self,
+        argv: Vec<String>,
+        extra_exec: &[&str],
+        limits: CgroupLimits,
+        host_id: u32,
+    ) -> (AgentExit, String) {
+        let mut exec: Vec<String> = [
+            "/bin/sh",
+            "/usr/bin/id",
+            "/usr/bin/cat",
+            "/usr/bin/ls",
+            "/usr/bin/grep",
+        ]
+        .map(String::from)
+        .to_vec();
+        exec.extend(extra_exec.iter().map(|e| e.to_string()));
+        exec.push(argv[0].clone());
         let receipt = pb::Receipt {
             receipt_id: "01900000-0000-7000-8000-00000000abcd".into(),
-            exec: ["/bin/sh", "/usr/bin/id", "/usr/bin/cat", "/usr/bin/ls", "/usr/bin/grep"]
-                .map(String::from)
-                .to_vec(),
+            exec,
             fs: vec![pb::FsGrant {
                 path: self.host_data.display().to_string(),
                 access: pb::FsAccess::Read as i32,
@@ -64,13 +89,7 @@ impl Harness {
             ..Default::default()
         };
         self.dirs.create(host_id).unwrap();
-        let plan = plan_for(
-            &receipt,
-            &self.dirs,
-            host_id,
-            Some(vec!["/bin/sh".into(), "-c".into(), script.into()]),
-        )
-        .unwrap();
+        let plan = plan_for(&receipt, &self.dirs, host_id, Some(argv)).unwrap();
         let cgroup = RunCgroup::create(&format!("{}/run", self.parent), limits).unwrap();
         let output = self.dirs.base.with_extension("out");
         let file = std::fs::File::create(&output).unwrap();
@@ -83,7 +102,10 @@ impl Harness {
         )
         .expect("sandbox starts");
         match started {
-            FromShim::Started { agent_pid, landlock_abi } => {
+            FromShim::Started {
+                agent_pid,
+                landlock_abi,
+            } => {
                 assert_ne!(agent_pid, 1, "the agent is never pid 1");
                 assert!(landlock_abi >= 3);
             }
@@ -156,13 +178,23 @@ exit 7
     assert_eq!(exit, AgentExit::Code(7), "{output}");
     assert_eq!(line(&output, "uid"), "1000", "{output}");
     assert_eq!(line(&output, "gid"), "1000", "{output}");
-    assert_eq!(line(&output, "groups"), "1000", "no host groups leak: {output}");
+    assert_eq!(
+        line(&output, "groups"),
+        "1000",
+        "no host groups leak: {output}"
+    );
     assert_ne!(line(&output, "pid"), "1");
     assert_eq!(line(&output, "hostname"), "tollgate");
     let procs: u32 = line(&output, "procs").parse().unwrap();
     assert!(procs <= 6, "host processes visible: {procs}\n{output}");
-    assert!(line(&output, "capeff").contains("0000000000000000"), "{output}");
-    assert!(line(&output, "capbnd").contains("0000000000000000"), "{output}");
+    assert!(
+        line(&output, "capeff").contains("0000000000000000"),
+        "{output}"
+    );
+    assert!(
+        line(&output, "capbnd").contains("0000000000000000"),
+        "{output}"
+    );
     assert!(line(&output, "nnp").ends_with('1'), "{output}");
     assert!(line(&output, "seccomp").ends_with('2'), "{output}");
     assert_eq!(line(&output, "granted"), "granted content");
@@ -218,9 +250,136 @@ fn a_missing_run_leaves_nothing_behind() {
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
-        .filter(|cmd| cmd.starts_with("sleep\0001000"))
+        .filter(|cmd| cmd.starts_with("sleep\u{0}1000"))
         .count();
     assert_eq!(leftovers, 0);
     drop(harness);
-    assert!(!Path::new("/sys/fs/cgroup/pids").join(format!("tollgate-test-{}-cleanup", std::process::id())).exists());
+    assert!(!Path::new("/sys/fs/cgroup/pids")
+        .join(format!("tollgate-test-{}-cleanup", std::process::id()))
+        .exists());
+}
+
+/// Each line: `name=result`, where result is "refused", or what happened instead.
+const ESCAPES: &str = r#"
+import ctypes, errno, os, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, call):
+    try:
+        result = call()
+    except OSError as e:
+        print(f"{name}=refused" if e.errno in (errno.EPERM, errno.EACCES, errno.EINVAL, errno.ENOSYS, errno.ENOENT, errno.ENETUNREACH, errno.ECONNREFUSED, errno.EROFS) else f"{name}=errno{e.errno}")
+        return
+    print(f"{name}=ALLOWED:{result}")
+def syscall(nr, *args):
+    def call():
+        r = libc.syscall(nr, *args)
+        if r == -1:
+            raise OSError(ctypes.get_errno(), "")
+        return r
+    return call
+SYS = {"unshare": 272, "mount": 165, "ptrace": 101, "bpf": 321, "io_uring_setup": 425,
+       "keyctl": 250, "perf_event_open": 298, "userfaultfd": 323, "setns": 308,
+       "kexec_load": 246, "init_module": 175, "open_by_handle_at": 304}
+attempt("userns", syscall(SYS["unshare"], 0x10000000))
+attempt("mount", syscall(SYS["mount"], b"none", b"/tmp", b"tmpfs", 0, None))
+attempt("ptrace", syscall(SYS["ptrace"], 16, 1, 0, 0))
+attempt("bpf", syscall(SYS["bpf"], 0, None, 0))
+attempt("io_uring", syscall(SYS["io_uring_setup"], 8, ctypes.create_string_buffer(120)))
+attempt("keyctl", syscall(SYS["keyctl"], 0, 0))
+attempt("perf", syscall(SYS["perf_event_open"], ctypes.create_string_buffer(128), 0, -1, -1, 0))
+attempt("userfaultfd", syscall(SYS["userfaultfd"], 0))
+attempt("kexec", syscall(SYS["kexec_load"], 0, 0, None, 0))
+attempt("module", syscall(SYS["init_module"], None, 0, b""))
+attempt("by_handle", syscall(SYS["open_by_handle_at"], -100, ctypes.create_string_buffer(16), 0))
+attempt("setuid0", lambda: os.setuid(0))
+attempt("shadow", lambda: open("/etc/shadow").read())
+attempt("cgroup", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write("1"))
+attempt("host_port", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2))
+attempt("internet", lambda: socket.create_connection(("10.0.0.1", 80), timeout=2))
+attempt("kill_host_init", lambda: os.kill(1, 9))
+print("done=yes")
+"#;
+
+#[test]
+fn escape_attempts_are_refused() {
+    if !require_root() {
+        return;
+    }
+    if !Path::new("/usr/bin/python3").exists() {
+        panic!("this test needs /usr/bin/python3 on the host (apt-get install python3)");
+    }
+    // A real listener on the host's loopback: the sandbox must not reach it.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let harness = Harness::new("escapes");
+    let (exit, output) = harness.run_argv(
+        vec!["/usr/bin/python3".into(), "-c".into(), ESCAPES.into(), port],
+        &[],
+        LIMITS,
+        200_104,
+    );
+    assert_eq!(exit, AgentExit::Code(0), "{output}");
+    assert_eq!(line(&output, "done"), "yes", "{output}");
+    for attempt in [
+        "userns",
+        "mount",
+        "ptrace",
+        "bpf",
+        "io_uring",
+        "keyctl",
+        "perf",
+        "userfaultfd",
+        "kexec",
+        "module",
+        "by_handle",
+        "setuid0",
+        "shadow",
+        "cgroup",
+        "host_port",
+        "internet",
+        "kill_host_init",
+    ] {
+        assert_eq!(line(&output, attempt), "refused", "{attempt}\n{output}");
+    }
+    listener.set_nonblocking(true).unwrap();
+    assert!(
+        listener.accept().is_err(),
+        "the sandbox reached a host port"
+    );
+}
+
+#[test]
+fn fork_and_memory_bombs_hit_the_cgroup_limits() {
+    if !require_root() {
+        return;
+    }
+    let harness = Harness::new("bombs");
+    let limits = CgroupLimits {
+        memory_bytes: 64 << 20,
+        pids: 32,
+        cpu_millicores: 500,
+    };
+    let script = r#"
+i=0; ok=0
+while [ $i -lt 100 ]; do if sleep 30 2>/dev/null & then ok=$((ok+1)); fi; i=$((i+1)); done
+echo "procs=$(ls /proc | grep -c '^[0-9]')"
+kill $(jobs -p) 2>/dev/null
+echo "bombed=yes"
+"#;
+    let (_, output) = harness.run(script, limits, 200_105);
+    let procs: u32 = line(&output, "procs").parse().unwrap();
+    assert!(procs <= 32, "pids limit exceeded: {procs}\n{output}");
+    let harness = Harness::new("membomb");
+    let (exit, output) = harness.run_argv(
+        vec![
+            "/usr/bin/python3".into(),
+            "-c".into(),
+            "b = bytearray(512 * 1024 * 1024); print('survived')".into(),
+        ],
+        &[],
+        limits,
+        200_106,
+    );
+    assert!(!output.contains("survived"), "{output}");
+    assert_ne!(exit, AgentExit::Code(0), "{output}");
 }
