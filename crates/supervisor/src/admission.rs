@@ -31,6 +31,11 @@ impl ReceiptAdmission {
         self.revoked.insert(receipt_id.into());
     }
 
+    /// Takes over the revocations another admission has recorded (when keys are replaced).
+    pub fn copy_revocations_from(&mut self, other: &Self) {
+        self.revoked.extend(other.revoked.iter().cloned());
+    }
+
     /// Verifies `signed` at Unix time `now`: signature, window, audience, revocation.
     pub fn admit(&self, signed: &SignedReceipt, now: i64) -> Result<Receipt, VerifyError> {
         self.verifier.verify(

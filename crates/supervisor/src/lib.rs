@@ -7,4 +7,6 @@
 
 pub mod admission;
 pub mod cgroup;
+pub mod records;
+pub mod runs;
 pub mod sandbox;

@@ -359,16 +359,33 @@ fn fork_and_memory_bombs_hit_the_cgroup_limits() {
         pids: 32,
         cpu_millicores: 500,
     };
-    let script = r#"
-i=0; ok=0
-while [ $i -lt 100 ]; do if sleep 30 2>/dev/null & then ok=$((ok+1)); fi; i=$((i+1)); done
-echo "procs=$(ls /proc | grep -c '^[0-9]')"
-kill $(jobs -p) 2>/dev/null
-echo "bombed=yes"
+    let bomb = r#"
+import os, time
+pids = []
+for _ in range(200):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        time.sleep(30)
+        os._exit(0)
+    pids.append(pid)
+print(f"forked={len(pids)}", flush=True)
+for pid in pids:
+    os.kill(pid, 9)
 "#;
-    let (_, output) = harness.run(script, limits, 200_105);
-    let procs: u32 = line(&output, "procs").parse().unwrap();
-    assert!(procs <= 32, "pids limit exceeded: {procs}\n{output}");
+    let (_, output) = harness.run_argv(
+        vec!["/usr/bin/python3".into(), "-c".into(), bomb.into()],
+        &[],
+        limits,
+        200_105,
+    );
+    let forked: u32 = line(&output, "forked").parse().unwrap();
+    assert!(
+        forked < 32,
+        "the pids limit (32) did not stop the bomb: {forked}\n{output}"
+    );
     let harness = Harness::new("membomb");
     let (exit, output) = harness.run_argv(
         vec![

@@ -1,0 +1,373 @@
+//! Durable run records in SQLite: single use of receipts, states, teardown reports.
+//!
+//! A run's row is inserted (with the receipt) before anything is spawned, and `run_id` is
+//! the receipt id and the primary key: a receipt can start at most one sandbox, ever, across
+//! restarts. WAL with `synchronous=FULL`, integrity check on open, like the authority.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension as _};
+use serde::{Deserialize, Serialize};
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Admitted and recorded; the sandbox is being built.
+    Starting,
+    /// The agent is running.
+    Running,
+    /// The agent exited by itself.
+    Exited,
+    /// The sandbox could not be built or the agent could not start.
+    Failed,
+    /// An operator stopped it.
+    Stopped,
+    /// The receipt expired.
+    Expired,
+    /// The receipt was revoked.
+    Revoked,
+    /// A resource limit ended it (memory).
+    LimitExceeded,
+    /// The shim died unexpectedly.
+    ShimDied,
+    /// The supervisor shut down.
+    SupervisorShutdown,
+    /// The supervisor crashed while the run was live; found and swept at the next start.
+    Lost,
+}
+
+impl RunState {
+    /// Whether the run is over.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Starting | Self::Running)
+    }
+
+    /// Stable lowercase name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Exited => "exited",
+            Self::Failed => "failed",
+            Self::Stopped => "stopped",
+            Self::Expired => "expired",
+            Self::Revoked => "revoked",
+            Self::LimitExceeded => "limit_exceeded",
+            Self::ShimDied => "shim_died",
+            Self::SupervisorShutdown => "supervisor_shutdown",
+            Self::Lost => "lost",
+        }
+    }
+
+    fn parse(text: &str) -> Self {
+        match text {
+            "starting" => Self::Starting,
+            "running" => Self::Running,
+            "exited" => Self::Exited,
+            "failed" => Self::Failed,
+            "stopped" => Self::Stopped,
+            "expired" => Self::Expired,
+            "revoked" => Self::Revoked,
+            "limit_exceeded" => Self::LimitExceeded,
+            "shim_died" => Self::ShimDied,
+            "supervisor_shutdown" => Self::SupervisorShutdown,
+            _ => Self::Lost,
+        }
+    }
+}
+
+/// What teardown found and did, recorded when a run ends.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TeardownReport {
+    /// Why the run ended, in words.
+    pub reason: String,
+    /// Milliseconds from admission to the end of teardown.
+    pub duration_ms: u64,
+    /// The agent's exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that killed the agent, when one did.
+    pub signal: Option<i32>,
+    /// Peak memory of the run's cgroup, when the kernel reports it.
+    pub peak_memory_bytes: Option<u64>,
+    /// The last gateway tool call (filled once the gateway exists).
+    pub last_tool_call_id: Option<String>,
+    /// Model routes used (filled once the router exists).
+    pub routes_used: Vec<String>,
+    /// Whether relayed output hit the receipt's output limit.
+    pub output_truncated: bool,
+    /// Problems teardown met (a cgroup or directory it could not remove), if any.
+    pub cleanup_errors: Vec<String>,
+}
+
+/// One run as recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// The run id (= receipt id).
+    pub run_id: String,
+    /// The receipt's owner.
+    pub owner: String,
+    /// The receipt's subject.
+    pub subject: String,
+    /// The state.
+    pub state: RunState,
+    /// The host uid/gid of the sandbox.
+    pub host_id: u32,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// Unix seconds, when it ended.
+    pub ended_at: Option<i64>,
+    /// The receipt's expiry, Unix seconds.
+    pub expires_at: i64,
+    /// The teardown report, once ended.
+    pub report: Option<TeardownReport>,
+}
+
+/// A records operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordsError {
+    /// The database is damaged; never reset.
+    #[error(
+        "database {path} is corrupt ({detail}); refusing to start: restore it or move it aside"
+    )]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What SQLite said.
+        detail: String,
+    },
+    /// Any other SQLite failure.
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored report does not decode.
+    #[error("stored report of run {0} is unreadable")]
+    Report(String),
+}
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS runs (
+    run_id     TEXT PRIMARY KEY,
+    owner      TEXT NOT NULL,
+    subject    TEXT NOT NULL,
+    receipt    BLOB NOT NULL,
+    state      TEXT NOT NULL,
+    host_id    INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    ended_at   INTEGER,
+    expires_at INTEGER NOT NULL,
+    report     TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_state ON runs(state);";
+
+/// The supervisor's database.
+#[derive(Debug)]
+pub struct RunRecords {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+}
+
+/// A new run to record.
+#[derive(Debug, Clone)]
+pub struct NewRun<'a> {
+    /// Run id (= receipt id).
+    pub run_id: &'a str,
+    /// Owner.
+    pub owner: &'a str,
+    /// Subject.
+    pub subject: &'a str,
+    /// The signed receipt's bytes.
+    pub receipt: &'a [u8],
+    /// The sandbox's host id.
+    pub host_id: u32,
+    /// Unix seconds.
+    pub now: i64,
+    /// The receipt's expiry.
+    pub expires_at: i64,
+}
+
+impl RunRecords {
+    /// Opens (creating) the database with WAL, `synchronous=FULL` and an integrity check.
+    pub fn open(path: &Path) -> Result<Self, RecordsError> {
+        let corrupt = |e: rusqlite::Error| match e.sqlite_error_code() {
+            Some(ErrorCode::NotADatabase) | Some(ErrorCode::DatabaseCorrupt) => {
+                RecordsError::Corrupt {
+                    path: path.to_owned(),
+                    detail: e.to_string(),
+                }
+            }
+            _ => RecordsError::Sqlite(e),
+        };
+        let conn = Connection::open(path).map_err(corrupt)?;
+        conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
+            .map_err(corrupt)?;
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
+            .map_err(corrupt)?;
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |row| row.get(0))
+            .map_err(corrupt)?;
+        if check != "ok" {
+            return Err(RecordsError::Corrupt {
+                path: path.to_owned(),
+                detail: check,
+            });
+        }
+        conn.execute_batch(SCHEMA)?;
+        Ok(Self {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a run as `starting`. Returns `false` if the receipt was used before.
+    pub fn insert(&self, run: &NewRun<'_>) -> Result<bool, RecordsError> {
+        let inserted = self.conn().execute(
+            "INSERT OR IGNORE INTO runs (run_id, owner, subject, receipt, state, host_id, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, 'starting', ?5, ?6, ?7)",
+            params![run.run_id, run.owner, run.subject, run.receipt, run.host_id, run.now, run.expires_at],
+        )?;
+        Ok(inserted == 1)
+    }
+
+    /// Host ids of runs that are not over.
+    pub fn live_host_ids(&self) -> Result<Vec<u32>, RecordsError> {
+        let conn = self.conn();
+        let mut stmt =
+            conn.prepare("SELECT host_id FROM runs WHERE state IN ('starting', 'running')")?;
+        let ids = stmt.query_map([], |row| row.get(0))?;
+        Ok(ids.collect::<Result<_, _>>()?)
+    }
+
+    /// Marks a run running.
+    pub fn set_running(&self, run_id: &str) -> Result<(), RecordsError> {
+        self.conn().execute(
+            "UPDATE runs SET state = 'running' WHERE run_id = ?1 AND state = 'starting'",
+            params![run_id],
+        )?;
+        Ok(())
+    }
+
+    /// Records the end of a run with its report.
+    pub fn finish(
+        &self,
+        run_id: &str,
+        state: RunState,
+        report: &TeardownReport,
+        now: i64,
+    ) -> Result<(), RecordsError> {
+        let report =
+            serde_json::to_string(report).map_err(|_| RecordsError::Report(run_id.into()))?;
+        self.conn().execute(
+            "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4 WHERE run_id = ?1",
+            params![run_id, state.name(), now, report],
+        )?;
+        Ok(())
+    }
+
+    fn record(row: &rusqlite::Row<'_>) -> rusqlite::Result<(RunRecord, Option<String>)> {
+        Ok((
+            RunRecord {
+                run_id: row.get(0)?,
+                owner: row.get(1)?,
+                subject: row.get(2)?,
+                state: RunState::parse(&row.get::<_, String>(3)?),
+                host_id: row.get(4)?,
+                created_at: row.get(5)?,
+                ended_at: row.get(6)?,
+                expires_at: row.get(7)?,
+                report: None,
+            },
+            row.get(8)?,
+        ))
+    }
+
+    fn with_report(
+        (mut record, report): (RunRecord, Option<String>),
+    ) -> Result<RunRecord, RecordsError> {
+        if let Some(text) = report {
+            record.report = Some(
+                serde_json::from_str(&text)
+                    .map_err(|_| RecordsError::Report(record.run_id.clone()))?,
+            );
+        }
+        Ok(record)
+    }
+
+    const COLUMNS: &'static str =
+        "run_id, owner, subject, state, host_id, created_at, ended_at, expires_at, report";
+
+    /// One run.
+    pub fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
+        let row = self
+            .conn()
+            .query_row(
+                &format!("SELECT {} FROM runs WHERE run_id = ?1", Self::COLUMNS),
+                params![run_id],
+                Self::record,
+            )
+            .optional()?;
+        row.map(Self::with_report).transpose()
+    }
+
+    /// Every run, newest first.
+    pub fn list(&self) -> Result<Vec<RunRecord>, RecordsError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {} FROM runs ORDER BY created_at DESC, run_id DESC",
+            Self::COLUMNS
+        ))?;
+        let rows = stmt.query_map([], Self::record)?;
+        rows.map(|row| Self::with_report(row?)).collect()
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_is_recorded_once_and_survives_reopen() {
+        let dir = std::env::temp_dir().join(format!("tollgate-records-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("supervisor.db");
+        let records = RunRecords::open(&path).unwrap();
+        let run = NewRun {
+            run_id: "r1",
+            owner: "admin",
+            subject: "s",
+            receipt: b"bytes",
+            host_id: 200_000,
+            now: 10,
+            expires_at: 100,
+        };
+        assert!(records.insert(&run).unwrap());
+        assert!(!records.insert(&run).unwrap(), "second use refused");
+        assert_eq!(records.live_host_ids().unwrap(), vec![200_000]);
+        records.set_running("r1").unwrap();
+        let report = TeardownReport {
+            reason: "agent exited".into(),
+            exit_code: Some(0),
+            ..Default::default()
+        };
+        records.finish("r1", RunState::Exited, &report, 20).unwrap();
+        drop(records);
+        let records = RunRecords::open(&path).unwrap();
+        assert!(
+            !records.insert(&run).unwrap(),
+            "still refused after a restart"
+        );
+        let got = records.get("r1").unwrap().unwrap();
+        assert_eq!(got.state, RunState::Exited);
+        assert_eq!(got.report.unwrap(), report);
+        assert!(records.live_host_ids().unwrap().is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,583 @@
+//! The run lifecycle: admit a receipt, record it (single use), build its sandbox, relay its
+//! output, and tear it down through one code path whatever ends it.
+//!
+//! Every trigger (agent exit, expiry, stop, revocation, limit, shim death, shutdown) does the
+//! same two things: note why (the first reason wins) and kill the run's cgroup. The run's own
+//! thread then sees the shim end and performs the one teardown: kill whatever is left in the
+//! cgroup, read peak memory, remove the cgroup (with retries) and the run directory, and
+//! write the teardown report. A supervisor that was killed instead finds the non-final
+//! records at its next start, marks them `lost`, and sweeps their cgroups and directories.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use prost::Message as _;
+use tollgate_agent_shim::protocol::{AgentExit, FromShim};
+use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
+
+use crate::admission::ReceiptAdmission;
+use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
+use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
+use crate::sandbox::{plan_for, RunDirs, SandboxError, SandboxProcess};
+
+/// How long teardown waits for a cgroup to empty after killing it.
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Static settings of a supervisor's run manager.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Data directory (`supervisor.db`, `runs/`).
+    pub data_dir: PathBuf,
+    /// This supervisor's id: receipts must name it in their audience.
+    pub supervisor_id: String,
+    /// The `tollgate-shim` binary.
+    pub shim: PathBuf,
+    /// Parent cgroup of every run (`<parent>/<run_id>`).
+    pub cgroup_parent: String,
+    /// Host uids/gids handed to sandboxes, one per live run.
+    pub host_ids: std::ops::Range<u32>,
+    /// Tolerated clock skew when checking validity windows.
+    pub clock_skew: Duration,
+}
+
+/// Why a run could not start. Nothing was spawned.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The receipt failed verification (the reason is typed).
+    #[error(transparent)]
+    Receipt(#[from] VerifyError),
+    /// The receipt already started a sandbox (single use).
+    #[error("receipt {0} has already been used to start a run; mint a new one")]
+    AlreadyUsed(String),
+    /// An argv was given but the receipt pins its agent.
+    #[error("receipt {0} pins its agent command; start it without an argv")]
+    ArgvNotAllowed(String),
+    /// Every host id of the configured range is in use.
+    #[error("no free sandbox host id in {0:?}: too many live runs")]
+    NoHostId(std::ops::Range<u32>),
+    /// The sandbox could not be planned or built.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The cgroup could not be created with the receipt's limits.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Recording the run failed.
+    #[error(transparent)]
+    Records(#[from] RecordsError),
+}
+
+/// Which stream a chunk of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    /// The agent's stdout.
+    Stdout,
+    /// The agent's stderr.
+    Stderr,
+}
+
+/// Receives a run's output as it arrives: `(run_id, stream, bytes)`.
+pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
+
+/// A live run's shared state.
+struct LiveRun {
+    cgroup: RunCgroup,
+    /// The first trigger's state and reason.
+    trigger: Mutex<Option<(RunState, String)>>,
+    /// Set (with a notify) when teardown has finished.
+    ended: Mutex<bool>,
+    ended_signal: Condvar,
+}
+
+impl LiveRun {
+    fn trigger(&self, state: RunState, reason: String) {
+        {
+            let mut trigger = self.trigger.lock().unwrap_or_else(|p| p.into_inner());
+            if trigger.is_none() {
+                *trigger = Some((state, reason));
+            }
+        }
+        if let Err(e) = self.cgroup.kill_all(KILL_DEADLINE) {
+            tracing::warn!(error = %e, "killing a run's cgroup failed; teardown retries");
+        }
+    }
+}
+
+/// Starts, tracks and tears down runs.
+pub struct RunManager {
+    settings: RunSettings,
+    records: RunRecords,
+    admission: RwLock<ReceiptAdmission>,
+    live: Mutex<HashMap<String, Arc<LiveRun>>>,
+    allocation: Mutex<()>,
+}
+
+impl std::fmt::Debug for RunManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunManager")
+            .field("supervisor_id", &self.settings.supervisor_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl RunManager {
+    /// Opens the records and recovers from a crash: runs left `starting` or `running` are
+    /// marked `lost`, every cgroup under the parent is killed and removed, and every run
+    /// directory is deleted. Returns the manager and the ids of the recovered runs.
+    pub fn open(
+        settings: RunSettings,
+        keys: KeySet,
+    ) -> Result<(Arc<Self>, Vec<String>), StartError> {
+        let runs_dir = settings.data_dir.join("runs");
+        std::fs::create_dir_all(&runs_dir).map_err(|source| SandboxError::RunDir {
+            path: runs_dir.clone(),
+            source,
+        })?;
+        let records = RunRecords::open(&settings.data_dir.join("supervisor.db"))?;
+        let mut recovered = Vec::new();
+        for record in records.list()? {
+            if !record.state.is_final() {
+                let report = TeardownReport {
+                    reason:
+                        "the supervisor stopped without tearing this run down; swept at restart"
+                            .into(),
+                    ..Default::default()
+                };
+                records.finish(&record.run_id, RunState::Lost, &report, unix_now())?;
+                recovered.push(record.run_id);
+            }
+        }
+        let swept = sweep(&settings.cgroup_parent, false)?;
+        if let Ok(entries) = std::fs::read_dir(&runs_dir) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        if !recovered.is_empty() || !swept.is_empty() {
+            tracing::warn!(runs = ?recovered, cgroups = ?swept, "recovered from an unclean stop");
+        }
+        let admission =
+            ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
+        let manager = Arc::new(Self {
+            settings,
+            records,
+            admission: RwLock::new(admission),
+            live: Mutex::new(HashMap::new()),
+            allocation: Mutex::new(()),
+        });
+        Ok((manager, recovered))
+    }
+
+    /// Replaces the trusted keys (after fetching the authority's key set again).
+    pub fn set_keys(&self, keys: KeySet) {
+        let mut admission = self.admission.write().unwrap_or_else(|p| p.into_inner());
+        let mut fresh = ReceiptAdmission::new(
+            self.settings.supervisor_id.clone(),
+            keys,
+            self.settings.clock_skew,
+        );
+        fresh.copy_revocations_from(&admission);
+        *admission = fresh;
+    }
+
+    /// Records a revocation; a live run of that receipt is torn down.
+    pub fn revoke(&self, receipt_id: &str) {
+        self.admission
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .revoke(receipt_id);
+        if let Some(run) = self.live_run(receipt_id) {
+            run.trigger(RunState::Revoked, "the receipt was revoked".into());
+        }
+    }
+
+    fn live_run(&self, run_id: &str) -> Option<Arc<LiveRun>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .cloned()
+    }
+
+    /// Admits `signed`, records it, builds its sandbox and starts the agent. Returns the run
+    /// id once the agent runs; teardown happens on the run's own thread.
+    pub fn start(
+        self: &Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        output: OutputSink,
+    ) -> Result<String, StartError> {
+        let admitted_at = Instant::now();
+        let started_ms = now_ms();
+        let receipt = self
+            .admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(signed, unix_now())?;
+        let run_id = receipt.receipt_id.clone();
+        if argv.is_some() && receipt.agent.as_ref().is_some_and(|a| !a.argv.is_empty()) {
+            return Err(StartError::ArgvNotAllowed(run_id));
+        }
+        let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
+        let host_id = {
+            let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+            let used = self.records.live_host_ids()?;
+            let host_id = self
+                .settings
+                .host_ids
+                .clone()
+                .find(|id| !used.contains(id))
+                .ok_or_else(|| StartError::NoHostId(self.settings.host_ids.clone()))?;
+            let recorded = self.records.insert(&NewRun {
+                run_id: &run_id,
+                owner: &receipt.owner,
+                subject: &receipt.subject,
+                receipt: &signed.encode_to_vec(),
+                host_id,
+                now: unix_now(),
+                expires_at,
+            })?;
+            if !recorded {
+                return Err(StartError::AlreadyUsed(run_id));
+            }
+            host_id
+        };
+        // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
+        let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), &run_id);
+        let limits = receipt.limits.unwrap_or_default();
+        let cgroup = match RunCgroup::create(
+            &format!("{}/{run_id}", self.settings.cgroup_parent),
+            CgroupLimits {
+                memory_bytes: limits.memory_bytes,
+                pids: limits.pids,
+                cpu_millicores: limits.cpu_millicores,
+            },
+        ) {
+            Ok(cgroup) => cgroup,
+            Err(e) => {
+                self.fail(&run_id, &dirs, None, &e.to_string(), started_ms);
+                return Err(e.into());
+            }
+        };
+        let prepared = dirs
+            .create(host_id)
+            .and_then(|()| plan_for(&receipt, &dirs, host_id, argv));
+        let plan = match prepared {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
+                return Err(e.into());
+            }
+        };
+        let pipes = std::io::pipe().and_then(|out| std::io::pipe().map(|err| (out, err)));
+        let ((out_read, out_write), (err_read, err_write)) = match pipes {
+            Ok(pipes) => pipes,
+            Err(e) => {
+                self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
+                return Err(SandboxError::Control(e).into());
+            }
+        };
+        let started = SandboxProcess::start(
+            &self.settings.shim,
+            &plan,
+            &cgroup,
+            out_write.into(),
+            err_write.into(),
+        );
+        let process = match started {
+            Ok((process, _)) => process,
+            Err(e) => {
+                self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
+                return Err(e.into());
+            }
+        };
+        self.records.set_running(&run_id)?;
+        tracing::info!(
+            run_id = %run_id,
+            owner = %receipt.owner,
+            host_id,
+            start_us = admitted_at.elapsed().as_micros() as u64,
+            "run started"
+        );
+        let live = Arc::new(LiveRun {
+            cgroup,
+            trigger: Mutex::new(None),
+            ended: Mutex::new(false),
+            ended_signal: Condvar::new(),
+        });
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(run_id.clone(), live.clone());
+
+        let budget = Arc::new(AtomicU64::new(limits.output_bytes));
+        let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relays = [
+            (out_read, OutputStream::Stdout),
+            (err_read, OutputStream::Stderr),
+        ]
+        .map(|(pipe, stream)| {
+            let (run_id, output, budget, truncated) = (
+                run_id.clone(),
+                output.clone(),
+                budget.clone(),
+                truncated.clone(),
+            );
+            std::thread::spawn(move || relay(pipe, stream, &run_id, &output, &budget, &truncated))
+        });
+        let expiry = {
+            let live = live.clone();
+            std::thread::spawn(move || expire_at(&live, expires_at))
+        };
+        let manager = self.clone();
+        let thread_run_id = run_id.clone();
+        std::thread::spawn(move || {
+            let exit = watch(process);
+            for relay in relays {
+                let _ = relay.join();
+            }
+            manager.teardown(
+                &thread_run_id,
+                &live,
+                &dirs,
+                exit,
+                truncated.load(Ordering::Relaxed),
+                started_ms,
+            );
+            let _ = expiry.join();
+        });
+        Ok(run_id)
+    }
+
+    /// Asks a live run to stop. Returns `false` when it is not live.
+    pub fn stop(&self, run_id: &str, reason: &str) -> bool {
+        match self.live_run(run_id) {
+            Some(run) => {
+                run.trigger(RunState::Stopped, reason.to_owned());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Tears down every live run (supervisor shutdown) and waits for each.
+    pub fn shutdown(&self) {
+        let live: Vec<(String, Arc<LiveRun>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, run)| (id.clone(), run.clone()))
+            .collect();
+        for (_, run) in &live {
+            run.trigger(
+                RunState::SupervisorShutdown,
+                "the supervisor shut down".into(),
+            );
+        }
+        for (id, _) in live {
+            self.wait(&id, Duration::from_secs(30));
+        }
+    }
+
+    /// Waits until `run_id` has been torn down (or `timeout`), then returns its record.
+    pub fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunRecord> {
+        if let Some(run) = self.live_run(run_id) {
+            let ended = run.ended.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = run
+                .ended_signal
+                .wait_timeout_while(ended, timeout, |ended| !*ended);
+        }
+        self.records.get(run_id).ok().flatten()
+    }
+
+    /// One run's record.
+    pub fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
+        self.records.get(run_id)
+    }
+
+    /// All runs, newest first.
+    pub fn list(&self) -> Result<Vec<RunRecord>, RecordsError> {
+        self.records.list()
+    }
+
+    /// Ids of runs with a live sandbox.
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    fn fail(
+        &self,
+        run_id: &str,
+        dirs: &RunDirs,
+        cgroup: Option<&RunCgroup>,
+        reason: &str,
+        started_ms: u64,
+    ) {
+        let mut report = TeardownReport {
+            reason: reason.to_owned(),
+            ..Default::default()
+        };
+        if let Some(cgroup) = cgroup {
+            let _ = cgroup.kill_all(KILL_DEADLINE);
+            if let Err(e) = cgroup.remove() {
+                report.cleanup_errors.push(e.to_string());
+            }
+        }
+        if let Err(e) = dirs.remove() {
+            report.cleanup_errors.push(e.to_string());
+        }
+        report.duration_ms = now_ms().saturating_sub(started_ms);
+        if let Err(e) = self
+            .records
+            .finish(run_id, RunState::Failed, &report, unix_now())
+        {
+            tracing::error!(run_id, error = %e, "could not record a failed start");
+        }
+        tracing::warn!(run_id, reason, "run failed to start");
+    }
+
+    /// The one teardown path.
+    fn teardown(
+        &self,
+        run_id: &str,
+        live: &LiveRun,
+        dirs: &RunDirs,
+        exit: Option<AgentExit>,
+        output_truncated: bool,
+        started_ms: u64,
+    ) {
+        let trigger = live
+            .trigger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let mut report = TeardownReport {
+            output_truncated,
+            ..Default::default()
+        };
+        match exit {
+            Some(AgentExit::Code(code)) => report.exit_code = Some(code),
+            Some(AgentExit::Signal(signal)) => report.signal = Some(signal),
+            None => {}
+        }
+        let oom = live.cgroup.oom_killed();
+        let (state, reason) = match (trigger, exit) {
+            (Some(trigger), _) => trigger,
+            (None, _) if oom => (
+                RunState::LimitExceeded,
+                "the memory limit was reached (OOM kill)".into(),
+            ),
+            (None, Some(AgentExit::Code(code))) => (
+                RunState::Exited,
+                format!("the agent exited with code {code}"),
+            ),
+            (None, Some(AgentExit::Signal(signal))) => (
+                RunState::Exited,
+                format!("the agent was killed by signal {signal}"),
+            ),
+            (None, None) => (RunState::ShimDied, "the sandbox's shim died".into()),
+        };
+        report.reason = reason;
+        if let Err(e) = live.cgroup.kill_all(KILL_DEADLINE) {
+            report.cleanup_errors.push(e.to_string());
+        }
+        report.peak_memory_bytes = live.cgroup.peak_memory();
+        if let Err(e) = live.cgroup.remove() {
+            report.cleanup_errors.push(e.to_string());
+        }
+        if let Err(e) = dirs.remove() {
+            report.cleanup_errors.push(e.to_string());
+        }
+        report.duration_ms = now_ms().saturating_sub(started_ms);
+        if let Err(e) = self.records.finish(run_id, state, &report, unix_now()) {
+            tracing::error!(run_id, error = %e, "could not record a teardown report");
+        }
+        tracing::info!(run_id, state = state.name(), reason = %report.reason, "run torn down");
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+        *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        live.ended_signal.notify_all();
+    }
+}
+
+/// Reads shim events until the agent's exit (returned) or the shim's end (`None`).
+fn watch(mut process: SandboxProcess) -> Option<AgentExit> {
+    let mut exit = None;
+    while let Ok(Some(event)) = process.next_event() {
+        if let FromShim::Exited(code) = event {
+            exit = Some(code);
+        }
+    }
+    let _ = process.wait();
+    exit
+}
+
+/// Forwards a pipe to the sink until EOF, within the shared output budget.
+fn relay(
+    mut pipe: std::io::PipeReader,
+    stream: OutputStream,
+    run_id: &str,
+    output: &OutputSink,
+    budget: &AtomicU64,
+    truncated: &std::sync::atomic::AtomicBool,
+) {
+    let mut buffer = [0u8; 8192];
+    loop {
+        let n = match pipe.read(&mut buffer) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let allowed = budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                Some(left.saturating_sub(n as u64))
+            })
+            .unwrap_or(0)
+            .min(n as u64) as usize;
+        if allowed < n {
+            truncated.store(true, Ordering::Relaxed);
+        }
+        if allowed > 0 {
+            output(run_id, stream, &buffer[..allowed]);
+        }
+    }
+}
+
+/// Triggers expiry at `expires_at` (Unix seconds) unless the run ends first.
+fn expire_at(live: &LiveRun, expires_at: i64) {
+    let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
+    let mut ended = live.ended.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if *ended {
+            return;
+        }
+        let left = match deadline.duration_since(SystemTime::now()) {
+            Ok(left) if !left.is_zero() => left,
+            _ => break,
+        };
+        ended = live
+            .ended_signal
+            .wait_timeout(ended, left)
+            .map(|(guard, _)| guard)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    drop(ended);
+    live.trigger(RunState::Expired, "the receipt expired".into());
+}

@@ -1,0 +1,319 @@
+//! The run lifecycle on real sandboxes (root): admission refusals spawn nothing, and every
+//! teardown trigger leaves no process, cgroup or directory behind.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::{
+    timestamp_from_unix, unix_now, KeySet, ReceiptSigner, SignedReceipt, VerifyFailure,
+};
+use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
+use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
+use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings, StartError};
+use tollgate_tests::bin_path;
+
+fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("TOLLGATE_SKIP_ROOT_TESTS").is_some(),
+        "run tests need root (CI runs as root); set TOLLGATE_SKIP_ROOT_TESTS=1 to skip them"
+    );
+    false
+}
+
+type Captured = Arc<Mutex<HashMap<String, String>>>;
+
+struct Fixture {
+    manager: Arc<RunManager>,
+    signer: ReceiptSigner,
+    parent: String,
+    data: PathBuf,
+    output: Captured,
+    _tmp: tempfile::TempDir,
+}
+
+fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
+    RunSettings {
+        data_dir: data.to_owned(),
+        supervisor_id: "workstation".into(),
+        shim: bin_path("tollgate-shim"),
+        cgroup_parent: parent.into(),
+        host_ids: base..base + 16,
+        clock_skew: Duration::from_secs(0),
+    }
+}
+
+impl Fixture {
+    fn new(test: &str, base: u32) -> Self {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("supervisor");
+        let parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let signer = ReceiptSigner::generate();
+        let mut keys = KeySet::new();
+        keys.insert(signer.public_key());
+        let (manager, _) = RunManager::open(settings(&data, &parent, base), keys).unwrap();
+        Self {
+            manager,
+            signer,
+            parent,
+            data,
+            output: Arc::default(),
+            _tmp: tmp,
+        }
+    }
+
+    fn sink(&self) -> OutputSink {
+        let output = self.output.clone();
+        Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
+            if stream == OutputStream::Stdout {
+                output
+                    .lock()
+                    .unwrap()
+                    .entry(run_id.to_owned())
+                    .or_default()
+                    .push_str(&String::from_utf8_lossy(bytes));
+            }
+        })
+    }
+
+    fn receipt(&self, script: &str, ttl: i64) -> pb::Receipt {
+        let now = unix_now();
+        pb::Receipt {
+            receipt_id: uuid::Uuid::now_v7().to_string(),
+            owner: "admin".into(),
+            subject: "test".into(),
+            audience: vec!["workstation".into()],
+            issued_at: Some(timestamp_from_unix(now)),
+            not_before: Some(timestamp_from_unix(now)),
+            expires_at: Some(timestamp_from_unix(now + ttl)),
+            agent: Some(pb::AgentSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                ..Default::default()
+            }),
+            limits: Some(pb::Limits {
+                memory_bytes: 128 << 20,
+                pids: 64,
+                cpu_millicores: 1000,
+                output_bytes: 1 << 20,
+                tmpfs_bytes: 8 << 20,
+                tool_calls: 10,
+                tokens: 10,
+            }),
+            exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+            ..Default::default()
+        }
+    }
+
+    fn sign(&self, mut receipt: pb::Receipt) -> SignedReceipt {
+        self.signer.sign(&mut receipt)
+    }
+
+    fn start(&self, signed: &SignedReceipt) -> Result<String, StartError> {
+        self.manager.start(signed, None, self.sink())
+    }
+
+    /// Nothing of `run_id` is left: no cgroup, no directory, no live entry.
+    fn assert_gone(&self, run_id: &str) {
+        assert!(!self.manager.live_ids().contains(&run_id.to_owned()));
+        assert!(
+            !self.data.join("runs").join(run_id).exists(),
+            "run directory left"
+        );
+        let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .map(|h| h.path().join(&self.parent).join(run_id))
+            .filter(|p| p.exists())
+            .collect();
+        assert!(left.is_empty(), "cgroups left: {left:?}");
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.manager.shutdown();
+        let _ = sweep(&self.parent, true);
+    }
+}
+
+#[test]
+fn agent_exit_records_a_report_and_leaves_nothing() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("exit", 201_000);
+    let signed = fx.sign(fx.receipt("echo hello from the sandbox; exit 3", 60));
+    let run_id = fx.start(&signed).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Exited);
+    let report = record.report.unwrap();
+    assert_eq!(report.exit_code, Some(3));
+    assert!(
+        report.cleanup_errors.is_empty(),
+        "{:?}",
+        report.cleanup_errors
+    );
+    assert!(report.peak_memory_bytes.is_some());
+    assert_eq!(
+        fx.output.lock().unwrap()[&run_id],
+        "hello from the sandbox\n"
+    );
+    fx.assert_gone(&run_id);
+
+    // Single use: the same receipt never starts a second sandbox.
+    match fx.start(&signed) {
+        Err(StartError::AlreadyUsed(id)) => assert_eq!(id, run_id),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn stop_revocation_and_expiry_tear_down_mid_run() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("triggers", 201_100);
+    let long = "sleep 1000 & sleep 1000 & wait";
+
+    let stopped = fx.start(&fx.sign(fx.receipt(long, 60))).unwrap();
+    assert!(fx.manager.stop(&stopped, "operator asked"));
+    let record = fx.manager.wait(&stopped, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Stopped);
+    assert_eq!(record.report.unwrap().reason, "operator asked");
+    fx.assert_gone(&stopped);
+
+    let revoked = fx.start(&fx.sign(fx.receipt(long, 60))).unwrap();
+    fx.manager.revoke(&revoked);
+    let record = fx.manager.wait(&revoked, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Revoked);
+    fx.assert_gone(&revoked);
+
+    let receipt = fx.receipt(long, 2);
+    let expires_at = receipt.expires_at.unwrap().seconds;
+    let expiring = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&expiring, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Expired);
+    let gone_at = unix_now();
+    assert!(
+        gone_at <= expires_at + 1,
+        "torn down at {gone_at}, expiry {expires_at}"
+    );
+    fx.assert_gone(&expiring);
+
+    // An agent killed mid-run (here by the OOM killer) is torn down the same way.
+    let bomb = fx.receipt("exec /usr/bin/python3 -c 'b = bytearray(1 << 30)'", 60);
+    let mut bomb = bomb;
+    bomb.exec.push("/usr/bin/python3".into());
+    let oom = fx.start(&fx.sign(bomb)).unwrap();
+    let record = fx.manager.wait(&oom, Duration::from_secs(20)).unwrap();
+    assert_eq!(record.state, RunState::LimitExceeded, "{:?}", record.report);
+    fx.assert_gone(&oom);
+}
+
+#[test]
+fn bad_receipts_are_refused_and_spawn_nothing() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("refusals", 201_200);
+    let failure = |result: Result<String, StartError>| match result {
+        Err(StartError::Receipt(e)) => e.failure(),
+        other => panic!("expected a receipt refusal, got {other:?}"),
+    };
+    // Forged: signed by a key the supervisor does not trust.
+    let forged = ReceiptSigner::generate().sign(&mut fx.receipt("exit 0", 60));
+    assert_eq!(failure(fx.start(&forged)), VerifyFailure::UnknownKey);
+    // Tampered: one byte of the signed receipt changed.
+    let mut tampered = fx.sign(fx.receipt("exit 0", 60));
+    let last = tampered.receipt.len() - 1;
+    tampered.receipt[last] ^= 1;
+    assert_eq!(failure(fx.start(&tampered)), VerifyFailure::BadSignature);
+    // Expired.
+    let mut expired = fx.receipt("exit 0", 60);
+    expired.not_before = Some(timestamp_from_unix(unix_now() - 120));
+    expired.expires_at = Some(timestamp_from_unix(unix_now() - 60));
+    assert_eq!(failure(fx.start(&fx.sign(expired))), VerifyFailure::Expired);
+    // Wrong audience.
+    let mut elsewhere = fx.receipt("exit 0", 60);
+    elsewhere.audience = vec!["laptop".into()];
+    assert_eq!(
+        failure(fx.start(&fx.sign(elsewhere))),
+        VerifyFailure::WrongAudience
+    );
+    // Revoked before it was used.
+    let revoked = fx.receipt("exit 0", 60);
+    fx.manager.revoke(&revoked.receipt_id);
+    assert_eq!(failure(fx.start(&fx.sign(revoked))), VerifyFailure::Revoked);
+    // An argv for a receipt that pins its agent.
+    let pinned = fx.sign(fx.receipt("exit 0", 60));
+    assert!(matches!(
+        fx.manager
+            .start(&pinned, Some(vec!["/bin/sh".into()]), fx.sink()),
+        Err(StartError::ArgvNotAllowed(_))
+    ));
+    // Nothing was spawned or recorded for any of them.
+    assert!(fx.manager.list().unwrap().is_empty());
+    assert!(std::fs::read_dir(fx.data.join("runs"))
+        .unwrap()
+        .next()
+        .is_none());
+    let _ = Instant::now();
+}
+
+#[test]
+fn restart_after_a_crash_sweeps_what_was_left() {
+    if !require_root() {
+        return;
+    }
+    // What a SIGKILLed supervisor leaves: a `running` record, a populated cgroup and a run
+    // directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("supervisor");
+    let parent = format!("tollgate-test-{}-crash", std::process::id());
+    std::fs::create_dir_all(data.join("runs/r-crashed/work")).unwrap();
+    let records = RunRecords::open(&data.join("supervisor.db")).unwrap();
+    records
+        .insert(&NewRun {
+            run_id: "r-crashed",
+            owner: "admin",
+            subject: "s",
+            receipt: &SignedReceipt::default().encode_to_vec(),
+            host_id: 201_300,
+            now: unix_now(),
+            expires_at: unix_now() + 60,
+        })
+        .unwrap();
+    records.set_running("r-crashed").unwrap();
+    drop(records);
+    let cgroup = RunCgroup::create(
+        &format!("{parent}/r-crashed"),
+        CgroupLimits {
+            memory_bytes: 64 << 20,
+            pids: 16,
+            cpu_millicores: 500,
+        },
+    )
+    .unwrap();
+    let mut orphan = std::process::Command::new("/usr/bin/sleep")
+        .arg("1000")
+        .spawn()
+        .unwrap();
+    cgroup.add_process(orphan.id()).unwrap();
+
+    let (manager, recovered) =
+        RunManager::open(settings(&data, &parent, 201_300), KeySet::new()).unwrap();
+    assert_eq!(recovered, ["r-crashed"]);
+    let record = manager.get("r-crashed").unwrap().unwrap();
+    assert_eq!(record.state, RunState::Lost);
+    assert!(record.report.unwrap().reason.contains("swept at restart"));
+    assert!(!orphan.wait().unwrap().success(), "the orphan was killed");
+    assert!(!data.join("runs/r-crashed").exists());
+    assert!(cgroup.pids().unwrap().is_empty());
+    let _ = sweep(&parent, true);
+}
