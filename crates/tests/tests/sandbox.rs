@@ -243,14 +243,14 @@ fn a_missing_run_leaves_nothing_behind() {
         return;
     }
     let harness = Harness::new("cleanup");
-    let (exit, _) = harness.run("sleep 1000 & sleep 1000 & exit 0", LIMITS, 200_103);
+    let (exit, _) = harness.run("sleep 4242 & sleep 4242 & exit 0", LIMITS, 200_103);
     assert_eq!(exit, AgentExit::Code(0));
     // pid 1 exited with the agent, so the kernel killed the background sleeps.
     let leftovers = std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
-        .filter(|cmd| cmd.starts_with("sleep\u{0}1000"))
+        .filter(|cmd| cmd.starts_with("sleep\u{0}4242"))
         .count();
     assert_eq!(leftovers, 0);
     drop(harness);
