@@ -4,14 +4,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tollgate_proto::v1::authority_client::AuthorityClient;
+use tollgate_proto::v1::supervisor_client::SupervisorClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::CliError;
 
 /// Default authority address.
 pub const DEFAULT_AUTHORITY: &str = "127.0.0.1:7700";
+/// Default supervisor address.
+pub const DEFAULT_SUPERVISOR: &str = "127.0.0.1:7701";
 
-/// Turns `host:port`, `http://host:port` or the path of an `authority.addr` readiness file
+/// Turns `host:port`, `http://host:port` or the path of a daemon's `.addr` readiness file
 /// into a URL.
 pub fn authority_url(addr: &str) -> Result<String, CliError> {
     let addr = addr.trim();
@@ -32,18 +35,24 @@ pub fn authority_url(addr: &str) -> Result<String, CliError> {
 
 /// Connects to the authority (5 s timeout).
 pub async fn connect(addr: &str) -> Result<AuthorityClient<Channel>, CliError> {
+    Ok(AuthorityClient::new(channel(addr, "authority").await?))
+}
+
+/// Connects to the supervisor (5 s timeout).
+pub async fn connect_supervisor(addr: &str) -> Result<SupervisorClient<Channel>, CliError> {
+    Ok(SupervisorClient::new(channel(addr, "supervisor").await?))
+}
+
+async fn channel(addr: &str, daemon: &'static str) -> Result<Channel, CliError> {
     let url = authority_url(addr)?;
     let endpoint = Endpoint::from_shared(url.clone())
-        .map_err(|e| CliError::Input(format!("--authority {addr:?} is not an address: {e}")))?
+        .map_err(|e| CliError::Input(format!("--{daemon} {addr:?} is not an address: {e}")))?
         .connect_timeout(Duration::from_secs(5));
-    let channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| CliError::Unreachable {
-            addr: url,
-            detail: error_chain(&e),
-        })?;
-    Ok(AuthorityClient::new(channel))
+    endpoint.connect().await.map_err(|e| CliError::Unreachable {
+        daemon,
+        addr: url,
+        detail: error_chain(&e),
+    })
 }
 
 fn error_chain(error: &dyn std::error::Error) -> String {

@@ -6,16 +6,18 @@ pub enum CliError {
     /// A file given on the command line is unusable.
     #[error("{0}")]
     Input(String),
-    /// The authority cannot be reached.
-    #[error("cannot reach the authority at {addr}: {detail}; start tollgate-authority or pass --authority ADDR")]
+    /// A daemon cannot be reached.
+    #[error("cannot reach the {daemon} at {addr}: {detail}; start tollgate-{daemon} or pass --{daemon} ADDR")]
     Unreachable {
+        /// "authority" or "supervisor".
+        daemon: &'static str,
         /// The address tried.
         addr: String,
         /// The transport error.
         detail: String,
     },
-    /// The authority answered with an error.
-    #[error("authority refused ({code}): {message}")]
+    /// A daemon answered with an error.
+    #[error("refused ({code}): {message}")]
     Refused {
         /// The gRPC code, in words.
         code: String,
@@ -37,6 +39,17 @@ pub enum CliError {
         path: String,
         /// What went wrong.
         detail: String,
+    },
+    /// A run could not start (`tollgate run` exits 125).
+    #[error("the run could not start: {0}")]
+    RunNotStarted(String),
+    /// A run ended; `tollgate run` exits with this code (the agent's, or 128+signal).
+    #[error("{reason}")]
+    RunEnded {
+        /// The exit status to use.
+        code: u8,
+        /// Why the run ended, when not by a normal agent exit.
+        reason: String,
     },
     /// Something else went wrong (quickstart's child process, for example).
     #[error("{0}")]
@@ -73,6 +86,8 @@ impl CliError {
             Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
             Self::NoToken => 77,            // EX_NOPERM
             Self::InvalidReceipt(_) => 1,
+            Self::RunNotStarted(_) => 125,
+            Self::RunEnded { code, .. } => *code,
             Self::Output { .. } => 73, // EX_CANTCREAT
             Self::Other(_) => 70,      // EX_SOFTWARE
             Self::Refused { status, .. } => match status {

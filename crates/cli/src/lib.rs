@@ -4,6 +4,7 @@
 pub mod client;
 pub mod error;
 mod quickstart;
+mod runs;
 pub mod show;
 
 use std::collections::HashSet;
@@ -24,7 +25,7 @@ use tonic::transport::Channel;
 
 pub use error::CliError;
 
-use crate::client::{authed, connect, TokenSource, DEFAULT_AUTHORITY};
+use crate::client::{authed, connect, TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
 
 /// Operate Tollgate: mint, inspect and revoke signed run receipts; manage operators and keys.
 ///
@@ -53,7 +54,11 @@ pub struct GlobalArgs {
     /// Authority address: host:port, http://host:port, or the path of an authority.addr file.
     #[arg(long, global = true, env = "TOLLGATE_AUTHORITY", default_value = DEFAULT_AUTHORITY)]
     pub authority: String,
-    /// File holding the operator's bearer token (e.g. <authority data dir>/admin.token).
+    /// Supervisor address: host:port, http://host:port, or the path of a supervisor.addr file.
+    #[arg(long, global = true, env = "TOLLGATE_SUPERVISOR", default_value = DEFAULT_SUPERVISOR)]
+    pub supervisor: String,
+    /// File holding the bearer token of the daemon the command talks to (the authority's or
+    /// the supervisor's <data dir>/admin.token).
     #[arg(long, global = true, env = "TOLLGATE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
     /// The operator's bearer token itself (prefer --token-file: environments leak).
@@ -124,6 +129,42 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run a receipt on the supervisor: stream the agent's output and exit with its exit code
+    /// (125 when the run could not start, with the reason on stderr; 128+N when killed by
+    /// signal N, e.g. when stopped or expired).
+    Run {
+        /// File with the receipt's tgr1. text; "-" reads stdin.
+        #[arg(long, value_name = "FILE")]
+        receipt: PathBuf,
+        /// The agent command, for receipts that do not pin one.
+        #[arg(last = true, value_name = "ARGV")]
+        argv: Vec<String>,
+    },
+    /// List runs on the supervisor (live ones; --all for every run).
+    Ps {
+        /// Include ended runs.
+        #[arg(long)]
+        all: bool,
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one run: state and, once ended, its teardown report.
+    Inspect {
+        /// The run id.
+        run_id: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a live run; prints its teardown report.
+    Stop {
+        /// The run id.
+        run_id: String,
+        /// Recorded in the teardown report.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
     /// Start a throwaway authority, mint, verify and revoke a receipt, and explain each step.
     Quickstart {
         /// Keep the temporary data directory (its path is printed).
@@ -185,7 +226,7 @@ pub enum KeysCommand {
 }
 
 impl GlobalArgs {
-    fn tokens(&self) -> TokenSource {
+    pub(crate) fn tokens(&self) -> TokenSource {
         TokenSource {
             file: self.token_file.clone(),
             value: self.token.clone(),
@@ -223,10 +264,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ..
         } => rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Run { receipt, argv } => runs::run(global, &receipt, argv).await,
+        Command::Ps { all, json } => runs::ps(global, all, json).await,
+        Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
+        Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
     }
 }
 
-fn read_input(path: &Path) -> Result<String, CliError> {
+pub(crate) fn read_input(path: &Path) -> Result<String, CliError> {
     if path == Path::new("-") {
         let mut text = String::new();
         std::io::stdin()

@@ -10,7 +10,12 @@ async fn main() -> ExitCode {
     match tollgate_cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("tollgate: error: {error}");
+            // A run that ended after starting passes on the agent's status; its reason is
+            // printed only when the agent did not exit by itself.
+            match &error {
+                tollgate_cli::CliError::RunEnded { reason, .. } if reason.is_empty() => {}
+                _ => eprintln!("tollgate: error: {error}"),
+            }
             ExitCode::from(error.exit_code())
         }
     }

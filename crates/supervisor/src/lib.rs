@@ -7,6 +7,9 @@
 
 pub mod admission;
 pub mod cgroup;
+pub mod daemon;
+pub mod hub;
 pub mod records;
 pub mod runs;
 pub mod sandbox;
+pub mod service;

@@ -164,3 +164,144 @@ pub fn authed<T>(token: &str, message: T) -> tonic::Request<T> {
     );
     request
 }
+
+/// A running `tollgate-supervisor` (root), with its own cgroup parent and host-id range;
+/// dropping it kills the daemon and sweeps its cgroups.
+pub struct SupervisorProcess {
+    child: Child,
+    data_dir: PathBuf,
+    addr: String,
+    /// The cgroup parent its runs live under.
+    pub cgroup_parent: String,
+    authority: String,
+    host_id_base: u32,
+}
+
+impl SupervisorProcess {
+    /// Starts it following `authority` (host:port), id `workstation`.
+    pub fn start(data_dir: &Path, authority: &str, test: &str, host_id_base: u32) -> Self {
+        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        Self::spawn(data_dir, authority, cgroup_parent, host_id_base)
+    }
+
+    fn spawn(data_dir: &Path, authority: &str, cgroup_parent: String, host_id_base: u32) -> Self {
+        let _ = std::fs::remove_file(data_dir.join("supervisor.addr"));
+        std::fs::create_dir_all(data_dir).expect("data dir");
+        let log = data_dir.with_extension("stderr");
+        let mut child = Command::new(bin_path("tollgate-supervisor"))
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args([
+                "--id",
+                "workstation",
+                "--listen",
+                "127.0.0.1:0",
+                "--authority",
+                authority,
+            ])
+            .args(["--cgroup-parent", &cgroup_parent])
+            .args([
+                "--host-id-base",
+                &host_id_base.to_string(),
+                "--host-id-count",
+                "64",
+            ])
+            .args(["--clock-skew", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("log"),
+            )
+            .spawn()
+            .expect("spawn tollgate-supervisor");
+        let addr = wait_for_file(
+            &data_dir.join("supervisor.addr"),
+            &mut child,
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|why| {
+            panic!(
+                "{why}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            )
+        });
+        Self {
+            child,
+            data_dir: data_dir.to_owned(),
+            addr,
+            cgroup_parent,
+            authority: authority.to_owned(),
+            host_id_base,
+        }
+    }
+
+    /// Starts a new daemon on the same data directory and cgroup parent (after a stop).
+    pub fn restart(self, signal: Signal) -> Self {
+        let (data_dir, authority, parent, base) = (
+            self.data_dir.clone(),
+            self.authority.clone(),
+            self.cgroup_parent.clone(),
+            self.host_id_base,
+        );
+        let mut this = self;
+        let _ = kill(Pid::from_raw(this.child.id() as i32), signal);
+        let _ = this.child.wait();
+        // Keep the cgroups: the new daemon must find and sweep them.
+        this.cgroup_parent.clear();
+        drop(this);
+        Self::spawn(&data_dir, &authority, parent, base)
+    }
+
+    /// Sends `signal` and waits.
+    pub fn stop(mut self, signal: Signal) -> ExitStatus {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
+        self.child.wait().expect("wait")
+    }
+
+    /// `host:port`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// Its admin token file.
+    pub fn token_file(&self) -> PathBuf {
+        self.data_dir.join("admin.token")
+    }
+
+    /// Its admin token.
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(self.token_file())
+            .expect("supervisor admin.token")
+            .trim()
+            .to_owned()
+    }
+
+    /// Its data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// A connected client.
+    pub async fn client(&self) -> tollgate_proto::v1::supervisor_client::SupervisorClient<Channel> {
+        tollgate_proto::v1::supervisor_client::SupervisorClient::connect(format!(
+            "http://{}",
+            self.addr
+        ))
+        .await
+        .expect("connect supervisor")
+    }
+}
+
+impl Drop for SupervisorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !self.cgroup_parent.is_empty() {
+            let _ = tollgate_supervisor::cgroup::sweep(&self.cgroup_parent, true);
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! `tollgate-supervisor`: the root daemon that runs one sandbox per receipt. Parses flags and
+//! hands over to the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use tollgate_supervisor::daemon::{serve, SupervisorConfig, Trust};
+use tollgate_supervisor::runs::RunSettings;
+
+/// Run AI agents in sandboxes built from signed Tollgate receipts (must run as root).
+///
+/// For each receipt: verify it (signature, validity window with --clock-skew, audience must
+/// include --id, not revoked), record it as used (a receipt starts at most one sandbox, ever),
+/// build the sandbox (namespaces, a cgroup with the receipt's limits, read-only root, no
+/// capabilities, Landlock, seccomp, loopback only), run the agent, and tear everything down
+/// when it exits, expires, is stopped or revoked, or hits a limit.
+///
+/// First start writes <data-dir>/admin.token (0600): clients send it as
+/// "authorization: Bearer <token>". Once listening, the bound address is written to
+/// <data-dir>/supervisor.addr. SIGINT/SIGTERM tear down every run, then exit.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate-supervisor", version, about, long_about)]
+struct Flags {
+    /// Data directory: supervisor.db, runs/, admin.token, supervisor.addr.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+    /// This supervisor's id: receipts must name it in their audience.
+    #[arg(long)]
+    id: String,
+    /// Address to listen on; port 0 picks a free port.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7701")]
+    listen: String,
+    /// Authority URL: fetch its key set and follow its revocations (reconnecting).
+    #[arg(
+        long,
+        value_name = "URL",
+        conflicts_with = "trust_keys",
+        required_unless_present = "trust_keys"
+    )]
+    authority: Option<String>,
+    /// Pinned key file for hosts without an authority link (`tollgate keys --json > FILE`).
+    #[arg(long, value_name = "FILE")]
+    trust_keys: Option<PathBuf>,
+    /// Tolerated clock difference with the authority, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    clock_skew: u64,
+    /// The tollgate-shim binary [default: next to this binary].
+    #[arg(long, value_name = "PATH")]
+    shim: Option<PathBuf>,
+    /// Parent cgroup of every run.
+    #[arg(long, value_name = "NAME", default_value = "tollgate")]
+    cgroup_parent: String,
+    /// First host uid/gid handed to sandboxes (one per live run).
+    #[arg(long, value_name = "ID", default_value_t = 2_000_000)]
+    host_id_base: u32,
+    /// How many host ids (and so live runs) are available.
+    #[arg(long, value_name = "N", default_value_t = 65_536)]
+    host_id_count: u32,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let flags = Flags::parse();
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "tollgate-supervisor: error: must run as root (it builds namespaces and cgroups)"
+        );
+        return ExitCode::from(77);
+    }
+    let shim = flags.shim.unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("tollgate-shim")))
+            .unwrap_or_else(|| PathBuf::from("tollgate-shim"))
+    });
+    if !shim.is_file() {
+        eprintln!(
+            "tollgate-supervisor: error: shim {} not found; pass --shim PATH",
+            shim.display()
+        );
+        return ExitCode::from(78);
+    }
+    let listen = match flags.listen.strip_prefix(':') {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => flags.listen,
+    };
+    let config = SupervisorConfig {
+        runs: RunSettings {
+            data_dir: flags.data_dir,
+            supervisor_id: flags.id,
+            shim,
+            cgroup_parent: flags.cgroup_parent,
+            host_ids: flags.host_id_base..flags.host_id_base.saturating_add(flags.host_id_count),
+            clock_skew: Duration::from_secs(flags.clock_skew),
+        },
+        listen,
+        trust: match (flags.authority, flags.trust_keys) {
+            (Some(url), _) => Trust::Authority(if url.contains("://") {
+                url
+            } else {
+                format!("http://{url}")
+            }),
+            (None, Some(path)) => Trust::KeyFile(path),
+            (None, None) => unreachable!("clap requires one of them"),
+        },
+    };
+    match serve(config, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate-supervisor: error: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

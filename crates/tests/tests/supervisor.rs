@@ -1,0 +1,327 @@
+//! The real supervisor daemon with the real authority (root): `tollgate run` streams output
+//! and passes the exit code on; revocation at the authority reaches a live run; refusals;
+//! SIGTERM and SIGKILL leave nothing behind.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tollgate_proto::v1 as pb;
+use tollgate_tests::{authed, bin_path, AuthorityProcess, SupervisorProcess};
+use tonic::Code;
+
+fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("TOLLGATE_SKIP_ROOT_TESTS").is_some(),
+        "supervisor tests need root (CI runs as root); set TOLLGATE_SKIP_ROOT_TESTS=1 to skip them"
+    );
+    false
+}
+
+fn spec(script: &str, ttl: u64) -> pb::MintReceiptRequest {
+    pb::MintReceiptRequest {
+        subject: "agent".into(),
+        ttl_seconds: ttl,
+        audience: vec!["workstation".into()],
+        agent: Some(pb::AgentSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            ..Default::default()
+        }),
+        exec: vec![
+            "/bin/sh".into(),
+            "/usr/bin/sleep".into(),
+            "/usr/bin/cat".into(),
+        ],
+        ..Default::default()
+    }
+}
+
+async fn mint(authority: &AuthorityProcess, request: pb::MintReceiptRequest) -> (String, String) {
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(&authority.admin_token(), request))
+        .await
+        .unwrap()
+        .into_inner();
+    (minted.text, minted.receipt.unwrap().receipt_id)
+}
+
+fn leftovers(data_dir: &Path, parent: &str) -> Vec<String> {
+    let mut left: Vec<String> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .flat_map(|h| {
+            std::fs::read_dir(h.path().join(parent))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.path().display().to_string())
+        .collect();
+    left.extend(
+        std::fs::read_dir(data_dir.join("runs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().display().to_string()),
+    );
+    left
+}
+
+async fn wait_state(supervisor: &SupervisorProcess, run_id: &str, want: pb::RunState) -> pb::Run {
+    let mut client = supervisor.client().await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let run = client
+            .get_run(authed(
+                &supervisor.token(),
+                pb::GetRunRequest {
+                    run_id: run_id.into(),
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        if run.state == want as i32 {
+            return run;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run stuck in state {}",
+            run.state
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tollgate_run_streams_output_and_exits_with_the_agents_code() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "cli",
+        202_000,
+    );
+    let (text, run_id) = mint(&authority, spec("echo out; echo err >&2; exit 9", 60)).await;
+    let receipt = dir.path().join("r.tgr");
+    std::fs::write(&receipt, &text).unwrap();
+    let tollgate = |args: &[&str]| {
+        Command::new(bin_path("tollgate"))
+            .args(["--supervisor", supervisor.addr()])
+            .arg("--token-file")
+            .arg(supervisor.token_file())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let output = tollgate(&["run", "--receipt", receipt.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(9), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "err\n");
+
+    // The same receipt again: refused, 125, one line naming why.
+    let again = tollgate(&["run", "--receipt", receipt.to_str().unwrap()]);
+    assert_eq!(again.status.code(), Some(125));
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        stderr.contains("already been used") && stderr.lines().count() == 1,
+        "{stderr}"
+    );
+
+    let inspected = tollgate(&["inspect", &run_id, "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).unwrap();
+    assert_eq!(json["state"], "exited");
+    assert_eq!(json["report"]["exit_code"], 9);
+    assert!(json["report"]["cleanup_errors"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_receipts_start_nothing() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "refused",
+        202_100,
+    );
+    let token = supervisor.token();
+    let mut client = supervisor.client().await;
+    let start = |receipt: String| pb::StartRunRequest {
+        receipt,
+        argv: vec![],
+    };
+
+    let status = client
+        .start_run(start("tgr1.garbage".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated);
+    let status = client
+        .start_run(authed(&token, start("tgr1.garbage".into())))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    let mut wrong = spec("exit 0", 60);
+    wrong.audience = vec!["laptop".into()];
+    let (text, _) = mint(&authority, wrong).await;
+    let status = client
+        .start_run(authed(&token, start(text)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(
+        status.message().contains("wrong_audience"),
+        "{}",
+        status.message()
+    );
+
+    let (text, id) = mint(&authority, spec("exit 0", 60)).await;
+    authority
+        .client()
+        .await
+        .revoke_receipt(authed(
+            &authority.admin_token(),
+            pb::RevokeReceiptRequest {
+                receipt_id: id,
+                reason: "no".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    // The supervisor learns of it through the revocation stream.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = client
+            .start_run(authed(&token, start(text.clone())))
+            .await
+            .unwrap_err();
+        if status.message().contains("revoked") {
+            assert_eq!(status.code(), Code::PermissionDenied);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "revocation never arrived: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let runs = client
+        .list_runs(authed(&token, pb::ListRunsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(runs.runs.is_empty(), "{runs:?}");
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_stop_shutdown_and_crash_leave_nothing() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "teardown",
+        202_200,
+    );
+    let long = "sleep 3131 & sleep 3131 & wait";
+    let start = |text: String| pb::StartRunRequest {
+        receipt: text,
+        argv: vec![],
+    };
+    let mut client = supervisor.client().await;
+    let token = supervisor.token();
+
+    // Revoked at the authority while running.
+    let (text, id) = mint(&authority, spec(long, 120)).await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    authority
+        .client()
+        .await
+        .revoke_receipt(authed(
+            &authority.admin_token(),
+            pb::RevokeReceiptRequest {
+                receipt_id: id.clone(),
+                reason: "r".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    wait_state(&supervisor, &id, pb::RunState::Revoked).await;
+
+    // Stopped by an operator.
+    let (text, id) = mint(&authority, spec(long, 120)).await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    let stopped = client
+        .stop_run(authed(
+            &token,
+            pb::StopRunRequest {
+                run_id: id.clone(),
+                reason: "enough".into(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(stopped.state, pb::RunState::Stopped as i32);
+    assert_eq!(stopped.report.unwrap().reason, "enough");
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+
+    // SIGKILL of the supervisor: the sandbox dies with it; the restart marks the run lost
+    // and sweeps its cgroup and directory.
+    let (text, crashed) = mint(&authority, spec(long, 120)).await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    wait_state(&supervisor, &crashed, pb::RunState::Running).await;
+    drop(client);
+    let supervisor = supervisor.restart(Signal::SIGKILL);
+    let sleepers = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+        .filter(|cmd| cmd.starts_with("sleep\u{0}3131"))
+        .count();
+    assert_eq!(sleepers, 0, "sandbox processes outlived the supervisor");
+    let run = wait_state(&supervisor, &crashed, pb::RunState::Lost).await;
+    assert!(run.report.unwrap().reason.contains("swept at restart"));
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+
+    // SIGTERM with a live run: torn down as supervisor_shutdown before the daemon exits.
+    let mut client = supervisor.client().await;
+    let token = supervisor.token();
+    let (text, last) = mint(&authority, spec(long, 120)).await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    drop(client);
+    let (data_dir, parent) = (
+        supervisor.data_dir().to_owned(),
+        supervisor.cgroup_parent.clone(),
+    );
+    let supervisor = supervisor.restart(Signal::SIGTERM);
+    let run = wait_state(&supervisor, &last, pb::RunState::SupervisorShutdown).await;
+    assert!(run.report.unwrap().cleanup_errors.is_empty());
+    assert!(leftovers(&data_dir, &parent).is_empty());
+}
