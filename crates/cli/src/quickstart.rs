@@ -1,22 +1,34 @@
-//! `tollgate quickstart`: a guided tour on a throwaway authority.
+//! `tollgate quickstart`: a guided tour on throwaway daemons.
 //!
-//! Starts the real `tollgate-authority` on a free port in a temporary data directory, mints a
-//! receipt from a sample run spec, verifies it, shows that a tampered copy and a revoked
-//! receipt are refused, then stops the daemon and removes the directory.
+//! Starts the real `tollgate-authority` and (as root) `tollgate-supervisor` on free ports in a
+//! temporary directory; mints, verifies and tampers with a receipt; runs a small sample agent
+//! in a sandbox (it reads its granted project, writes its workspace, and is refused what its
+//! receipt does not grant); shows the teardown report; revokes; then stops both daemons
+//! cleanly and removes the directory.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
+use tokio_stream::StreamExt as _;
 
-use crate::client::{connect, read_token};
+use crate::client::{connect, connect_supervisor, read_token};
 use crate::error::CliError;
 use crate::{authed, mint_with, show, verify_with};
 use tollgate_proto::v1 as pb;
 
 /// The shipped example run spec (also the one docs/run-spec.md explains).
 const SAMPLE_SPEC: &str = include_str!("../../../examples/run.toml");
+
+/// The sample agent: what it may do, and what it may not.
+const SAMPLE_AGENT: &str = r#"echo "agent: running as uid $(id -u) on host $(cat /proc/sys/kernel/hostname)"
+echo "agent: my project says: $(cat /project/README.txt)"
+echo "draft summary" > /work/summary.txt && echo "agent: wrote /work/summary.txt"
+if cat /etc/shadow >/dev/null 2>&1; then echo "agent: read /etc/shadow (unexpected!)"; else echo "agent: refused: reading /etc/shadow"; fi
+if { echo x > /project/README.txt; } 2>/dev/null; then echo "agent: wrote the project (unexpected!)"; else echo "agent: refused: writing /project (the grant is read-only)"; fi
+if ls /root >/dev/null 2>&1; then echo "agent: saw /root (unexpected!)"; else echo "agent: refused: /root is not in the sandbox"; fi
+exit 0"#;
 
 /// Finds a sibling binary of this executable, else one on PATH.
 pub(crate) fn find_binary(name: &str) -> Result<PathBuf, CliError> {
@@ -33,37 +45,79 @@ pub(crate) fn find_binary(name: &str) -> Result<PathBuf, CliError> {
         .find(|candidate| candidate.is_file())
         .ok_or_else(|| {
             CliError::Other(format!(
-                "cannot find {name} next to tollgate or on PATH; build it with `cargo build --release`"
+                "cannot find {name} next to tollgate or on PATH; build it with `cargo build --release --workspace --bins`"
             ))
         })
 }
 
-async fn wait_for_addr(
-    child: &mut Child,
+/// A daemon started for the tour; killed if the tour fails half-way.
+struct Daemon {
+    name: &'static str,
+    child: Child,
+    addr: String,
+}
+
+async fn start_daemon(
+    name: &'static str,
+    args: &[&std::ffi::OsStr],
     addr_file: &Path,
     log: &Path,
-) -> Result<String, CliError> {
+) -> Result<Daemon, CliError> {
+    let binary = find_binary(name)?;
+    let log_file = std::fs::File::create(log)
+        .map_err(|e| CliError::Other(format!("cannot create {}: {e}", log.display())))?;
+    let mut child = Command::new(&binary)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| CliError::Other(format!("cannot start {}: {e}", binary.display())))?;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(addr) = std::fs::read_to_string(addr_file) {
             if !addr.trim().is_empty() {
-                return Ok(addr.trim().to_owned());
+                return Ok(Daemon {
+                    name,
+                    child,
+                    addr: addr.trim().to_owned(),
+                });
             }
         }
         if let Ok(Some(status)) = child.try_wait() {
             let tail = std::fs::read_to_string(log).unwrap_or_default();
             let last = tail.lines().last().unwrap_or("(no output)");
             return Err(CliError::Other(format!(
-                "tollgate-authority exited ({status}) before it was ready: {last}"
+                "{name} exited ({status}) before it was ready: {last}"
             )));
         }
         if Instant::now() > deadline {
             return Err(CliError::Other(format!(
-                "tollgate-authority did not become ready within 20 s; see {}",
+                "{name} did not become ready within 20 s; see {}",
                 log.display()
             )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Daemon {
+    /// SIGTERM, then wait (10 s) for a clean exit.
+    async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
+            Ok(Ok(status)) => println!("   {} exited ({status})", self.name),
+            _ => {
+                let _ = self.child.kill().await;
+                println!("   {} did not stop within 10 s and was killed", self.name);
+            }
+        }
     }
 }
 
@@ -80,65 +134,57 @@ fn indent(text: &str) -> String {
 
 /// Runs the tour.
 pub async fn run(keep: bool) -> Result<(), CliError> {
-    let binary = find_binary("tollgate-authority")?;
     let dir = tempfile::Builder::new()
         .prefix("tollgate-quickstart-")
         .tempdir()
         .map_err(|e| CliError::Other(format!("cannot create a temporary directory: {e}")))?;
-    let data_dir = dir.path().join("authority");
-    let log_path = dir.path().join("authority.log");
-    let log = std::fs::File::create(&log_path)
-        .map_err(|e| CliError::Other(format!("cannot create {}: {e}", log_path.display())))?;
+    let mut daemons = Vec::new();
+    let result = tour(dir.path(), &mut daemons).await;
 
-    step(1, "Start an authority on a free port");
-    let mut child = Command::new(&binary)
-        .arg("--data-dir")
-        .arg(&data_dir)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| CliError::Other(format!("cannot start {}: {e}", binary.display())))?;
-    let result = tour(&mut child, &data_dir, &log_path).await;
-
-    step(6, "Stop the authority");
-    if let Some(pid) = child.id() {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-    }
-    match tokio::time::timeout(Duration::from_secs(10), child.wait()).await {
-        Ok(Ok(status)) => println!("   tollgate-authority exited ({status})"),
-        _ => {
-            let _ = child.kill().await;
-            println!("   tollgate-authority did not stop within 10 s and was killed");
-        }
+    step(9, "Stop the daemons");
+    // The supervisor first: it tears down any run still live.
+    while let Some(daemon) = daemons.pop() {
+        daemon.stop().await;
     }
     if keep {
         let kept = dir.keep();
-        println!("   data directory kept at {}", kept.display());
+        println!("   data kept at {}", kept.display());
     } else {
         drop(dir);
-        println!("   temporary data directory removed");
+        println!("   temporary directory removed");
     }
     result?;
     println!(
-        "\nNext: run your own with `tollgate-authority --data-dir DIR`, then\n\
-         `tollgate --authority DIR/authority.addr --token-file DIR/admin.token mint --spec run.toml`.\n\
-         See README.md and docs/."
+        "\nNext: run your own daemons (see README.md), then\n\
+         `tollgate mint --spec run.toml --out r.tgr` and `tollgate run --receipt r.tgr`."
     );
     Ok(())
 }
 
-async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliError> {
-    let addr = wait_for_addr(child, &data_dir.join("authority.addr"), log).await?;
-    println!("   listening on {addr}; data in {}", data_dir.display());
+async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<(), CliError> {
+    step(1, "Start an authority on a free port");
+    let authority_dir = dir.join("authority");
+    let authority = start_daemon(
+        "tollgate-authority",
+        &[
+            "--data-dir".as_ref(),
+            authority_dir.as_os_str(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ],
+        &authority_dir.join("authority.addr"),
+        &dir.join("authority.log"),
+    )
+    .await?;
+    let authority_addr = authority.addr.clone();
+    daemons.push(authority);
+    println!(
+        "   listening on {authority_addr}; data in {}",
+        authority_dir.display()
+    );
     println!("   first start created a signing key (keys/, 0600) and admin.token (0600)");
-    let token = read_token(&data_dir.join("admin.token"))?;
-    let mut client = connect(&addr).await?;
+    let token = read_token(&authority_dir.join("admin.token"))?;
+    let mut client = connect(&authority_addr).await?;
     let keys = client
         .get_key_set(pb::GetKeySetRequest {})
         .await?
@@ -154,7 +200,6 @@ async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliE
     step(2, "Mint a receipt from a run spec (as the admin operator)");
     println!("{}", indent(SAMPLE_SPEC.trim_end()));
     let minted = mint_with(&mut client, &token, SAMPLE_SPEC, "sample spec").await?;
-    let receipt = minted.receipt.clone().unwrap_or_default();
     println!(
         "\n   text form ({} chars): {}…",
         minted.text.len(),
@@ -185,6 +230,7 @@ async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliE
     }
 
     step(5, "Revoke it: refused from now on");
+    let receipt = minted.receipt.clone().unwrap_or_default();
     client
         .revoke_receipt(authed(
             &token,
@@ -200,6 +246,131 @@ async fn tour(child: &mut Child, data_dir: &Path, log: &Path) -> Result<(), CliE
     {
         Ok(_) => return Err(CliError::Other("a revoked receipt verified".into())),
         Err(e) => println!("   refused: {e}"),
+    }
+
+    if !nix::unistd::geteuid().is_root() {
+        println!(
+            "\n   The sandbox part of the tour needs root (the supervisor builds namespaces and\n   \
+             cgroups): run `sudo tollgate quickstart` to see an agent run."
+        );
+        return Ok(());
+    }
+
+    step(
+        6,
+        "Start a supervisor (id \"workstation\") that trusts this authority",
+    );
+    let supervisor_dir = dir.join("supervisor");
+    let supervisor = start_daemon(
+        "tollgate-supervisor",
+        &[
+            "--data-dir".as_ref(),
+            supervisor_dir.as_os_str(),
+            "--id".as_ref(),
+            "workstation".as_ref(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+            "--authority".as_ref(),
+            authority_addr.as_ref(),
+            "--cgroup-parent".as_ref(),
+            format!("tollgate-quickstart-{}", std::process::id()).as_ref(),
+        ],
+        &supervisor_dir.join("supervisor.addr"),
+        &dir.join("supervisor.log"),
+    )
+    .await?;
+    let supervisor_addr = supervisor.addr.clone();
+    daemons.push(supervisor);
+    println!("   listening on {supervisor_addr}; it follows the authority's revocations");
+
+    step(
+        7,
+        "Mint a receipt for a small agent and run it in a sandbox",
+    );
+    let project = dir.join("project");
+    std::fs::create_dir_all(&project)
+        .and_then(|()| std::fs::write(project.join("README.txt"), "hello from the host\n"))
+        .map_err(|e| CliError::Other(format!("cannot write the sample project: {e}")))?;
+    let request = pb::MintReceiptRequest {
+        subject: "quickstart-agent".into(),
+        ttl_seconds: 120,
+        audience: vec!["workstation".into()],
+        agent: Some(pb::AgentSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), SAMPLE_AGENT.into()],
+            ..Default::default()
+        }),
+        fs: vec![pb::FsGrant {
+            path: project.display().to_string(),
+            access: pb::FsAccess::Read as i32,
+            mount: "/project".into(),
+        }],
+        exec: ["/bin/sh", "/usr/bin/id", "/usr/bin/cat", "/usr/bin/ls"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    };
+    let minted = client
+        .mint_receipt(authed(&token, request)?)
+        .await?
+        .into_inner();
+    println!(
+        "   grants: read {} at /project; exec sh, id, cat, ls; nothing else",
+        project.display()
+    );
+    let supervisor_token = read_token(&supervisor_dir.join("admin.token"))?;
+    let mut runs = connect_supervisor(&supervisor_addr).await?;
+    let run_id = runs
+        .start_run(authed(
+            &supervisor_token,
+            pb::StartRunRequest {
+                receipt: minted.text,
+                argv: Vec::new(),
+            },
+        )?)
+        .await?
+        .into_inner()
+        .run_id;
+    let mut events = runs
+        .watch_run(authed(&supervisor_token, pb::WatchRunRequest { run_id })?)
+        .await?
+        .into_inner();
+    let mut ended = None;
+    while let Some(event) = events.next().await {
+        match event?.event {
+            Some(pb::run_event::Event::Output(chunk)) => {
+                println!(
+                    "{}",
+                    indent(String::from_utf8_lossy(&chunk.data).trim_end())
+                );
+            }
+            Some(pb::run_event::Event::Ended(run)) => ended = Some(run),
+            None => {}
+        }
+    }
+    let run = ended.ok_or_else(|| CliError::Other("the run's stream ended early".into()))?;
+
+    step(8, "The teardown report");
+    let report = run.report.unwrap_or_default();
+    println!(
+        "   state      {}",
+        if run.state == pb::RunState::Exited as i32 {
+            "exited"
+        } else {
+            "ended"
+        }
+    );
+    println!("   reason     {}", report.reason);
+    println!("   duration   {} ms", report.duration_ms);
+    if let Some(peak) = report.peak_memory_bytes {
+        println!("   peak mem   {peak} bytes");
+    }
+    if report.cleanup_errors.is_empty() {
+        println!("   teardown   no process, cgroup or directory of the run is left");
+    } else {
+        return Err(CliError::Other(format!(
+            "teardown left something behind: {}",
+            report.cleanup_errors.join("; ")
+        )));
     }
     Ok(())
 }

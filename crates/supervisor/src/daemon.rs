@@ -316,8 +316,15 @@ pub async fn serve(
         served = server => served.map_err(|e| DaemonError::Serve(e.to_string())),
         () = grace => Ok(()),
     };
-    // Whatever ended the server, no run outlives it.
-    let _ = tokio::task::spawn_blocking(move || manager.shutdown()).await;
+    // Whatever ended the server, no run outlives it; the emptied parent cgroup goes too.
+    let parent = config.runs.cgroup_parent.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        manager.shutdown();
+        if let Err(e) = crate::cgroup::sweep(&parent, true) {
+            tracing::warn!(error = %e, "could not remove the parent cgroup");
+        }
+    })
+    .await;
     let _ = std::fs::remove_file(&addr_path);
     served
 }
