@@ -40,6 +40,12 @@ enum Bench {
         #[arg(long, default_value_t = 15)]
         samples: u32,
     },
+    /// Sandbox start and teardown beside `bwrap --unshare-all` (root; bwrap on PATH).
+    Sandbox {
+        /// Runs of each kind.
+        #[arg(long, default_value_t = 30)]
+        runs: usize,
+    },
     /// Mint throughput over gRPC.
     Mint {
         /// Receipts to mint.
@@ -266,6 +272,8 @@ fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> an
     Ok(rows as f64 / start.elapsed().as_secs_f64())
 }
 
+mod sandbox;
+
 fn main() -> anyhow::Result<()> {
     match Flags::parse().bench {
         Bench::Verify {
@@ -278,5 +286,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Mint { count, concurrency } => {
             tokio::runtime::Runtime::new()?.block_on(bench_mint(count, concurrency.max(1)))
         }
+        Bench::Sandbox { runs } => sandbox::bench(runs.max(3)),
     }
 }

@@ -1,0 +1,234 @@
+//! Sandbox start and teardown, Tollgate beside bwrap, same program, same machine, same run.
+//!
+//! * start: from the call that admits the receipt (Tollgate) or spawns bwrap, to the first
+//!   byte the program writes (its first instruction that can be observed from outside).
+//! * teardown with 200 processes: the program forks 200 sleepers and says "ready"; then
+//!   from the stop (StopRun path / SIGKILL of bwrap) until every process is gone (Tollgate:
+//!   until teardown has also removed the cgroup and directory and written its report).
+
+use std::io::Read as _;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::{timestamp_from_unix, unix_now, KeySet, ReceiptSigner};
+use tollgate_supervisor::cgroup::sweep;
+use tollgate_supervisor::runs::{OutputSink, RunManager, RunSettings};
+
+const SLEEPERS: &str =
+    "i=0; while [ $i -lt 200 ]; do sleep 4711 & i=$((i+1)); done; echo ready; wait";
+
+fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    (
+        ms(samples[samples.len() / 2]),
+        ms(samples[((samples.len() as f64 - 1.0) * 0.9).round() as usize]),
+    )
+}
+
+fn sleepers_alive() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+                .filter(|cmd| cmd.starts_with("sleep\u{0}4711"))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn bwrap(script: &str) -> Command {
+    let mut command = Command::new("bwrap");
+    command
+        .args(["--unshare-all", "--die-with-parent"])
+        .args(["--ro-bind", "/usr", "/usr"])
+        .args(["--symlink", "usr/bin", "/bin"])
+        .args(["--symlink", "usr/lib", "/lib"])
+        .args(["--symlink", "usr/lib64", "/lib64"])
+        .args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"])
+        .args(["/bin/sh", "-c", script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    command
+}
+
+fn bwrap_start() -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let mut child = bwrap("echo x")
+        .spawn()
+        .context("spawn bwrap (apt-get install bubblewrap)")?;
+    let mut byte = [0u8; 1];
+    child
+        .stdout
+        .as_mut()
+        .context("stdout")?
+        .read_exact(&mut byte)?;
+    let elapsed = start.elapsed();
+    child.wait()?;
+    Ok(elapsed)
+}
+
+fn bwrap_teardown() -> anyhow::Result<Duration> {
+    let mut child = bwrap(SLEEPERS).spawn()?;
+    let mut ready = [0u8; 6];
+    child
+        .stdout
+        .as_mut()
+        .context("stdout")?
+        .read_exact(&mut ready)?;
+    while sleepers_alive() < 200 {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    let start = Instant::now();
+    child.kill()?;
+    child.wait()?;
+    while sleepers_alive() > 0 {
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(start.elapsed())
+}
+
+struct Tollgate {
+    manager: Arc<RunManager>,
+    signer: ReceiptSigner,
+    parent: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Tollgate {
+    fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let signer = ReceiptSigner::generate();
+        let mut keys = KeySet::new();
+        keys.insert(signer.public_key());
+        let parent = format!("tollgate-bench-{}", std::process::id());
+        let settings = RunSettings {
+            data_dir: dir.path().join("supervisor"),
+            supervisor_id: "bench".into(),
+            shim: tollgate_tests::bin_path("tollgate-shim"),
+            cgroup_parent: parent.clone(),
+            host_ids: 2_900_000..2_900_100,
+            clock_skew: Duration::ZERO,
+        };
+        let (manager, _) = RunManager::open(settings, keys)?;
+        Ok(Self {
+            manager,
+            signer,
+            parent,
+            _dir: dir,
+        })
+    }
+
+    fn receipt(&self, script: &str) -> tollgate_receipt::SignedReceipt {
+        let now = unix_now();
+        let mut receipt = pb::Receipt {
+            receipt_id: uuid::Uuid::now_v7().to_string(),
+            owner: "bench".into(),
+            subject: "bench".into(),
+            audience: vec!["bench".into()],
+            issued_at: Some(timestamp_from_unix(now)),
+            not_before: Some(timestamp_from_unix(now)),
+            expires_at: Some(timestamp_from_unix(now + 300)),
+            agent: Some(pb::AgentSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                ..Default::default()
+            }),
+            limits: Some(pb::Limits {
+                memory_bytes: 512 << 20,
+                pids: 512,
+                cpu_millicores: 2000,
+                output_bytes: 1 << 20,
+                tmpfs_bytes: 8 << 20,
+                tool_calls: 1,
+                tokens: 1,
+            }),
+            exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+            ..Default::default()
+        };
+        self.signer.sign(&mut receipt)
+    }
+
+    /// Starts `script`; returns the run id and a receiver of its first output's arrival.
+    fn start(&self, script: &str) -> anyhow::Result<(String, mpsc::Receiver<Instant>)> {
+        let (tx, rx) = mpsc::sync_channel(1);
+        let sink: OutputSink = Arc::new(move |_: &str, _, _: &[u8]| {
+            let _ = tx.try_send(Instant::now());
+        });
+        let run_id = self.manager.start(&self.receipt(script), None, sink)?;
+        Ok((run_id, rx))
+    }
+}
+
+impl Drop for Tollgate {
+    fn drop(&mut self) {
+        self.manager.shutdown();
+        let _ = sweep(&self.parent, true);
+    }
+}
+
+/// Runs the benchmark and prints the table.
+pub fn bench(runs: usize) -> anyhow::Result<()> {
+    let tollgate = Tollgate::new()?;
+    let (mut t_start, mut t_exec, mut b_start) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut t_teardown, mut b_teardown) = (Vec::new(), Vec::new());
+    // Interleave the two so machine noise hits both alike; round 0 warms up.
+    for round in 0..=runs {
+        let begin = Instant::now();
+        let (run_id, first) = tollgate.start("echo x")?;
+        let exec = begin.elapsed();
+        let first = first.recv_timeout(Duration::from_secs(10))? - begin;
+        tollgate.manager.wait(&run_id, Duration::from_secs(10));
+        let bwrap = bwrap_start()?;
+        if round > 0 {
+            t_start.push(first);
+            t_exec.push(exec);
+            b_start.push(bwrap);
+        }
+    }
+    for round in 0..=(runs / 3).max(3) {
+        let (run_id, ready) = tollgate.start(SLEEPERS)?;
+        ready.recv_timeout(Duration::from_secs(20))?;
+        while sleepers_alive() < 200 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let begin = Instant::now();
+        tollgate.manager.stop(&run_id, "bench");
+        let record = tollgate.manager.wait(&run_id, Duration::from_secs(20));
+        let elapsed = begin.elapsed();
+        anyhow::ensure!(
+            sleepers_alive() == 0,
+            "sleepers survived teardown: {record:?}"
+        );
+        let bwrap = bwrap_teardown()?;
+        if round > 0 {
+            t_teardown.push(elapsed);
+            b_teardown.push(bwrap);
+        }
+    }
+    let row = |name: &str, samples: Vec<Duration>| {
+        let n = samples.len();
+        let (p50, p90) = percentiles(samples);
+        println!("{name:<64} p50 {p50:>7.2} ms   p90 {p90:>7.2} ms   (n={n})");
+    };
+    row(
+        "tollgate: receipt admitted -> agent's first output byte",
+        t_start,
+    );
+    row(
+        "tollgate: receipt admitted -> agent exec'd (start returns)",
+        t_exec,
+    );
+    row("bwrap --unshare-all: spawn -> first output byte", b_start);
+    row(
+        "tollgate: teardown of 200 processes (stop -> report written)",
+        t_teardown,
+    );
+    row("bwrap: SIGKILL -> all 200 processes gone", b_teardown);
+    Ok(())
+}
