@@ -55,6 +55,7 @@ pub fn run_json(run: &pb::Run) -> serde_json::Value {
             "routes_used": r.routes_used,
             "output_truncated": r.output_truncated,
             "cleanup_errors": r.cleanup_errors,
+            "landlock_abi": r.landlock_abi,
         })),
     })
 }
@@ -91,6 +92,9 @@ fn run_text(run: &pb::Run) -> String {
         lines.push(format!("{:<11}{} ms", "duration", report.duration_ms));
         if let Some(peak) = report.peak_memory_bytes {
             lines.push(format!("{:<11}{peak} bytes", "peak mem"));
+        }
+        if report.landlock_abi > 0 {
+            lines.push(format!("{:<11}ABI v{}", "landlock", report.landlock_abi));
         }
         if report.output_truncated {
             lines.push(format!(

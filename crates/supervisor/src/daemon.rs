@@ -328,3 +328,37 @@ pub async fn serve(
     let _ = std::fs::remove_file(&addr_path);
     served
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_key_files_are_checked() {
+        let dir = std::env::temp_dir().join(format!("tollgate-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let signer = tollgate_receipt::ReceiptSigner::generate();
+        let file = dir.join("keys.json");
+        let entry = |id: &str| {
+            serde_json::json!({"issuer": "a", "keys": [{
+                "key_id": id,
+                "public_key_hex": hex::encode(signer.public_key().as_bytes()),
+            }]})
+            .to_string()
+        };
+        std::fs::write(&file, entry(signer.key_id())).unwrap();
+        let keys = read_key_file(&file).unwrap();
+        assert!(keys.get(signer.key_id()).is_some());
+        std::fs::write(&file, entry("0000000000000000")).unwrap();
+        assert!(read_key_file(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("does not match"));
+        std::fs::write(&file, "{\"keys\": []}").unwrap();
+        assert!(read_key_file(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("no keys"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -99,6 +99,9 @@ pub struct TeardownReport {
     pub output_truncated: bool,
     /// Problems teardown met (a cgroup or directory it could not remove), if any.
     pub cleanup_errors: Vec<String>,
+    /// The Landlock ABI version the agent ran under (none when it never started).
+    #[serde(default)]
+    pub landlock_abi: Option<u32>,
 }
 
 /// One run as recorded.

@@ -85,6 +85,8 @@ pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
 /// A live run's shared state.
 struct LiveRun {
     cgroup: RunCgroup,
+    /// The Landlock ABI the shim reported.
+    landlock_abi: Option<u32>,
     /// The first trigger's state and reason.
     trigger: Mutex<Option<(RunState, String)>>,
     /// Set (with a notify) when teardown has finished.
@@ -294,8 +296,9 @@ impl RunManager {
             out_write.into(),
             err_write.into(),
         );
-        let process = match started {
-            Ok((process, _)) => process,
+        let (process, landlock_abi) = match started {
+            Ok((process, FromShim::Started { landlock_abi, .. })) => (process, Some(landlock_abi)),
+            Ok((process, _)) => (process, None),
             Err(e) => {
                 self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
                 return Err(e.into());
@@ -311,6 +314,7 @@ impl RunManager {
         );
         let live = Arc::new(LiveRun {
             cgroup,
+            landlock_abi,
             trigger: Mutex::new(None),
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
@@ -469,6 +473,7 @@ impl RunManager {
             .take();
         let mut report = TeardownReport {
             output_truncated,
+            landlock_abi: live.landlock_abi,
             ..Default::default()
         };
         match exit {

@@ -119,6 +119,7 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
             routes_used: r.routes_used.clone(),
             output_truncated: r.output_truncated,
             cleanup_errors: r.cleanup_errors.clone(),
+            landlock_abi: r.landlock_abi.unwrap_or(0),
         }),
     }
 }

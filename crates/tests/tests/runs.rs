@@ -160,6 +160,10 @@ fn agent_exit_records_a_report_and_leaves_nothing() {
         report.cleanup_errors
     );
     assert!(report.peak_memory_bytes.is_some());
+    assert!(
+        report.landlock_abi.unwrap() >= 3,
+        "the Landlock ABI is recorded"
+    );
     assert_eq!(
         fx.output.lock().unwrap()[&run_id],
         "hello from the sandbox\n"
