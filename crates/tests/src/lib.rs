@@ -14,6 +14,19 @@ use nix::unistd::Pid;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tonic::transport::Channel;
 
+/// Whether this process may run the root-only tests. Not root fails the test with a clear
+/// message (CI runs as root), unless `TOLLGATE_SKIP_ROOT_TESTS` is set, which skips them.
+pub fn require_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("TOLLGATE_SKIP_ROOT_TESTS").is_some(),
+        "this test needs root (CI runs as root); set TOLLGATE_SKIP_ROOT_TESTS=1 to skip it"
+    );
+    false
+}
+
 /// Path of a workspace binary built by cargo.
 pub fn bin_path(name: &str) -> PathBuf {
     let dir = match std::env::var_os("TOLLGATE_BIN_DIR") {

@@ -14,18 +14,7 @@ use tollgate_receipt::{
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
 use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings, StartError};
-use tollgate_tests::bin_path;
-
-fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("TOLLGATE_SKIP_ROOT_TESTS").is_some(),
-        "run tests need root (CI runs as root); set TOLLGATE_SKIP_ROOT_TESTS=1 to skip them"
-    );
-    false
-}
+use tollgate_tests::{bin_path, require_root};
 
 type Captured = Arc<Mutex<HashMap<String, String>>>;
 

@@ -9,18 +9,7 @@ use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_proto::v1 as pb;
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::sandbox::{plan_for, RunDirs, SandboxProcess};
-use tollgate_tests::bin_path;
-
-fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("TOLLGATE_SKIP_ROOT_TESTS").is_some(),
-        "sandbox tests need root (CI runs as root); set TOLLGATE_SKIP_ROOT_TESTS=1 to skip them"
-    );
-    false
-}
+use tollgate_tests::{bin_path, require_root};
 
 /// One sandboxed run; cleans up its cgroup parent and directories when dropped.
 struct Harness {

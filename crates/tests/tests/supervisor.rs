@@ -8,19 +8,8 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tollgate_proto::v1 as pb;
-use tollgate_tests::{authed, bin_path, AuthorityProcess, SupervisorProcess};
+use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, SupervisorProcess};
 use tonic::Code;
-
-fn require_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("TOLLGATE_SKIP_ROOT_TESTS").is_some(),
-        "supervisor tests need root (CI runs as root); set TOLLGATE_SKIP_ROOT_TESTS=1 to skip them"
-    );
-    false
-}
 
 fn spec(script: &str, ttl: u64) -> pb::MintReceiptRequest {
     pb::MintReceiptRequest {
