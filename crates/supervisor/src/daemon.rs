@@ -148,7 +148,11 @@ async fn initial_keys(url: &str) -> Result<KeySet, DaemonError> {
 
 /// Follows the authority's revocations forever, reconnecting with backoff; refreshes the key
 /// set on every reconnect (a rotation adds keys).
-async fn follow_authority(url: String, manager: Arc<RunManager>) {
+async fn follow_authority(
+    url: String,
+    manager: Arc<RunManager>,
+    last_seq: Arc<std::sync::atomic::AtomicU64>,
+) {
     let mut after = 0u64;
     let mut pause = Duration::from_millis(200);
     loop {
@@ -171,7 +175,10 @@ async fn follow_authority(url: String, manager: Arc<RunManager>) {
                         tracing::info!(receipt_id = %revocation.receipt_id, "revocation received");
                         let manager = manager.clone();
                         let id = revocation.receipt_id;
-                        tokio::task::spawn_blocking(move || manager.revoke(&id));
+                        // Recorded before the seq is published, so a client that sees the
+                        // seq can rely on the refusal.
+                        let _ = tokio::task::spawn_blocking(move || manager.revoke(&id)).await;
+                        last_seq.fetch_max(after, std::sync::atomic::Ordering::Relaxed);
                     }
                     Some(pb::revocation_event::Event::CaughtUp(_)) | None => {}
                 }
@@ -252,13 +259,19 @@ pub async fn serve(
             "runs from before a crash were marked lost"
         );
     }
+    let last_revocation_seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if let Trust::Authority(url) = &config.trust {
-        tokio::spawn(follow_authority(url.clone(), manager.clone()));
+        tokio::spawn(follow_authority(
+            url.clone(),
+            manager.clone(),
+            last_revocation_seq.clone(),
+        ));
     }
     let info = pb::SupervisorInfo {
         supervisor_id: config.runs.supervisor_id.clone(),
         trusted_key_ids: key_ids,
         version: env!("CARGO_PKG_VERSION").into(),
+        last_revocation_seq: 0,
         cgroup_mode: match CgroupMode::detect() {
             CgroupMode::Unified => "unified",
             CgroupMode::Legacy => "legacy",
@@ -266,7 +279,12 @@ pub async fn serve(
         }
         .into(),
     };
-    let service = SupervisorService::new(manager.clone(), TokenCheck::new(token_hash), info);
+    let service = SupervisorService::new(
+        manager.clone(),
+        TokenCheck::new(token_hash),
+        info,
+        last_revocation_seq,
+    );
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| DaemonError::Serve(format!("cannot listen on {}: {e}", config.listen)))?;

@@ -128,16 +128,24 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
 #[derive(Debug)]
 pub struct SupervisorService {
     manager: Arc<RunManager>,
+    last_revocation_seq: Arc<std::sync::atomic::AtomicU64>,
     hub: Arc<RunHub>,
     tokens: TokenCheck,
     info: pb::SupervisorInfo,
 }
 
 impl SupervisorService {
-    /// A service over `manager`.
-    pub fn new(manager: Arc<RunManager>, tokens: TokenCheck, info: pb::SupervisorInfo) -> Self {
+    /// A service over `manager`; `last_revocation_seq` is kept current by the revocation
+    /// follower.
+    pub fn new(
+        manager: Arc<RunManager>,
+        tokens: TokenCheck,
+        info: pb::SupervisorInfo,
+        last_revocation_seq: Arc<std::sync::atomic::AtomicU64>,
+    ) -> Self {
         Self {
             manager,
+            last_revocation_seq,
             hub: Arc::default(),
             tokens,
             info,
@@ -161,7 +169,11 @@ impl Supervisor for SupervisorService {
         &self,
         _request: Request<pb::GetSupervisorInfoRequest>,
     ) -> Result<Response<pb::SupervisorInfo>, Status> {
-        Ok(Response::new(self.info.clone()))
+        let mut info = self.info.clone();
+        info.last_revocation_seq = self
+            .last_revocation_seq
+            .load(std::sync::atomic::Ordering::Relaxed);
+        Ok(Response::new(info))
     }
 
     async fn start_run(

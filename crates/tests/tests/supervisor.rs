@@ -185,7 +185,7 @@ async fn refused_receipts_start_nothing() {
     );
 
     let (text, id) = mint(&authority, spec("exit 0", 60)).await;
-    authority
+    let seq = authority
         .client()
         .await
         .revoke_receipt(authed(
@@ -196,24 +196,31 @@ async fn refused_receipts_start_nothing() {
             },
         ))
         .await
-        .unwrap();
-    // The supervisor learns of it through the revocation stream.
+        .unwrap()
+        .into_inner()
+        .revocation
+        .unwrap()
+        .seq;
+    // Wait until the supervisor has received it through the revocation stream (without
+    // spending the receipt on a probe).
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let status = client
-            .start_run(authed(&token, start(text.clone())))
-            .await
-            .unwrap_err();
-        if status.message().contains("revoked") {
-            assert_eq!(status.code(), Code::PermissionDenied);
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "revocation never arrived: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while client
+        .get_supervisor_info(pb::GetSupervisorInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .last_revocation_seq
+        < seq
+    {
+        assert!(Instant::now() < deadline, "revocation never arrived");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let status = client
+        .start_run(authed(&token, start(text)))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied);
+    assert!(status.message().contains("revoked"), "{}", status.message());
     let runs = client
         .list_runs(authed(&token, pb::ListRunsRequest {}))
         .await
