@@ -173,15 +173,26 @@ pub fn with_interpreters(executables: &[std::path::PathBuf]) -> Vec<std::path::P
         if out.contains(&path) || !path.exists() {
             continue;
         }
-        if let Some(interpreter) = std::fs::read(&path)
-            .ok()
-            .and_then(|bytes| interpreter_of(&bytes))
-        {
+        if let Some(interpreter) = read_head(&path).and_then(|bytes| interpreter_of(&bytes)) {
             pending.push(interpreter);
         }
         out.push(path);
     }
     out
+}
+
+/// The first 64 KiB of a file: enough for a `#!` line and for ELF program headers and the
+/// interpreter path, which linkers place at the start; reading whole binaries (python3 is
+/// megabytes) on every sandbox start would be waste.
+fn read_head(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read as _;
+    let mut head = Vec::with_capacity(4096);
+    std::fs::File::open(path)
+        .ok()?
+        .take(64 * 1024)
+        .read_to_end(&mut head)
+        .ok()?;
+    Some(head)
 }
 
 /// The interpreter a file asks the kernel for: `PT_INTERP` of a 64-bit little-endian ELF, or
