@@ -184,7 +184,7 @@ pub fn with_interpreters(executables: &[std::path::PathBuf]) -> Vec<std::path::P
 /// The first 64 KiB of a file: enough for a `#!` line and for ELF program headers and the
 /// interpreter path, which linkers place at the start; reading whole binaries (python3 is
 /// megabytes) on every sandbox start would be waste.
-fn read_head(path: &std::path::Path) -> Option<Vec<u8>> {
+fn read_head(path: &Path) -> Option<Vec<u8>> {
     use std::io::Read as _;
     let mut head = Vec::with_capacity(4096);
     std::fs::File::open(path)
