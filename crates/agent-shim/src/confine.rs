@@ -49,6 +49,12 @@ pub enum ConfineError {
     /// Building or installing the seccomp filter failed.
     #[error("seccomp: {0}")]
     Seccomp(String),
+    /// Marking inherited descriptors close-on-exec failed.
+    #[error("closing inherited descriptors: {0}")]
+    Fds(std::io::Error),
+    /// Disabling core dumps failed.
+    #[error("disabling core dumps: {0}")]
+    CoreDumps(nix::Error),
 }
 
 /// Drops every capability from the bounding set, so nothing executed later can regain one.
@@ -320,6 +326,8 @@ pub fn seccomp() -> Result<(), ConfineError> {
         arch,
     )
     .map_err(backend_error)?;
+    #[cfg(target_arch = "x86_64")]
+    seccompiler::apply_filter(&x32_filter()).map_err(error)?;
     for filter in [deny, clone3] {
         let program: BpfProgram = filter.try_into().map_err(backend_error)?;
         seccompiler::apply_filter(&program).map_err(error)?;
@@ -327,19 +335,54 @@ pub fn seccomp() -> Result<(), ConfineError> {
     Ok(())
 }
 
+/// Refuses every x32 system call (numbers with bit 30 set share the x86_64 arch value, so the
+/// deny list above, which matches exact numbers, would not see them; on kernels with x32
+/// support `syscall(0x40000000 | nr)` would otherwise slip past it).
+#[cfg(target_arch = "x86_64")]
+fn x32_filter() -> BpfProgram {
+    use seccompiler::sock_filter;
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    let op = |code, jt, jf, k| sock_filter { code, jt, jf, k };
+    vec![
+        // seccomp_data.nr is at offset 0.
+        op(LD_W_ABS, 0, 0, 0),
+        op(JGE_K, 0, 1, X32_SYSCALL_BIT),
+        op(RET_K, 0, 0, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        op(RET_K, 0, 0, SECCOMP_RET_ALLOW),
+    ]
+}
+
 /// Marks every fd from `first` up close-on-exec, so the agent inherits only stdin, stdout and
-/// stderr while this process can still report an exec failure through one of them.
-pub fn mark_fds_cloexec_from(first: RawFd) {
+/// stderr while this process can still report an exec failure through one of them. A failure
+/// is an error: the control socket must never leak into the agent.
+pub fn mark_fds_cloexec_from(first: RawFd) -> Result<(), ConfineError> {
     const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
     // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only sets a flag on descriptors.
-    unsafe {
+    let result = unsafe {
         libc::syscall(
             libc::SYS_close_range,
             first as libc::c_uint,
             libc::c_uint::MAX,
             CLOSE_RANGE_CLOEXEC,
-        );
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(ConfineError::Fds(std::io::Error::last_os_error()))
     }
+}
+
+/// No core dumps: a crashing agent must not write its memory (which may hold secrets it was
+/// given) anywhere.
+pub fn no_core_dumps() -> Result<(), ConfineError> {
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_CORE, 0, 0)
+        .map_err(ConfineError::CoreDumps)
 }
 
 #[cfg(test)]

@@ -299,6 +299,7 @@ fn agent_child(plan: &SandboxPlan, report: &OwnedFd, go: OwnedFd) -> String {
         confine::drop_bounding_set().map_err(|e| e.to_string())?;
         confine::become_agent(plan.inner_id).map_err(|e| e.to_string())?;
         confine::no_new_privs().map_err(|e| e.to_string())?;
+        confine::no_core_dumps().map_err(|e| e.to_string())?;
         confine::landlock(&plan.landlock).map_err(|e| e.to_string())?;
         confine::seccomp().map_err(|e| e.to_string())?;
         std::env::set_current_dir(&plan.agent.cwd)
@@ -310,7 +311,9 @@ fn agent_child(plan: &SandboxPlan, report: &OwnedFd, go: OwnedFd) -> String {
     }
     drop(go);
     // Every inherited fd above stderr closes at exec; the report pipe is one of them.
-    confine::mark_fds_cloexec_from(3);
+    if let Err(e) = confine::mark_fds_cloexec_from(3) {
+        return e.to_string();
+    }
     let to_c = |s: &str| CString::new(s.as_bytes()).map_err(|_| format!("{s:?} contains NUL"));
     let argv: Result<Vec<CString>, String> = plan.agent.argv.iter().map(|a| to_c(a)).collect();
     let env: Result<Vec<CString>, String> = plan

@@ -104,12 +104,24 @@ struct MountAttr {
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
+const MOUNT_ATTR_NOEXEC: u64 = 0x8;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 
-/// Adds nosuid, nodev (unless `devices`) and read-only (when `read_only`) to the mount at
-/// `target` and every mount beneath it, in one call (mount_setattr, Linux 5.12+). Only adds
-/// restrictions, which the kernel allows even on locked mounts.
-fn restrict_recursively(target: &Path, read_only: bool, devices: bool) -> Result<(), SetupError> {
+/// How a bind mount is restricted.
+#[derive(Clone, Copy)]
+struct Restrict {
+    read_only: bool,
+    /// Device nodes stay usable (only for the /dev binds).
+    devices: bool,
+    /// Nothing on it may be executed or mapped executable: everything but the system paths.
+    /// Landlock alone would let the dynamic loader run a file the agent wrote.
+    no_exec: bool,
+}
+
+/// Adds nosuid and the restrictions in `how` to the mount at `target` and every mount beneath
+/// it, in one call (mount_setattr, Linux 5.12+). Only adds restrictions, which the kernel
+/// allows even on locked mounts.
+fn restrict_recursively(target: &Path, how: Restrict) -> Result<(), SetupError> {
     let error = |source| SetupError::ReadOnly {
         target: target.to_owned(),
         source,
@@ -118,8 +130,9 @@ fn restrict_recursively(target: &Path, read_only: bool, devices: bool) -> Result
         .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_NOSUID
-            | if devices { 0 } else { MOUNT_ATTR_NODEV }
-            | if read_only { MOUNT_ATTR_RDONLY } else { 0 },
+            | if how.devices { 0 } else { MOUNT_ATTR_NODEV }
+            | if how.read_only { MOUNT_ATTR_RDONLY } else { 0 }
+            | if how.no_exec { MOUNT_ATTR_NOEXEC } else { 0 },
         attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
@@ -144,8 +157,8 @@ fn restrict_recursively(target: &Path, read_only: bool, devices: bool) -> Result
 }
 
 /// Bind-mounts host `source` at `target` (creating the mount point as a file or directory to
-/// match), then restricts it (nodev unless `devices`).
-fn bind(source: &Path, target: &Path, writable: bool, devices: bool) -> Result<(), SetupError> {
+/// match), then restricts it.
+fn bind(source: &Path, target: &Path, how: Restrict) -> Result<(), SetupError> {
     let meta = fs::metadata(source).map_err(|_| SetupError::MissingSource(source.to_owned()))?;
     if meta.is_dir() {
         create_dir(target)?;
@@ -170,7 +183,7 @@ fn bind(source: &Path, target: &Path, writable: bool, devices: bool) -> Result<(
         target: target.to_owned(),
         source: e,
     })?;
-    restrict_recursively(target, !writable, devices)
+    restrict_recursively(target, how)
 }
 
 /// Builds the new root from the plan and switches to it. Must run in a fresh mount namespace
@@ -210,7 +223,15 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
                     source,
                 })?;
             }
-            Ok(_) => bind(path, &target, false, false)?,
+            Ok(_) => bind(
+                path,
+                &target,
+                Restrict {
+                    read_only: true,
+                    devices: false,
+                    no_exec: false,
+                },
+            )?,
             // A system path this host lacks (no /lib64 on some systems) is simply absent.
             Err(_) => {}
         }
@@ -238,7 +259,15 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
     for device in DEVICES {
         let host = Path::new("/dev").join(device);
         if host.exists() {
-            bind(&host, &dev.join(device), true, true)?;
+            bind(
+                &host,
+                &dev.join(device),
+                Restrict {
+                    read_only: false,
+                    devices: true,
+                    no_exec: true,
+                },
+            )?;
         }
     }
     for (name, target) in [
@@ -252,7 +281,14 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
             source,
         })?;
     }
-    restrict_recursively(&dev, true, true)?;
+    restrict_recursively(
+        &dev,
+        Restrict {
+            read_only: true,
+            devices: true,
+            no_exec: true,
+        },
+    )?;
 
     let tmp = inside(root, Path::new("/tmp"));
     create_dir(&tmp)?;
@@ -260,22 +296,28 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
         "tollgate-tmp",
         &tmp,
         "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         &format!("mode=1777,size={}", plan.tmpfs_bytes.max(4096)),
     )?;
 
     bind(
         &plan.workspace,
         &inside(root, Path::new("/work")),
-        true,
-        false,
+        Restrict {
+            read_only: false,
+            devices: false,
+            no_exec: true,
+        },
     )?;
     for grant in &plan.binds {
         bind(
             &grant.source,
             &inside(root, &grant.target),
-            grant.writable,
-            false,
+            Restrict {
+                read_only: !grant.writable,
+                devices: false,
+                no_exec: true,
+            },
         )?;
     }
 
@@ -299,6 +341,15 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
         source,
     })?;
 
+    // memfds in this pid namespace are never executable (Linux 6.3+): otherwise an agent could
+    // write any program into one and execute it past the exec allow-list.
+    let memfd_noexec = Path::new("/proc/sys/vm/memfd_noexec");
+    if memfd_noexec.exists() {
+        fs::write(memfd_noexec, "2").map_err(|source| SetupError::MountPoint {
+            path: memfd_noexec.to_owned(),
+            source,
+        })?;
+    }
     sethostname(&plan.hostname).map_err(SetupError::Hostname)?;
     loopback_up().map_err(SetupError::Loopback)
 }

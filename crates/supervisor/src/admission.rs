@@ -31,6 +31,11 @@ impl ReceiptAdmission {
         self.revoked.insert(receipt_id.into());
     }
 
+    /// Whether `receipt_id` has been revoked.
+    pub fn is_revoked(&self, receipt_id: &str) -> bool {
+        self.revoked.contains(receipt_id)
+    }
+
     /// Takes over the revocations another admission has recorded (when keys are replaced).
     pub fn copy_revocations_from(&mut self, other: &Self) {
         self.revoked.extend(other.revoked.iter().cloned());

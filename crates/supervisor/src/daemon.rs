@@ -152,6 +152,7 @@ async fn follow_authority(
     url: String,
     manager: Arc<RunManager>,
     last_seq: Arc<std::sync::atomic::AtomicU64>,
+    caught_up: tokio::sync::watch::Sender<bool>,
 ) {
     let mut after = 0u64;
     let mut pause = Duration::from_millis(200);
@@ -180,7 +181,10 @@ async fn follow_authority(
                         let _ = tokio::task::spawn_blocking(move || manager.revoke(&id)).await;
                         last_seq.fetch_max(after, std::sync::atomic::Ordering::Relaxed);
                     }
-                    Some(pb::revocation_event::Event::CaughtUp(_)) | None => {}
+                    Some(pb::revocation_event::Event::CaughtUp(_)) => {
+                        let _ = caught_up.send(true);
+                    }
+                    None => {}
                 }
             }
             Ok::<(), String>(())
@@ -261,11 +265,26 @@ pub async fn serve(
     }
     let last_revocation_seq = Arc::new(std::sync::atomic::AtomicU64::new(0));
     if let Trust::Authority(url) = &config.trust {
+        let (caught_up_tx, mut caught_up) = tokio::sync::watch::channel(false);
         tokio::spawn(follow_authority(
             url.clone(),
             manager.clone(),
             last_revocation_seq.clone(),
+            caught_up_tx,
         ));
+        // Not ready until every revocation that exists is known: a restarted supervisor must
+        // not admit a receipt revoked while it was down.
+        let waited = tokio::time::timeout(
+            Duration::from_secs(15),
+            caught_up.wait_for(|caught_up| *caught_up),
+        )
+        .await;
+        if !matches!(waited, Ok(Ok(_))) {
+            return Err(DaemonError::Authority {
+                url: url.clone(),
+                detail: "the revocation stream did not catch up within 15 s".into(),
+            });
+        }
     }
     let info = pb::SupervisorInfo {
         supervisor_id: config.runs.supervisor_id.clone(),

@@ -66,13 +66,16 @@ impl RunHub {
 
     /// Records the final event; later watchers get the history only.
     pub fn end(&self, run_id: &str, run: pb::Run) {
-        self.push(
-            run_id,
-            pb::RunEvent {
-                event: Some(pb::run_event::Event::Ended(run)),
-            },
-        );
-        self.with(run_id, |channel| channel.ended = true);
+        let event = pb::RunEvent {
+            event: Some(pb::run_event::Event::Ended(run)),
+        };
+        // One critical section: a watcher sees either the run live (and receives this event)
+        // or ended (with this event in the history), never the event without the flag.
+        self.with(run_id, |channel| {
+            channel.history.push(event.clone());
+            let _ = channel.live.send(event);
+            channel.ended = true;
+        });
         let mut guard = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         let channels = &mut guard.0;
         let ended = channels.values().filter(|c| c.ended).count();

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::io::Read as _;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message as _;
@@ -68,6 +68,9 @@ pub enum StartError {
     /// Recording the run failed.
     #[error(transparent)]
     Records(#[from] RecordsError),
+    /// The supervisor is shutting down and starts nothing new.
+    #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
+    ShuttingDown,
 }
 
 /// Which stream a chunk of output came from.
@@ -86,7 +89,7 @@ pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
 struct LiveRun {
     cgroup: RunCgroup,
     /// The Landlock ABI the shim reported.
-    landlock_abi: Option<u32>,
+    landlock_abi: OnceLock<u32>,
     /// The first trigger's state and reason.
     trigger: Mutex<Option<(RunState, String)>>,
     /// Set (with a notify) when teardown has finished.
@@ -95,6 +98,23 @@ struct LiveRun {
 }
 
 impl LiveRun {
+    /// The trigger noted so far, if any.
+    fn pending(&self) -> Option<(RunState, String)> {
+        self.trigger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Kills the cgroup if a trigger is pending (one may have come before anything ran).
+    fn enforce_pending(&self) {
+        if self.pending().is_some() {
+            if let Err(e) = self.cgroup.kill_all(KILL_DEADLINE) {
+                tracing::warn!(error = %e, "killing a run's cgroup failed; teardown retries");
+            }
+        }
+    }
+
     fn trigger(&self, state: RunState, reason: String) {
         {
             let mut trigger = self.trigger.lock().unwrap_or_else(|p| p.into_inner());
@@ -115,6 +135,9 @@ pub struct RunManager {
     admission: RwLock<ReceiptAdmission>,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
+    closing: std::sync::atomic::AtomicBool,
+    /// Starts past the allocation step that have not returned yet.
+    in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for RunManager {
@@ -176,6 +199,8 @@ impl RunManager {
             admission: RwLock::new(admission),
             live: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
+            closing: std::sync::atomic::AtomicBool::new(false),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
         });
         Ok((manager, recovered))
     }
@@ -231,8 +256,22 @@ impl RunManager {
             return Err(StartError::ArgvNotAllowed(run_id));
         }
         let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
+        // The clock skew helps admit a receipt minted on a slightly different clock; it never
+        // lets a run start at or after its expiry by this host's clock.
+        let now = unix_now();
+        if now >= expires_at {
+            return Err(VerifyError::Expired {
+                receipt_id: run_id,
+                expires_at,
+                now,
+            }
+            .into());
+        }
         let host_id = {
             let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+            if self.closing.load(Ordering::SeqCst) {
+                return Err(StartError::ShuttingDown);
+            }
             let used = self.records.live_host_ids()?;
             let host_id = self
                 .settings
@@ -252,8 +291,35 @@ impl RunManager {
             if !recorded {
                 return Err(StartError::AlreadyUsed(run_id));
             }
+            self.in_flight.fetch_add(1, Ordering::SeqCst);
             host_id
         };
+        let result = self.start_recorded(
+            &receipt,
+            run_id,
+            host_id,
+            argv,
+            output,
+            admitted_at,
+            started_ms,
+        );
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// The part of a start after the run is recorded: every failure ends in a final record.
+    #[allow(clippy::too_many_arguments)]
+    fn start_recorded(
+        self: &Arc<Self>,
+        receipt: &tollgate_proto::v1::Receipt,
+        run_id: String,
+        host_id: u32,
+        argv: Option<Vec<String>>,
+        output: OutputSink,
+        admitted_at: Instant,
+        started_ms: u64,
+    ) -> Result<String, StartError> {
+        let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
         // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
         let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), &run_id);
         let limits = receipt.limits.unwrap_or_default();
@@ -267,54 +333,15 @@ impl RunManager {
         ) {
             Ok(cgroup) => cgroup,
             Err(e) => {
-                self.fail(&run_id, &dirs, None, &e.to_string(), started_ms);
+                self.fail(&run_id, &dirs, &e.to_string(), started_ms);
                 return Err(e.into());
             }
         };
-        let prepared = dirs
-            .create(host_id)
-            .and_then(|()| plan_for(&receipt, &dirs, host_id, argv));
-        let plan = match prepared {
-            Ok(plan) => plan,
-            Err(e) => {
-                self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
-                return Err(e.into());
-            }
-        };
-        let pipes = std::io::pipe().and_then(|out| std::io::pipe().map(|err| (out, err)));
-        let ((out_read, out_write), (err_read, err_write)) = match pipes {
-            Ok(pipes) => pipes,
-            Err(e) => {
-                self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
-                return Err(SandboxError::Control(e).into());
-            }
-        };
-        let started = SandboxProcess::start(
-            &self.settings.shim,
-            &plan,
-            &cgroup,
-            out_write.into(),
-            err_write.into(),
-        );
-        let (process, landlock_abi) = match started {
-            Ok((process, FromShim::Started { landlock_abi, .. })) => (process, Some(landlock_abi)),
-            Ok((process, _)) => (process, None),
-            Err(e) => {
-                self.fail(&run_id, &dirs, Some(&cgroup), &e.to_string(), started_ms);
-                return Err(e.into());
-            }
-        };
-        self.records.set_running(&run_id)?;
-        tracing::info!(
-            run_id = %run_id,
-            owner = %receipt.owner,
-            host_id,
-            start_us = admitted_at.elapsed().as_micros() as u64,
-            "run started"
-        );
+        // Live from here on: a stop, revocation or expiry that arrives while the sandbox is
+        // being built is noted, and acted on as soon as there is something to kill.
         let live = Arc::new(LiveRun {
             cgroup,
-            landlock_abi,
+            landlock_abi: OnceLock::new(),
             trigger: Mutex::new(None),
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
@@ -323,44 +350,110 @@ impl RunManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(run_id.clone(), live.clone());
-
-        let budget = Arc::new(AtomicU64::new(limits.output_bytes));
-        let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let relays = [
-            (out_read, OutputStream::Stdout),
-            (err_read, OutputStream::Stderr),
-        ]
-        .map(|(pipe, stream)| {
-            let (run_id, output, budget, truncated) = (
-                run_id.clone(),
-                output.clone(),
-                budget.clone(),
-                truncated.clone(),
-            );
-            std::thread::spawn(move || relay(pipe, stream, &run_id, &output, &budget, &truncated))
-        });
         let expiry = {
             let live = live.clone();
             std::thread::spawn(move || expire_at(&live, expires_at))
         };
-        let manager = self.clone();
-        let thread_run_id = run_id.clone();
-        std::thread::spawn(move || {
-            let exit = watch(process);
-            for relay in relays {
-                let _ = relay.join();
+        match self.spawn_sandbox(receipt, &dirs, host_id, argv, &live) {
+            Ok(process) => {
+                let (process, out_read, err_read) = process;
+                if let Err(e) = self.records.set_running(&run_id) {
+                    live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
+                }
+                if self
+                    .admission
+                    .read()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .is_revoked(&run_id)
+                {
+                    live.trigger(RunState::Revoked, "the receipt was revoked".into());
+                }
+                // A trigger that came while nothing was running yet kills it now.
+                live.enforce_pending();
+                tracing::info!(
+                    run_id = %run_id,
+                    owner = %receipt.owner,
+                    host_id,
+                    start_us = admitted_at.elapsed().as_micros() as u64,
+                    "run started"
+                );
+                let budget = Arc::new(AtomicU64::new(limits.output_bytes));
+                let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let relays = [
+                    (out_read, OutputStream::Stdout),
+                    (err_read, OutputStream::Stderr),
+                ]
+                .map(|(pipe, stream)| {
+                    let (run_id, output, budget, truncated) = (
+                        run_id.clone(),
+                        output.clone(),
+                        budget.clone(),
+                        truncated.clone(),
+                    );
+                    std::thread::spawn(move || {
+                        relay(pipe, stream, &run_id, &output, &budget, &truncated)
+                    })
+                });
+                let manager = self.clone();
+                let thread_run_id = run_id.clone();
+                std::thread::spawn(move || {
+                    let exit = watch(process);
+                    for relay in relays {
+                        let _ = relay.join();
+                    }
+                    manager.teardown(
+                        &thread_run_id,
+                        &live,
+                        &dirs,
+                        Ended::Agent(exit, truncated.load(Ordering::Relaxed)),
+                        started_ms,
+                    );
+                    let _ = expiry.join();
+                });
+                Ok(run_id)
             }
-            manager.teardown(
-                &thread_run_id,
-                &live,
-                &dirs,
-                exit,
-                truncated.load(Ordering::Relaxed),
-                started_ms,
-            );
-            let _ = expiry.join();
-        });
-        Ok(run_id)
+            Err(e) => {
+                self.teardown(
+                    &run_id,
+                    &live,
+                    &dirs,
+                    Ended::NotStarted(e.to_string()),
+                    started_ms,
+                );
+                let _ = expiry.join();
+                Err(e)
+            }
+        }
+    }
+
+    /// Prepares the run directories and plan and starts the shim in the run's cgroup.
+    #[allow(clippy::type_complexity)]
+    fn spawn_sandbox(
+        &self,
+        receipt: &tollgate_proto::v1::Receipt,
+        dirs: &RunDirs,
+        host_id: u32,
+        argv: Option<Vec<String>>,
+        live: &LiveRun,
+    ) -> Result<(SandboxProcess, std::io::PipeReader, std::io::PipeReader), StartError> {
+        dirs.create(host_id)?;
+        let plan = plan_for(receipt, dirs, host_id, argv)?;
+        let (out_read, out_write) = std::io::pipe().map_err(SandboxError::Control)?;
+        let (err_read, err_write) = std::io::pipe().map_err(SandboxError::Control)?;
+        if let Some((_, reason)) = live.pending() {
+            return Err(SandboxError::Setup(format!("cancelled before start: {reason}")).into());
+        }
+        let (process, started) = SandboxProcess::start(
+            &self.settings.shim,
+            &plan,
+            &live.cgroup,
+            out_write.into(),
+            err_write.into(),
+        )?;
+        if let FromShim::Started { landlock_abi, .. } = started {
+            let _ = live.landlock_abi.set(landlock_abi);
+        }
+        Ok((process, out_read, err_read))
     }
 
     /// Asks a live run to stop. Returns `false` when it is not live.
@@ -374,8 +467,18 @@ impl RunManager {
         }
     }
 
-    /// Tears down every live run (supervisor shutdown) and waits for each.
+    /// Stops admitting runs, tears down every live run (supervisor shutdown) and waits for
+    /// each.
     pub fn shutdown(&self) {
+        {
+            let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+            self.closing.store(true, Ordering::SeqCst);
+        }
+        // Starts already past admission finish first (they are then live, or failed).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
         let live: Vec<(String, Arc<LiveRun>)> = self
             .live
             .lock()
@@ -425,24 +528,12 @@ impl RunManager {
             .collect()
     }
 
-    fn fail(
-        &self,
-        run_id: &str,
-        dirs: &RunDirs,
-        cgroup: Option<&RunCgroup>,
-        reason: &str,
-        started_ms: u64,
-    ) {
+    /// Records a start that failed before the run had a cgroup.
+    fn fail(&self, run_id: &str, dirs: &RunDirs, reason: &str, started_ms: u64) {
         let mut report = TeardownReport {
             reason: reason.to_owned(),
             ..Default::default()
         };
-        if let Some(cgroup) = cgroup {
-            let _ = cgroup.kill_all(KILL_DEADLINE);
-            if let Err(e) = cgroup.remove() {
-                report.cleanup_errors.push(e.to_string());
-            }
-        }
         if let Err(e) = dirs.remove() {
             report.cleanup_errors.push(e.to_string());
         }
@@ -462,8 +553,7 @@ impl RunManager {
         run_id: &str,
         live: &LiveRun,
         dirs: &RunDirs,
-        exit: Option<AgentExit>,
-        output_truncated: bool,
+        ended: Ended,
         started_ms: u64,
     ) {
         let trigger = live
@@ -471,9 +561,13 @@ impl RunManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
+        let (exit, output_truncated, failure) = match ended {
+            Ended::Agent(exit, truncated) => (exit, truncated, None),
+            Ended::NotStarted(reason) => (None, false, Some(reason)),
+        };
         let mut report = TeardownReport {
             output_truncated,
-            landlock_abi: live.landlock_abi,
+            landlock_abi: live.landlock_abi.get().copied(),
             ..Default::default()
         };
         match exit {
@@ -484,6 +578,7 @@ impl RunManager {
         let oom = live.cgroup.oom_killed();
         let (state, reason) = match (trigger, exit) {
             (Some(trigger), _) => trigger,
+            (None, _) if failure.is_some() => (RunState::Failed, failure.unwrap_or_default()),
             (None, _) if oom => (
                 RunState::LimitExceeded,
                 "the memory limit was reached (OOM kill)".into(),
@@ -521,6 +616,14 @@ impl RunManager {
         *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
         live.ended_signal.notify_all();
     }
+}
+
+/// How a run came to teardown.
+enum Ended {
+    /// The shim ended; the agent's exit (when reported) and whether output was truncated.
+    Agent(Option<AgentExit>, bool),
+    /// The sandbox never started, for this reason.
+    NotStarted(String),
 }
 
 /// Reads shim events until the agent's exit (returned) or the shim's end (`None`).

@@ -33,6 +33,15 @@ pub enum SandboxError {
     /// The agent's executable is not in the receipt's exec list.
     #[error("{0} is not in the receipt's exec list")]
     NotExecutable(String),
+    /// A file-system grant cannot be mounted safely (re-checked here: the supervisor does
+    /// not rely on every signer having validated it).
+    #[error("fs grant {path}: {reason}")]
+    BadGrant {
+        /// The grant's host path.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// Preparing the run directory failed.
     #[error("preparing {path}: {source}")]
     RunDir {
@@ -119,6 +128,56 @@ impl RunDirs {
     }
 }
 
+/// Sandbox paths a grant may never be mounted at or beneath: the sandbox builds them, and
+/// the system paths are also where the shim would otherwise follow host symlinks as root.
+const RESERVED_TARGETS: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/work"];
+
+fn is_normal_absolute(path: &str) -> bool {
+    path.strip_prefix('/').is_some_and(|rest| {
+        !rest.is_empty()
+            && !path.contains('\0')
+            && rest
+                .split('/')
+                .all(|part| !part.is_empty() && part != "." && part != "..")
+    })
+}
+
+fn within(path: &str, prefix: &str) -> bool {
+    path == prefix || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+/// Mount targets are absolute and normalised, never reserved or under a system path, and
+/// never overlap; sources are absolute and normalised.
+fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
+    let mounted: Vec<&pb::FsGrant> = receipt.fs.iter().filter(|g| !g.mount.is_empty()).collect();
+    for grant in &mounted {
+        let bad = |reason: String| SandboxError::BadGrant {
+            path: grant.path.clone(),
+            reason,
+        };
+        if !is_normal_absolute(&grant.path) || !is_normal_absolute(&grant.mount) {
+            return Err(bad("paths must be absolute and normalised".into()));
+        }
+        let reserved = RESERVED_TARGETS.iter().chain(SYSTEM_PATHS.iter());
+        if let Some(reserved) = reserved.into_iter().find(|r| within(&grant.mount, r)) {
+            return Err(bad(format!(
+                "mount {} is at or beneath {reserved}",
+                grant.mount
+            )));
+        }
+        if let Some(other) = mounted.iter().find(|o| {
+            !std::ptr::eq(**o, *grant)
+                && (within(&grant.mount, &o.mount) || within(&o.mount, &grant.mount))
+        }) {
+            return Err(bad(format!(
+                "mount {} overlaps {}",
+                grant.mount, other.mount
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Builds the sandbox plan for `receipt`. `argv` overrides the receipt's pinned agent (the
 /// caller checks the receipt allows that). Writes nothing; reads only which system paths
 /// exist on the host.
@@ -136,6 +195,7 @@ pub fn plan_for(
     if !receipt.exec.contains(&argv[0]) {
         return Err(SandboxError::NotExecutable(argv[0].clone()));
     }
+    check_mounts(receipt)?;
     let limits = receipt.limits.unwrap_or_default();
     let binds: Vec<Bind> = receipt
         .fs
@@ -294,18 +354,38 @@ impl SandboxProcess {
         })?;
         drop(theirs);
         drop(procs);
+        let mut child = child;
         let mut control = ours;
-        let mut line = serde_json::to_vec(&ToShim::Start(Box::new(plan.clone())))
-            .map_err(|e| SandboxError::Control(std::io::Error::other(e)))?;
-        line.push(b'\n');
-        control.write_all(&line).map_err(SandboxError::Control)?;
-        let events = BufReader::new(control.try_clone().map_err(SandboxError::Control)?);
+        let sent = serde_json::to_vec(&ToShim::Start(Box::new(plan.clone())))
+            .map_err(std::io::Error::other)
+            .and_then(|mut line| {
+                line.push(b'\n');
+                control.write_all(&line)
+            })
+            .and_then(|()| control.try_clone());
+        let events = match sent {
+            Ok(clone) => BufReader::new(clone),
+            Err(e) => {
+                // Never leave a zombie (or a live shim) behind an error.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(SandboxError::Control(e));
+            }
+        };
         let mut process = Self {
             child,
             events,
             _control: control,
         };
-        match process.next_event()? {
+        let first = match process.next_event() {
+            Ok(event) => event,
+            Err(e) => {
+                let _ = process.child.kill();
+                let _ = process.child.wait();
+                return Err(e);
+            }
+        };
+        match first {
             Some(started @ FromShim::Started { .. }) => Ok((process, started)),
             Some(FromShim::Failed { reason }) => {
                 let _ = process.child.wait();
@@ -422,6 +502,36 @@ mod tests {
         assert!(matches!(
             plan_for(&r, &dirs, 1, None),
             Err(SandboxError::NoAgent)
+        ));
+    }
+
+    #[test]
+    fn unsafe_mount_targets_are_refused() {
+        let dirs = RunDirs::new(Path::new("/runs"), "r1");
+        for mount in [
+            "/usr/lib/x",
+            "/etc",
+            "/tmp",
+            "/work/a",
+            "/",
+            "relative",
+            "/a/../b",
+        ] {
+            let mut r = receipt();
+            r.fs[0].mount = mount.into();
+            assert!(
+                matches!(
+                    plan_for(&r, &dirs, 1, None),
+                    Err(SandboxError::BadGrant { .. })
+                ),
+                "{mount}"
+            );
+        }
+        let mut r = receipt();
+        r.fs[1].mount = "/data/inner".into();
+        assert!(matches!(
+            plan_for(&r, &dirs, 1, None),
+            Err(SandboxError::BadGrant { .. })
         ));
     }
 

@@ -76,7 +76,11 @@ pub fn start_status(error: &StartError) -> Status {
         StartError::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => {
             Status::invalid_argument(format!("argv: {message}"))
         }
+        StartError::Sandbox(SandboxError::BadGrant { .. }) => {
+            Status::invalid_argument(format!("receipt: {message}"))
+        }
         StartError::NoHostId(_) => Status::resource_exhausted(message),
+        StartError::ShuttingDown => Status::unavailable(message),
         StartError::Sandbox(_) | StartError::Cgroup(_) | StartError::Records(_) => {
             Status::internal(message)
         }

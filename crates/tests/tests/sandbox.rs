@@ -286,6 +286,28 @@ attempt("cgroup", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write("1"))
 attempt("host_port", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2))
 attempt("internet", lambda: socket.create_connection(("10.0.0.1", 80), timeout=2))
 attempt("kill_host_init", lambda: os.kill(1, 9))
+import glob, shutil, subprocess
+def through_loader(directory):
+    def call():
+        loader = sorted(glob.glob("/lib64/ld-linux*.so*") + glob.glob("/lib/ld-linux*.so*"))[0]
+        copy = os.path.join(directory, "copied-true")
+        shutil.copy("/usr/bin/true", copy)
+        result = subprocess.run([loader, copy], capture_output=True)
+        if result.returncode == 0:
+            return "ran"
+        raise OSError(errno.EACCES, result.stderr.decode())
+    return call
+attempt("loader_tmp", through_loader("/tmp"))
+attempt("loader_work", through_loader("/work"))
+def memfd_exec():
+    fd = os.memfd_create("payload", 0)
+    os.write(fd, open("/usr/bin/true", "rb").read())
+    result = subprocess.run([f"/proc/self/fd/{fd}"], pass_fds=(fd,))
+    if result.returncode == 0:
+        return "ran"
+    raise OSError(errno.EACCES, "")
+attempt("memfd_exec", memfd_exec)
+attempt("x32_unshare", syscall(0x40000000 | SYS["unshare"], 0x10000000))
 print("done=yes")
 "#;
 
@@ -327,6 +349,10 @@ fn escape_attempts_are_refused() {
         "host_port",
         "internet",
         "kill_host_init",
+        "loader_tmp",
+        "loader_work",
+        "memfd_exec",
+        "x32_unshare",
     ] {
         assert_eq!(line(&output, attempt), "refused", "{attempt}\n{output}");
     }
