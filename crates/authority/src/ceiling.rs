@@ -5,6 +5,9 @@
 
 use tollgate_proto::v1 as pb;
 
+use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
+use tollgate_receipt::spec::{access_name, sensitivity_name};
+
 use crate::error::CallError;
 
 /// Longest lifetime any receipt or ceiling may have (366 days). Keeps every timestamp well
@@ -14,31 +17,6 @@ pub const MAX_TTL_SECONDS: u64 = 366 * 24 * 3600;
 /// Latest instant a protobuf `Timestamp` may hold (9999-12-31T23:59:59Z).
 const MAX_TIMESTAMP_SECONDS: i64 = 253_402_300_799;
 
-/// Sandbox paths a grant may not be mounted at or beneath: the sandbox builds them itself.
-pub const RESERVED_MOUNTS: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/work"];
-
-/// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
-/// slash (except the root itself), no NUL.
-pub fn is_normal_absolute(path: &str) -> bool {
-    if path == "/" {
-        return true;
-    }
-    let Some(rest) = path.strip_prefix('/') else {
-        return false;
-    };
-    !path.contains('\0')
-        && rest
-            .split('/')
-            .all(|part| !part.is_empty() && part != "." && part != "..")
-}
-
-/// Whether host path `path` equals or lies beneath `prefix` (both normalised).
-fn path_within(path: &str, prefix: &str) -> bool {
-    prefix == "/"
-        || path == prefix
-        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
-}
-
 fn check_path(field: &str, path: &str) -> Result<(), CallError> {
     if is_normal_absolute(path) {
         Ok(())
@@ -47,23 +25,6 @@ fn check_path(field: &str, path: &str) -> Result<(), CallError> {
             field,
             format!("{path:?} must be an absolute path without '.', '..', '//' or a trailing '/'"),
         ))
-    }
-}
-
-fn sensitivity_name(value: i32) -> &'static str {
-    match pb::Sensitivity::try_from(value) {
-        Ok(pb::Sensitivity::Low) => "low",
-        Ok(pb::Sensitivity::Medium) => "medium",
-        Ok(pb::Sensitivity::High) => "high",
-        _ => "unspecified",
-    }
-}
-
-fn access_name(value: i32) -> &'static str {
-    match pb::FsAccess::try_from(value) {
-        Ok(pb::FsAccess::Read) => "read",
-        Ok(pb::FsAccess::Write) => "write",
-        _ => "unspecified",
     }
 }
 
@@ -467,24 +428,6 @@ mod tests {
             Err(CallError::PermissionDenied(message)) => message,
             other => panic!("expected a denial, got {other:?}"),
         }
-    }
-
-    #[test]
-    fn paths_must_be_normalised() {
-        for good in ["/", "/a", "/a/b.c", "/a/..b"] {
-            assert!(is_normal_absolute(good), "{good}");
-        }
-        for bad in ["", "a", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0"] {
-            assert!(!is_normal_absolute(bad), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn prefix_match_respects_component_boundaries() {
-        assert!(path_within("/home/me", "/home/me"));
-        assert!(path_within("/home/me/x", "/home/me"));
-        assert!(!path_within("/home/meow", "/home/me"));
-        assert!(path_within("/etc", "/"));
     }
 
     #[test]

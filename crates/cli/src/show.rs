@@ -34,24 +34,7 @@ fn size(bytes: u64) -> String {
     bytesize::ByteSize::b(bytes).display().iec().to_string()
 }
 
-/// Name of a sensitivity value.
-pub fn sensitivity(value: i32) -> &'static str {
-    match pb::Sensitivity::try_from(value) {
-        Ok(pb::Sensitivity::Low) => "low",
-        Ok(pb::Sensitivity::Medium) => "medium",
-        Ok(pb::Sensitivity::High) => "high",
-        _ => "unspecified",
-    }
-}
-
-/// Name of an access value.
-pub fn access(value: i32) -> &'static str {
-    match pb::FsAccess::try_from(value) {
-        Ok(pb::FsAccess::Read) => "read",
-        Ok(pb::FsAccess::Write) => "write",
-        _ => "unspecified",
-    }
-}
+pub use tollgate_receipt::spec::{access_name as access, sensitivity_name as sensitivity};
 
 fn seconds(t: Option<&Timestamp>) -> Value {
     t.map_or(Value::Null, |t| json!(t.seconds))

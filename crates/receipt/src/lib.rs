@@ -14,6 +14,7 @@
 //! [`spec`] parses the TOML run spec and operator ceiling files into protocol requests.
 #![forbid(unsafe_code)]
 
+pub mod paths;
 pub mod spec;
 mod time;
 mod verify;

@@ -169,6 +169,25 @@ pub fn parse_sensitivity(field: &str, text: &str) -> Result<pb::Sensitivity, Spe
     }
 }
 
+/// The lowercase name of an access value (`"unspecified"` for unknown values).
+pub fn access_name(value: i32) -> &'static str {
+    match pb::FsAccess::try_from(value) {
+        Ok(pb::FsAccess::Read) => "read",
+        Ok(pb::FsAccess::Write) => "write",
+        _ => "unspecified",
+    }
+}
+
+/// The lowercase name of a sensitivity value (`"unspecified"` for unknown values).
+pub fn sensitivity_name(value: i32) -> &'static str {
+    match pb::Sensitivity::try_from(value) {
+        Ok(pb::Sensitivity::Low) => "low",
+        Ok(pb::Sensitivity::Medium) => "medium",
+        Ok(pb::Sensitivity::High) => "high",
+        _ => "unspecified",
+    }
+}
+
 fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
     grants
         .iter()

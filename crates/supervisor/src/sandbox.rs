@@ -13,6 +13,7 @@ use std::process::{Child, Command, Stdio};
 use tollgate_agent_shim::plan::{AgentCommand, Bind, LandlockPlan, SandboxPlan};
 use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD};
 use tollgate_proto::v1 as pb;
+use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
 
 use crate::cgroup::RunCgroup;
 
@@ -128,24 +129,6 @@ impl RunDirs {
     }
 }
 
-/// Sandbox paths a grant may never be mounted at or beneath: the sandbox builds them, and
-/// the system paths are also where the shim would otherwise follow host symlinks as root.
-const RESERVED_TARGETS: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/work"];
-
-fn is_normal_absolute(path: &str) -> bool {
-    path.strip_prefix('/').is_some_and(|rest| {
-        !rest.is_empty()
-            && !path.contains('\0')
-            && rest
-                .split('/')
-                .all(|part| !part.is_empty() && part != "." && part != "..")
-    })
-}
-
-fn within(path: &str, prefix: &str) -> bool {
-    path == prefix || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
-}
-
 /// Mount targets are absolute and normalised, never reserved or under a system path, and
 /// never overlap; sources are absolute and normalised.
 fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
@@ -155,11 +138,13 @@ fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
             path: grant.path.clone(),
             reason,
         };
-        if !is_normal_absolute(&grant.path) || !is_normal_absolute(&grant.mount) {
+        let normal = |path: &str| path != "/" && is_normal_absolute(path);
+        if !normal(&grant.path) || !normal(&grant.mount) {
             return Err(bad("paths must be absolute and normalised".into()));
         }
-        let reserved = RESERVED_TARGETS.iter().chain(SYSTEM_PATHS.iter());
-        if let Some(reserved) = reserved.into_iter().find(|r| within(&grant.mount, r)) {
+        // Also the system paths: the shim would otherwise follow host symlinks there as root.
+        let reserved = RESERVED_MOUNTS.iter().chain(SYSTEM_PATHS.iter());
+        if let Some(reserved) = reserved.into_iter().find(|r| path_within(&grant.mount, r)) {
             return Err(bad(format!(
                 "mount {} is at or beneath {reserved}",
                 grant.mount
@@ -167,7 +152,7 @@ fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
         }
         if let Some(other) = mounted.iter().find(|o| {
             !std::ptr::eq(**o, *grant)
-                && (within(&grant.mount, &o.mount) || within(&o.mount, &grant.mount))
+                && (path_within(&grant.mount, &o.mount) || path_within(&o.mount, &grant.mount))
         }) {
             return Err(bad(format!(
                 "mount {} overlaps {}",
