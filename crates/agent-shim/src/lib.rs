@@ -1,14 +1,17 @@
 //! `tollgate-shim`: builds one sandbox from the plan the supervisor sends, starts the agent in
 //! it, and is the sandbox's pid 1.
 //!
-//! The supervisor starts the shim already inside the run's cgroup, with the control socket on
-//! fd 3 ([`protocol::CONTROL_FD`]). Then, in three processes:
+//! The supervisor starts the shim inside the sandbox's cgroup, with the control socket on fd 3
+//! ([`protocol::CONTROL_FD`]), often ahead of need: everything that does not depend on the
+//! plan happens before the plan arrives, and the supervisor applies the run's limits to the
+//! cgroup before it sends the plan. Then, in three processes:
 //!
-//! 1. **outer** (host pid namespace, real root): reads the plan, unshares mount, pid, net,
-//!    ipc, uts and cgroup namespaces, forks pid 1 and waits for it, exiting with its status.
-//! 2. **pid 1** (new namespaces, real root): builds the root file system ([`setup`]), forks
-//!    the agent, writes the agent's uid/gid map, reports `Started`, then reaps children and
-//!    watches the control socket. When the agent exits it reports `Exited` and exits; when the
+//! 1. **outer** (host pid namespace, real root): compiles the seccomp programs, unshares
+//!    mount, pid, net, ipc, uts and cgroup namespaces, forks pid 1 and waits for it, exiting
+//!    with its status.
+//! 2. **pid 1** (new namespaces, real root): reads the plan, builds the root file system
+//!    ([`setup`]), forks the agent, writes the agent's uid/gid map, reports `Started`, then
+//!    reaps children and watches the control socket. When the agent exits it reports `Exited` and exits; when the
 //!    socket closes (the supervisor is gone) it exits at once. Either way the kernel kills
 //!    everything left in the pid namespace.
 //! 3. **agent**: clears groups, enters a new user namespace where it is an unprivileged
@@ -24,7 +27,7 @@ pub mod protocol;
 pub mod setup;
 
 use std::ffi::CString;
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead, BufReader, Write as _};
 use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 
@@ -58,18 +61,18 @@ pub fn run() -> ! {
         Ok(writer) => writer,
         Err(e) => fail_early(&format!("control socket unusable: {e}")),
     };
-    let plan = match read_plan(&control) {
-        Ok(plan) => plan,
-        Err(reason) => {
-            send(
-                &mut control_writer,
-                &FromShim::Failed {
-                    reason: reason.clone(),
-                },
-            );
-            fail_early(&reason)
-        }
+    let fail = |writer: &mut UnixStream, reason: String| -> ! {
+        send(
+            writer,
+            &FromShim::Failed {
+                reason: reason.clone(),
+            },
+        );
+        fail_early(&reason)
     };
+    // Everything that does not depend on the plan comes first: the supervisor starts shims
+    // ahead of need, and a run's start then only pays for what its receipt decides.
+    let seccomp = confine::SeccompPrograms::compile();
     let namespaces = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWPID
         | CloneFlags::CLONE_NEWNET
@@ -77,18 +80,11 @@ pub fn run() -> ! {
         | CloneFlags::CLONE_NEWUTS
         | CloneFlags::CLONE_NEWCGROUP;
     if let Err(e) = unshare(namespaces) {
-        let reason = format!("unsharing namespaces: {e}");
-        send(
-            &mut control_writer,
-            &FromShim::Failed {
-                reason: reason.clone(),
-            },
-        );
-        fail_early(&reason);
+        fail(&mut control_writer, format!("unsharing namespaces: {e}"));
     }
     // SAFETY: single-threaded process; the child only runs ordinary Rust code.
     match unsafe { fork() } {
-        Ok(ForkResult::Child) => pid_one(&plan, control_writer),
+        Ok(ForkResult::Child) => pid_one(&control, seccomp, control_writer),
         Ok(ForkResult::Parent { child }) => {
             // Only pid 1 keeps the link: when it exits, the supervisor sees EOF.
             drop(control);
@@ -100,16 +96,7 @@ pub fn run() -> ! {
             };
             std::process::exit(code)
         }
-        Err(e) => {
-            let reason = format!("forking pid 1: {e}");
-            send(
-                &mut control_writer,
-                &FromShim::Failed {
-                    reason: reason.clone(),
-                },
-            );
-            fail_early(&reason)
-        }
+        Err(e) => fail(&mut control_writer, format!("forking pid 1: {e}")),
     }
 }
 
@@ -118,18 +105,21 @@ fn fail_early(reason: &str) -> ! {
     std::process::exit(EXIT_SETUP_FAILED)
 }
 
-fn read_plan(control: &UnixStream) -> Result<SandboxPlan, String> {
+/// Reads the next message from the supervisor.
+fn read_message(reader: &mut impl BufRead) -> Result<ToShim, String> {
     let mut line = String::new();
-    BufReader::new(control)
-        .read_line(&mut line)
-        .map_err(|e| format!("reading the plan: {e}"))?;
-    match serde_json::from_str::<ToShim>(&line) {
-        Ok(ToShim::Start(plan)) => Ok(*plan),
-        Err(e) => Err(format!("the plan is not valid: {e}")),
+    match reader.read_line(&mut line) {
+        Ok(0) => Err("the supervisor closed the control socket".into()),
+        Ok(_) => serde_json::from_str(&line).map_err(|e| format!("invalid message: {e}")),
+        Err(e) => Err(format!("reading the control socket: {e}")),
     }
 }
 
-fn pid_one(plan: &SandboxPlan, mut control: UnixStream) -> ! {
+fn pid_one(
+    control_reader: &UnixStream,
+    seccomp: Result<confine::SeccompPrograms, confine::ConfineError>,
+    mut control: UnixStream,
+) -> ! {
     let fail = |control: &mut UnixStream, reason: String| -> ! {
         send(
             control,
@@ -139,7 +129,18 @@ fn pid_one(plan: &SandboxPlan, mut control: UnixStream) -> ! {
         );
         fail_early(&reason)
     };
-    if let Err(e) = setup::build_root(plan) {
+    let seccomp = match seccomp {
+        Ok(programs) => programs,
+        Err(e) => fail(&mut control, e.to_string()),
+    };
+    // One reader for both messages: the second may arrive in the same read as the first.
+    let mut reader = BufReader::new(control_reader);
+    let base = match read_message(&mut reader) {
+        Ok(ToShim::Prepare(base)) => *base,
+        Ok(ToShim::Start(_)) => fail(&mut control, "the plan came before the base".into()),
+        Err(reason) => fail(&mut control, reason),
+    };
+    if let Err(e) = setup::prepare_root(&base) {
         fail(&mut control, e.to_string());
     }
     // SIGCHLD arrives through a signalfd so one poll() watches children and the socket.
@@ -153,7 +154,21 @@ fn pid_one(plan: &SandboxPlan, mut control: UnixStream) -> ! {
         Ok(fd) => fd,
         Err(e) => fail(&mut control, format!("signalfd: {e}")),
     };
-    let (agent, landlock_abi) = match start_agent(plan) {
+    // Everything above ran before the plan when the sandbox was prepared ahead of need.
+    let plan = match read_message(&mut reader) {
+        Ok(ToShim::Start(plan)) => *plan,
+        Ok(ToShim::Prepare(_)) => fail(
+            &mut control,
+            "a second base came instead of the plan".into(),
+        ),
+        Err(reason) => fail(&mut control, reason),
+    };
+    drop(reader);
+    if let Err(e) = setup::finish_root(&base, &plan) {
+        fail(&mut control, e.to_string());
+    }
+    let plan = &plan;
+    let (agent, landlock_abi) = match start_agent(plan, &seccomp) {
         Ok(started) => started,
         Err(reason) => fail(&mut control, reason),
     };
@@ -219,7 +234,10 @@ fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<Age
 
 /// Forks the agent, maps its ids, and waits until it has executed (or failed). Returns its
 /// pid and the Landlock ABI it runs under.
-fn start_agent(plan: &SandboxPlan) -> Result<(Pid, u32), String> {
+fn start_agent(
+    plan: &SandboxPlan,
+    seccomp: &confine::SeccompPrograms,
+) -> Result<(Pid, u32), String> {
     use nix::fcntl::OFlag;
     // Both ends close on exec: EOF on the report pipe means the agent's exec succeeded.
     let (report_read, report_write) =
@@ -231,7 +249,7 @@ fn start_agent(plan: &SandboxPlan) -> Result<(Pid, u32), String> {
         Ok(ForkResult::Child) => {
             drop(report_read);
             drop(go_write);
-            let reason = agent_child(plan, &report_write, go_read);
+            let reason = agent_child(plan, seccomp, &report_write, go_read);
             let _ = nix::unistd::write(&report_write, reason.as_bytes());
             std::process::exit(EXIT_SETUP_FAILED)
         }
@@ -284,7 +302,12 @@ fn read_all(fd: &OwnedFd) -> String {
 
 /// The agent side: returns only on failure (with the reason). On success it executes the
 /// agent, which closes the report pipe.
-fn agent_child(plan: &SandboxPlan, report: &OwnedFd, go: OwnedFd) -> String {
+fn agent_child(
+    plan: &SandboxPlan,
+    seccomp: &confine::SeccompPrograms,
+    report: &OwnedFd,
+    go: OwnedFd,
+) -> String {
     let step = || -> Result<(), String> {
         nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
         // Restore the default signal mask pid 1 set up for itself.
@@ -301,7 +324,7 @@ fn agent_child(plan: &SandboxPlan, report: &OwnedFd, go: OwnedFd) -> String {
         confine::no_new_privs().map_err(|e| e.to_string())?;
         confine::no_core_dumps().map_err(|e| e.to_string())?;
         confine::landlock(&plan.landlock).map_err(|e| e.to_string())?;
-        confine::seccomp().map_err(|e| e.to_string())?;
+        seccomp.install().map_err(|e| e.to_string())?;
         std::env::set_current_dir(&plan.agent.cwd)
             .map_err(|e| format!("cwd {}: {e}", plan.agent.cwd.display()))?;
         Ok(())

@@ -39,18 +39,25 @@ pub struct AgentCommand {
     pub cwd: PathBuf,
 }
 
-/// One sandbox.
+/// What every sandbox of a supervisor shares, sent before any receipt is known: the shim
+/// builds this part of the root ahead of need.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SandboxPlan {
-    /// The run id (the receipt id).
-    pub run_id: String,
+pub struct SandboxBase {
     /// Host name inside the sandbox.
     pub hostname: String,
-    /// An empty host directory where the new root is assembled (a tmpfs is mounted on it).
+    /// An empty host directory where the new root is assembled: a tmpfs is mounted on it
+    /// inside the sandbox's own mount namespace, so one directory serves every sandbox.
     pub root_dir: PathBuf,
     /// Host system directories shown read-only at the same path (symlinks, as on merged-/usr
     /// systems, are recreated as symlinks).
     pub system_paths: Vec<PathBuf>,
+}
+
+/// One sandbox: what its receipt decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxPlan {
+    /// The run id (the receipt id).
+    pub run_id: String,
     /// Host directory shown read-write at `/work`.
     pub workspace: PathBuf,
     /// Size of the `/tmp` tmpfs.

@@ -1,9 +1,10 @@
 //! Messages on the control socket between the supervisor and the shim: one JSON object per
-//! line. The supervisor sends the plan; the shim answers with lifecycle events.
+//! line. The supervisor sends the base (at once) and the plan (when a run takes the sandbox);
+//! the shim answers with lifecycle events.
 
 use serde::{Deserialize, Serialize};
 
-use crate::plan::SandboxPlan;
+use crate::plan::{SandboxBase, SandboxPlan};
 
 /// The fd number the control socket has in the shim.
 pub const CONTROL_FD: i32 = 3;
@@ -12,7 +13,9 @@ pub const CONTROL_FD: i32 = 3;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToShim {
-    /// Build this sandbox and start the agent.
+    /// First message: build the part of the sandbox no receipt decides.
+    Prepare(Box<SandboxBase>),
+    /// Second message: complete the sandbox for this run and start the agent.
     Start(Box<SandboxPlan>),
 }
 

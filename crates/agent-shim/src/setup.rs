@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root, sethostname};
 
-use crate::plan::SandboxPlan;
+use crate::plan::{SandboxBase, SandboxPlan};
 
 /// A step of building the sandbox failed.
 #[derive(Debug, thiserror::Error)]
@@ -186,9 +186,12 @@ fn bind(source: &Path, target: &Path, how: Restrict) -> Result<(), SetupError> {
     restrict_recursively(target, how)
 }
 
-/// Builds the new root from the plan and switches to it. Must run in a fresh mount namespace
-/// and, for `/proc`, as pid 1 of a fresh pid namespace.
-pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
+/// Builds the part of the sandbox no receipt decides: a tmpfs root at `base.root_dir` with
+/// the host's system directories read-only, a fresh `/proc`, a minimal `/dev`, the host
+/// name and loopback. Must run in fresh mount, uts and net namespaces and, for `/proc`, as
+/// pid 1 of a fresh pid namespace. Runs before the plan arrives when the sandbox is prepared
+/// ahead of need.
+pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
     // Nothing we mount may propagate back to the host.
     mount(
         None::<&str>,
@@ -198,7 +201,7 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
         None::<&str>,
     )
     .map_err(SetupError::Private)?;
-    let root = plan.root_dir.as_path();
+    let root = base.root_dir.as_path();
     mount_fs(
         "tollgate-root",
         root,
@@ -207,7 +210,7 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
         "mode=0755,size=1m",
     )?;
 
-    for path in &plan.system_paths {
+    for path in &base.system_paths {
         let target = inside(root, path);
         match fs::symlink_metadata(path) {
             Ok(meta) if meta.file_type().is_symlink() => {
@@ -290,6 +293,16 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
         },
     )?;
 
+    // The network and uts namespaces are the sandbox's own: set them up now too.
+    sethostname(&base.hostname).map_err(SetupError::Hostname)?;
+    loopback_up().map_err(SetupError::Loopback)?;
+    Ok(())
+}
+
+/// Completes the root prepared by [`prepare_root`] from the plan (`/tmp`, `/work`, the
+/// receipt's grants) and switches to it.
+pub fn finish_root(base: &SandboxBase, plan: &SandboxPlan) -> Result<(), SetupError> {
+    let root = base.root_dir.as_path();
     let tmp = inside(root, Path::new("/tmp"));
     create_dir(&tmp)?;
     mount_fs(
@@ -350,8 +363,7 @@ pub fn build_root(plan: &SandboxPlan) -> Result<(), SetupError> {
             source,
         })?;
     }
-    sethostname(&plan.hostname).map_err(SetupError::Hostname)?;
-    loopback_up().map_err(SetupError::Loopback)
+    Ok(())
 }
 
 /// Brings up `lo` in the (new, empty) network namespace: the only interface the sandbox has.

@@ -1,12 +1,16 @@
 //! One cgroup per run, on cgroup v2, v1, or a hybrid host (v1 controllers beside a v2 tree).
 //!
 //! The cgroup exists, with its limits applied and read back, before the agent does: the
-//! sandbox's first process is placed in it (every `cgroup.procs` file from
-//! [`RunCgroup::procs_files`]) before it may run anything. The cgroup is the source of truth
+//! sandbox's first process (the shim) is placed in it (every `cgroup.procs` file from
+//! [`RunCgroup::procs_files`]) between fork and exec, and the run's limits are in place
+//! before the shim is given its plan. The cgroup is the source of truth
 //! for "everything the run started": teardown kills what it contains and removes it.
 //!
-//! `cgroups-rs` creates the directories and applies the limits. Three things it does not do
-//! are written here at file level, each small:
+//! `cgroups-rs` creates the directories (and enables the v2 controllers in the parent).
+//! What it does not do, or does too slowly for a run's start, is written here at file level,
+//! each small:
+//! * **Limits**: five control files written and read back (`RunCgroup::apply_limits`);
+//!   `cgroups-rs` would re-read the mount table on every load, on every start.
 //! * **Hybrid hosts**: `cgroups-rs` picks v1 there and ignores the v2 tree beside it. We also
 //!   create the run's directory in the v2 tree, with no controllers, purely for membership, so
 //!   that `cgroup.kill` works (systemd does the same on hybrid hosts).
@@ -14,8 +18,8 @@
 //!   every member, thaw, and repeat until empty, so nothing forks away mid-kill.
 //! * **Removal with retries**: `rmdir` of a cgroup fails with `EBUSY` while the kernel is
 //!   still releasing dying tasks; we retry with backoff instead of leaking it.
-//! * **Verification**: `cgroups-rs` ignores errors when applying some limits; we read every
-//!   limit back and fail closed if the kernel does not hold what the receipt promises.
+//! * **Verification**: we read every limit back and fail closed if the kernel does not hold
+//!   what the receipt promises.
 
 use std::fs;
 use std::io::ErrorKind;
@@ -23,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cgroups_rs::fs::hierarchies::{self, V1};
-use cgroups_rs::fs::{Cgroup, Controllers, MaxValue, Resources};
+use cgroups_rs::fs::{Cgroup, Controllers};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
@@ -39,6 +43,8 @@ const V1_CONTROLLERS: [Controllers; 4] = [
     Controllers::Cpu,
     Controllers::Freezer,
 ];
+/// v2 controllers a run uses (enabled in the parent's `cgroup.subtree_control`).
+const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 /// CFS period used for the CPU quota.
 const CPU_PERIOD_US: u64 = 100_000;
 
@@ -158,16 +164,6 @@ impl CgroupLimits {
     fn cpu_quota_us(&self) -> u64 {
         (u64::from(self.cpu_millicores) * CPU_PERIOD_US / 1000).max(1000)
     }
-
-    fn resources(&self) -> Resources {
-        let mut resources = Resources::default();
-        let memory = i64::try_from(self.memory_rounded()).unwrap_or(i64::MAX);
-        resources.memory.memory_hard_limit = Some(memory);
-        resources.pid.maximum_number_of_processes = Some(MaxValue::Value(i64::from(self.pids)));
-        resources.cpu.quota = Some(i64::try_from(self.cpu_quota_us()).unwrap_or(i64::MAX));
-        resources.cpu.period = Some(CPU_PERIOD_US);
-        resources
-    }
 }
 
 /// The cgroup of one run, in every hierarchy the host has.
@@ -211,9 +207,24 @@ fn write_file(file: &Path, value: &str) -> Result<(), CgroupError> {
 }
 
 impl RunCgroup {
-    /// Creates `relative` (e.g. `tollgate/<run-id>`) in every hierarchy, applies `limits` and
-    /// reads them back. On any failure, whatever was created is removed again.
+    /// Creates `relative` (e.g. `tollgate/<sandbox-id>`) in every hierarchy, applies
+    /// `limits` and reads them back. On any failure, whatever was created is removed again.
     pub fn create(relative: &str, limits: CgroupLimits) -> Result<Self, CgroupError> {
+        let cgroup = Self::create_unlimited(relative)?;
+        match cgroup.apply_limits(limits) {
+            Ok(()) => Ok(cgroup),
+            Err(error) => {
+                // Best effort: the original error is what the caller needs to see.
+                let _ = cgroup.remove();
+                Err(error)
+            }
+        }
+    }
+
+    /// Creates `relative` in every hierarchy without limits yet: for a sandbox prepared
+    /// ahead of need, whose only processes are the shim's, idle until
+    /// [`RunCgroup::apply_limits`] has run. On failure nothing is left behind.
+    pub fn create_unlimited(relative: &str) -> Result<Self, CgroupError> {
         let mode = CgroupMode::detect();
         let mut cgroup = Self {
             relative: relative.to_owned(),
@@ -221,33 +232,30 @@ impl RunCgroup {
             v1_dirs: Vec::new(),
             v2_dir: None,
         };
-        let result = cgroup.create_inner(limits);
-        if let Err(error) = result {
-            // Best effort: the original error is what the caller needs to see.
+        if let Err(error) = cgroup.create_dirs() {
             let _ = cgroup.remove();
             return Err(error);
         }
         Ok(cgroup)
     }
 
-    fn create_inner(&mut self, limits: CgroupLimits) -> Result<(), CgroupError> {
-        let create_error = |detail: String| CgroupError::Create {
+    fn create_error(&self, detail: String) -> CgroupError {
+        CgroupError::Create {
             path: self.relative.clone(),
             detail,
-        };
+        }
+    }
+
+    fn create_dirs(&mut self) -> Result<(), CgroupError> {
         match self.mode {
             CgroupMode::Unified => {
                 self.v2_dir = Some(Path::new(UNIFIED_ROOT).join(&self.relative));
-                let group = Cgroup::new_with_specified_controllers(
+                Cgroup::new_with_specified_controllers(
                     hierarchies::auto(),
                     &self.relative,
-                    Some(vec!["memory".into(), "pids".into(), "cpu".into()]),
+                    Some(V2_CONTROLLERS.map(String::from).to_vec()),
                 )
-                .map_err(|e| create_error(e.to_string()))?;
-                group
-                    .apply(&limits.resources())
-                    .map_err(|e| create_error(e.to_string()))?;
-                self.verify_v2_limits(limits)
+                .map_err(|e| self.create_error(e.to_string()))?;
             }
             CgroupMode::Legacy | CgroupMode::Hybrid => {
                 let v1 = V1::new();
@@ -255,31 +263,62 @@ impl RunCgroup {
                     let dir = v1_mount(&v1, controller.clone())?.join(&self.relative);
                     self.v1_dirs.push((controller, dir));
                 }
-                let group = Cgroup::new_with_specified_controllers(
+                Cgroup::new_with_specified_controllers(
                     Box::new(V1::new()),
                     &self.relative,
                     Some(V1_CONTROLLERS.iter().map(|c| c.to_string()).collect()),
                 )
-                .map_err(|e| create_error(e.to_string()))?;
-                let mut resources = limits.resources();
-                // No swap beyond the memory limit, where swap accounting exists.
-                let memory_dir = self.v1_dir(&Controllers::Mem);
-                if memory_dir.join("memory.memsw.limit_in_bytes").exists() {
-                    resources.memory.memory_swap_limit = resources.memory.memory_hard_limit;
-                }
-                group
-                    .apply(&resources)
-                    .map_err(|e| create_error(e.to_string()))?;
-                self.verify_v1_limits(limits)?;
+                .map_err(|e| self.create_error(e.to_string()))?;
                 if self.mode == CgroupMode::Hybrid {
                     let dir = Path::new(HYBRID_V2_ROOT).join(&self.relative);
                     fs::create_dir_all(&dir)
-                        .map_err(|e| create_error(format!("{}: {e}", dir.display())))?;
+                        .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
                     self.v2_dir = Some(dir);
                 }
-                Ok(())
             }
         }
+        Ok(())
+    }
+
+    /// Applies `limits` and reads every one back: the run must never start without what the
+    /// receipt promises. Written file by file rather than through `cgroups-rs`, whose
+    /// `Cgroup::load` re-reads the mount table each time: this runs on every start.
+    pub fn apply_limits(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        let memory = limits.memory_rounded().to_string();
+        let pids = limits.pids.to_string();
+        let quota = limits.cpu_quota_us().to_string();
+        match self.mode {
+            CgroupMode::Unified => {
+                let dir = self.v2_dir.clone().unwrap_or_default();
+                write_file(&dir.join("memory.max"), &memory)?;
+                // No swap beyond the memory limit, where swap accounting exists.
+                if dir.join("memory.swap.max").exists() {
+                    write_file(&dir.join("memory.swap.max"), "0")?;
+                }
+                write_file(&dir.join("pids.max"), &pids)?;
+                write_file(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+                self.verify_v2_limits(limits)
+            }
+            CgroupMode::Legacy | CgroupMode::Hybrid => {
+                let memory_dir = self.v1_dir(&Controllers::Mem);
+                // The memory limit first: memory+swap may never be below it.
+                write_file(&memory_dir.join("memory.limit_in_bytes"), &memory)?;
+                let memsw = memory_dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write_file(&memsw, &memory)?;
+                }
+                write_file(&self.v1_dir(&Controllers::Pids).join("pids.max"), &pids)?;
+                let cpu = self.v1_dir(&Controllers::Cpu);
+                write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write_file(&cpu.join("cpu.cfs_quota_us"), &quota)?;
+                self.verify_v1_limits(limits)
+            }
+        }
+    }
+
+    /// The cgroup's path relative to each hierarchy's root (e.g. `tollgate/<sandbox-id>`).
+    pub fn relative(&self) -> &str {
+        &self.relative
     }
 
     fn v1_dir(&self, controller: &Controllers) -> PathBuf {
@@ -316,9 +355,8 @@ impl RunCgroup {
 
     fn verify_v2_limits(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
         let dir = self.v2_dir.clone().unwrap_or_default();
-        // cgroups-rs sets memory.max; swap beyond it is refused here.
         if dir.join("memory.swap.max").exists() {
-            write_file(&dir.join("memory.swap.max"), "0")?;
+            expect_value(dir.join("memory.swap.max"), "0".into())?;
         }
         expect_value(dir.join("memory.max"), limits.memory_rounded().to_string())?;
         expect_value(dir.join("pids.max"), limits.pids.to_string())?;

@@ -13,3 +13,4 @@ pub mod records;
 pub mod runs;
 pub mod sandbox;
 pub mod service;
+pub mod warm;

@@ -58,6 +58,11 @@ struct Flags {
     /// How many host ids (and so live runs) are available.
     #[arg(long, value_name = "N", default_value_t = 65_536)]
     host_id_count: u32,
+    /// Sandboxes prepared ahead of need (cgroup, shim, namespaces, the part of the root no
+    /// receipt decides), to take that work off a run's start. Each serves one run; it gets
+    /// the run's limits before the agent exists. 0 prepares each on demand.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    warm_sandboxes: usize,
 }
 
 #[tokio::main]
@@ -101,6 +106,7 @@ async fn main() -> ExitCode {
             cgroup_parent: flags.cgroup_parent,
             host_ids: flags.host_id_base..flags.host_id_base.saturating_add(flags.host_id_count),
             clock_skew: Duration::from_secs(flags.clock_skew),
+            warm_sandboxes: flags.warm_sandboxes,
         },
         listen,
         trust: match (flags.authority, flags.trust_keys) {

@@ -102,6 +102,9 @@ pub struct TeardownReport {
     /// The Landlock ABI version the agent ran under (none when it never started).
     #[serde(default)]
     pub landlock_abi: Option<u32>,
+    /// The sandbox's cgroup, relative to each hierarchy's root (none when it had none).
+    #[serde(default)]
+    pub cgroup: Option<String>,
 }
 
 /// One run as recorded.
@@ -244,12 +247,19 @@ impl RunRecords {
         Ok(ids.collect::<Result<_, _>>()?)
     }
 
-    /// Marks a run running.
+    /// Marks a run running. Committed without waiting for the disk: after a crash,
+    /// `starting` and `running` are both swept as `lost`, so losing this update changes
+    /// nothing, and it is on every run's start. The next durable commit carries it.
     pub fn set_running(&self, run_id: &str) -> Result<(), RecordsError> {
-        self.conn().execute(
+        let conn = self.conn();
+        conn.execute_batch("PRAGMA synchronous = NORMAL")?;
+        let updated = conn.execute(
             "UPDATE runs SET state = 'running' WHERE run_id = ?1 AND state = 'starting'",
             params![run_id],
-        )?;
+        );
+        // Every other write stays durable, even if the update failed.
+        conn.execute_batch("PRAGMA synchronous = FULL")?;
+        updated?;
         Ok(())
     }
 

@@ -22,7 +22,11 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
-use crate::sandbox::{plan_for, RunDirs, SandboxError, SandboxProcess};
+use crate::sandbox::{
+    create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxError, SandboxOutput,
+    SandboxProcess,
+};
+use crate::warm::{PreparedSandbox, SandboxPool};
 
 /// How long teardown waits for a cgroup to empty after killing it.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -42,6 +46,8 @@ pub struct RunSettings {
     pub host_ids: std::ops::Range<u32>,
     /// Tolerated clock skew when checking validity windows.
     pub clock_skew: Duration,
+    /// How many sandboxes to keep prepared ahead of need (0: prepare each on demand).
+    pub warm_sandboxes: usize,
 }
 
 /// Why a run could not start. Nothing was spawned.
@@ -133,6 +139,7 @@ pub struct RunManager {
     settings: RunSettings,
     records: RunRecords,
     admission: RwLock<ReceiptAdmission>,
+    sandboxes: Arc<SandboxPool>,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,
@@ -193,10 +200,20 @@ impl RunManager {
         }
         let admission =
             ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
+        let base = sandbox_base(&settings.data_dir);
+        create_mount_point(&base)?;
+        let sandboxes = SandboxPool::new(
+            settings.shim.clone(),
+            settings.cgroup_parent.clone(),
+            base,
+            settings.warm_sandboxes,
+        );
+        sandboxes.refill();
         let manager = Arc::new(Self {
             settings,
             records,
             admission: RwLock::new(admission),
+            sandboxes,
             live: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
@@ -323,20 +340,19 @@ impl RunManager {
         // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
         let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), &run_id);
         let limits = receipt.limits.unwrap_or_default();
-        let cgroup = match RunCgroup::create(
-            &format!("{}/{run_id}", self.settings.cgroup_parent),
-            CgroupLimits {
-                memory_bytes: limits.memory_bytes,
-                pids: limits.pids,
-                cpu_millicores: limits.cpu_millicores,
-            },
-        ) {
-            Ok(cgroup) => cgroup,
+        let prepared = self.sandboxes.take(CgroupLimits {
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            cpu_millicores: limits.cpu_millicores,
+        });
+        let PreparedSandbox { cgroup, shim } = match prepared {
+            Ok(prepared) => prepared,
             Err(e) => {
                 self.fail(&run_id, &dirs, &e.to_string(), started_ms);
-                return Err(e.into());
+                return Err(e);
             }
         };
+        tracing::debug!(run_id = %run_id, cgroup = cgroup.relative(), "sandbox taken");
         // Live from here on: a stop, revocation or expiry that arrives while the sandbox is
         // being built is noted, and acted on as soon as there is something to kill.
         let live = Arc::new(LiveRun {
@@ -354,9 +370,26 @@ impl RunManager {
             let live = live.clone();
             std::thread::spawn(move || expire_at(&live, expires_at))
         };
-        match self.spawn_sandbox(receipt, &dirs, host_id, argv, &live) {
-            Ok(process) => {
-                let (process, out_read, err_read) = process;
+        match self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim) {
+            Ok((process, SandboxOutput { stdout, stderr })) => {
+                // Relay output first: the agent is already writing.
+                let budget = Arc::new(AtomicU64::new(limits.output_bytes));
+                let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                let relays = [
+                    (stdout, OutputStream::Stdout),
+                    (stderr, OutputStream::Stderr),
+                ]
+                .map(|(pipe, stream)| {
+                    let (run_id, output, budget, truncated) = (
+                        run_id.clone(),
+                        output.clone(),
+                        budget.clone(),
+                        truncated.clone(),
+                    );
+                    std::thread::spawn(move || {
+                        relay(pipe, stream, &run_id, &output, &budget, &truncated)
+                    })
+                });
                 if let Err(e) = self.records.set_running(&run_id) {
                     live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
                 }
@@ -377,23 +410,6 @@ impl RunManager {
                     start_us = admitted_at.elapsed().as_micros() as u64,
                     "run started"
                 );
-                let budget = Arc::new(AtomicU64::new(limits.output_bytes));
-                let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
-                let relays = [
-                    (out_read, OutputStream::Stdout),
-                    (err_read, OutputStream::Stderr),
-                ]
-                .map(|(pipe, stream)| {
-                    let (run_id, output, budget, truncated) = (
-                        run_id.clone(),
-                        output.clone(),
-                        budget.clone(),
-                        truncated.clone(),
-                    );
-                    std::thread::spawn(move || {
-                        relay(pipe, stream, &run_id, &output, &budget, &truncated)
-                    })
-                });
                 let manager = self.clone();
                 let thread_run_id = run_id.clone();
                 std::thread::spawn(move || {
@@ -426,8 +442,7 @@ impl RunManager {
         }
     }
 
-    /// Prepares the run directories and plan and starts the shim in the run's cgroup.
-    #[allow(clippy::type_complexity)]
+    /// Prepares the run directories and plan and sends the plan to the sandbox's shim.
     fn spawn_sandbox(
         &self,
         receipt: &tollgate_proto::v1::Receipt,
@@ -435,25 +450,29 @@ impl RunManager {
         host_id: u32,
         argv: Option<Vec<String>>,
         live: &LiveRun,
-    ) -> Result<(SandboxProcess, std::io::PipeReader, std::io::PipeReader), StartError> {
-        dirs.create(host_id)?;
-        let plan = plan_for(receipt, dirs, host_id, argv)?;
-        let (out_read, out_write) = std::io::pipe().map_err(SandboxError::Control)?;
-        let (err_read, err_write) = std::io::pipe().map_err(SandboxError::Control)?;
-        if let Some((_, reason)) = live.pending() {
-            return Err(SandboxError::Setup(format!("cancelled before start: {reason}")).into());
-        }
-        let (process, started) = SandboxProcess::start(
-            &self.settings.shim,
-            &plan,
-            &live.cgroup,
-            out_write.into(),
-            err_write.into(),
-        )?;
+        shim: IdleShim,
+    ) -> Result<(SandboxProcess, SandboxOutput), StartError> {
+        let planned = dirs
+            .create(host_id)
+            .and_then(|()| plan_for(receipt, dirs, host_id, argv));
+        let plan = match (planned, live.pending()) {
+            (Ok(plan), None) => plan,
+            (Err(e), _) => {
+                shim.discard();
+                return Err(e.into());
+            }
+            (Ok(_), Some((_, reason))) => {
+                shim.discard();
+                return Err(
+                    SandboxError::Setup(format!("cancelled before start: {reason}")).into(),
+                );
+            }
+        };
+        let (process, started, output) = SandboxProcess::start(shim, &plan)?;
         if let FromShim::Started { landlock_abi, .. } = started {
             let _ = live.landlock_abi.set(landlock_abi);
         }
-        Ok((process, out_read, err_read))
+        Ok((process, output))
     }
 
     /// Asks a live run to stop. Returns `false` when it is not live.
@@ -474,6 +493,7 @@ impl RunManager {
             let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
             self.closing.store(true, Ordering::SeqCst);
         }
+        self.sandboxes.close();
         // Starts already past admission finish first (they are then live, or failed).
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
@@ -598,6 +618,7 @@ impl RunManager {
             report.cleanup_errors.push(e.to_string());
         }
         report.peak_memory_bytes = live.cgroup.peak_memory();
+        report.cgroup = Some(live.cgroup.relative().to_owned());
         if let Err(e) = live.cgroup.remove() {
             report.cleanup_errors.push(e.to_string());
         }

@@ -1,8 +1,9 @@
 //! From a verified receipt to a running sandbox: the plan (pure, unit-tested) and the spawn
-//! of `tollgate-shim` inside the run's cgroup.
+//! of `tollgate-shim` in the sandbox's cgroup (see [`crate::warm`] for sandboxes prepared
+//! ahead of need).
 
 use std::fs;
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader, PipeReader, Write as _};
 use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::os::unix::net::UnixStream;
@@ -10,7 +11,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use tollgate_agent_shim::plan::{AgentCommand, Bind, LandlockPlan, SandboxPlan};
+use tollgate_agent_shim::plan::{AgentCommand, Bind, LandlockPlan, SandboxBase, SandboxPlan};
 use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD};
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
@@ -21,6 +22,30 @@ use crate::cgroup::RunCgroup;
 pub const SYSTEM_PATHS: [&str; 8] = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
 ];
+
+/// What every sandbox of this supervisor shares: the mount point of the new root
+/// (`<data-dir>/root`, empty; each sandbox mounts its root there in its own mount namespace)
+/// and the system directories shown read-only.
+pub fn sandbox_base(data_dir: &Path) -> SandboxBase {
+    SandboxBase {
+        hostname: "tollgate".into(),
+        root_dir: data_dir.join("root"),
+        // The shim skips system paths this host lacks.
+        system_paths: SYSTEM_PATHS.iter().map(PathBuf::from).collect(),
+    }
+}
+
+/// Creates the (empty, root-owned, traversable) mount point of `base`.
+pub fn create_mount_point(base: &SandboxBase) -> Result<(), SandboxError> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&base.root_dir)
+        .map_err(|source| SandboxError::RunDir {
+            path: base.root_dir.clone(),
+            source,
+        })
+}
 
 /// The agent's uid and gid inside its user namespace.
 pub const AGENT_INNER_ID: u32 = 1000;
@@ -67,13 +92,11 @@ pub enum SandboxError {
     Setup(String),
 }
 
-/// Where a run's host-side files live: `<runs>/<run_id>/{root,work}`.
+/// Where a run's host-side files live: `<runs>/<run_id>/work`.
 #[derive(Debug, Clone)]
 pub struct RunDirs {
     /// `<runs>/<run_id>`.
     pub base: PathBuf,
-    /// Empty mount point for the sandbox's root.
-    pub root: PathBuf,
     /// The workspace, shown at `/work`.
     pub work: PathBuf,
 }
@@ -83,20 +106,19 @@ impl RunDirs {
     pub fn new(runs: &Path, run_id: &str) -> Self {
         let base = runs.join(run_id);
         Self {
-            root: base.join("root"),
             work: base.join("work"),
             base,
         }
     }
 
-    /// Creates them: `base` and `root` 0711 (owned by root, traversable), `work` 0700 owned
-    /// by the sandbox's host id so only that sandbox's agent can use it.
+    /// Creates them: `base` 0711 (owned by root, traversable), `work` 0700 owned by the
+    /// sandbox's host id so only that sandbox's agent can use it.
     pub fn create(&self, host_id: u32) -> Result<(), SandboxError> {
         let error = |path: &Path| {
             let path = path.to_owned();
             move |source| SandboxError::RunDir { path, source }
         };
-        for dir in [&self.base, &self.root, &self.work] {
+        for dir in [&self.base, &self.work] {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o711)
@@ -192,10 +214,13 @@ pub fn plan_for(
             writable: grant.access == pb::FsAccess::Write as i32,
         })
         .collect();
-    let system: Vec<PathBuf> = SYSTEM_PATHS.iter().map(PathBuf::from).collect();
     // System paths are shown at the same path, so the host tells which exist; everything
     // else below is a sandbox path the shim creates.
-    let mut read: Vec<PathBuf> = system.iter().filter(|p| p.exists()).cloned().collect();
+    let mut read: Vec<PathBuf> = SYSTEM_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .collect();
     read.extend(["/proc", "/dev"].map(PathBuf::from));
     read.extend(
         binds
@@ -232,10 +257,6 @@ pub fn plan_for(
         .unwrap_or_else(|| "/work".into());
     Ok(SandboxPlan {
         run_id: receipt.receipt_id.clone(),
-        hostname: "tollgate".into(),
-        root_dir: dirs.root.clone(),
-        // The shim skips system paths this host lacks.
-        system_paths: system,
         workspace: dirs.work.clone(),
         tmpfs_bytes: limits.tmpfs_bytes,
         binds,
@@ -254,13 +275,25 @@ pub fn plan_for(
     })
 }
 
-/// A running `tollgate-shim` and its control socket.
+/// A `tollgate-shim` that has not been given its plan yet. It was started inside its
+/// sandbox's cgroup (it joins every hierarchy between fork and exec, so nothing of the
+/// sandbox ever runs outside that cgroup), has compiled the seccomp programs, unshared the
+/// sandbox's namespaces and forked pid 1, which is blocked reading the plan on the control
+/// socket. A shim serves exactly one sandbox. When the supervisor goes away the socket
+/// closes and the shim exits.
 #[derive(Debug)]
-pub struct SandboxProcess {
+pub struct IdleShim {
     child: Child,
-    events: BufReader<UnixStream>,
-    // Kept open: closing it tells pid 1 the supervisor is gone.
-    _control: UnixStream,
+    control: UnixStream,
+    stdout: PipeReader,
+    stderr: PipeReader,
+}
+
+/// Sends one message as a JSON line.
+fn send_line(control: &mut UnixStream, message: &ToShim) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    control.write_all(&line)
 }
 
 /// Formats `value` in decimal into `buffer`, returning the digits (no allocation: used
@@ -277,17 +310,17 @@ fn decimal(mut value: u32, buffer: &mut [u8; 10]) -> &[u8] {
     }
 }
 
-impl SandboxProcess {
-    /// Starts `shim` inside `cgroup` (it joins every hierarchy before it execs, so nothing of
-    /// the sandbox ever runs outside the limits), sends it the plan, and waits for `Started`.
-    pub fn start(
+impl IdleShim {
+    /// Starts `shim` inside `cgroup`, with the control socket on fd 3 and fresh stdout and
+    /// stderr pipes, and sends it `base` to prepare.
+    pub fn spawn(
         shim: &Path,
-        plan: &SandboxPlan,
         cgroup: &RunCgroup,
-        stdout: Stdio,
-        stderr: Stdio,
-    ) -> Result<(Self, FromShim), SandboxError> {
+        base: &SandboxBase,
+    ) -> Result<Self, SandboxError> {
         let (ours, theirs) = UnixStream::pair().map_err(SandboxError::Control)?;
+        let (stdout, out_write) = std::io::pipe().map_err(SandboxError::Control)?;
+        let (stderr, err_write) = std::io::pipe().map_err(SandboxError::Control)?;
         let procs: Vec<OwnedFd> = cgroup
             .procs_files()
             .iter()
@@ -307,8 +340,8 @@ impl SandboxProcess {
         let mut command = Command::new(shim);
         command
             .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
+            .stdout(out_write)
+            .stderr(err_write)
             .env_clear();
         #[allow(unsafe_code)]
         // SAFETY: the closure runs between fork and exec in the child and only makes
@@ -337,24 +370,86 @@ impl SandboxProcess {
             shim: shim.to_owned(),
             source,
         })?;
+        // `command` still holds the pipes' write ends: drop it so the relays see EOF once
+        // the sandbox's last process has exited.
+        drop(command);
         drop(theirs);
         drop(procs);
+        let mut idle = Self {
+            child,
+            control: ours,
+            stdout,
+            stderr,
+        };
+        if let Err(e) = send_line(&mut idle.control, &ToShim::Prepare(Box::new(base.clone()))) {
+            idle.discard();
+            return Err(SandboxError::Control(e));
+        }
+        Ok(idle)
+    }
+
+    /// Kills and reaps the shim (it was never given a plan; its pid 1 exits with the
+    /// socket, and the cgroup's owner kills what is left).
+    pub fn discard(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a started sandbox writes: the read ends of its stdout and stderr pipes.
+#[derive(Debug)]
+pub struct SandboxOutput {
+    /// The agent's standard output.
+    pub stdout: PipeReader,
+    /// The agent's standard error.
+    pub stderr: PipeReader,
+}
+
+/// A running `tollgate-shim` and its control socket.
+#[derive(Debug)]
+pub struct SandboxProcess {
+    child: Child,
+    events: BufReader<UnixStream>,
+    // Kept open: closing it tells pid 1 the supervisor is gone.
+    _control: UnixStream,
+}
+
+impl SandboxProcess {
+    /// Sends the idle `shim` its plan and waits for `Started`. The caller has applied the
+    /// run's limits to the shim's cgroup first.
+    pub fn start(
+        shim: IdleShim,
+        plan: &SandboxPlan,
+    ) -> Result<(Self, FromShim, SandboxOutput), SandboxError> {
+        let IdleShim {
+            child,
+            control,
+            stdout,
+            stderr,
+        } = shim;
         let mut child = child;
-        let mut control = ours;
-        let sent = serde_json::to_vec(&ToShim::Start(Box::new(plan.clone())))
-            .map_err(std::io::Error::other)
-            .and_then(|mut line| {
-                line.push(b'\n');
-                control.write_all(&line)
-            })
+        let mut control = control;
+        let sent = send_line(&mut control, &ToShim::Start(Box::new(plan.clone())))
             .and_then(|()| control.try_clone());
         let events = match sent {
             Ok(clone) => BufReader::new(clone),
             Err(e) => {
+                // A shim that failed while idle has said why before closing the socket.
+                let reason = control.try_clone().ok().and_then(|clone| {
+                    let mut line = String::new();
+                    BufReader::new(clone).read_line(&mut line).ok()?;
+                    match serde_json::from_str(&line).ok()? {
+                        FromShim::Failed { reason } => Some(reason),
+                        _ => None,
+                    }
+                });
                 // Never leave a zombie (or a live shim) behind an error.
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(SandboxError::Control(e));
+                return Err(match reason {
+                    Some(reason) => SandboxError::Setup(reason),
+                    None => SandboxError::Control(e),
+                });
             }
         };
         let mut process = Self {
@@ -371,7 +466,9 @@ impl SandboxProcess {
             }
         };
         match first {
-            Some(started @ FromShim::Started { .. }) => Ok((process, started)),
+            Some(started @ FromShim::Started { .. }) => {
+                Ok((process, started, SandboxOutput { stdout, stderr }))
+            }
             Some(FromShim::Failed { reason }) => {
                 let _ = process.child.wait();
                 Err(SandboxError::Setup(reason))
@@ -470,8 +567,8 @@ mod tests {
         assert_eq!(plan.tmpfs_bytes, 1 << 20);
         assert_eq!(plan.host_id, 200_001);
         assert_eq!(
-            plan.root_dir,
-            PathBuf::from("/var/lib/tollgate/runs/r1/root")
+            plan.workspace,
+            PathBuf::from("/var/lib/tollgate/runs/r1/work")
         );
     }
 

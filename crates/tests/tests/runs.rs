@@ -35,6 +35,7 @@ fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
         cgroup_parent: parent.into(),
         host_ids: base..base + 16,
         clock_skew: Duration::from_secs(0),
+        warm_sandboxes: 1,
     }
 }
 
@@ -107,17 +108,24 @@ impl Fixture {
         self.manager.start(signed, None, self.sink())
     }
 
-    /// Nothing of `run_id` is left: no cgroup, no directory, no live entry.
+    /// Nothing of `run_id` is left: no cgroup (the one its report names), no directory, no
+    /// live entry.
     fn assert_gone(&self, run_id: &str) {
         assert!(!self.manager.live_ids().contains(&run_id.to_owned()));
         assert!(
             !self.data.join("runs").join(run_id).exists(),
             "run directory left"
         );
+        let record = self.manager.get(run_id).unwrap().expect("run recorded");
+        let cgroup = record
+            .report
+            .and_then(|report| report.cgroup)
+            .expect("the report names the run's cgroup");
+        assert!(cgroup.starts_with(&format!("{}/", self.parent)), "{cgroup}");
         let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
             .unwrap()
             .flatten()
-            .map(|h| h.path().join(&self.parent).join(run_id))
+            .map(|h| h.path().join(&cgroup))
             .filter(|p| p.exists())
             .collect();
         assert!(left.is_empty(), "cgroups left: {left:?}");
@@ -129,6 +137,100 @@ impl Drop for Fixture {
         self.manager.shutdown();
         let _ = sweep(&self.parent, true);
     }
+}
+
+/// The pids hierarchy's directory of `parent` (v1 controller or unified v2).
+fn pids_dir(parent: &str) -> PathBuf {
+    let v1 = Path::new("/sys/fs/cgroup/pids");
+    if v1.is_dir() {
+        v1.join(parent)
+    } else {
+        Path::new("/sys/fs/cgroup").join(parent)
+    }
+}
+
+/// Sandbox cgroups under `parent` in the pids hierarchy.
+fn sandbox_cgroups(parent: &str) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(pids_dir(parent))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("warm", 201_400);
+    // The pool prepares one sandbox in the background: wait (bounded) until it exists.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let warm = loop {
+        let names = sandbox_cgroups(&fx.parent);
+        if let [name] = names.as_slice() {
+            if std::fs::read_to_string(pids_dir(&fx.parent).join(name).join("cgroup.procs"))
+                .is_ok_and(|procs| procs.lines().count() == 2)
+            {
+                break name.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "no warm sandbox appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let warm_dir = pids_dir(&fx.parent).join(&warm);
+    assert_eq!(
+        std::fs::read_to_string(warm_dir.join("pids.max"))
+            .unwrap()
+            .trim(),
+        "max",
+        "an idle sandbox has no limits yet"
+    );
+
+    let signed = fx.sign(fx.receipt("exec /usr/bin/sleep 5353", 60));
+    let run_id = fx.start(&signed).unwrap();
+    // The run took the warm sandbox, and its cgroup now holds the receipt's limits.
+    assert_eq!(
+        std::fs::read_to_string(warm_dir.join("pids.max"))
+            .unwrap()
+            .trim(),
+        "64"
+    );
+    let procs = std::fs::read_to_string(warm_dir.join("cgroup.procs")).unwrap();
+    assert_eq!(
+        procs.lines().count(),
+        3,
+        "shim, pid 1 and the agent: {procs}"
+    );
+    assert!(fx.manager.stop(&run_id, "test"));
+    let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Stopped);
+    assert_eq!(
+        record.report.as_ref().and_then(|r| r.cgroup.clone()),
+        Some(format!("{}/{warm}", fx.parent))
+    );
+    fx.assert_gone(&run_id);
+
+    // Shutdown discards the sandbox prepared since (or in progress): nothing is left.
+    fx.manager.shutdown();
+    assert_eq!(sandbox_cgroups(&fx.parent), Vec::<String>::new());
+    let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .flat_map(|h| {
+            std::fs::read_dir(h.path().join(&fx.parent))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "cgroups left: {left:?}");
 }
 
 #[test]
@@ -308,5 +410,7 @@ fn restart_after_a_crash_sweeps_what_was_left() {
     assert!(!orphan.wait().unwrap().success(), "the orphan was killed");
     assert!(!data.join("runs/r-crashed").exists());
     assert!(cgroup.pids().unwrap().is_empty());
+    // Shutdown also discards the warm sandbox the manager prepares in the background.
+    manager.shutdown();
     let _ = sweep(&parent, true);
 }

@@ -2,13 +2,14 @@
 //! refused by the kernel. Every test removes its cgroups and run directories, even on failure.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_proto::v1 as pb;
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
-use tollgate_supervisor::sandbox::{plan_for, RunDirs, SandboxProcess};
+use tollgate_supervisor::sandbox::{
+    create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxProcess,
+};
 use tollgate_tests::{bin_path, require_root};
 
 /// One sandboxed run; cleans up its cgroup parent and directories when dropped.
@@ -80,16 +81,21 @@ impl Harness {
         self.dirs.create(host_id).unwrap();
         let plan = plan_for(&receipt, &self.dirs, host_id, Some(argv)).unwrap();
         let cgroup = RunCgroup::create(&format!("{}/run", self.parent), limits).unwrap();
-        let output = self.dirs.base.with_extension("out");
-        let file = std::fs::File::create(&output).unwrap();
-        let (mut sandbox, started) = SandboxProcess::start(
-            &bin_path("tollgate-shim"),
-            &plan,
-            &cgroup,
-            Stdio::from(file.try_clone().unwrap()),
-            Stdio::from(file),
-        )
-        .expect("sandbox starts");
+        let base = sandbox_base(&self.dirs.base.with_extension("data"));
+        create_mount_point(&base).unwrap();
+        let shim =
+            IdleShim::spawn(&bin_path("tollgate-shim"), &cgroup, &base).expect("shim spawns");
+        let (mut sandbox, started, output) =
+            SandboxProcess::start(shim, &plan).expect("sandbox starts");
+        // Read both streams on their own threads so a chatty agent never blocks on a pipe.
+        let read = |mut pipe: std::io::PipeReader| {
+            std::thread::spawn(move || {
+                let mut text = String::new();
+                let _ = std::io::Read::read_to_string(&mut pipe, &mut text);
+                text
+            })
+        };
+        let (stdout, stderr) = (read(output.stdout), read(output.stderr));
         match started {
             FromShim::Started {
                 agent_pid,
@@ -107,7 +113,8 @@ impl Harness {
         sandbox.wait().unwrap();
         cgroup.kill_all(Duration::from_secs(5)).unwrap();
         cgroup.remove().unwrap();
-        (exit, std::fs::read_to_string(output).unwrap())
+        let text = stdout.join().unwrap() + &stderr.join().unwrap();
+        (exit, text)
     }
 }
 

@@ -2,7 +2,7 @@
 //! and passes the exit code on; revocation at the authority reaches a live run; refusals;
 //! SIGTERM and SIGKILL leave nothing behind.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -40,8 +40,24 @@ async fn mint(authority: &AuthorityProcess, request: pb::MintReceiptRequest) -> 
     (minted.text, minted.receipt.unwrap().receipt_id)
 }
 
+/// Whether the sandbox cgroup `name` under `parent` is a warm one: prepared ahead of need,
+/// holding only an idle shim, and so still without limits (every run's cgroup has a pids
+/// limit, applied before its agent exists).
+fn is_warm(parent: &str, name: &str) -> bool {
+    let v1 = Path::new("/sys/fs/cgroup/pids");
+    let pids = if v1.is_dir() {
+        v1.to_owned()
+    } else {
+        Path::new("/sys/fs/cgroup").to_owned()
+    };
+    std::fs::read_to_string(pids.join(parent).join(name).join("pids.max"))
+        .is_ok_and(|max| max.trim() == "max")
+}
+
+/// What is left of runs: cgroups under `parent` other than (at most one) warm sandbox, and
+/// run directories.
 fn leftovers(data_dir: &Path, parent: &str) -> Vec<String> {
-    let mut left: Vec<String> = std::fs::read_dir("/sys/fs/cgroup")
+    let dirs: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
         .unwrap()
         .flatten()
         .flat_map(|h| {
@@ -50,9 +66,30 @@ fn leftovers(data_dir: &Path, parent: &str) -> Vec<String> {
                 .flatten()
                 .flatten()
         })
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.path().display().to_string())
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
         .collect();
+    let mut names: Vec<String> = dirs
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    names.dedup();
+    let warm: Vec<&String> = names.iter().filter(|n| is_warm(parent, n)).collect();
+    let mut left: Vec<String> = dirs
+        .iter()
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| warm.iter().any(|w| n == w.as_str()))
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    if warm.len() > 1 {
+        left.push(format!(
+            "{} warm sandboxes (at most 1 expected)",
+            warm.len()
+        ));
+    }
     left.extend(
         std::fs::read_dir(data_dir.join("runs"))
             .into_iter()

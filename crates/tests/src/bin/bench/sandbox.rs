@@ -115,6 +115,7 @@ impl Tollgate {
             cgroup_parent: parent.clone(),
             host_ids: 2_900_000..2_900_100,
             clock_skew: Duration::ZERO,
+            warm_sandboxes: 1,
         };
         let (manager, _) = RunManager::open(settings, keys)?;
         Ok(Self {

@@ -1,0 +1,186 @@
+//! Sandboxes prepared ahead of need, so a run's start pays only for what depends on its
+//! receipt.
+//!
+//! A warm sandbox is a fresh cgroup (`<parent>/<sandbox-id>`, no limits yet) holding an
+//! [`IdleShim`]: the shim has been loaded, has compiled the seccomp programs, unshared the
+//! six namespaces and forked pid 1, which has built the part of the root no receipt decides
+//! (system directories, `/proc`, `/dev`) and waits for its plan. Only the shim's own code runs
+//! there, and it does nothing until a run takes the sandbox. A start then applies the
+//! receipt's limits to that cgroup (read back, failing closed) **before** it sends the plan,
+//! so the agent never exists outside its limits. Each warm sandbox serves exactly one run and
+//! is never reused. When the pool is empty a start prepares its own sandbox the same way,
+//! with the limits applied before the shim is even spawned.
+//!
+//! If the supervisor dies, idle shims see their socket close and exit; the next start's
+//! sweep removes every cgroup under the parent, warm ones included.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::cgroup::{CgroupLimits, RunCgroup};
+use crate::runs::StartError;
+use crate::sandbox::IdleShim;
+use tollgate_agent_shim::plan::SandboxBase;
+
+/// How long discarding a sandbox waits for its cgroup to empty.
+const DISCARD_DEADLINE: Duration = Duration::from_secs(5);
+
+/// A sandbox's cgroup and the shim waiting in it for a plan.
+#[derive(Debug)]
+pub struct PreparedSandbox {
+    /// The sandbox's cgroup (limits applied once taken for a run).
+    pub cgroup: RunCgroup,
+    /// The shim, not yet given its plan.
+    pub shim: IdleShim,
+}
+
+impl PreparedSandbox {
+    /// Prepares a sandbox in a new cgroup under `parent`: with `limits` applied before the
+    /// shim starts when given, without limits (a warm sandbox) otherwise.
+    fn prepare(
+        shim: &std::path::Path,
+        parent: &str,
+        base: &SandboxBase,
+        limits: Option<CgroupLimits>,
+    ) -> Result<Self, StartError> {
+        let relative = format!("{parent}/{}", new_sandbox_id());
+        let cgroup = match limits {
+            Some(limits) => RunCgroup::create(&relative, limits)?,
+            None => RunCgroup::create_unlimited(&relative)?,
+        };
+        match IdleShim::spawn(shim, &cgroup, base) {
+            Ok(shim) => Ok(Self { cgroup, shim }),
+            Err(e) => {
+                let _ = cgroup.remove();
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Kills the shim and everything in the cgroup, and removes the cgroup.
+    pub fn discard(self) {
+        self.shim.discard();
+        if let Err(e) = self.cgroup.kill_all(DISCARD_DEADLINE) {
+            tracing::warn!(cgroup = self.cgroup.relative(), error = %e, "killing an unused sandbox failed");
+        }
+        if let Err(e) = self.cgroup.remove() {
+            tracing::warn!(cgroup = self.cgroup.relative(), error = %e, "removing an unused sandbox's cgroup failed");
+        }
+    }
+}
+
+/// A new sandbox id: unique across restarts (time-ordered UUID).
+fn new_sandbox_id() -> String {
+    format!("sandbox-{}", uuid::Uuid::now_v7().simple())
+}
+
+/// Keeps up to `size` warm sandboxes ready, refilled in the background after each is taken.
+#[derive(Debug)]
+pub struct SandboxPool {
+    shim: PathBuf,
+    cgroup_parent: String,
+    base: SandboxBase,
+    size: usize,
+    warm: Mutex<Vec<PreparedSandbox>>,
+    refilling: AtomicBool,
+    closed: AtomicBool,
+}
+
+impl SandboxPool {
+    /// A pool of up to `size` warm sandboxes (0 disables it: each start prepares its own).
+    /// Call [`SandboxPool::refill`] to fill it.
+    pub fn new(shim: PathBuf, cgroup_parent: String, base: SandboxBase, size: usize) -> Arc<Self> {
+        Arc::new(Self {
+            shim,
+            cgroup_parent,
+            base,
+            size,
+            warm: Mutex::new(Vec::new()),
+            refilling: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+        })
+    }
+
+    /// A sandbox for one run, its cgroup holding `limits` (applied and read back): a warm
+    /// one when ready, else a fresh one. Starts a background refill either way.
+    pub fn take(self: &Arc<Self>, limits: CgroupLimits) -> Result<PreparedSandbox, StartError> {
+        let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let taken = match warm {
+            Some(sandbox) => match sandbox.cgroup.apply_limits(limits) {
+                Ok(()) => Ok(sandbox),
+                Err(e) => {
+                    sandbox.discard();
+                    Err(e.into())
+                }
+            },
+            None => {
+                PreparedSandbox::prepare(&self.shim, &self.cgroup_parent, &self.base, Some(limits))
+            }
+        };
+        self.refill();
+        taken
+    }
+
+    /// Tops the pool up to its size on a background thread (one refill at a time).
+    pub fn refill(self: &Arc<Self>) {
+        if self.size == 0
+            || self.closed.load(Ordering::SeqCst)
+            || self.refilling.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let pool = self.clone();
+        std::thread::spawn(move || {
+            loop {
+                let short = pool.warm.lock().unwrap_or_else(|p| p.into_inner()).len() < pool.size;
+                if !short || pool.closed.load(Ordering::SeqCst) {
+                    break;
+                }
+                match PreparedSandbox::prepare(&pool.shim, &pool.cgroup_parent, &pool.base, None) {
+                    Ok(sandbox) => pool
+                        .warm
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(sandbox),
+                    Err(e) => {
+                        // Starts still work (they prepare their own); say why none is warm.
+                        tracing::warn!(error = %e, "preparing a warm sandbox failed");
+                        break;
+                    }
+                }
+            }
+            pool.refilling.store(false, Ordering::SeqCst);
+            if pool.closed.load(Ordering::SeqCst) {
+                pool.drain();
+            }
+        });
+    }
+
+    /// Stops refilling and discards every warm sandbox (supervisor shutdown). A refill in
+    /// progress discards what it prepares once it sees the pool closed.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        self.drain();
+        // Wait for a refill in progress, so no cgroup outlives the pool.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while self.refilling.load(Ordering::SeqCst) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.drain();
+    }
+
+    fn drain(&self) {
+        let warm = std::mem::take(&mut *self.warm.lock().unwrap_or_else(|p| p.into_inner()));
+        for sandbox in warm {
+            sandbox.discard();
+        }
+    }
+}
+
+impl Drop for SandboxPool {
+    fn drop(&mut self) {
+        self.drain();
+    }
+}
