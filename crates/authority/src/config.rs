@@ -50,6 +50,8 @@ pub struct AuthorityConfig {
     pub admin_max_delegate_depth: u32,
     /// Default limits.
     pub default_limits: pb::Limits,
+    /// Key for HMAC audit hashes (`--audit-key-file` or `TOLLGATE_AUDIT_KEY`); none: SHA-256.
+    pub audit_key: Option<tollgate_audit::AuditKey>,
 }
 
 impl AuthorityConfig {
@@ -63,6 +65,7 @@ impl AuthorityConfig {
             admin_max_ttl: Duration::from_secs(7 * 24 * 3600),
             admin_max_delegate_depth: 4,
             default_limits: default_limits(),
+            audit_key: None,
         }
     }
 

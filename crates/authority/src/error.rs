@@ -88,6 +88,9 @@ pub enum AuthorityError {
     /// The gRPC server failed.
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
+    /// The audit log could not be opened or written.
+    #[error("audit log: {0}")]
+    Audit(#[from] tollgate_audit::AuditError),
     /// A blocking storage task panicked or was cancelled.
     #[error("storage task failed: {0}")]
     Task(String),
@@ -105,6 +108,7 @@ impl AuthorityError {
             Self::Bind { .. } => 69,            // EX_UNAVAILABLE
             Self::DataDir { .. } | Self::KeyFile { .. } | Self::WriteFile { .. } => 73, // EX_CANTCREAT
             Self::Sqlite(_) | Self::Transport(_) | Self::Task(_) => 70, // EX_SOFTWARE
+            Self::Audit(e) => e.exit_code(),
         }
     }
 }

@@ -13,6 +13,8 @@
 //! | `keys/<key_id>.key` | the active private key, hex seed, 0600 |
 //! | `admin.token` | the bootstrap admin's bearer token, 0600, written on first start |
 //! | `authority.addr` | the bound `host:port`, written once the daemon accepts connections |
+//! | `audit/` | the tamper-evident audit log (`tollgate-audit`): every mint, refusal, revocation, operator and key change |
+//! | `audit-checkpoint.key` | the Ed25519 key that signs the audit log's checkpoints, 0600 |
 #![forbid(unsafe_code)]
 
 pub mod ceiling;
@@ -32,6 +34,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tokio_stream::wrappers::TcpListenerStream;
+use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
 
@@ -54,11 +57,14 @@ pub const DATABASE_FILE: &str = "authority.db";
 pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Name of the bootstrap admin operator.
 pub const BOOTSTRAP_ADMIN: &str = "admin";
+/// This component's name in audit entries.
+pub const COMPONENT: &str = "authority";
 
 /// An opened authority, ready to serve.
 #[derive(Debug)]
 pub struct Authority {
     _lock: DirLock,
+    audit: AuditLog,
     config: AuthorityConfig,
     store: Arc<Store>,
     keys: Arc<KeyRing>,
@@ -78,10 +84,31 @@ impl Authority {
         }
         let store = Arc::new(Store::open(&database)?);
         let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
+        let mut audit_config = tollgate_audit::component_config(&config.data_dir, COMPONENT)?;
+        audit_config.key = config.audit_key.clone();
+        let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
         if operators.is_empty() {
-            operators.push(bootstrap_admin(&config, &store)?);
+            let (hash, admin) = bootstrap_admin(&config, &store)?;
+            audit.append(
+                EntryDraft::new(COMPONENT, EntryKind::OperatorAdded)
+                    .decision(tollgate_audit::Decision::Allow)
+                    .meta("operator", admin.name.as_str())
+                    .meta("admin", true)
+                    .meta("bootstrap", true),
+            )?;
+            operators.push((hash, admin));
         }
+        audit.append(
+            EntryDraft::new(COMPONENT, EntryKind::ComponentStarted)
+                .meta("version", env!("CARGO_PKG_VERSION"))
+                .meta("issuer", config.issuer.as_str())
+                .meta("active_key_id", keys.active().key_id())
+                .meta(
+                    "operators",
+                    i64::try_from(operators.len()).unwrap_or(i64::MAX),
+                ),
+        )?;
         tracing::info!(
             data_dir = %config.data_dir.display(),
             key_id = keys.active().key_id(),
@@ -90,6 +117,7 @@ impl Authority {
         );
         Ok(Self {
             _lock: lock,
+            audit,
             store,
             keys,
             operators: OperatorRegistry::new(operators),
@@ -117,6 +145,7 @@ impl Authority {
             store: self.store,
             keys: self.keys,
             operators: self.operators,
+            audit: self.audit.clone(),
             revocations,
             shutdown: stop_rx,
         };
@@ -145,13 +174,26 @@ impl Authority {
             let _ = grace_rx.wait_for(|stop| *stop).await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         };
-        tokio::select! {
-            served = server => served?,
-            () = grace => tracing::warn!(
-                grace_seconds = SHUTDOWN_GRACE.as_secs(),
-                "clients still connected after the shutdown grace period; closing them"
-            ),
-        }
+        let served = tokio::select! {
+            served = server => served,
+            () = grace => {
+                tracing::warn!(
+                    grace_seconds = SHUTDOWN_GRACE.as_secs(),
+                    "clients still connected after the shutdown grace period; closing them"
+                );
+                Ok(())
+            }
+        };
+        // A clean stop ends the log with an entry and a signed checkpoint.
+        let audit = self.audit;
+        let closed = tokio::task::spawn_blocking(move || {
+            audit.append(EntryDraft::new(COMPONENT, EntryKind::ComponentStopped))?;
+            audit.close()
+        })
+        .await
+        .map_err(|e| AuthorityError::Task(e.to_string()))?;
+        served?;
+        closed?;
         Ok(())
     }
 }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use tollgate_audit::AuditKey;
 use tollgate_authority::{serve, AuthorityConfig};
 
 /// Mint, revoke and publish Ed25519-signed Tollgate run receipts over gRPC.
@@ -11,6 +12,10 @@ use tollgate_authority::{serve, AuthorityConfig};
 /// On first start the data directory is initialised: a signing key (keys/<key_id>.key, 0600),
 /// the SQLite database, and the bootstrap admin token (admin.token, 0600). Once the daemon
 /// accepts connections it writes its bound address to <data-dir>/authority.addr.
+///
+/// Every mint, refusal, revocation, operator and key change is appended to the audit log in
+/// <data-dir>/audit/ (hash-chained, checkpoints signed with <data-dir>/audit-checkpoint.key);
+/// check it with `tollgate audit verify`.
 ///
 /// Clients authenticate with gRPC metadata "authorization: Bearer <token>".
 /// Stop it with SIGINT or SIGTERM. Log verbosity follows RUST_LOG (default "info").
@@ -28,6 +33,11 @@ struct Flags {
     /// admin_max_delegate_depth and a [defaults] table of limits.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
+    /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
+    /// entries are chained with plain SHA-256.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_AUDIT_KEY_FILE")]
+    audit_key_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -40,8 +50,12 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let flags = Flags::parse();
-    let result = match AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)
-    {
+    let loaded = AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)
+        .and_then(|mut config| {
+            config.audit_key = AuditKey::configured(flags.audit_key_file.as_deref())?;
+            Ok(config)
+        });
+    let result = match loaded {
         Ok(config) => serve(config, shutdown_signal()).await,
         Err(e) => Err(e),
     };

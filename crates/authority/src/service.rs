@@ -6,8 +6,10 @@ use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
+use tollgate_audit::{AuditLog, Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::Authority;
+use tollgate_receipt::spec::access_name;
 use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
 use tonic::{Request, Response, Status};
 
@@ -17,6 +19,7 @@ use crate::error::{AuthorityError, CallError};
 use crate::keys::{key_set, KeyRing};
 use crate::operators::{generate_token, token_hash, valid_operator_name, OperatorRegistry};
 use crate::store::{Operator, ReceiptFilter, Store};
+use crate::COMPONENT;
 
 /// Most receipts one ListReceipts page may hold.
 pub const MAX_PAGE: u32 = 1000;
@@ -28,6 +31,7 @@ pub struct AuthorityService {
     pub(crate) store: Arc<Store>,
     pub(crate) keys: Arc<KeyRing>,
     pub(crate) operators: OperatorRegistry,
+    pub(crate) audit: AuditLog,
     pub(crate) revocations: broadcast::Sender<pb::Revocation>,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
@@ -42,6 +46,18 @@ where
         .await
         .map_err(|e| CallError::Internal(AuthorityError::Task(e.to_string())))?
         .map_err(CallError::from)
+}
+
+/// The gRPC code name of a failed call, for audit entries.
+fn code_name(error: &CallError) -> &'static str {
+    match error {
+        CallError::Unauthenticated(_) => "unauthenticated",
+        CallError::PermissionDenied(_) => "permission_denied",
+        CallError::InvalidArgument { .. } => "invalid_argument",
+        CallError::NotFound(_) => "not_found",
+        CallError::AlreadyExists(_) => "already_exists",
+        CallError::Internal(_) => "internal",
+    }
 }
 
 fn check_receipt_id(receipt_id: &str) -> Result<(), CallError> {
@@ -80,6 +96,164 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
 type RevocationStream = Pin<Box<dyn Stream<Item = Result<pb::RevocationEvent, Status>> + Send>>;
 
 impl AuthorityService {
+    /// Appends `draft` to the audit log and waits until it is on disk. A call whose decision
+    /// cannot be audited fails: nothing is done unaudited.
+    async fn record(&self, draft: EntryDraft) -> Result<(), CallError> {
+        let audit = self.audit.clone();
+        blocking(move || {
+            audit
+                .append(draft)
+                .map(|_| ())
+                .map_err(AuthorityError::from)
+        })
+        .await
+    }
+
+    /// The name of the caller, if its token is valid (for auditing refused calls).
+    fn caller(&self, request_metadata: &tonic::metadata::MetadataMap) -> String {
+        self.operators
+            .authenticate(request_metadata)
+            .map(|operator| operator.name.clone())
+            .unwrap_or_else(|_| "(unauthenticated)".into())
+    }
+
+    async fn audited_mint(
+        &self,
+        request: Request<pb::MintReceiptRequest>,
+    ) -> Result<pb::MintReceiptResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let subject = request.get_ref().subject.clone();
+        let result = self.mint(request).await;
+        let draft = match &result {
+            Ok(minted) => {
+                let receipt = minted.receipt.clone().unwrap_or_default();
+                EntryDraft::new(COMPONENT, EntryKind::ReceiptMinted)
+                    .receipt(receipt.receipt_id.as_str())
+                    .decision(Decision::Allow)
+                    .meta("owner", receipt.owner.as_str())
+                    .meta("subject", receipt.subject.as_str())
+                    .meta("audience", receipt.audience.clone())
+                    .meta("key_id", receipt.key_id.as_str())
+                    .meta("expires_at", receipt.expires_at.map_or(0, |t| t.seconds))
+                    .meta("exec", receipt.exec.clone())
+                    .meta(
+                        "fs",
+                        receipt
+                            .fs
+                            .iter()
+                            .map(|g| format!("{}:{}", g.path, access_name(g.access)))
+                            .collect::<Vec<_>>(),
+                    )
+                    .meta(
+                        "routes",
+                        receipt
+                            .routes
+                            .iter()
+                            .map(|r| r.name.clone())
+                            .collect::<Vec<_>>(),
+                    )
+            }
+            Err(error) => EntryDraft::new(COMPONENT, EntryKind::ReceiptRefused)
+                .decision(Decision::Deny)
+                .reason(error.to_string())
+                .meta("operator", caller)
+                .meta("subject", subject)
+                .meta("code", code_name(error)),
+        };
+        self.record(draft).await?;
+        result
+    }
+
+    async fn audited_revoke(
+        &self,
+        request: Request<pb::RevokeReceiptRequest>,
+    ) -> Result<pb::RevokeReceiptResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let receipt_id = request.get_ref().receipt_id.clone();
+        let reason = request.get_ref().reason.clone();
+        let result = self.revoke(request).await;
+        let draft = match &result {
+            // Revoking twice changes nothing: only the first is an event.
+            Ok(response) if response.already_revoked => return result,
+            Ok(response) => {
+                let revocation = response.revocation.clone().unwrap_or_default();
+                EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
+                    .receipt(receipt_id)
+                    .decision(Decision::Allow)
+                    .reason(reason)
+                    .meta("by", caller)
+                    .meta(
+                        "revocation_seq",
+                        i64::try_from(revocation.seq).unwrap_or(i64::MAX),
+                    )
+            }
+            Err(error) => EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
+                .receipt(receipt_id)
+                .decision(Decision::Deny)
+                .reason(error.to_string())
+                .meta("by", caller)
+                .meta("code", code_name(error)),
+        };
+        self.record(draft).await?;
+        result
+    }
+
+    async fn audited_add_operator(
+        &self,
+        request: Request<pb::AddOperatorRequest>,
+    ) -> Result<pb::AddOperatorResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let name = request.get_ref().name.clone();
+        let admin = request.get_ref().admin;
+        let result = self.add_operator(request).await;
+        let draft = EntryDraft::new(COMPONENT, EntryKind::OperatorAdded)
+            .meta("operator", name)
+            .meta("admin", admin)
+            .meta("by", caller);
+        let draft = match &result {
+            Ok(_) => draft.decision(Decision::Allow),
+            Err(error) => draft
+                .decision(Decision::Deny)
+                .reason(error.to_string())
+                .meta("code", code_name(error)),
+        };
+        self.record(draft).await?;
+        result
+    }
+
+    async fn audited_rotate(
+        &self,
+        request: Request<pb::RotateKeyRequest>,
+    ) -> Result<pb::RotateKeyResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let result = self.rotate(request).await;
+        let draft = EntryDraft::new(COMPONENT, EntryKind::KeyRotated).meta("by", caller);
+        let draft = match &result {
+            Ok(rotated) => draft
+                .decision(Decision::Allow)
+                .meta(
+                    "active_key_id",
+                    rotated
+                        .active
+                        .as_ref()
+                        .map_or(String::new(), |k| k.key_id.clone()),
+                )
+                .meta(
+                    "retired_key_id",
+                    rotated
+                        .retired
+                        .as_ref()
+                        .map_or(String::new(), |k| k.key_id.clone()),
+                ),
+            Err(error) => draft
+                .decision(Decision::Deny)
+                .reason(error.to_string())
+                .meta("code", code_name(error)),
+        };
+        self.record(draft).await?;
+        result
+    }
+
     async fn mint(
         &self,
         request: Request<pb::MintReceiptRequest>,
@@ -434,7 +608,7 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::MintReceiptRequest>,
     ) -> Result<Response<pb::MintReceiptResponse>, Status> {
-        Ok(Response::new(self.mint(request).await?))
+        Ok(Response::new(self.audited_mint(request).await?))
     }
 
     async fn get_receipt(
@@ -455,7 +629,7 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::RevokeReceiptRequest>,
     ) -> Result<Response<pb::RevokeReceiptResponse>, Status> {
-        Ok(Response::new(self.revoke(request).await?))
+        Ok(Response::new(self.audited_revoke(request).await?))
     }
 
     type WatchRevocationsStream = RevocationStream;
@@ -481,9 +655,7 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::AddOperatorRequest>,
     ) -> Result<Response<pb::AddOperatorResponse>, Status> {
-        Ok(Response::new(
-            AuthorityService::add_operator(self, request).await?,
-        ))
+        Ok(Response::new(self.audited_add_operator(request).await?))
     }
 
     async fn list_operators(
@@ -499,6 +671,6 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::RotateKeyRequest>,
     ) -> Result<Response<pb::RotateKeyResponse>, Status> {
-        Ok(Response::new(self.rotate(request).await?))
+        Ok(Response::new(self.audited_rotate(request).await?))
     }
 }

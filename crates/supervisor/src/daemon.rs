@@ -20,7 +20,7 @@ use tollgate_proto::v1::supervisor_server::SupervisorServer;
 use tollgate_receipt::{public_key_from_bytes, KeySet};
 
 use crate::cgroup::CgroupMode;
-use crate::runs::{RunManager, RunSettings};
+use crate::runs::{RunManager, RunSettings, COMPONENT};
 use crate::service::{SupervisorService, TokenCheck};
 
 /// Readiness file name.
@@ -47,6 +47,8 @@ pub struct SupervisorConfig {
     pub listen: String,
     /// Trust source.
     pub trust: Trust,
+    /// Key for HMAC audit hashes; none: plain SHA-256.
+    pub audit_key: Option<tollgate_audit::AuditKey>,
 }
 
 /// A fatal daemon error, with its exit code.
@@ -66,6 +68,9 @@ pub enum DaemonError {
     /// Opening the run manager failed (database, recovery sweep).
     #[error("{0}")]
     Runs(#[from] crate::runs::StartError),
+    /// The audit log could not be opened.
+    #[error("audit log: {0}")]
+    Audit(#[from] tollgate_audit::AuditError),
     /// Binding or serving failed.
     #[error("{0}")]
     Serve(String),
@@ -78,6 +83,7 @@ impl DaemonError {
             Self::Config(_) => 78,
             Self::Authority { .. } => 69,
             Self::Runs(_) => 70,
+            Self::Audit(e) => u8::try_from(e.exit_code()).unwrap_or(70),
             Self::Serve(_) => 69,
         }
     }
@@ -253,10 +259,15 @@ pub async fn serve(
     };
     let key_ids: Vec<String> = keys.key_ids().map(str::to_owned).collect();
     let settings = config.runs.clone();
-    let (manager, recovered) =
-        tokio::task::spawn_blocking(move || RunManager::open(settings, keys))
-            .await
-            .map_err(|e| DaemonError::Serve(e.to_string()))??;
+    let audit_key = config.audit_key.clone();
+    let (manager, recovered) = tokio::task::spawn_blocking(move || {
+        let mut audit = tollgate_audit::component_config(&settings.data_dir, COMPONENT)?;
+        audit.key = audit_key;
+        let audit = tollgate_audit::AuditLog::open(audit)?;
+        RunManager::open(settings, keys, audit).map_err(DaemonError::from)
+    })
+    .await
+    .map_err(|e| DaemonError::Serve(e.to_string()))??;
     if !recovered.is_empty() {
         tracing::warn!(
             count = recovered.len(),

@@ -17,6 +17,10 @@ use tollgate_supervisor::runs::RunSettings;
 /// capabilities, Landlock, seccomp, loopback only), run the agent, and tear everything down
 /// when it exits, expires, is stopped or revoked, or hits a limit.
 ///
+/// Every admission, refusal, sandbox and teardown is appended to the audit log in
+/// <data-dir>/audit/ (hash-chained, checkpoints signed with <data-dir>/audit-checkpoint.key);
+/// check it with `tollgate audit verify`.
+///
 /// First start writes <data-dir>/admin.token (0600): clients send it as
 /// "authorization: Bearer <token>". Once listening, the bound address is written to
 /// <data-dir>/supervisor.addr. SIGINT/SIGTERM tear down every run, then exit.
@@ -63,6 +67,11 @@ struct Flags {
     /// the run's limits before the agent exists. 0 prepares each on demand.
     #[arg(long, value_name = "N", default_value_t = 1)]
     warm_sandboxes: usize,
+    /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
+    /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
+    /// entries are chained with plain SHA-256.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_AUDIT_KEY_FILE")]
+    audit_key_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -94,6 +103,13 @@ async fn main() -> ExitCode {
         );
         return ExitCode::from(78);
     }
+    let audit_key = match tollgate_audit::AuditKey::configured(flags.audit_key_file.as_deref()) {
+        Ok(key) => key,
+        Err(e) => {
+            eprintln!("tollgate-supervisor: error: {e}");
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1));
+        }
+    };
     let listen = match flags.listen.strip_prefix(':') {
         Some(port) => format!("127.0.0.1:{port}"),
         None => flags.listen,
@@ -118,6 +134,7 @@ async fn main() -> ExitCode {
             (None, Some(path)) => Trust::KeyFile(path),
             (None, None) => unreachable!("clap requires one of them"),
         },
+        audit_key,
     };
     match serve(config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

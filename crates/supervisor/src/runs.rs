@@ -27,6 +27,10 @@ use crate::sandbox::{
     SandboxProcess,
 };
 use crate::warm::{PreparedSandbox, SandboxPool};
+use tollgate_audit::{AuditError, AuditLog, Decision, EntryDraft, EntryKind, PendingEntry};
+
+/// This component's name in audit entries.
+pub const COMPONENT: &str = "supervisor";
 
 /// How long teardown waits for a cgroup to empty after killing it.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -74,6 +78,9 @@ pub enum StartError {
     /// Recording the run failed.
     #[error(transparent)]
     Records(#[from] RecordsError),
+    /// The audit log could not record the start: nothing runs unaudited.
+    #[error("audit log: {0}")]
+    Audit(#[from] AuditError),
     /// The supervisor is shutting down and starts nothing new.
     #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
     ShuttingDown,
@@ -140,6 +147,7 @@ pub struct RunManager {
     records: RunRecords,
     admission: RwLock<ReceiptAdmission>,
     sandboxes: Arc<SandboxPool>,
+    audit: AuditLog,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,
@@ -169,6 +177,7 @@ impl RunManager {
     pub fn open(
         settings: RunSettings,
         keys: KeySet,
+        audit: AuditLog,
     ) -> Result<(Arc<Self>, Vec<String>), StartError> {
         let runs_dir = settings.data_dir.join("runs");
         std::fs::create_dir_all(&runs_dir).map_err(|source| SandboxError::RunDir {
@@ -195,8 +204,33 @@ impl RunManager {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
+        audit.append(
+            EntryDraft::new(COMPONENT, EntryKind::ComponentStarted)
+                .meta("version", env!("CARGO_PKG_VERSION"))
+                .meta("supervisor_id", settings.supervisor_id.as_str())
+                .meta("cgroup_parent", settings.cgroup_parent.as_str())
+                .meta(
+                    "warm_sandboxes",
+                    i64::try_from(settings.warm_sandboxes).unwrap_or(i64::MAX),
+                ),
+        )?;
         if !recovered.is_empty() || !swept.is_empty() {
             tracing::warn!(runs = ?recovered, cgroups = ?swept, "recovered from an unclean stop");
+            audit.append(
+                EntryDraft::new(COMPONENT, EntryKind::ComponentRecovered)
+                    .reason("the supervisor stopped without tearing its runs down")
+                    .meta("lost_runs", recovered.clone())
+                    .meta("swept_cgroups", swept.clone()),
+            )?;
+            for run_id in &recovered {
+                audit.append(
+                    EntryDraft::new(COMPONENT, EntryKind::Teardown)
+                        .receipt(run_id.as_str())
+                        .run(run_id.as_str())
+                        .reason("the supervisor stopped without tearing this run down; swept at restart")
+                        .meta("state", RunState::Lost.name()),
+                )?;
+            }
         }
         let admission =
             ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
@@ -214,6 +248,7 @@ impl RunManager {
             records,
             admission: RwLock::new(admission),
             sandboxes,
+            audit,
             live: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
@@ -263,13 +298,58 @@ impl RunManager {
     ) -> Result<String, StartError> {
         let admitted_at = Instant::now();
         let started_ms = now_ms();
+        let (receipt, host_id) = match self.admit_and_record(signed, argv.is_some()) {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                self.audit_refusal(signed, &error);
+                return Err(error);
+            }
+        };
+        let run_id = receipt.receipt_id.clone();
+        // Handed to the writer now; the plan is not sent before it is on disk, so the fsync
+        // overlaps the sandbox's preparation and no agent ever runs unaudited.
+        let admitted = self.audit.submit(
+            EntryDraft::new(COMPONENT, EntryKind::RunAdmitted)
+                .receipt(run_id.as_str())
+                .run(run_id.as_str())
+                .decision(Decision::Allow)
+                .meta("owner", receipt.owner.as_str())
+                .meta("subject", receipt.subject.as_str())
+                .meta("host_id", host_id)
+                .meta(
+                    "expires_at",
+                    receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
+                )
+                .meta("argv_from_start", argv.is_some()),
+        );
+        let result = self.start_recorded(
+            &receipt,
+            run_id,
+            host_id,
+            argv,
+            output,
+            admitted,
+            admitted_at,
+            started_ms,
+        );
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// Admission: strict verification, the argv rule, expiry by this host's clock, a host id,
+    /// and the single-use record. On success the start counts as in flight.
+    fn admit_and_record(
+        &self,
+        signed: &SignedReceipt,
+        argv_given: bool,
+    ) -> Result<(tollgate_proto::v1::Receipt, u32), StartError> {
         let receipt = self
             .admission
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .admit(signed, unix_now())?;
         let run_id = receipt.receipt_id.clone();
-        if argv.is_some() && receipt.agent.as_ref().is_some_and(|a| !a.argv.is_empty()) {
+        if argv_given && receipt.agent.as_ref().is_some_and(|a| !a.argv.is_empty()) {
             return Err(StartError::ArgvNotAllowed(run_id));
         }
         let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
@@ -284,44 +364,59 @@ impl RunManager {
             }
             .into());
         }
-        let host_id = {
-            let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
-            if self.closing.load(Ordering::SeqCst) {
-                return Err(StartError::ShuttingDown);
-            }
-            let used = self.records.live_host_ids()?;
-            let host_id = self
-                .settings
-                .host_ids
-                .clone()
-                .find(|id| !used.contains(id))
-                .ok_or_else(|| StartError::NoHostId(self.settings.host_ids.clone()))?;
-            let recorded = self.records.insert(&NewRun {
-                run_id: &run_id,
-                owner: &receipt.owner,
-                subject: &receipt.subject,
-                receipt: &signed.encode_to_vec(),
-                host_id,
-                now: unix_now(),
-                expires_at,
-            })?;
-            if !recorded {
-                return Err(StartError::AlreadyUsed(run_id));
-            }
-            self.in_flight.fetch_add(1, Ordering::SeqCst);
-            host_id
-        };
-        let result = self.start_recorded(
-            &receipt,
-            run_id,
+        let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(StartError::ShuttingDown);
+        }
+        let used = self.records.live_host_ids()?;
+        let host_id = self
+            .settings
+            .host_ids
+            .clone()
+            .find(|id| !used.contains(id))
+            .ok_or_else(|| StartError::NoHostId(self.settings.host_ids.clone()))?;
+        let recorded = self.records.insert(&NewRun {
+            run_id: &run_id,
+            owner: &receipt.owner,
+            subject: &receipt.subject,
+            receipt: &signed.encode_to_vec(),
             host_id,
-            argv,
-            output,
-            admitted_at,
-            started_ms,
-        );
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        result
+            now: unix_now(),
+            expires_at,
+        })?;
+        if !recorded {
+            return Err(StartError::AlreadyUsed(run_id));
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Ok((receipt, host_id))
+    }
+
+    /// Audits a refused start. The receipt id is the one the receipt claims: for a forged or
+    /// malformed receipt it is not verified (`receipt_verified` says which).
+    fn audit_refusal(&self, signed: &SignedReceipt, error: &StartError) {
+        let claimed = tollgate_proto::v1::Receipt::decode(signed.receipt.as_slice())
+            .ok()
+            .map(|receipt| receipt.receipt_id)
+            .filter(|id| uuid::Uuid::try_parse(id).is_ok());
+        let code = match error {
+            StartError::Receipt(e) => e.failure().code(),
+            StartError::AlreadyUsed(_) => "already_used",
+            StartError::ArgvNotAllowed(_) => "argv_not_allowed",
+            StartError::NoHostId(_) => "no_host_id",
+            StartError::ShuttingDown => "shutting_down",
+            _ => "internal",
+        };
+        let mut draft = EntryDraft::new(COMPONENT, EntryKind::RunRefused)
+            .decision(Decision::Deny)
+            .reason(error.to_string())
+            .meta("code", code)
+            .meta("receipt_verified", !matches!(error, StartError::Receipt(_)));
+        if let Some(id) = claimed {
+            draft = draft.receipt(id);
+        }
+        if let Err(e) = self.audit.append(draft) {
+            tracing::error!(error = %e, "could not audit a refused start");
+        }
     }
 
     /// The part of a start after the run is recorded: every failure ends in a final record.
@@ -333,12 +428,20 @@ impl RunManager {
         host_id: u32,
         argv: Option<Vec<String>>,
         output: OutputSink,
+        admitted: Result<PendingEntry, AuditError>,
         admitted_at: Instant,
         started_ms: u64,
     ) -> Result<String, StartError> {
         let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
         // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
         let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), &run_id);
+        let admitted = match admitted {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                self.fail(&run_id, &dirs, &format!("audit log: {e}"), started_ms);
+                return Err(e.into());
+            }
+        };
         let limits = receipt.limits.unwrap_or_default();
         let prepared = self.sandboxes.take(CgroupLimits {
             memory_bytes: limits.memory_bytes,
@@ -370,7 +473,7 @@ impl RunManager {
             let live = live.clone();
             std::thread::spawn(move || expire_at(&live, expires_at))
         };
-        match self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim) {
+        match self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim, admitted) {
             Ok((process, SandboxOutput { stdout, stderr })) => {
                 // Relay output first: the agent is already writing.
                 let budget = Arc::new(AtomicU64::new(limits.output_bytes));
@@ -410,9 +513,31 @@ impl RunManager {
                     start_us = admitted_at.elapsed().as_micros() as u64,
                     "run started"
                 );
+                // In the log before anything of the run's end; durable by the time the run
+                // thread has checked (off the start path).
+                let created = self.audit.submit(
+                    EntryDraft::new(COMPONENT, EntryKind::SandboxCreated)
+                        .receipt(run_id.as_str())
+                        .run(run_id.as_str())
+                        .meta("cgroup", live.cgroup.relative())
+                        .meta("host_id", host_id)
+                        .meta(
+                            "landlock_abi",
+                            live.landlock_abi
+                                .get()
+                                .map_or(tollgate_audit::MetaValue::Null, |abi| (*abi).into()),
+                        )
+                        .meta(
+                            "start_us",
+                            i64::try_from(admitted_at.elapsed().as_micros()).unwrap_or(i64::MAX),
+                        ),
+                );
                 let manager = self.clone();
                 let thread_run_id = run_id.clone();
                 std::thread::spawn(move || {
+                    if let Err(e) = created.and_then(PendingEntry::wait) {
+                        tracing::error!(run_id = %thread_run_id, error = %e, "could not audit a sandbox's creation");
+                    }
                     let exit = watch(process);
                     for relay in relays {
                         let _ = relay.join();
@@ -442,7 +567,9 @@ impl RunManager {
         }
     }
 
-    /// Prepares the run directories and plan and sends the plan to the sandbox's shim.
+    /// Prepares the run directories and plan and sends the plan to the sandbox's shim, once
+    /// the run's admission is on disk in the audit log.
+    #[allow(clippy::too_many_arguments)]
     fn spawn_sandbox(
         &self,
         receipt: &tollgate_proto::v1::Receipt,
@@ -451,6 +578,7 @@ impl RunManager {
         argv: Option<Vec<String>>,
         live: &LiveRun,
         shim: IdleShim,
+        admitted: PendingEntry,
     ) -> Result<(SandboxProcess, SandboxOutput), StartError> {
         let planned = dirs
             .create(host_id)
@@ -468,6 +596,10 @@ impl RunManager {
                 );
             }
         };
+        if let Err(e) = admitted.wait() {
+            shim.discard();
+            return Err(e.into());
+        }
         let (process, started, output) = SandboxProcess::start(shim, &plan)?;
         if let FromShim::Started { landlock_abi, .. } = started {
             let _ = live.landlock_abi.set(landlock_abi);
@@ -514,6 +646,17 @@ impl RunManager {
         }
         for (id, _) in live {
             self.wait(&id, Duration::from_secs(30));
+        }
+        // A clean stop ends the log with an entry and a signed checkpoint.
+        let stopped = self
+            .audit
+            .append(EntryDraft::new(COMPONENT, EntryKind::ComponentStopped))
+            .and_then(|_| self.audit.close());
+        if let Err(e) = stopped {
+            // Closing twice (a second shutdown) is not an error; anything else is logged.
+            if !matches!(e, AuditError::Closed) {
+                tracing::error!(error = %e, "could not close the audit log");
+            }
         }
     }
 
@@ -565,6 +708,53 @@ impl RunManager {
             tracing::error!(run_id, error = %e, "could not record a failed start");
         }
         tracing::warn!(run_id, reason, "run failed to start");
+        self.audit_teardown(run_id, RunState::Failed, &report);
+    }
+
+    /// Audits the end of a run with its report (and the limit it hit, if one ended it).
+    /// Teardown has happened whatever the log says, so a failure here is logged, not raised.
+    fn audit_teardown(&self, run_id: &str, state: RunState, report: &TeardownReport) {
+        let opt = |value: Option<i32>| value.map_or(tollgate_audit::MetaValue::Null, Into::into);
+        let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        let mut drafts = Vec::new();
+        if state == RunState::LimitExceeded {
+            drafts.push(
+                EntryDraft::new(COMPONENT, EntryKind::LimitHit)
+                    .receipt(run_id)
+                    .run(run_id)
+                    .reason(report.reason.as_str())
+                    .meta("limit", "memory"),
+            );
+        }
+        drafts.push(
+            EntryDraft::new(COMPONENT, EntryKind::Teardown)
+                .receipt(run_id)
+                .run(run_id)
+                .reason(report.reason.as_str())
+                .meta("state", state.name())
+                .meta("duration_ms", to_i64(report.duration_ms))
+                .meta("exit_code", opt(report.exit_code))
+                .meta("signal", opt(report.signal))
+                .meta(
+                    "peak_memory_bytes",
+                    report
+                        .peak_memory_bytes
+                        .map_or(tollgate_audit::MetaValue::Null, |b| to_i64(b).into()),
+                )
+                .meta("output_truncated", report.output_truncated)
+                .meta("cgroup", report.cgroup.clone().unwrap_or_default())
+                .meta(
+                    "last_tool_call_id",
+                    report.last_tool_call_id.clone().unwrap_or_default(),
+                )
+                .meta("routes_used", report.routes_used.clone())
+                .meta("cleanup_errors", report.cleanup_errors.clone()),
+        );
+        for draft in drafts {
+            if let Err(e) = self.audit.append(draft) {
+                tracing::error!(run_id, error = %e, "could not audit a teardown");
+            }
+        }
     }
 
     /// The one teardown path.
@@ -630,6 +820,7 @@ impl RunManager {
             tracing::error!(run_id, error = %e, "could not record a teardown report");
         }
         tracing::info!(run_id, state = state.name(), reason = %report.reason, "run torn down");
+        self.audit_teardown(run_id, state, &report);
         self.live
             .lock()
             .unwrap_or_else(|p| p.into_inner())

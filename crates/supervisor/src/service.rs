@@ -81,9 +81,10 @@ pub fn start_status(error: &StartError) -> Status {
         }
         StartError::NoHostId(_) => Status::resource_exhausted(message),
         StartError::ShuttingDown => Status::unavailable(message),
-        StartError::Sandbox(_) | StartError::Cgroup(_) | StartError::Records(_) => {
-            Status::internal(message)
-        }
+        StartError::Sandbox(_)
+        | StartError::Cgroup(_)
+        | StartError::Records(_)
+        | StartError::Audit(_) => Status::internal(message),
     }
 }
 

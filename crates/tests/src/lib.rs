@@ -27,6 +27,14 @@ pub fn require_root() -> bool {
     false
 }
 
+/// Opens the supervisor's audit log under `data_dir` (created if missing), as the daemon
+/// would, for tests and benchmarks that drive a `RunManager` in-process.
+pub fn supervisor_audit(data_dir: &Path) -> tollgate_audit::AuditLog {
+    std::fs::create_dir_all(data_dir).expect("create the data directory");
+    let config = tollgate_audit::component_config(data_dir, "supervisor").expect("audit config");
+    tollgate_audit::AuditLog::open(config).expect("open the audit log")
+}
+
 /// Path of a workspace binary built by cargo.
 pub fn bin_path(name: &str) -> PathBuf {
     let dir = match std::env::var_os("TOLLGATE_BIN_DIR") {

@@ -14,7 +14,7 @@ use tollgate_receipt::{
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
 use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings, StartError};
-use tollgate_tests::{bin_path, require_root};
+use tollgate_tests::{bin_path, require_root, supervisor_audit};
 
 type Captured = Arc<Mutex<HashMap<String, String>>>;
 
@@ -47,7 +47,12 @@ impl Fixture {
         let signer = ReceiptSigner::generate();
         let mut keys = KeySet::new();
         keys.insert(signer.public_key());
-        let (manager, _) = RunManager::open(settings(&data, &parent, base), keys).unwrap();
+        let (manager, _) = RunManager::open(
+            settings(&data, &parent, base),
+            keys,
+            supervisor_audit(&data),
+        )
+        .unwrap();
         Self {
             manager,
             signer,
@@ -401,8 +406,12 @@ fn restart_after_a_crash_sweeps_what_was_left() {
         .unwrap();
     cgroup.add_process(orphan.id()).unwrap();
 
-    let (manager, recovered) =
-        RunManager::open(settings(&data, &parent, 201_300), KeySet::new()).unwrap();
+    let (manager, recovered) = RunManager::open(
+        settings(&data, &parent, 201_300),
+        KeySet::new(),
+        supervisor_audit(&data),
+    )
+    .unwrap();
     assert_eq!(recovered, ["r-crashed"]);
     let record = manager.get("r-crashed").unwrap().unwrap();
     assert_eq!(record.state, RunState::Lost);

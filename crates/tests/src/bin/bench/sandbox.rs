@@ -102,22 +102,25 @@ struct Tollgate {
 }
 
 impl Tollgate {
-    fn new() -> anyhow::Result<Self> {
+    /// A run manager keeping `warm` sandboxes prepared (0: every start prepares its own),
+    /// with its own cgroup parent and host ids (`id_base`..+100).
+    fn new(warm: usize, id_base: u32) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let signer = ReceiptSigner::generate();
         let mut keys = KeySet::new();
         keys.insert(signer.public_key());
-        let parent = format!("tollgate-bench-{}", std::process::id());
+        let parent = format!("tollgate-bench-{}-warm{warm}", std::process::id());
         let settings = RunSettings {
             data_dir: dir.path().join("supervisor"),
             supervisor_id: "bench".into(),
             shim: tollgate_tests::bin_path("tollgate-shim"),
             cgroup_parent: parent.clone(),
-            host_ids: 2_900_000..2_900_100,
+            host_ids: id_base..id_base + 100,
             clock_skew: Duration::ZERO,
-            warm_sandboxes: 1,
+            warm_sandboxes: warm,
         };
-        let (manager, _) = RunManager::open(settings, keys)?;
+        let audit = tollgate_tests::supervisor_audit(&settings.data_dir);
+        let (manager, _) = RunManager::open(settings, keys, audit)?;
         Ok(Self {
             manager,
             signer,
@@ -175,20 +178,31 @@ impl Drop for Tollgate {
 
 /// Runs the benchmark and prints the table.
 pub fn bench(runs: usize) -> anyhow::Result<()> {
-    let tollgate = Tollgate::new()?;
+    // The default: one sandbox prepared ahead, refilled in the background after each start.
+    let tollgate = Tollgate::new(1, 2_900_000)?;
+    // No sandbox prepared ahead: what a start costs in a burst that drains the pool.
+    let cold = Tollgate::new(0, 2_900_100)?;
     let (mut t_start, mut t_exec, mut b_start) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut c_start, mut c_exec) = (Vec::new(), Vec::new());
     let (mut t_teardown, mut b_teardown) = (Vec::new(), Vec::new());
-    // Interleave the two so machine noise hits both alike; round 0 warms up.
-    for round in 0..=runs {
+    let measure = |tollgate: &Tollgate| -> anyhow::Result<(Duration, Duration)> {
         let begin = Instant::now();
         let (run_id, first) = tollgate.start("echo x")?;
         let exec = begin.elapsed();
         let first = first.recv_timeout(Duration::from_secs(10))? - begin;
         tollgate.manager.wait(&run_id, Duration::from_secs(10));
+        Ok((first, exec))
+    };
+    // Interleave them so machine noise hits all alike; round 0 warms up.
+    for round in 0..=runs {
+        let (first, exec) = measure(&tollgate)?;
+        let (cold_first, cold_exec) = measure(&cold)?;
         let bwrap = bwrap_start()?;
         if round > 0 {
             t_start.push(first);
             t_exec.push(exec);
+            c_start.push(cold_first);
+            c_exec.push(cold_exec);
             b_start.push(bwrap);
         }
     }
@@ -224,6 +238,14 @@ pub fn bench(runs: usize) -> anyhow::Result<()> {
     row(
         "tollgate: receipt admitted -> agent exec'd (start returns)",
         t_exec,
+    );
+    row(
+        "tollgate, none prepared ahead: admitted -> first output byte",
+        c_start,
+    );
+    row(
+        "tollgate, none prepared ahead: admitted -> agent exec'd",
+        c_exec,
     );
     row("bwrap --unshare-all: spawn -> first output byte", b_start);
     row(

@@ -1,0 +1,260 @@
+//! Classifier behaviour beyond the corpus: configuration, custom patterns, errors, redaction.
+
+use tollgate_router::{
+    Classifier, ClassifierConfig, ConfigError, CustomPattern, Sensitivity,
+    DEFAULT_INTERNAL_SUFFIXES,
+};
+
+fn default_classifier() -> Classifier {
+    Classifier::new(&ClassifierConfig::default()).unwrap()
+}
+
+fn ids(classifier: &Classifier, text: &str) -> Vec<String> {
+    classifier
+        .classify(text)
+        .reasons
+        .iter()
+        .map(|r| r.detector.to_string())
+        .collect()
+}
+
+#[test]
+fn classifier_is_shareable() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Classifier>();
+}
+
+#[test]
+fn sensitivity_is_the_highest_reason() {
+    let c = default_classifier();
+    assert_eq!(
+        c.classify("nothing to see here").sensitivity,
+        Sensitivity::Low
+    );
+    assert_eq!(
+        c.classify("mail jane.doe@acme-corp.io").sensitivity,
+        Sensitivity::Medium
+    );
+    let both = c.classify("mail jane.doe@acme-corp.io with card 4111 1111 1111 1111");
+    assert_eq!(both.sensitivity, Sensitivity::High);
+    assert_eq!(both.reasons.len(), 2);
+    assert!(c.classify("").reasons.is_empty());
+}
+
+#[test]
+fn redaction_replaces_spans_with_markers() {
+    let c = default_classifier();
+    let text = "card 4111 1111 1111 1111, mail jane.doe@acme-corp.io, DB_PASSWORD=Tr0ub4dor&3";
+    assert_eq!(
+        c.redact(text).unwrap(),
+        "card [REDACTED:credit_card], mail [REDACTED:email], DB_PASSWORD=[REDACTED:secret_assignment]"
+    );
+    assert_eq!(c.redact("plain words"), None);
+    // A classification applied to a different text fails closed.
+    let classification = c.classify(text);
+    assert_eq!(classification.redact("short"), "[REDACTED:mismatch]");
+}
+
+#[test]
+fn custom_patterns_are_detected_and_redacted() {
+    let config = ClassifierConfig {
+        custom: vec![
+            CustomPattern {
+                id: "project_codename".into(),
+                regex: r"\bPROJECT-(?:ORCA|KESTREL)\b".into(),
+                sensitivity: Sensitivity::Medium,
+            },
+            CustomPattern {
+                id: "employee_id".into(),
+                regex: r"\bemp(?:loyee)?[ _-]?id[:= ]+(?P<value>E[0-9]{6})\b".into(),
+                sensitivity: Sensitivity::High,
+            },
+        ],
+        ..ClassifierConfig::default()
+    };
+    let c = Classifier::new(&config).unwrap();
+    let text = "Status of PROJECT-ORCA for employee id: E123456 — not PROJECT-ORCAS";
+    let classification = c.classify(text);
+    assert_eq!(classification.sensitivity, Sensitivity::High);
+    assert_eq!(
+        ids(&c, text),
+        vec!["project_codename".to_owned(), "employee_id".to_owned()]
+    );
+    // Only the `value` group is reported.
+    assert_eq!(&text[classification.reasons[1].span.clone()], "E123456");
+    assert_eq!(
+        c.redact(text).unwrap(),
+        "Status of [REDACTED:project_codename] for employee id: [REDACTED:employee_id] — not PROJECT-ORCAS"
+    );
+    assert!(c
+        .detectors()
+        .any(|(id, s)| id == "employee_id" && s == Sensitivity::High));
+}
+
+#[test]
+fn bad_custom_patterns_are_clear_errors() {
+    let bad = |id: &str, regex: &str| {
+        Classifier::new(&ClassifierConfig {
+            custom: vec![CustomPattern {
+                id: id.into(),
+                regex: regex.into(),
+                sensitivity: Sensitivity::High,
+            }],
+            ..ClassifierConfig::default()
+        })
+        .unwrap_err()
+    };
+    let err = bad("ticket", r"TICKET-(\d+");
+    assert!(matches!(&err, ConfigError::BadPattern { id, .. } if id == "ticket"));
+    let message = err.to_string();
+    assert!(message.contains("\"ticket\"") && message.contains("not a valid regex"));
+    assert!(std::error::Error::source(&err).is_some());
+
+    assert!(matches!(
+        bad("empty", r"x*"),
+        ConfigError::MatchesEmpty { .. }
+    ));
+    assert!(matches!(bad("has space", r"x"), ConfigError::BadId { .. }));
+    assert!(matches!(bad("", r"x"), ConfigError::BadId { .. }));
+    assert!(matches!(
+        bad("email", r"x"),
+        ConfigError::DuplicateId { .. }
+    ));
+    assert!(matches!(
+        bad("high_entropy", r"x"),
+        ConfigError::DuplicateId { .. }
+    ));
+
+    let twice = Classifier::new(&ClassifierConfig {
+        custom: vec![
+            CustomPattern {
+                id: "a".into(),
+                regex: "aa".into(),
+                sensitivity: Sensitivity::Low,
+            },
+            CustomPattern {
+                id: "a".into(),
+                regex: "bb".into(),
+                sensitivity: Sensitivity::Low,
+            },
+        ],
+        ..ClassifierConfig::default()
+    });
+    assert!(matches!(twice, Err(ConfigError::DuplicateId { .. })));
+}
+
+#[test]
+fn other_config_errors() {
+    let with = |f: &dyn Fn(&mut ClassifierConfig)| {
+        let mut config = ClassifierConfig::default();
+        f(&mut config);
+        Classifier::new(&config)
+    };
+    assert!(matches!(
+        with(&|c| c.internal_suffixes = vec!["bad suffix".into()]),
+        Err(ConfigError::BadSuffix { .. })
+    ));
+    assert!(matches!(
+        with(&|c| c.disabled = vec!["no_such_detector".into()]),
+        Err(ConfigError::UnknownDetector { .. })
+    ));
+    assert!(matches!(
+        with(&|c| c.entropy_threshold = f64::NAN),
+        Err(ConfigError::BadEntropy)
+    ));
+    assert!(matches!(
+        with(&|c| c.entropy_min_len = 4),
+        Err(ConfigError::BadEntropy)
+    ));
+}
+
+#[test]
+fn entropy_length_bounds_build() {
+    for min_len in [16, 64] {
+        let c = Classifier::new(&ClassifierConfig {
+            entropy_min_len: min_len,
+            ..ClassifierConfig::default()
+        })
+        .unwrap();
+        let token = "f7EbsDe0G9Cryn687neLfjVHq8xiM0OGr4hTxoF5";
+        let found = !ids(&c, token).is_empty();
+        assert_eq!(found, token.len() >= min_len, "min_len {min_len}");
+    }
+}
+
+#[test]
+fn internal_suffixes_are_configurable() {
+    let c = Classifier::new(&ClassifierConfig {
+        internal_suffixes: vec![".svc.cluster.local".into(), "ACME-INT".into()],
+        ..ClassifierConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        ids(&c, "curl http://api.default.svc.cluster.local/health"),
+        vec!["internal_hostname".to_owned()]
+    );
+    assert_eq!(
+        ids(&c, "ping build01.acme-int"),
+        vec!["internal_hostname".to_owned()]
+    );
+    assert!(ids(&c, "printer.local").is_empty());
+    assert_eq!(DEFAULT_INTERNAL_SUFFIXES.len(), 5);
+
+    let none = Classifier::new(&ClassifierConfig {
+        internal_suffixes: Vec::new(),
+        ..ClassifierConfig::default()
+    })
+    .unwrap();
+    assert!(ids(&none, "db.prod.internal").is_empty());
+    assert!(none.detectors().all(|(id, _)| id != "internal_hostname"));
+}
+
+#[test]
+fn detectors_can_be_disabled_and_entropy_lowered() {
+    let c = Classifier::new(&ClassifierConfig {
+        disabled: vec!["phone".into(), "email".into()],
+        entropy_sensitivity: Sensitivity::Medium,
+        ..ClassifierConfig::default()
+    })
+    .unwrap();
+    assert!(ids(&c, "call +1 415 555 0132 or jane.doe@acme-corp.io").is_empty());
+    let token = c.classify("session f7EbsDe0G9Cryn687neLfjVHq8xiM0OGr4hTxoF5");
+    assert_eq!(token.sensitivity, Sensitivity::Medium);
+}
+
+#[test]
+fn builtin_list_matches_docs() {
+    let builtins: Vec<_> = Classifier::builtin_detectors().collect();
+    assert_eq!(builtins.len(), 27);
+    assert_eq!(builtins.last().unwrap().0, "high_entropy");
+    let medium: Vec<_> = builtins
+        .iter()
+        .filter(|(_, s)| *s == Sensitivity::Medium)
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(
+        medium,
+        vec![
+            "email",
+            "phone",
+            "private_ipv4",
+            "private_ipv6",
+            "internal_hostname"
+        ]
+    );
+}
+
+#[test]
+fn adversarial_inputs_finish() {
+    // Each would rescan quadratically without the rescan limit; no timing assertion, the test
+    // simply has to finish.
+    let c = default_classifier();
+    let long_local = format!("{}@example.com", "a.".repeat(200_000));
+    assert!(c.classify(&long_local).reasons.is_empty());
+    let blob = "Ab1+".repeat(250_000);
+    assert!(c.classify(&blob).reasons.is_empty());
+    let digits = "4111 ".repeat(200_000);
+    let _ = c.classify(&digits);
+    let unicode = "é東".repeat(200_000);
+    assert!(c.classify(&unicode).reasons.is_empty());
+}
