@@ -119,6 +119,16 @@ pub enum Decision {
     Deny,
 }
 
+impl Decision {
+    /// `"allow"` or `"deny"`, as in the log.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Allow => "allow",
+            Self::Deny => "deny",
+        }
+    }
+}
+
 /// A metadata value that may appear inside a list: string, integer, boolean or null.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MetaScalar {

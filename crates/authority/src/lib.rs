@@ -37,6 +37,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
+use tollgate_router::SecretRedactor;
 
 pub use config::AuthorityConfig;
 pub use error::{AuthorityError, CallError};
@@ -86,6 +87,10 @@ impl Authority {
         let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
         let mut audit_config = tollgate_audit::component_config(&config.data_dir, COMPONENT)?;
         audit_config.key = config.audit_key.clone();
+        audit_config.redactor =
+            Some(Arc::new(SecretRedactor::with_defaults().map_err(|e| {
+                AuthorityError::Config(format!("audit redaction: {e}"))
+            })?));
         let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
         if operators.is_empty() {

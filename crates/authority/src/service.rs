@@ -130,6 +130,7 @@ impl AuthorityService {
                 EntryDraft::new(COMPONENT, EntryKind::ReceiptMinted)
                     .receipt(receipt.receipt_id.as_str())
                     .decision(Decision::Allow)
+                    .meta("issuer", receipt.issuer.as_str())
                     .meta("owner", receipt.owner.as_str())
                     .meta("subject", receipt.subject.as_str())
                     .meta("audience", receipt.audience.clone())

@@ -51,6 +51,9 @@ pub enum CliError {
         /// Why the run ended, when not by a normal agent exit.
         reason: String,
     },
+    /// Audit logs failed verification (the details are printed).
+    #[error("{0} audit log(s) failed verification")]
+    AuditBroken(usize),
     /// Something else went wrong (quickstart's child process, for example).
     #[error("{0}")]
     Other(String),
@@ -85,7 +88,7 @@ impl CliError {
             Self::Input(_) => 66,           // EX_NOINPUT
             Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
             Self::NoToken => 77,            // EX_NOPERM
-            Self::InvalidReceipt(_) => 1,
+            Self::InvalidReceipt(_) | Self::AuditBroken(_) => 1,
             Self::RunNotStarted(_) => 125,
             Self::RunEnded { code, .. } => *code,
             Self::Output { .. } => 73, // EX_CANTCREAT

@@ -1,6 +1,7 @@
 //! The `tollgate` operator CLI. The binary parses flags into [`Cli`] and calls [`run`].
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod client;
 pub mod error;
 mod quickstart;
@@ -165,11 +166,100 @@ pub enum Command {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Check and read audit logs (each daemon's <data dir>/audit), from the files themselves.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// The story of one run from mint to teardown, in order, from the audit logs given
+    /// (typically the authority's and the supervisor's), after checking each is intact.
+    ///
+    /// Exits 1 when a log does not verify (the story is still printed), 66 when no entry
+    /// names the run.
+    Trace {
+        /// The run id (= its receipt id).
+        run_id: String,
+        /// Audit log directories, e.g. /var/lib/tollgate/authority/audit
+        /// /var/lib/tollgate/supervisor/audit.
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// How to check the logs.
+        #[command(flatten)]
+        trust: AuditTrustArgs,
+    },
     /// Start a throwaway authority, mint, verify and revoke a receipt, and explain each step.
     Quickstart {
         /// Keep the temporary data directory (its path is printed).
         #[arg(long)]
         keep: bool,
+    },
+}
+
+/// How audit logs are checked.
+#[derive(Debug, Args)]
+pub struct AuditTrustArgs {
+    /// The audit key the daemons were given (HMAC hashes); without it TOLLGATE_AUDIT_KEY is
+    /// used when set, and a keyed log then fails at its first entry.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The Ed25519 public key that signs the log's checkpoints (64 hex digits, or a copy of
+    /// <data dir>/audit/checkpoint.pub kept elsewhere). Without it the checkpoint.pub beside
+    /// the log is used, which proves consistency but not who wrote the log.
+    #[arg(long, value_name = "HEX|FILE")]
+    pub checkpoint_key: Option<String>,
+}
+
+impl AuditTrustArgs {
+    fn trust(&self) -> audit::Trust {
+        audit::Trust {
+            key_file: self.key_file.clone(),
+            checkpoint_key: self.checkpoint_key.clone(),
+        }
+    }
+}
+
+/// `tollgate audit ...`
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Verify audit logs: exit 0 only if each is intact (every entry canonical and chained,
+    /// every checkpoint signed and matching); otherwise print the first bad entry of each
+    /// broken log and why, and exit 1.
+    Verify {
+        /// Audit log directories (<data dir>/audit).
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// How to check them.
+        #[command(flatten)]
+        trust: AuditTrustArgs,
+        /// One JSON object per log.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the entries that match, from every log given, in time order.
+    Query {
+        /// Audit log directories (<data dir>/audit).
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// Only entries of this run.
+        #[arg(long, value_name = "ID")]
+        run: Option<String>,
+        /// Only entries of this receipt.
+        #[arg(long, value_name = "ID")]
+        receipt: Option<String>,
+        /// Only entries since this time: RFC 3339 (2026-11-30T10:00:00Z) or an age (2h).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// The entries as stored (canonical JSON lines).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every entry as stored (canonical JSON, hashes included), one per line, in time order:
+    /// NDJSON for SIEM ingestion.
+    Export {
+        /// Audit log directories (<data dir>/audit).
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// Only entries since this time: RFC 3339 or an age (2h).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
     },
 }
 
@@ -264,6 +354,31 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ..
         } => rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Audit(AuditCommand::Verify { logs, trust, json }) => {
+            audit::verify(&logs, &trust.trust(), json)
+        }
+        Command::Audit(AuditCommand::Query {
+            logs,
+            run,
+            receipt,
+            since,
+            json,
+        }) => {
+            let filter = tollgate_audit::EntryFilter {
+                run_id: run,
+                receipt_id: receipt,
+                since: since.as_deref().map(audit::parse_since).transpose()?,
+            };
+            audit::query(&logs, &filter, json)
+        }
+        Command::Audit(AuditCommand::Export { logs, since }) => {
+            audit::export(&logs, since.as_deref().map(audit::parse_since).transpose()?)
+        }
+        Command::Trace {
+            run_id,
+            logs,
+            trust,
+        } => audit::trace(&run_id, &logs, &trust.trust()),
         Command::Run { receipt, argv } => runs::run(global, &receipt, argv).await,
         Command::Ps { all, json } => runs::ps(global, all, json).await,
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,

@@ -146,6 +146,12 @@ pub async fn run(keep: bool) -> Result<(), CliError> {
     while let Some(daemon) = daemons.pop() {
         daemon.stop().await;
     }
+    // Both logs are closed now (each with a signed checkpoint): check them and tell the run.
+    let result = match result {
+        Ok(Some(run_id)) => audit_trail(dir.path(), &run_id),
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
     if keep {
         let kept = dir.keep();
         println!("   data kept at {}", kept.display());
@@ -161,7 +167,26 @@ pub async fn run(keep: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<(), CliError> {
+/// Step 10: verify both daemons' audit logs and print the run's story from them.
+fn audit_trail(dir: &Path, run_id: &str) -> Result<(), CliError> {
+    step(
+        10,
+        "The audit trail: both logs verify, and they tell the run's story",
+    );
+    let logs = [
+        dir.join("authority").join("audit"),
+        dir.join("supervisor").join("audit"),
+    ];
+    println!(
+        "   (what `tollgate trace {run_id} {} {}` prints)",
+        logs[0].display(),
+        logs[1].display()
+    );
+    crate::audit::trace(run_id, &logs, &crate::audit::Trust::default())
+}
+
+/// The tour up to the run; returns the run's id when the sandbox part ran (as root).
+async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, CliError> {
     step(1, "Start an authority on a free port");
     let authority_dir = dir.join("authority");
     let authority = start_daemon(
@@ -253,7 +278,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<(), CliError> {
             "\n   The sandbox part of the tour needs root (the supervisor builds namespaces and\n   \
              cgroups): run `sudo tollgate quickstart` to see an agent run."
         );
-        return Ok(());
+        return Ok(None);
     }
 
     step(
@@ -331,7 +356,12 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<(), CliError> {
         .into_inner()
         .run_id;
     let mut events = runs
-        .watch_run(authed(&supervisor_token, pb::WatchRunRequest { run_id })?)
+        .watch_run(authed(
+            &supervisor_token,
+            pb::WatchRunRequest {
+                run_id: run_id.clone(),
+            },
+        )?)
         .await?
         .into_inner();
     let mut ended = None;
@@ -372,5 +402,5 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<(), CliError> {
             report.cleanup_errors.join("; ")
         )));
     }
-    Ok(())
+    Ok(Some(run_id))
 }

@@ -75,11 +75,14 @@ pub mod bench;
 mod checks;
 mod classifier;
 mod detectors;
+mod redact;
 
 pub use classifier::{
     Classification, Classifier, ClassifierConfig, ConfigError, CustomPattern, DetectorId, Reason,
     DEFAULT_ENTROPY_MIN_LEN, DEFAULT_ENTROPY_THRESHOLD, DEFAULT_INTERNAL_SUFFIXES,
 };
+
+pub use redact::SecretRedactor;
 
 use tollgate_proto::v1 as pb;
 

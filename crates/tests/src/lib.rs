@@ -31,7 +31,11 @@ pub fn require_root() -> bool {
 /// would, for tests and benchmarks that drive a `RunManager` in-process.
 pub fn supervisor_audit(data_dir: &Path) -> tollgate_audit::AuditLog {
     std::fs::create_dir_all(data_dir).expect("create the data directory");
-    let config = tollgate_audit::component_config(data_dir, "supervisor").expect("audit config");
+    let mut config =
+        tollgate_audit::component_config(data_dir, "supervisor").expect("audit config");
+    config.redactor = Some(std::sync::Arc::new(
+        tollgate_router::SecretRedactor::with_defaults().expect("the built-in detectors compile"),
+    ));
     tollgate_audit::AuditLog::open(config).expect("open the audit log")
 }
 

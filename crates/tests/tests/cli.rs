@@ -315,6 +315,14 @@ fn quickstart_runs_end_to_end() {
             "agent: refused: /root is not in the sandbox",
             "no process, cgroup or directory of the run is left",
             "tollgate-supervisor exited (exit status: 0)",
+            "The audit trail",
+            "authority/audit: intact",
+            "supervisor/audit: intact",
+            "for operator admin (subject quickstart-agent",
+            "admitted by the supervisor",
+            "sandbox running (cgroup ",
+            "torn down: exited",
+            "teardown recorded",
         ] {
             assert!(stdout.contains(line), "missing {line:?} in:\n{stdout}");
         }

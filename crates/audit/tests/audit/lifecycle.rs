@@ -538,3 +538,25 @@ fn a_refused_log_is_left_exactly_as_found() {
     assert_eq!(fs::read(&path).unwrap(), bytes);
     assert_eq!(listing(dir.path()), names);
 }
+
+#[test]
+fn another_process_cannot_write_an_open_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(config(dir.path(), false)).unwrap();
+    // flock(2) locks belong to an open file description, so a second open of the lock file
+    // stands for another process.
+    let lock_file = dir.path().join("writer.lock");
+    let other = fs::OpenOptions::new().write(true).open(&lock_file).unwrap();
+    let taken = nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock);
+    assert!(
+        taken.is_err(),
+        "the writer holds the lock while the log is open"
+    );
+    log.close().unwrap();
+    drop(log);
+    let other = fs::OpenOptions::new().write(true).open(&lock_file).unwrap();
+    assert!(
+        nix::fcntl::Flock::lock(other, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok(),
+        "closing the log releases the lock"
+    );
+}

@@ -1,0 +1,401 @@
+//! `tollgate audit verify|query|export` and `tollgate trace`: reading the daemons' audit logs
+//! (`<data-dir>/audit/` of the authority and of each supervisor) from the files themselves.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde_json::json;
+use tollgate_audit::{
+    verify_dir, AuditKey, AuditReader, CheckpointTrust, Entry, EntryFilter, EntryKind, MetaValue,
+    VerifyError, VerifyOptions, VerifyReport,
+};
+
+use crate::CliError;
+
+/// How to check logs: the audit key (HMAC) and the trusted checkpoint key.
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
+    /// `--key-file`, else `TOLLGATE_AUDIT_KEY`.
+    pub key_file: Option<PathBuf>,
+    /// `--checkpoint-key`: hex Ed25519 public key, or a file holding one.
+    pub checkpoint_key: Option<String>,
+}
+
+impl Trust {
+    fn options(&self) -> Result<VerifyOptions, CliError> {
+        let key = AuditKey::configured(self.key_file.as_deref())
+            .map_err(|e| CliError::Input(e.to_string()))?;
+        let trusted_checkpoint_key = match &self.checkpoint_key {
+            None => None,
+            Some(given) => Some(parse_public_key(given)?),
+        };
+        Ok(VerifyOptions {
+            key,
+            trusted_checkpoint_key,
+        })
+    }
+}
+
+fn parse_public_key(given: &str) -> Result<ed25519_dalek::VerifyingKey, CliError> {
+    let text = if Path::new(given).is_file() {
+        std::fs::read_to_string(given)
+            .map_err(|e| CliError::Input(format!("cannot read {given}: {e}")))?
+    } else {
+        given.to_owned()
+    };
+    // `checkpoint.pub` lines are "<hex key> <key id>": the first word is the key.
+    let hex_key = text.split_whitespace().next().unwrap_or_default();
+    hex::decode(hex_key)
+        .ok()
+        .and_then(|bytes| <[u8; 32]>::try_from(bytes).ok())
+        .and_then(|bytes| ed25519_dalek::VerifyingKey::from_bytes(&bytes).ok())
+        .ok_or_else(|| {
+            CliError::Input(format!(
+                "--checkpoint-key {given:?} is not an Ed25519 public key (64 hex digits, or a file holding them)"
+            ))
+        })
+}
+
+/// Parses `--since`: an RFC 3339 time (`2026-11-30T10:00:00Z`) or an age (`2h`, `30m`).
+pub fn parse_since(text: &str) -> Result<SystemTime, CliError> {
+    if let Ok(time) = humantime::parse_rfc3339_weak(text) {
+        return Ok(time);
+    }
+    humantime::parse_duration(text)
+        .ok()
+        .and_then(|age: Duration| SystemTime::now().checked_sub(age))
+        .ok_or_else(|| {
+            CliError::Input(format!(
+                "--since {text:?} is neither an RFC 3339 time (2026-11-30T10:00:00Z) nor an age (2h, 30m)"
+            ))
+        })
+}
+
+fn checked(dir: &Path, options: &VerifyOptions) -> Result<VerifyReport, VerifyError> {
+    verify_dir(dir, options)
+}
+
+fn describe(dir: &Path, report: &VerifyReport) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{}: intact: {} entries in {} file(s), head entry {}, {} checkpoint(s){}, {}",
+        dir.display(),
+        report.entries,
+        report.files,
+        report.head_seq,
+        report.checkpoints_checked,
+        report
+            .last_checkpoint_count
+            .map(|count| format!(" (last at entry {count})"))
+            .unwrap_or_default(),
+        if report.keyed {
+            "HMAC-SHA-256 under the audit key"
+        } else {
+            "plain SHA-256 (no audit key given)"
+        },
+    )];
+    match &report.checkpoint_trust {
+        CheckpointTrust::TrustedKey => {}
+        CheckpointTrust::BesideLog(path) => lines.push(format!(
+            "  note: checkpoints checked against {} beside the log; pass --checkpoint-key to prove who wrote them",
+            path.display()
+        )),
+        CheckpointTrust::NoCheckpoints => lines.push(
+            "  warning: no checkpoint yet, so a truncated tail could not be detected".into(),
+        ),
+    }
+    if let Some(count) = report.last_checkpoint_count {
+        if report.head_seq > count {
+            lines.push(format!(
+                "  note: entries {}..{} come after the last checkpoint; truncating them would not be detected",
+                count + 1,
+                report.head_seq
+            ));
+        }
+    }
+    if let Some(torn) = &report.torn_tail {
+        lines.push(format!(
+            "  warning: {} ends with an incomplete entry of {} bytes at offset {} (a crash mid-write; the writer moves it aside when it next opens the log)",
+            torn.file.display(),
+            torn.bytes,
+            torn.offset
+        ));
+    }
+    for recovered in &report.recovered_tails {
+        lines.push(format!(
+            "  note: entry {} records {} torn bytes moved to {}",
+            recovered.seq,
+            recovered.torn_bytes.unwrap_or_default(),
+            recovered.torn_file.as_deref().unwrap_or("(not named)")
+        ));
+    }
+    lines
+}
+
+/// `tollgate audit verify`: exit 0 only when every log is intact; otherwise the first bad
+/// entry of each broken log and why, and exit 1.
+pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), CliError> {
+    let options = trust.options()?;
+    let mut broken = 0;
+    for dir in dirs {
+        match checked(dir, &options) {
+            Ok(report) if json_out => println!(
+                "{}",
+                json!({
+                    "log": dir.display().to_string(),
+                    "intact": true,
+                    "entries": report.entries,
+                    "files": report.files,
+                    "head_seq": report.head_seq,
+                    "head_hash": report.head_hash,
+                    "checkpoints": report.checkpoints_checked,
+                    "last_checkpoint_count": report.last_checkpoint_count,
+                    "keyed": report.keyed,
+                    "torn_tail_bytes": report.torn_tail.as_ref().map(|t| t.bytes),
+                })
+            ),
+            Ok(report) => {
+                for line in describe(dir, &report) {
+                    println!("{line}");
+                }
+            }
+            Err(error @ VerifyError::Broken { .. }) => {
+                broken += 1;
+                if json_out {
+                    println!(
+                        "{}",
+                        json!({"log": dir.display().to_string(), "intact": false, "problem": error.to_string()})
+                    );
+                } else {
+                    println!("{}: BROKEN: {error}", dir.display());
+                }
+            }
+            Err(error) => {
+                return Err(CliError::Input(format!("{}: {error}", dir.display())));
+            }
+        }
+    }
+    if broken > 0 {
+        return Err(CliError::AuditBroken(broken));
+    }
+    Ok(())
+}
+
+/// Every entry of `dirs` that passes `filter`, merged in time order (each log's own order
+/// kept for equal times).
+fn merged(dirs: &[PathBuf], filter: &EntryFilter) -> Result<Vec<Entry>, CliError> {
+    let mut all = Vec::new();
+    for (index, dir) in dirs.iter().enumerate() {
+        let reader = AuditReader::open(dir)
+            .map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?
+            .filtered(filter.clone());
+        for entry in reader {
+            let entry = entry.map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?;
+            all.push((entry.time.clone(), index, entry.seq, entry));
+        }
+    }
+    // RFC 3339 UTC with fixed millisecond precision sorts as text.
+    all.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
+    Ok(all.into_iter().map(|(_, _, _, entry)| entry).collect())
+}
+
+fn meta_text(value: &MetaValue) -> String {
+    match value {
+        MetaValue::Null => "-".into(),
+        MetaValue::Bool(b) => b.to_string(),
+        MetaValue::Int(i) => i.to_string(),
+        MetaValue::Str(s) => s.clone(),
+        MetaValue::List(items) => serde_json::to_string(items).unwrap_or_default(),
+    }
+}
+
+fn summary(entry: &Entry) -> String {
+    let mut parts = Vec::new();
+    if let Some(decision) = &entry.decision {
+        parts.push(decision.as_str().to_owned());
+    }
+    if let Some(id) = &entry.receipt_id {
+        parts.push(format!("receipt={id}"));
+    }
+    if let Some(id) = entry
+        .run_id
+        .as_ref()
+        .filter(|id| Some(*id) != entry.receipt_id.as_ref())
+    {
+        parts.push(format!("run={id}"));
+    }
+    if let Some(id) = &entry.call_id {
+        parts.push(format!("call={id}"));
+    }
+    for (key, value) in &entry.metadata {
+        parts.push(format!("{key}={}", meta_text(value)));
+    }
+    if let Some(reason) = &entry.reason {
+        parts.push(format!("reason={reason:?}"));
+    }
+    parts.join(" ")
+}
+
+/// `tollgate audit query`.
+pub fn query(dirs: &[PathBuf], filter: &EntryFilter, json_out: bool) -> Result<(), CliError> {
+    for entry in merged(dirs, filter)? {
+        if json_out {
+            println!("{}", entry.to_line());
+        } else {
+            println!(
+                "{}  {:<10} {:<5} {:<18} {}",
+                entry.time,
+                entry.component,
+                entry.seq,
+                entry.kind.as_str(),
+                summary(&entry)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `tollgate audit export`: every entry as stored (canonical JSON, hashes included, so each
+/// line stays verifiable), one per line, in time order.
+pub fn export(dirs: &[PathBuf], since: Option<SystemTime>) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let filter = EntryFilter {
+        since,
+        ..Default::default()
+    };
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for entry in merged(dirs, &filter)? {
+        writeln!(out, "{}", entry.to_line()).map_err(|e| CliError::Output {
+            path: "stdout".into(),
+            detail: e.to_string(),
+        })?;
+    }
+    out.flush().map_err(|e| CliError::Output {
+        path: "stdout".into(),
+        detail: e.to_string(),
+    })
+}
+
+/// One step of a run's story, in words.
+fn story_line(entry: &Entry) -> String {
+    let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
+    let reason = entry.reason.clone().unwrap_or_default();
+    match entry.kind {
+        EntryKind::ReceiptMinted => format!(
+            "receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires at unix {})",
+            meta("issuer"),
+            meta("owner"),
+            meta("subject"),
+            meta("audience"),
+            meta("key_id"),
+            meta("expires_at")
+        ),
+        EntryKind::ReceiptRevoked if entry.decision == Some(tollgate_audit::Decision::Deny) => {
+            format!("revocation by {} refused: {reason}", meta("by"))
+        }
+        EntryKind::ReceiptRevoked => format!("receipt revoked by {}: {reason:?}", meta("by")),
+        EntryKind::RunRefused => format!("start refused ({}): {reason}", meta("code")),
+        EntryKind::RunAdmitted => format!(
+            "admitted by the {} (host id {}, argv from the start request: {})",
+            entry.component,
+            meta("host_id"),
+            meta("argv_from_start")
+        ),
+        EntryKind::SandboxCreated => format!(
+            "sandbox running (cgroup {}, Landlock ABI {}, started in {} µs)",
+            meta("cgroup"),
+            meta("landlock_abi"),
+            meta("start_us")
+        ),
+        EntryKind::LimitHit => format!("{} limit hit: {reason}", meta("limit")),
+        EntryKind::Teardown => format!(
+            "torn down: {} — {reason} (exit code {}, signal {}, {} ms, peak memory {} bytes, cleanup errors {})",
+            meta("state"),
+            meta("exit_code"),
+            meta("signal"),
+            meta("duration_ms"),
+            meta("peak_memory_bytes"),
+            meta("cleanup_errors")
+        ),
+        _ => format!("{} {}", entry.kind.as_str(), summary(entry)),
+    }
+}
+
+/// `tollgate trace RUN`: the story of one run from mint to teardown, from every log given,
+/// after checking that each log is intact.
+pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliError> {
+    let options = trust.options()?;
+    let mut broken = 0;
+    for dir in dirs {
+        match checked(dir, &options) {
+            Ok(report) => println!(
+                "log {}: intact ({} entries, {} checkpoint(s))",
+                dir.display(),
+                report.entries,
+                report.checkpoints_checked
+            ),
+            Err(error @ VerifyError::Broken { .. }) => {
+                broken += 1;
+                println!("log {}: BROKEN: {error}", dir.display());
+            }
+            Err(error) => return Err(CliError::Input(format!("{}: {error}", dir.display()))),
+        }
+    }
+    // The run id is the receipt id: entries name one or the other.
+    let by_receipt = merged(
+        dirs,
+        &EntryFilter {
+            receipt_id: Some(run_id.to_owned()),
+            ..Default::default()
+        },
+    )?;
+    let by_run = merged(
+        dirs,
+        &EntryFilter {
+            run_id: Some(run_id.to_owned()),
+            ..Default::default()
+        },
+    )?;
+    let mut story: Vec<Entry> = by_receipt;
+    for entry in by_run {
+        if !story
+            .iter()
+            .any(|e| e.component == entry.component && e.seq == entry.seq)
+        {
+            story.push(entry);
+        }
+    }
+    story.sort_by(|a, b| a.time.cmp(&b.time));
+    if story.is_empty() {
+        return Err(CliError::Input(format!(
+            "no audit entries name {run_id} in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    println!();
+    for (step, entry) in story.iter().enumerate() {
+        println!(
+            "{:>2}. {}  {:<10} #{:<5} {}",
+            step + 1,
+            entry.time,
+            entry.component,
+            entry.seq,
+            story_line(entry)
+        );
+    }
+    let ended = story.iter().any(|e| e.kind == EntryKind::Teardown);
+    println!(
+        "\n{}",
+        if ended {
+            "teardown recorded: the run is over and its sandbox is gone"
+        } else {
+            "no teardown recorded yet: the run is live, never started, or its supervisor's log was not given"
+        }
+    );
+    if broken > 0 {
+        return Err(CliError::AuditBroken(broken));
+    }
+    Ok(())
+}
