@@ -140,12 +140,16 @@ fn add_rules(
     Ok(ruleset)
 }
 
-/// Restricts this process (and everything it executes) to the plan's read, write and execute
-/// allow-lists. Fails closed: a kernel without Landlock ABI v3 is an error, never a silent
-/// downgrade. Returns the ABI version enforced.
-pub fn landlock(plan: &LandlockPlan) -> Result<u32, ConfineError> {
-    let abi = REQUIRED_LANDLOCK_ABI;
-    let all = AccessFs::from_all(abi);
+/// A Landlock ruleset built from the plan's allow-lists, not yet enforced. Building it (paths
+/// opened, executables' interpreters read) is most of Landlock's cost, and needs no
+/// privilege, so the agent process does it while pid 1 writes its id map.
+#[derive(Debug)]
+pub struct PreparedLandlock(landlock::RulesetCreated);
+
+/// Builds the ruleset for the plan's read, write and execute allow-lists. Fails closed: a
+/// kernel without Landlock ABI v3 is an error, never a silent downgrade.
+pub fn prepare_landlock(plan: &LandlockPlan) -> Result<PreparedLandlock, ConfineError> {
+    let all = AccessFs::from_all(REQUIRED_LANDLOCK_ABI);
     let read = AccessFs::ReadFile | AccessFs::ReadDir;
     let write = all & !AccessFs::Execute;
     let execute = AccessFs::Execute | AccessFs::ReadFile;
@@ -159,14 +163,26 @@ pub fn landlock(plan: &LandlockPlan) -> Result<u32, ConfineError> {
     let ruleset = add_rules(ruleset, &plan.read, read)?;
     let ruleset = add_rules(ruleset, &plan.write, write)?;
     let ruleset = add_rules(ruleset, &with_interpreters(&plan.execute), execute)?;
-    let status = ruleset.restrict_self().map_err(error)?;
-    if status.ruleset != RulesetStatus::FullyEnforced {
-        return Err(ConfineError::Landlock(format!(
-            "the kernel enforces the ruleset only {:?}",
-            status.ruleset
-        )));
+    Ok(PreparedLandlock(ruleset))
+}
+
+impl PreparedLandlock {
+    /// Restricts this process (and everything it executes) to the ruleset; needs
+    /// `no_new_privs`. Returns the ABI version enforced; anything short of full enforcement
+    /// is an error.
+    pub fn enforce(self) -> Result<u32, ConfineError> {
+        let status = self
+            .0
+            .restrict_self()
+            .map_err(|e| ConfineError::Landlock(e.to_string()))?;
+        if status.ruleset != RulesetStatus::FullyEnforced {
+            return Err(ConfineError::Landlock(format!(
+                "the kernel enforces the ruleset only {:?}",
+                status.ruleset
+            )));
+        }
+        Ok(REQUIRED_LANDLOCK_ABI as u32)
     }
-    Ok(abi as u32)
 }
 
 /// The executables plus what the kernel must also execute to run them: the ELF program

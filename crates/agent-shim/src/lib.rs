@@ -315,6 +315,9 @@ fn agent_child(
         confine::clear_groups().map_err(|e| e.to_string())?;
         unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("new user namespace: {e}"))?;
         nix::unistd::write(report, &[READY]).map_err(|e| e.to_string())?;
+        // While pid 1 writes the id map: build the Landlock ruleset (it opens the allowed
+        // paths and reads the executables' headers; enforcing it comes after no_new_privs).
+        let landlock = confine::prepare_landlock(&plan.landlock).map_err(|e| e.to_string())?;
         let mut byte = [0u8; 1];
         if nix::unistd::read(&go, &mut byte).map_err(|e| e.to_string())? != 1 {
             return Err("pid 1 did not map the agent's ids".into());
@@ -323,7 +326,7 @@ fn agent_child(
         confine::become_agent(plan.inner_id).map_err(|e| e.to_string())?;
         confine::no_new_privs().map_err(|e| e.to_string())?;
         confine::no_core_dumps().map_err(|e| e.to_string())?;
-        confine::landlock(&plan.landlock).map_err(|e| e.to_string())?;
+        landlock.enforce().map_err(|e| e.to_string())?;
         seccomp.install().map_err(|e| e.to_string())?;
         std::env::set_current_dir(&plan.agent.cwd)
             .map_err(|e| format!("cwd {}: {e}", plan.agent.cwd.display()))?;

@@ -6,6 +6,9 @@
 //!   commits of the same row on the same disk (the floor minting cannot beat) and GetKeySet
 //!   over the same gRPC stack (the service without a durable write).
 //!
+//! * `sandbox`: sandbox start and teardown beside `bwrap --unshare-all` (root).
+//! * `audit`: durable audit appends per second beside a plain write + fdatasync per line.
+//!
 //! Build with `cargo build --release --workspace --bins` and run from target/release.
 
 use std::collections::HashSet;
@@ -45,6 +48,16 @@ enum Bench {
         /// Runs of each kind.
         #[arg(long, default_value_t = 30)]
         runs: usize,
+    },
+    /// Durable audit appends per second (1, 4 and 16 appenders) beside a plain write +
+    /// fdatasync per line on the same disk.
+    Audit {
+        /// Entries per sample.
+        #[arg(long, default_value_t = 2000)]
+        count: u64,
+        /// Samples (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        samples: usize,
     },
     /// Mint throughput over gRPC.
     Mint {
@@ -272,6 +285,7 @@ fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> an
     Ok(rows as f64 / start.elapsed().as_secs_f64())
 }
 
+mod audit;
 mod sandbox;
 
 fn main() -> anyhow::Result<()> {
@@ -287,5 +301,6 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(bench_mint(count, concurrency.max(1)))
         }
         Bench::Sandbox { runs } => sandbox::bench(runs.max(3)),
+        Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
     }
 }
