@@ -60,6 +60,14 @@ fn code_name(error: &CallError) -> &'static str {
     }
 }
 
+/// `draft` as the record of a refused call: the decision, the error and its code.
+fn refused(draft: EntryDraft, error: &CallError) -> EntryDraft {
+    draft
+        .decision(Decision::Deny)
+        .reason(error.to_string())
+        .meta("code", code_name(error))
+}
+
 fn check_receipt_id(receipt_id: &str) -> Result<(), CallError> {
     match uuid::Uuid::try_parse(receipt_id) {
         Ok(id) if id.hyphenated().to_string() == receipt_id => Ok(()),
@@ -154,12 +162,12 @@ impl AuthorityService {
                             .collect::<Vec<_>>(),
                     )
             }
-            Err(error) => EntryDraft::new(COMPONENT, EntryKind::ReceiptRefused)
-                .decision(Decision::Deny)
-                .reason(error.to_string())
-                .meta("operator", caller)
-                .meta("subject", subject)
-                .meta("code", code_name(error)),
+            Err(error) => refused(
+                EntryDraft::new(COMPONENT, EntryKind::ReceiptRefused)
+                    .meta("operator", caller)
+                    .meta("subject", subject),
+                error,
+            ),
         };
         self.record(draft).await?;
         result
@@ -188,12 +196,12 @@ impl AuthorityService {
                         i64::try_from(revocation.seq).unwrap_or(i64::MAX),
                     )
             }
-            Err(error) => EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
-                .receipt(receipt_id)
-                .decision(Decision::Deny)
-                .reason(error.to_string())
-                .meta("by", caller)
-                .meta("code", code_name(error)),
+            Err(error) => refused(
+                EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
+                    .receipt(receipt_id)
+                    .meta("by", caller),
+                error,
+            ),
         };
         self.record(draft).await?;
         result
@@ -213,10 +221,7 @@ impl AuthorityService {
             .meta("by", caller);
         let draft = match &result {
             Ok(_) => draft.decision(Decision::Allow),
-            Err(error) => draft
-                .decision(Decision::Deny)
-                .reason(error.to_string())
-                .meta("code", code_name(error)),
+            Err(error) => refused(draft, error),
         };
         self.record(draft).await?;
         result
@@ -246,10 +251,7 @@ impl AuthorityService {
                         .as_ref()
                         .map_or(String::new(), |k| k.key_id.clone()),
                 ),
-            Err(error) => draft
-                .decision(Decision::Deny)
-                .reason(error.to_string())
-                .meta("code", code_name(error)),
+            Err(error) => refused(draft, error),
         };
         self.record(draft).await?;
         result
