@@ -21,8 +21,9 @@ use crate::plan::{SandboxBase, SandboxPlan};
 /// A step of building the sandbox failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    /// Making the mount tree private (so nothing propagates back to the host) failed.
-    #[error("making mounts private: {0}")]
+    /// Changing the mount tree's propagation (so nothing propagates back to the host, and,
+    /// once built, nothing from it) failed.
+    #[error("setting mount propagation: {0}")]
     Private(nix::Error),
     /// Mounting a file system failed.
     #[error("mounting {what} at {target}: {source}")]
@@ -192,12 +193,15 @@ fn bind(source: &Path, target: &Path, how: Restrict) -> Result<(), SetupError> {
 /// pid 1 of a fresh pid namespace. Runs before the plan arrives when the sandbox is prepared
 /// ahead of need.
 pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
-    // Nothing we mount may propagate back to the host.
+    // Nothing we mount may propagate back to the host, but the host's mounts and unmounts
+    // keep reaching this copy while the sandbox waits for its plan (it may wait for hours):
+    // its binds must see the host as it is when the run starts, and it must not keep an
+    // unmounted volume busy. `finish_root` cuts the link once the binds are made.
     mount(
         None::<&str>,
         "/",
         None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
         None::<&str>,
     )
     .map_err(SetupError::Private)?;
@@ -340,6 +344,16 @@ pub fn finish_root(base: &SandboxBase, plan: &SandboxPlan) -> Result<(), SetupEr
     pivot_root(".", ".").map_err(SetupError::PivotRoot)?;
     umount2(".", MntFlags::MNT_DETACH).map_err(SetupError::PivotRoot)?;
     chdir("/").map_err(SetupError::PivotRoot)?;
+    // From here on nothing the host mounts reaches the agent: a mount propagated under a
+    // grant would arrive without the restrictions set above (read-only, noexec).
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(SetupError::Private)?;
     // The root tmpfs itself becomes read-only: the agent writes only /work and /tmp.
     mount(
         None::<&str>,

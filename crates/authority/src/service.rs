@@ -60,12 +60,81 @@ fn code_name(error: &CallError) -> &'static str {
     }
 }
 
+/// How a call that changes state failed.
+#[derive(Debug)]
+enum Refusal {
+    /// Refused before anything was done (not yet audited).
+    Decided(CallError),
+    /// Failed at or after its audited commit (the log already says so).
+    Audited(CallError),
+}
+
+impl From<CallError> for Refusal {
+    fn from(error: CallError) -> Self {
+        Self::Decided(error)
+    }
+}
+
+impl From<AuthorityError> for Refusal {
+    fn from(error: AuthorityError) -> Self {
+        Self::Decided(error.into())
+    }
+}
+
+/// Longest client-given field copied into an audit entry.
+const MAX_FIELD: usize = 256;
+/// Longest reason copied into an audit entry.
+const MAX_REASON: usize = 1024;
+
+/// At most `max` bytes of `text` (on a character boundary), marked when cut: audit entries
+/// never carry unbounded client input.
+fn clip(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
 /// `draft` as the record of a refused call: the decision, the error and its code.
 fn refused(draft: EntryDraft, error: &CallError) -> EntryDraft {
     draft
         .decision(Decision::Deny)
-        .reason(error.to_string())
+        .reason(clip(&error.to_string(), MAX_REASON))
         .meta("code", code_name(error))
+}
+
+/// The audit entry of a receipt about to be stored.
+fn minted_entry(receipt: &pb::Receipt) -> EntryDraft {
+    EntryDraft::new(COMPONENT, EntryKind::ReceiptMinted)
+        .receipt(receipt.receipt_id.as_str())
+        .decision(Decision::Allow)
+        .meta("issuer", receipt.issuer.as_str())
+        .meta("owner", receipt.owner.as_str())
+        .meta("subject", receipt.subject.as_str())
+        .meta("audience", receipt.audience.clone())
+        .meta("key_id", receipt.key_id.as_str())
+        .meta("expires_at", receipt.expires_at.map_or(0, |t| t.seconds))
+        .meta("exec", receipt.exec.clone())
+        .meta(
+            "fs",
+            receipt
+                .fs
+                .iter()
+                .map(|g| format!("{}:{}", g.path, access_name(g.access)))
+                .collect::<Vec<_>>(),
+        )
+        .meta(
+            "routes",
+            receipt
+                .routes
+                .iter()
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>(),
+        )
 }
 
 fn check_receipt_id(receipt_id: &str) -> Result<(), CallError> {
@@ -125,52 +194,63 @@ impl AuthorityService {
             .unwrap_or_else(|_| "(unauthenticated)".into())
     }
 
+    /// Commits a decided action together with its audit entry. The entry is on disk before the
+    /// action takes effect, and both run on a blocking thread that a cancelled call (a client
+    /// hanging up, a shutdown) cannot interrupt. If the action then fails, a second entry
+    /// records that it did not take effect, and why.
+    async fn commit_audited<T, F>(&self, entry: EntryDraft, act: F) -> Result<T, Refusal>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, CallError> + Send + 'static,
+    {
+        let audit = self.audit.clone();
+        tokio::task::spawn_blocking(move || {
+            audit
+                .append(entry.clone())
+                .map_err(|e| Refusal::Audited(CallError::Internal(e.into())))?;
+            act().map_err(|error| {
+                let mut undone = refused(entry, &error);
+                undone.reason = Some(clip(&format!("not done: {error}"), MAX_REASON));
+                if let Err(e) = audit.append(undone) {
+                    tracing::error!(error = %e, "could not audit a failed action");
+                }
+                Refusal::Audited(error)
+            })
+        })
+        .await
+        .map_err(|e| Refusal::Audited(CallError::Internal(AuthorityError::Task(e.to_string()))))?
+    }
+
+    /// Finishes a call: a refusal decided before anything was done is audited here (what was
+    /// asked, by whom, why not); everything else already is.
+    async fn finish<T>(
+        &self,
+        result: Result<T, Refusal>,
+        asked: impl FnOnce() -> EntryDraft,
+    ) -> Result<T, CallError> {
+        match result {
+            Ok(value) => Ok(value),
+            Err(Refusal::Audited(error)) => Err(error),
+            Err(Refusal::Decided(error)) => {
+                self.record(refused(asked(), &error)).await?;
+                Err(error)
+            }
+        }
+    }
+
     async fn audited_mint(
         &self,
         request: Request<pb::MintReceiptRequest>,
     ) -> Result<pb::MintReceiptResponse, CallError> {
         let caller = self.caller(request.metadata());
-        let subject = request.get_ref().subject.clone();
+        let subject = clip(&request.get_ref().subject, MAX_FIELD);
         let result = self.mint(request).await;
-        let draft = match &result {
-            Ok(minted) => {
-                let receipt = minted.receipt.clone().unwrap_or_default();
-                EntryDraft::new(COMPONENT, EntryKind::ReceiptMinted)
-                    .receipt(receipt.receipt_id.as_str())
-                    .decision(Decision::Allow)
-                    .meta("issuer", receipt.issuer.as_str())
-                    .meta("owner", receipt.owner.as_str())
-                    .meta("subject", receipt.subject.as_str())
-                    .meta("audience", receipt.audience.clone())
-                    .meta("key_id", receipt.key_id.as_str())
-                    .meta("expires_at", receipt.expires_at.map_or(0, |t| t.seconds))
-                    .meta("exec", receipt.exec.clone())
-                    .meta(
-                        "fs",
-                        receipt
-                            .fs
-                            .iter()
-                            .map(|g| format!("{}:{}", g.path, access_name(g.access)))
-                            .collect::<Vec<_>>(),
-                    )
-                    .meta(
-                        "routes",
-                        receipt
-                            .routes
-                            .iter()
-                            .map(|r| r.name.clone())
-                            .collect::<Vec<_>>(),
-                    )
-            }
-            Err(error) => refused(
-                EntryDraft::new(COMPONENT, EntryKind::ReceiptRefused)
-                    .meta("operator", caller)
-                    .meta("subject", subject),
-                error,
-            ),
-        };
-        self.record(draft).await?;
-        result
+        self.finish(result, || {
+            EntryDraft::new(COMPONENT, EntryKind::ReceiptRefused)
+                .meta("operator", caller)
+                .meta("subject", subject)
+        })
+        .await
     }
 
     async fn audited_revoke(
@@ -178,33 +258,18 @@ impl AuthorityService {
         request: Request<pb::RevokeReceiptRequest>,
     ) -> Result<pb::RevokeReceiptResponse, CallError> {
         let caller = self.caller(request.metadata());
-        let receipt_id = request.get_ref().receipt_id.clone();
-        let reason = request.get_ref().reason.clone();
+        let claimed = request.get_ref().receipt_id.clone();
         let result = self.revoke(request).await;
-        let draft = match &result {
-            // Revoking twice changes nothing: only the first is an event.
-            Ok(response) if response.already_revoked => return result,
-            Ok(response) => {
-                let revocation = response.revocation.clone().unwrap_or_default();
-                EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
-                    .receipt(receipt_id)
-                    .decision(Decision::Allow)
-                    .reason(reason)
-                    .meta("by", caller)
-                    .meta(
-                        "revocation_seq",
-                        i64::try_from(revocation.seq).unwrap_or(i64::MAX),
-                    )
+        self.finish(result, || {
+            let draft = EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked).meta("by", caller);
+            // Only a well-formed id goes in the (never redacted) id field.
+            if check_receipt_id(&claimed).is_ok() {
+                draft.receipt(claimed)
+            } else {
+                draft.meta("claimed_receipt_id", clip(&claimed, 64))
             }
-            Err(error) => refused(
-                EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
-                    .receipt(receipt_id)
-                    .meta("by", caller),
-                error,
-            ),
-        };
-        self.record(draft).await?;
-        result
+        })
+        .await
     }
 
     async fn audited_add_operator(
@@ -212,19 +277,16 @@ impl AuthorityService {
         request: Request<pb::AddOperatorRequest>,
     ) -> Result<pb::AddOperatorResponse, CallError> {
         let caller = self.caller(request.metadata());
-        let name = request.get_ref().name.clone();
+        let name = clip(&request.get_ref().name, 64);
         let admin = request.get_ref().admin;
         let result = self.add_operator(request).await;
-        let draft = EntryDraft::new(COMPONENT, EntryKind::OperatorAdded)
-            .meta("operator", name)
-            .meta("admin", admin)
-            .meta("by", caller);
-        let draft = match &result {
-            Ok(_) => draft.decision(Decision::Allow),
-            Err(error) => refused(draft, error),
-        };
-        self.record(draft).await?;
-        result
+        self.finish(result, || {
+            EntryDraft::new(COMPONENT, EntryKind::OperatorAdded)
+                .meta("operator", name)
+                .meta("admin", admin)
+                .meta("by", caller)
+        })
+        .await
     }
 
     async fn audited_rotate(
@@ -233,34 +295,16 @@ impl AuthorityService {
     ) -> Result<pb::RotateKeyResponse, CallError> {
         let caller = self.caller(request.metadata());
         let result = self.rotate(request).await;
-        let draft = EntryDraft::new(COMPONENT, EntryKind::KeyRotated).meta("by", caller);
-        let draft = match &result {
-            Ok(rotated) => draft
-                .decision(Decision::Allow)
-                .meta(
-                    "active_key_id",
-                    rotated
-                        .active
-                        .as_ref()
-                        .map_or(String::new(), |k| k.key_id.clone()),
-                )
-                .meta(
-                    "retired_key_id",
-                    rotated
-                        .retired
-                        .as_ref()
-                        .map_or(String::new(), |k| k.key_id.clone()),
-                ),
-            Err(error) => refused(draft, error),
-        };
-        self.record(draft).await?;
-        result
+        self.finish(result, || {
+            EntryDraft::new(COMPONENT, EntryKind::KeyRotated).meta("by", caller)
+        })
+        .await
     }
 
     async fn mint(
         &self,
         request: Request<pb::MintReceiptRequest>,
-    ) -> Result<pb::MintReceiptResponse, CallError> {
+    ) -> Result<pb::MintReceiptResponse, Refusal> {
         let operator = self.operators.authenticate(request.metadata())?;
         let request = request.into_inner();
         validate_mint(&request)?;
@@ -279,7 +323,8 @@ impl AuthorityService {
             return Err(CallError::PermissionDenied(format!(
                 "not_before more than {max_ttl}s ahead is above operator {:?}'s ceiling",
                 operator.name
-            )));
+            ))
+            .into());
         }
         // Both bounded by validation (366 days, year 9999), so this cannot overflow.
         let ttl = i64::try_from(request.ttl_seconds).unwrap_or(i64::MAX);
@@ -310,7 +355,12 @@ impl AuthorityService {
         let signed = self.keys.active().sign(&mut receipt);
         let store = self.store.clone();
         let (stored_receipt, stored_signed) = (receipt.clone(), signed.clone());
-        blocking(move || store.insert_receipt(&stored_receipt, &stored_signed)).await?;
+        self.commit_audited(minted_entry(&receipt), move || {
+            store
+                .insert_receipt(&stored_receipt, &stored_signed)
+                .map_err(CallError::from)
+        })
+        .await?;
         tracing::info!(
             receipt_id = %receipt.receipt_id,
             owner = %receipt.owner,
@@ -418,12 +468,12 @@ impl AuthorityService {
     async fn revoke(
         &self,
         request: Request<pb::RevokeReceiptRequest>,
-    ) -> Result<pb::RevokeReceiptResponse, CallError> {
+    ) -> Result<pb::RevokeReceiptResponse, Refusal> {
         let operator = self.operators.authenticate(request.metadata())?;
         let request = request.into_inner();
         check_receipt_id(&request.receipt_id)?;
         if request.reason.len() > 1024 {
-            return Err(CallError::invalid("reason", "must be at most 1024 bytes"));
+            return Err(CallError::invalid("reason", "must be at most 1024 bytes").into());
         }
         let store = self.store.clone();
         let id = request.receipt_id.clone();
@@ -433,10 +483,19 @@ impl AuthorityService {
         check_owner(&operator, &stored.receipt)?;
         let store = self.store.clone();
         let by = operator.name.clone();
-        let (revocation, already_revoked) =
-            blocking(move || store.revoke(&request.receipt_id, &request.reason, &by, unix_now()))
-                .await?
-                .ok_or_else(|| CallError::NotFound("receipt vanished".into()))?;
+        // Every revocation request that passed the checks is recorded, also a repeated one.
+        let entry = EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
+            .receipt(request.receipt_id.as_str())
+            .decision(Decision::Allow)
+            .reason(request.reason.as_str())
+            .meta("by", by.as_str());
+        let (revocation, already_revoked) = self
+            .commit_audited(entry, move || {
+                store
+                    .revoke(&request.receipt_id, &request.reason, &by, unix_now())?
+                    .ok_or_else(|| CallError::NotFound("receipt vanished".into()))
+            })
+            .await?;
         if !already_revoked {
             tracing::info!(receipt_id = %revocation.receipt_id, seq = revocation.seq, by = %operator.name, "revoked receipt");
             // No subscribers is fine: the revocation is durable and replayed on connect.
@@ -522,14 +581,15 @@ impl AuthorityService {
     async fn add_operator(
         &self,
         request: Request<pb::AddOperatorRequest>,
-    ) -> Result<pb::AddOperatorResponse, CallError> {
+    ) -> Result<pb::AddOperatorResponse, Refusal> {
         let admin = self.operators.authenticate_admin(request.metadata())?;
         let request = request.into_inner();
         if !valid_operator_name(&request.name) {
             return Err(CallError::invalid(
                 "name",
                 "must be 1-64 letters, digits, '.', '_', '-' or '@'",
-            ));
+            )
+            .into());
         }
         let ceiling = request
             .ceiling
@@ -546,12 +606,22 @@ impl AuthorityService {
         };
         let store = self.store.clone();
         let stored = operator.clone();
-        if !blocking(move || store.insert_operator(&hash, &stored)).await? {
-            return Err(CallError::AlreadyExists(format!(
-                "operator {:?} already exists",
-                request.name
-            )));
-        }
+        let name = request.name.clone();
+        let entry = EntryDraft::new(COMPONENT, EntryKind::OperatorAdded)
+            .decision(Decision::Allow)
+            .meta("operator", request.name.as_str())
+            .meta("admin", request.admin)
+            .meta("by", admin.name.as_str());
+        self.commit_audited(entry, move || {
+            if store.insert_operator(&hash, &stored)? {
+                Ok(())
+            } else {
+                Err(CallError::AlreadyExists(format!(
+                    "operator {name:?} already exists"
+                )))
+            }
+        })
+        .await?;
         self.operators.insert(hash, operator);
         tracing::info!(operator = %request.name, admin = request.admin, by = %admin.name, "added operator");
         Ok(pb::AddOperatorResponse {
@@ -583,14 +653,20 @@ impl AuthorityService {
     async fn rotate(
         &self,
         request: Request<pb::RotateKeyRequest>,
-    ) -> Result<pb::RotateKeyResponse, CallError> {
+    ) -> Result<pb::RotateKeyResponse, Refusal> {
         let admin = self.operators.authenticate_admin(request.metadata())?;
         let (store, keys) = (self.store.clone(), self.keys.clone());
-        let (active, retired, records) = blocking(move || {
-            let (active, retired) = keys.rotate(&store)?;
-            Ok((active, retired, store.keys()?))
-        })
-        .await?;
+        // The new key's id is in the key set (and in every receipt it signs).
+        let entry = EntryDraft::new(COMPONENT, EntryKind::KeyRotated)
+            .decision(Decision::Allow)
+            .meta("by", admin.name.as_str())
+            .meta("retiring_key_id", self.keys.active().key_id());
+        let (active, retired, records) = self
+            .commit_audited(entry, move || {
+                let (active, retired) = keys.rotate(&store)?;
+                Ok((active, retired, store.keys()?))
+            })
+            .await?;
         tracing::info!(by = %admin.name, new_key_id = %active, "key rotation requested");
         let find = |id: &str| {
             records

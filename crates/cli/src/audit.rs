@@ -135,7 +135,7 @@ fn describe(dir: &Path, report: &VerifyReport) -> Vec<String> {
 /// entry of each broken log and why, and exit 1.
 pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), CliError> {
     let options = trust.options()?;
-    let mut broken = 0;
+    let (mut broken, mut unreadable) = (0, 0);
     for dir in dirs {
         match checked(dir, &options) {
             Ok(report) if json_out => println!(
@@ -170,32 +170,54 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
                 }
             }
             Err(error) => {
-                return Err(CliError::Input(format!("{}: {error}", dir.display())));
+                unreadable += 1;
+                if json_out {
+                    println!(
+                        "{}",
+                        json!({"log": dir.display().to_string(), "intact": null, "error": error.to_string()})
+                    );
+                } else {
+                    println!("{}: cannot verify: {error}", dir.display());
+                }
             }
         }
     }
     if broken > 0 {
         return Err(CliError::AuditBroken(broken));
     }
+    if unreadable > 0 {
+        return Err(CliError::Input(format!(
+            "{unreadable} audit log(s) could not be read"
+        )));
+    }
     Ok(())
 }
 
-/// Every entry of `dirs` that passes `filter`, merged in time order (each log's own order
-/// kept for equal times).
-fn merged(dirs: &[PathBuf], filter: &EntryFilter) -> Result<Vec<Entry>, CliError> {
-    let mut all = Vec::new();
-    for (index, dir) in dirs.iter().enumerate() {
+/// Every entry of `dirs` that passes `filter`, with the index of its log, merged in time
+/// order. Each log's own order (its seq) is kept even where its clock stepped back: the merge
+/// only ever takes the next entry of some log.
+fn merged(dirs: &[PathBuf], filter: &EntryFilter) -> Result<Vec<(usize, Entry)>, CliError> {
+    let mut logs: Vec<std::collections::VecDeque<Entry>> = Vec::new();
+    for dir in dirs {
         let reader = AuditReader::open(dir)
             .map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?
             .filtered(filter.clone());
-        for entry in reader {
-            let entry = entry.map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?;
-            all.push((entry.time.clone(), index, entry.seq, entry));
+        let entries = reader
+            .collect::<Result<std::collections::VecDeque<_>, _>>()
+            .map_err(|e| CliError::Input(format!("{}: {e}", dir.display())))?;
+        logs.push(entries);
+    }
+    let mut all = Vec::new();
+    // RFC 3339 UTC with fixed millisecond precision compares as text.
+    while let Some(next) = (0..logs.len())
+        .filter(|&i| !logs[i].is_empty())
+        .min_by(|&a, &b| logs[a][0].time.cmp(&logs[b][0].time).then(a.cmp(&b)))
+    {
+        if let Some(entry) = logs[next].pop_front() {
+            all.push((next, entry));
         }
     }
-    // RFC 3339 UTC with fixed millisecond precision sorts as text.
-    all.sort_by(|a, b| (&a.0, a.1, a.2).cmp(&(&b.0, b.1, b.2)));
-    Ok(all.into_iter().map(|(_, _, _, entry)| entry).collect())
+    Ok(all)
 }
 
 fn meta_text(value: &MetaValue) -> String {
@@ -237,7 +259,7 @@ fn summary(entry: &Entry) -> String {
 
 /// `tollgate audit query`.
 pub fn query(dirs: &[PathBuf], filter: &EntryFilter, json_out: bool) -> Result<(), CliError> {
-    for entry in merged(dirs, filter)? {
+    for (_, entry) in merged(dirs, filter)? {
         if json_out {
             println!("{}", entry.to_line());
         } else {
@@ -263,7 +285,7 @@ pub fn export(dirs: &[PathBuf], since: Option<SystemTime>) -> Result<(), CliErro
         ..Default::default()
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    for entry in merged(dirs, &filter)? {
+    for (_, entry) in merged(dirs, &filter)? {
         writeln!(out, "{}", entry.to_line()).map_err(|e| CliError::Output {
             path: "stdout".into(),
             detail: e.to_string(),
@@ -327,45 +349,29 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
     let mut broken = 0;
     for dir in dirs {
         match checked(dir, &options) {
-            Ok(report) => println!(
-                "log {}: intact ({} entries, {} checkpoint(s))",
-                dir.display(),
-                report.entries,
-                report.checkpoints_checked
-            ),
+            Ok(report) => {
+                for line in describe(dir, &report) {
+                    println!("{line}");
+                }
+            }
             Err(error @ VerifyError::Broken { .. }) => {
                 broken += 1;
-                println!("log {}: BROKEN: {error}", dir.display());
+                println!("{}: BROKEN: {error}", dir.display());
             }
             Err(error) => return Err(CliError::Input(format!("{}: {error}", dir.display()))),
         }
     }
-    // The run id is the receipt id: entries name one or the other.
-    let by_receipt = merged(
-        dirs,
-        &EntryFilter {
-            receipt_id: Some(run_id.to_owned()),
-            ..Default::default()
-        },
-    )?;
-    let by_run = merged(
-        dirs,
-        &EntryFilter {
-            run_id: Some(run_id.to_owned()),
-            ..Default::default()
-        },
-    )?;
-    let mut story: Vec<Entry> = by_receipt;
-    for entry in by_run {
-        if !story
-            .iter()
-            .any(|e| e.component == entry.component && e.seq == entry.seq)
-        {
-            story.push(entry);
-        }
-    }
-    story.sort_by(|a, b| a.time.cmp(&b.time));
+    // The run id is the receipt id: entries name one or the other (or both).
+    let story: Vec<(usize, Entry)> = merged(dirs, &EntryFilter::default())?
+        .into_iter()
+        .filter(|(_, entry)| {
+            entry.receipt_id.as_deref() == Some(run_id) || entry.run_id.as_deref() == Some(run_id)
+        })
+        .collect();
     if story.is_empty() {
+        if broken > 0 {
+            return Err(CliError::AuditBroken(broken));
+        }
         return Err(CliError::Input(format!(
             "no audit entries name {run_id} in {}",
             dirs.iter()
@@ -375,7 +381,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
         )));
     }
     println!();
-    for (step, entry) in story.iter().enumerate() {
+    for (step, (_, entry)) in story.iter().enumerate() {
         println!(
             "{:>2}. {}  {:<10} #{:<5} {}",
             step + 1,
@@ -385,7 +391,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
             story_line(entry)
         );
     }
-    let ended = story.iter().any(|e| e.kind == EntryKind::Teardown);
+    let ended = story.iter().any(|(_, e)| e.kind == EntryKind::Teardown);
     println!(
         "\n{}",
         if ended {

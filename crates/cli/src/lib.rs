@@ -198,7 +198,7 @@ pub enum Command {
 pub struct AuditTrustArgs {
     /// The audit key the daemons were given (HMAC hashes); without it TOLLGATE_AUDIT_KEY is
     /// used when set, and a keyed log then fails at its first entry.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_AUDIT_KEY_FILE")]
     pub key_file: Option<PathBuf>,
     /// The Ed25519 public key that signs the log's checkpoints (64 hex digits, or a copy of
     /// <data dir>/audit/checkpoint.pub kept elsewhere). Without it the checkpoint.pub beside

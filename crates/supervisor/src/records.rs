@@ -230,7 +230,10 @@ impl RunRecords {
 
     /// Records a run as `starting`. Returns `false` if the receipt was used before.
     pub fn insert(&self, run: &NewRun<'_>) -> Result<bool, RecordsError> {
-        let inserted = self.conn().execute(
+        let conn = self.conn();
+        // Single use must survive power loss: whatever set_running left the connection at.
+        conn.execute_batch("PRAGMA synchronous = FULL")?;
+        let inserted = conn.execute(
             "INSERT OR IGNORE INTO runs (run_id, owner, subject, receipt, state, host_id, created_at, expires_at)
              VALUES (?1, ?2, ?3, ?4, 'starting', ?5, ?6, ?7)",
             params![run.run_id, run.owner, run.subject, run.receipt, run.host_id, run.now, run.expires_at],

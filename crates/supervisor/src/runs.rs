@@ -185,19 +185,12 @@ impl RunManager {
             source,
         })?;
         let records = RunRecords::open(&settings.data_dir.join("supervisor.db"))?;
-        let mut recovered = Vec::new();
-        for record in records.list()? {
-            if !record.state.is_final() {
-                let report = TeardownReport {
-                    reason:
-                        "the supervisor stopped without tearing this run down; swept at restart"
-                            .into(),
-                    ..Default::default()
-                };
-                records.finish(&record.run_id, RunState::Lost, &report, unix_now())?;
-                recovered.push(record.run_id);
-            }
-        }
+        let recovered: Vec<String> = records
+            .list()?
+            .into_iter()
+            .filter(|record| !record.state.is_final())
+            .map(|record| record.run_id)
+            .collect();
         let swept = sweep(&settings.cgroup_parent, false)?;
         if let Ok(entries) = std::fs::read_dir(&runs_dir) {
             for entry in entries.flatten() {
@@ -222,15 +215,23 @@ impl RunManager {
                     .meta("lost_runs", recovered.clone())
                     .meta("swept_cgroups", swept.clone()),
             )?;
-            for run_id in &recovered {
-                audit.append(
-                    EntryDraft::new(COMPONENT, EntryKind::Teardown)
-                        .receipt(run_id.as_str())
-                        .run(run_id.as_str())
-                        .reason("the supervisor stopped without tearing this run down; swept at restart")
-                        .meta("state", RunState::Lost.name()),
-                )?;
-            }
+        }
+        // Each lost run's entry goes in before its record becomes final: a crash in between
+        // repeats the entry at the next start rather than losing it.
+        let reason = "the supervisor stopped without tearing this run down; swept at restart";
+        for run_id in &recovered {
+            audit.append(
+                EntryDraft::new(COMPONENT, EntryKind::Teardown)
+                    .receipt(run_id.as_str())
+                    .run(run_id.as_str())
+                    .reason(reason)
+                    .meta("state", RunState::Lost.name()),
+            )?;
+            let report = TeardownReport {
+                reason: reason.into(),
+                ..Default::default()
+            };
+            records.finish(run_id, RunState::Lost, &report, unix_now())?;
         }
         let admission =
             ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
@@ -393,7 +394,7 @@ impl RunManager {
 
     /// Audits a refused start. The receipt id is the one the receipt claims: for a forged or
     /// malformed receipt it is not verified (`receipt_verified` says which).
-    fn audit_refusal(&self, signed: &SignedReceipt, error: &StartError) {
+    pub fn audit_refusal(&self, signed: &SignedReceipt, error: &StartError) {
         let claimed = tollgate_proto::v1::Receipt::decode(signed.receipt.as_slice())
             .ok()
             .map(|receipt| receipt.receipt_id)
@@ -701,6 +702,7 @@ impl RunManager {
             report.cleanup_errors.push(e.to_string());
         }
         report.duration_ms = now_ms().saturating_sub(started_ms);
+        self.audit_teardown(run_id, RunState::Failed, &report);
         if let Err(e) = self
             .records
             .finish(run_id, RunState::Failed, &report, unix_now())
@@ -708,7 +710,6 @@ impl RunManager {
             tracing::error!(run_id, error = %e, "could not record a failed start");
         }
         tracing::warn!(run_id, reason, "run failed to start");
-        self.audit_teardown(run_id, RunState::Failed, &report);
     }
 
     /// Audits the end of a run with its report (and the limit it hit, if one ended it).
@@ -816,11 +817,12 @@ impl RunManager {
             report.cleanup_errors.push(e.to_string());
         }
         report.duration_ms = now_ms().saturating_sub(started_ms);
+        // The entry first: a crash in between repeats it at the next start, never loses it.
+        self.audit_teardown(run_id, state, &report);
         if let Err(e) = self.records.finish(run_id, state, &report, unix_now()) {
             tracing::error!(run_id, error = %e, "could not record a teardown report");
         }
         tracing::info!(run_id, state = state.name(), reason = %report.reason, "run torn down");
-        self.audit_teardown(run_id, state, &report);
         self.live
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -187,8 +187,19 @@ impl Supervisor for SupervisorService {
     ) -> Result<Response<pb::StartRunResponse>, Status> {
         self.tokens.check(&request)?;
         let request = request.into_inner();
-        let signed = from_text(&request.receipt)
-            .map_err(|e| Status::invalid_argument(format!("receipt: {e}")))?;
+        let signed = match from_text(&request.receipt) {
+            Ok(signed) => signed,
+            Err(e) => {
+                let status = Status::invalid_argument(format!("receipt: {e}"));
+                // Refused before it could even be read: audited like every other refusal.
+                let manager = self.manager.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    manager.audit_refusal(&Default::default(), &StartError::Receipt(e));
+                })
+                .await;
+                return Err(status);
+            }
+        };
         let argv = (!request.argv.is_empty()).then_some(request.argv);
         let hub = self.hub.clone();
         let sink: OutputSink = Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {

@@ -53,6 +53,8 @@ impl PreparedSandbox {
         match IdleShim::spawn(shim, &cgroup, base) {
             Ok(shim) => Ok(Self { cgroup, shim }),
             Err(e) => {
+                // The shim may have started (and forked pid 1) before the error.
+                let _ = cgroup.kill_all(DISCARD_DEADLINE);
                 let _ = cgroup.remove();
                 Err(e.into())
             }
@@ -154,6 +156,10 @@ impl SandboxPool {
             pool.refilling.store(false, Ordering::SeqCst);
             if pool.closed.load(Ordering::SeqCst) {
                 pool.drain();
+            } else if pool.warm.lock().unwrap_or_else(|p| p.into_inner()).len() < pool.size {
+                // A take between the last check and the flag's reset found the refill still
+                // running and left it to us: start another round.
+                pool.refill();
             }
         });
     }

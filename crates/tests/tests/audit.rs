@@ -14,6 +14,7 @@ fn tollgate(args: &[&str]) -> Output {
     Command::new(bin_path("tollgate"))
         .args(args)
         .env_remove("TOLLGATE_AUDIT_KEY")
+        .env_remove("TOLLGATE_AUDIT_KEY_FILE")
         .output()
         .unwrap()
 }

@@ -174,19 +174,7 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
     }
     let fx = Fixture::new("warm", 201_400);
     // The pool prepares one sandbox in the background: wait (bounded) until it exists.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let warm = loop {
-        let names = sandbox_cgroups(&fx.parent);
-        if let [name] = names.as_slice() {
-            if std::fs::read_to_string(pids_dir(&fx.parent).join(name).join("cgroup.procs"))
-                .is_ok_and(|procs| procs.lines().count() == 2)
-            {
-                break name.clone();
-            }
-        }
-        assert!(Instant::now() < deadline, "no warm sandbox appeared");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let warm = wait_for_warm_sandbox(&fx);
     let warm_dir = pids_dir(&fx.parent).join(&warm);
     assert_eq!(
         std::fs::read_to_string(warm_dir.join("pids.max"))
@@ -236,6 +224,102 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "cgroups left: {left:?}");
+}
+
+/// Waits (bounded) until the fixture's pool holds a prepared sandbox: one cgroup under the
+/// parent with the idle shim and its pid 1.
+fn wait_for_warm_sandbox(fx: &Fixture) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let names = sandbox_cgroups(&fx.parent);
+        if let [name] = names.as_slice() {
+            if std::fs::read_to_string(pids_dir(&fx.parent).join(name).join("cgroup.procs"))
+                .is_ok_and(|procs| procs.lines().count() == 2)
+            {
+                return name.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "no warm sandbox appeared");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Unmounts (lazily) when dropped, so a failing test leaves no mount behind.
+struct Unmount(PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[test]
+fn a_warm_sandbox_binds_the_host_as_it_is_when_the_run_starts() {
+    use nix::mount::{mount, MsFlags};
+    if !require_root() {
+        return;
+    }
+    // A shared mount, as `/` is on systemd hosts (this VM's mounts are private): mounts made
+    // under it later propagate to namespaces copied from it.
+    let host = tempfile::tempdir().unwrap();
+    let shared = host.path().join("srv");
+    std::fs::create_dir_all(shared.join("volume")).unwrap();
+    mount(
+        Some(&shared),
+        &shared,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    let _shared = Unmount(shared.clone());
+    mount(
+        None::<&str>,
+        &shared,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .unwrap();
+
+    let fx = Fixture::new("mountsync", 201_450);
+    wait_for_warm_sandbox(&fx);
+    // Attached on the host after the sandbox was prepared.
+    let volume = shared.join("volume");
+    mount(
+        Some("tollgate-test"),
+        &volume,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        Some("size=64k,mode=0755"),
+    )
+    .unwrap();
+    let _volume = Unmount(volume.clone());
+    std::fs::write(
+        volume.join("fresh.txt"),
+        "attached after the sandbox was prepared\n",
+    )
+    .unwrap();
+    let mut receipt = fx.receipt("cat /volume/fresh.txt", 60);
+    receipt.exec.push("/usr/bin/cat".into());
+    receipt.fs.push(pb::FsGrant {
+        path: volume.display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: "/volume".into(),
+    });
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        fx.output
+            .lock()
+            .unwrap()
+            .get(&run_id)
+            .cloned()
+            .unwrap_or_default(),
+        "attached after the sandbox was prepared\n"
+    );
+    assert_eq!(record.report.unwrap().exit_code, Some(0));
+    fx.assert_gone(&run_id);
 }
 
 #[test]
