@@ -452,6 +452,7 @@ impl RunManager {
         let PreparedSandbox { cgroup, shim } = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
+                self.sandboxes.refill();
                 self.fail(&run_id, &dirs, &e.to_string(), started_ms);
                 return Err(e);
             }
@@ -470,12 +471,17 @@ impl RunManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(run_id.clone(), live.clone());
-        let expiry = {
-            let live = live.clone();
-            std::thread::spawn(move || expire_at(&live, expires_at))
-        };
-        match self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim, admitted) {
+        let spawned = self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim, admitted);
+        // Prepare the next sandbox only now, off this start's path and CPU time.
+        self.sandboxes.refill();
+        match spawned {
             Ok((process, SandboxOutput { stdout, stderr })) => {
+                // Started after the agent, off the start path: an expiry that fell during the
+                // start fires at once.
+                let expiry = {
+                    let live = live.clone();
+                    std::thread::spawn(move || expire_at(&live, expires_at))
+                };
                 // Relay output first: the agent is already writing.
                 let budget = Arc::new(AtomicU64::new(limits.output_bytes));
                 let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -562,7 +568,6 @@ impl RunManager {
                     Ended::NotStarted(e.to_string()),
                     started_ms,
                 );
-                let _ = expiry.join();
                 Err(e)
             }
         }

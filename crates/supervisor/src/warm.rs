@@ -106,10 +106,11 @@ impl SandboxPool {
     }
 
     /// A sandbox for one run, its cgroup holding `limits` (applied and read back): a warm
-    /// one when ready, else a fresh one. Starts a background refill either way.
+    /// one when ready, else a fresh one. The caller calls [`SandboxPool::refill`] once its
+    /// start is done, so preparing the next one does not compete with it.
     pub fn take(self: &Arc<Self>, limits: CgroupLimits) -> Result<PreparedSandbox, StartError> {
         let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let taken = match warm {
+        match warm {
             Some(sandbox) => match sandbox.cgroup.apply_limits(limits) {
                 Ok(()) => Ok(sandbox),
                 Err(e) => {
@@ -120,9 +121,7 @@ impl SandboxPool {
             None => {
                 PreparedSandbox::prepare(&self.shim, &self.cgroup_parent, &self.base, Some(limits))
             }
-        };
-        self.refill();
-        taken
+        }
     }
 
     /// Tops the pool up to its size on a background thread (one refill at a time).
