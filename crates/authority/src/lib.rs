@@ -22,6 +22,7 @@ pub mod config;
 pub mod error;
 pub mod files;
 pub mod keys;
+pub mod minting;
 pub mod operators;
 pub mod service;
 pub mod store;
@@ -145,8 +146,10 @@ impl Authority {
         let (stop_tx, stop_rx) = watch::channel(false);
         let mut grace_rx = stop_rx.clone();
         let (revocations, _) = broadcast::channel(1024);
+        let minting = minting::MintCommitter::start(self.store.clone(), self.audit.clone())?;
         let service = AuthorityService {
             config: self.config,
+            minting,
             store: self.store,
             keys: self.keys,
             operators: self.operators,

@@ -17,6 +17,7 @@ use crate::ceiling::{validate_ceiling, validate_mint, CeilingCheck};
 use crate::config::AuthorityConfig;
 use crate::error::{AuthorityError, CallError};
 use crate::keys::{key_set, KeyRing};
+use crate::minting::MintCommitter;
 use crate::operators::{generate_token, token_hash, valid_operator_name, OperatorRegistry};
 use crate::store::{Operator, ReceiptFilter, Store};
 use crate::COMPONENT;
@@ -32,6 +33,7 @@ pub struct AuthorityService {
     pub(crate) keys: Arc<KeyRing>,
     pub(crate) operators: OperatorRegistry,
     pub(crate) audit: AuditLog,
+    pub(crate) minting: MintCommitter,
     pub(crate) revocations: broadcast::Sender<pb::Revocation>,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
@@ -105,6 +107,13 @@ fn refused(draft: EntryDraft, error: &CallError) -> EntryDraft {
         .decision(Decision::Deny)
         .reason(clip(&error.to_string(), MAX_REASON))
         .meta("code", code_name(error))
+}
+
+/// `entry` turned into the record of a change that did not take effect, and why.
+pub(crate) fn undone_entry(entry: EntryDraft, why: &str) -> EntryDraft {
+    let mut undone = entry.decision(Decision::Deny);
+    undone.reason = Some(clip(&format!("not done: {why}"), MAX_REASON));
+    undone
 }
 
 /// The audit entry of a receipt about to be stored.
@@ -209,8 +218,8 @@ impl AuthorityService {
                 .append(entry.clone())
                 .map_err(|e| Refusal::Audited(CallError::Internal(e.into())))?;
             act().map_err(|error| {
-                let mut undone = refused(entry, &error);
-                undone.reason = Some(clip(&format!("not done: {error}"), MAX_REASON));
+                let undone = refused(entry, &error);
+                let undone = undone_entry(undone, &error.to_string());
                 if let Err(e) = audit.append(undone) {
                     tracing::error!(error = %e, "could not audit a failed action");
                 }
@@ -353,22 +362,10 @@ impl AuthorityService {
             delegate: request.delegate,
         };
         let signed = self.keys.active().sign(&mut receipt);
-        let store = self.store.clone();
-        let (stored_receipt, stored_signed) = (receipt.clone(), signed.clone());
-        self.commit_audited(minted_entry(&receipt), move || {
-            store
-                .insert_receipt(&stored_receipt, &stored_signed)
-                .map_err(CallError::from)
-        })
-        .await?;
-        tracing::info!(
-            receipt_id = %receipt.receipt_id,
-            owner = %receipt.owner,
-            subject = %receipt.subject,
-            key_id = %receipt.key_id,
-            ttl_seconds = ttl,
-            "minted receipt"
-        );
+        self.minting
+            .commit(receipt.clone(), signed.clone(), minted_entry(&receipt))
+            .await
+            .map_err(Refusal::Audited)?;
         Ok(pb::MintReceiptResponse {
             text: to_text(&signed),
             signed: Some(signed),

@@ -355,20 +355,33 @@ impl Store {
         receipt: &pb::Receipt,
         signed: &pb::SignedReceipt,
     ) -> Result<(), AuthorityError> {
+        self.insert_receipts(&[(receipt, signed)])
+    }
+
+    /// Stores several receipts in one transaction (one fsync): all or none.
+    pub fn insert_receipts(
+        &self,
+        receipts: &[(&pb::Receipt, &pb::SignedReceipt)],
+    ) -> Result<(), AuthorityError> {
         let seconds = |t: &Option<prost_types::Timestamp>| t.as_ref().map_or(0, |t| t.seconds);
-        self.conn().execute(
-            "INSERT INTO receipts (receipt_id, owner, key_id, issued_at, expires_at, parent_receipt_id, signed)
-             VALUES (?1, ?2, ?3, ?4, ?5, NULLIF(?6, ''), ?7)",
-            params![
-                receipt.receipt_id,
-                receipt.owner,
-                receipt.key_id,
-                seconds(&receipt.issued_at),
-                seconds(&receipt.expires_at),
-                receipt.parent_receipt_id,
-                signed.encode_to_vec()
-            ],
-        )?;
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for (receipt, signed) in receipts {
+            tx.execute(
+                "INSERT INTO receipts (receipt_id, owner, key_id, issued_at, expires_at, parent_receipt_id, signed)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULLIF(?6, ''), ?7)",
+                params![
+                    receipt.receipt_id,
+                    receipt.owner,
+                    receipt.key_id,
+                    seconds(&receipt.issued_at),
+                    seconds(&receipt.expires_at),
+                    receipt.parent_receipt_id,
+                    signed.encode_to_vec()
+                ],
+            )?;
+        }
+        tx.commit()?;
         Ok(())
     }
 

@@ -436,6 +436,10 @@ impl SandboxProcess {
             Err(e) => {
                 // A shim that failed while idle has said why before closing the socket.
                 let reason = control.try_clone().ok().and_then(|clone| {
+                    // Bounded: the shim may be alive and simply not reading.
+                    clone
+                        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+                        .ok()?;
                     let mut line = String::new();
                     BufReader::new(clone).read_line(&mut line).ok()?;
                     match serde_json::from_str(&line).ok()? {

@@ -1,0 +1,139 @@
+//! Group commit of minted receipts: concurrent mints share one audit fsync and one SQLite
+//! transaction.
+//!
+//! Every mint makes two durable writes: its `receipt_minted` audit entry (first: no receipt
+//! may exist unaudited) and its row. Done one mint at a time, the two fsync streams alternate
+//! on one disk and halve the mint rate. A committer thread takes every mint queued while the
+//! previous batch was being written, appends all their entries (one fsync, group-committed
+//! by the audit writer), then stores all their rows in one transaction (one fsync). A mint is
+//! answered only after both. The thread owns each job once queued, so a client hanging up
+//! cannot interrupt a commit half-way.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use tollgate_audit::{AuditLog, EntryDraft};
+use tollgate_proto::v1 as pb;
+
+use crate::error::{AuthorityError, CallError};
+use crate::store::Store;
+
+/// Most mints in one batch.
+const MAX_BATCH: usize = 256;
+
+struct MintJob {
+    receipt: pb::Receipt,
+    signed: pb::SignedReceipt,
+    entry: EntryDraft,
+    reply: oneshot::Sender<Result<(), CallError>>,
+}
+
+/// Hands minted receipts to the committer thread.
+#[derive(Debug, Clone)]
+pub struct MintCommitter {
+    jobs: mpsc::Sender<MintJob>,
+}
+
+impl MintCommitter {
+    /// Starts the committer thread over `store` and `audit`; it ends when every handle is
+    /// dropped.
+    pub fn start(store: Arc<Store>, audit: AuditLog) -> Result<Self, AuthorityError> {
+        let (jobs, queue) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("mint-commit".into())
+            .spawn(move || run(&queue, &store, &audit))
+            .map_err(|e| AuthorityError::Task(format!("starting the mint committer: {e}")))?;
+        Ok(Self { jobs })
+    }
+
+    /// Audits (`entry`, on disk before anything is stored) and stores one minted receipt,
+    /// batched with whatever else is being minted. If the row then cannot be stored, a second
+    /// entry says the mint was not done.
+    pub async fn commit(
+        &self,
+        receipt: pb::Receipt,
+        signed: pb::SignedReceipt,
+        entry: EntryDraft,
+    ) -> Result<(), CallError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs
+            .send(MintJob {
+                receipt,
+                signed,
+                entry,
+                reply,
+            })
+            .map_err(|_| AuthorityError::Task("the mint committer stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| AuthorityError::Task("the mint committer dropped a mint".into()))?
+    }
+}
+
+fn run(queue: &mpsc::Receiver<MintJob>, store: &Store, audit: &AuditLog) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        commit_batch(batch, store, audit);
+    }
+}
+
+fn commit_batch(batch: Vec<MintJob>, store: &Store, audit: &AuditLog) {
+    // 1. Every entry handed over, then waited for: the audit writer group-commits them.
+    let submitted: Vec<_> = batch
+        .iter()
+        .map(|job| audit.submit(job.entry.clone()))
+        .collect();
+    let mut audited = Vec::with_capacity(batch.len());
+    for (job, pending) in batch.into_iter().zip(submitted) {
+        match pending.and_then(tollgate_audit::PendingEntry::wait) {
+            Ok(_) => audited.push(job),
+            // Not audited: not stored either.
+            Err(e) => {
+                let _ = job
+                    .reply
+                    .send(Err(CallError::Internal(AuthorityError::Audit(e))));
+            }
+        }
+    }
+    if audited.is_empty() {
+        return;
+    }
+    // 2. Every row in one transaction.
+    let rows: Vec<_> = audited
+        .iter()
+        .map(|job| (&job.receipt, &job.signed))
+        .collect();
+    match store.insert_receipts(&rows) {
+        Ok(()) => {
+            for job in audited {
+                tracing::info!(
+                    receipt_id = %job.receipt.receipt_id,
+                    owner = %job.receipt.owner,
+                    subject = %job.receipt.subject,
+                    key_id = %job.receipt.key_id,
+                    "minted receipt"
+                );
+                let _ = job.reply.send(Ok(()));
+            }
+        }
+        Err(error) => {
+            let message = error.to_string();
+            for job in audited {
+                let undone = crate::service::undone_entry(job.entry.clone(), &message);
+                if let Err(e) = audit.append(undone) {
+                    tracing::error!(error = %e, "could not audit a failed mint");
+                }
+                let _ = job.reply.send(Err(CallError::Internal(AuthorityError::Task(
+                    message.clone(),
+                ))));
+            }
+        }
+    }
+}
