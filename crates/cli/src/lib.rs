@@ -166,6 +166,26 @@ pub enum Command {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// Say how sensitive a text is, as the router sees it: the highest sensitivity (low,
+    /// medium, high) and the reasons — detector and byte span, never the matched text.
+    ///
+    /// Secrets and credentials are high; personal data and internal hosts medium. Runs
+    /// locally; nothing is sent anywhere.
+    Classify {
+        /// The text; "-" reads stdin (or use --file).
+        #[arg(
+            value_name = "TEXT|-",
+            required_unless_present = "file",
+            conflicts_with = "file"
+        )]
+        text: Option<String>,
+        /// Classify this file's contents instead.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// One JSON object: sensitivity and reasons.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check and read audit logs (each daemon's <data dir>/audit), from the files themselves.
     #[command(subcommand)]
     Audit(AuditCommand),
@@ -354,6 +374,15 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ..
         } => rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Classify { text, file, json } => {
+            let input = match (text, file) {
+                (_, Some(file)) => read_input(&file)?,
+                (Some(text), None) if text == "-" => read_input(Path::new("-"))?,
+                (Some(text), None) => text,
+                (None, None) => String::new(),
+            };
+            classify(&input, json)
+        }
         Command::Audit(AuditCommand::Verify { logs, trust, json }) => {
             audit::verify(&logs, &trust.trust(), json)
         }
@@ -384,6 +413,38 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
     }
+}
+
+/// `tollgate classify`.
+fn classify(text: &str, json_out: bool) -> Result<(), CliError> {
+    let classifier =
+        tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
+            .map_err(|e| CliError::Other(format!("the built-in detectors do not compile: {e}")))?;
+    let found = classifier.classify(text);
+    if json_out {
+        let reasons: Vec<_> = found
+            .reasons
+            .iter()
+            .map(|r| {
+                json!({
+                    "detector": r.detector.as_str(),
+                    "sensitivity": r.sensitivity.name(),
+                    "start": r.span.start,
+                    "end": r.span.end,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({"sensitivity": found.sensitivity.name(), "reasons": reasons})
+        );
+    } else {
+        println!("sensitivity: {}", found.sensitivity.name());
+        for reason in &found.reasons {
+            println!("  {reason}");
+        }
+    }
+    Ok(())
 }
 
 pub(crate) fn read_input(path: &Path) -> Result<String, CliError> {

@@ -379,3 +379,47 @@ fn secrets_written_over_existing_files_become_private() {
         assert_eq!(mode, 0o600, "{}", file.display());
     }
 }
+
+#[test]
+fn classify_names_detectors_and_spans_never_the_text() {
+    let secret = "ghp_a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8";
+    let output = Command::new(bin_path("tollgate"))
+        .args(["classify", &format!("deploy with token {secret} today")])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.starts_with("sensitivity: high"), "{stdout}");
+    assert!(
+        stdout.contains("github_token (high) at bytes 18..58"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains(secret),
+        "the matched text is never printed"
+    );
+
+    let mut child = Command::new(bin_path("tollgate"))
+        .args(["classify", "--json", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"call me at +44 20 7946 0958, nothing else")
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["sensitivity"], "medium", "{json}");
+    assert_eq!(json["reasons"][0]["detector"], "phone", "{json}");
+
+    let plain = Command::new(bin_path("tollgate"))
+        .args(["classify", "the build passed on the second try"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&plain.stdout), "sensitivity: low\n");
+}

@@ -8,6 +8,7 @@
 //!
 //! * `sandbox`: sandbox start and teardown beside `bwrap --unshare-all` (root).
 //! * `audit`: durable audit appends per second beside a plain write + fdatasync per line.
+//! * `classify`: the router's classifier on 1 MiB of mixed text beside detect-secrets.
 //!
 //! Build with `cargo build --release --workspace --bins` and run from target/release.
 
@@ -57,6 +58,16 @@ enum Bench {
         count: u64,
         /// Samples (the median is reported).
         #[arg(long, default_value_t = 5)]
+        samples: usize,
+    },
+    /// Classification throughput beside detect-secrets on the same 1 MiB (needs a Python with
+    /// `pip install detect-secrets`: TOLLGATE_PYTHON, else target/pyenv).
+    Classify {
+        /// Input size in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        bytes: usize,
+        /// Samples of the classifier (the median is reported).
+        #[arg(long, default_value_t = 11)]
         samples: usize,
     },
     /// Mint throughput over gRPC.
@@ -286,6 +297,7 @@ fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> an
 }
 
 mod audit;
+mod classify;
 mod sandbox;
 
 fn main() -> anyhow::Result<()> {
@@ -302,5 +314,6 @@ fn main() -> anyhow::Result<()> {
         }
         Bench::Sandbox { runs } => sandbox::bench(runs.max(3)),
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
+        Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
     }
 }
