@@ -944,3 +944,26 @@ fn a_missing_database_or_a_second_daemon_is_refused() {
         "the admin token is untouched"
     );
 }
+
+#[test]
+fn sigterm_right_after_readiness_stops_cleanly() {
+    // The signal handlers must be in place before the readiness file appears: a daemon
+    // stopped at once must still shut down cleanly (closing its audit log with a checkpoint),
+    // not die of the signal's default action.
+    for _ in 0..10 {
+        let dir = tempfile::tempdir().unwrap();
+        let authority = AuthorityProcess::start(&dir.path().join("authority"));
+        let log = authority.data_dir().join("audit");
+        let status = authority.stop(Signal::SIGTERM);
+        assert!(status.success(), "{status}");
+        let entries = std::fs::read_to_string(log.join("log-000001.jsonl")).unwrap();
+        assert!(
+            entries
+                .lines()
+                .last()
+                .unwrap()
+                .contains("\"component_stopped\""),
+            "{entries}"
+        );
+    }
+}
