@@ -25,6 +25,7 @@ pub mod confine;
 pub mod plan;
 pub mod protocol;
 pub mod setup;
+pub mod tool;
 
 use std::ffi::CString;
 use std::io::{BufRead, BufReader, Write as _};

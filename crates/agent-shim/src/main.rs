@@ -1,12 +1,17 @@
-//! `tollgate-shim`: started by the supervisor, never by hand; see the library docs.
+//! `tollgate-shim`: started by the supervisor as a sandbox's pid 1 (no arguments; the plan
+//! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`).
 
 fn main() {
-    if std::env::args().len() > 1 {
-        eprintln!(
-            "tollgate-shim builds a sandbox from the plan on fd 3 and is started by \
-             tollgate-supervisor; it takes no arguments yet"
-        );
-        std::process::exit(2);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        None => tollgate_agent_shim::run(),
+        Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
+        Some(_) => {
+            eprintln!(
+                "tollgate-shim is started by tollgate-supervisor (no arguments); inside a \
+                 sandbox use `tollgate-shim tool read|list|stat PATH`"
+            );
+            std::process::exit(2);
+        }
     }
-    tollgate_agent_shim::run()
 }

@@ -51,7 +51,16 @@ pub struct SandboxBase {
     /// Host system directories shown read-only at the same path (symlinks, as on merged-/usr
     /// systems, are recreated as symlinks).
     pub system_paths: Vec<PathBuf>,
+    /// Host path of the `tollgate-shim` binary, shown read-only and executable at
+    /// [`SHIM_IN_SANDBOX`] so the agent can run `tollgate-shim tool ...`.
+    #[serde(default)]
+    pub shim_binary: Option<PathBuf>,
 }
+
+/// Where the shim binary appears inside every sandbox (first on the agent's PATH).
+pub const SHIM_IN_SANDBOX: &str = "/run/tollgate/bin/tollgate-shim";
+/// Where the run's gateway socket appears inside its sandbox.
+pub const GATEWAY_IN_SANDBOX: &str = "/run/tollgate/gateway.sock";
 
 /// One sandbox: what its receipt decides.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -72,4 +81,8 @@ pub struct SandboxPlan {
     pub inner_id: u32,
     /// The host uid and gid the inner id maps to (unique to this sandbox).
     pub host_id: u32,
+    /// Host path of the run's gateway socket (bound by the supervisor before the plan is
+    /// sent), shown at [`GATEWAY_IN_SANDBOX`]; none: no gateway.
+    #[serde(default)]
+    pub gateway_socket: Option<PathBuf>,
 }

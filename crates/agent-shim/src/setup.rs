@@ -244,6 +244,20 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
         }
     }
 
+    if let Some(shim) = &base.shim_binary {
+        // Executable (the system paths are too; everything the agent can write is noexec):
+        // exec is decided by the bind's own mount flags, and Landlock allows it by path.
+        bind(
+            shim,
+            &inside(root, Path::new(crate::plan::SHIM_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: false,
+            },
+        )?;
+    }
+
     let proc_dir = inside(root, Path::new("/proc"));
     create_dir(&proc_dir)?;
     mount_fs(
@@ -332,6 +346,20 @@ pub fn finish_root(base: &SandboxBase, plan: &SandboxPlan) -> Result<(), SetupEr
             &inside(root, &grant.target),
             Restrict {
                 read_only: !grant.writable,
+                devices: false,
+                no_exec: true,
+            },
+        )?;
+    }
+
+    if let Some(socket) = &plan.gateway_socket {
+        // The run's own gateway socket: connect() needs only write permission on the socket
+        // inode (it is the run's host id's, 0600), not a writable mount.
+        bind(
+            socket,
+            &inside(root, Path::new(crate::plan::GATEWAY_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
                 devices: false,
                 no_exec: true,
             },

@@ -2,7 +2,7 @@
 //! supervisor (again, before it mounts anything).
 
 /// Sandbox paths a grant may not be mounted at or beneath: the sandbox builds them itself.
-pub const RESERVED_MOUNTS: [&str; 5] = ["/proc", "/dev", "/sys", "/tmp", "/work"];
+pub const RESERVED_MOUNTS: [&str; 6] = ["/proc", "/dev", "/sys", "/tmp", "/work", "/run"];
 
 /// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
 /// slash (except the root itself), no NUL.

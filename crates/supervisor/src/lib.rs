@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod cgroup;
 pub mod daemon;
+pub mod gateway;
 pub mod hub;
 pub mod records;
 pub mod runs;

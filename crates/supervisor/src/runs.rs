@@ -21,6 +21,7 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
+use crate::gateway::{self, FsGrant, GatewayHandle, RunGateway};
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
 use crate::sandbox::{
     create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxError, SandboxOutput,
@@ -103,6 +104,11 @@ struct LiveRun {
     cgroup: RunCgroup,
     /// The Landlock ABI the shim reported.
     landlock_abi: OnceLock<u32>,
+    /// Set as soon as the run is ending (a trigger, or teardown): the gateway serves no call
+    /// from then on.
+    closing: Arc<std::sync::atomic::AtomicBool>,
+    /// The run's gateway (its calls, for the report) and the served socket.
+    gateway: Mutex<Option<(Arc<RunGateway>, GatewayHandle)>>,
     /// The first trigger's state and reason.
     trigger: Mutex<Option<(RunState, String)>>,
     /// Set (with a notify) when teardown has finished.
@@ -129,6 +135,7 @@ impl LiveRun {
     }
 
     fn trigger(&self, state: RunState, reason: String) {
+        self.closing.store(true, Ordering::SeqCst);
         {
             let mut trigger = self.trigger.lock().unwrap_or_else(|p| p.into_inner());
             if trigger.is_none() {
@@ -148,11 +155,23 @@ pub struct RunManager {
     admission: RwLock<ReceiptAdmission>,
     sandboxes: Arc<SandboxPool>,
     audit: AuditLog,
+    /// Serves the runs' gateway sockets (its own threads: agents' calls never wait behind the
+    /// operator API). `None` only while dropping.
+    gateway_runtime: Option<tokio::runtime::Runtime>,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,
     /// Starts past the allocation step that have not returned yet.
     in_flight: std::sync::atomic::AtomicUsize,
+}
+
+impl Drop for RunManager {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which panics when the last handle goes inside async code.
+        if let Some(runtime) = self.gateway_runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for RunManager {
@@ -235,7 +254,7 @@ impl RunManager {
         }
         let admission =
             ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
-        let base = sandbox_base(&settings.data_dir);
+        let base = sandbox_base(&settings.data_dir, &settings.shim);
         create_mount_point(&base)?;
         let sandboxes = SandboxPool::new(
             settings.shim.clone(),
@@ -244,7 +263,14 @@ impl RunManager {
             settings.warm_sandboxes,
         );
         sandboxes.refill();
+        let gateway_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gateway")
+            .enable_all()
+            .build()
+            .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
         let manager = Arc::new(Self {
+            gateway_runtime: Some(gateway_runtime),
             settings,
             records,
             admission: RwLock::new(admission),
@@ -463,6 +489,8 @@ impl RunManager {
         let live = Arc::new(LiveRun {
             cgroup,
             landlock_abi: OnceLock::new(),
+            closing: Arc::default(),
+            gateway: Mutex::new(None),
             trigger: Mutex::new(None),
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
@@ -573,11 +601,59 @@ impl RunManager {
         }
     }
 
+    /// Binds and serves the run's gateway socket (before the agent exists); returns its
+    /// host path for the plan.
+    fn serve_gateway(
+        self: &Arc<Self>,
+        receipt: &tollgate_proto::v1::Receipt,
+        dirs: &RunDirs,
+        host_id: u32,
+        live: &LiveRun,
+    ) -> Result<PathBuf, StartError> {
+        let Some(runtime) = &self.gateway_runtime else {
+            return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
+        };
+        let manager = Arc::downgrade(self);
+        let run = Arc::new(RunGateway {
+            run_id: receipt.receipt_id.clone(),
+            host_id,
+            receipt: receipt.clone(),
+            expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
+            grants: receipt
+                .fs
+                .iter()
+                .map(|grant| FsGrant {
+                    path: grant.path.clone(),
+                    writable: grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+                })
+                .collect(),
+            max_calls: receipt.limits.unwrap_or_default().tool_calls,
+            closing: live.closing.clone(),
+            is_revoked: Arc::new(move |run_id: &str| {
+                manager.upgrade().is_some_and(|manager| {
+                    manager
+                        .admission
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .is_revoked(run_id)
+                })
+            }),
+            audit: self.audit.clone(),
+            calls: AtomicU64::new(0),
+            last_call: Mutex::new(None),
+        });
+        let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
+            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let socket = handle.socket.clone();
+        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
+        Ok(socket)
+    }
+
     /// Prepares the run directories and plan and sends the plan to the sandbox's shim, once
     /// the run's admission is on disk in the audit log.
     #[allow(clippy::too_many_arguments)]
     fn spawn_sandbox(
-        &self,
+        self: &Arc<Self>,
         receipt: &tollgate_proto::v1::Receipt,
         dirs: &RunDirs,
         host_id: u32,
@@ -602,6 +678,14 @@ impl RunManager {
                 );
             }
         };
+        let mut plan = plan;
+        match self.serve_gateway(receipt, dirs, host_id, live) {
+            Ok(socket) => plan.gateway_socket = Some(socket),
+            Err(e) => {
+                shim.discard();
+                return Err(e);
+            }
+        }
         if let Err(e) = admitted.wait() {
             shim.discard();
             return Err(e.into());
@@ -772,6 +856,19 @@ impl RunManager {
         ended: Ended,
         started_ms: u64,
     ) {
+        live.closing.store(true, Ordering::SeqCst);
+        let gateway = live
+            .gateway
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let last_tool_call_id = gateway.map(|(run, mut handle)| {
+            handle.stop();
+            run.last_call
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        });
         let trigger = live
             .trigger
             .lock()
@@ -783,6 +880,7 @@ impl RunManager {
         };
         let mut report = TeardownReport {
             output_truncated,
+            last_tool_call_id: last_tool_call_id.flatten(),
             landlock_abi: live.landlock_abi.get().copied(),
             ..Default::default()
         };

@@ -11,7 +11,9 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use tollgate_agent_shim::plan::{AgentCommand, Bind, LandlockPlan, SandboxBase, SandboxPlan};
+use tollgate_agent_shim::plan::{
+    AgentCommand, Bind, LandlockPlan, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
+};
 use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD};
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
@@ -24,14 +26,16 @@ pub const SYSTEM_PATHS: [&str; 8] = [
 ];
 
 /// What every sandbox of this supervisor shares: the mount point of the new root
-/// (`<data-dir>/root`, empty; each sandbox mounts its root there in its own mount namespace)
-/// and the system directories shown read-only.
-pub fn sandbox_base(data_dir: &Path) -> SandboxBase {
+/// (`<data-dir>/root`, empty; each sandbox mounts its root there in its own mount namespace),
+/// the system directories shown read-only, and the shim binary (the agent's gateway client,
+/// at `/run/tollgate/bin/tollgate-shim`).
+pub fn sandbox_base(data_dir: &Path, shim: &Path) -> SandboxBase {
     SandboxBase {
         hostname: "tollgate".into(),
         root_dir: data_dir.join("root"),
         // The shim skips system paths this host lacks.
         system_paths: SYSTEM_PATHS.iter().map(PathBuf::from).collect(),
+        shim_binary: Some(shim.to_owned()),
     }
 }
 
@@ -236,7 +240,14 @@ pub fn plan_for(
             .map(|b| b.target.clone()),
     );
     let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()),
+        (
+            "PATH".into(),
+            "/run/tollgate/bin:/usr/local/bin:/usr/bin:/bin".into(),
+        ),
+        (
+            "TOLLGATE_GATEWAY".into(),
+            format!("unix:{GATEWAY_IN_SANDBOX}"),
+        ),
         ("HOME".into(), "/work".into()),
         ("TMPDIR".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
@@ -263,7 +274,13 @@ pub fn plan_for(
         landlock: LandlockPlan {
             read,
             write,
-            execute: receipt.exec.iter().map(PathBuf::from).collect(),
+            // The shim, the agent's gateway client, is always executable.
+            execute: receipt
+                .exec
+                .iter()
+                .map(PathBuf::from)
+                .chain([PathBuf::from(SHIM_IN_SANDBOX)])
+                .collect(),
         },
         agent: AgentCommand {
             argv,
@@ -271,6 +288,8 @@ pub fn plan_for(
             cwd: PathBuf::from(cwd),
         },
         inner_id: AGENT_INNER_ID,
+        // Set by the run manager once the run's gateway socket is bound.
+        gateway_socket: None,
         host_id,
     })
 }
@@ -566,7 +585,10 @@ mod tests {
         assert!(!plan.landlock.write.iter().any(|p| p == Path::new("/usr")));
         assert_eq!(
             plan.landlock.execute,
-            vec![PathBuf::from("/usr/bin/python3")]
+            vec![
+                PathBuf::from("/usr/bin/python3"),
+                PathBuf::from(SHIM_IN_SANDBOX)
+            ]
         );
         assert_eq!(plan.tmpfs_bytes, 1 << 20);
         assert_eq!(plan.host_id, 200_001);

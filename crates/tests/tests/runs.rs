@@ -323,6 +323,65 @@ fn a_warm_sandbox_binds_the_host_as_it_is_when_the_run_starts() {
 }
 
 #[test]
+fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("gateway", 201_500);
+    let host = tempfile::tempdir().unwrap();
+    let project = host.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("readme.txt"), "granted bytes").unwrap();
+    std::fs::write(host.path().join("secret.txt"), "host secret").unwrap();
+    let (project_path, secret_path) = (
+        project.display().to_string(),
+        host.path().join("secret.txt").display().to_string(),
+    );
+    let script = format!(
+        "tollgate-shim tool read {project_path}/readme.txt; echo \" rc=$?\"\n\
+         tollgate-shim tool stat {project_path}/readme.txt; echo \"rc=$?\"\n\
+         tollgate-shim tool read {secret_path} 2>&1; echo \"rc=$?\"\n\
+         tollgate-shim tool read {project_path}/../secret.txt 2>&1; echo \"rc=$?\""
+    );
+    let mut receipt = fx.receipt(&script, 60);
+    receipt.fs.push(pb::FsGrant {
+        path: project_path.clone(),
+        access: pb::FsAccess::Read as i32,
+        mount: String::new(),
+    });
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
+    let output = fx
+        .output
+        .lock()
+        .unwrap()
+        .get(&run_id)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(record.state, RunState::Exited, "{output}");
+    let lines: Vec<&str> = output.lines().collect();
+    assert_eq!(lines[0], "granted bytes rc=0", "{output}");
+    assert!(lines[1].starts_with("file\t13\t"), "{output}");
+    assert!(lines[1].ends_with("\treadme.txt"), "{output}");
+    assert_eq!(lines[2], "rc=0", "{output}");
+    assert!(
+        lines[3].contains(&format!(
+            "refused: receipt {run_id}: no fs grant covers {secret_path}"
+        )),
+        "{output}"
+    );
+    assert_eq!(lines[4], "rc=1", "{output}");
+    assert!(
+        lines[5].contains("not a normalised absolute host path"),
+        "{output}"
+    );
+    assert_eq!(lines[6], "rc=1", "{output}");
+    assert!(!output.contains("host secret"));
+    assert!(record.report.unwrap().last_tool_call_id.is_some());
+    fx.assert_gone(&run_id);
+}
+
+#[test]
 fn agent_exit_records_a_report_and_leaves_nothing() {
     if !require_root() {
         return;

@@ -81,7 +81,10 @@ impl Harness {
         self.dirs.create(host_id).unwrap();
         let plan = plan_for(&receipt, &self.dirs, host_id, Some(argv)).unwrap();
         let cgroup = RunCgroup::create(&format!("{}/run", self.parent), limits).unwrap();
-        let base = sandbox_base(&self.dirs.base.with_extension("data"));
+        let base = sandbox_base(
+            &self.dirs.base.with_extension("data"),
+            &bin_path("tollgate-shim"),
+        );
         create_mount_point(&base).unwrap();
         let shim =
             IdleShim::spawn(&bin_path("tollgate-shim"), &cgroup, &base).expect("shim spawns");
