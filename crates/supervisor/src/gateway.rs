@@ -453,13 +453,9 @@ impl Gateway for GatewayService {
         request: Request<pb::CallToolRequest>,
     ) -> Result<Response<pb::CallToolResponse>, Status> {
         self.check_peer(&request)?;
-        let run = self.run.clone();
         let tool = request.into_inner().tool;
-        // File system work is blocking.
-        tokio::task::spawn_blocking(move || run.call(tool))
-            .await
-            .map_err(|e| Status::internal(format!("tool call failed: {e}")))?
-            .map(Response::new)
+        // File system work blocks: let the runtime move its other work off this thread.
+        tokio::task::block_in_place(|| self.run.call(tool)).map(Response::new)
     }
 }
 
@@ -509,6 +505,12 @@ pub fn serve(
         path: socket.clone(),
         source,
     };
+    // Calls run their file system work with `block_in_place`, which needs worker threads.
+    if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        return Err(error(std::io::Error::other(
+            "the gateway needs a multi-threaded tokio runtime",
+        )));
+    }
     // Bound through /proc/self/fd: a long data directory must not hit sun_path's 108 bytes.
     let dir_fd = nix::fcntl::open(
         dir,

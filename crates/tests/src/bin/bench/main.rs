@@ -9,6 +9,7 @@
 //! * `sandbox`: sandbox start and teardown beside `bwrap --unshare-all` (root).
 //! * `audit`: durable audit appends per second beside a plain write + fdatasync per line.
 //! * `classify`: the router's classifier on 1 MiB of mixed text beside detect-secrets.
+//! * `gateway`: a 4 KiB `fs.read` through the gateway beside a direct read (root).
 //!
 //! Build with `cargo build --release --workspace --bins` and run from target/release.
 
@@ -69,6 +70,12 @@ enum Bench {
         /// Samples of the classifier (the median is reported).
         #[arg(long, default_value_t = 11)]
         samples: usize,
+    },
+    /// A 4 KiB fs.read through the gateway beside a direct read of the same file (root).
+    Gateway {
+        /// Calls to time.
+        #[arg(long, default_value_t = 5000)]
+        calls: usize,
     },
     /// Mint throughput over gRPC.
     Mint {
@@ -298,6 +305,7 @@ fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> an
 
 mod audit;
 mod classify;
+mod gateway;
 mod sandbox;
 
 fn main() -> anyhow::Result<()> {
@@ -315,5 +323,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Sandbox { runs } => sandbox::bench(runs.max(3)),
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
         Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
+        Bench::Gateway { calls } => gateway::bench(calls.max(100)),
     }
 }
