@@ -405,3 +405,59 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
     }
     Ok(())
 }
+
+/// `tollgate calls RUN LOG_DIR...`: a run's gateway calls with their decisions, in order.
+pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliError> {
+    let filter = EntryFilter {
+        run_id: Some(run_id.to_owned()),
+        ..Default::default()
+    };
+    let calls: Vec<Entry> = merged(dirs, &filter)?
+        .into_iter()
+        .map(|(_, entry)| entry)
+        .filter(|entry| entry.kind == EntryKind::ToolCall)
+        .collect();
+    if calls.is_empty() {
+        return Err(CliError::Input(format!(
+            "no gateway calls of {run_id} in {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    for entry in calls {
+        let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
+        let decision = entry.decision.map_or("-", |d| d.as_str());
+        if json_out {
+            println!(
+                "{}",
+                json!({
+                    "time": entry.time,
+                    "call_id": entry.call_id,
+                    "tool": meta("tool"),
+                    "path": meta("path"),
+                    "decision": decision,
+                    "reason": entry.reason,
+                    "bytes": entry.metadata.get("bytes").map(meta_text),
+                    "duration_us": entry.metadata.get("duration_us").map(meta_text),
+                })
+            );
+        } else {
+            println!(
+                "{}  {}  {:<8} {:<5} {}{}",
+                entry.time,
+                entry.call_id.as_deref().unwrap_or("-"),
+                meta("tool"),
+                decision,
+                meta("path"),
+                entry
+                    .reason
+                    .as_deref()
+                    .map(|r| format!("  ({r})"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}

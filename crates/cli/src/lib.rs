@@ -166,6 +166,18 @@ pub enum Command {
         #[arg(long, default_value = "")]
         reason: String,
     },
+    /// A run's gateway calls with their decisions, in order, from the supervisor's audit log
+    /// (time, call id, tool, decision, path, and why a call was refused).
+    Calls {
+        /// The run id.
+        run_id: String,
+        /// The supervisor's audit log directory (<data dir>/audit), or several.
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// One JSON object per call.
+        #[arg(long)]
+        json: bool,
+    },
     /// Say how sensitive a text is, as the router sees it: the highest sensitivity (low,
     /// medium, high) and the reasons — detector and byte span, never the matched text.
     ///
@@ -374,6 +386,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ..
         } => rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Calls { run_id, logs, json } => audit::calls(&run_id, &logs, json),
         Command::Classify { text, file, json } => {
             let input = match (text, file) {
                 (_, Some(file)) => read_input(&file)?,

@@ -377,8 +377,33 @@ fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
     );
     assert_eq!(lines[6], "rc=1", "{output}");
     assert!(!output.contains("host secret"));
-    assert!(record.report.unwrap().last_tool_call_id.is_some());
+    let last_call = record
+        .report
+        .unwrap()
+        .last_tool_call_id
+        .expect("last call id");
     fx.assert_gone(&run_id);
+
+    // `tollgate calls` lists them from the supervisor's audit log, with their decisions.
+    let listed = std::process::Command::new(bin_path("tollgate"))
+        .args(["calls", &run_id])
+        .arg(fx.data.join("audit"))
+        .output()
+        .unwrap();
+    let calls = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{calls}");
+    let rows: Vec<&str> = calls.lines().collect();
+    assert_eq!(rows.len(), 4, "{calls}");
+    assert!(
+        rows[0].contains("fs.read  allow") && rows[0].contains("readme.txt"),
+        "{calls}"
+    );
+    assert!(rows[1].contains("fs.stat  allow"), "{calls}");
+    assert!(
+        rows[2].contains("fs.read  deny") && rows[2].contains("no fs grant covers"),
+        "{calls}"
+    );
+    assert!(rows[3].contains(&last_call), "{calls}");
 }
 
 #[test]
