@@ -349,15 +349,6 @@ impl Store {
         Ok(inserted == 1)
     }
 
-    /// Durably records a minted receipt (one fsync'd transaction).
-    pub fn insert_receipt(
-        &self,
-        receipt: &pb::Receipt,
-        signed: &pb::SignedReceipt,
-    ) -> Result<(), AuthorityError> {
-        self.insert_receipts(&[(receipt, signed)])
-    }
-
     /// Stores several receipts in one transaction (one fsync): all or none.
     pub fn insert_receipts(
         &self,

@@ -71,8 +71,12 @@ pub fn parse_since(text: &str) -> Result<SystemTime, CliError> {
         })
 }
 
-fn checked(dir: &Path, options: &VerifyOptions) -> Result<VerifyReport, VerifyError> {
-    verify_dir(dir, options)
+/// The log directories, for a message.
+fn listing(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn describe(dir: &Path, report: &VerifyReport) -> Vec<String> {
@@ -137,7 +141,7 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
     let options = trust.options()?;
     let (mut broken, mut unreadable) = (0, 0);
     for dir in dirs {
-        match checked(dir, &options) {
+        match verify_dir(dir, &options) {
             Ok(report) if json_out => println!(
                 "{}",
                 json!({
@@ -348,7 +352,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
     let options = trust.options()?;
     let mut broken = 0;
     for dir in dirs {
-        match checked(dir, &options) {
+        match verify_dir(dir, &options) {
             Ok(report) => {
                 for line in describe(dir, &report) {
                     println!("{line}");
@@ -374,10 +378,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
         }
         return Err(CliError::Input(format!(
             "no audit entries name {run_id} in {}",
-            dirs.iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            listing(dirs)
         )));
     }
     println!();
@@ -420,10 +421,7 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
     if calls.is_empty() {
         return Err(CliError::Input(format!(
             "no gateway calls of {run_id} in {}",
-            dirs.iter()
-                .map(|d| d.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            listing(dirs)
         )));
     }
     for entry in calls {

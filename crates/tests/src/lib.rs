@@ -39,6 +39,16 @@ pub fn supervisor_audit(data_dir: &Path) -> tollgate_audit::AuditLog {
     tollgate_audit::AuditLog::open(config).expect("open the audit log")
 }
 
+/// The pids hierarchy's directory of cgroup `parent` (the v1 controller, or unified v2).
+pub fn pids_cgroup_dir(parent: &str) -> PathBuf {
+    let v1 = Path::new("/sys/fs/cgroup/pids");
+    if v1.is_dir() {
+        v1.join(parent)
+    } else {
+        Path::new("/sys/fs/cgroup").join(parent)
+    }
+}
+
 /// Path of a workspace binary built by cargo.
 pub fn bin_path(name: &str) -> PathBuf {
     let dir = match std::env::var_os("TOLLGATE_BIN_DIR") {

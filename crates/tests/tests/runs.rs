@@ -14,7 +14,7 @@ use tollgate_receipt::{
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
 use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings, StartError};
-use tollgate_tests::{bin_path, require_root, supervisor_audit};
+use tollgate_tests::{bin_path, pids_cgroup_dir, require_root, supervisor_audit};
 
 type Captured = Arc<Mutex<HashMap<String, String>>>;
 
@@ -144,19 +144,9 @@ impl Drop for Fixture {
     }
 }
 
-/// The pids hierarchy's directory of `parent` (v1 controller or unified v2).
-fn pids_dir(parent: &str) -> PathBuf {
-    let v1 = Path::new("/sys/fs/cgroup/pids");
-    if v1.is_dir() {
-        v1.join(parent)
-    } else {
-        Path::new("/sys/fs/cgroup").join(parent)
-    }
-}
-
 /// Sandbox cgroups under `parent` in the pids hierarchy.
 fn sandbox_cgroups(parent: &str) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(pids_dir(parent))
+    let mut names: Vec<String> = std::fs::read_dir(pids_cgroup_dir(parent))
         .into_iter()
         .flatten()
         .flatten()
@@ -175,7 +165,7 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
     let fx = Fixture::new("warm", 201_400);
     // The pool prepares one sandbox in the background: wait (bounded) until it exists.
     let warm = wait_for_warm_sandbox(&fx);
-    let warm_dir = pids_dir(&fx.parent).join(&warm);
+    let warm_dir = pids_cgroup_dir(&fx.parent).join(&warm);
     assert_eq!(
         std::fs::read_to_string(warm_dir.join("pids.max"))
             .unwrap()
@@ -233,7 +223,7 @@ fn wait_for_warm_sandbox(fx: &Fixture) -> String {
     loop {
         let names = sandbox_cgroups(&fx.parent);
         if let [name] = names.as_slice() {
-            if std::fs::read_to_string(pids_dir(&fx.parent).join(name).join("cgroup.procs"))
+            if std::fs::read_to_string(pids_cgroup_dir(&fx.parent).join(name).join("cgroup.procs"))
                 .is_ok_and(|procs| procs.lines().count() == 2)
             {
                 return name.clone();

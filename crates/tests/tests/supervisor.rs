@@ -44,14 +44,12 @@ async fn mint(authority: &AuthorityProcess, request: pb::MintReceiptRequest) -> 
 /// holding only an idle shim, and so still without limits (every run's cgroup has a pids
 /// limit, applied before its agent exists).
 fn is_warm(parent: &str, name: &str) -> bool {
-    let v1 = Path::new("/sys/fs/cgroup/pids");
-    let pids = if v1.is_dir() {
-        v1.to_owned()
-    } else {
-        Path::new("/sys/fs/cgroup").to_owned()
-    };
-    std::fs::read_to_string(pids.join(parent).join(name).join("pids.max"))
-        .is_ok_and(|max| max.trim() == "max")
+    std::fs::read_to_string(
+        tollgate_tests::pids_cgroup_dir(parent)
+            .join(name)
+            .join("pids.max"),
+    )
+    .is_ok_and(|max| max.trim() == "max")
 }
 
 /// What is left of runs: cgroups under `parent` other than (at most one) warm sandbox, and
