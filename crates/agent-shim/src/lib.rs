@@ -22,6 +22,7 @@
 //! The shim is single-threaded, so `fork` here is ordinary (no other thread can hold a lock).
 
 pub mod confine;
+mod enter;
 pub mod plan;
 pub mod protocol;
 pub mod setup;
@@ -51,6 +52,12 @@ fn send(control: &mut UnixStream, message: &FromShim) {
         line.push(b'\n');
         let _ = control.write_all(&line);
     }
+}
+
+/// Entry point of `tollgate-shim enter` (run by the supervisor's gateway: one command inside
+/// a live sandbox, see [`enter`](self::enter)). Never returns.
+pub fn enter() -> ! {
+    enter::run()
 }
 
 /// Entry point of `tollgate-shim` in sandbox mode. Never returns.
@@ -169,7 +176,12 @@ fn pid_one(
         fail(&mut control, e.to_string());
     }
     let plan = &plan;
-    let (agent, landlock_abi) = match start_agent(plan, &seccomp) {
+    // This namespace's /proc: the agent's pid as fork returns it is the one it has here.
+    let proc_dir = match open_proc() {
+        Ok(fd) => fd,
+        Err(reason) => fail(&mut control, reason),
+    };
+    let (agent, landlock_abi) = match start_agent(plan, &seccomp, &proc_dir) {
         Ok(started) => started,
         Err(reason) => fail(&mut control, reason),
     };
@@ -233,11 +245,22 @@ fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<Age
     }
 }
 
-/// Forks the agent, maps its ids, and waits until it has executed (or failed). Returns its
-/// pid and the Landlock ABI it runs under.
+fn open_proc() -> Result<OwnedFd, String> {
+    nix::fcntl::open(
+        "/proc",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("opening /proc: {e}"))
+}
+
+/// Forks the agent, maps its ids (through `proc_dir`, the /proc of the pid namespace the
+/// caller is in), and waits until it has executed (or failed). Returns its pid and the
+/// Landlock ABI it runs under.
 fn start_agent(
     plan: &SandboxPlan,
     seccomp: &confine::SeccompPrograms,
+    proc_dir: &OwnedFd,
 ) -> Result<(Pid, u32), String> {
     use nix::fcntl::OFlag;
     // Both ends close on exec: EOF on the report pipe means the agent's exec succeeded.
@@ -269,7 +292,7 @@ fn start_agent(
             }
             let map = format!("{} {} 1\n", plan.inner_id, plan.host_id);
             for file in ["uid_map", "gid_map"] {
-                std::fs::write(format!("/proc/{child}/{file}"), &map)
+                write_proc_file(proc_dir, &format!("{child}/{file}"), map.as_bytes())
                     .map_err(|e| format!("writing the agent's {file}: {e}"))?;
             }
             nix::unistd::write(&go_write, &[READY]).map_err(|e| e.to_string())?;
@@ -282,6 +305,20 @@ fn start_agent(
             }
         }
         Err(e) => Err(format!("forking the agent: {e}")),
+    }
+}
+
+fn write_proc_file(proc_dir: &OwnedFd, path: &str, bytes: &[u8]) -> nix::Result<()> {
+    let fd = nix::fcntl::openat(
+        proc_dir,
+        path,
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    if nix::unistd::write(&fd, bytes)? == bytes.len() {
+        Ok(())
+    } else {
+        Err(nix::errno::Errno::EIO)
     }
 }
 

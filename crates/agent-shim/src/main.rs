@@ -5,11 +5,13 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         None => tollgate_agent_shim::run(),
+        // Internal: the supervisor's gateway runs `exec` commands in a sandbox with it.
+        Some("enter") => tollgate_agent_shim::enter(),
         Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
         Some(_) => {
             eprintln!(
                 "tollgate-shim is started by tollgate-supervisor (no arguments); inside a \
-                 sandbox use `tollgate-shim tool read|list|stat PATH`"
+                 sandbox use `tollgate-shim tool read|write|list|stat|delete|exec ...`"
             );
             std::process::exit(2);
         }

@@ -48,3 +48,33 @@ pub enum FromShim {
     /// The agent has ended.
     Exited(AgentExit),
 }
+
+/// What `tollgate-shim enter` is asked to run inside a live sandbox (one JSON line on fd 3,
+/// from the supervisor's gateway).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnterRequest {
+    /// Host pid of the sandbox's outer shim (its only child is the sandbox's pid 1).
+    pub shim_pid: u32,
+    /// The sandbox's plan with `agent` set to the command to run (argv, environment, cwd).
+    pub plan: SandboxPlan,
+    /// Wall-clock limit; also the CPU-time limit, rounded up to whole seconds.
+    pub timeout_ms: u64,
+}
+
+/// How a command run by `tollgate-shim enter` ended (one JSON line on fd 3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EnterOutcome {
+    /// The command ran and ended.
+    Ended {
+        /// How it ended.
+        exit: AgentExit,
+        /// Whether it was killed at the time limit.
+        timed_out: bool,
+    },
+    /// The command could not be started in the sandbox.
+    Failed {
+        /// Which step failed and why.
+        reason: String,
+    },
+}

@@ -1,5 +1,5 @@
-//! `tollgate-shim tool read|list|stat PATH`: the agent's side of the gateway, usable from a
-//! shell inside the sandbox. It speaks gRPC to the supervisor's `Gateway` service on the
+//! `tollgate-shim tool read|write|list|stat|delete|exec`: the agent's side of the gateway,
+//! usable from a shell inside the sandbox. It speaks gRPC to the supervisor's `Gateway` service on the
 //! run's socket (`TOLLGATE_GATEWAY`, default `unix:/run/tollgate/gateway.sock`); agents in
 //! other languages can do the same with any gRPC client.
 //!
@@ -22,9 +22,20 @@ pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_UNAVAILABLE: i32 = 69;
 
 const USAGE: &str = "usage: tollgate-shim tool read PATH [--offset N] [--length N]\n       \
+                     tollgate-shim tool write PATH [--create | --append] < DATA\n       \
                      tollgate-shim tool list PATH [--json]\n       \
-                     tollgate-shim tool stat PATH [--json]\n\
-                     PATH is a host path beneath one of the receipt's fs grants.";
+                     tollgate-shim tool stat PATH [--json]\n       \
+                     tollgate-shim tool delete PATH\n       \
+                     tollgate-shim tool exec [--timeout SECONDS] [--cwd DIR] [--stdin] -- ARGV...\n\
+                     PATH is a host path beneath one of the receipt's fs grants (write and delete \
+                     need a write grant);\n\
+                     exec runs ARGV inside this sandbox (ARGV[0] must be in the receipt's exec list), \
+                     prints its output and exits with its status.";
+
+/// Largest response the client accepts: an exec result carries up to 5 MiB of output.
+const MAX_RESPONSE: usize = 16 << 20;
+/// Bytes sent per `fs.write` call (the gateway takes a little under 4 MiB).
+const WRITE_CHUNK: usize = 3 << 20;
 
 fn usage() -> i32 {
     eprintln!("{USAGE}");
@@ -41,27 +52,78 @@ fn kind_name(kind: i32) -> &'static str {
     }
 }
 
+/// What the command line asks for, besides the verb.
+#[derive(Debug, Default)]
+struct Options {
+    path: String,
+    offset: u64,
+    length: u64,
+    json: bool,
+    mode: i32,
+    timeout_ms: u64,
+    cwd: String,
+    stdin: bool,
+    argv: Vec<String>,
+}
+
+fn parse(verb: &str, args: &[String]) -> Option<Options> {
+    let mut options = Options::default();
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let mut number = || rest.next().and_then(|v| v.parse::<u64>().ok());
+        match (verb, arg.as_str()) {
+            (_, "--offset") => options.offset = number()?,
+            (_, "--length") => options.length = number()?,
+            (_, "--timeout") => options.timeout_ms = number()?.checked_mul(1000)?,
+            ("exec", "--cwd") => options.cwd = rest.next()?.clone(),
+            ("exec", "--stdin") => options.stdin = true,
+            ("exec", "--") => {
+                options.argv = rest.by_ref().cloned().collect();
+            }
+            (_, "--json") => options.json = true,
+            ("write", "--create") => options.mode = v1::WriteMode::Create as i32,
+            ("write", "--append") => options.mode = v1::WriteMode::Append as i32,
+            ("exec", flag) if !flag.starts_with("--") => {
+                options.argv = std::iter::once(arg.clone())
+                    .chain(rest.by_ref().cloned())
+                    .collect();
+            }
+            (_, flag) if !flag.starts_with("--") && options.path.is_empty() => {
+                options.path = flag.to_owned();
+            }
+            _ => return None,
+        }
+    }
+    let complete = if verb == "exec" {
+        !options.argv.is_empty()
+    } else {
+        !options.path.is_empty()
+    };
+    complete.then_some(options)
+}
+
 /// Runs `tollgate-shim tool ARGS...`; returns the exit status.
 pub fn main(args: &[String]) -> i32 {
-    let (verb, path) = match (args.first(), args.get(1)) {
-        (Some(verb), Some(path)) => (verb.clone(), path.clone()),
-        _ => return usage(),
+    let Some(verb) = args.first().cloned() else {
+        return usage();
     };
-    let (mut offset, mut length, mut json) = (0u64, 0u64, false);
-    let mut rest = args[2..].iter();
-    while let Some(flag) = rest.next() {
-        let mut number = || rest.next().and_then(|v| v.parse::<u64>().ok());
-        match flag.as_str() {
-            "--offset" => match number() {
-                Some(n) => offset = n,
-                None => return usage(),
-            },
-            "--length" => match number() {
-                Some(n) => length = n,
-                None => return usage(),
-            },
-            "--json" => json = true,
-            _ => return usage(),
+    let Some(options) = parse(&verb, &args[1..]) else {
+        return usage();
+    };
+    let Options {
+        path,
+        mut offset,
+        length,
+        json,
+        ..
+    } = options;
+    // Data to write comes from stdin, read before connecting.
+    let mut input = Vec::new();
+    if verb == "write" || (verb == "exec" && options.stdin) {
+        use std::io::Read as _;
+        if let Err(e) = std::io::stdin().lock().read_to_end(&mut input) {
+            eprintln!("tollgate-shim: reading stdin: {e}");
+            return EXIT_USAGE;
         }
     }
     let target =
@@ -86,7 +148,8 @@ pub fn main(args: &[String]) -> i32 {
             }
         };
         let mut client = match endpoint.connect().await {
-            Ok(channel) => v1::gateway_client::GatewayClient::new(channel),
+            Ok(channel) => v1::gateway_client::GatewayClient::new(channel)
+                .max_decoding_message_size(MAX_RESPONSE),
             Err(e) => {
                 eprintln!("tollgate-shim: cannot reach the gateway at {target}: {e}");
                 return EXIT_UNAVAILABLE;
@@ -161,6 +224,62 @@ pub fn main(args: &[String]) -> i32 {
                     }
                 }
                 0
+            }
+            "write" => {
+                // One call per chunk: the first with the chosen mode, the rest appended.
+                let mut mode = options.mode;
+                let mut chunks: Vec<&[u8]> = input.chunks(WRITE_CHUNK).collect();
+                if chunks.is_empty() {
+                    // An empty file is still written.
+                    chunks.push(&[]);
+                }
+                for chunk in chunks {
+                    let request = call(Tool::FsWrite(v1::FsWriteRequest {
+                        path: path.clone(),
+                        data: chunk.to_vec(),
+                        mode,
+                    }));
+                    if let Err(status) = client.call_tool(request).await {
+                        return refused(status);
+                    }
+                    mode = v1::WriteMode::Append as i32;
+                }
+                0
+            }
+            "delete" => {
+                let request = call(Tool::FsDelete(v1::FsDeleteRequest { path }));
+                match client.call_tool(request).await {
+                    Ok(_) => 0,
+                    Err(status) => refused(status),
+                }
+            }
+            "exec" => {
+                let request = call(Tool::Exec(v1::ExecRequest {
+                    argv: options.argv,
+                    stdin: input,
+                    cwd: options.cwd,
+                    timeout_ms: options.timeout_ms,
+                }));
+                let ran = match client.call_tool(request).await {
+                    Ok(response) => match response.into_inner().result {
+                        Some(ToolResult::Exec(ran)) => ran,
+                        _ => return EXIT_REFUSED,
+                    },
+                    Err(status) => return refused(status),
+                };
+                let _ = std::io::stdout().lock().write_all(&ran.stdout);
+                let _ = std::io::stderr().lock().write_all(&ran.stderr);
+                if ran.truncated {
+                    eprintln!("tollgate-shim: output beyond the gateway's cap was dropped");
+                }
+                if ran.timed_out {
+                    eprintln!("tollgate-shim: the command was stopped at its time limit");
+                }
+                match (ran.exit_code, ran.signal) {
+                    (Some(code), _) => code,
+                    (None, Some(signal)) => 128 + signal,
+                    _ => EXIT_REFUSED,
+                }
             }
             _ => usage(),
         }

@@ -54,6 +54,9 @@ pub enum CliError {
     /// Audit logs failed verification (the details are printed).
     #[error("{0} audit log(s) failed verification")]
     AuditBroken(usize),
+    /// A snapshot could not be restored.
+    #[error("restore: {0}")]
+    Restore(#[from] SnapshotError),
     /// Something else went wrong (quickstart's child process, for example).
     #[error("{0}")]
     Other(String),
@@ -81,6 +84,8 @@ fn code_words(code: tonic::Code) -> String {
     words
 }
 
+use tollgate_supervisor::snapshot::SnapshotError;
+
 impl CliError {
     /// The process exit code (sysexits-style; 1 for an invalid receipt).
     pub fn exit_code(&self) -> u8 {
@@ -93,6 +98,13 @@ impl CliError {
             Self::RunEnded { code, .. } => *code,
             Self::Output { .. } => 73, // EX_CANTCREAT
             Self::Other(_) => 70,      // EX_SOFTWARE
+            Self::Restore(e) => match e {
+                SnapshotError::BadId(_) => 64, // EX_USAGE
+                SnapshotError::NotFound { .. } => 66,
+                SnapshotError::BadManifest { .. } => 65,
+                SnapshotError::NotAFile { .. } => 73,
+                SnapshotError::Io { .. } => 74, // EX_IOERR
+            },
             Self::Refused { status, .. } => match status {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => 77,
                 tonic::Code::InvalidArgument => 65, // EX_DATAERR

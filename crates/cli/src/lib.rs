@@ -178,6 +178,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Put a file back as it was before one of a run's gateway calls changed it.
+    ///
+    /// Every allowed fs.write and fs.delete keeps the file's previous state (its exact bytes,
+    /// owner and mode, or that it did not exist) under <supervisor data dir>/snapshots/RUN/
+    /// before the change. Restoring writes it back atomically — or removes the file when the
+    /// call had created it — resolving the path beneath its grant as the gateway did, so a
+    /// link planted since cannot redirect it. Find call ids with `tollgate calls RUN`. Run it
+    /// as root on the supervisor's host; the supervisor need not be running.
+    Restore {
+        /// The run id.
+        run_id: String,
+        /// The call id (from `tollgate calls RUN`).
+        call_id: String,
+        /// The supervisor's data directory (its --data-dir).
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// One JSON object: path, removed, size.
+        #[arg(long)]
+        json: bool,
+    },
     /// Say how sensitive a text is, as the router sees it: the highest sensitivity (low,
     /// medium, high) and the reasons — detector and byte span, never the matched text.
     ///
@@ -387,6 +407,12 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         } => rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
         Command::Calls { run_id, logs, json } => audit::calls(&run_id, &logs, json),
+        Command::Restore {
+            run_id,
+            call_id,
+            data_dir,
+            json,
+        } => restore(&run_id, &call_id, &data_dir, json),
         Command::Classify { text, file, json } => {
             let input = match (text, file) {
                 (_, Some(file)) => read_input(&file)?,
@@ -874,5 +900,31 @@ async fn rotate(global: &GlobalArgs) -> Result<(), CliError> {
         rotated.active.map(|k| k.key_id).unwrap_or_default(),
         rotated.retired.map(|k| k.key_id).unwrap_or_default()
     );
+    Ok(())
+}
+
+/// `tollgate restore RUN CALL_ID --data-dir DIR`.
+fn restore(run_id: &str, call_id: &str, data_dir: &Path, json_out: bool) -> Result<(), CliError> {
+    let store = tollgate_supervisor::snapshot::SnapshotStore::new(data_dir);
+    let restored = store.restore(run_id, call_id)?;
+    if json_out {
+        println!(
+            "{}",
+            serde_json::json!({
+                "run_id": run_id,
+                "call_id": call_id,
+                "path": restored.path,
+                "removed": restored.removed,
+                "size": restored.size,
+            })
+        );
+    } else if restored.removed {
+        println!("removed {} (call {call_id} had created it)", restored.path);
+    } else {
+        println!(
+            "restored {} ({} bytes) as it was before call {call_id}",
+            restored.path, restored.size
+        );
+    }
     Ok(())
 }

@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use nix::errno::Errno;
-use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
-use tollgate_audit::{AuditLog, Decision, EntryDraft, EntryKind};
+use tollgate_agent_shim::protocol::AgentExit;
+use tollgate_audit::{AuditLog, Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::call_tool_request::Tool;
 use tollgate_proto::v1::call_tool_response::Result as ToolResult;
@@ -38,12 +39,19 @@ use tollgate_receipt::unix_now;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
+use crate::beneath::{self, Ownership, ParentDir};
+use crate::exec::ExecSandbox;
 use crate::runs::COMPONENT;
+use crate::snapshot::{SnapshotManifest, SnapshotStore};
 
 /// Most bytes one `fs.read` returns (read on with `offset`).
 pub const MAX_READ: u64 = 1 << 20;
 /// Most entries one `fs.list` returns.
 pub const MAX_LIST: usize = 10_000;
+/// Most bytes one `fs.write` carries (gRPC's default message limit is 4 MiB).
+pub const MAX_WRITE: usize = (4 << 20) - 4096;
+/// Most bytes of stdin one `exec` carries.
+pub const MAX_STDIN: usize = (4 << 20) - 4096;
 
 /// One fs grant as the gateway uses it.
 #[derive(Debug, Clone)]
@@ -78,6 +86,11 @@ pub struct RunGateway {
     pub calls: AtomicU64,
     /// The last call's id, for the teardown report.
     pub last_call: Mutex<Option<String>>,
+    /// Where `fs.write` and `fs.delete` keep what they change.
+    pub snapshots: SnapshotStore,
+    /// How `exec` reaches the sandbox; `None`: no exec (e.g. the sandbox is not started by
+    /// a shim this gateway knows).
+    pub exec: Option<Arc<ExecSandbox>>,
 }
 
 impl std::fmt::Debug for RunGateway {
@@ -101,13 +114,23 @@ impl Refusal {
             reason,
         }
     }
+
+    fn with(status: fn(String) -> Status, reason: String) -> Self {
+        Self {
+            status: status(reason.clone()),
+            reason,
+        }
+    }
 }
 
-fn resolve_flags() -> ResolveFlag {
-    ResolveFlag::RESOLVE_BENEATH
-        | ResolveFlag::RESOLVE_NO_SYMLINKS
-        | ResolveFlag::RESOLVE_NO_MAGICLINKS
+/// What a tool decided: a result now, or a change to make once its audit entry is on disk.
+enum Step<'a> {
+    Done(ToolResult),
+    Change(Box<dyn FnOnce() -> Result<ToolResult, Refusal> + Send + 'a>),
 }
+
+/// Metadata an audit entry of a call carries (never data).
+type CallMeta = Vec<(&'static str, MetaValue)>;
 
 fn kind_of(stat: &FileStat) -> pb::FileKind {
     match SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) {
@@ -161,28 +184,47 @@ impl RunGateway {
 
     /// Opens `target` with `flags`, never leaving its grant.
     fn open(&self, target: &Target<'_>, flags: OFlag) -> Result<OwnedFd, Refusal> {
-        let errno = |e: Errno| self.errno_refusal(&target.grant.path, e);
-        // The grant's own path is the operator's, trusted as signed; below it nothing is.
-        let root = nix::fcntl::open(
-            Path::new(&target.grant.path),
-            OFlag::O_PATH | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(errno)?;
-        if target.rest.is_empty() {
-            if flags.contains(OFlag::O_PATH) {
-                return Ok(root);
+        beneath::open_beneath(&target.grant.path, &target.rest, flags)
+            .map_err(|e| self.errno_refusal(&target.grant.path, e))
+    }
+
+    /// The directory holding `target` and its name; the grant itself (a directory) is
+    /// never replaced or removed.
+    fn parent(&self, target: &Target<'_>, tool: &str) -> Result<ParentDir, Refusal> {
+        let parent = if target.rest.is_empty() {
+            let root = self.open(target, OFlag::O_PATH)?;
+            let stat = fstat(&root).map_err(|e| self.errno_refusal(&target.grant.path, e))?;
+            if beneath::is_dir(&stat) {
+                return Err(Refusal::denied(
+                    &self.run_id,
+                    format!(
+                        "{tool} never acts on a granted directory itself ({})",
+                        target.grant.path
+                    ),
+                ));
             }
-            return reopen(&root, flags).map_err(errno);
+            ParentDir::of_file_grant(&target.grant.path)
+        } else {
+            beneath::parent_beneath(&target.grant.path, &target.rest)
+        };
+        parent.map_err(|e| self.errno_refusal(&target.grant.path, e))
+    }
+
+    /// `target`, checked to be under a write grant.
+    fn writable_target<'a>(&'a self, path: &str, tool: &str) -> Result<Target<'a>, Refusal> {
+        let target = self
+            .target(path)
+            .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
+        if !target.grant.writable {
+            return Err(Refusal::denied(
+                &self.run_id,
+                format!(
+                    "{tool} needs a write grant and {} is granted read-only (missing grant: fs write on {path})",
+                    target.grant.path
+                ),
+            ));
         }
-        openat2(
-            &root,
-            target.rest.as_str(),
-            OpenHow::new()
-                .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-                .resolve(resolve_flags()),
-        )
-        .map_err(errno)
+        Ok(target)
     }
 
     fn errno_refusal(&self, grant: &str, errno: Errno) -> Refusal {
@@ -191,7 +233,20 @@ impl RunGateway {
             Errno::ELOOP => {
                 "a symbolic link is on the path; symbolic links are never followed".to_owned()
             }
-            Errno::ENOTDIR => "not a directory".to_owned(),
+            Errno::ENOTDIR => "not a directory (symbolic links are never followed)".to_owned(),
+            Errno::ESTALE => "the file changed while it was being checked; try again".to_owned(),
+            Errno::ENOTEMPTY => {
+                return Refusal::with(
+                    Status::failed_precondition,
+                    "the directory is not empty (fs.delete never removes recursively)".into(),
+                )
+            }
+            Errno::EEXIST => {
+                return Refusal::with(
+                    Status::already_exists,
+                    "the file exists (mode create never replaces a file)".into(),
+                )
+            }
             Errno::ENOENT => {
                 return Refusal {
                     status: Status::not_found("no such file or directory"),
@@ -219,6 +274,12 @@ impl RunGateway {
             return Err(Refusal::denied(
                 &self.run_id,
                 "the receipt was revoked".into(),
+            ));
+        }
+        if tool == "exec" && self.receipt.exec.is_empty() {
+            return Err(Refusal::denied(
+                &self.run_id,
+                "exec needs an exec grant and the receipt has none".into(),
             ));
         }
         if tool.starts_with("fs.") && self.grants.is_empty() {
@@ -331,6 +392,295 @@ impl RunGateway {
         }))
     }
 
+    fn write(&self, call_id: &str, request: &pb::FsWriteRequest) -> Result<Step<'_>, Refusal> {
+        let target = self.writable_target(&request.path, "fs.write")?;
+        if request.data.len() > MAX_WRITE {
+            return Err(Refusal::with(
+                Status::invalid_argument,
+                format!("at most {MAX_WRITE} bytes per fs.write; write the rest with mode append"),
+            ));
+        }
+        let mode = match pb::WriteMode::try_from(request.mode) {
+            Ok(pb::WriteMode::Unspecified) => pb::WriteMode::Overwrite,
+            Ok(mode) => mode,
+            Err(_) => {
+                return Err(Refusal::with(
+                    Status::invalid_argument,
+                    format!("unknown write mode {}", request.mode),
+                ))
+            }
+        };
+        let errno = |e| self.errno_refusal(&target.grant.path, e);
+        let parent = self.parent(&target, "fs.write")?;
+        let existing = parent.entry().map_err(errno)?;
+        if let Some(stat) = &existing {
+            if !beneath::is_regular(stat) {
+                return Err(Refusal::denied(
+                    &self.run_id,
+                    "not a regular file (only regular files are written; devices, FIFOs, \
+                     sockets and symbolic links are never opened)"
+                        .into(),
+                ));
+            }
+            if mode == pb::WriteMode::Create {
+                return Err(errno(Errno::EEXIST));
+            }
+        }
+        let old = existing
+            .as_ref()
+            .map(|stat| parent.open_existing(stat))
+            .transpose()
+            .map_err(errno)?;
+        let owner = match &existing {
+            Some(stat) => Ownership {
+                uid: stat.st_uid,
+                gid: stat.st_gid,
+                mode: stat.st_mode & 0o7777,
+            },
+            // A new file belongs to whoever owns its directory (the grant's owner, not the
+            // supervisor's root).
+            None => {
+                let dir = fstat(&parent.fd).map_err(errno)?;
+                Ownership {
+                    uid: dir.st_uid,
+                    gid: dir.st_gid,
+                    mode: 0o644,
+                }
+            }
+        };
+        self.snapshot(
+            call_id,
+            "fs.write",
+            &target,
+            &request.path,
+            existing.as_ref(),
+            old.as_ref(),
+        )?;
+        let prefix = if mode == pb::WriteMode::Append {
+            old.as_ref()
+        } else {
+            None
+        };
+        let staged = beneath::stage(
+            parent,
+            &format!("write-{call_id}"),
+            prefix,
+            &request.data,
+            owner,
+        )
+        .map_err(errno)?;
+        let existed = existing.is_some();
+        let grant = target.grant.path.clone();
+        Ok(Step::Change(Box::new(move || {
+            let size = staged.size;
+            // A file that did not exist must still not: one created since is not clobbered.
+            staged
+                .commit(!existed)
+                .map_err(|e| self.errno_refusal(&grant, e))?;
+            Ok(ToolResult::FsWrite(pb::FsWriteResponse { size, existed }))
+        })))
+    }
+
+    fn delete(&self, call_id: &str, request: &pb::FsDeleteRequest) -> Result<Step<'_>, Refusal> {
+        let target = self.writable_target(&request.path, "fs.delete")?;
+        let errno = |e| self.errno_refusal(&target.grant.path, e);
+        if target.rest.is_empty() {
+            return Err(Refusal::denied(
+                &self.run_id,
+                format!(
+                    "fs.delete never removes a grant itself ({})",
+                    target.grant.path
+                ),
+            ));
+        }
+        let parent = self.parent(&target, "fs.delete")?;
+        let Some(stat) = parent.entry().map_err(errno)? else {
+            return Err(errno(Errno::ENOENT));
+        };
+        let dir = beneath::is_dir(&stat);
+        if !dir && !beneath::is_regular(&stat) {
+            return Err(Refusal::denied(
+                &self.run_id,
+                "not a regular file or directory (symbolic links, devices, FIFOs and sockets \
+                 are never removed)"
+                    .into(),
+            ));
+        }
+        if !dir {
+            let old = parent.open_existing(&stat).map_err(errno)?;
+            self.snapshot(
+                call_id,
+                "fs.delete",
+                &target,
+                &request.path,
+                Some(&stat),
+                Some(&old),
+            )?;
+        }
+        let kind = kind_of(&stat);
+        let size = u64::try_from(stat.st_size).unwrap_or(0);
+        let grant = target.grant.path.clone();
+        Ok(Step::Change(Box::new(move || {
+            beneath::remove(&parent, dir).map_err(|e| self.errno_refusal(&grant, e))?;
+            Ok(ToolResult::FsDelete(pb::FsDeleteResponse {
+                kind: kind as i32,
+                size,
+            }))
+        })))
+    }
+
+    /// Keeps the file's state before `call_id` changes it.
+    fn snapshot(
+        &self,
+        call_id: &str,
+        tool: &str,
+        target: &Target<'_>,
+        path: &str,
+        existing: Option<&FileStat>,
+        content: Option<&OwnedFd>,
+    ) -> Result<(), Refusal> {
+        let manifest = SnapshotManifest {
+            run_id: self.run_id.clone(),
+            call_id: call_id.to_owned(),
+            tool: tool.to_owned(),
+            path: path.to_owned(),
+            grant: target.grant.path.clone(),
+            rest: target.rest.clone(),
+            existed: existing.is_some(),
+            size: existing.map_or(0, |s| u64::try_from(s.st_size).unwrap_or(0)),
+            uid: existing.map_or(0, |s| s.st_uid),
+            gid: existing.map_or(0, |s| s.st_gid),
+            mode: existing.map_or(0, |s| s.st_mode & 0o7777),
+            taken_at: unix_now(),
+        };
+        self.snapshots.take(&manifest, content).map_err(|e| {
+            tracing::error!(run_id = %self.run_id, call_id, error = %e, "snapshot failed");
+            Refusal::with(
+                Status::internal,
+                "the previous content could not be kept, so nothing was changed".into(),
+            )
+        })
+    }
+
+    /// Checks an `exec` call and takes one of the run's command slots.
+    fn exec_admit(
+        &self,
+        request: &pb::ExecRequest,
+    ) -> Result<(Arc<ExecSandbox>, crate::exec::ExecSlot), Refusal> {
+        let Some(program) = request.argv.first() else {
+            return Err(Refusal::with(
+                Status::invalid_argument,
+                "exec needs argv (the executable's absolute path first)".into(),
+            ));
+        };
+        if !self.receipt.exec.iter().any(|granted| granted == program) {
+            return Err(Refusal::denied(
+                &self.run_id,
+                format!("exec of {program} is not granted (missing grant: exec {program})"),
+            ));
+        }
+        if !request.cwd.is_empty() && !is_normal_absolute(&request.cwd) {
+            return Err(Refusal::with(
+                Status::invalid_argument,
+                format!(
+                    "cwd {:?} is not a normalised absolute path in the sandbox",
+                    request.cwd
+                ),
+            ));
+        }
+        if request.stdin.len() > MAX_STDIN {
+            return Err(Refusal::with(
+                Status::invalid_argument,
+                format!("at most {MAX_STDIN} bytes of stdin per exec"),
+            ));
+        }
+        let Some(sandbox) = self.exec.clone() else {
+            return Err(Refusal::with(
+                Status::unavailable,
+                "exec is not available for this run".into(),
+            ));
+        };
+        let slot = sandbox.slot().ok_or_else(|| {
+            Refusal::with(
+                Status::resource_exhausted,
+                format!(
+                    "{} commands are already running for this run; wait for one to end",
+                    sandbox.limits.concurrent
+                ),
+            )
+        })?;
+        Ok((sandbox, slot))
+    }
+
+    /// Runs an `exec` call: checks, the command in the sandbox, the audit entry.
+    async fn exec_call(
+        self: &Arc<Self>,
+        request: pb::ExecRequest,
+    ) -> Result<pb::CallToolResponse, Status> {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let mut meta: CallMeta = vec![
+            (
+                "path",
+                request.argv.first().cloned().unwrap_or_default().into(),
+            ),
+            ("argv", request.argv.clone().into()),
+            ("stdin_bytes", (request.stdin.len() as i64).into()),
+        ];
+        let admitted = self.admit("exec").and_then(|()| self.exec_admit(&request));
+        let outcome = match admitted {
+            Err(refusal) => Err(refusal),
+            Ok((sandbox, slot)) => {
+                let cwd = if request.cwd.is_empty() {
+                    sandbox.plan.agent.cwd.clone()
+                } else {
+                    PathBuf::from(&request.cwd)
+                };
+                let timeout = sandbox.timeout_for(request.timeout_ms);
+                let ran =
+                    crate::exec::run(&sandbox, request.argv, request.stdin, cwd, timeout).await;
+                drop(slot);
+                match ran {
+                    Ok(result) => {
+                        let (exit_code, signal) = match result.exit {
+                            AgentExit::Code(code) => (Some(code), None),
+                            AgentExit::Signal(signal) => (None, Some(signal)),
+                        };
+                        meta.push(("exit_code", exit_code.map_or(MetaValue::Null, Into::into)));
+                        meta.push(("signal", signal.map_or(MetaValue::Null, Into::into)));
+                        meta.push(("timed_out", result.timed_out.into()));
+                        meta.push(("stdout_bytes", (result.stdout.len() as i64).into()));
+                        meta.push(("stderr_bytes", (result.stderr.len() as i64).into()));
+                        meta.push(("truncated", result.truncated.into()));
+                        Ok(ToolResult::Exec(pb::ExecResponse {
+                            exit_code,
+                            signal,
+                            timed_out: result.timed_out,
+                            stdout: result.stdout,
+                            stderr: result.stderr,
+                            truncated: result.truncated,
+                            duration_ms: u64::try_from(result.duration.as_millis())
+                                .unwrap_or(u64::MAX),
+                        }))
+                    }
+                    Err(e) => Err(Refusal::with(Status::failed_precondition, e.to_string())),
+                }
+            }
+        };
+        let run = self.clone();
+        // The entry is on disk before the agent hears the result.
+        tokio::task::block_in_place(move || {
+            run.finish(
+                "exec",
+                call_id,
+                started,
+                meta,
+                outcome.map(Step::Done),
+                true,
+            )
+        })
+    }
+
     /// Runs one call: checks, the tool, the audit entry.
     fn call(&self, tool: Option<Tool>) -> Result<pb::CallToolResponse, Status> {
         let started = Instant::now();
@@ -339,49 +689,116 @@ impl RunGateway {
             Some(Tool::FsRead(r)) => ("fs.read", r.path.clone()),
             Some(Tool::FsList(r)) => ("fs.list", r.path.clone()),
             Some(Tool::FsStat(r)) => ("fs.stat", r.path.clone()),
+            Some(Tool::FsWrite(r)) => ("fs.write", r.path.clone()),
+            Some(Tool::FsDelete(r)) => ("fs.delete", r.path.clone()),
+            Some(Tool::Exec(r)) => ("exec", r.argv.first().cloned().unwrap_or_default()),
             None => ("none", String::new()),
         };
-        let outcome = self.admit(name).and_then(|()| match &tool {
-            Some(Tool::FsRead(request)) => self.read(request),
-            Some(Tool::FsList(request)) => self.list(request),
-            Some(Tool::FsStat(request)) => self.stat(request),
-            None => Err(Refusal {
-                status: Status::invalid_argument("no tool given"),
-                reason: "no tool given".into(),
-            }),
-        });
-        let bytes = match &outcome {
-            Ok(ToolResult::FsRead(read)) => read.data.len() as i64,
-            Ok(ToolResult::FsList(list)) => list.entries.len() as i64,
-            _ => 0,
-        };
-        let mut entry = EntryDraft::new(COMPONENT, EntryKind::ToolCall)
-            .receipt(self.run_id.as_str())
-            .run(self.run_id.as_str())
-            .call(call_id.as_str())
-            .meta("tool", name)
-            .meta("path", path)
-            .meta("bytes", bytes)
-            .meta(
-                "duration_us",
-                i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
-            );
-        entry = match &outcome {
-            Ok(_) => entry.decision(Decision::Allow),
-            Err(refusal) => entry
-                .decision(Decision::Deny)
-                .reason(refusal.reason.as_str()),
-        };
-        // Handed to the writer without waiting for its fsync (a read's round trip would
-        // double); a broken log refuses the call.
-        if let Err(e) = self.audit.submit(entry) {
-            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a tool call");
-            return Err(Status::internal(
-                "the audit log is unavailable; nothing is done unaudited",
+        let mut meta: CallMeta = vec![("path", path.into())];
+        if let Some(Tool::FsWrite(r)) = &tool {
+            meta.push(("bytes", (r.data.len() as i64).into()));
+            meta.push((
+                "mode",
+                pb::WriteMode::try_from(r.mode)
+                    .map_or("unknown", |m| m.as_str_name())
+                    .into(),
             ));
         }
-        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
-        match outcome {
+        let outcome = self.admit(name).and_then(|()| match &tool {
+            Some(Tool::FsRead(request)) => self.read(request).map(Step::Done),
+            Some(Tool::FsList(request)) => self.list(request).map(Step::Done),
+            Some(Tool::FsStat(request)) => self.stat(request).map(Step::Done),
+            Some(Tool::FsWrite(request)) => self.write(&call_id, request),
+            Some(Tool::FsDelete(request)) => self.delete(&call_id, request),
+            Some(Tool::Exec(_)) => Err(Refusal::with(
+                Status::internal,
+                "exec is served asynchronously".into(),
+            )),
+            None => Err(Refusal::with(
+                Status::invalid_argument,
+                "no tool given".into(),
+            )),
+        });
+        match &outcome {
+            Ok(Step::Done(ToolResult::FsRead(read))) => {
+                meta.push(("bytes", (read.data.len() as i64).into()));
+            }
+            Ok(Step::Done(ToolResult::FsList(list))) => {
+                meta.push(("entries", (list.entries.len() as i64).into()));
+            }
+            _ => {}
+        }
+        self.finish(name, call_id, started, meta, outcome, false)
+    }
+
+    /// Audits a call and answers it. A change is made only once its entry is on disk; if it
+    /// then fails, a second entry says so. Reads hand their entry to the writer without
+    /// waiting for its fsync (a read's round trip would double); `durable` waits.
+    fn finish(
+        &self,
+        tool: &str,
+        call_id: String,
+        started: Instant,
+        meta: CallMeta,
+        outcome: Result<Step<'_>, Refusal>,
+        durable: bool,
+    ) -> Result<pb::CallToolResponse, Status> {
+        let draft = |decision: Decision, reason: Option<&str>, started: Instant| {
+            let mut entry = EntryDraft::new(COMPONENT, EntryKind::ToolCall)
+                .receipt(self.run_id.as_str())
+                .run(self.run_id.as_str())
+                .call(call_id.as_str())
+                .meta("tool", tool)
+                .meta(
+                    "duration_us",
+                    i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
+                )
+                .decision(decision);
+            for (key, value) in &meta {
+                entry = entry.meta(*key, value.clone());
+            }
+            if let Some(reason) = reason {
+                entry = entry.reason(reason);
+            }
+            entry
+        };
+        let record = |entry: EntryDraft, wait: bool| -> Result<(), Status> {
+            let written = self.audit.submit(entry).and_then(|pending| {
+                if wait {
+                    pending.wait().map(|_| ())
+                } else {
+                    Ok(())
+                }
+            });
+            *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
+            written.map_err(|e| {
+                tracing::error!(run_id = %self.run_id, error = %e, "could not audit a tool call");
+                Status::internal("the audit log is unavailable; nothing is done unaudited")
+            })
+        };
+        let result = match outcome {
+            Ok(Step::Done(result)) => {
+                record(draft(Decision::Allow, None, started), durable)?;
+                Ok(result)
+            }
+            Ok(Step::Change(apply)) => {
+                record(draft(Decision::Allow, None, started), true)?;
+                let applied = apply();
+                if let Err(refusal) = &applied {
+                    let reason = format!("not done: {}", refusal.reason);
+                    record(draft(Decision::Deny, Some(&reason), started), true)?;
+                }
+                applied
+            }
+            Err(refusal) => {
+                record(
+                    draft(Decision::Deny, Some(&refusal.reason), started),
+                    durable,
+                )?;
+                Err(refusal)
+            }
+        };
+        match result {
             Ok(result) => Ok(pb::CallToolResponse {
                 call_id,
                 result: Some(result),
@@ -397,15 +814,7 @@ impl RunGateway {
     }
 }
 
-/// Reopens an `O_PATH` descriptor for real I/O through its `/proc/self/fd` link: the same
-/// inode, never a path looked up again.
-fn reopen(fd: &OwnedFd, flags: OFlag) -> nix::Result<OwnedFd> {
-    nix::fcntl::open(
-        format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
-        flags | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
-        Mode::empty(),
-    )
-}
+use beneath::reopen;
 
 /// The gRPC service of one run.
 #[derive(Debug, Clone)]
@@ -454,6 +863,9 @@ impl Gateway for GatewayService {
     ) -> Result<Response<pb::CallToolResponse>, Status> {
         self.check_peer(&request)?;
         let tool = request.into_inner().tool;
+        if let Some(Tool::Exec(request)) = tool {
+            return self.run.exec_call(request).await.map(Response::new);
+        }
         // File system work blocks: let the runtime move its other work off this thread.
         tokio::task::block_in_place(|| self.run.call(tool)).map(Response::new)
     }
@@ -584,6 +996,7 @@ mod tests {
         let outside = dir.path().join("outside");
         std::fs::create_dir_all(grant.join("sub")).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
+        std::fs::create_dir_all(dir.path().join("rw/sub")).unwrap();
         std::fs::write(grant.join("readme.txt"), b"granted bytes").unwrap();
         std::fs::write(grant.join("sub/inner.txt"), b"inner").unwrap();
         std::fs::write(outside.join("secret.txt"), b"host secret").unwrap();
@@ -603,16 +1016,24 @@ mod tests {
             host_id: 0,
             receipt: pb::Receipt::default(),
             expires_at: unix_now() + expires_in,
-            grants: vec![FsGrant {
-                path: grant.display().to_string(),
-                writable: false,
-            }],
+            grants: vec![
+                FsGrant {
+                    path: grant.display().to_string(),
+                    writable: false,
+                },
+                FsGrant {
+                    path: dir.path().join("rw").display().to_string(),
+                    writable: true,
+                },
+            ],
             max_calls,
             closing: Arc::default(),
             is_revoked: Arc::new(move |_: &str| flag.load(Ordering::SeqCst)),
             audit: AuditLog::open(audit_config).unwrap(),
             calls: AtomicU64::new(0),
             last_call: Mutex::new(None),
+            snapshots: SnapshotStore::new(&dir.path().join("data")),
+            exec: None,
         };
         Fixture {
             _dir: dir,
@@ -738,5 +1159,130 @@ mod tests {
         assert!(calls[1].contains("\"decision\":\"deny\""));
         assert!(!log.contains("granted bytes"), "never file contents");
         assert!(fx.gateway.last_call.lock().unwrap().is_some());
+    }
+
+    fn write(
+        fx: &Fixture,
+        path: impl AsRef<Path>,
+        data: &[u8],
+        mode: pb::WriteMode,
+    ) -> Result<pb::CallToolResponse, Status> {
+        fx.gateway.call(Some(Tool::FsWrite(pb::FsWriteRequest {
+            path: path.as_ref().display().to_string(),
+            data: data.to_vec(),
+            mode: mode as i32,
+        })))
+    }
+
+    fn delete(fx: &Fixture, path: impl AsRef<Path>) -> Result<pb::CallToolResponse, Status> {
+        fx.gateway.call(Some(Tool::FsDelete(pb::FsDeleteRequest {
+            path: path.as_ref().display().to_string(),
+        })))
+    }
+
+    #[test]
+    fn writes_are_atomic_snapshotted_and_restorable() {
+        let fx = fixture(100, 600);
+        let rw = fx._dir.path().join("rw");
+        let file = rw.join("sub/data.bin");
+        let first: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+        let created = write(&fx, &file, &first, pb::WriteMode::Create).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), first);
+        let again = write(&fx, &file, b"x", pb::WriteMode::Create).expect_err("exists");
+        assert_eq!(again.code(), tonic::Code::AlreadyExists, "{again:?}");
+        let overwrite = write(&fx, &file, b"\0new\0", pb::WriteMode::Overwrite).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"\0new\0");
+        let appended = write(&fx, &file, b"tail", pb::WriteMode::Append).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"\0new\0tail");
+        let Some(ToolResult::FsWrite(response)) = appended.result else {
+            panic!("not a write")
+        };
+        assert_eq!((response.size, response.existed), (9, true));
+        // No temporary file is left beside it.
+        let names: Vec<_> = std::fs::read_dir(rw.join("sub"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["data.bin"]);
+
+        let store = SnapshotStore::new(&fx._dir.path().join("data"));
+        let run = fx.gateway.run_id.clone();
+        store.restore(&run, &overwrite.call_id).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), first, "binary-safe");
+        store.restore(&run, &appended.call_id).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"\0new\0");
+        // The call that created it: restoring removes it.
+        let restored = store.restore(&run, &created.call_id).unwrap();
+        assert!(restored.removed && !file.exists());
+
+        std::fs::write(&file, b"keep me").unwrap();
+        let deleted = delete(&fx, &file).unwrap();
+        assert!(!file.exists());
+        store.restore(&run, &deleted.call_id).unwrap();
+        assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+        let err = store
+            .restore(&run, &fx.gateway.run_id)
+            .expect_err("no snapshot");
+        assert!(err.to_string().contains("no snapshot"), "{err}");
+    }
+
+    #[test]
+    fn writes_and_deletes_stay_within_write_grants() {
+        let fx = fixture(100, 600);
+        let rw = fx._dir.path().join("rw");
+        denied(
+            write(
+                &fx,
+                fx.grant.join("readme.txt"),
+                b"x",
+                pb::WriteMode::Overwrite,
+            ),
+            "missing grant: fs write on",
+        );
+        assert_eq!(
+            std::fs::read(fx.grant.join("readme.txt")).unwrap(),
+            b"granted bytes"
+        );
+        denied(
+            delete(&fx, fx.grant.join("readme.txt")),
+            "granted read-only",
+        );
+        denied(
+            write(&fx, fx.outside.join("new.txt"), b"x", pb::WriteMode::Create),
+            "no fs grant covers",
+        );
+        // Links planted in the write grant lead nowhere.
+        std::os::unix::fs::symlink(fx.outside.join("secret.txt"), rw.join("link")).unwrap();
+        std::os::unix::fs::symlink(&fx.outside, rw.join("dir-link")).unwrap();
+        denied(
+            write(&fx, rw.join("link"), b"x", pb::WriteMode::Overwrite),
+            "not a regular file",
+        );
+        denied(
+            write(
+                &fx,
+                rw.join("dir-link/new.txt"),
+                b"x",
+                pb::WriteMode::Create,
+            ),
+            "symbolic link",
+        );
+        denied(delete(&fx, rw.join("link")), "never removed");
+        assert_eq!(
+            std::fs::read(fx.outside.join("secret.txt")).unwrap(),
+            b"host secret"
+        );
+        assert!(!fx.outside.join("new.txt").exists());
+        denied(delete(&fx, &rw), "never removes a grant itself");
+        std::fs::write(rw.join("sub/x"), b"x").unwrap();
+        let full = delete(&fx, rw.join("sub")).expect_err("not empty");
+        assert_eq!(full.code(), tonic::Code::FailedPrecondition);
+        assert!(delete(&fx, rw.join("sub/x")).is_ok());
+        assert!(delete(&fx, rw.join("sub")).is_ok());
+        let exec = fx.gateway.call(Some(Tool::Exec(pb::ExecRequest {
+            argv: vec!["/bin/true".into()],
+            ..Default::default()
+        })));
+        assert!(exec.is_err());
     }
 }

@@ -6,12 +6,15 @@
 #![deny(unsafe_code)]
 
 pub mod admission;
+pub mod beneath;
 pub mod cgroup;
 pub mod daemon;
+pub mod exec;
 pub mod gateway;
 pub mod hub;
 pub mod records;
 pub mod runs;
 pub mod sandbox;
 pub mod service;
+pub mod snapshot;
 pub mod warm;

@@ -11,22 +11,25 @@
 use std::collections::HashMap;
 use std::io::Read as _;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message as _;
+use tollgate_agent_shim::plan::SandboxPlan;
 use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
+use crate::exec::{ExecLimits, ExecSandbox};
 use crate::gateway::{self, FsGrant, GatewayHandle, RunGateway};
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
 use crate::sandbox::{
     create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxError, SandboxOutput,
     SandboxProcess,
 };
+use crate::snapshot::SnapshotStore;
 use crate::warm::{PreparedSandbox, SandboxPool};
 use tollgate_audit::{AuditError, AuditLog, Decision, EntryDraft, EntryKind, PendingEntry};
 
@@ -162,7 +165,7 @@ pub struct RunManager {
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,
     /// Starts past the allocation step that have not returned yet.
-    in_flight: std::sync::atomic::AtomicUsize,
+    in_flight: AtomicUsize,
 }
 
 impl Drop for RunManager {
@@ -279,7 +282,7 @@ impl RunManager {
             live: Mutex::new(HashMap::new()),
             allocation: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
-            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
         });
         Ok((manager, recovered))
     }
@@ -607,9 +610,11 @@ impl RunManager {
         self: &Arc<Self>,
         receipt: &tollgate_proto::v1::Receipt,
         dirs: &RunDirs,
-        host_id: u32,
+        plan: &SandboxPlan,
+        shim_pid: u32,
         live: &LiveRun,
     ) -> Result<PathBuf, StartError> {
+        let host_id = plan.host_id;
         let Some(runtime) = &self.gateway_runtime else {
             return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
         };
@@ -641,6 +646,15 @@ impl RunManager {
             audit: self.audit.clone(),
             calls: AtomicU64::new(0),
             last_call: Mutex::new(None),
+            snapshots: SnapshotStore::new(&self.settings.data_dir),
+            exec: Some(Arc::new(ExecSandbox {
+                shim: self.settings.shim.clone(),
+                shim_pid,
+                plan: plan.clone(),
+                cgroup_procs: live.cgroup.procs_files(),
+                limits: ExecLimits::default(),
+                running: AtomicUsize::new(0),
+            })),
         });
         let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
             .map_err(|e| SandboxError::Setup(e.to_string()))?;
@@ -679,7 +693,7 @@ impl RunManager {
             }
         };
         let mut plan = plan;
-        match self.serve_gateway(receipt, dirs, host_id, live) {
+        match self.serve_gateway(receipt, dirs, &plan, shim.pid(), live) {
             Ok(socket) => plan.gateway_socket = Some(socket),
             Err(e) => {
                 shim.discard();

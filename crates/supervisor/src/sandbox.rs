@@ -329,6 +329,39 @@ fn decimal(mut value: u32, buffer: &mut [u8; 10]) -> &[u8] {
     }
 }
 
+/// Makes `command`'s child join a cgroup (writing its pid to each of `procs_fds`, opened
+/// before the fork) between fork and exec, so nothing of it ever runs outside the cgroup, and
+/// gives it `control_fd` as fd 3.
+pub(crate) fn in_cgroup_with_control(
+    command: &mut Command,
+    procs_fds: Vec<RawFd>,
+    control_fd: RawFd,
+) {
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs between fork and exec in the child and only makes
+    // async-signal-safe system calls (getpid, write, dup2, fcntl) on descriptors opened
+    // before the fork, with no allocation: `decimal` writes into a stack buffer.
+    unsafe {
+        command.pre_exec(move || {
+            let mut buffer = [0u8; 10];
+            let pid = decimal(libc::getpid() as u32, &mut buffer);
+            for &fd in &procs_fds {
+                if libc::write(fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if control_fd == CONTROL_FD {
+                if libc::fcntl(CONTROL_FD, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(control_fd, CONTROL_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 impl IdleShim {
     /// Starts `shim` inside `cgroup`, with the control socket on fd 3 and fresh stdout and
     /// stderr pipes, and sends it `base` to prepare.
@@ -362,29 +395,7 @@ impl IdleShim {
             .stdout(out_write)
             .stderr(err_write)
             .env_clear();
-        #[allow(unsafe_code)]
-        // SAFETY: the closure runs between fork and exec in the child and only makes
-        // async-signal-safe system calls (getpid, write, dup2, fcntl) on descriptors opened
-        // before the fork, with no allocation: `decimal` writes into a stack buffer.
-        unsafe {
-            command.pre_exec(move || {
-                let mut buffer = [0u8; 10];
-                let pid = decimal(libc::getpid() as u32, &mut buffer);
-                for &fd in &procs_fds {
-                    if libc::write(fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                if control_fd == CONTROL_FD {
-                    if libc::fcntl(CONTROL_FD, libc::F_SETFD, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::dup2(control_fd, CONTROL_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        in_cgroup_with_control(&mut command, procs_fds, control_fd);
         let child = command.spawn().map_err(|source| SandboxError::Spawn {
             shim: shim.to_owned(),
             source,
@@ -405,6 +416,11 @@ impl IdleShim {
             return Err(SandboxError::Control(e));
         }
         Ok(idle)
+    }
+
+    /// The shim's host pid (its only child becomes the sandbox's pid 1).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Kills and reaps the shim (it was never given a plan; its pid 1 exits with the

@@ -397,6 +397,136 @@ fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
 }
 
 #[test]
+fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("gateway-write", 201_600);
+    let host = tempfile::tempdir().unwrap();
+    let (project, docs) = (host.path().join("project"), host.path().join("docs"));
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::create_dir_all(&docs).unwrap();
+    std::fs::write(docs.join("readme.txt"), "read-only bytes").unwrap();
+    std::fs::write(host.path().join("secret.txt"), "host secret").unwrap();
+    std::os::unix::fs::symlink(host.path().join("secret.txt"), project.join("link-out")).unwrap();
+    let (p, d) = (project.display(), docs.display());
+    let script = format!(
+        "printf 'new bytes' | tollgate-shim tool write {p}/new.txt --create; echo \"rc=$?\"\n\
+         tollgate-shim tool read {p}/new.txt; echo \" rc=$?\"\n\
+         printf x | tollgate-shim tool write {d}/readme.txt 2>&1; echo \"rc=$?\"\n\
+         printf x | tollgate-shim tool write {p}/link-out 2>&1; echo \"rc=$?\"\n\
+         tollgate-shim tool read {p}/link-out 2>&1; echo \"rc=$?\"\n\
+         echo \"agent uid $(/usr/bin/id -u)\"\n\
+         tollgate-shim tool exec -- /usr/bin/id -u; echo \"rc=$?\"\n\
+         tollgate-shim tool exec -- /usr/bin/env 2>&1; echo \"rc=$?\"\n\
+         echo piped | tollgate-shim tool exec --stdin -- /bin/sh -c \
+           'read line; echo \"got $line\"; echo from-exec > /tmp/marker; \
+            while read k v; do case $k in NoNewPrivs:|Seccomp:) echo \"$k $v\";; esac; done < /proc/self/status; \
+            echo oops >&2; exit 7' 2>&1; echo \"rc=$?\"\n\
+         read marker < /tmp/marker; echo \"agent sees $marker\"\n\
+         tollgate-shim tool exec --timeout 1 -- /usr/bin/sleep 30 2>&1; echo \"rc=$?\"\n\
+         for i in 1 2 3 4 5; do tollgate-shim tool exec -- /usr/bin/sleep 2 2>>/tmp/busy & done; wait\n\
+         while read l; do echo \"busy: $l\"; done < /tmp/busy\n\
+         tollgate-shim tool delete {p}/new.txt; echo \"rc=$?\""
+    );
+    let mut receipt = fx.receipt(&script, 60);
+    receipt.exec.push("/usr/bin/id".into());
+    receipt.limits.as_mut().unwrap().tool_calls = 100;
+    receipt.fs.push(pb::FsGrant {
+        path: project.display().to_string(),
+        access: pb::FsAccess::Write as i32,
+        mount: String::new(),
+    });
+    receipt.fs.push(pb::FsGrant {
+        path: docs.display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: String::new(),
+    });
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
+    let output = fx
+        .output
+        .lock()
+        .unwrap()
+        .get(&run_id)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(record.state, RunState::Exited, "{output}");
+    let lines: Vec<&str> = output.lines().collect();
+    let agent_uid = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("agent uid "))
+        .unwrap_or("<none>")
+        .to_owned();
+    let mut at = 0;
+    let mut next = |expected: &dyn Fn(&str) -> bool| {
+        let line = lines.get(at).copied().unwrap_or("<missing>");
+        assert!(expected(line), "line {at}: {line:?}\n{output}");
+        at += 1;
+    };
+    next(&|l| l == "rc=0");
+    next(&|l| l == "new bytes rc=0");
+    next(&|l| {
+        l.contains(&format!("receipt {run_id}: fs.write needs a write grant"))
+            && l.contains(&format!("missing grant: fs write on {d}/readme.txt"))
+    });
+    next(&|l| l == "rc=1");
+    next(&|l| l.contains("not a regular file"));
+    next(&|l| l == "rc=1");
+    next(&|l| l.contains("not a regular file"));
+    next(&|l| l == "rc=1");
+    next(&|l| l.starts_with("agent uid "));
+    next(&|l| l == agent_uid);
+    next(&|l| l == "rc=0");
+    next(&|l| l.contains("exec of /usr/bin/env is not granted (missing grant: exec /usr/bin/env)"));
+    next(&|l| l == "rc=1");
+    next(&|l| l == "got piped");
+    next(&|l| l == "NoNewPrivs: 1");
+    next(&|l| l == "Seccomp: 2");
+    next(&|l| l == "oops");
+    next(&|l| l == "rc=7");
+    next(&|l| l == "agent sees from-exec");
+    next(&|l| l.contains("stopped at its time limit"));
+    next(&|l| l == "rc=137");
+    next(&|l| l.starts_with("busy: ") && l.contains("already running"));
+    next(&|l| l == "rc=0");
+    assert_eq!(lines.len(), 23, "{output}");
+    assert_eq!(
+        std::fs::read_to_string(docs.join("readme.txt")).unwrap(),
+        "read-only bytes"
+    );
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("secret.txt")).unwrap(),
+        "host secret"
+    );
+    assert!(!project.join("new.txt").exists());
+    fx.assert_gone(&run_id);
+
+    // The delete's snapshot brings the file back.
+    let listed = std::process::Command::new(bin_path("tollgate"))
+        .args(["calls", &run_id])
+        .arg(fx.data.join("audit"))
+        .output()
+        .unwrap();
+    let calls = String::from_utf8_lossy(&listed.stdout);
+    let delete = calls
+        .lines()
+        .find(|row| row.contains("fs.delete") && row.contains(" allow "))
+        .unwrap_or_else(|| panic!("{calls}"));
+    let call_id = delete.split_whitespace().find(|w| w.len() == 36).unwrap();
+    let restored = std::process::Command::new(bin_path("tollgate"))
+        .args(["restore", &run_id, call_id, "--data-dir"])
+        .arg(&fx.data)
+        .output()
+        .unwrap();
+    assert!(restored.status.success(), "{restored:?}");
+    assert_eq!(
+        std::fs::read_to_string(project.join("new.txt")).unwrap(),
+        "new bytes"
+    );
+}
+
+#[test]
 fn agent_exit_records_a_report_and_leaves_nothing() {
     if !require_root() {
         return;

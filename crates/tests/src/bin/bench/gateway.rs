@@ -46,6 +46,8 @@ pub fn bench(calls: usize) -> anyhow::Result<()> {
         audit: audit.clone(),
         calls: AtomicU64::new(0),
         last_call: Mutex::new(None),
+        snapshots: tollgate_supervisor::snapshot::SnapshotStore::new(dir.path()),
+        exec: None,
     });
     // The server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()

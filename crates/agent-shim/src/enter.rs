@@ -1,0 +1,146 @@
+//! `tollgate-shim enter`: runs one command inside a live sandbox, for the gateway's `exec`
+//! tool. Started by the supervisor inside the run's cgroup with the request on fd 3; never by
+//! an agent (it needs real root on the host to join the sandbox's namespaces).
+//!
+//! The helper joins the sandbox's mount, pid, network, IPC, UTS and cgroup namespaces (those
+//! of its pid 1), then starts the command exactly as pid 1 starts the agent: a new user
+//! namespace mapping the agent's inner id to the run's host id, every capability dropped,
+//! `no_new_privs`, the run's Landlock rules and seccomp filter, the agent's environment, a
+//! new session. The command is pid N of the sandbox's pid namespace, so it dies with the
+//! sandbox. At the time limit its whole process group is killed; the CPU-time limit is an
+//! `RLIMIT_CPU` on it.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::os::fd::AsFd as _;
+use std::os::fd::{FromRawFd as _, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::unistd::Pid;
+
+use nix::sched::{setns, CloneFlags};
+use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+
+use crate::protocol::{AgentExit, EnterOutcome, EnterRequest, CONTROL_FD};
+
+/// The sandbox's namespaces the command joins, in the order they are joined (the mount
+/// namespace last: after it, host paths are gone).
+const NAMESPACES: [(&str, CloneFlags); 6] = [
+    ("ipc", CloneFlags::CLONE_NEWIPC),
+    ("uts", CloneFlags::CLONE_NEWUTS),
+    ("net", CloneFlags::CLONE_NEWNET),
+    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
+    ("pid", CloneFlags::CLONE_NEWPID),
+    ("mnt", CloneFlags::CLONE_NEWNS),
+];
+
+fn reply(control: &mut UnixStream, outcome: &EnterOutcome) {
+    if let Ok(mut line) = serde_json::to_vec(outcome) {
+        line.push(b'\n');
+        let _ = control.write_all(&line);
+    }
+}
+
+/// Entry point of `tollgate-shim enter`. Never returns.
+pub fn run() -> ! {
+    // SAFETY: the supervisor placed the request socket on CONTROL_FD; we take ownership of
+    // it exactly once, here.
+    #[allow(unsafe_code)]
+    let mut control = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
+    let outcome = match enter(&control) {
+        Ok(outcome) => outcome,
+        Err(reason) => EnterOutcome::Failed { reason },
+    };
+    reply(&mut control, &outcome);
+    std::process::exit(0)
+}
+
+fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
+    let mut line = String::new();
+    BufReader::new(control)
+        .read_line(&mut line)
+        .map_err(|e| format!("reading the request: {e}"))?;
+    let request: EnterRequest =
+        serde_json::from_str(&line).map_err(|e| format!("invalid request: {e}"))?;
+    let seccomp = crate::confine::SeccompPrograms::compile().map_err(|e| e.to_string())?;
+    // The outer shim's only child is the sandbox's pid 1.
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", request.shim_pid))
+            .map_err(|e| format!("finding the sandbox's pid 1: {e}"))?;
+    let pid_one: u32 = children
+        .split_whitespace()
+        .next()
+        .and_then(|pid| pid.parse().ok())
+        .ok_or("the sandbox has no pid 1 (it is ending)")?;
+    // Host /proc, held across the mount namespace change: the command's host pid (what fork
+    // returns here) is how its id map is written.
+    let host_proc = crate::open_proc()?;
+    let namespaces: Vec<(OwnedFd, CloneFlags, &str)> = NAMESPACES
+        .iter()
+        .map(|&(name, flag)| {
+            nix::fcntl::open(
+                format!("/proc/{pid_one}/ns/{name}").as_str(),
+                nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
+                nix::sys::stat::Mode::empty(),
+            )
+            .map(|fd| (fd, flag, name))
+            .map_err(|e| format!("opening the sandbox's {name} namespace: {e}"))
+        })
+        .collect::<Result<_, _>>()?;
+    for (fd, flag, name) in &namespaces {
+        setns(fd, *flag).map_err(|e| format!("joining the sandbox's {name} namespace: {e}"))?;
+    }
+    let cpu_seconds = request.timeout_ms.div_ceil(1000).max(1);
+    // Inherited by the command; the helper itself only waits.
+    setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)
+        .map_err(|e| format!("setting the CPU-time limit: {e}"))?;
+    let (child, _) = crate::start_agent(&request.plan, &seccomp, &host_proc)?;
+    // No threads here: a process that joined another pid namespace cannot create them. The
+    // command stays unreaped (its pid, and so its group's number, reserved) until after its
+    // group is signalled, so a kill never reaches a recycled pid.
+    let timed_out = !wait_unreaped(child, Duration::from_millis(request.timeout_ms.max(1)))?;
+    // At the time limit the command's group is killed; after it ends, whatever it left in
+    // its group (it leads its own session and process group) ends with it.
+    let _ = killpg(child, Signal::SIGKILL);
+    let exit = loop {
+        match waitpid(child, None) {
+            Ok(WaitStatus::Exited(_, code)) => break AgentExit::Code(code),
+            Ok(WaitStatus::Signaled(_, signal, _)) => break AgentExit::Signal(signal as i32),
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(format!("reaping the command: {e}")),
+        }
+    };
+    Ok(EnterOutcome::Ended { exit, timed_out })
+}
+
+/// Waits until `child` has ended, without reaping it, for at most `limit`. Returns whether
+/// it ended.
+fn wait_unreaped(child: Pid, limit: Duration) -> Result<bool, String> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; nothing
+    // of this process's memory is involved.
+    #[allow(unsafe_code)]
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, child.as_raw(), 0) };
+    if raw < 0 {
+        return Err(format!("pidfd_open: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    #[allow(unsafe_code)]
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, PollTimeout::from(millis)) {
+            Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+            Ok(_) => return Ok(true),
+            Err(e) => return Err(format!("waiting for the command: {e}")),
+        }
+    }
+}

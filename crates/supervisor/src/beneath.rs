@@ -1,0 +1,285 @@
+//! File operations beneath a granted path, shared by the gateway and `tollgate restore`.
+//!
+//! Everything below a grant is resolved with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
+//! RESOLVE_NO_MAGICLINKS)` from a descriptor of the grant itself, so no `..`, absolute path or
+//! symbolic link leads out of it, and the file that was checked is the file that is used.
+//! Files are replaced atomically: a temporary file in the same directory, written and
+//! fsynced, renamed over the old one, and the directory fsynced — a crash leaves the old file
+//! or the new one, never a mix.
+
+use std::ffi::{CStr, CString};
+use std::io::{Read as _, Seek as _, Write as _};
+use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::fcntl::{openat, openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstat, fstatat, FileStat, Mode, SFlag};
+
+fn resolve_flags() -> ResolveFlag {
+    ResolveFlag::RESOLVE_BENEATH
+        | ResolveFlag::RESOLVE_NO_SYMLINKS
+        | ResolveFlag::RESOLVE_NO_MAGICLINKS
+}
+
+/// Opens `rest` (relative, may be empty for the grant itself) beneath the granted path
+/// `grant` with `flags`, never leaving it.
+pub fn open_beneath(grant: &str, rest: &str, flags: OFlag) -> nix::Result<OwnedFd> {
+    // The grant's own path is the operator's, trusted as signed; below it nothing is.
+    let root = nix::fcntl::open(
+        Path::new(grant),
+        OFlag::O_PATH | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    if rest.is_empty() {
+        if flags.contains(OFlag::O_PATH) {
+            return Ok(root);
+        }
+        return reopen(&root, flags);
+    }
+    openat2(
+        &root,
+        rest,
+        OpenHow::new()
+            .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(resolve_flags()),
+    )
+}
+
+/// Reopens a descriptor (usually `O_PATH`) for real I/O through its `/proc/self/fd` link:
+/// the same inode, never a path looked up again.
+pub fn reopen(fd: &OwnedFd, flags: OFlag) -> nix::Result<OwnedFd> {
+    nix::fcntl::open(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
+        flags | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )
+}
+
+/// The directory holding a path beneath a grant, opened beneath it, and the path's last
+/// component.
+#[derive(Debug)]
+pub struct ParentDir {
+    /// The directory, opened `O_RDONLY | O_DIRECTORY`.
+    pub fd: OwnedFd,
+    /// The last component (never empty, never `.` or `..`).
+    pub name: CString,
+}
+
+/// Opens the directory that holds `rest` beneath `grant`. `rest` must not be empty: the grant
+/// itself is never replaced or removed (a file grant is handled by
+/// [`ParentDir::of_file_grant`]).
+pub fn parent_beneath(grant: &str, rest: &str) -> nix::Result<ParentDir> {
+    let (dir, name) = match rest.rsplit_once('/') {
+        Some((dir, name)) => (dir, name),
+        None => ("", rest),
+    };
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(Errno::EINVAL);
+    }
+    let fd = open_beneath(grant, dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+    let name = CString::new(name).map_err(|_| Errno::EINVAL)?;
+    Ok(ParentDir { fd, name })
+}
+
+impl ParentDir {
+    /// The directory holding a file grant (the operator's path, trusted as signed) and the
+    /// file's name.
+    pub fn of_file_grant(grant: &str) -> nix::Result<ParentDir> {
+        let path = Path::new(grant);
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Err(Errno::EINVAL);
+        };
+        let fd = nix::fcntl::open(
+            dir,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let name = CString::new(name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+        Ok(ParentDir { fd, name })
+    }
+
+    /// What the entry is now, without following a link; `None` if it does not exist.
+    pub fn entry(&self) -> nix::Result<Option<FileStat>> {
+        match fstatat(&self.fd, self.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(stat) => Ok(Some(stat)),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens the entry for reading if it is the regular file `expected` (same inode), never
+    /// following a link and never opening a device or FIFO.
+    pub fn open_existing(&self, expected: &FileStat) -> nix::Result<OwnedFd> {
+        let fd = openat(
+            &self.fd,
+            self.name.as_c_str(),
+            OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let stat = fstat(&fd)?;
+        if !is_regular(&stat) || stat.st_ino != expected.st_ino || stat.st_dev != expected.st_dev {
+            // Swapped between the look and the open.
+            return Err(Errno::ESTALE);
+        }
+        reopen(&fd, OFlag::O_RDONLY)
+    }
+}
+
+/// Whether `stat` describes a regular file.
+pub fn is_regular(stat: &FileStat) -> bool {
+    SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFREG
+}
+
+/// Whether `stat` describes a directory.
+pub fn is_dir(stat: &FileStat) -> bool {
+    SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR
+}
+
+/// Owner and permission bits a replaced or created file gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ownership {
+    /// Owner uid.
+    pub uid: u32,
+    /// Owner gid.
+    pub gid: u32,
+    /// Permission bits.
+    pub mode: u32,
+}
+
+/// A new file's content, written to a temporary file in the target's directory and fsynced,
+/// not yet in place. Dropped without [`StagedFile::commit`], the temporary file is removed.
+#[derive(Debug)]
+pub struct StagedFile {
+    parent: ParentDir,
+    temp: CString,
+    committed: bool,
+    /// The new file's size.
+    pub size: u64,
+}
+
+/// Writes a temporary file in `parent` named after `tag`, with `prefix` (read from an open
+/// file, e.g. the old content for an append) followed by `data`, owned and moded as `owner`,
+/// and fsyncs it.
+pub fn stage(
+    parent: ParentDir,
+    tag: &str,
+    prefix: Option<&OwnedFd>,
+    data: &[u8],
+    owner: Ownership,
+) -> nix::Result<StagedFile> {
+    let temp = CString::new(format!(".tollgate-{tag}.tmp")).map_err(|_| Errno::EINVAL)?;
+    let fd = openat(
+        &parent.fd,
+        temp.as_c_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
+    let mut staged = StagedFile {
+        parent,
+        temp,
+        committed: false,
+        size: 0,
+    };
+    let mut file = std::fs::File::from(fd);
+    if let Some(prefix) = prefix {
+        // A duplicate shares the file offset: read from the start whatever read it before.
+        let mut source = std::fs::File::from(prefix.try_clone().map_err(|e| errno_of(&e))?);
+        source
+            .seek(std::io::SeekFrom::Start(0))
+            .map_err(|e| errno_of(&e))?;
+        staged.size += std::io::copy(&mut source, &mut file).map_err(|e| errno_of(&e))?;
+    }
+    file.write_all(data).map_err(|e| errno_of(&e))?;
+    staged.size += data.len() as u64;
+    // Owner and mode before the rename: the file never appears with the wrong ones.
+    nix::unistd::fchown(
+        &file,
+        Some(nix::unistd::Uid::from_raw(owner.uid)),
+        Some(nix::unistd::Gid::from_raw(owner.gid)),
+    )?;
+    nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(owner.mode & 0o7777))?;
+    file.sync_all().map_err(|e| errno_of(&e))?;
+    Ok(staged)
+}
+
+fn errno_of(e: &std::io::Error) -> Errno {
+    e.raw_os_error().map_or(Errno::EIO, Errno::from_raw)
+}
+
+impl StagedFile {
+    /// Puts the staged file in place atomically (refusing to replace an existing file when
+    /// `no_replace`) and fsyncs the directory.
+    pub fn commit(mut self, no_replace: bool) -> nix::Result<()> {
+        let flags = if no_replace {
+            nix::fcntl::RenameFlags::RENAME_NOREPLACE
+        } else {
+            nix::fcntl::RenameFlags::empty()
+        };
+        nix::fcntl::renameat2(
+            &self.parent.fd,
+            self.temp.as_c_str(),
+            &self.parent.fd,
+            self.parent.name.as_c_str(),
+            flags,
+        )?;
+        self.committed = true;
+        nix::unistd::fsync(&self.parent.fd)
+    }
+}
+
+impl Drop for StagedFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = nix::unistd::unlinkat(
+                &self.parent.fd,
+                self.temp.as_c_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+        }
+    }
+}
+
+/// Removes `parent`'s entry (a regular file, or an empty directory when `dir`) and fsyncs
+/// the directory.
+pub fn remove(parent: &ParentDir, dir: bool) -> nix::Result<()> {
+    nix::unistd::unlinkat(
+        &parent.fd,
+        parent.name.as_c_str(),
+        if dir {
+            nix::unistd::UnlinkatFlags::RemoveDir
+        } else {
+            nix::unistd::UnlinkatFlags::NoRemoveDir
+        },
+    )?;
+    nix::unistd::fsync(&parent.fd)
+}
+
+/// Copies everything readable from `source` into a new file at `path` (mode 0600) and fsyncs
+/// it. Used for snapshots: binary-safe, the content exactly as it was.
+pub fn copy_to_new(source: &OwnedFd, path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut from = std::fs::File::from(source.try_clone()?);
+    // A duplicate shares the file offset: read from the start whatever read it before.
+    from.seek(std::io::SeekFrom::Start(0))?;
+    let mut to = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    let copied = std::io::copy(&mut from, &mut to)?;
+    to.sync_all()?;
+    Ok(copied)
+}
+
+/// Reads a whole small file that is opened already.
+pub fn read_fd(fd: impl AsFd) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd.as_fd().try_clone_to_owned()?).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// The last component of `name` as UTF-8 (lossy), for messages.
+pub fn display_name(name: &CStr) -> String {
+    name.to_string_lossy().into_owned()
+}
