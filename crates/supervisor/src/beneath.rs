@@ -147,20 +147,27 @@ pub struct Ownership {
     pub mode: u32,
 }
 
-/// A new file's content, written to a temporary file in the target's directory and fsynced,
-/// not yet in place. Dropped without [`StagedFile::commit`], the temporary file is removed.
+/// A new file's content, written and fsynced beside the target, not yet in place. Dropped
+/// without [`StagedFile::commit`], it leaves nothing behind.
 #[derive(Debug)]
 pub struct StagedFile {
     parent: ParentDir,
+    /// The unnamed file (`O_TMPFILE`), until it is linked at `temp` just before the rename.
+    unnamed: Option<OwnedFd>,
+    /// The temporary name, used only around the rename (or throughout where the file system
+    /// has no `O_TMPFILE`).
     temp: CString,
+    named: bool,
     committed: bool,
     /// The new file's size.
     pub size: u64,
 }
 
-/// Writes a temporary file in `parent` named after `tag`, with `prefix` (read from an open
-/// file, e.g. the old content for an append) followed by `data`, owned and moded as `owner`,
-/// and fsyncs it.
+/// Writes a new file in `parent` with `prefix` (read from an open file, e.g. the old content
+/// for an append) followed by `data`, owned and moded as `owner`, and fsyncs it. The file
+/// has no name until [`StagedFile::commit`] (`O_TMPFILE`), so a crash while it is written
+/// leaves nothing in the directory; file systems without `O_TMPFILE` get a temporary name
+/// (`.tollgate-TAG.tmp`) instead.
 pub fn stage(
     parent: ParentDir,
     tag: &str,
@@ -169,17 +176,36 @@ pub fn stage(
     owner: Ownership,
 ) -> nix::Result<StagedFile> {
     let temp = CString::new(format!(".tollgate-{tag}.tmp")).map_err(|_| Errno::EINVAL)?;
-    let fd = openat(
-        &parent.fd,
-        temp.as_c_str(),
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o600),
-    )?;
     let mut staged = StagedFile {
         parent,
+        unnamed: None,
         temp,
+        named: false,
         committed: false,
         size: 0,
+    };
+    let fd = match openat(
+        &staged.parent.fd,
+        ".",
+        OFlag::O_TMPFILE | OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::EOPNOTSUPP | Errno::EISDIR | Errno::EINVAL) => {
+            let fd = openat(
+                &staged.parent.fd,
+                staged.temp.as_c_str(),
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )?;
+            staged.named = true;
+            fd
+        }
+        Err(e) => return Err(e),
     };
     let mut file = std::fs::File::from(fd);
     if let Some(prefix) = prefix {
@@ -200,6 +226,9 @@ pub fn stage(
     )?;
     nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(owner.mode & 0o7777))?;
     file.sync_all().map_err(|e| errno_of(&e))?;
+    if !staged.named {
+        staged.unnamed = Some(OwnedFd::from(file));
+    }
     Ok(staged)
 }
 
@@ -211,6 +240,18 @@ impl StagedFile {
     /// Puts the staged file in place atomically (refusing to replace an existing file when
     /// `no_replace`) and fsyncs the directory.
     pub fn commit(mut self, no_replace: bool) -> nix::Result<()> {
+        if let Some(unnamed) = self.unnamed.take() {
+            // Named only now; `linkat` by descriptor (AT_EMPTY_PATH) needs the supervisor's
+            // CAP_DAC_READ_SEARCH.
+            nix::unistd::linkat(
+                &unnamed,
+                "",
+                &self.parent.fd,
+                self.temp.as_c_str(),
+                AtFlags::AT_EMPTY_PATH,
+            )?;
+            self.named = true;
+        }
         let flags = if no_replace {
             nix::fcntl::RenameFlags::RENAME_NOREPLACE
         } else {
@@ -230,7 +271,7 @@ impl StagedFile {
 
 impl Drop for StagedFile {
     fn drop(&mut self) {
-        if !self.committed {
+        if self.named && !self.committed {
             let _ = nix::unistd::unlinkat(
                 &self.parent.fd,
                 self.temp.as_c_str(),
