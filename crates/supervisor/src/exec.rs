@@ -250,7 +250,15 @@ pub async fn run(
     };
     let (reply, stdout, stderr, truncated) = match tokio::time::timeout(timeout + GRACE, work).await
     {
-        Ok(done) => done?,
+        Ok(Ok(done)) => done,
+        Ok(Err(e)) => {
+            // The helper's own status says more than a broken socket.
+            let status = child.wait().await;
+            return Err(ExecError::NotStarted(format!(
+                "{e} (the helper {})",
+                status.map_or_else(|e| e.to_string(), |s| s.to_string())
+            )));
+        }
         Err(_) => {
             let _ = child.start_kill();
             let _ = child.wait().await;

@@ -527,6 +527,66 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
 }
 
 #[test]
+fn a_directory_swapped_for_a_symlink_between_two_calls_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("gateway-swap", 201_700);
+    let host = tempfile::tempdir().unwrap();
+    let (project, outside) = (host.path().join("project"), host.path().join("outside"));
+    std::fs::create_dir_all(project.join("sub")).unwrap();
+    std::fs::create_dir_all(outside.join("sub")).unwrap();
+    std::fs::write(project.join("sub/inner.txt"), "inside").unwrap();
+    std::fs::write(outside.join("sub/inner.txt"), "host secret").unwrap();
+    let p = project.display();
+    // The agent reads, waits for the host to swap `sub` for a link out of the grant, reads
+    // again.
+    let script = format!(
+        "tollgate-shim tool read {p}/sub/inner.txt; echo \" first rc=$?\"\n\
+         until tollgate-shim tool stat {p}/go >/dev/null 2>&1; do /usr/bin/sleep 0.05; done\n\
+         tollgate-shim tool read {p}/sub/inner.txt 2>&1; echo \"rc=$?\""
+    );
+    let mut receipt = fx.receipt(&script, 60);
+    receipt.limits.as_mut().unwrap().tool_calls = 1000;
+    receipt.fs.push(pb::FsGrant {
+        path: project.display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: String::new(),
+    });
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let output = || {
+        fx.output
+            .lock()
+            .unwrap()
+            .get(&run_id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    while !output().contains("first rc=") {
+        assert!(Instant::now() < deadline, "{}", output());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::remove_dir_all(project.join("sub")).unwrap();
+    std::os::unix::fs::symlink(outside.join("sub"), project.join("sub")).unwrap();
+    std::fs::write(project.join("go"), "").unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
+    let output = output();
+    assert_eq!(record.state, RunState::Exited, "{output}");
+    let lines: Vec<&str> = output.lines().collect();
+    assert_eq!(lines[0], "inside first rc=0", "{output}");
+    assert!(
+        lines[1].contains(&format!(
+            "refused: receipt {run_id}: a symbolic link is on the path"
+        )),
+        "{output}"
+    );
+    assert_eq!(lines[2], "rc=1", "{output}");
+    assert!(!output.contains("host secret"));
+    fx.assert_gone(&run_id);
+}
+
+#[test]
 fn agent_exit_records_a_report_and_leaves_nothing() {
     if !require_root() {
         return;

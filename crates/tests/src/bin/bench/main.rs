@@ -71,10 +71,22 @@ enum Bench {
         #[arg(long, default_value_t = 11)]
         samples: usize,
     },
-    /// A 4 KiB fs.read through the gateway beside a direct read of the same file (root).
+    /// A 4 KiB fs.read through the gateway beside a direct read of the same file, with the
+    /// audit's I/O and without, and exec /bin/true through a real sandbox's gateway beside a
+    /// direct spawn (root).
     Gateway {
-        /// Calls to time.
+        /// Reads to time (a tenth as many execs, at least 50).
         #[arg(long, default_value_t = 5000)]
+        calls: usize,
+    },
+    /// Internal to `gateway`: the exec client, run as the sandbox's host id.
+    #[command(hide = true)]
+    ExecClient {
+        /// The run's gateway socket.
+        #[arg(long)]
+        socket: std::path::PathBuf,
+        /// Calls to time.
+        #[arg(long)]
         calls: usize,
     },
     /// Mint throughput over gRPC.
@@ -324,5 +336,6 @@ fn main() -> anyhow::Result<()> {
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
         Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
         Bench::Gateway { calls } => gateway::bench(calls.max(100)),
+        Bench::ExecClient { socket, calls } => gateway::exec_client(&socket, calls),
     }
 }

@@ -94,9 +94,9 @@ fn bwrap_teardown() -> anyhow::Result<Duration> {
     Ok(start.elapsed())
 }
 
-struct Tollgate {
-    manager: Arc<RunManager>,
-    signer: ReceiptSigner,
+pub(crate) struct Tollgate {
+    pub(crate) manager: Arc<RunManager>,
+    pub(crate) signer: ReceiptSigner,
     parent: String,
     _dir: tempfile::TempDir,
 }
@@ -104,7 +104,7 @@ struct Tollgate {
 impl Tollgate {
     /// A run manager keeping `warm` sandboxes prepared (0: every start prepares its own),
     /// with its own cgroup parent and host ids (`id_base`..+100).
-    fn new(warm: usize, id_base: u32) -> anyhow::Result<Self> {
+    pub(crate) fn new(warm: usize, id_base: u32) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let signer = ReceiptSigner::generate();
         let mut keys = KeySet::new();
@@ -129,9 +129,20 @@ impl Tollgate {
         })
     }
 
+    /// The supervisor's data directory.
+    pub(crate) fn data_dir(&self) -> std::path::PathBuf {
+        self._dir.path().join("supervisor")
+    }
+
     fn receipt(&self, script: &str) -> tollgate_receipt::SignedReceipt {
+        let mut receipt = self.unsigned_receipt(script);
+        self.signer.sign(&mut receipt)
+    }
+
+    /// The receipt every run of this bench uses, not yet signed.
+    pub(crate) fn unsigned_receipt(&self, script: &str) -> pb::Receipt {
         let now = unix_now();
-        let mut receipt = pb::Receipt {
+        pb::Receipt {
             receipt_id: uuid::Uuid::now_v7().to_string(),
             owner: "bench".into(),
             subject: "bench".into(),
@@ -154,8 +165,7 @@ impl Tollgate {
             }),
             exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
             ..Default::default()
-        };
-        self.signer.sign(&mut receipt)
+        }
     }
 
     /// Starts `script`; returns the run id and a receiver of its first output's arrival.
