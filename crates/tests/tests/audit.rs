@@ -176,6 +176,137 @@ async fn no_corpus_secret_reaches_the_authoritys_log() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
+    if !require_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let cases = corpus_secrets();
+    // Each secret in its own file, shown to the agent read-only at /secrets.
+    let secrets = dir.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::set_permissions(&secrets, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (index, (secret_text, _)) in cases.iter().enumerate() {
+        let file = secrets.join(format!("{index:03}"));
+        std::fs::write(&file, secret_text).unwrap();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        &authority.url(),
+        "secrets",
+        202_700,
+    );
+    // Every secret as a path (refused: no grant covers it, so the path is in the reason
+    // too) and as an argument of a command the gateway runs in the sandbox.
+    let script = "for f in /secrets/*; do s=$(/usr/bin/cat \"$f\"); \
+                  tollgate-shim tool read \"/srv/$s\" >/dev/null 2>&1; \
+                  tollgate-shim tool exec -- /bin/echo \"$s\" >/dev/null 2>&1; \
+                  done; echo finished";
+    let mut spec = request("gateway-secrets", &[]);
+    spec.agent = Some(pb::AgentSpec {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        ..Default::default()
+    });
+    spec.exec = vec!["/bin/sh".into(), "/usr/bin/cat".into(), "/bin/echo".into()];
+    spec.fs = vec![pb::FsGrant {
+        path: secrets.display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: "/secrets".into(),
+    }];
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(&authority.admin_token(), spec))
+        .await
+        .unwrap()
+        .into_inner();
+    let run_id = minted.receipt.unwrap().receipt_id;
+    let mut runs = supervisor.client().await;
+    runs.start_run(authed(
+        &supervisor.token(),
+        pb::StartRunRequest {
+            receipt: minted.text,
+            argv: Vec::new(),
+        },
+    ))
+    .await
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let report = loop {
+        let run = runs
+            .get_run(authed(
+                &supervisor.token(),
+                pb::GetRunRequest {
+                    run_id: run_id.clone(),
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        if let Some(report) = run.report {
+            break report;
+        }
+        assert!(std::time::Instant::now() < deadline, "the run never ended");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(report.exit_code, Some(0), "{report:?}");
+    let (supervisor_data, authority_data) = (
+        supervisor.data_dir().to_owned(),
+        authority.data_dir().to_owned(),
+    );
+    drop(runs);
+    assert!(supervisor.stop(Signal::SIGTERM).success());
+    assert!(authority.stop(Signal::SIGTERM).success());
+
+    // Every log file: both audit logs and both daemons' own logs (stderr).
+    let mut files = all_bytes(&supervisor_data.join("audit"));
+    files.extend(all_bytes(&authority_data.join("audit")));
+    for daemon in [&supervisor_data, &authority_data] {
+        let stderr = daemon.with_extension("stderr");
+        if let Ok(bytes) = std::fs::read(&stderr) {
+            files.push((stderr, bytes));
+        }
+    }
+    for (_, secrets) in &cases {
+        for secret in secrets {
+            for (file, bytes) in &files {
+                let found = bytes
+                    .windows(secret.len())
+                    .any(|window| window == secret.as_bytes());
+                assert!(
+                    !found,
+                    "a corpus secret of {} bytes is in {}",
+                    secret.len(),
+                    file.display()
+                );
+            }
+        }
+    }
+    // The calls were made and recorded, redacted.
+    let log = supervisor_data.join("audit");
+    let calls = tollgate(&["calls", &run_id, log.to_str().unwrap(), "--json"]);
+    let listing = text(&calls);
+    assert!(calls.status.success(), "{listing}");
+    let count = |tool: &str, decision: &str| {
+        listing
+            .lines()
+            .filter(|l| {
+                l.contains(&format!("\"tool\":\"{tool}\""))
+                    && l.contains(&format!("\"decision\":\"{decision}\""))
+            })
+            .count()
+    };
+    assert_eq!(count("fs.read", "deny"), cases.len(), "{listing}");
+    assert_eq!(count("exec", "allow"), cases.len(), "{listing}");
+    assert!(listing.contains("[REDACTED:"), "{listing}");
+    let verified = tollgate(&["audit", "verify", log.to_str().unwrap()]);
+    assert!(verified.status.success(), "{}", text(&verified));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_traced_from_mint_to_teardown_and_edits_are_caught() {
     if !require_root() {
         return;
