@@ -143,7 +143,7 @@ pub use error::AuditError;
 pub use key::{AuditKey, AUDIT_KEY_ENV};
 pub use log::{
     Appended, AuditConfig, AuditLog, Durability, PendingEntry, DEFAULT_CHECKPOINT_EVERY,
-    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILE_BYTES, RECORD_MAX_DELAY,
 };
 pub use read::{read_entries, AuditReader, EntryFilter};
 pub use verify::{

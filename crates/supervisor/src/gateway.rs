@@ -732,8 +732,8 @@ impl RunGateway {
     }
 
     /// Audits a call and answers it. A change is made only once its entry is on disk; if it
-    /// then fails, a second entry says so. Reads hand their entry to the writer without
-    /// waiting for its fsync (a read's round trip would double); `durable` waits.
+    /// then fails, a second entry says so. Other entries are on disk before the answer when
+    /// `durable`, else written at once and fsynced within a bounded delay.
     fn finish(
         &self,
         tool: &str,
@@ -762,14 +762,15 @@ impl RunGateway {
             }
             entry
         };
+        // Changes and commands: on disk before anything else happens. Reads and refusals:
+        // written at once, fsynced within tollgate_audit::RECORD_MAX_DELAY (an fsync of
+        // their own would double a read's round trip).
         let record = |entry: EntryDraft, wait: bool| -> Result<(), Status> {
-            let written = self.audit.submit(entry).and_then(|pending| {
-                if wait {
-                    pending.wait().map(|_| ())
-                } else {
-                    Ok(())
-                }
-            });
+            let written = if wait {
+                self.audit.append(entry).map(|_| ())
+            } else {
+                self.audit.record(entry).map(|_| ())
+            };
             *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
             written.map_err(|e| {
                 tracing::error!(run_id = %self.run_id, error = %e, "could not audit a tool call");

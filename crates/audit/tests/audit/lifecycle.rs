@@ -560,3 +560,23 @@ fn another_process_cannot_write_an_open_log() {
         "closing the log releases the lock"
     );
 }
+
+#[test]
+fn recorded_entries_join_the_chain_and_reach_the_file_without_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(config(dir.path(), true)).unwrap();
+    // Recorded, appended and recorded again: one chain, in order.
+    let first = log.record(draft(1)).unwrap();
+    let second = log.append(draft(2)).unwrap();
+    let third = log.record(draft(3)).unwrap();
+    assert_eq!((first.seq, second.seq, third.seq), (1, 2, 3));
+    // The last one is written (and fsynced) within the bound, with nothing else to carry it.
+    let deadline = std::time::Instant::now() + tollgate_audit::RECORD_MAX_DELAY * 50;
+    while read_lines(&log_path(dir.path(), 1)).len() < 3 {
+        assert!(std::time::Instant::now() < deadline, "never written");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    log.close().unwrap();
+    let report = verify_dir(dir.path(), &options(true)).unwrap();
+    assert_eq!(report.entries, 3);
+}
