@@ -283,3 +283,49 @@ pub async fn run(
         Err(e) => Err(ExecError::Helper(std::io::Error::other(e))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_past_the_cap_is_drained_and_reported() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let room = Arc::new(AtomicUsize::new(10));
+        let (out, out_cut) = runtime.block_on(capture(&b"0123456"[..], room.clone()));
+        let (err, err_cut) = runtime.block_on(capture(&[b'e'; 200_000][..], room.clone()));
+        assert_eq!((out.as_slice(), out_cut), (&b"0123456"[..], false));
+        assert_eq!((err.as_slice(), err_cut), (&b"eee"[..], true));
+        assert_eq!(room.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn timeouts_default_to_and_stop_at_the_maximum() {
+        let sandbox = ExecSandbox {
+            shim: PathBuf::new(),
+            shim_pid: 0,
+            plan: serde_json::from_value(serde_json::json!({
+                "run_id": "r", "workspace": "/w", "tmpfs_bytes": 0, "binds": [],
+                "landlock": {"read": [], "write": [], "execute": []},
+                "agent": {"argv": ["/bin/true"], "env": [], "cwd": "/work"},
+                "inner_id": 1000, "host_id": 1
+            }))
+            .unwrap(),
+            cgroup_procs: Vec::new(),
+            limits: ExecLimits::default(),
+            running: AtomicUsize::new(0),
+        };
+        assert_eq!(sandbox.timeout_for(0), DEFAULT_TIMEOUT);
+        assert_eq!(sandbox.timeout_for(1500), Duration::from_millis(1500));
+        assert_eq!(sandbox.timeout_for(10_000_000), DEFAULT_TIMEOUT);
+        let sandbox = Arc::new(sandbox);
+        let slots: Vec<_> = (0..DEFAULT_CONCURRENT)
+            .map(|_| sandbox.slot().unwrap())
+            .collect();
+        assert!(sandbox.slot().is_none(), "a fifth is refused");
+        drop(slots);
+        assert!(sandbox.slot().is_some());
+    }
+}

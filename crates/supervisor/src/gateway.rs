@@ -161,8 +161,9 @@ struct Target<'a> {
 }
 
 impl RunGateway {
-    /// The grant `path` falls under (the most specific one), or why none does.
-    fn target<'a>(&'a self, path: &str) -> Result<Target<'a>, String> {
+    /// The grant `path` falls under (the most specific one), or why none does (naming the
+    /// `access` the call needed).
+    fn target<'a>(&'a self, path: &str, access: &str) -> Result<Target<'a>, String> {
         if !is_normal_absolute(path) {
             return Err(format!(
                 "{path:?} is not a normalised absolute host path (no '..', '.' or '//')"
@@ -173,7 +174,9 @@ impl RunGateway {
             .iter()
             .filter(|g| path_within(path, &g.path))
             .max_by_key(|g| g.path.len())
-            .ok_or_else(|| format!("no fs grant covers {path}"))?;
+            .ok_or_else(|| {
+                format!("no fs grant covers {path} (missing grant: fs {access} on {path})")
+            })?;
         let rest = path
             .strip_prefix(&grant.path)
             .unwrap_or_default()
@@ -213,7 +216,7 @@ impl RunGateway {
     /// `target`, checked to be under a write grant.
     fn writable_target<'a>(&'a self, path: &str, tool: &str) -> Result<Target<'a>, Refusal> {
         let target = self
-            .target(path)
+            .target(path, "write")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
         if !target.grant.writable {
             return Err(Refusal::denied(
@@ -300,7 +303,7 @@ impl RunGateway {
 
     fn read(&self, request: &pb::FsReadRequest) -> Result<ToolResult, Refusal> {
         let target = self
-            .target(&request.path)
+            .target(&request.path, "read")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
         let path_fd = self.open(&target, OFlag::O_PATH)?;
         let stat = fstat(&path_fd).map_err(|e| self.errno_refusal(&target.grant.path, e))?;
@@ -339,7 +342,7 @@ impl RunGateway {
 
     fn list(&self, request: &pb::FsListRequest) -> Result<ToolResult, Refusal> {
         let target = self
-            .target(&request.path)
+            .target(&request.path, "read")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
         // O_DIRECTORY fails on anything else before a FIFO or device could be opened.
         let fd = self.open(&target, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
@@ -379,7 +382,7 @@ impl RunGateway {
 
     fn stat(&self, request: &pb::FsStatRequest) -> Result<ToolResult, Refusal> {
         let target = self
-            .target(&request.path)
+            .target(&request.path, "read")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
         let fd = self.open(&target, OFlag::O_PATH)?;
         let stat = fstat(&fd).map_err(|e| self.errno_refusal(&target.grant.path, e))?;

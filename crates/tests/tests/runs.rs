@@ -413,6 +413,7 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
     let script = format!(
         "printf 'new bytes' | tollgate-shim tool write {p}/new.txt --create; echo \"rc=$?\"\n\
          tollgate-shim tool read {p}/new.txt; echo \" rc=$?\"\n\
+         tollgate-shim tool list {p}; echo \"rc=$?\"\n\
          printf x | tollgate-shim tool write {d}/readme.txt 2>&1; echo \"rc=$?\"\n\
          printf x | tollgate-shim tool write {p}/link-out 2>&1; echo \"rc=$?\"\n\
          tollgate-shim tool read {p}/link-out 2>&1; echo \"rc=$?\"\n\
@@ -466,6 +467,9 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
     };
     next(&|l| l == "rc=0");
     next(&|l| l == "new bytes rc=0");
+    next(&|l| l.starts_with("symlink\t") && l.ends_with("\tlink-out"));
+    next(&|l| l.starts_with("file\t9\t") && l.ends_with("\tnew.txt"));
+    next(&|l| l == "rc=0");
     next(&|l| {
         l.contains(&format!("receipt {run_id}: fs.write needs a write grant"))
             && l.contains(&format!("missing grant: fs write on {d}/readme.txt"))
@@ -490,7 +494,7 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
     next(&|l| l == "rc=137");
     next(&|l| l.starts_with("busy: ") && l.contains("already running"));
     next(&|l| l == "rc=0");
-    assert_eq!(lines.len(), 23, "{output}");
+    assert_eq!(lines.len(), 26, "{output}");
     assert_eq!(
         std::fs::read_to_string(docs.join("readme.txt")).unwrap(),
         "read-only bytes"
