@@ -102,7 +102,7 @@ impl CliError {
                 SnapshotError::BadId(_) => 64, // EX_USAGE
                 SnapshotError::NotFound { .. } => 66,
                 SnapshotError::BadManifest { .. } => 65,
-                SnapshotError::NotAFile { .. } => 73,
+                SnapshotError::NotAFile { .. } | SnapshotError::GrantMoved { .. } => 73,
                 SnapshotError::Io { .. } => 74, // EX_IOERR
             },
             Self::Refused { status, .. } => match status {

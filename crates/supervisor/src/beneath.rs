@@ -22,23 +22,68 @@ fn resolve_flags() -> ResolveFlag {
         | ResolveFlag::RESOLVE_NO_MAGICLINKS
 }
 
-/// Opens `rest` (relative, may be empty for the grant itself) beneath the granted path
-/// `grant` with `flags`, never leaving it.
-pub fn open_beneath(grant: &str, rest: &str, flags: OFlag) -> nix::Result<OwnedFd> {
-    // The grant's own path is the operator's, trusted as signed; below it nothing is.
-    let root = nix::fcntl::open(
-        Path::new(grant),
-        OFlag::O_PATH | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )?;
-    if rest.is_empty() {
-        if flags.contains(OFlag::O_PATH) {
-            return Ok(root);
-        }
-        return reopen(&root, flags);
+/// A granted path, pinned: opened once (following the operator's path as signed, as the
+/// bind mount does) when the run starts, before any agent exists, and used by descriptor from
+/// then on. Whatever the agent later renames or links — even where one grant lies inside
+/// another it may write — cannot change which directory a grant means.
+#[derive(Debug)]
+pub struct GrantRoot {
+    /// The granted directory, or the directory holding a granted file (`O_PATH`).
+    pub dir: OwnedFd,
+    /// For a granted file: its name in `dir`.
+    pub name: Option<CString>,
+    /// `dir`'s device, to recognise it later (`tollgate restore`).
+    pub dev: u64,
+    /// `dir`'s inode.
+    pub ino: u64,
+}
+
+impl GrantRoot {
+    /// Pins the granted host path `grant`. A granted file that is itself a symbolic link is
+    /// pinned as the link (and so refused by every tool): grant its target instead.
+    pub fn open(grant: &str) -> nix::Result<GrantRoot> {
+        let path = Path::new(grant);
+        let fd = nix::fcntl::open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
+        let stat = fstat(&fd)?;
+        let (dir, name) = if is_dir(&stat) {
+            (fd, None)
+        } else {
+            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+                return Err(Errno::EINVAL);
+            };
+            let dir = nix::fcntl::open(
+                parent,
+                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )?;
+            let name = CString::new(name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+            (dir, Some(name))
+        };
+        let stat = fstat(&dir)?;
+        Ok(GrantRoot {
+            dir,
+            name,
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+        })
     }
+}
+
+/// Opens `rest` (relative; empty for the grant itself) beneath `root` with `flags`, never
+/// leaving it.
+pub fn open_beneath(root: &GrantRoot, rest: &str, flags: OFlag) -> nix::Result<OwnedFd> {
+    let rest: &CStr = match (&root.name, rest.is_empty()) {
+        (Some(name), true) => name.as_c_str(),
+        // Nothing lies beneath a granted file.
+        (Some(_), false) => return Err(Errno::ENOTDIR),
+        (None, true) if flags.contains(OFlag::O_PATH) => {
+            return root.dir.try_clone().map_err(|e| errno_of(&e))
+        }
+        (None, true) => return reopen(&root.dir, flags),
+        (None, false) => &CString::new(rest).map_err(|_| Errno::EINVAL)?,
+    };
     openat2(
-        &root,
+        &root.dir,
         rest,
         OpenHow::new()
             .flags(flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
@@ -66,10 +111,19 @@ pub struct ParentDir {
     pub name: CString,
 }
 
-/// Opens the directory that holds `rest` beneath `grant`. `rest` must not be empty: the grant
-/// itself is never replaced or removed (a file grant is handled by
-/// [`ParentDir::of_file_grant`]).
-pub fn parent_beneath(grant: &str, rest: &str) -> nix::Result<ParentDir> {
+/// Opens the directory that holds `rest` beneath `root` (for a granted file: the directory
+/// holding it, with `rest` empty). A granted directory itself has no parent here.
+pub fn parent_beneath(root: &GrantRoot, rest: &str) -> nix::Result<ParentDir> {
+    let directory = OFlag::O_RDONLY | OFlag::O_DIRECTORY;
+    if let Some(name) = &root.name {
+        if !rest.is_empty() {
+            return Err(Errno::ENOTDIR);
+        }
+        return Ok(ParentDir {
+            fd: reopen(&root.dir, directory)?,
+            name: name.clone(),
+        });
+    }
     let (dir, name) = match rest.rsplit_once('/') {
         Some((dir, name)) => (dir, name),
         None => ("", rest),
@@ -77,28 +131,12 @@ pub fn parent_beneath(grant: &str, rest: &str) -> nix::Result<ParentDir> {
     if name.is_empty() || name == "." || name == ".." {
         return Err(Errno::EINVAL);
     }
-    let fd = open_beneath(grant, dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+    let fd = open_beneath(root, dir, directory)?;
     let name = CString::new(name).map_err(|_| Errno::EINVAL)?;
     Ok(ParentDir { fd, name })
 }
 
 impl ParentDir {
-    /// The directory holding a file grant (the operator's path, trusted as signed) and the
-    /// file's name.
-    pub fn of_file_grant(grant: &str) -> nix::Result<ParentDir> {
-        let path = Path::new(grant);
-        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
-            return Err(Errno::EINVAL);
-        };
-        let fd = nix::fcntl::open(
-            dir,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )?;
-        let name = CString::new(name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
-        Ok(ParentDir { fd, name })
-    }
-
     /// What the entry is now, without following a link; `None` if it does not exist.
     pub fn entry(&self) -> nix::Result<Option<FileStat>> {
         match fstatat(&self.fd, self.name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {

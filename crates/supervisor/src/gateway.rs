@@ -39,7 +39,7 @@ use tollgate_receipt::unix_now;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
-use crate::beneath::{self, Ownership, ParentDir};
+use crate::beneath::{self, GrantRoot, Ownership, ParentDir};
 use crate::exec::ExecSandbox;
 use crate::runs::COMPONENT;
 use crate::snapshot::{SnapshotManifest, SnapshotStore};
@@ -54,12 +54,25 @@ pub const MAX_WRITE: usize = (4 << 20) - 4096;
 pub const MAX_STDIN: usize = (4 << 20) - 4096;
 
 /// One fs grant as the gateway uses it.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct FsGrant {
     /// The granted host path (absolute, normalised).
     pub path: String,
     /// Whether writes are granted (the read tools need only a read grant).
     pub writable: bool,
+    /// The granted path, pinned when the run started (or why it could not be).
+    pub root: Result<GrantRoot, Errno>,
+}
+
+impl FsGrant {
+    /// The grant of `path`, pinned now: call before the agent exists.
+    pub fn open(path: &str, writable: bool) -> Self {
+        Self {
+            path: path.to_owned(),
+            writable,
+            root: GrantRoot::open(path),
+        }
+    }
 }
 
 /// What the gateway of one run knows and counts.
@@ -185,32 +198,38 @@ impl RunGateway {
         Ok(Target { grant, rest })
     }
 
+    /// The grant's pinned root, or why there is none.
+    fn root<'a>(&self, grant: &'a FsGrant) -> Result<&'a GrantRoot, Refusal> {
+        grant.root.as_ref().map_err(|errno| {
+            let reason = format!(
+                "the granted path {} could not be opened when the run started ({errno})",
+                grant.path
+            );
+            Refusal::with(Status::not_found, reason)
+        })
+    }
+
     /// Opens `target` with `flags`, never leaving its grant.
     fn open(&self, target: &Target<'_>, flags: OFlag) -> Result<OwnedFd, Refusal> {
-        beneath::open_beneath(&target.grant.path, &target.rest, flags)
+        beneath::open_beneath(self.root(target.grant)?, &target.rest, flags)
             .map_err(|e| self.errno_refusal(&target.grant.path, e))
     }
 
     /// The directory holding `target` and its name; the grant itself (a directory) is
     /// never replaced or removed.
     fn parent(&self, target: &Target<'_>, tool: &str) -> Result<ParentDir, Refusal> {
-        let parent = if target.rest.is_empty() {
-            let root = self.open(target, OFlag::O_PATH)?;
-            let stat = fstat(&root).map_err(|e| self.errno_refusal(&target.grant.path, e))?;
-            if beneath::is_dir(&stat) {
-                return Err(Refusal::denied(
-                    &self.run_id,
-                    format!(
-                        "{tool} never acts on a granted directory itself ({})",
-                        target.grant.path
-                    ),
-                ));
-            }
-            ParentDir::of_file_grant(&target.grant.path)
-        } else {
-            beneath::parent_beneath(&target.grant.path, &target.rest)
-        };
-        parent.map_err(|e| self.errno_refusal(&target.grant.path, e))
+        let root = self.root(target.grant)?;
+        if target.rest.is_empty() && root.name.is_none() {
+            return Err(Refusal::denied(
+                &self.run_id,
+                format!(
+                    "{tool} never acts on a granted directory itself ({})",
+                    target.grant.path
+                ),
+            ));
+        }
+        beneath::parent_beneath(root, &target.rest)
+            .map_err(|e| self.errno_refusal(&target.grant.path, e))
     }
 
     /// `target`, checked to be under a write grant.
@@ -435,10 +454,12 @@ impl RunGateway {
             .transpose()
             .map_err(errno)?;
         let owner = match &existing {
+            // New content never keeps set-uid/set-gid bits (as a write by anyone but root
+            // would clear them): the agent's bytes must not become a privileged program.
             Some(stat) => Ownership {
                 uid: stat.st_uid,
                 gid: stat.st_gid,
-                mode: stat.st_mode & 0o7777,
+                mode: stat.st_mode & 0o1777,
             },
             // A new file belongs to whoever owns its directory (the grant's owner, not the
             // supervisor's root).
@@ -548,6 +569,8 @@ impl RunGateway {
             tool: tool.to_owned(),
             path: path.to_owned(),
             grant: target.grant.path.clone(),
+            grant_dev: target.grant.root.as_ref().map_or(0, |r| r.dev),
+            grant_ino: target.grant.root.as_ref().map_or(0, |r| r.ino),
             rest: target.rest.clone(),
             existed: existing.is_some(),
             size: existing.map_or(0, |s| u64::try_from(s.st_size).unwrap_or(0)),
@@ -1001,6 +1024,7 @@ mod tests {
         std::fs::create_dir_all(grant.join("sub")).unwrap();
         std::fs::create_dir_all(&outside).unwrap();
         std::fs::create_dir_all(dir.path().join("rw/sub")).unwrap();
+        std::fs::create_dir_all(dir.path().join("rw/nested")).unwrap();
         std::fs::write(grant.join("readme.txt"), b"granted bytes").unwrap();
         std::fs::write(grant.join("sub/inner.txt"), b"inner").unwrap();
         std::fs::write(outside.join("secret.txt"), b"host secret").unwrap();
@@ -1021,14 +1045,10 @@ mod tests {
             receipt: pb::Receipt::default(),
             expires_at: unix_now() + expires_in,
             grants: vec![
-                FsGrant {
-                    path: grant.display().to_string(),
-                    writable: false,
-                },
-                FsGrant {
-                    path: dir.path().join("rw").display().to_string(),
-                    writable: true,
-                },
+                FsGrant::open(&grant.display().to_string(), false),
+                FsGrant::open(&dir.path().join("rw").display().to_string(), true),
+                // A grant inside another the agent may write.
+                FsGrant::open(&dir.path().join("rw/nested").display().to_string(), true),
             ],
             max_calls,
             closing: Arc::default(),
@@ -1186,6 +1206,7 @@ mod tests {
 
     #[test]
     fn writes_are_atomic_snapshotted_and_restorable() {
+        use std::os::unix::fs::PermissionsExt as _;
         let fx = fixture(100, 600);
         let rw = fx._dir.path().join("rw");
         let file = rw.join("sub/data.bin");
@@ -1208,6 +1229,12 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["data.bin"]);
+
+        // Set-uid and set-gid bits do not survive new content.
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o6755)).unwrap();
+        write(&fx, &file, b"\0new\0tail", pb::WriteMode::Overwrite).unwrap();
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o7777, 0o755);
 
         let store = SnapshotStore::new(&fx._dir.path().join("data"));
         let run = fx.gateway.run_id.clone();
@@ -1288,5 +1315,31 @@ mod tests {
             ..Default::default()
         })));
         assert!(exec.is_err());
+    }
+
+    #[test]
+    fn a_grant_inside_a_writable_grant_cannot_be_redirected() {
+        let fx = fixture(100, 600);
+        let rw = fx._dir.path().join("rw");
+        let file = rw.join("nested/file.txt");
+        let written = write(&fx, &file, b"one", pb::WriteMode::Create).unwrap();
+        // The agent, able to write `rw`, swaps the nested grant for a link out of it.
+        std::fs::rename(rw.join("nested"), rw.join("nested.old")).unwrap();
+        std::os::unix::fs::symlink(&fx.outside, rw.join("nested")).unwrap();
+        // The nested grant still means the directory pinned at start: the link leads nowhere.
+        denied(read(&fx, rw.join("nested/secret.txt")), "");
+        assert!(write(&fx, rw.join("nested/new.txt"), b"x", pb::WriteMode::Create).is_ok());
+        assert!(!fx.outside.join("new.txt").exists());
+        assert!(rw.join("nested.old/new.txt").exists());
+        // A restore through the moved grant's path is refused, not redirected.
+        let store = SnapshotStore::new(&fx._dir.path().join("data"));
+        let err = store
+            .restore(&fx.gateway.run_id, &written.call_id)
+            .expect_err("redirected");
+        assert!(err.to_string().contains("no longer the directory"), "{err}");
+        assert_eq!(
+            std::fs::read(fx.outside.join("secret.txt")).unwrap(),
+            b"host secret"
+        );
     }
 }

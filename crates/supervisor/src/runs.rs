@@ -627,9 +627,12 @@ impl RunManager {
             grants: receipt
                 .fs
                 .iter()
-                .map(|grant| FsGrant {
-                    path: grant.path.clone(),
-                    writable: grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+                // Pinned now, before the agent exists.
+                .map(|grant| {
+                    FsGrant::open(
+                        &grant.path,
+                        grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+                    )
                 })
                 .collect(),
             max_calls: receipt.limits.unwrap_or_default().tool_calls,

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use serde::{Deserialize, Serialize};
 
-use crate::beneath::{self, Ownership, ParentDir};
+use crate::beneath::{self, GrantRoot, Ownership};
 
 /// What one snapshot records about the file before the call changed it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +28,11 @@ pub struct SnapshotManifest {
     pub path: String,
     /// The grant the path was resolved beneath.
     pub grant: String,
+    /// Device of the grant's pinned directory (for a granted file: the directory holding it)
+    /// when the call ran: a restore goes only into that very directory.
+    pub grant_dev: u64,
+    /// Its inode.
+    pub grant_ino: u64,
     /// The path relative to the grant (empty: the grant is the file).
     pub rest: String,
     /// Whether the file existed before the call (if not, restoring removes it).
@@ -75,6 +80,14 @@ pub enum SnapshotError {
         step: String,
         /// The failure.
         source: std::io::Error,
+    },
+    /// The grant's path no longer leads to the directory the call changed.
+    #[error("{grant} is no longer the directory the call changed (it was replaced, or a link now redirects it); restore by hand from {data}")]
+    GrantMoved {
+        /// The granted path.
+        grant: String,
+        /// The snapshot's bytes.
+        data: PathBuf,
     },
     /// The path now holds something restore will not replace (a directory, link or device).
     #[error("{path} is now {what}; restore replaces only regular files (move it aside and retry)")]
@@ -196,12 +209,17 @@ impl SnapshotStore {
         let manifest = self.manifest(run_id, call_id)?;
         let path = manifest.path.clone();
         let step = |what: &str| format!("{what} {path}");
-        let parent = if manifest.rest.is_empty() {
-            ParentDir::of_file_grant(&manifest.grant)
-        } else {
-            beneath::parent_beneath(&manifest.grant, &manifest.rest)
+        let data_path = self.run_dir(run_id)?.join(format!("{call_id}.data"));
+        let root = GrantRoot::open(&manifest.grant)
+            .map_err(|e| SnapshotError::io(format!("opening the grant {}", manifest.grant), e))?;
+        if (root.dev, root.ino) != (manifest.grant_dev, manifest.grant_ino) {
+            return Err(SnapshotError::GrantMoved {
+                grant: manifest.grant.clone(),
+                data: data_path,
+            });
         }
-        .map_err(|e| SnapshotError::io(step("opening the directory of"), e))?;
+        let parent = beneath::parent_beneath(&root, &manifest.rest)
+            .map_err(|e| SnapshotError::io(step("opening the directory of"), e))?;
         let now = parent
             .entry()
             .map_err(|e| SnapshotError::io(step("looking at"), e))?;

@@ -152,10 +152,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
             ..Default::default()
         },
         expires_at: tollgate_receipt::unix_now() + 3600,
-        grants: vec![FsGrant {
-            path: grant.display().to_string(),
-            writable: true,
-        }],
+        grants: vec![FsGrant::open(&grant.display().to_string(), true)],
         max_calls: 1000,
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
@@ -194,7 +191,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
     assert!(refused.starts_with("refused PERMISSION_DENIED call="));
     assert_eq!(
         field(refused, "details"),
-        format!("receipt {RUN_ID}: no fs grant covers /etc/passwd")
+        format!("receipt {RUN_ID}: no fs grant covers /etc/passwd (missing grant: fs read on /etc/passwd)")
     );
     let delete = step(&lines, "delete");
     assert!(delete.starts_with(&format!("delete ok kind=FILE size={size} ")));

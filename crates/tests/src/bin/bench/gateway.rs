@@ -64,6 +64,7 @@ pub fn bench(calls: usize) -> anyhow::Result<()> {
 #[derive(Debug, Clone)]
 struct UnauditedReads {
     grant: String,
+    root: Arc<tollgate_supervisor::beneath::GrantRoot>,
 }
 
 #[tonic::async_trait]
@@ -92,7 +93,7 @@ impl pb::gateway_server::Gateway for UnauditedReads {
             .to_owned();
         tokio::task::block_in_place(|| {
             let fail = |e: nix::Error| tonic::Status::internal(e.to_string());
-            let path_fd = beneath::open_beneath(&self.grant, &rest, OFlag::O_PATH).map_err(fail)?;
+            let path_fd = beneath::open_beneath(&self.root, &rest, OFlag::O_PATH).map_err(fail)?;
             let stat = nix::sys::stat::fstat(&path_fd).map_err(fail)?;
             let fd = beneath::reopen(&path_fd, OFlag::O_RDONLY).map_err(fail)?;
             let mut data = vec![0u8; read.length as usize];
@@ -137,10 +138,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         host_id: 0,
         receipt: pb::Receipt::default(),
         expires_at: tollgate_receipt::unix_now() + 3600,
-        grants: vec![FsGrant {
-            path: grant.display().to_string(),
-            writable: false,
-        }],
+        grants: vec![FsGrant::open(&grant.display().to_string(), false)],
         max_calls: u64::MAX,
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
@@ -169,6 +167,9 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
     };
     let baseline = UnauditedReads {
         grant: grant.display().to_string(),
+        root: Arc::new(tollgate_supervisor::beneath::GrantRoot::open(
+            &grant.display().to_string(),
+        )?),
     };
     baseline_server.spawn(
         tonic::transport::Server::builder()
