@@ -57,6 +57,9 @@ pub struct SandboxBase {
     pub shim_binary: Option<PathBuf>,
 }
 
+/// Most bytes one gateway `fs.write` carries: one atomic change.
+pub const MAX_WRITE_BYTES: usize = 16 << 20;
+
 /// Where the shim binary appears inside every sandbox (first on the agent's PATH).
 pub const SHIM_IN_SANDBOX: &str = "/run/tollgate/bin/tollgate-shim";
 /// Where the run's gateway socket appears inside its sandbox.

@@ -12,7 +12,7 @@ use tollgate_proto::v1;
 use v1::call_tool_request::Tool;
 use v1::call_tool_response::Result as ToolResult;
 
-use crate::plan::GATEWAY_IN_SANDBOX;
+use crate::plan::{GATEWAY_IN_SANDBOX, MAX_WRITE_BYTES};
 
 /// Exit status: the gateway refused the call.
 pub const EXIT_REFUSED: i32 = 1;
@@ -34,8 +34,6 @@ const USAGE: &str = "usage: tollgate-shim tool read PATH [--offset N] [--length 
 
 /// Largest response the client accepts: an exec result carries up to 5 MiB of output.
 const MAX_RESPONSE: usize = 16 << 20;
-/// Bytes sent per `fs.write` call (the gateway takes a little under 4 MiB).
-const WRITE_CHUNK: usize = 3 << 20;
 
 fn usage() -> i32 {
     eprintln!("{USAGE}");
@@ -226,25 +224,24 @@ pub fn main(args: &[String]) -> i32 {
                 0
             }
             "write" => {
-                // One call per chunk: the first with the chosen mode, the rest appended.
-                let mut mode = options.mode;
-                let mut chunks: Vec<&[u8]> = input.chunks(WRITE_CHUNK).collect();
-                if chunks.is_empty() {
-                    // An empty file is still written.
-                    chunks.push(&[]);
+                // One call: one atomic change (appending builds larger files).
+                if input.len() > MAX_WRITE_BYTES {
+                    eprintln!(
+                        "tollgate-shim: {} bytes on stdin; one write carries at most {MAX_WRITE_BYTES} \
+                         (write the rest with --append, or use a writable mount)",
+                        input.len()
+                    );
+                    return EXIT_USAGE;
                 }
-                for chunk in chunks {
-                    let request = call(Tool::FsWrite(v1::FsWriteRequest {
-                        path: path.clone(),
-                        data: chunk.to_vec(),
-                        mode,
-                    }));
-                    if let Err(status) = client.call_tool(request).await {
-                        return refused(status);
-                    }
-                    mode = v1::WriteMode::Append as i32;
+                let request = call(Tool::FsWrite(v1::FsWriteRequest {
+                    path,
+                    data: input,
+                    mode: options.mode,
+                }));
+                match client.call_tool(request).await {
+                    Ok(_) => 0,
+                    Err(status) => refused(status),
                 }
-                0
             }
             "delete" => {
                 let request = call(Tool::FsDelete(v1::FsDeleteRequest { path }));

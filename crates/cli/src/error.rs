@@ -104,6 +104,7 @@ impl CliError {
                 SnapshotError::BadManifest { .. } => 65,
                 SnapshotError::NotAFile { .. } | SnapshotError::GrantMoved { .. } => 73,
                 SnapshotError::Io { .. } => 74, // EX_IOERR
+                SnapshotError::TooLarge { .. } | SnapshotError::QuotaSpent { .. } => 70,
             },
             Self::Refused { status, .. } => match status {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => 77,

@@ -201,15 +201,15 @@ pub struct StagedFile {
     pub size: u64,
 }
 
-/// Writes a new file in `parent` with `prefix` (read from an open file, e.g. the old content
-/// for an append) followed by `data`, owned and moded as `owner`, and fsyncs it. The file
+/// Writes a new file in `parent` with `prefix` (the first `len` bytes of an open file, e.g.
+/// the old content for an append, as snapshotted) followed by `data`, owned and moded as `owner`, and fsyncs it. The file
 /// has no name until [`StagedFile::commit`] (`O_TMPFILE`), so a crash while it is written
 /// leaves nothing in the directory; file systems without `O_TMPFILE` get a temporary name
 /// (`.tollgate-TAG.tmp`) instead.
 pub fn stage(
     parent: ParentDir,
     tag: &str,
-    prefix: Option<&OwnedFd>,
+    prefix: Option<(&OwnedFd, u64)>,
     data: &[u8],
     owner: Ownership,
 ) -> nix::Result<StagedFile> {
@@ -246,13 +246,13 @@ pub fn stage(
         Err(e) => return Err(e),
     };
     let mut file = std::fs::File::from(fd);
-    if let Some(prefix) = prefix {
+    if let Some((prefix, len)) = prefix {
         // A duplicate shares the file offset: read from the start whatever read it before.
         let mut source = std::fs::File::from(prefix.try_clone().map_err(|e| errno_of(&e))?);
         source
             .seek(std::io::SeekFrom::Start(0))
             .map_err(|e| errno_of(&e))?;
-        staged.size += std::io::copy(&mut source, &mut file).map_err(|e| errno_of(&e))?;
+        staged.size += std::io::copy(&mut source.take(len), &mut file).map_err(|e| errno_of(&e))?;
     }
     file.write_all(data).map_err(|e| errno_of(&e))?;
     staged.size += data.len() as u64;
@@ -334,9 +334,10 @@ pub fn remove(parent: &ParentDir, dir: bool) -> nix::Result<()> {
     nix::unistd::fsync(&parent.fd)
 }
 
-/// Copies everything readable from `source` into a new file at `path` (mode 0600) and fsyncs
-/// it. Used for snapshots: binary-safe, the content exactly as it was.
-pub fn copy_to_new(source: &OwnedFd, path: &Path) -> std::io::Result<u64> {
+/// Copies the first `len` bytes of `source` into a new file at `path` (mode 0600) and fsyncs
+/// it; fails if `source` is shorter. Used for snapshots: binary-safe, the content exactly as
+/// it was when it was checked.
+pub fn copy_to_new(source: &OwnedFd, path: &Path, len: u64) -> std::io::Result<u64> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut from = std::fs::File::from(source.try_clone()?);
     // A duplicate shares the file offset: read from the start whatever read it before.
@@ -346,7 +347,12 @@ pub fn copy_to_new(source: &OwnedFd, path: &Path) -> std::io::Result<u64> {
         .create_new(true)
         .mode(0o600)
         .open(path)?;
-    let copied = std::io::copy(&mut from, &mut to)?;
+    let copied = std::io::copy(&mut from.take(len), &mut to)?;
+    if copied != len {
+        return Err(std::io::Error::other(format!(
+            "the file shrank while it was copied ({copied} of {len} bytes)"
+        )));
+    }
     to.sync_all()?;
     Ok(copied)
 }

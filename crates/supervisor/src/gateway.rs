@@ -42,14 +42,14 @@ use tonic::{Request, Response, Status};
 use crate::beneath::{self, GrantRoot, Ownership, ParentDir};
 use crate::exec::ExecSandbox;
 use crate::runs::COMPONENT;
-use crate::snapshot::{SnapshotManifest, SnapshotStore};
+use crate::snapshot::{SnapshotError, SnapshotManifest, SnapshotStore};
 
 /// Most bytes one `fs.read` returns (read on with `offset`).
 pub const MAX_READ: u64 = 1 << 20;
 /// Most entries one `fs.list` returns.
 pub const MAX_LIST: usize = 10_000;
-/// Most bytes one `fs.write` carries (gRPC's default message limit is 4 MiB).
-pub const MAX_WRITE: usize = (4 << 20) - 4096;
+/// Most bytes one `fs.write` carries (one atomic change).
+pub const MAX_WRITE: usize = tollgate_agent_shim::plan::MAX_WRITE_BYTES;
 /// Most bytes of stdin one `exec` carries.
 pub const MAX_STDIN: usize = (4 << 20) - 4096;
 
@@ -480,10 +480,12 @@ impl RunGateway {
             existing.as_ref(),
             old.as_ref(),
         )?;
-        let prefix = if mode == pb::WriteMode::Append {
-            old.as_ref()
-        } else {
-            None
+        // An append continues the content as it was snapshotted.
+        let prefix = match (mode, &old, &existing) {
+            (pb::WriteMode::Append, Some(old), Some(stat)) => {
+                Some((old, u64::try_from(stat.st_size).unwrap_or(0)))
+            }
+            _ => None,
         };
         let staged = beneath::stage(
             parent,
@@ -579,13 +581,20 @@ impl RunGateway {
             mode: existing.map_or(0, |s| s.st_mode & 0o7777),
             taken_at: unix_now(),
         };
-        self.snapshots.take(&manifest, content).map_err(|e| {
-            tracing::error!(run_id = %self.run_id, call_id, error = %e, "snapshot failed");
-            Refusal::with(
-                Status::internal,
-                "the previous content could not be kept, so nothing was changed".into(),
-            )
-        })
+        self.snapshots
+            .take(&manifest, content)
+            .map_err(|e| match e {
+                SnapshotError::TooLarge { .. } | SnapshotError::QuotaSpent { .. } => {
+                    Refusal::with(Status::failed_precondition, e.to_string())
+                }
+                e => {
+                    tracing::error!(run_id = %self.run_id, call_id, error = %e, "snapshot failed");
+                    Refusal::with(
+                        Status::internal,
+                        "the previous content could not be kept, so nothing was changed".into(),
+                    )
+                }
+            })
     }
 
     /// Checks an `exec` call and takes one of the run's command slots.
@@ -987,7 +996,11 @@ pub fn serve(
             }
         };
         let served = Server::builder()
-            .add_service(pb::gateway_server::GatewayServer::new(service))
+            .add_service(
+                pb::gateway_server::GatewayServer::new(service)
+                    // A full fs.write and its framing.
+                    .max_decoding_message_size(MAX_WRITE + (64 << 10)),
+            )
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::UnixListenerStream::new(listener),
                 async {
@@ -1341,5 +1354,39 @@ mod tests {
             std::fs::read(fx.outside.join("secret.txt")).unwrap(),
             b"host secret"
         );
+    }
+
+    #[test]
+    fn changes_stop_at_the_snapshot_limits() {
+        let mut fx = fixture(100, 600);
+        fx.gateway.snapshots = SnapshotStore::with_limits(&fx._dir.path().join("data"), 1000, 1500);
+        let rw = fx._dir.path().join("rw");
+        // A file larger than a snapshot may be (a sparse one: nothing is copied).
+        let huge = std::fs::File::create(rw.join("sparse")).unwrap();
+        huge.set_len(10 << 40).unwrap();
+        let refused =
+            write(&fx, rw.join("sparse"), b"x", pb::WriteMode::Append).expect_err("too large");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            refused.message().contains("at most 1000 bytes"),
+            "{refused:?}"
+        );
+        assert!(delete(&fx, rw.join("sparse")).is_err());
+        assert!(std::fs::read_dir(fx._dir.path().join("data/snapshots"))
+            .map(|d| d
+                .flatten()
+                .all(|run| std::fs::read_dir(run.path()).unwrap().count() == 0))
+            .unwrap_or(true));
+        // The run's quota: 900 + 900 bytes of snapshots do not fit in 1500.
+        std::fs::write(rw.join("a"), vec![1u8; 900]).unwrap();
+        std::fs::write(rw.join("b"), vec![2u8; 900]).unwrap();
+        assert!(write(&fx, rw.join("a"), b"new", pb::WriteMode::Overwrite).is_ok());
+        let spent = write(&fx, rw.join("b"), b"new", pb::WriteMode::Overwrite).expect_err("quota");
+        assert!(spent.message().contains("quota"), "{spent:?}");
+        assert_eq!(std::fs::read(rw.join("b")).unwrap(), vec![2u8; 900]);
+        // Appends continue the content as it was snapshotted.
+        assert!(write(&fx, rw.join("new"), b"abc", pb::WriteMode::Append).is_ok());
+        assert!(write(&fx, rw.join("new"), b"def", pb::WriteMode::Append).is_ok());
+        assert_eq!(std::fs::read(rw.join("new")).unwrap(), b"abcdef");
     }
 }

@@ -81,6 +81,20 @@ pub enum SnapshotError {
         /// The failure.
         source: std::io::Error,
     },
+    /// The file is larger than a snapshot may be.
+    #[error("the file has {size} bytes; the gateway changes only files it can keep a snapshot of (at most {max} bytes)")]
+    TooLarge {
+        /// Its size.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The run's snapshots have reached their quota.
+    #[error("this run's snapshots have reached their quota ({quota} bytes); no further file changes are made")]
+    QuotaSpent {
+        /// The quota.
+        quota: u64,
+    },
     /// The grant's path no longer leads to the directory the call changed.
     #[error("{grant} is no longer the directory the call changed (it was replaced, or a link now redirects it); restore by hand from {data}")]
     GrantMoved {
@@ -108,10 +122,20 @@ impl SnapshotError {
     }
 }
 
-/// Where a supervisor keeps its snapshots.
-#[derive(Debug, Clone)]
+/// Largest file a snapshot keeps (and so the largest file the gateway changes).
+pub const DEFAULT_MAX_FILE: u64 = 256 << 20;
+/// Most snapshot bytes one run may leave.
+pub const DEFAULT_RUN_QUOTA: u64 = 1 << 30;
+
+/// Where a supervisor keeps its snapshots, with one run's limits: no file larger than
+/// `max_file`, at most `quota` bytes in all (a change that would pass either is refused
+/// before anything is copied).
+#[derive(Debug)]
 pub struct SnapshotStore {
     dir: PathBuf,
+    max_file: u64,
+    quota: u64,
+    used: std::sync::atomic::AtomicU64,
 }
 
 fn check_id(id: &str) -> Result<(), SnapshotError> {
@@ -127,8 +151,16 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 impl SnapshotStore {
     /// The store of the supervisor whose data directory is `data_dir`.
     pub fn new(data_dir: &Path) -> Self {
+        Self::with_limits(data_dir, DEFAULT_MAX_FILE, DEFAULT_RUN_QUOTA)
+    }
+
+    /// The store with other limits.
+    pub fn with_limits(data_dir: &Path, max_file: u64, quota: u64) -> Self {
         Self {
             dir: data_dir.join("snapshots"),
+            max_file,
+            quota,
+            used: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -145,17 +177,40 @@ impl SnapshotStore {
         content: Option<&std::os::fd::OwnedFd>,
     ) -> Result<(), SnapshotError> {
         use std::os::unix::fs::DirBuilderExt as _;
+        use std::sync::atomic::Ordering;
         check_id(&manifest.call_id)?;
         let dir = self.run_dir(&manifest.run_id)?;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| SnapshotError::io(format!("creating {}", dir.display()), e))?;
+        let size = if content.is_some() { manifest.size } else { 0 };
+        if size > self.max_file {
+            return Err(SnapshotError::TooLarge {
+                size,
+                max: self.max_file,
+            });
+        }
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(size).filter(|total| *total <= self.quota)
+            })
+            .map_err(|_| SnapshotError::QuotaSpent { quota: self.quota })?;
+        for path in [&self.dir, &dir] {
+            if !path.exists() {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(path)
+                    .and_then(|()| sync_dir(path.parent().unwrap_or(Path::new("/"))))
+                    .map_err(|e| SnapshotError::io(format!("creating {}", path.display()), e))?;
+            }
+        }
         let data = dir.join(format!("{}.data", manifest.call_id));
         if let Some(content) = content {
-            beneath::copy_to_new(content, &data)
-                .map_err(|e| SnapshotError::io(format!("copying into {}", data.display()), e))?;
+            if let Err(e) = beneath::copy_to_new(content, &data, size) {
+                let _ = std::fs::remove_file(&data);
+                return Err(SnapshotError::io(
+                    format!("copying into {}", data.display()),
+                    e,
+                ));
+            }
         }
         let json = dir.join(format!("{}.json", manifest.call_id));
         let text = serde_json::to_vec_pretty(manifest).map_err(std::io::Error::other);
@@ -253,10 +308,13 @@ impl SnapshotStore {
             nix::sys::stat::Mode::empty(),
         )
         .map_err(|e| SnapshotError::io(format!("opening {}", data_path.display()), e))?;
+        let len = nix::sys::stat::fstat(&data)
+            .map_err(|e| SnapshotError::io(format!("reading {}", data_path.display()), e))?
+            .st_size as u64;
         let staged = beneath::stage(
             parent,
             &format!("restore-{call_id}"),
-            Some(&data),
+            Some((&data, len)),
             &[],
             Ownership {
                 uid: manifest.uid,

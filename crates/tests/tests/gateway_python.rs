@@ -159,7 +159,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         audit: audit.clone(),
         calls: AtomicU64::new(0),
         last_call: Mutex::new(None),
-        snapshots: snapshots.clone(),
+        snapshots: SnapshotStore::new(dir.path()),
         exec: None,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
