@@ -162,7 +162,12 @@ pub fn prepare_landlock(plan: &LandlockPlan) -> Result<PreparedLandlock, Confine
         .map_err(error)?;
     let ruleset = add_rules(ruleset, &plan.read, read)?;
     let ruleset = add_rules(ruleset, &plan.write, write)?;
-    let ruleset = add_rules(ruleset, &with_interpreters(&plan.execute), execute)?;
+    let executables = if plan.execute_resolved {
+        plan.execute.clone()
+    } else {
+        with_interpreters(&plan.execute)
+    };
+    let ruleset = add_rules(ruleset, &executables, execute)?;
     Ok(PreparedLandlock(ruleset))
 }
 

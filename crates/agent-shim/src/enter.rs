@@ -3,7 +3,8 @@
 //! an agent (it needs real root on the host to join the sandbox's namespaces).
 //!
 //! The helper joins the sandbox's mount, pid, network, IPC, UTS and cgroup namespaces (those
-//! of its pid 1), then starts the command exactly as pid 1 starts the agent: a new user
+//! of its pid 1, through a pidfd the supervisor pinned when the sandbox started, on fd 4),
+//! then starts the command exactly as pid 1 starts the agent: a new user
 //! namespace mapping the agent's inner id to the run's host id, every capability dropped,
 //! `no_new_privs`, the run's Landlock rules and seccomp filter, the agent's environment, a
 //! new session. The command is pid N of the sandbox's pid namespace, so it dies with the
@@ -24,18 +25,16 @@ use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
 
-use crate::protocol::{AgentExit, EnterOutcome, EnterRequest, CONTROL_FD};
+use crate::protocol::{AgentExit, EnterOutcome, EnterRequest, CONTROL_FD, PID_ONE_FD};
 
-/// The sandbox's namespaces the command joins, in the order they are joined (the mount
-/// namespace last: after it, host paths are gone).
-const NAMESPACES: [(&str, CloneFlags); 6] = [
-    ("ipc", CloneFlags::CLONE_NEWIPC),
-    ("uts", CloneFlags::CLONE_NEWUTS),
-    ("net", CloneFlags::CLONE_NEWNET),
-    ("cgroup", CloneFlags::CLONE_NEWCGROUP),
-    ("pid", CloneFlags::CLONE_NEWPID),
-    ("mnt", CloneFlags::CLONE_NEWNS),
-];
+/// The sandbox's namespaces the command joins (its user namespace is the host's: the command
+/// gets its own, as the agent did).
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS)
+    .union(CloneFlags::CLONE_NEWCGROUP);
 
 fn reply(control: &mut UnixStream, outcome: &EnterOutcome) {
     if let Ok(mut line) = serde_json::to_vec(outcome) {
@@ -66,33 +65,18 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     let request: EnterRequest =
         serde_json::from_str(&line).map_err(|e| format!("invalid request: {e}"))?;
     let seccomp = crate::confine::SeccompPrograms::compile().map_err(|e| e.to_string())?;
-    // The outer shim's only child is the sandbox's pid 1.
-    let children =
-        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", request.shim_pid))
-            .map_err(|e| format!("finding the sandbox's pid 1: {e}"))?;
-    let pid_one: u32 = children
-        .split_whitespace()
-        .next()
-        .and_then(|pid| pid.parse().ok())
-        .ok_or("the sandbox has no pid 1 (it is ending)")?;
     // Host /proc, held across the mount namespace change: the command's host pid (what fork
     // returns here) is how its id map is written.
     let host_proc = crate::open_proc()?;
-    let namespaces: Vec<(OwnedFd, CloneFlags, &str)> = NAMESPACES
-        .iter()
-        .map(|&(name, flag)| {
-            nix::fcntl::open(
-                format!("/proc/{pid_one}/ns/{name}").as_str(),
-                nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_CLOEXEC,
-                nix::sys::stat::Mode::empty(),
-            )
-            .map(|fd| (fd, flag, name))
-            .map_err(|e| format!("opening the sandbox's {name} namespace: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    for (fd, flag, name) in &namespaces {
-        setns(fd, *flag).map_err(|e| format!("joining the sandbox's {name} namespace: {e}"))?;
-    }
+    // SAFETY: the supervisor placed a pidfd of the sandbox's pid 1 on PID_ONE_FD; we take
+    // ownership of it exactly once, here.
+    #[allow(unsafe_code)]
+    let pid_one = unsafe { OwnedFd::from_raw_fd(PID_ONE_FD) };
+    // All of pid 1's namespaces but its user namespace (the host's) at once, through the
+    // pidfd the supervisor pinned when the sandbox started: never a pid looked up again. If
+    // pid 1 has exited this fails, and nothing runs.
+    setns(&pid_one, NAMESPACES).map_err(|e| format!("joining the sandbox's namespaces: {e}"))?;
+    drop(pid_one);
     let cpu_seconds = request.timeout_ms.div_ceil(1000).max(1);
     // Inherited by the command; the helper itself only waits.
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)

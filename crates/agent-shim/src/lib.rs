@@ -175,6 +175,11 @@ fn pid_one(
     if let Err(e) = setup::finish_root(&base, &plan) {
         fail(&mut control, e.to_string());
     }
+    // The executables' interpreters, resolved once, now, before the agent exists: a command
+    // the gateway runs in this sandbox later gets this very list.
+    let mut plan = plan;
+    plan.landlock.execute = confine::with_interpreters(&plan.landlock.execute);
+    plan.landlock.execute_resolved = true;
     let plan = &plan;
     // This namespace's /proc: the agent's pid as fork returns it is the one it has here.
     let proc_dir = match open_proc() {
@@ -190,6 +195,7 @@ fn pid_one(
         &FromShim::Started {
             agent_pid: agent.as_raw(),
             landlock_abi,
+            execute: plan.landlock.execute.clone(),
         },
     );
     let exit = supervise(agent, &control, &signals);

@@ -26,6 +26,11 @@ pub struct LandlockPlan {
     pub write: Vec<PathBuf>,
     /// Execute these files (and the dynamic loader they need).
     pub execute: Vec<PathBuf>,
+    /// Whether `execute` already holds the interpreters too, as resolved by pid 1 when the
+    /// sandbox started (a command the gateway runs later uses that list: what the agent has
+    /// changed since must not add to it).
+    #[serde(default)]
+    pub execute_resolved: bool,
 }
 
 /// What runs as the agent.

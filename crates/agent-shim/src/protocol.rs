@@ -8,6 +8,8 @@ use crate::plan::{SandboxBase, SandboxPlan};
 
 /// The fd number the control socket has in the shim.
 pub const CONTROL_FD: i32 = 3;
+/// The fd number of the pidfd of the sandbox's pid 1 in `tollgate-shim enter`.
+pub const PID_ONE_FD: i32 = 4;
 
 /// Supervisor to shim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,6 +41,10 @@ pub enum FromShim {
         agent_pid: i32,
         /// The Landlock ABI version enforced.
         landlock_abi: u32,
+        /// The executables Landlock allows, interpreters included, as resolved when the
+        /// sandbox started (paths inside the sandbox).
+        #[serde(default)]
+        execute: Vec<std::path::PathBuf>,
     },
     /// The sandbox could not be built or the agent could not start.
     Failed {
@@ -53,9 +59,8 @@ pub enum FromShim {
 /// from the supervisor's gateway).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EnterRequest {
-    /// Host pid of the sandbox's outer shim (its only child is the sandbox's pid 1).
-    pub shim_pid: u32,
-    /// The sandbox's plan with `agent` set to the command to run (argv, environment, cwd).
+    /// The sandbox's plan with `agent` set to the command to run (argv, environment, cwd)
+    /// and `landlock.execute` as resolved when the sandbox started.
     pub plan: SandboxPlan,
     /// Wall-clock limit; also the CPU-time limit, rounded up to whole seconds.
     pub timeout_ms: u64,

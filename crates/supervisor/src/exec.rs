@@ -11,7 +11,7 @@
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
@@ -55,16 +55,27 @@ impl Default for ExecLimits {
 pub struct ExecSandbox {
     /// The `tollgate-shim` binary.
     pub shim: PathBuf,
-    /// Host pid of the sandbox's outer shim.
-    pub shim_pid: u32,
     /// The sandbox's plan (its Landlock rules, ids and the agent's environment and cwd).
     pub plan: SandboxPlan,
+    /// What the started sandbox pinned; set once its agent runs.
+    pub started: OnceLock<PinnedSandbox>,
     /// The run cgroup's `cgroup.procs` files, one per hierarchy.
     pub cgroup_procs: Vec<PathBuf>,
     /// The limits.
     pub limits: ExecLimits,
     /// Commands running now.
     pub running: AtomicUsize,
+}
+
+/// What `exec` holds of a started sandbox, taken when it started.
+#[derive(Debug)]
+pub struct PinnedSandbox {
+    /// A pidfd of the sandbox's pid 1: the helper joins its namespaces through it, never
+    /// through a pid looked up again (a recycled pid could be anyone's).
+    pub pid_one: OwnedFd,
+    /// The executables Landlock allows, interpreters included, as resolved when the sandbox
+    /// started (what the agent changed since must not add to them).
+    pub execute: Vec<PathBuf>,
 }
 
 /// How one command went.
@@ -133,10 +144,19 @@ impl Drop for ExecSlot {
     }
 }
 
-/// Reads `pipe` to its end, keeping what the shared `room` allows.
-async fn capture(mut pipe: impl AsyncRead + Unpin, room: Arc<AtomicUsize>) -> (Vec<u8>, bool) {
-    let mut kept = Vec::new();
-    let mut dropped = false;
+/// What has been read from one of a command's pipes.
+#[derive(Debug, Default)]
+struct Captured {
+    kept: Vec<u8>,
+    dropped: bool,
+}
+
+/// Reads `pipe` to its end into `sink`, keeping what the shared `room` allows.
+async fn capture(
+    mut pipe: impl AsyncRead + Unpin,
+    room: Arc<AtomicUsize>,
+    sink: Arc<Mutex<Captured>>,
+) {
     let mut buffer = vec![0u8; 64 << 10];
     loop {
         let read = match pipe.read(&mut buffer).await {
@@ -148,11 +168,52 @@ async fn capture(mut pipe: impl AsyncRead + Unpin, room: Arc<AtomicUsize>) -> (V
                 Some(left - left.min(read))
             })
             .map_or(0, |left| left.min(read));
-        kept.extend_from_slice(&buffer[..take]);
+        let mut sink = sink.lock().unwrap_or_else(|p| p.into_inner());
+        sink.kept.extend_from_slice(&buffer[..take]);
         // Drained past the cap so the command never blocks on a full pipe.
-        dropped |= take < read;
+        sink.dropped |= take < read;
     }
-    (kept, dropped)
+}
+
+/// How long, once the command has ended, its pipes may stay open before what was read is
+/// returned (a process it left in a session of its own may hold them open).
+const DRAIN: Duration = Duration::from_millis(200);
+
+/// Reads a command's stdout and stderr while it runs.
+struct Output {
+    sinks: [Arc<Mutex<Captured>>; 2],
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Output {
+    fn start(child: &mut tokio::process::Child, cap: usize) -> Self {
+        let room = Arc::new(AtomicUsize::new(cap));
+        let sinks: [Arc<Mutex<Captured>>; 2] = [Arc::default(), Arc::default()];
+        let mut tasks = Vec::new();
+        if let Some(pipe) = child.stdout.take() {
+            tasks.push(tokio::spawn(capture(pipe, room.clone(), sinks[0].clone())));
+        }
+        if let Some(pipe) = child.stderr.take() {
+            tasks.push(tokio::spawn(capture(pipe, room.clone(), sinks[1].clone())));
+        }
+        Self { sinks, tasks }
+    }
+
+    /// What was read, after the pipes closed or `DRAIN` passed (then marked truncated).
+    async fn finish(self) -> (Vec<u8>, Vec<u8>, bool) {
+        let mut cut = false;
+        for task in self.tasks {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(DRAIN, task).await.is_err() {
+                abort.abort();
+                cut = true;
+            }
+        }
+        let [out, err] = self
+            .sinks
+            .map(|sink| std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner())));
+        (out.kept, err.kept, cut || out.dropped || err.dropped)
+    }
 }
 
 /// Runs `argv` in the sandbox with `stdin`, in `cwd`, for at most `timeout`.
@@ -164,7 +225,14 @@ pub async fn run(
     timeout: Duration,
 ) -> Result<ExecResult, ExecError> {
     let started = Instant::now();
+    let Some(pinned) = sandbox.started.get() else {
+        return Err(ExecError::NotStarted(
+            "the sandbox has not started yet".into(),
+        ));
+    };
     let mut plan = sandbox.plan.clone();
+    plan.landlock.execute.clone_from(&pinned.execute);
+    plan.landlock.execute_resolved = true;
     plan.agent = AgentCommand {
         argv,
         // The agent's environment, filtered as the agent's was.
@@ -172,7 +240,6 @@ pub async fn run(
         cwd,
     };
     let request = EnterRequest {
-        shim_pid: sandbox.shim_pid,
         plan,
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
     };
@@ -199,6 +266,7 @@ pub async fn run(
         &mut command,
         procs.iter().map(|fd| fd.as_raw_fd()).collect(),
         theirs.as_raw_fd(),
+        Some(pinned.pid_one.as_raw_fd()),
     );
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
@@ -209,63 +277,38 @@ pub async fn run(
     line.push(b'\n');
     ours.set_nonblocking(true).map_err(ExecError::Helper)?;
     let mut control = tokio::net::UnixStream::from_std(ours).map_err(ExecError::Helper)?;
-    let room = Arc::new(AtomicUsize::new(sandbox.limits.output_cap));
-    let stdout = child.stdout.take().map(|p| capture(p, room.clone()));
-    let stderr = child.stderr.take().map(|p| capture(p, room.clone()));
-    let mut stdin_pipe = child.stdin.take();
-    let work = async {
-        control.write_all(&line).await.map_err(ExecError::Helper)?;
-        let feed = async {
-            if let Some(mut pipe) = stdin_pipe.take() {
-                // A command that does not read its stdin closes the pipe: not an error.
-                let _ = pipe.write_all(&stdin).await;
-            }
-        };
-        let outcome = async {
-            let mut reply = String::new();
-            tokio::io::BufReader::new(&mut control)
-                .read_line(&mut reply)
-                .await
-                .map_err(ExecError::Helper)?;
-            Ok::<_, ExecError>(reply)
-        };
-        let empty = async { (Vec::new(), false) };
-        let (reply, (), (out, out_cut), (err, err_cut)) = tokio::join!(
-            outcome,
-            feed,
-            async {
-                match stdout {
-                    Some(capture) => capture.await,
-                    None => empty.await,
-                }
-            },
-            async {
-                match stderr {
-                    Some(capture) => capture.await,
-                    None => (Vec::new(), false),
-                }
-            },
-        );
-        Ok::<_, ExecError>((reply?, out, err, out_cut || err_cut))
+    let output = Output::start(&mut child, sandbox.limits.output_cap);
+    if let Some(mut pipe) = child.stdin.take() {
+        tokio::spawn(async move {
+            // A command that does not read its stdin closes the pipe: not an error.
+            let _ = pipe.write_all(&stdin).await;
+        });
+    }
+    let reply = async {
+        control.write_all(&line).await?;
+        let mut reply = String::new();
+        tokio::io::BufReader::new(&mut control)
+            .read_line(&mut reply)
+            .await?;
+        Ok::<_, std::io::Error>(reply)
     };
-    let (reply, stdout, stderr, truncated) = match tokio::time::timeout(timeout + GRACE, work).await
-    {
-        Ok(Ok(done)) => done,
+    let reply = match tokio::time::timeout(timeout + GRACE, reply).await {
+        Ok(Ok(reply)) => reply,
         Ok(Err(e)) => {
             // The helper's own status says more than a broken socket.
-            let status = child.wait().await;
-            return Err(ExecError::NotStarted(format!(
-                "{e} (the helper {})",
-                status.map_or_else(|e| e.to_string(), |s| s.to_string())
-            )));
+            let status = bounded_wait(&mut child).await;
+            drop(output.finish().await);
+            return Err(ExecError::NotStarted(format!("{e} (the helper {status})")));
         }
         Err(_) => {
             let _ = child.start_kill();
-            let _ = child.wait().await;
+            let _ = bounded_wait(&mut child).await;
+            drop(output.finish().await);
             return Err(ExecError::Unresponsive);
         }
     };
-    let status = child.wait().await;
+    let (stdout, stderr, truncated) = output.finish().await;
+    let status = bounded_wait(&mut child).await;
     match serde_json::from_str::<EnterOutcome>(&reply) {
         Ok(EnterOutcome::Ended { exit, timed_out }) => Ok(ExecResult {
             exit,
@@ -277,10 +320,22 @@ pub async fn run(
         }),
         Ok(EnterOutcome::Failed { reason }) => Err(ExecError::NotStarted(reason)),
         Err(_) if reply.is_empty() => Err(ExecError::NotStarted(format!(
-            "the helper ended without a report ({}; the sandbox may be ending)",
-            status.map_or_else(|e| e.to_string(), |s| s.to_string())
+            "the helper ended without a report ({status}; the sandbox may be ending)"
         ))),
         Err(e) => Err(ExecError::Helper(std::io::Error::other(e))),
+    }
+}
+
+/// The helper's exit status, waiting at most a second (then it is killed).
+async fn bounded_wait(child: &mut tokio::process::Child) -> String {
+    match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
+        Ok(Ok(status)) => status.to_string(),
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            "did not exit and was killed".into()
+        }
     }
 }
 
@@ -294,10 +349,15 @@ mod tests {
             .build()
             .unwrap();
         let room = Arc::new(AtomicUsize::new(10));
-        let (out, out_cut) = runtime.block_on(capture(&b"0123456"[..], room.clone()));
-        let (err, err_cut) = runtime.block_on(capture(&[b'e'; 200_000][..], room.clone()));
-        assert_eq!((out.as_slice(), out_cut), (&b"0123456"[..], false));
-        assert_eq!((err.as_slice(), err_cut), (&b"eee"[..], true));
+        let (out, err) = (
+            Arc::<Mutex<Captured>>::default(),
+            Arc::<Mutex<Captured>>::default(),
+        );
+        runtime.block_on(capture(&b"0123456"[..], room.clone(), out.clone()));
+        runtime.block_on(capture(&[b'e'; 200_000][..], room.clone(), err.clone()));
+        let (out, err) = (out.lock().unwrap(), err.lock().unwrap());
+        assert_eq!((out.kept.as_slice(), out.dropped), (&b"0123456"[..], false));
+        assert_eq!((err.kept.as_slice(), err.dropped), (&b"eee"[..], true));
         assert_eq!(room.load(Ordering::SeqCst), 0);
     }
 
@@ -305,7 +365,7 @@ mod tests {
     fn timeouts_default_to_and_stop_at_the_maximum() {
         let sandbox = ExecSandbox {
             shim: PathBuf::new(),
-            shim_pid: 0,
+            started: OnceLock::new(),
             plan: serde_json::from_value(serde_json::json!({
                 "run_id": "r", "workspace": "/w", "tmpfs_bytes": 0, "binds": [],
                 "landlock": {"read": [], "write": [], "execute": []},

@@ -40,7 +40,7 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
 use crate::beneath::{self, GrantRoot, Ownership, ParentDir};
-use crate::exec::ExecSandbox;
+use crate::exec::{ExecError, ExecSandbox};
 use crate::runs::COMPONENT;
 use crate::snapshot::{SnapshotError, SnapshotManifest, SnapshotStore};
 
@@ -118,6 +118,8 @@ impl std::fmt::Debug for RunGateway {
 struct Refusal {
     status: Status,
     reason: String,
+    /// The call was allowed and went wrong while it ran (recorded as allowed, with why).
+    ran: bool,
 }
 
 impl Refusal {
@@ -125,6 +127,7 @@ impl Refusal {
         Self {
             status: Status::permission_denied(format!("receipt {run_id}: {reason}")),
             reason,
+            ran: false,
         }
     }
 
@@ -132,6 +135,7 @@ impl Refusal {
         Self {
             status: status(reason.clone()),
             reason,
+            ran: false,
         }
     }
 }
@@ -270,10 +274,7 @@ impl RunGateway {
                 )
             }
             Errno::ENOENT => {
-                return Refusal {
-                    status: Status::not_found("no such file or directory"),
-                    reason: "no such file or directory".into(),
-                }
+                return Refusal::with(Status::not_found, "no such file or directory".into())
             }
             other => format!("cannot open it: {other}"),
         };
@@ -281,7 +282,7 @@ impl RunGateway {
     }
 
     /// The checks every call passes before its tool runs.
-    fn admit(&self, tool: &str) -> Result<(), Refusal> {
+    fn admit(&self, tool: &str) -> Result<u64, Refusal> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Refusal::denied(&self.run_id, "the run is ending".into()));
         }
@@ -310,7 +311,13 @@ impl RunGateway {
                 format!("{tool} needs an fs grant and the receipt has none"),
             ));
         }
-        let made = self.calls.fetch_add(1, Ordering::SeqCst);
+        // Every call counts, refused or not; whether the budget allows this one is checked
+        // last, once its target is known to be in scope (`charge`).
+        Ok(self.calls.fetch_add(1, Ordering::SeqCst))
+    }
+
+    /// The last check before a tool acts: the budget left for the call numbered `made`.
+    fn charge(&self, made: u64) -> Result<(), Refusal> {
         if made >= self.max_calls {
             return Err(Refusal::denied(
                 &self.run_id,
@@ -320,10 +327,11 @@ impl RunGateway {
         Ok(())
     }
 
-    fn read(&self, request: &pb::FsReadRequest) -> Result<ToolResult, Refusal> {
+    fn read(&self, made: u64, request: &pb::FsReadRequest) -> Result<ToolResult, Refusal> {
         let target = self
             .target(&request.path, "read")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
+        self.charge(made)?;
         let path_fd = self.open(&target, OFlag::O_PATH)?;
         let stat = fstat(&path_fd).map_err(|e| self.errno_refusal(&target.grant.path, e))?;
         if kind_of(&stat) != pb::FileKind::File {
@@ -359,10 +367,11 @@ impl RunGateway {
         Ok(ToolResult::FsRead(pb::FsReadResponse { data, size, eof }))
     }
 
-    fn list(&self, request: &pb::FsListRequest) -> Result<ToolResult, Refusal> {
+    fn list(&self, made: u64, request: &pb::FsListRequest) -> Result<ToolResult, Refusal> {
         let target = self
             .target(&request.path, "read")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
+        self.charge(made)?;
         // O_DIRECTORY fails on anything else before a FIFO or device could be opened.
         let fd = self.open(&target, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
         let mut dir =
@@ -399,10 +408,11 @@ impl RunGateway {
         }))
     }
 
-    fn stat(&self, request: &pb::FsStatRequest) -> Result<ToolResult, Refusal> {
+    fn stat(&self, made: u64, request: &pb::FsStatRequest) -> Result<ToolResult, Refusal> {
         let target = self
             .target(&request.path, "read")
             .map_err(|reason| Refusal::denied(&self.run_id, reason))?;
+        self.charge(made)?;
         let fd = self.open(&target, OFlag::O_PATH)?;
         let stat = fstat(&fd).map_err(|e| self.errno_refusal(&target.grant.path, e))?;
         let name = Path::new(&request.path)
@@ -414,8 +424,14 @@ impl RunGateway {
         }))
     }
 
-    fn write(&self, call_id: &str, request: &pb::FsWriteRequest) -> Result<Step<'_>, Refusal> {
+    fn write(
+        &self,
+        made: u64,
+        call_id: &str,
+        request: &pb::FsWriteRequest,
+    ) -> Result<Step<'_>, Refusal> {
         let target = self.writable_target(&request.path, "fs.write")?;
+        self.charge(made)?;
         if request.data.len() > MAX_WRITE {
             return Err(Refusal::with(
                 Status::invalid_argument,
@@ -507,8 +523,14 @@ impl RunGateway {
         })))
     }
 
-    fn delete(&self, call_id: &str, request: &pb::FsDeleteRequest) -> Result<Step<'_>, Refusal> {
+    fn delete(
+        &self,
+        made: u64,
+        call_id: &str,
+        request: &pb::FsDeleteRequest,
+    ) -> Result<Step<'_>, Refusal> {
         let target = self.writable_target(&request.path, "fs.delete")?;
+        self.charge(made)?;
         let errno = |e| self.errno_refusal(&target.grant.path, e);
         if target.rest.is_empty() {
             return Err(Refusal::denied(
@@ -600,6 +622,7 @@ impl RunGateway {
     /// Checks an `exec` call and takes one of the run's command slots.
     fn exec_admit(
         &self,
+        made: u64,
         request: &pb::ExecRequest,
     ) -> Result<(Arc<ExecSandbox>, crate::exec::ExecSlot), Refusal> {
         let Some(program) = request.argv.first() else {
@@ -614,6 +637,7 @@ impl RunGateway {
                 format!("exec of {program} is not granted (missing grant: exec {program})"),
             ));
         }
+        self.charge(made)?;
         if !request.cwd.is_empty() && !is_normal_absolute(&request.cwd) {
             return Err(Refusal::with(
                 Status::invalid_argument,
@@ -652,6 +676,19 @@ impl RunGateway {
         self: &Arc<Self>,
         request: pb::ExecRequest,
     ) -> Result<pb::CallToolResponse, Status> {
+        // On its own task: a client that goes away cancels its request, never the command's
+        // time limit or its audit entry.
+        let run = self.clone();
+        tokio::spawn(async move { run.exec_to_the_end(request).await })
+            .await
+            .unwrap_or_else(|e| Err(Status::internal(format!("exec failed: {e}"))))
+    }
+
+    /// [`RunGateway::exec_call`]'s work.
+    async fn exec_to_the_end(
+        self: &Arc<Self>,
+        request: pb::ExecRequest,
+    ) -> Result<pb::CallToolResponse, Status> {
         let started = Instant::now();
         let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
         let mut meta: CallMeta = vec![
@@ -662,7 +699,9 @@ impl RunGateway {
             ("argv", request.argv.clone().into()),
             ("stdin_bytes", (request.stdin.len() as i64).into()),
         ];
-        let admitted = self.admit("exec").and_then(|()| self.exec_admit(&request));
+        let admitted = self
+            .admit("exec")
+            .and_then(|made| self.exec_admit(made, &request));
         let outcome = match admitted {
             Err(refusal) => Err(refusal),
             Ok((sandbox, slot)) => {
@@ -698,7 +737,15 @@ impl RunGateway {
                                 .unwrap_or(u64::MAX),
                         }))
                     }
-                    Err(e) => Err(Refusal::with(Status::failed_precondition, e.to_string())),
+                    // Never started: nothing ran. Otherwise it may have run: allowed, and why
+                    // it has no result.
+                    Err(e @ ExecError::NotStarted(_)) => {
+                        Err(Refusal::with(Status::failed_precondition, e.to_string()))
+                    }
+                    Err(e) => Err(Refusal {
+                        ran: true,
+                        ..Refusal::with(Status::internal, e.to_string())
+                    }),
                 }
             }
         };
@@ -739,12 +786,12 @@ impl RunGateway {
                     .into(),
             ));
         }
-        let outcome = self.admit(name).and_then(|()| match &tool {
-            Some(Tool::FsRead(request)) => self.read(request).map(Step::Done),
-            Some(Tool::FsList(request)) => self.list(request).map(Step::Done),
-            Some(Tool::FsStat(request)) => self.stat(request).map(Step::Done),
-            Some(Tool::FsWrite(request)) => self.write(&call_id, request),
-            Some(Tool::FsDelete(request)) => self.delete(&call_id, request),
+        let outcome = self.admit(name).and_then(|made| match &tool {
+            Some(Tool::FsRead(request)) => self.read(made, request).map(Step::Done),
+            Some(Tool::FsList(request)) => self.list(made, request).map(Step::Done),
+            Some(Tool::FsStat(request)) => self.stat(made, request).map(Step::Done),
+            Some(Tool::FsWrite(request)) => self.write(made, &call_id, request),
+            Some(Tool::FsDelete(request)) => self.delete(made, &call_id, request),
             Some(Tool::Exec(_)) => Err(Refusal::with(
                 Status::internal,
                 "exec is served asynchronously".into(),
@@ -827,10 +874,12 @@ impl RunGateway {
                 applied
             }
             Err(refusal) => {
-                record(
-                    draft(Decision::Deny, Some(&refusal.reason), started),
-                    durable,
-                )?;
+                let decision = if refusal.ran {
+                    Decision::Allow
+                } else {
+                    Decision::Deny
+                };
+                record(draft(decision, Some(&refusal.reason), started), durable)?;
                 Err(refusal)
             }
         };

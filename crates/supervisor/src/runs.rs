@@ -22,7 +22,7 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
-use crate::exec::{ExecLimits, ExecSandbox};
+use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
 use crate::gateway::{self, FsGrant, GatewayHandle, RunGateway};
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
 use crate::sandbox::{
@@ -611,7 +611,6 @@ impl RunManager {
         receipt: &tollgate_proto::v1::Receipt,
         dirs: &RunDirs,
         plan: &SandboxPlan,
-        shim_pid: u32,
         live: &LiveRun,
     ) -> Result<PathBuf, StartError> {
         let host_id = plan.host_id;
@@ -652,11 +651,11 @@ impl RunManager {
             snapshots: SnapshotStore::new(&self.settings.data_dir),
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
-                shim_pid,
                 plan: plan.clone(),
                 cgroup_procs: live.cgroup.procs_files(),
                 limits: ExecLimits::default(),
                 running: AtomicUsize::new(0),
+                started: OnceLock::new(),
             })),
         });
         let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
@@ -696,7 +695,7 @@ impl RunManager {
             }
         };
         let mut plan = plan;
-        match self.serve_gateway(receipt, dirs, &plan, shim.pid(), live) {
+        match self.serve_gateway(receipt, dirs, &plan, live) {
             Ok(socket) => plan.gateway_socket = Some(socket),
             Err(e) => {
                 shim.discard();
@@ -708,8 +707,29 @@ impl RunManager {
             return Err(e.into());
         }
         let (process, started, output) = SandboxProcess::start(shim, &plan)?;
-        if let FromShim::Started { landlock_abi, .. } = started {
+        if let FromShim::Started {
+            landlock_abi,
+            execute,
+            ..
+        } = started
+        {
             let _ = live.landlock_abi.set(landlock_abi);
+            // Pinned for the gateway's exec; without it, exec is refused (the run goes on).
+            let exec = live
+                .gateway
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(|(run, _)| run.exec.clone());
+            match (exec, process.pin_pid_one()) {
+                (Some(exec), Ok(pid_one)) => {
+                    let _ = exec.started.set(PinnedSandbox { pid_one, execute });
+                }
+                (_, Err(e)) => {
+                    tracing::warn!(run_id = %plan.run_id, error = %e, "could not pin the sandbox's pid 1; exec is unavailable");
+                }
+                (None, Ok(_)) => {}
+            }
         }
         Ok((process, output))
     }

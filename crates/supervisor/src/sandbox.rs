@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use tollgate_agent_shim::plan::{
     AgentCommand, Bind, LandlockPlan, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
 };
-use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD};
+use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD};
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
 
@@ -281,6 +281,7 @@ pub fn plan_for(
                 .map(PathBuf::from)
                 .chain([PathBuf::from(SHIM_IN_SANDBOX)])
                 .collect(),
+            execute_resolved: false,
         },
         agent: AgentCommand {
             argv,
@@ -331,15 +332,16 @@ fn decimal(mut value: u32, buffer: &mut [u8; 10]) -> &[u8] {
 
 /// Makes `command`'s child join a cgroup (writing its pid to each of `procs_fds`, opened
 /// before the fork) between fork and exec, so nothing of it ever runs outside the cgroup, and
-/// gives it `control_fd` as fd 3.
+/// gives it `control_fd` as fd 3 and `extra_fd`, if any, as fd 4.
 pub(crate) fn in_cgroup_with_control(
     command: &mut Command,
     procs_fds: Vec<RawFd>,
     control_fd: RawFd,
+    extra_fd: Option<RawFd>,
 ) {
     #[allow(unsafe_code)]
     // SAFETY: the closure runs between fork and exec in the child and only makes
-    // async-signal-safe system calls (getpid, write, dup2, fcntl) on descriptors opened
+    // async-signal-safe system calls (getpid, write, fcntl, dup2) on descriptors opened
     // before the fork, with no allocation: `decimal` writes into a stack buffer.
     unsafe {
         command.pre_exec(move || {
@@ -350,12 +352,22 @@ pub(crate) fn in_cgroup_with_control(
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if control_fd == CONTROL_FD {
-                if libc::fcntl(CONTROL_FD, libc::F_SETFD, 0) < 0 {
+            // Moved above the target numbers first, so placing one cannot overwrite the
+            // other (the copies close on exec).
+            let mut moved = [-1; 2];
+            for (slot, fd) in moved.iter_mut().zip([Some(control_fd), extra_fd]) {
+                if let Some(fd) = fd {
+                    *slot = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
+                    if *slot < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+            }
+            for (target, fd) in [CONTROL_FD, PID_ONE_FD].into_iter().zip(moved) {
+                // dup2 clears close-on-exec on the new number.
+                if fd >= 0 && libc::dup2(fd, target) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-            } else if libc::dup2(control_fd, CONTROL_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });
@@ -395,7 +407,7 @@ impl IdleShim {
             .stdout(out_write)
             .stderr(err_write)
             .env_clear();
-        in_cgroup_with_control(&mut command, procs_fds, control_fd);
+        in_cgroup_with_control(&mut command, procs_fds, control_fd, None);
         let child = command.spawn().map_err(|source| SandboxError::Spawn {
             shim: shim.to_owned(),
             source,
@@ -524,6 +536,38 @@ impl SandboxProcess {
     /// The shim's host pid.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// A pidfd of the sandbox's pid 1 (the shim's only child). The shim is this process's
+    /// child and not yet reaped, so its pid is its own; a pid 1 that already ended, with its
+    /// number taken by another process, is recognised by that process's parent.
+    pub fn pin_pid_one(&self) -> std::io::Result<OwnedFd> {
+        let shim = self.child.id();
+        let children = fs::read_to_string(format!("/proc/{shim}/task/{shim}/children"))?;
+        let pid: i32 = children
+            .split_whitespace()
+            .next()
+            .and_then(|pid| pid.parse().ok())
+            .ok_or_else(|| std::io::Error::other("the sandbox has no pid 1"))?;
+        #[allow(unsafe_code)]
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no
+        // memory of this process is involved.
+        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if raw < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        #[allow(unsafe_code)]
+        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as RawFd) };
+        let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let parent = status
+            .lines()
+            .find_map(|line| line.strip_prefix("PPid:"))
+            .and_then(|ppid| ppid.trim().parse::<u32>().ok());
+        if parent != Some(shim) {
+            return Err(std::io::Error::other("the sandbox's pid 1 has ended"));
+        }
+        Ok(pidfd)
     }
 
     /// The next event from the shim; `None` when it has closed the socket.

@@ -591,6 +591,42 @@ fn a_directory_swapped_for_a_symlink_between_two_calls_is_refused() {
 }
 
 #[test]
+fn exec_runs_only_what_the_sandbox_could_execute_when_it_started() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("gateway-exec-list", 201_800);
+    // /work/tool is listed but does not exist at start; the agent then makes it a link to an
+    // unlisted binary. A command the gateway runs must not gain what the agent could not.
+    let script = "/usr/bin/ln -s /usr/bin/id /work/tool; /work/tool 2>&1; echo \"agent rc=$?\"\n\
+                  tollgate-shim tool exec -- /work/tool 2>&1; echo \"exec rc=$?\"";
+    let mut receipt = fx.receipt(script, 60);
+    receipt
+        .exec
+        .extend(["/usr/bin/ln".into(), "/work/tool".into()]);
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
+    let output = fx
+        .output
+        .lock()
+        .unwrap()
+        .get(&run_id)
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(record.state, RunState::Exited, "{output}");
+    let lines: Vec<&str> = output.lines().collect();
+    assert!(lines[0].contains("Permission denied"), "{output}");
+    assert_eq!(lines[1], "agent rc=126", "{output}");
+    assert!(
+        lines[2].contains("could not start in the sandbox") && lines[2].contains("/work/tool"),
+        "{output}"
+    );
+    assert_eq!(lines[3], "exec rc=1", "{output}");
+    assert!(!output.contains("uid="), "{output}");
+    fx.assert_gone(&run_id);
+}
+
+#[test]
 fn agent_exit_records_a_report_and_leaves_nothing() {
     if !require_root() {
         return;

@@ -103,6 +103,7 @@ impl Harness {
             FromShim::Started {
                 agent_pid,
                 landlock_abi,
+                ..
             } => {
                 assert_ne!(agent_pid, 1, "the agent is never pid 1");
                 assert!(landlock_abi >= 3);
