@@ -226,7 +226,12 @@ impl SnapshotStore {
             file.sync_all()
         })
         .and_then(|()| sync_dir(&dir))
-        .map_err(|e| SnapshotError::io(format!("writing {}", json.display()), e))
+        .map_err(|e| {
+            // No manifest, no snapshot: leave no bytes behind that nothing names.
+            let _ = std::fs::remove_file(&json);
+            let _ = std::fs::remove_file(&data);
+            SnapshotError::io(format!("writing {}", json.display()), e)
+        })
     }
 
     /// The manifest of one call's snapshot.
