@@ -59,6 +59,25 @@ fn all_bytes(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .collect()
 }
 
+/// Fails if any of the cases' secrets appears in any of the files.
+fn assert_no_secret_in(files: &[(PathBuf, Vec<u8>)], cases: &[(String, Vec<String>)]) {
+    for (_, secrets) in cases {
+        for secret in secrets {
+            for (file, bytes) in files {
+                let found = bytes
+                    .windows(secret.len())
+                    .any(|window| window == secret.as_bytes());
+                assert!(
+                    !found,
+                    "a corpus secret of {} bytes is in {}",
+                    secret.len(),
+                    file.display()
+                );
+            }
+        }
+    }
+}
+
 /// The secrets of the router's corpus: from every true case made only of high-sensitivity
 /// detectors, the spans the classifier reports (the secret values themselves).
 fn corpus_secrets() -> Vec<(String, Vec<String>)> {
@@ -150,21 +169,7 @@ async fn no_corpus_secret_reaches_the_authoritys_log() {
 
     let log = data.join("audit");
     let files = all_bytes(&log);
-    for (_, secrets) in &cases {
-        for secret in secrets {
-            for (file, bytes) in &files {
-                let found = bytes
-                    .windows(secret.len())
-                    .any(|window| window == secret.as_bytes());
-                assert!(
-                    !found,
-                    "a corpus secret of {} bytes is in {}",
-                    secret.len(),
-                    file.display()
-                );
-            }
-        }
-    }
+    assert_no_secret_in(&files, &cases);
     let verified = tollgate(&["audit", "verify", log.to_str().unwrap()]);
     assert!(verified.status.success(), "{}", text(&verified));
     // Redaction happened (and is visible as such), on refusals and revocations alike.
@@ -270,21 +275,7 @@ async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
             files.push((stderr, bytes));
         }
     }
-    for (_, secrets) in &cases {
-        for secret in secrets {
-            for (file, bytes) in &files {
-                let found = bytes
-                    .windows(secret.len())
-                    .any(|window| window == secret.as_bytes());
-                assert!(
-                    !found,
-                    "a corpus secret of {} bytes is in {}",
-                    secret.len(),
-                    file.display()
-                );
-            }
-        }
-    }
+    assert_no_secret_in(&files, &cases);
     // The calls were made and recorded, redacted.
     let log = supervisor_data.join("audit");
     let calls = tollgate(&["calls", &run_id, log.to_str().unwrap(), "--json"]);

@@ -40,6 +40,16 @@ fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
 }
 
 impl Fixture {
+    /// Everything `run_id` has written so far.
+    fn output_of(&self, run_id: &str) -> String {
+        self.output
+            .lock()
+            .unwrap()
+            .get(run_id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     fn new(test: &str, base: u32) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("supervisor");
@@ -300,12 +310,7 @@ fn a_warm_sandbox_binds_the_host_as_it_is_when_the_run_starts() {
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
     assert_eq!(
-        fx.output
-            .lock()
-            .unwrap()
-            .get(&run_id)
-            .cloned()
-            .unwrap_or_default(),
+        fx.output_of(&run_id),
         "attached after the sandbox was prepared\n"
     );
     assert_eq!(record.report.unwrap().exit_code, Some(0));
@@ -341,13 +346,7 @@ fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
-    let output = fx
-        .output
-        .lock()
-        .unwrap()
-        .get(&run_id)
-        .cloned()
-        .unwrap_or_default();
+    let output = fx.output_of(&run_id);
     assert_eq!(record.state, RunState::Exited, "{output}");
     let lines: Vec<&str> = output.lines().collect();
     assert_eq!(lines[0], "granted bytes rc=0", "{output}");
@@ -445,13 +444,7 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
-    let output = fx
-        .output
-        .lock()
-        .unwrap()
-        .get(&run_id)
-        .cloned()
-        .unwrap_or_default();
+    let output = fx.output_of(&run_id);
     assert_eq!(record.state, RunState::Exited, "{output}");
     let lines: Vec<&str> = output.lines().collect();
     let agent_uid = lines
@@ -559,14 +552,7 @@ fn a_directory_swapped_for_a_symlink_between_two_calls_is_refused() {
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
-    let output = || {
-        fx.output
-            .lock()
-            .unwrap()
-            .get(&run_id)
-            .cloned()
-            .unwrap_or_default()
-    };
+    let output = || fx.output_of(&run_id);
     while !output().contains("first rc=") {
         assert!(Instant::now() < deadline, "{}", output());
         std::thread::sleep(Duration::from_millis(10));
@@ -606,13 +592,7 @@ fn exec_runs_only_what_the_sandbox_could_execute_when_it_started() {
         .extend(["/usr/bin/ln".into(), "/work/tool".into()]);
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
-    let output = fx
-        .output
-        .lock()
-        .unwrap()
-        .get(&run_id)
-        .cloned()
-        .unwrap_or_default();
+    let output = fx.output_of(&run_id);
     assert_eq!(record.state, RunState::Exited, "{output}");
     let lines: Vec<&str> = output.lines().collect();
     assert!(lines[0].contains("Permission denied"), "{output}");
