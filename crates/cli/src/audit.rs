@@ -333,6 +333,17 @@ fn story_line(entry: &Entry) -> String {
             meta("start_us")
         ),
         EntryKind::LimitHit => format!("{} limit hit: {reason}", meta("limit")),
+        EntryKind::ToolCall => format!(
+            "gateway call {} {}: {}{}",
+            meta("tool"),
+            meta("path"),
+            entry.decision.map_or("-", |d| d.as_str()),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        ),
         EntryKind::Teardown => format!(
             "torn down: {} — {reason} (exit code {}, signal {}, {} ms, peak memory {} bytes, cleanup errors {})",
             meta("state"),

@@ -28,6 +28,8 @@ echo "draft summary" > /work/summary.txt && echo "agent: wrote /work/summary.txt
 if cat /etc/shadow >/dev/null 2>&1; then echo "agent: read /etc/shadow (unexpected!)"; else echo "agent: refused: reading /etc/shadow"; fi
 if { echo x > /project/README.txt; } 2>/dev/null; then echo "agent: wrote the project (unexpected!)"; else echo "agent: refused: writing /project (the grant is read-only)"; fi
 if ls /root >/dev/null 2>&1; then echo "agent: saw /root (unexpected!)"; else echo "agent: refused: /root is not in the sandbox"; fi
+printf 'notes from the agent\n' | tollgate-shim tool write "$NOTES/agent-notes.txt" --create && echo "agent: wrote agent-notes.txt through the gateway (checked, audited, snapshotted)"
+if tollgate-shim tool read /etc/hostname >/dev/null 2>&1; then echo "agent: read /etc/hostname through the gateway (unexpected!)"; else echo "agent: refused by the gateway: /etc/hostname is outside every grant"; fi
 exit 0"#;
 
 /// Finds a sibling binary of this executable, else one on PATH.
@@ -316,19 +318,31 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
     std::fs::create_dir_all(&project)
         .and_then(|()| std::fs::write(project.join("README.txt"), "hello from the host\n"))
         .map_err(|e| CliError::Other(format!("cannot write the sample project: {e}")))?;
+    // Written only through the gateway: not mounted in the sandbox.
+    let notes = dir.join("notes");
+    std::fs::create_dir_all(&notes)
+        .map_err(|e| CliError::Other(format!("cannot create the notes directory: {e}")))?;
     let request = pb::MintReceiptRequest {
         subject: "quickstart-agent".into(),
         ttl_seconds: 120,
         audience: vec!["workstation".into()],
         agent: Some(pb::AgentSpec {
             argv: vec!["/bin/sh".into(), "-c".into(), SAMPLE_AGENT.into()],
+            env: [("NOTES".to_owned(), notes.display().to_string())].into(),
             ..Default::default()
         }),
-        fs: vec![pb::FsGrant {
-            path: project.display().to_string(),
-            access: pb::FsAccess::Read as i32,
-            mount: "/project".into(),
-        }],
+        fs: vec![
+            pb::FsGrant {
+                path: project.display().to_string(),
+                access: pb::FsAccess::Read as i32,
+                mount: "/project".into(),
+            },
+            pb::FsGrant {
+                path: notes.display().to_string(),
+                access: pb::FsAccess::Write as i32,
+                mount: String::new(),
+            },
+        ],
         exec: ["/bin/sh", "/usr/bin/id", "/usr/bin/cat", "/usr/bin/ls"]
             .map(String::from)
             .to_vec(),
@@ -339,8 +353,9 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         .await?
         .into_inner();
     println!(
-        "   grants: read {} at /project; exec sh, id, cat, ls; nothing else",
-        project.display()
+        "   grants: read {} at /project; write {} through the gateway only; exec sh, id, cat, ls;\n   nothing else",
+        project.display(),
+        notes.display()
     );
     let supervisor_token = read_token(&supervisor_dir.join("admin.token"))?;
     let mut runs = connect_supervisor(&supervisor_addr).await?;
