@@ -2,8 +2,10 @@
 //!
 //! Every route decision starts from the receipt-side rule in [`check_route`]: a route must be
 //! granted by the receipt, and the text's sensitivity must not exceed that grant's
-//! `max_sensitivity`. The text's sensitivity comes from the [`Classifier`]; the HTTP routes
-//! arrive with later parts of the router issue.
+//! `max_sensitivity`. The text's sensitivity comes from the [`Classifier`]. [`config`] reads
+//! the supervisor's routes file; [`decide`] picks the route for a call (a named one, or
+//! `auto`); [`sse`] reads server-sent events; [`tokens`] keeps a run's token budget. The HTTP
+//! backends arrive with later parts of the router issue.
 //!
 //! # The classifier
 //!
@@ -74,8 +76,12 @@
 pub mod bench;
 mod checks;
 mod classifier;
+pub mod config;
+pub mod decide;
 mod detectors;
 mod redact;
+pub mod sse;
+pub mod tokens;
 
 pub use classifier::{
     Classification, Classifier, ClassifierConfig, ConfigError, CustomPattern, DetectorId, Reason,

@@ -1,0 +1,645 @@
+//! The supervisor's model routes (`tollgate-supervisor --routes FILE`): where each route
+//! leads, whether it is local or cloud, which model it serves and where its key comes from.
+//! Parsing and validation are pure; [`KeySource::load`] is the only step that reads the
+//! environment or a file.
+//!
+//! ```toml
+//! [policy]
+//! force_local = false        # true: cloud routes are never used, even when granted
+//! max_tokens_default = 1024  # completion cap when a call names none
+//! max_tokens_limit = 8192    # most completion tokens one call may ask for
+//!
+//! [[route]]
+//! name = "claude"
+//! kind = "cloud"
+//! api = "anthropic"          # openai | anthropic
+//! endpoint = "https://api.anthropic.com"
+//! model = "claude-sonnet-4-5"
+//! key_secret = "file:/etc/tollgate/keys/anthropic"   # or "env:ANTHROPIC_API_KEY"
+//! max_sensitivity = "low"    # optional: the host's own cap, below any receipt's grant
+//! redact = false             # true: detected spans are replaced before the text leaves
+//!
+//! [[route]]
+//! name = "local"
+//! kind = "local"
+//! preset = "vllm"            # ollama | vllm | llamacpp | lmstudio (OpenAI-compatible)
+//! endpoint = "http://127.0.0.1:8000"                 # or "unix:/run/llama/llama.sock"
+//! model = "Qwen/Qwen2.5-7B-Instruct"
+//! ```
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use zeroize::Zeroizing;
+
+use crate::Sensitivity;
+
+/// Names no route may take: they mean "let the router choose" or "every route".
+pub const RESERVED_ROUTE_NAMES: [&str; 2] = ["auto", "*"];
+
+/// Why a routes file is unusable: one line naming the field and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoutesError {
+    /// The file is not valid TOML for this format.
+    #[error("{file}: {detail}")]
+    Parse {
+        /// The file.
+        file: String,
+        /// What the parser said.
+        detail: String,
+    },
+    /// A field's value is not allowed.
+    #[error("{file}: {field}: {detail}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Which field (`route "name".endpoint`).
+        field: String,
+        /// Why, and what would do.
+        detail: String,
+    },
+}
+
+/// Whether a route's backend runs on this host or elsewhere.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    /// On this host (loopback or a Unix socket): text sent to it stays here.
+    Local,
+    /// Elsewhere: text sent to it leaves the host.
+    Cloud,
+}
+
+/// The wire format a route speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// OpenAI Chat Completions (`POST /v1/chat/completions`).
+    Openai,
+    /// Anthropic Messages (`POST /v1/messages`).
+    Anthropic,
+}
+
+/// A known local server: how to probe its health and count tokens. All speak [`Api::Openai`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Preset {
+    /// Ollama (`GET /api/tags`; no tokenizer endpoint).
+    Ollama,
+    /// vLLM (`GET /health`, `POST /tokenize`).
+    Vllm,
+    /// llama.cpp server (`GET /health`, `POST /tokenize`).
+    Llamacpp,
+    /// LM Studio (`GET /v1/models`; no tokenizer endpoint).
+    Lmstudio,
+}
+
+/// Where a route's backend is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// An origin (`scheme://host[:port]`), paths are appended.
+    Http {
+        /// Whether TLS is used.
+        tls: bool,
+        /// Host (an IP literal for local routes).
+        host: String,
+        /// Port.
+        port: u16,
+    },
+    /// A Unix socket on this host.
+    Unix(PathBuf),
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Http { tls, host, port } => {
+                let scheme = if *tls { "https" } else { "http" };
+                if host.contains(':') {
+                    write!(f, "{scheme}://[{host}]:{port}")
+                } else {
+                    write!(f, "{scheme}://{host}:{port}")
+                }
+            }
+            Self::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+impl Endpoint {
+    /// Whether the endpoint is on this host: a Unix socket or a loopback IP literal.
+    pub fn is_loopback(&self) -> bool {
+        match self {
+            Self::Unix(_) => true,
+            Self::Http { host, .. } => host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback()),
+        }
+    }
+}
+
+/// Where a route's key comes from; the value itself is read only by [`KeySource::load`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// The supervisor's environment variable of this name.
+    Env(String),
+    /// This file (root-owned, no group or other permissions).
+    File(PathBuf),
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Env(name) => write!(f, "env:{name}"),
+            Self::File(path) => write!(f, "file:{}", path.display()),
+        }
+    }
+}
+
+/// A route's key. Never printed: `Debug` shows `[secret]`. Zeroed when dropped.
+#[derive(Clone)]
+pub struct Secret(Zeroizing<String>);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[secret]")
+    }
+}
+
+impl Secret {
+    /// The key, for the request header that carries it (and for scrubbing it from backend
+    /// errors). Never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl KeySource {
+    /// Reads the key. A file must be a regular file owned by root with no group or other
+    /// permissions; an empty key is refused.
+    pub fn load(&self) -> Result<Secret, String> {
+        let value = match self {
+            Self::Env(name) => std::env::var(name)
+                .map_err(|_| format!("environment variable {name} is not set (or not UTF-8)"))?,
+            Self::File(path) => {
+                use std::os::unix::fs::MetadataExt as _;
+                let meta = std::fs::symlink_metadata(path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                if !meta.is_file() {
+                    return Err(format!("{} is not a regular file", path.display()));
+                }
+                if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
+                    return Err(format!(
+                        "{} must be owned by root with mode 0600 or stricter (chown root {0}; chmod 600 {0})",
+                        path.display()
+                    ));
+                }
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+            }
+        };
+        let trimmed = value.trim_end();
+        if trimmed.is_empty() {
+            return Err(format!("{self} is empty"));
+        }
+        Ok(Secret(Zeroizing::new(trimmed.to_owned())))
+    }
+}
+
+/// One route, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Its name, as receipts grant it.
+    pub name: String,
+    /// Local or cloud.
+    pub kind: RouteKind,
+    /// The wire format.
+    pub api: Api,
+    /// The local server it is, if a known one.
+    pub preset: Option<Preset>,
+    /// Where the backend is.
+    pub endpoint: Endpoint,
+    /// The model asked for.
+    pub model: String,
+    /// Where its key comes from (cloud routes always have one).
+    pub key: Option<KeySource>,
+    /// The host's own ceiling for this route, applied below any receipt's grant.
+    pub max_sensitivity: Option<Sensitivity>,
+    /// Whether detected spans are replaced before the text is sent.
+    pub redact: bool,
+}
+
+/// Limits every model call is held to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// Cloud routes are never used, even when granted.
+    pub force_local: bool,
+    /// Completion tokens asked for when a call names none.
+    pub max_tokens_default: u32,
+    /// Most completion tokens one call may ask for.
+    pub max_tokens_limit: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            force_local: false,
+            max_tokens_default: 1024,
+            max_tokens_limit: 8192,
+        }
+    }
+}
+
+/// A validated routes file.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Routes {
+    /// The policy.
+    pub policy: Policy,
+    /// The routes, in the file's order (earlier ranks higher within a kind for `auto`).
+    pub routes: Vec<Route>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    policy: RawPolicy,
+    #[serde(default)]
+    route: Vec<RawRoute>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    force_local: Option<bool>,
+    max_tokens_default: Option<u32>,
+    max_tokens_limit: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRoute {
+    name: String,
+    kind: RouteKind,
+    api: Option<Api>,
+    preset: Option<Preset>,
+    endpoint: String,
+    model: String,
+    key_secret: Option<String>,
+    max_sensitivity: Option<String>,
+    #[serde(default)]
+    redact: bool,
+}
+
+fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
+    if let Some(path) = text.strip_prefix("unix:") {
+        let path = Path::new(path);
+        if !path.is_absolute() {
+            return Err(format!(
+                "{text:?}: a Unix socket path must be absolute (unix:/run/x.sock)"
+            ));
+        }
+        return Ok(Endpoint::Unix(path.to_owned()));
+    }
+    let (tls, rest) = if let Some(rest) = text.strip_prefix("https://") {
+        (true, rest)
+    } else if let Some(rest) = text.strip_prefix("http://") {
+        (false, rest)
+    } else {
+        return Err(format!(
+            "{text:?}: use http://HOST:PORT, https://HOST[:PORT] or unix:/ABS/PATH"
+        ));
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('/') || rest.contains('?') || rest.contains('@') {
+        return Err(format!(
+            "{text:?}: give the origin only (scheme, host, port); the API paths are added"
+        ));
+    }
+    let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+        let (host, after) = bracketed
+            .split_once(']')
+            .ok_or_else(|| format!("{text:?}: unclosed '[' in an IPv6 address"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match rest.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (rest, None),
+        }
+    };
+    if host.is_empty() {
+        return Err(format!("{text:?}: no host"));
+    }
+    let port = match port {
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{text:?}: {port:?} is not a port"))?,
+        None if tls => 443,
+        None => 80,
+    };
+    // `localhost` is pinned, never resolved: a resolver must not decide where text goes.
+    let host = if host.eq_ignore_ascii_case("localhost") {
+        "127.0.0.1".to_owned()
+    } else {
+        host.to_ascii_lowercase()
+    };
+    Ok(Endpoint::Http { tls, host, port })
+}
+
+fn parse_key(text: &str) -> Result<KeySource, String> {
+    if let Some(name) = text.strip_prefix("env:") {
+        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Ok(KeySource::Env(name.to_owned()));
+        }
+    } else if let Some(path) = text.strip_prefix("file:") {
+        if Path::new(path).is_absolute() {
+            return Ok(KeySource::File(PathBuf::from(path)));
+        }
+    }
+    Err(format!(
+        "{text:?}: name where the key is, as env:VARIABLE or file:/absolute/path (never the key itself)"
+    ))
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.-".contains(&b))
+}
+
+impl Routes {
+    /// Reads and validates a routes file.
+    pub fn load(path: &Path) -> Result<Self, RoutesError> {
+        let text = std::fs::read_to_string(path).map_err(|e| RoutesError::Parse {
+            file: path.display().to_string(),
+            detail: e.to_string(),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates the text of a routes file (`file` names it in errors).
+    pub fn parse(text: &str, file: &str) -> Result<Self, RoutesError> {
+        let raw: RawFile = toml::from_str(text).map_err(|e| RoutesError::Parse {
+            file: file.to_owned(),
+            detail: e.message().to_owned(),
+        })?;
+        let invalid = |field: String, detail: String| RoutesError::Invalid {
+            file: file.to_owned(),
+            field,
+            detail,
+        };
+        let defaults = Policy::default();
+        let policy = Policy {
+            force_local: raw.policy.force_local.unwrap_or(defaults.force_local),
+            max_tokens_default: raw
+                .policy
+                .max_tokens_default
+                .unwrap_or(defaults.max_tokens_default),
+            max_tokens_limit: raw
+                .policy
+                .max_tokens_limit
+                .unwrap_or(defaults.max_tokens_limit),
+        };
+        if policy.max_tokens_default == 0 || policy.max_tokens_default > policy.max_tokens_limit {
+            return Err(invalid(
+                "policy.max_tokens_default".into(),
+                format!(
+                    "{} must be between 1 and max_tokens_limit ({})",
+                    policy.max_tokens_default, policy.max_tokens_limit
+                ),
+            ));
+        }
+        let mut routes: Vec<Route> = Vec::new();
+        for raw in raw.route {
+            let field = |name: &str| format!("route {:?}.{name}", raw.name);
+            if !valid_name(&raw.name) || RESERVED_ROUTE_NAMES.contains(&raw.name.as_str()) {
+                return Err(invalid(
+                    field("name"),
+                    "use 1-64 of a-z 0-9 _ . - (\"auto\" and \"*\" are reserved)".into(),
+                ));
+            }
+            if routes.iter().any(|r| r.name == raw.name) {
+                return Err(invalid(field("name"), "defined twice".into()));
+            }
+            let api = match (raw.api, raw.preset) {
+                (Some(api), None) => api,
+                (None, Some(_)) => Api::Openai,
+                _ => {
+                    return Err(invalid(
+                        field("api"),
+                        "give exactly one of api (openai, anthropic) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
+                    ))
+                }
+            };
+            let endpoint = parse_endpoint(&raw.endpoint)
+                .map_err(|detail| invalid(field("endpoint"), detail))?;
+            match raw.kind {
+                RouteKind::Local if !endpoint.is_loopback() => {
+                    return Err(invalid(
+                        field("endpoint"),
+                        format!("{endpoint} is not on this host: a local route's endpoint is a loopback IP (127.0.0.1, [::1]) or a unix: socket"),
+                    ))
+                }
+                RouteKind::Cloud => match &endpoint {
+                    Endpoint::Http { tls: false, .. } if !endpoint.is_loopback() => {
+                        return Err(invalid(
+                            field("endpoint"),
+                            format!("{endpoint}: a cloud route uses https:// (plain http only to a loopback proxy)"),
+                        ))
+                    }
+                    Endpoint::Unix(_) => {
+                        return Err(invalid(
+                            field("kind"),
+                            "a unix: socket is on this host: make the route local".into(),
+                        ))
+                    }
+                    _ => {}
+                },
+                RouteKind::Local => {}
+            }
+            if raw.kind == RouteKind::Cloud && raw.preset.is_some() {
+                return Err(invalid(
+                    field("preset"),
+                    "presets name local servers; a cloud route gives api".into(),
+                ));
+            }
+            if raw.model.trim().is_empty() {
+                return Err(invalid(field("model"), "name the model to ask for".into()));
+            }
+            let key = raw
+                .key_secret
+                .as_deref()
+                .map(parse_key)
+                .transpose()
+                .map_err(|detail| invalid(field("key_secret"), detail))?;
+            if raw.kind == RouteKind::Cloud && key.is_none() {
+                return Err(invalid(
+                    field("key_secret"),
+                    "a cloud route needs its key: key_secret = \"env:VARIABLE\" or \"file:/path\""
+                        .into(),
+                ));
+            }
+            let max_sensitivity = match raw.max_sensitivity.as_deref() {
+                None => None,
+                Some("low") => Some(Sensitivity::Low),
+                Some("medium") => Some(Sensitivity::Medium),
+                Some("high") => Some(Sensitivity::High),
+                Some(other) => {
+                    return Err(invalid(
+                        field("max_sensitivity"),
+                        format!("{other:?}: use low, medium or high"),
+                    ))
+                }
+            };
+            routes.push(Route {
+                name: raw.name,
+                kind: raw.kind,
+                api,
+                preset: raw.preset,
+                endpoint,
+                model: raw.model,
+                key,
+                max_sensitivity,
+                redact: raw.redact,
+            });
+        }
+        Ok(Self { policy, routes })
+    }
+
+    /// The route named `name`.
+    pub fn get(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+        [policy]
+        force_local = true
+        max_tokens_default = 256
+
+        [[route]]
+        name = "claude"
+        kind = "cloud"
+        api = "anthropic"
+        endpoint = "https://api.anthropic.com"
+        model = "claude-sonnet-4-5"
+        key_secret = "env:ANTHROPIC_API_KEY"
+        max_sensitivity = "low"
+        redact = true
+
+        [[route]]
+        name = "local"
+        kind = "local"
+        preset = "vllm"
+        endpoint = "http://localhost:8000/"
+        model = "qwen"
+
+        [[route]]
+        name = "llama"
+        kind = "local"
+        preset = "llamacpp"
+        endpoint = "unix:/run/llama.sock"
+        model = "m"
+    "#;
+
+    fn error(text: &str) -> String {
+        Routes::parse(text, "routes.toml").unwrap_err().to_string()
+    }
+
+    fn route(extra: &str) -> String {
+        format!("[[route]]\nname = \"r\"\nmodel = \"m\"\n{extra}\n")
+    }
+
+    #[test]
+    fn a_valid_file_parses() {
+        let routes = Routes::parse(GOOD, "routes.toml").unwrap();
+        assert!(routes.policy.force_local);
+        assert_eq!(routes.policy.max_tokens_default, 256);
+        assert_eq!(routes.policy.max_tokens_limit, 8192);
+        let claude = routes.get("claude").unwrap();
+        assert_eq!(
+            (claude.kind, claude.api),
+            (RouteKind::Cloud, Api::Anthropic)
+        );
+        assert_eq!(claude.endpoint.to_string(), "https://api.anthropic.com:443");
+        assert_eq!(claude.key, Some(KeySource::Env("ANTHROPIC_API_KEY".into())));
+        assert_eq!(claude.max_sensitivity, Some(Sensitivity::Low));
+        assert!(claude.redact);
+        let local = routes.get("local").unwrap();
+        assert_eq!((local.api, local.preset), (Api::Openai, Some(Preset::Vllm)));
+        assert_eq!(
+            local.endpoint.to_string(),
+            "http://127.0.0.1:8000",
+            "localhost is pinned"
+        );
+        assert_eq!(
+            routes.get("llama").unwrap().endpoint,
+            Endpoint::Unix("/run/llama.sock".into())
+        );
+        assert_eq!(Routes::parse("", "r.toml").unwrap(), Routes::default());
+    }
+
+    #[test]
+    fn each_mistake_names_its_field() {
+        let cases = [
+            (format!("{}{}", route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\""), route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"")), "route \"r\".name: defined twice"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"").replace("\"r\"", "\"auto\""), "reserved"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://10.0.0.5:8000\""), "route \"r\".endpoint: http://10.0.0.5:8000 is not on this host"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://models.lan:8000\""), "is not on this host"),
+            (route("kind = \"cloud\"\napi = \"openai\"\nendpoint = \"http://api.openai.com\"\nkey_secret = \"env:K\""), "a cloud route uses https://"),
+            (route("kind = \"cloud\"\napi = \"openai\"\nendpoint = \"https://api.openai.com\""), "route \"r\".key_secret: a cloud route needs its key"),
+            (route("kind = \"cloud\"\napi = \"openai\"\nendpoint = \"https://api.openai.com\"\nkey_secret = \"sk-live-abc\""), "never the key itself"),
+            (route("kind = \"local\"\nendpoint = \"http://127.0.0.1:1\""), "route \"r\".api: give exactly one of api"),
+            (route("kind = \"local\"\napi = \"openai\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\""), "give exactly one of api"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1/v1\""), "give the origin only"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\ncolour = \"red\""), "unknown field `colour`"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmax_sensitivity = \"secret\""), "use low, medium or high"),
+            (route("kind = \"cloud\"\npreset = \"vllm\"\nendpoint = \"https://x.example\"\nkey_secret = \"env:K\""), "presets name local servers"),
+            ("[policy]\nmax_tokens_default = 9000\n".to_owned(), "policy.max_tokens_default"),
+        ];
+        for (text, needle) in cases {
+            let message = error(&text);
+            assert!(message.contains(needle), "{needle:?} not in {message:?}");
+            assert!(message.starts_with("routes.toml: "), "{message}");
+        }
+    }
+
+    #[test]
+    fn keys_come_from_where_the_file_says_and_never_print() {
+        let name = "TOLLGATE_ROUTER_TEST_KEY";
+        assert!(KeySource::Env(name.into())
+            .load()
+            .unwrap_err()
+            .contains("not set"));
+        let dir = std::env::temp_dir().join(format!("tollgate-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, "sk-test-value\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let loose = KeySource::File(file.clone()).load();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let strict = KeySource::File(file.clone()).load();
+        std::fs::remove_dir_all(&dir).unwrap();
+        if nix_is_root() {
+            assert!(loose.unwrap_err().contains("mode 0600"));
+            let secret = strict.unwrap();
+            assert_eq!(secret.expose(), "sk-test-value");
+            assert_eq!(format!("{secret:?}"), "[secret]");
+        } else {
+            assert!(strict.unwrap_err().contains("owned by root"));
+        }
+    }
+
+    fn nix_is_root() -> bool {
+        std::fs::metadata("/proc/self")
+            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+            .unwrap_or(false)
+    }
+}

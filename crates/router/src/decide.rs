@@ -1,0 +1,485 @@
+//! Where one model call may go: the route it names, or for `auto` the most capable route
+//! that may carry its text.
+//!
+//! A route may carry a call when (1) the receipt grants it and this supervisor configures
+//! it, (2) it is not a cloud route while only local routes may be used (`force_local`: the
+//! supervisor's policy or the caller's own request), and (3) the text's sensitivity is at
+//! most the route's ceiling: the receipt grant's `max_sensitivity`, lowered by the route's own
+//! `max_sensitivity` in the supervisor's configuration. An unspecified grant carries nothing.
+//! A route that redacts is judged on the text as it would be sent: detected spans replaced,
+//! then classified again.
+//!
+//! `auto` tries cloud routes before local ones (the most capable first: a cloud model for
+//! what may leave the host, a local one otherwise) and, within a kind, the configuration's
+//! order. Pure: no I/O.
+
+use std::fmt::Write as _;
+use std::ops::Range;
+
+use tollgate_proto::v1 as pb;
+
+use crate::config::{Route, RouteKind, Routes};
+use crate::{Classification, Classifier, Sensitivity};
+
+/// The route a call asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requested {
+    /// Let the router choose (`auto`, or no name).
+    Auto,
+    /// This route.
+    Named(String),
+}
+
+impl Requested {
+    /// `""` and `"auto"` are [`Requested::Auto`]; anything else names a route.
+    pub fn from_name(name: &str) -> Self {
+        if name.is_empty() || name == "auto" {
+            Self::Auto
+        } else {
+            Self::Named(name.to_owned())
+        }
+    }
+}
+
+/// One finding in one message: detector, sensitivity and byte span, never the text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Which message (0-based).
+    pub message: usize,
+    /// The detector that fired.
+    pub detector: String,
+    /// Its sensitivity.
+    pub sensitivity: Sensitivity,
+    /// Byte span in that message.
+    pub span: Range<usize>,
+}
+
+impl Finding {
+    /// `github_token@1:120..160`: compact, for audit metadata and gRPC metadata.
+    pub fn compact(&self) -> String {
+        format!(
+            "{}@{}:{}..{}",
+            self.detector, self.message, self.span.start, self.span.end
+        )
+    }
+}
+
+/// What a call's text is, as classified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assessment {
+    /// The highest sensitivity over all messages.
+    pub sensitivity: Sensitivity,
+    /// Every finding, message by message.
+    pub findings: Vec<Finding>,
+    classifications: Vec<Classification>,
+}
+
+impl Assessment {
+    /// Classifies each message on its own (so no finding straddles two).
+    pub fn of(classifier: &Classifier, messages: &[&str]) -> Self {
+        let classifications: Vec<Classification> =
+            messages.iter().map(|m| classifier.classify(m)).collect();
+        let findings = classifications
+            .iter()
+            .enumerate()
+            .flat_map(|(message, c)| {
+                c.reasons.iter().map(move |r| Finding {
+                    message,
+                    detector: r.detector.as_str().to_owned(),
+                    sensitivity: r.sensitivity,
+                    span: r.span.clone(),
+                })
+            })
+            .collect();
+        let sensitivity = classifications
+            .iter()
+            .map(|c| c.sensitivity)
+            .max()
+            .unwrap_or(Sensitivity::Low);
+        Self {
+            sensitivity,
+            findings,
+            classifications,
+        }
+    }
+
+    /// The findings in words: `github_token in message 1 at bytes 120..160; ...`.
+    pub fn findings_text(&self) -> String {
+        let mut text = String::new();
+        for (i, f) in self.findings.iter().enumerate() {
+            if i > 0 {
+                text.push_str("; ");
+            }
+            let _ = write!(
+                text,
+                "{} in message {} at bytes {}..{}",
+                f.detector, f.message, f.span.start, f.span.end
+            );
+        }
+        text
+    }
+}
+
+/// The messages as a redacting route would send them, and how sensitive they still are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redacted {
+    /// Each message with its findings replaced by `[REDACTED:<detector>]`.
+    pub messages: Vec<String>,
+    /// The redacted text's sensitivity (classified again).
+    pub sensitivity: Sensitivity,
+    /// How many spans were replaced.
+    pub spans: usize,
+}
+
+fn redact(classifier: &Classifier, messages: &[&str], assessment: &Assessment) -> Redacted {
+    let redacted: Vec<String> = messages
+        .iter()
+        .zip(&assessment.classifications)
+        .map(|(text, c)| c.redact(text))
+        .collect();
+    let again: Vec<&str> = redacted.iter().map(String::as_str).collect();
+    Redacted {
+        sensitivity: Assessment::of(classifier, &again).sensitivity,
+        spans: assessment.findings.len(),
+        messages: redacted,
+    }
+}
+
+/// The route chosen for a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice<'a> {
+    /// The route.
+    pub route: &'a Route,
+    /// The text as classified.
+    pub assessment: Assessment,
+    /// When the route redacts: what is sent instead.
+    pub redacted: Option<Redacted>,
+}
+
+impl Choice<'_> {
+    /// The sensitivity of what is sent.
+    pub fn sent_sensitivity(&self) -> Sensitivity {
+        self.redacted
+            .as_ref()
+            .map_or(self.assessment.sensitivity, |r| r.sensitivity)
+    }
+}
+
+/// Why no route may carry a call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoRoute {
+    /// The receipt.
+    pub receipt_id: String,
+    /// The text as classified.
+    pub assessment: Assessment,
+    /// Each route considered and why it may not carry the text.
+    pub refused: Vec<(String, String)>,
+}
+
+impl std::fmt::Display for NoRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "receipt {}: no granted route may carry this text (sensitivity {}",
+            self.receipt_id,
+            self.assessment.sensitivity.name()
+        )?;
+        if !self.assessment.findings.is_empty() {
+            write!(f, ": {}", self.assessment.findings_text())?;
+        }
+        f.write_str(")")?;
+        if self.refused.is_empty() {
+            f.write_str("; the receipt grants no route this supervisor has")?;
+        }
+        for (route, why) in &self.refused {
+            write!(f, "; {route}: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Picks the route for a call of `messages` under `receipt`.
+pub fn decide<'a>(
+    receipt: &pb::Receipt,
+    routes: &'a Routes,
+    classifier: &Classifier,
+    requested: &Requested,
+    force_local: bool,
+    messages: &[&str],
+) -> Result<Choice<'a>, NoRoute> {
+    let assessment = Assessment::of(classifier, messages);
+    let mut redacted: Option<Redacted> = None;
+    let mut refused = Vec::new();
+    let candidates: Vec<&str> = match requested {
+        Requested::Named(name) => vec![name.as_str()],
+        Requested::Auto => {
+            let granted = |route: &&Route| receipt.routes.iter().any(|g| g.name == route.name);
+            let cloud = routes
+                .routes
+                .iter()
+                .filter(|r| r.kind == RouteKind::Cloud)
+                .filter(granted);
+            let local = routes
+                .routes
+                .iter()
+                .filter(|r| r.kind == RouteKind::Local)
+                .filter(granted);
+            cloud.chain(local).map(|r| r.name.as_str()).collect()
+        }
+    };
+    for name in candidates {
+        let grant = receipt.routes.iter().find(|g| g.name == name);
+        let Some(grant) = grant else {
+            refused.push((name.to_owned(), "not granted by the receipt".to_owned()));
+            continue;
+        };
+        let Some(route) = routes.get(name) else {
+            refused.push((
+                name.to_owned(),
+                "granted, but this supervisor has no such route".to_owned(),
+            ));
+            continue;
+        };
+        if force_local && route.kind == RouteKind::Cloud {
+            refused.push((
+                name.to_owned(),
+                "a cloud route, and only local routes may be used".to_owned(),
+            ));
+            continue;
+        }
+        let Some(granted) = Sensitivity::from_proto(grant.max_sensitivity) else {
+            refused.push((
+                name.to_owned(),
+                "the grant names no sensitivity, so it carries nothing".to_owned(),
+            ));
+            continue;
+        };
+        let ceiling = route
+            .max_sensitivity
+            .map_or(granted, |cap| cap.min(granted));
+        let sent = if route.redact {
+            redacted
+                .get_or_insert_with(|| redact(classifier, messages, &assessment))
+                .sensitivity
+        } else {
+            assessment.sensitivity
+        };
+        if sent <= ceiling {
+            return Ok(Choice {
+                route,
+                redacted: route.redact.then(|| redacted.clone()).flatten(),
+                assessment,
+            });
+        }
+        let why = if route.redact {
+            format!(
+                "carries up to {} text, and this text is {} even redacted",
+                ceiling.name(),
+                sent.name()
+            )
+        } else {
+            format!(
+                "carries up to {} text, and this text is {}",
+                ceiling.name(),
+                sent.name()
+            )
+        };
+        refused.push((name.to_owned(), why));
+    }
+    Err(NoRoute {
+        receipt_id: receipt.receipt_id.clone(),
+        assessment,
+        refused,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ClassifierConfig;
+
+    const ROUTES: &str = r#"
+        [[route]]
+        name = "local"
+        kind = "local"
+        preset = "vllm"
+        endpoint = "http://127.0.0.1:8000"
+        model = "qwen"
+
+        [[route]]
+        name = "claude"
+        kind = "cloud"
+        api = "anthropic"
+        endpoint = "https://api.anthropic.com"
+        model = "claude"
+        key_secret = "env:K"
+
+        [[route]]
+        name = "gpt"
+        kind = "cloud"
+        api = "openai"
+        endpoint = "https://api.openai.com"
+        model = "gpt"
+        key_secret = "env:K"
+        max_sensitivity = "low"
+
+        [[route]]
+        name = "scrubbed"
+        kind = "cloud"
+        api = "openai"
+        endpoint = "https://api.openai.com"
+        model = "gpt"
+        key_secret = "env:K"
+        redact = true
+    "#;
+
+    // Made at run time so no scanner mistakes the source for a leak.
+    fn secret_text() -> String {
+        format!(
+            "deploy with token {}{}",
+            "ghp_", "q7Lm2Xv9Rt4Kp8Ws3Yb6Nc1Zd5Hf0Ja2Ue7Io9"
+        )
+    }
+
+    fn receipt(grants: &[(&str, pb::Sensitivity)]) -> pb::Receipt {
+        pb::Receipt {
+            receipt_id: "r1".into(),
+            routes: grants
+                .iter()
+                .map(|(name, s)| pb::RouteGrant {
+                    name: (*name).into(),
+                    max_sensitivity: *s as i32,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn setup() -> (Routes, Classifier) {
+        (
+            Routes::parse(ROUTES, "routes.toml").unwrap(),
+            Classifier::new(&ClassifierConfig::default()).unwrap(),
+        )
+    }
+
+    fn pick(
+        receipt: &pb::Receipt,
+        requested: Requested,
+        force_local: bool,
+        text: &str,
+    ) -> Result<String, String> {
+        let (routes, classifier) = setup();
+        decide(
+            receipt,
+            &routes,
+            &classifier,
+            &requested,
+            force_local,
+            &["be brief", text],
+        )
+        .map(|c| c.route.name.clone())
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn auto_sends_low_text_to_a_granted_cloud_route_and_secrets_to_local() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low)]);
+        assert_eq!(
+            pick(&r, Requested::Auto, false, "summarise this").unwrap(),
+            "claude"
+        );
+        assert_eq!(
+            pick(&r, Requested::Auto, false, &secret_text()).unwrap(),
+            "local"
+        );
+        // Only local granted: local even for low text.
+        let r = receipt(&[("local", High)]);
+        assert_eq!(pick(&r, Requested::Auto, false, "hi").unwrap(), "local");
+    }
+
+    #[test]
+    fn named_routes_must_be_granted_and_able_to_carry_the_text() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low)]);
+        assert_eq!(
+            pick(&r, Requested::Named("local".into()), false, "hi").unwrap(),
+            "local"
+        );
+        let not_granted = pick(&r, Requested::Named("gpt".into()), false, "hi").unwrap_err();
+        assert!(
+            not_granted.contains("gpt: not granted by the receipt"),
+            "{not_granted}"
+        );
+        let too_sensitive =
+            pick(&r, Requested::Named("claude".into()), false, &secret_text()).unwrap_err();
+        assert!(
+            too_sensitive.contains("sensitivity high: github_token in message 1 at bytes 18..60")
+                && too_sensitive.contains("claude: carries up to low text, and this text is high"),
+            "{too_sensitive}"
+        );
+        assert!(!too_sensitive.contains("ghp_"), "never the text");
+        let unknown = receipt(&[("nowhere", High)]);
+        let unknown = pick(&unknown, Requested::Named("nowhere".into()), false, "hi").unwrap_err();
+        assert!(unknown.contains("no such route"), "{unknown}");
+    }
+
+    #[test]
+    fn force_local_never_picks_cloud() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low)]);
+        assert_eq!(pick(&r, Requested::Auto, true, "hi").unwrap(), "local");
+        let refused = pick(&r, Requested::Named("claude".into()), true, "hi").unwrap_err();
+        assert!(
+            refused.contains("only local routes may be used"),
+            "{refused}"
+        );
+        let cloud_only = receipt(&[("claude", Low)]);
+        assert!(pick(&cloud_only, Requested::Auto, true, "hi").is_err());
+    }
+
+    #[test]
+    fn the_host_cap_and_unspecified_grants_narrow_what_a_route_carries() {
+        use pb::Sensitivity::{Medium, Unspecified};
+        // gpt is capped at low by the host, whatever the receipt grants.
+        let r = receipt(&[("gpt", Medium)]);
+        let refused = pick(&r, Requested::Auto, false, "mail ana.lopez@acme-corp.io").unwrap_err();
+        assert!(
+            refused.contains("gpt: carries up to low text, and this text is medium"),
+            "{refused}"
+        );
+        let r = receipt(&[("local", Unspecified)]);
+        let refused = pick(&r, Requested::Auto, false, "hi").unwrap_err();
+        assert!(refused.contains("carries nothing"), "{refused}");
+        let none = pick(&receipt(&[]), Requested::Auto, false, "hi").unwrap_err();
+        assert!(none.contains("the receipt grants no route"), "{none}");
+    }
+
+    #[test]
+    fn a_redacting_route_is_judged_on_what_it_sends() {
+        let (routes, classifier) = setup();
+        let r = receipt(&[("scrubbed", pb::Sensitivity::Low)]);
+        let text = secret_text();
+        let choice = decide(
+            &r,
+            &routes,
+            &classifier,
+            &Requested::Auto,
+            false,
+            &["x", &text],
+        )
+        .unwrap();
+        assert_eq!(choice.route.name, "scrubbed");
+        assert_eq!(choice.assessment.sensitivity, Sensitivity::High);
+        let redacted = choice.redacted.as_ref().unwrap();
+        assert_eq!(
+            redacted.messages[1],
+            "deploy with token [REDACTED:github_token]"
+        );
+        assert_eq!(choice.sent_sensitivity(), Sensitivity::Low);
+        assert_eq!(
+            choice.assessment.findings[0].compact(),
+            "github_token@1:18..60"
+        );
+    }
+}

@@ -1,0 +1,167 @@
+//! A run's token budget (`Limits.tokens`): calls reserve before they reach a backend and
+//! settle with what they really used.
+//!
+//! A call reserves its prompt (a tokenizer's count, or the generous [`estimate_prompt`])
+//! plus the completion it may produce; the completion cap sent to the backend is lowered to
+//! what is left, so a completion cannot overshoot. When even the prompt does not fit, the
+//! call is refused before any backend is contacted. Settling replaces the reservation with
+//! the counts the call really used (the server's, a tokenizer's, or an estimate, each
+//! flagged by its [`TokenSource`]). A run can go past its limit only by one prompt
+//! estimate's error, and only on a route with neither a tokenizer nor usage in its replies;
+//! later calls are then refused.
+
+/// Where a token count comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSource {
+    /// The backend's own usage report.
+    Server,
+    /// The backend's tokenizer endpoint.
+    Tokenizer,
+    /// An estimate from the text's length.
+    Estimate,
+}
+
+/// A token count and where it comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenCount {
+    /// Tokens.
+    pub tokens: u64,
+    /// Its source.
+    pub source: TokenSource,
+}
+
+/// A generous prompt estimate (English runs about 4 bytes a token; this assumes 3), plus
+/// the chat template's overhead per message.
+pub fn estimate_prompt(messages: &[&str]) -> TokenCount {
+    let bytes: u64 = messages.iter().map(|m| (m.len() as u64).div_ceil(3)).sum();
+    TokenCount {
+        tokens: bytes + 4 * messages.len() as u64 + 3,
+        source: TokenSource::Estimate,
+    }
+}
+
+/// An estimate of a completion's tokens from its text.
+pub fn estimate_completion(text: &str) -> TokenCount {
+    TokenCount {
+        tokens: (text.len() as u64).div_ceil(4),
+        source: TokenSource::Estimate,
+    }
+}
+
+/// The budget is spent (or this prompt alone would spend it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the token budget is spent (used {used} of {limit}, {reserved} held by calls in flight; this prompt needs about {needs})")]
+pub struct BudgetSpent {
+    /// Tokens used by settled calls.
+    pub used: u64,
+    /// Tokens held by calls in flight.
+    pub reserved: u64,
+    /// The run's limit.
+    pub limit: u64,
+    /// What this call's prompt needs.
+    pub needs: u64,
+}
+
+/// Tokens held for one call in flight.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a reservation is settled or released"]
+pub struct Reservation {
+    held: u64,
+    /// The completion cap to send to the backend.
+    pub max_tokens: u32,
+}
+
+/// One run's budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ledger {
+    limit: u64,
+    used: u64,
+    reserved: u64,
+}
+
+impl Ledger {
+    /// A budget of `limit` tokens, none used.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            used: 0,
+            reserved: 0,
+        }
+    }
+
+    /// Tokens used by settled calls.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// Tokens neither used nor held.
+    pub fn remaining(&self) -> u64 {
+        self.limit.saturating_sub(self.used + self.reserved)
+    }
+
+    /// Holds `prompt` plus up to `max_tokens` completion tokens, lowering the completion
+    /// cap to what is left; refused when not even the prompt and one token fit.
+    pub fn reserve(&mut self, prompt: u64, max_tokens: u32) -> Result<Reservation, BudgetSpent> {
+        let remaining = self.remaining();
+        if prompt.saturating_add(1) > remaining {
+            return Err(BudgetSpent {
+                used: self.used,
+                reserved: self.reserved,
+                limit: self.limit,
+                needs: prompt,
+            });
+        }
+        let completion = u64::from(max_tokens).min(remaining - prompt);
+        let held = prompt + completion;
+        self.reserved += held;
+        Ok(Reservation {
+            held,
+            max_tokens: u32::try_from(completion).unwrap_or(u32::MAX),
+        })
+    }
+
+    /// Replaces a reservation with what the call used; returns the run's total used.
+    pub fn settle(&mut self, reservation: Reservation, prompt: u64, completion: u64) -> u64 {
+        self.reserved = self.reserved.saturating_sub(reservation.held);
+        self.used = self.used.saturating_add(prompt).saturating_add(completion);
+        self.used
+    }
+
+    /// Gives a reservation back unused (the call never reached a backend).
+    pub fn release(&mut self, reservation: Reservation) {
+        self.reserved = self.reserved.saturating_sub(reservation.held);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservations_lower_the_cap_then_settle_to_what_was_used() {
+        let mut ledger = Ledger::new(100);
+        let first = ledger.reserve(20, 1000).unwrap();
+        assert_eq!(first.max_tokens, 80, "lowered to what is left");
+        assert_eq!(ledger.remaining(), 0);
+        // A concurrent call finds nothing left.
+        let refused = ledger.reserve(5, 10).unwrap_err();
+        assert_eq!((refused.reserved, refused.needs), (100, 5));
+        assert_eq!(ledger.settle(first, 18, 42), 60);
+        assert_eq!(ledger.remaining(), 40);
+        let second = ledger.reserve(30, 50).unwrap();
+        assert_eq!(second.max_tokens, 10);
+        ledger.release(second);
+        assert_eq!(ledger.remaining(), 40);
+        // Not even the prompt and one token: refused before any backend is asked.
+        assert!(ledger.reserve(40, 10).is_err());
+        assert!(ledger.reserve(39, 10).is_ok());
+    }
+
+    #[test]
+    fn estimates_are_generous_and_flagged() {
+        let prompt = estimate_prompt(&["abcdef", "xyz"]);
+        assert_eq!(prompt.tokens, 2 + 1 + 8 + 3);
+        assert_eq!(prompt.source, TokenSource::Estimate);
+        assert_eq!(estimate_completion("hello world").tokens, 3);
+    }
+}
