@@ -82,6 +82,7 @@ mod detectors;
 mod redact;
 pub mod sse;
 pub mod tokens;
+pub mod wire;
 
 pub use classifier::{
     Classification, Classifier, ClassifierConfig, ConfigError, CustomPattern, DetectorId, Reason,
