@@ -49,6 +49,8 @@ pub struct SupervisorConfig {
     pub trust: Trust,
     /// Key for HMAC audit hashes; none: plain SHA-256.
     pub audit_key: Option<tollgate_audit::AuditKey>,
+    /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
+    pub models: Option<Arc<crate::complete::ModelRoutes>>,
 }
 
 /// A fatal daemon error, with its exit code.
@@ -272,6 +274,9 @@ pub async fn serve(
     })
     .await
     .map_err(|e| DaemonError::Serve(e.to_string()))??;
+    if let Some(models) = &config.models {
+        manager.set_model_routes(models.clone());
+    }
     if !recovered.is_empty() {
         tracing::warn!(
             count = recovered.len(),

@@ -40,6 +40,7 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
 use crate::beneath::{self, GrantRoot, Ownership, ParentDir};
+use crate::complete::{CompleteStream, RunModels};
 use crate::exec::{ExecError, ExecSandbox};
 use crate::runs::COMPONENT;
 use crate::snapshot::{SnapshotError, SnapshotManifest, SnapshotStore};
@@ -104,6 +105,8 @@ pub struct RunGateway {
     /// How `exec` reaches the sandbox; `None`: no exec (e.g. the sandbox is not started by
     /// a shim this gateway knows).
     pub exec: Option<Arc<ExecSandbox>>,
+    /// The run's model calls (its token budget); `None`: the supervisor has no routes.
+    pub models: Option<Arc<RunModels>>,
 }
 
 impl std::fmt::Debug for RunGateway {
@@ -115,9 +118,9 @@ impl std::fmt::Debug for RunGateway {
 }
 
 /// Why a call was refused: what to tell the agent and what the audit entry says.
-struct Refusal {
-    status: Status,
-    reason: String,
+pub(crate) struct Refusal {
+    pub(crate) status: Status,
+    pub(crate) reason: String,
     /// The call was allowed and went wrong while it ran (recorded as allowed, with why).
     ran: bool,
 }
@@ -282,7 +285,7 @@ impl RunGateway {
     }
 
     /// The checks every call passes before its tool runs.
-    fn admit(&self, tool: &str) -> Result<u64, Refusal> {
+    pub(crate) fn admit(&self, tool: &str) -> Result<u64, Refusal> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Refusal::denied(&self.run_id, "the run is ending".into()));
         }
@@ -317,7 +320,7 @@ impl RunGateway {
     }
 
     /// The last check before a tool acts: the budget left for the call numbered `made`.
-    fn charge(&self, made: u64) -> Result<(), Refusal> {
+    pub(crate) fn charge(&self, made: u64) -> Result<(), Refusal> {
         if made >= self.max_calls {
             return Err(Refusal::denied(
                 &self.run_id,
@@ -942,6 +945,19 @@ impl Gateway for GatewayService {
         }))
     }
 
+    type CompleteStream = CompleteStream;
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<Self::CompleteStream>, Status> {
+        self.check_peer(&request)?;
+        self.run
+            .complete(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn call_tool(
         &self,
         request: Request<pb::CallToolRequest>,
@@ -1120,6 +1136,7 @@ mod tests {
             last_call: Mutex::new(None),
             snapshots: SnapshotStore::new(&dir.path().join("data")),
             exec: None,
+            models: None,
         };
         Fixture {
             _dir: dir,

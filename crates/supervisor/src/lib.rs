@@ -8,10 +8,12 @@
 pub mod admission;
 pub mod beneath;
 pub mod cgroup;
+pub mod complete;
 pub mod daemon;
 pub mod exec;
 pub mod gateway;
 pub mod hub;
+pub mod models;
 pub mod records;
 pub mod runs;
 pub mod sandbox;

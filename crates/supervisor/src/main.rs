@@ -72,6 +72,30 @@ struct Flags {
     /// entries are chained with plain SHA-256.
     #[arg(long, value_name = "FILE", env = "TOLLGATE_AUDIT_KEY_FILE")]
     audit_key_file: Option<PathBuf>,
+    /// Model routes (TOML: [policy] and [[route]] entries: name, kind local|cloud, api or
+    /// preset, endpoint, model, key_secret = "env:NAME" | "file:/path"). Keys are read at
+    /// start and never enter a sandbox. Without it, model calls are refused as unavailable.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_ROUTES")]
+    routes: Option<PathBuf>,
+}
+
+/// Reads the routes file and loads its keys: one line saying what is wrong on failure.
+fn load_routes(
+    path: &std::path::Path,
+) -> Result<std::sync::Arc<tollgate_supervisor::complete::ModelRoutes>, String> {
+    let routes = tollgate_router::config::Routes::load(path).map_err(|e| e.to_string())?;
+    let backends =
+        tollgate_supervisor::models::Backends::new(&routes).map_err(|e| e.to_string())?;
+    let classifier =
+        tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
+            .map_err(|e| format!("the classifier: {e}"))?;
+    Ok(std::sync::Arc::new(
+        tollgate_supervisor::complete::ModelRoutes {
+            routes,
+            backends,
+            classifier,
+        },
+    ))
 }
 
 #[tokio::main]
@@ -110,6 +134,13 @@ async fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1));
         }
     };
+    let models = match flags.routes.as_deref().map(load_routes).transpose() {
+        Ok(models) => models,
+        Err(e) => {
+            eprintln!("tollgate-supervisor: error: routes: {e}");
+            return ExitCode::from(78);
+        }
+    };
     let listen = match flags.listen.strip_prefix(':') {
         Some(port) => format!("127.0.0.1:{port}"),
         None => flags.listen,
@@ -135,6 +166,7 @@ async fn main() -> ExitCode {
             (None, None) => unreachable!("clap requires one of them"),
         },
         audit_key,
+        models,
     };
     match serve(config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

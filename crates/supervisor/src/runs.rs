@@ -22,6 +22,7 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
+use crate::complete::{ModelRoutes, RunModels};
 use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
 use crate::gateway::{self, FsGrant, GatewayHandle, RunGateway};
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
@@ -160,6 +161,8 @@ pub struct RunManager {
     audit: AuditLog,
     /// Serves the runs' gateway sockets (its own threads: agents' calls never wait behind the
     /// operator API). `None` only while dropping.
+    /// The supervisor's model routes, when it has any (set once, before runs start).
+    models: OnceLock<Arc<ModelRoutes>>,
     gateway_runtime: Option<tokio::runtime::Runtime>,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
@@ -274,6 +277,7 @@ impl RunManager {
             .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
         let manager = Arc::new(Self {
             gateway_runtime: Some(gateway_runtime),
+            models: OnceLock::new(),
             settings,
             records,
             admission: RwLock::new(admission),
@@ -657,6 +661,12 @@ impl RunManager {
                 running: AtomicUsize::new(0),
                 started: OnceLock::new(),
             })),
+            models: self.models.get().map(|shared| {
+                Arc::new(RunModels::new(
+                    shared.clone(),
+                    receipt.limits.unwrap_or_default().tokens,
+                ))
+            }),
         });
         let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
             .map_err(|e| SandboxError::Setup(e.to_string()))?;
@@ -732,6 +742,12 @@ impl RunManager {
             }
         }
         Ok((process, output))
+    }
+
+    /// Gives runs started from now on this supervisor's model routes (once; later calls
+    /// are ignored).
+    pub fn set_model_routes(&self, routes: Arc<ModelRoutes>) {
+        let _ = self.models.set(routes);
     }
 
     /// Asks a live run to stop. Returns `false` when it is not live.

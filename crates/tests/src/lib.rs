@@ -4,6 +4,8 @@
 //! Binaries are looked up in the cargo target directory next to the running test executable
 //! (or in `TOLLGATE_BIN_DIR`); `scripts/test` builds them before the tests run.
 
+pub mod fake_models;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -161,6 +161,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         last_call: Mutex::new(None),
         snapshots: SnapshotStore::new(dir.path()),
         exec: None,
+        models: None,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -69,6 +69,16 @@ struct UnauditedReads {
 
 #[tonic::async_trait]
 impl pb::gateway_server::Gateway for UnauditedReads {
+    type CompleteStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::CompleteEvent, tonic::Status>>;
+
+    async fn complete(
+        &self,
+        _: tonic::Request<pb::CompleteRequest>,
+    ) -> Result<tonic::Response<Self::CompleteStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
     async fn get_run_receipt(
         &self,
         _: tonic::Request<pb::GetRunReceiptRequest>,
@@ -147,6 +157,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         last_call: Mutex::new(None),
         snapshots: tollgate_supervisor::snapshot::SnapshotStore::new(dir.path()),
         exec: None,
+        models: None,
     });
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()

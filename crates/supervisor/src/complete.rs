@@ -1,0 +1,552 @@
+//! The gateway's `Complete`: one model call, checked, routed, charged and audited.
+//!
+//! In order: the run is alive and its receipt neither expired nor revoked (as for tools),
+//! the messages are well formed, this supervisor has routes, the router picks the route (the
+//! named one, or for `auto` the most capable granted route that may carry the text; see
+//! `tollgate_router::decide`), the tool-call budget counts the call, the token budget holds
+//! the prompt and the completion cap (lowered to what is left). The `route_decision` entry
+//! is on disk **before** any byte leaves the host; text sent to a backend cannot be
+//! recalled. The backend call then runs on its own task, so a client that goes away never
+//! skips the settling of the budget or the second entry (counts, finish, status). Entries
+//! carry the route, sensitivities, findings (detector, message, byte span) and counts, never
+//! the text.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tollgate_audit::{Decision, EntryDraft, EntryKind, MetaValue};
+use tollgate_proto::v1 as pb;
+use tollgate_router::config::{RouteKind, Routes};
+use tollgate_router::decide::{decide, Requested};
+use tollgate_router::tokens::{
+    estimate_completion, estimate_prompt, Ledger, TokenCount, TokenSource,
+};
+use tollgate_router::wire::{ChatMessage, ChatRequest, Role, StreamItem};
+use tollgate_router::{Classifier, Sensitivity};
+use tonic::Status;
+
+use crate::gateway::RunGateway;
+use crate::models::{BackendError, Backends};
+use crate::runs::COMPONENT;
+
+/// Most model calls of one run in flight at once.
+pub const MAX_IN_FLIGHT: usize = 4;
+/// Most bytes of message text in one call.
+pub const MAX_TEXT: usize = 4 << 20;
+
+/// A supervisor's model routes: shared by every run.
+#[derive(Debug)]
+pub struct ModelRoutes {
+    /// The routes and policy.
+    pub routes: Routes,
+    /// Their backends, keys loaded.
+    pub backends: Backends,
+    /// The classifier that judges each call's text.
+    pub classifier: Classifier,
+}
+
+/// One run's model calls: its budget and what is in flight.
+#[derive(Debug)]
+pub struct RunModels {
+    /// The supervisor's routes.
+    pub shared: Arc<ModelRoutes>,
+    /// The run's token budget (`limits.tokens`).
+    pub ledger: Mutex<Ledger>,
+    /// Calls in flight.
+    pub in_flight: AtomicUsize,
+}
+
+impl RunModels {
+    /// The models of a run whose receipt allows `tokens`.
+    pub fn new(shared: Arc<ModelRoutes>, tokens: u64) -> Self {
+        Self {
+            shared,
+            ledger: Mutex::new(Ledger::new(tokens)),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn proto_sensitivity(s: Sensitivity) -> i32 {
+    match s {
+        Sensitivity::Low => pb::Sensitivity::Low as i32,
+        Sensitivity::Medium => pb::Sensitivity::Medium as i32,
+        Sensitivity::High => pb::Sensitivity::High as i32,
+    }
+}
+
+fn proto_count(count: TokenCount) -> pb::TokenCount {
+    pb::TokenCount {
+        tokens: count.tokens,
+        source: match count.source {
+            TokenSource::Server => pb::TokenSource::Server,
+            TokenSource::Tokenizer => pb::TokenSource::Tokenizer,
+            TokenSource::Estimate => pb::TokenSource::Estimate,
+        } as i32,
+    }
+}
+
+fn source_name(count: TokenCount) -> &'static str {
+    match count.source {
+        TokenSource::Server => "server",
+        TokenSource::Tokenizer => "tokenizer",
+        TokenSource::Estimate => "estimate",
+    }
+}
+
+/// A refusal: the status for the agent, the reason and metadata for the entry.
+struct Refused {
+    status: Status,
+    reason: String,
+    meta: Vec<(&'static str, MetaValue)>,
+}
+
+impl Refused {
+    fn new(status: fn(String) -> Status, reason: String) -> Self {
+        Self {
+            status: status(reason.clone()),
+            reason,
+            meta: Vec::new(),
+        }
+    }
+}
+
+impl From<crate::gateway::Refusal> for Refused {
+    fn from(refusal: crate::gateway::Refusal) -> Self {
+        Self {
+            status: refusal.status,
+            reason: refusal.reason,
+            meta: Vec::new(),
+        }
+    }
+}
+
+/// Releases an in-flight slot when dropped.
+struct Slot(Arc<RunModels>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The stream `Complete` answers with.
+pub type CompleteStream = ReceiverStream<Result<pb::CompleteEvent, Status>>;
+
+impl RunGateway {
+    /// Serves one `Complete` call.
+    pub(crate) async fn complete(
+        self: &Arc<Self>,
+        request: pb::CompleteRequest,
+    ) -> Result<CompleteStream, Status> {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let audit =
+            |decision: Decision, reason: Option<&str>, meta: &[(&'static str, MetaValue)]| {
+                let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)
+                    .receipt(self.run_id.as_str())
+                    .run(self.run_id.as_str())
+                    .call(call_id.as_str())
+                    .decision(decision)
+                    .meta("requested", request.route.as_str())
+                    .meta("messages", request.messages.len() as i64);
+                for (key, value) in meta {
+                    entry = entry.meta(*key, value.clone());
+                }
+                if let Some(reason) = reason {
+                    entry = entry.reason(reason);
+                }
+                entry
+            };
+        let prepared = self.prepare(&request);
+        let (plan, slot) = match prepared {
+            Ok(prepared) => prepared,
+            Err(refused) => {
+                let entry = audit(Decision::Deny, Some(&refused.reason), &refused.meta);
+                if let Err(e) = self.audit.record(entry) {
+                    tracing::error!(run_id = %self.run_id, error = %e, "could not audit a model call");
+                }
+                let mut status = refused.status;
+                for (key, value) in [
+                    ("tollgate-call-id", Some(call_id.clone())),
+                    (
+                        "tollgate-sensitivity",
+                        meta_str(&refused.meta, "sensitivity"),
+                    ),
+                    ("tollgate-reasons", meta_list(&refused.meta, "reasons")),
+                ] {
+                    if let Some(value) = value.and_then(|v| v.parse().ok()) {
+                        status.metadata_mut().insert(key, value);
+                    }
+                }
+                return Err(status);
+            }
+        };
+        // On disk before any byte leaves the host.
+        let entry = audit(Decision::Allow, None, &plan.meta);
+        if let Err(e) = self.audit.append(entry) {
+            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a model call");
+            if let Ok(mut ledger) = slot.0.ledger.lock() {
+                ledger.release(plan.reservation);
+            }
+            return Err(Status::internal(
+                "the audit log is unavailable; nothing is done unaudited",
+            ));
+        }
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
+        let (out, stream) = mpsc::channel(64);
+        let run = self.clone();
+        tokio::spawn(async move { run.run_call(call_id, plan, slot, out, started).await });
+        Ok(ReceiverStream::new(stream))
+    }
+
+    /// Every check before a call is sent; the plan to send it.
+    fn prepare(&self, request: &pb::CompleteRequest) -> Result<(CallPlan, Slot), Refused> {
+        let made = self.admit("model.complete").map_err(Refused::from)?;
+        let Some(models) = self.models.clone() else {
+            return Err(Refused::new(
+                Status::unavailable,
+                "this supervisor has no model routes (it was started without --routes)".into(),
+            ));
+        };
+        let mut messages = Vec::with_capacity(request.messages.len());
+        let mut size = 0;
+        for (i, m) in request.messages.iter().enumerate() {
+            let role = Role::parse(&m.role).ok_or_else(|| {
+                Refused::new(
+                    Status::invalid_argument,
+                    format!(
+                        "message {i}: role {:?} is not system, user or assistant",
+                        m.role
+                    ),
+                )
+            })?;
+            size += m.content.len();
+            messages.push(ChatMessage {
+                role,
+                content: m.content.clone(),
+            });
+        }
+        if messages.is_empty() || size > MAX_TEXT {
+            return Err(Refused::new(
+                Status::invalid_argument,
+                format!("a call needs 1 or more messages and at most {MAX_TEXT} bytes of text"),
+            ));
+        }
+        let shared = &models.shared;
+        let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        let force_local = shared.routes.policy.force_local || request.local_only;
+        let choice = decide(
+            &self.receipt,
+            &shared.routes,
+            &shared.classifier,
+            &Requested::from_name(&request.route),
+            force_local,
+            &texts,
+        )
+        .map_err(|no_route| {
+            let reasons: Vec<String> = no_route
+                .assessment
+                .findings
+                .iter()
+                .map(|f| f.compact())
+                .collect();
+            Refused {
+                status: Status::permission_denied(no_route.to_string()),
+                reason: no_route.to_string(),
+                meta: vec![
+                    ("sensitivity", no_route.assessment.sensitivity.name().into()),
+                    ("reasons", reasons.into()),
+                    ("force_local", force_local.into()),
+                ],
+            }
+        })?;
+        self.charge(made).map_err(Refused::from)?;
+        let in_flight = models.in_flight.fetch_add(1, Ordering::SeqCst);
+        let slot = Slot(models.clone());
+        if in_flight >= MAX_IN_FLIGHT {
+            return Err(Refused::new(
+                Status::resource_exhausted,
+                format!("{MAX_IN_FLIGHT} model calls are already in flight for this run"),
+            ));
+        }
+        let sent: Vec<String> = match &choice.redacted {
+            Some(redacted) => redacted.messages.clone(),
+            None => texts.iter().map(|t| (*t).to_owned()).collect(),
+        };
+        let sent_refs: Vec<&str> = sent.iter().map(String::as_str).collect();
+        let prompt = estimate_prompt(&sent_refs);
+        let policy = shared.routes.policy;
+        let asked = if request.max_tokens == 0 {
+            policy.max_tokens_default
+        } else {
+            request.max_tokens.min(policy.max_tokens_limit)
+        };
+        let reservation = models
+            .ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reserve(prompt.tokens, asked)
+            .map_err(|spent| {
+                Refused::new(
+                    Status::resource_exhausted,
+                    format!("receipt {}: {spent}", self.run_id),
+                )
+            })?;
+        let route = choice.route;
+        let findings: Vec<String> = choice
+            .assessment
+            .findings
+            .iter()
+            .map(|f| f.compact())
+            .collect();
+        let meta = vec![
+            ("route", route.name.as_str().into()),
+            (
+                "kind",
+                match route.kind {
+                    RouteKind::Local => "local",
+                    RouteKind::Cloud => "cloud",
+                }
+                .into(),
+            ),
+            ("model", route.model.as_str().into()),
+            ("sensitivity", choice.assessment.sensitivity.name().into()),
+            ("sent_sensitivity", choice.sent_sensitivity().name().into()),
+            ("reasons", findings.into()),
+            (
+                "redacted_spans",
+                choice
+                    .redacted
+                    .as_ref()
+                    .map_or(0, |r| r.spans as i64)
+                    .into(),
+            ),
+            ("force_local", force_local.into()),
+            ("max_tokens", i64::from(reservation.max_tokens).into()),
+        ];
+        let chat = ChatRequest {
+            model: route.model.clone(),
+            messages: messages
+                .iter()
+                .zip(sent)
+                .map(|(m, content)| ChatMessage {
+                    role: m.role,
+                    content,
+                })
+                .collect(),
+            max_tokens: reservation.max_tokens,
+            stream: request.stream,
+            temperature: request.temperature,
+            stop: request.stop.clone(),
+        };
+        let started = pb::CompleteStarted {
+            call_id: String::new(),
+            route: route.name.clone(),
+            model: route.model.clone(),
+            sensitivity: proto_sensitivity(choice.assessment.sensitivity),
+            sent_sensitivity: proto_sensitivity(choice.sent_sensitivity()),
+            redacted_spans: choice.redacted.as_ref().map_or(0, |r| r.spans as u32),
+            max_tokens: reservation.max_tokens,
+        };
+        let route_name = route.name.clone();
+        Ok((
+            CallPlan {
+                route: route_name,
+                chat,
+                prompt,
+                reservation,
+                started,
+                meta,
+            },
+            slot,
+        ))
+    }
+
+    /// Sends the call, streams what comes back, settles the budget, records the outcome.
+    async fn run_call(
+        self: Arc<Self>,
+        call_id: String,
+        plan: CallPlan,
+        slot: Slot,
+        out: mpsc::Sender<Result<pb::CompleteEvent, Status>>,
+        started: Instant,
+    ) {
+        let models = slot.0.clone();
+        let shared = models.shared.clone();
+        let event = |e: pb::complete_event::Event| pb::CompleteEvent { event: Some(e) };
+        let mut announce = plan.started.clone();
+        announce.call_id.clone_from(&call_id);
+        let _ = out
+            .send(Ok(event(pb::complete_event::Event::Started(announce))))
+            .await;
+        let Some(route) = shared.routes.get(&plan.route) else {
+            return;
+        };
+        let (items_tx, mut items_rx) = mpsc::channel::<StreamItem>(64);
+        let backend = async {
+            let result = shared.backends.call(route, &plan.chat, &items_tx).await;
+            drop(items_tx);
+            result
+        };
+        let forward = async {
+            let (mut text_len, mut finish, mut prompt, mut completion) =
+                (0usize, String::new(), None, None);
+            let mut text = String::new();
+            while let Some(item) = items_rx.recv().await {
+                match item {
+                    StreamItem::Delta(delta) => {
+                        text_len += delta.len();
+                        // Kept only to estimate a completion the server did not count.
+                        if text.len() < 1 << 20 {
+                            text.push_str(&delta);
+                        }
+                        let _ = out
+                            .send(Ok(event(pb::complete_event::Event::Delta(
+                                pb::CompleteDelta { text: delta },
+                            ))))
+                            .await;
+                    }
+                    StreamItem::Finish(reason) => finish = reason,
+                    StreamItem::Usage {
+                        prompt: p,
+                        completion: c,
+                    } => {
+                        prompt = p.or(prompt);
+                        completion = c.or(completion);
+                    }
+                    StreamItem::Done => {}
+                }
+            }
+            (text_len, text, finish, prompt, completion)
+        };
+        let (result, (text_len, text, finish, server_prompt, server_completion)) =
+            tokio::join!(backend, forward);
+        let prompt = server_prompt.map_or(plan.prompt, |tokens| TokenCount {
+            tokens,
+            source: TokenSource::Server,
+        });
+        let completion = server_completion.map_or_else(
+            || {
+                let mut estimate = estimate_completion(&text);
+                // Beyond what was kept, by length.
+                estimate.tokens = estimate.tokens.max((text_len as u64).div_ceil(4));
+                estimate
+            },
+            |tokens| TokenCount {
+                tokens,
+                source: TokenSource::Server,
+            },
+        );
+        let (used, left) = {
+            let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            let used = ledger.settle(plan.reservation, prompt.tokens, completion.tokens);
+            (used, ledger.remaining())
+        };
+        let estimated =
+            prompt.source == TokenSource::Estimate || completion.source == TokenSource::Estimate;
+        let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)
+            .receipt(self.run_id.as_str())
+            .run(self.run_id.as_str())
+            .call(call_id.as_str())
+            .meta("phase", "done")
+            .meta("route", plan.route.as_str())
+            .meta("prompt_tokens", prompt.tokens as i64)
+            .meta("prompt_source", source_name(prompt))
+            .meta("completion_tokens", completion.tokens as i64)
+            .meta("completion_source", source_name(completion))
+            .meta("estimated", estimated)
+            .meta("finish_reason", finish.as_str())
+            .meta("tokens_used", used as i64)
+            .meta(
+                "duration_ms",
+                i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX),
+            );
+        match &result {
+            Ok(()) => {
+                entry = entry.decision(Decision::Allow);
+                let done = pb::CompleteDone {
+                    finish_reason: finish,
+                    prompt: Some(proto_count(prompt)),
+                    completion: Some(proto_count(completion)),
+                    estimated,
+                    tokens_left: left,
+                };
+                let _ = out
+                    .send(Ok(event(pb::complete_event::Event::Done(done))))
+                    .await;
+            }
+            Err(e) => {
+                // The call went out and failed there: allowed, with why it has no result.
+                let reason = self.scrubbed(&plan.route, &shared.backends, &e.to_string());
+                entry = entry
+                    .decision(Decision::Allow)
+                    .reason(reason.as_str())
+                    .meta(
+                        "backend_status",
+                        e.status().map_or(MetaValue::Null, |s| i64::from(s).into()),
+                    );
+                let status = match e {
+                    BackendError::Status { status: 429, .. } => Status::resource_exhausted(reason),
+                    BackendError::Status { status, .. } if (400..500).contains(status) => {
+                        Status::failed_precondition(reason)
+                    }
+                    _ => Status::unavailable(reason),
+                };
+                let _ = out.send(Err(status)).await;
+            }
+        }
+        if let Err(e) = self.audit.record(entry) {
+            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a model call's end");
+        }
+        drop(slot);
+    }
+
+    /// A backend's error, with the route's key removed should it appear.
+    fn scrubbed(&self, route: &str, backends: &Backends, text: &str) -> String {
+        match backends.key_of(route) {
+            Some(key) if !key.is_empty() => text.replace(key, "[secret]"),
+            _ => text.to_owned(),
+        }
+    }
+}
+
+/// A checked call, ready to send.
+struct CallPlan {
+    route: String,
+    chat: ChatRequest,
+    prompt: TokenCount,
+    reservation: tollgate_router::tokens::Reservation,
+    started: pb::CompleteStarted,
+    meta: Vec<(&'static str, MetaValue)>,
+}
+
+fn meta_str(meta: &[(&'static str, MetaValue)], key: &str) -> Option<String> {
+    meta.iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| match v {
+            MetaValue::Str(s) => Some(s.clone()),
+            _ => None,
+        })
+}
+
+fn meta_list(meta: &[(&'static str, MetaValue)], key: &str) -> Option<String> {
+    meta.iter()
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| match v {
+            MetaValue::List(items) => Some(
+                items
+                    .iter()
+                    .filter_map(|i| match i {
+                        tollgate_audit::MetaScalar::Str(s) => Some(s.as_str()),
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            _ => None,
+        })
+}
