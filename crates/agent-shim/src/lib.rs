@@ -23,6 +23,7 @@
 
 pub mod confine;
 mod enter;
+pub mod models;
 pub mod plan;
 pub mod protocol;
 pub mod setup;
@@ -186,6 +187,11 @@ fn pid_one(
         Ok(fd) => fd,
         Err(reason) => fail(&mut control, reason),
     };
+    if let Some(models) = plan.models {
+        if let Err(reason) = start_models_endpoint(plan, models.port, &seccomp, &proc_dir) {
+            fail(&mut control, reason);
+        }
+    }
     let (agent, landlock_abi) = match start_agent(plan, &seccomp, &proc_dir) {
         Ok(started) => started,
         Err(reason) => fail(&mut control, reason),
@@ -249,6 +255,45 @@ fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<Age
             }
         }
     }
+}
+
+/// Starts the sandbox's model endpoint (`tollgate-shim models`) as the agent's sibling,
+/// confined exactly as the agent is (same uid, Landlock rules, seccomp filter; it may do
+/// nothing the agent could not do over the gateway itself), and waits until it listens, so
+/// the agent's first request finds it.
+fn start_models_endpoint(
+    plan: &SandboxPlan,
+    port: u16,
+    seccomp: &confine::SeccompPrograms,
+    proc_dir: &OwnedFd,
+) -> Result<(), String> {
+    let mut endpoint = plan.clone();
+    endpoint.agent = plan::AgentCommand {
+        argv: vec![
+            plan::SHIM_IN_SANDBOX.into(),
+            "models".into(),
+            "--port".into(),
+            port.to_string(),
+        ],
+        env: vec![(
+            "TOLLGATE_GATEWAY".into(),
+            format!("unix:{}", plan::GATEWAY_IN_SANDBOX),
+        )],
+        cwd: "/".into(),
+    };
+    start_agent(&endpoint, seccomp, proc_dir)
+        .map_err(|reason| format!("the model endpoint did not start: {reason}"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    while std::net::TcpStream::connect(address).is_err() {
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "the model endpoint did not listen on 127.0.0.1:{port} within 5 s"
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 fn open_proc() -> Result<OwnedFd, String> {

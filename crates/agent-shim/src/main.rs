@@ -7,6 +7,8 @@ fn main() {
         None => tollgate_agent_shim::run(),
         // Internal: the supervisor's gateway runs `exec` commands in a sandbox with it.
         Some("enter") => tollgate_agent_shim::enter(),
+        // Internal: pid 1 starts the sandbox's model endpoint with it.
+        Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
         Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
         Some(_) => {
             eprintln!(

@@ -62,6 +62,18 @@ pub struct SandboxBase {
     pub shim_binary: Option<PathBuf>,
 }
 
+/// The port of the sandbox's own model endpoint on its `127.0.0.1` (OpenAI- and
+/// Anthropic-compatible; it forwards to the gateway's `Complete`).
+pub const MODELS_PORT: u16 = 7710;
+
+/// The in-sandbox model endpoint: started by pid 1 before the agent when the receipt grants
+/// a model route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelsEndpoint {
+    /// Its port on the sandbox's `127.0.0.1`.
+    pub port: u16,
+}
+
 /// Most bytes one gateway `fs.write` carries: one atomic change.
 pub const MAX_WRITE_BYTES: usize = 16 << 20;
 
@@ -93,4 +105,7 @@ pub struct SandboxPlan {
     /// sent), shown at [`GATEWAY_IN_SANDBOX`]; none: no gateway.
     #[serde(default)]
     pub gateway_socket: Option<PathBuf>,
+    /// The model endpoint to start; none: the receipt grants no model route.
+    #[serde(default)]
+    pub models: Option<ModelsEndpoint>,
 }

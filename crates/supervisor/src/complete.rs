@@ -29,7 +29,7 @@ use tollgate_router::{Classifier, Sensitivity};
 use tonic::Status;
 
 use crate::gateway::RunGateway;
-use crate::models::{BackendError, Backends};
+use crate::models::{has_tokenizer, BackendError, Backends};
 use crate::runs::COMPONENT;
 
 /// Most model calls of one run in flight at once.
@@ -161,7 +161,7 @@ impl RunGateway {
                 }
                 entry
             };
-        let prepared = self.prepare(&request);
+        let prepared = self.prepare(&request).await;
         let (plan, slot) = match prepared {
             Ok(prepared) => prepared,
             Err(refused) => {
@@ -204,7 +204,7 @@ impl RunGateway {
     }
 
     /// Every check before a call is sent; the plan to send it.
-    fn prepare(&self, request: &pb::CompleteRequest) -> Result<(CallPlan, Slot), Refused> {
+    async fn prepare(&self, request: &pb::CompleteRequest) -> Result<(CallPlan, Slot), Refused> {
         let made = self.admit("model.complete").map_err(Refused::from)?;
         let Some(models) = self.models.clone() else {
             return Err(Refused::new(
@@ -277,8 +277,32 @@ impl RunGateway {
             Some(redacted) => redacted.messages.clone(),
             None => texts.iter().map(|t| (*t).to_owned()).collect(),
         };
-        let sent_refs: Vec<&str> = sent.iter().map(String::as_str).collect();
-        let prompt = estimate_prompt(&sent_refs);
+        let sent_messages: Vec<ChatMessage> = messages
+            .iter()
+            .zip(sent)
+            .map(|(m, content)| ChatMessage {
+                role: m.role,
+                content,
+            })
+            .collect();
+        let route = choice.route;
+        // The route's tokenizer when its server has one (the text is sent to it as it would
+        // be to the route: it is the same local server); an estimate otherwise, or when the
+        // tokenizer fails. A tokenizer never fails the call.
+        let prompt = if has_tokenizer(route) {
+            match shared.backends.count_prompt(route, &sent_messages).await {
+                Ok(tokens) => TokenCount {
+                    tokens,
+                    source: TokenSource::Tokenizer,
+                },
+                Err(e) => {
+                    tracing::warn!(run_id = %self.run_id, error = %e, "estimating the prompt's tokens instead");
+                    estimate_of(&sent_messages)
+                }
+            }
+        } else {
+            estimate_of(&sent_messages)
+        };
         let policy = shared.routes.policy;
         let asked = if request.max_tokens == 0 {
             policy.max_tokens_default
@@ -296,7 +320,6 @@ impl RunGateway {
                     format!("receipt {}: {spent}", self.run_id),
                 )
             })?;
-        let route = choice.route;
         let findings: Vec<String> = choice
             .assessment
             .findings
@@ -330,14 +353,7 @@ impl RunGateway {
         ];
         let chat = ChatRequest {
             model: route.model.clone(),
-            messages: messages
-                .iter()
-                .zip(sent)
-                .map(|(m, content)| ChatMessage {
-                    role: m.role,
-                    content,
-                })
-                .collect(),
+            messages: sent_messages,
             max_tokens: reservation.max_tokens,
             stream: request.stream,
             temperature: request.temperature,
@@ -429,18 +445,38 @@ impl RunGateway {
             tokens,
             source: TokenSource::Server,
         });
-        let completion = server_completion.map_or_else(
-            || {
-                let mut estimate = estimate_completion(&text);
-                // Beyond what was kept, by length.
-                estimate.tokens = estimate.tokens.max((text_len as u64).div_ceil(4));
-                estimate
-            },
-            |tokens| TokenCount {
+        let completion = match server_completion {
+            Some(tokens) => TokenCount {
                 tokens,
                 source: TokenSource::Server,
             },
-        );
+            None => {
+                // The tokenizer counts only a whole text from a call that went through.
+                let counted = if result.is_ok() && text.len() == text_len && has_tokenizer(route) {
+                    match shared.backends.count_completion(route, &text).await {
+                        Ok(tokens) => Some(tokens),
+                        Err(e) => {
+                            tracing::warn!(run_id = %self.run_id, error = %e, "estimating the completion's tokens instead");
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                match counted {
+                    Some(tokens) => TokenCount {
+                        tokens,
+                        source: TokenSource::Tokenizer,
+                    },
+                    None => {
+                        let mut estimate = estimate_completion(&text);
+                        // Beyond what was kept, by length.
+                        estimate.tokens = estimate.tokens.max((text_len as u64).div_ceil(4));
+                        estimate
+                    }
+                }
+            }
+        };
         let (used, left) = {
             let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
             let used = ledger.settle(plan.reservation, prompt.tokens, completion.tokens);
@@ -522,6 +558,12 @@ struct CallPlan {
     reservation: tollgate_router::tokens::Reservation,
     started: pb::CompleteStarted,
     meta: Vec<(&'static str, MetaValue)>,
+}
+
+/// The generous estimate of a prompt of `messages`.
+fn estimate_of(messages: &[ChatMessage]) -> TokenCount {
+    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+    estimate_prompt(&texts)
 }
 
 fn meta_str(meta: &[(&'static str, MetaValue)], key: &str) -> Option<String> {

@@ -77,6 +77,16 @@ struct Flags {
     /// start and never enter a sandbox. Without it, model calls are refused as unavailable.
     #[arg(long, value_name = "FILE", env = "TOLLGATE_ROUTES")]
     routes: Option<PathBuf>,
+    /// How long to wait at start for every local route's server to answer its health check
+    /// and list the route's model (retrying every 500 ms; llama.cpp answers 503 while it
+    /// loads). A route still failing then stops the supervisor. Cloud routes are not probed.
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    route_probe_timeout: u64,
 }
 
 /// Reads the routes file and loads its keys: one line saying what is wrong on failure.
@@ -141,6 +151,17 @@ async fn main() -> ExitCode {
             return ExitCode::from(78);
         }
     };
+    if let Some(models) = &models {
+        let timeout = Duration::from_secs(flags.route_probe_timeout);
+        if let Err(e) = models.backends.probe_local(&models.routes, timeout).await {
+            eprintln!("tollgate-supervisor: error: routes: {e}");
+            return ExitCode::from(78);
+        }
+        tracing::info!(
+            routes = models.routes.routes.len(),
+            "model routes loaded; every local route's server answered its probe"
+        );
+    }
     let listen = match flags.listen.strip_prefix(':') {
         Some(port) => format!("127.0.0.1:{port}"),
         None => flags.listen,

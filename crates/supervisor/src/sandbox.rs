@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use tollgate_agent_shim::plan::{
-    AgentCommand, Bind, LandlockPlan, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
+    AgentCommand, Bind, LandlockPlan, ModelsEndpoint, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX,
+    MODELS_PORT, SHIM_IN_SANDBOX,
 };
 use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD};
 use tollgate_proto::v1 as pb;
@@ -253,10 +254,24 @@ pub fn plan_for(
         ("LANG".into(), "C.UTF-8".into()),
         ("TOLLGATE_RUN_ID".into(), receipt.receipt_id.clone()),
     ];
+    // With a model route granted, the official SDKs find the sandbox's own endpoint; the
+    // keys are placeholders it ignores (the SDKs refuse to start without one).
+    let models = (!receipt.routes.is_empty()).then_some(ModelsEndpoint { port: MODELS_PORT });
+    if models.is_some() {
+        let base = format!("http://127.0.0.1:{MODELS_PORT}");
+        env.extend([
+            ("OPENAI_BASE_URL".into(), format!("{base}/v1")),
+            ("OPENAI_API_KEY".into(), "tollgate".into()),
+            ("ANTHROPIC_BASE_URL".into(), base.clone()),
+            ("ANTHROPIC_API_KEY".into(), "tollgate".into()),
+            ("TOLLGATE_MODELS".into(), base),
+        ]);
+    }
     if let Some(agent) = pinned {
         let mut extra: Vec<_> = agent
             .env
             .iter()
+            .filter(|(k, _)| !env.iter().any(|(set, _)| set == *k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         extra.sort();
@@ -289,6 +304,7 @@ pub fn plan_for(
             cwd: PathBuf::from(cwd),
         },
         inner_id: AGENT_INNER_ID,
+        models,
         // Set by the run manager once the run's gateway socket is bound.
         gateway_socket: None,
         host_id,

@@ -4,6 +4,8 @@
 //! with a secret is served locally and never reaches the cloud; LOW text goes to the cloud
 //! when granted; an ungranted route is refused; the token budget stops a run's calls; the
 //! cloud key goes to the cloud backend only, in its header; nothing of the text is audited.
+//! Counts are honest: the server's usage when it gives one, else the tokenizer of a vLLM or
+//! llama.cpp route (over TCP or a Unix socket), else an estimate flagged as one.
 
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
@@ -14,7 +16,7 @@ use tollgate_proto::v1 as pb;
 use tollgate_supervisor::complete::{ModelRoutes, RunModels};
 use tollgate_supervisor::gateway::{self, RunGateway};
 use tollgate_supervisor::snapshot::SnapshotStore;
-use tollgate_tests::fake_models::{FakeBackend, Script};
+use tollgate_tests::fake_models::{FakeBackend, Script, Tokenizer};
 
 const RUN_ID: &str = "01900000-0000-7000-8000-00000000c0de";
 const CLOUD_KEY_ENV: &str = "TOLLGATE_TEST_CLOUD_KEY";
@@ -38,17 +40,47 @@ struct Setup {
     _dir: tempfile::TempDir,
 }
 
+/// The local route's server: its preset, what it answers, and whether it listens on a
+/// Unix socket.
+struct Local {
+    preset: &'static str,
+    script: Script,
+    unix: bool,
+}
+
 async fn setup(grants: &[(&str, pb::Sensitivity)], tokens: u64) -> Setup {
-    let local = FakeBackend::start(Script {
-        text: "local answer".into(),
-        prompt_tokens: 30,
-        completion_tokens: 20,
-    })
-    .await;
+    setup_with(
+        grants,
+        tokens,
+        Local {
+            preset: "vllm",
+            script: Script {
+                text: "local answer".into(),
+                prompt_tokens: 30,
+                completion_tokens: 20,
+                ..Default::default()
+            },
+            unix: false,
+        },
+    )
+    .await
+}
+
+async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local) -> Setup {
+    let dir = tempfile::Builder::new()
+        .prefix("tg-complete")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let local = if spec.unix {
+        FakeBackend::start_unix(spec.script, &dir.path().join("local.sock")).await
+    } else {
+        FakeBackend::start(spec.script).await
+    };
     let cloud = FakeBackend::start(Script {
         text: "cloud answer".into(),
         prompt_tokens: 11,
         completion_tokens: 4,
+        ..Default::default()
     })
     .await;
     // Cloud routes may use plain http to a loopback address (a local proxy, or this test).
@@ -57,19 +89,19 @@ async fn setup(grants: &[(&str, pb::Sensitivity)], tokens: u64) -> Setup {
         [[route]]
         name = "local"
         kind = "local"
-        preset = "vllm"
-        endpoint = "http://{}"
+        preset = "{}"
+        endpoint = "{}"
         model = "qwen"
 
         [[route]]
         name = "claude"
         kind = "cloud"
         api = "anthropic"
-        endpoint = "http://{}"
+        endpoint = "{}"
         model = "claude-sonnet"
         key_secret = "env:{CLOUD_KEY_ENV}"
         "#,
-        local.addr, cloud.addr
+        spec.preset, local.endpoint, cloud.endpoint
     );
     std::env::set_var(CLOUD_KEY_ENV, cloud_key());
     let routes = tollgate_router::config::Routes::parse(&routes, "routes.toml").unwrap();
@@ -78,10 +110,6 @@ async fn setup(grants: &[(&str, pb::Sensitivity)], tokens: u64) -> Setup {
         routes,
         classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
     });
-    let dir = tempfile::Builder::new()
-        .prefix("tg-complete")
-        .tempdir_in("/tmp")
-        .unwrap();
     let audit_dir = dir.path().join("audit");
     let audit = AuditLog::open(AuditConfig::new(
         &audit_dir,
@@ -190,7 +218,7 @@ async fn a_secret_stays_local_and_low_text_may_go_to_the_cloud() {
     assert_eq!(done.prompt.unwrap().tokens, 30);
     assert!(!done.estimated, "server counts");
     assert!(s.cloud.received().is_empty(), "the cloud saw nothing");
-    let local = s.local.received();
+    let local = s.local.chat_requests();
     assert_eq!(local.len(), 1);
     assert!(
         local[0].body.contains("\"include_usage\":true"),
@@ -297,11 +325,206 @@ async fn the_token_budget_stops_a_runs_calls() {
         spent.message().contains("token budget is spent"),
         "{spent:?}"
     );
-    assert_eq!(s.local.received().len(), 2, "the backend was not asked");
+    assert_eq!(
+        s.local.chat_requests().len(),
+        2,
+        "the backend was not asked"
+    );
     // The lowered cap is what the backend was sent.
-    let second: serde_json::Value = serde_json::from_str(&s.local.received()[1].body).unwrap();
+    let second = s.local.chat_requests()[1].json();
     assert_eq!(
         second["max_tokens"].as_u64(),
         Some(u64::from(started.max_tokens))
+    );
+}
+
+fn count(c: Option<pb::TokenCount>) -> (u64, pb::TokenSource) {
+    let c = c.expect("a count");
+    (c.tokens, pb::TokenSource::try_from(c.source).unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_without_usage_is_counted_by_its_tokenizer() {
+    use pb::Sensitivity::High;
+    use pb::TokenSource::Tokenizer as TOKENIZER;
+    let local = Local {
+        preset: "vllm",
+        script: Script {
+            text: "local answer".into(),
+            omit_usage: true,
+            tokenizer: Some(Tokenizer::Vllm),
+            ..Default::default()
+        },
+        unix: false,
+    };
+    let mut s = setup_with(&[("local", High)], 10_000, local).await;
+    for stream in [true, false] {
+        let (_, text, done) = call(&mut s, request("local", "say hi", stream))
+            .await
+            .unwrap();
+        assert_eq!(text, "local answer");
+        // The fake's template: (2 words + 3) + (2 words + 3) + 2 for the reply's start. An
+        // estimate would say 16.
+        assert_eq!(count(done.prompt), (12, TOKENIZER), "stream {stream}");
+        // "local answer", no special tokens (an estimate would say 3).
+        assert_eq!(count(done.completion), (2, TOKENIZER), "stream {stream}");
+        assert!(!done.estimated, "both counts come from the tokenizer");
+    }
+    let received = s.local.received();
+    let paths: Vec<&str> = received.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/tokenize",
+            "/v1/chat/completions",
+            "/tokenize",
+            "/tokenize",
+            "/v1/chat/completions",
+            "/tokenize"
+        ],
+        "the prompt is counted before the call, the completion after"
+    );
+    let prompt = received[0].json();
+    assert_eq!(prompt["model"], "qwen");
+    assert_eq!(prompt["add_generation_prompt"], true);
+    assert_eq!(
+        prompt["messages"],
+        serde_json::json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "say hi"}])
+    );
+    let completion = received[2].json();
+    assert_eq!(
+        completion,
+        serde_json::json!({"model": "qwen", "prompt": "local answer", "add_special_tokens": false})
+    );
+    // The budget is charged the tokenizer's counts: 2 calls of 12 + 2.
+    let (_, _, done) = call(&mut s, request("local", "say hi", true))
+        .await
+        .unwrap();
+    assert_eq!(done.tokens_left, 10_000 - 3 * 14);
+    let log = audit_text(&s);
+    assert!(log.contains("\"prompt_source\":\"tokenizer\""), "{log}");
+    assert!(log.contains("\"completion_source\":\"tokenizer\""), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llamacpp_on_a_unix_socket_is_counted_by_its_tokenizer() {
+    use pb::Sensitivity::High;
+    use pb::TokenSource::Tokenizer as TOKENIZER;
+    let local = Local {
+        preset: "llamacpp",
+        script: Script {
+            text: "local answer".into(),
+            omit_usage: true,
+            tokenizer: Some(Tokenizer::Llamacpp),
+            ..Default::default()
+        },
+        unix: true,
+    };
+    let mut s = setup_with(&[("local", High)], 10_000, local).await;
+    assert!(s.local.endpoint.starts_with("unix:/"));
+    let (_, text, done) = call(&mut s, request("local", "say hi", true))
+        .await
+        .unwrap();
+    assert_eq!(text, "local answer");
+    // ChatML: "<|im_start|>system", "be", "brief<|im_end|>", "<|im_start|>user", "say",
+    // "hi<|im_end|>", "<|im_start|>assistant", and the BOS token.
+    assert_eq!(count(done.prompt), (8, TOKENIZER));
+    assert_eq!(count(done.completion), (2, TOKENIZER));
+    assert!(!done.estimated);
+    let received = s.local.received();
+    let paths: Vec<&str> = received.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/apply-template",
+            "/tokenize",
+            "/v1/chat/completions",
+            "/tokenize"
+        ]
+    );
+    assert_eq!(
+        received[0].json()["messages"][1],
+        serde_json::json!({"role": "user", "content": "say hi"})
+    );
+    let prompt = received[1].json();
+    assert!(prompt["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("<|im_start|>system\nbe brief"));
+    assert_eq!(
+        (
+            &prompt["add_special"],
+            &prompt["parse_special"],
+            &prompt["with_pieces"]
+        ),
+        (
+            &serde_json::json!(true),
+            &serde_json::json!(true),
+            &serde_json::json!(false)
+        )
+    );
+    let completion = received[3].json();
+    assert_eq!(completion["content"], "local answer");
+    assert_eq!(completion["add_special"], false);
+    assert_eq!(received[0].header("host"), Some("localhost"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ollama_without_usage_is_an_estimate_and_says_so() {
+    use pb::Sensitivity::High;
+    use pb::TokenSource::Estimate as ESTIMATE;
+    let local = Local {
+        preset: "ollama",
+        script: Script {
+            text: "local answer".into(),
+            omit_usage: true,
+            ..Default::default()
+        },
+        unix: false,
+    };
+    let mut s = setup_with(&[("local", High)], 10_000, local).await;
+    let (_, text, done) = call(&mut s, request("local", "say hi", true))
+        .await
+        .unwrap();
+    assert_eq!(text, "local answer");
+    // ceil(8/3) + ceil(6/3) + 4 per message + 3; ceil(12/4).
+    assert_eq!(count(done.prompt), (16, ESTIMATE));
+    assert_eq!(count(done.completion), (3, ESTIMATE));
+    assert!(done.estimated);
+    assert_eq!(
+        s.local.paths(),
+        ["/v1/chat/completions"],
+        "Ollama has no tokenizer endpoint: none is asked"
+    );
+    let log = audit_text(&s);
+    assert!(log.contains("\"estimated\":true"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_tokenizer_falls_back_to_an_estimate_and_never_fails_the_call() {
+    use pb::Sensitivity::High;
+    use pb::TokenSource::Estimate as ESTIMATE;
+    // A vLLM route whose server has no /tokenize (404) and reports no usage.
+    let local = Local {
+        preset: "vllm",
+        script: Script {
+            text: "local answer".into(),
+            omit_usage: true,
+            ..Default::default()
+        },
+        unix: false,
+    };
+    let mut s = setup_with(&[("local", High)], 10_000, local).await;
+    let (_, text, done) = call(&mut s, request("local", "say hi", false))
+        .await
+        .unwrap();
+    assert_eq!(text, "local answer");
+    assert_eq!(count(done.prompt), (16, ESTIMATE));
+    assert_eq!(count(done.completion), (3, ESTIMATE));
+    assert!(done.estimated);
+    assert_eq!(
+        s.local.paths(),
+        ["/tokenize", "/v1/chat/completions", "/tokenize"],
+        "the tokenizer was asked, and failed"
     );
 }

@@ -76,14 +76,17 @@ impl Fixture {
     fn sink(&self) -> OutputSink {
         let output = self.output.clone();
         Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
-            if stream == OutputStream::Stdout {
-                output
-                    .lock()
-                    .unwrap()
-                    .entry(run_id.to_owned())
-                    .or_default()
-                    .push_str(&String::from_utf8_lossy(bytes));
-            }
+            // Stderr apart, under "RUN:stderr", for failure messages.
+            let key = match stream {
+                OutputStream::Stdout => run_id.to_owned(),
+                OutputStream::Stderr => format!("{run_id}:stderr"),
+            };
+            output
+                .lock()
+                .unwrap()
+                .entry(key)
+                .or_default()
+                .push_str(&String::from_utf8_lossy(bytes));
         })
     }
 
@@ -603,6 +606,165 @@ fn exec_runs_only_what_the_sandbox_could_execute_when_it_started() {
     );
     assert_eq!(lines[3], "exec rc=1", "{output}");
     assert!(!output.contains("uid="), "{output}");
+    fx.assert_gone(&run_id);
+}
+
+/// The agent inside the sandbox: the official `openai` package, unmodified, against the
+/// sandbox's own endpoint (`OPENAI_BASE_URL`).
+const SDK_AGENT: &str = r#"
+import os, sys, openai
+# The agent's own key: the endpoint ignores it; no backend may ever see it.
+client = openai.OpenAI(api_key=os.environ["AGENT_KEY"])
+print("models", sorted(m.id for m in client.models.list()))
+def chat(text):
+    stream = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": text}],
+                                            stream=True, stream_options={"include_usage": True})
+    out, usage = "", None
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            out += chunk.choices[0].delta.content
+        if chunk.usage:
+            usage = chunk.usage
+    print("reply", out, usage.prompt_tokens, usage.completion_tokens)
+chat("what is the weather like")
+chat("deploy with " + os.environ["TOKEN_PREFIX"] + "q7Lm2Xv9Rt4Kp8Ws3Yb6Nc1Zd5Hf0Ja2Ue7Io9")
+whole = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}])
+print("whole", whole.choices[0].message.content, whole.usage.total_tokens)
+print("env", sorted(os.environ.items()))
+# Nothing in the sandbox looks like a cloud key: files it can read, and the endpoint's error.
+found = []
+for top in ("/run", "/work", "/tmp", "/etc"):
+    for root, dirs, files in os.walk(top):
+        for name in files:
+            try:
+                with open(os.path.join(root, name), "rb") as f:
+                    if b"sk-ant-api03" in f.read(1 << 20):
+                        found.append(os.path.join(root, name))
+            except OSError:
+                pass
+try:
+    client.chat.completions.create(model="nowhere", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+except openai.APIStatusError as e:
+    print("refused", e.status_code, "sk-ant-api03" in str(e.body))
+print("found", found)
+"#;
+
+#[test]
+fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
+    if !require_root() {
+        return;
+    }
+    let sdk = std::env::var("TOLLGATE_PYTHON_SDK")
+        .unwrap_or_else(|_| "/usr/local/lib/tollgate-python".into());
+    assert!(
+        Path::new(&sdk).join("openai").is_dir(),
+        "the openai package is missing under {sdk}: scripts/test installs it"
+    );
+    let fx = Fixture::new("models-sdk", 201_900);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let script = |text: &str| tollgate_tests::fake_models::Script {
+        text: text.into(),
+        prompt_tokens: 12,
+        completion_tokens: 5,
+        ..Default::default()
+    };
+    let local = runtime.block_on(tollgate_tests::fake_models::FakeBackend::start(script(
+        "served locally",
+    )));
+    let cloud = runtime.block_on(tollgate_tests::fake_models::FakeBackend::start(script(
+        "served by the cloud",
+    )));
+    let key = format!("{}{}", "sk-ant-api03-", "Hk2Jd8Lq4Wn7Rt1Yv5Bc9Xm3Zp6Sf0Ga");
+    let key_env = "TOLLGATE_TEST_SDK_CLOUD_KEY";
+    std::env::set_var(key_env, &key);
+    let routes = tollgate_router::config::Routes::parse(
+        &format!(
+            "[[route]]\nname = \"local\"\nkind = \"local\"\npreset = \"vllm\"\nendpoint = \"{}\"\nmodel = \"qwen\"\n\n\
+             [[route]]\nname = \"claude\"\nkind = \"cloud\"\napi = \"anthropic\"\nendpoint = \"{}\"\nmodel = \"claude\"\nkey_secret = \"env:{key_env}\"\n",
+            local.endpoint, cloud.endpoint
+        ),
+        "routes.toml",
+    )
+    .unwrap();
+    fx.manager
+        .set_model_routes(Arc::new(tollgate_supervisor::complete::ModelRoutes {
+            backends: tollgate_supervisor::models::Backends::new(&routes).unwrap(),
+            routes,
+            classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
+        }));
+    let mut receipt = fx.receipt("", 60);
+    receipt.agent = Some(pb::AgentSpec {
+        argv: vec!["/usr/bin/python3".into(), "-c".into(), SDK_AGENT.into()],
+        env: [
+            ("PYTHONPATH".to_owned(), sdk.clone()),
+            ("TOKEN_PREFIX".to_owned(), "ghp_".to_owned()),
+            // The agent's own key (it passes it to the SDK): ignored, never passed on.
+            ("AGENT_KEY".to_owned(), "sk-agent-own-key-canary".to_owned()),
+        ]
+        .into(),
+        ..Default::default()
+    });
+    receipt.exec = vec!["/usr/bin/python3".into()];
+    receipt.limits.as_mut().unwrap().tokens = 10_000;
+    receipt.limits.as_mut().unwrap().memory_bytes = 512 << 20;
+    receipt.routes = vec![
+        pb::RouteGrant {
+            name: "local".into(),
+            max_sensitivity: pb::Sensitivity::High as i32,
+        },
+        pb::RouteGrant {
+            name: "claude".into(),
+            max_sensitivity: pb::Sensitivity::Low as i32,
+        },
+    ];
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(60)).unwrap();
+    let output = fx.output_of(&run_id);
+    let errors = fx.output_of(&format!("{run_id}:stderr"));
+    assert_eq!(record.state, RunState::Exited, "{output}{errors}");
+    assert_eq!(
+        record.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{output}{errors}"
+    );
+    let lines: Vec<&str> = output.lines().collect();
+    assert_eq!(lines[0], "models ['auto', 'claude', 'local']", "{output}");
+    assert_eq!(lines[1], "reply served by the cloud 12 5", "{output}");
+    assert_eq!(lines[2], "reply served locally 12 5", "{output}");
+    assert_eq!(lines[3], "whole served by the cloud 17", "{output}");
+    assert_eq!(lines[5], "refused 403 False", "{output}");
+    assert_eq!(lines[6], "found []", "{output}");
+    // The secret prompt never reached the cloud; the cloud key never entered the sandbox;
+    // the agent's own key reached no backend.
+    let chats = |backend: &tollgate_tests::fake_models::FakeBackend| {
+        backend
+            .received()
+            .into_iter()
+            .filter(|r| r.path == "/v1/chat/completions" || r.path == "/v1/messages")
+            .collect::<Vec<_>>()
+    };
+    let (local_seen, cloud_seen) = (chats(&local), chats(&cloud));
+    assert_eq!((local_seen.len(), cloud_seen.len()), (1, 2), "{output}");
+    assert!(local_seen[0].body.contains("ghp_"));
+    assert!(cloud_seen.iter().all(|r| !r.body.contains("ghp_")));
+    assert!(cloud_seen
+        .iter()
+        .all(|r| r.header("x-api-key") == Some(key.as_str())));
+    assert!(
+        !output.contains(&key),
+        "the cloud key is visible inside the sandbox"
+    );
+    assert!(
+        output.contains("('OPENAI_API_KEY', 'tollgate')"),
+        "{output}"
+    );
+    for request in local.received().iter().chain(&cloud.received()) {
+        assert!(!request
+            .headers
+            .iter()
+            .any(|h| h.contains("sk-agent-own-key-canary")));
+        assert!(!request.body.contains("sk-agent-own-key-canary"));
+    }
     fx.assert_gone(&run_id);
 }
 
