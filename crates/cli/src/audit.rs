@@ -333,6 +333,32 @@ fn story_line(entry: &Entry) -> String {
             meta("start_us")
         ),
         EntryKind::LimitHit => format!("{} limit hit: {reason}", meta("limit")),
+        EntryKind::RouteDecision if meta("phase") == "done" => format!(
+            "model call done on route {}: {} prompt + {} completion tokens ({} / {}), finish {}{}",
+            meta("route"),
+            meta("prompt_tokens"),
+            meta("completion_tokens"),
+            meta("prompt_source"),
+            meta("completion_source"),
+            meta("finish_reason"),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        ),
+        EntryKind::RouteDecision if entry.decision == Some(tollgate_audit::Decision::Deny) => {
+            format!("model call refused: {reason}")
+        }
+        EntryKind::RouteDecision => format!(
+            "model call routed to {} ({}, model {}): text {}, sent {}, findings {}",
+            meta("route"),
+            meta("kind"),
+            meta("model"),
+            meta("sensitivity"),
+            meta("sent_sensitivity"),
+            meta("reasons")
+        ),
         EntryKind::ToolCall => format!(
             "gateway call {} {}: {}{}",
             meta("tool"),

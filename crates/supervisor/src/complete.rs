@@ -404,7 +404,20 @@ impl RunGateway {
         };
         let (items_tx, mut items_rx) = mpsc::channel::<StreamItem>(64);
         let backend = async {
-            let result = shared.backends.call(route, &plan.chat, &items_tx).await;
+            let result = tokio::time::timeout(
+                crate::models::CALL_TIMEOUT,
+                shared.backends.call(route, &plan.chat, &items_tx),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::Reply {
+                    route: route.name.clone(),
+                    detail: format!(
+                        "the call took longer than {} s and was given up",
+                        crate::models::CALL_TIMEOUT.as_secs()
+                    ),
+                })
+            });
             drop(items_tx);
             result
         };

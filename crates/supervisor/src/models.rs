@@ -31,6 +31,10 @@ use tollgate_router::wire::{self, ChatMessage, ChatRequest, Role, StreamItem};
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// Largest whole (not streamed) reply or error body read.
 const MAX_BODY: usize = 8 << 20;
+/// Longest silence in a streamed reply before the call is given up.
+const IDLE: Duration = Duration::from_secs(120);
+/// Longest a whole model call may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(600);
 /// Longest wait for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the start-up probe waits for local routes' servers by default
@@ -269,7 +273,18 @@ impl Backends {
             return Ok(());
         }
         let mut parser = SseParser::new();
-        while let Some(frame) = body.frame().await {
+        loop {
+            // A backend that stops sending holds a call slot: not for longer than IDLE.
+            let frame = match tokio::time::timeout(IDLE, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(self.reply_error(
+                        route,
+                        format!("the backend sent nothing for {} s", IDLE.as_secs()),
+                    ))
+                }
+            };
             let frame = frame.map_err(|e| self.reply_error(route, e.to_string()))?;
             let Ok(data) = frame.into_data() else {
                 continue;
