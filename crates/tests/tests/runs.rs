@@ -630,6 +630,27 @@ chat("what is the weather like")
 chat("deploy with " + os.environ["TOKEN_PREFIX"] + "q7Lm2Xv9Rt4Kp8Ws3Yb6Nc1Zd5Hf0Ja2Ue7Io9")
 whole = client.chat.completions.create(model="auto", messages=[{"role": "user", "content": "hi"}])
 print("whole", whole.choices[0].message.content, whole.usage.total_tokens)
+# The Anthropic shape, as ANTHROPIC_BASE_URL serves it (the agent's key header is ignored).
+import json, urllib.request
+def messages(stream):
+    body = {"model": "auto", "max_tokens": 50, "stream": stream, "messages": [{"role": "user", "content": "hello"}]}
+    request = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages", data=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "x-api-key": os.environ["AGENT_KEY"], "anthropic-version": "2023-06-01"})
+    with urllib.request.urlopen(request) as reply:
+        if not stream:
+            r = json.load(reply)
+            return r["content"][0]["text"], r["usage"]["output_tokens"], r["stop_reason"]
+        text, out, stop = "", None, None
+        for line in reply.read().decode().splitlines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                if event["type"] == "content_block_delta":
+                    text += event["delta"]["text"]
+                if event["type"] == "message_delta":
+                    out, stop = event["usage"]["output_tokens"], event["delta"]["stop_reason"]
+        return text, out, stop
+print("messages", *messages(False))
+print("messages", *messages(True))
 print("env", sorted(os.environ.items()))
 # Nothing in the sandbox looks like a cloud key: files it can read, and the endpoint's error.
 found = []
@@ -732,8 +753,16 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
     assert_eq!(lines[1], "reply served by the cloud 12 5", "{output}");
     assert_eq!(lines[2], "reply served locally 12 5", "{output}");
     assert_eq!(lines[3], "whole served by the cloud 17", "{output}");
-    assert_eq!(lines[5], "refused 403 False", "{output}");
-    assert_eq!(lines[6], "found []", "{output}");
+    assert_eq!(
+        lines[4], "messages served by the cloud 5 end_turn",
+        "{output}"
+    );
+    assert_eq!(
+        lines[5], "messages served by the cloud 5 end_turn",
+        "{output}"
+    );
+    assert_eq!(lines[7], "refused 403 False", "{output}");
+    assert_eq!(lines[8], "found []", "{output}");
     // The secret prompt never reached the cloud; the cloud key never entered the sandbox;
     // the agent's own key reached no backend.
     let chats = |backend: &tollgate_tests::fake_models::FakeBackend| {
@@ -744,7 +773,7 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
             .collect::<Vec<_>>()
     };
     let (local_seen, cloud_seen) = (chats(&local), chats(&cloud));
-    assert_eq!((local_seen.len(), cloud_seen.len()), (1, 2), "{output}");
+    assert_eq!((local_seen.len(), cloud_seen.len()), (1, 4), "{output}");
     assert!(local_seen[0].body.contains("ghp_"));
     assert!(cloud_seen.iter().all(|r| !r.body.contains("ghp_")));
     assert!(cloud_seen
