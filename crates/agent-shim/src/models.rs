@@ -5,11 +5,12 @@
 //! Pid 1 starts it before the agent, confined exactly as the agent is. It serves
 //! `GET /v1/models`, `POST /v1/chat/completions` (OpenAI, streamed or not) and
 //! `POST /v1/messages` (Anthropic, streamed or not) and turns each call into the gateway's
-//! `Complete`: the route is the request's `model` (`auto`, empty or unknown: the router
-//! chooses among granted routes). Every request header is ignored — an API key the agent
-//! sends goes nowhere — and only the messages, the completion cap, streaming, temperature
-//! and stop sequences are passed on. Refusals come back as the APIs' error shapes with
-//! `x-should-retry: false`.
+//! `Complete`: the route is the request's `model` (`auto` or empty: the router chooses among
+//! granted routes; another name must be a granted route). Request headers are ignored — an
+//! API key the agent sends goes nowhere; only `anthropic-version` on `GET /v1/models` picks
+//! the Anthropic list shape — and only the messages, the completion cap, streaming,
+//! temperature and stop sequences are passed on. Errors come back as the APIs' error shapes
+//! with `x-should-retry: false` (every call is charged and audited).
 
 use std::convert::Infallible;
 
@@ -112,8 +113,8 @@ fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static("application/json"),
     );
-    if status.is_client_error() {
-        // A refusal stands: the SDKs must not retry it.
+    if !status.is_success() {
+        // Every call is charged and audited: the SDKs must not retry on their own.
         response.headers_mut().insert(
             "x-should-retry",
             hyper::header::HeaderValue::from_static("false"),
@@ -136,6 +137,10 @@ fn error_response(api: Api, status: StatusCode, kind: &str, message: &str) -> Re
 fn refused(api: Api, status: &tonic::Status) -> Response<Body> {
     let (code, kind) = match status.code() {
         tonic::Code::PermissionDenied => (StatusCode::FORBIDDEN, "tollgate_refused"),
+        tonic::Code::ResourceExhausted if status.message().contains("the backend answered") => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "tollgate_backend_rate_limited",
+        ),
         tonic::Code::ResourceExhausted => (StatusCode::TOO_MANY_REQUESTS, "tollgate_budget"),
         tonic::Code::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_request_error"),
         tonic::Code::Unavailable | tonic::Code::FailedPrecondition => {
@@ -147,9 +152,12 @@ fn refused(api: Api, status: &tonic::Status) -> Response<Body> {
 }
 
 async fn handle(mut gateway: Gateway, request: Request<hyper::body::Incoming>) -> Response<Body> {
-    let anthropic_style = request.headers().contains_key("anthropic-version");
+    // The path decides the shape of a call; only the model list, which both SDKs fetch from
+    // /v1/models, is told apart by the Anthropic SDK's version header.
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
-    let api = if path == "/v1/messages" || anthropic_style {
+    let anthropic_list =
+        method == Method::GET && request.headers().contains_key("anthropic-version");
+    let api = if path == "/v1/messages" || anthropic_list {
         Api::Anthropic
     } else {
         Api::OpenAi

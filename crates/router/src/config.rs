@@ -182,8 +182,21 @@ impl KeySource {
             Self::Env(name) => std::env::var(name)
                 .map_err(|_| format!("environment variable {name} is not set (or not UTF-8)"))?,
             Self::File(path) => {
-                use std::os::unix::fs::MetadataExt as _;
-                let meta = std::fs::symlink_metadata(path)
+                use std::io::Read as _;
+                use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+                // Checked and read through one descriptor, never following a link.
+                let mut file = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(path)
+                    .map_err(|e| {
+                        format!(
+                            "{}: {e} (a key file is a regular file, not a link)",
+                            path.display()
+                        )
+                    })?;
+                let meta = file
+                    .metadata()
                     .map_err(|e| format!("{}: {e}", path.display()))?;
                 if !meta.is_file() {
                     return Err(format!("{} is not a regular file", path.display()));
@@ -194,7 +207,10 @@ impl KeySource {
                         path.display()
                     ));
                 }
-                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?
+                let mut text = String::new();
+                file.read_to_string(&mut text)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                text
             }
         };
         let trimmed = value.trim_end();
@@ -357,12 +373,15 @@ fn parse_key(text: &str) -> Result<KeySource, String> {
             return Ok(KeySource::File(PathBuf::from(path)));
         }
     }
-    Err(format!(
-        "{text:?}: name where the key is, as env:VARIABLE or file:/absolute/path (never the key itself)"
-    ))
+    // The value is never repeated: it may be a key pasted in by mistake.
+    Err(
+        "name where the key is, as env:VARIABLE or file:/absolute/path (never the key itself)"
+            .into(),
+    )
 }
 
-fn valid_name(name: &str) -> bool {
+/// Whether `name` may name a route.
+pub fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
             .bytes()
@@ -603,6 +622,7 @@ mod tests {
             (route("kind = \"cloud\"\npreset = \"vllm\"\nendpoint = \"https://x.example\"\nkey_secret = \"env:K\""), "presets name local servers"),
             ("[policy]\nmax_tokens_default = 9000\n".to_owned(), "policy.max_tokens_default"),
         ];
+        assert!(!error(&route("kind = \"cloud\"\napi = \"openai\"\nendpoint = \"https://api.openai.com\"\nkey_secret = \"sk-live-abc\"")).contains("sk-live-abc"), "a pasted key is never repeated");
         for (text, needle) in cases {
             let message = error(&text);
             assert!(message.contains(needle), "{needle:?} not in {message:?}");

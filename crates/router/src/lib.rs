@@ -4,8 +4,9 @@
 //! granted by the receipt, and the text's sensitivity must not exceed that grant's
 //! `max_sensitivity`. The text's sensitivity comes from the [`Classifier`]. [`config`] reads
 //! the supervisor's routes file; [`decide`] picks the route for a call (a named one, or
-//! `auto`); [`sse`] reads server-sent events; [`tokens`] keeps a run's token budget. The HTTP
-//! backends arrive with later parts of the router issue.
+//! `auto`); [`wire`] builds requests and reads replies of the OpenAI and Anthropic APIs;
+//! [`sse`] reads server-sent events; [`tokens`] keeps a run's token budget. The supervisor
+//! does the I/O (`tollgate_supervisor::models`).
 //!
 //! # The classifier
 //!

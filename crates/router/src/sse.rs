@@ -23,8 +23,8 @@ pub struct SseEvent {
 /// Why a stream cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SseError {
-    /// A line exceeded [`MAX_LINE`].
-    #[error("an event-stream line is longer than {MAX_LINE} bytes")]
+    /// A line, or one event's data, exceeded [`MAX_LINE`].
+    #[error("an event-stream line or event is longer than {MAX_LINE} bytes")]
     LineTooLong,
     /// A line is not UTF-8.
     #[error("an event-stream line is not UTF-8")]
@@ -105,10 +105,14 @@ impl SseParser {
             None => (line, ""),
         };
         match name {
-            "data" => self
-                .data
-                .get_or_insert_with(Vec::new)
-                .push(value.to_owned()),
+            "data" => {
+                let data = self.data.get_or_insert_with(Vec::new);
+                // One event's data is bounded too, not only each line.
+                if data.iter().map(String::len).sum::<usize>() + value.len() > MAX_LINE {
+                    return Err(SseError::LineTooLong);
+                }
+                data.push(value.to_owned());
+            }
             "event" => self.event = Some(value.to_owned()),
             _ => {}
         }

@@ -96,7 +96,8 @@ impl Ledger {
 
     /// Tokens neither used nor held.
     pub fn remaining(&self) -> u64 {
-        self.limit.saturating_sub(self.used + self.reserved)
+        self.limit
+            .saturating_sub(self.used.saturating_add(self.reserved))
     }
 
     /// Holds `prompt` plus up to `max_tokens` completion tokens, lowering the completion
@@ -113,7 +114,7 @@ impl Ledger {
         }
         let completion = u64::from(max_tokens).min(remaining - prompt);
         let held = prompt + completion;
-        self.reserved += held;
+        self.reserved = self.reserved.saturating_add(held);
         Ok(Reservation {
             held,
             max_tokens: u32::try_from(completion).unwrap_or(u32::MAX),
@@ -127,7 +128,7 @@ impl Ledger {
         self.used
     }
 
-    /// Gives a reservation back unused (the call never reached a backend).
+    /// Gives a reservation back unused (the call was not made).
     pub fn release(&mut self, reservation: Reservation) {
         self.reserved = self.reserved.saturating_sub(reservation.held);
     }

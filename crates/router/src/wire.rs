@@ -286,8 +286,8 @@ fn anthropic_prompt_tokens(usage: Option<&Value>) -> Option<u64> {
     let cached = ["cache_creation_input_tokens", "cache_read_input_tokens"]
         .iter()
         .filter_map(|k| usage.get(*k).and_then(Value::as_u64))
-        .sum::<u64>();
-    Some(input + cached)
+        .fold(0u64, u64::saturating_add);
+    Some(input.saturating_add(cached))
 }
 
 /// Decodes one server-sent event of a streamed reply of `api`.

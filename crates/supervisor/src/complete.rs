@@ -32,6 +32,9 @@ use crate::gateway::RunGateway;
 use crate::models::{has_tokenizer, BackendError, Backends};
 use crate::runs::COMPONENT;
 
+/// How long a client may leave the stream unread before the call is dropped.
+const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Most model calls of one run in flight at once.
 pub const MAX_IN_FLIGHT: usize = 4;
 /// Most bytes of message text in one call.
@@ -97,6 +100,20 @@ fn source_name(count: TokenCount) -> &'static str {
     }
 }
 
+/// The route a call asked for, as recorded: a route name, or `<invalid>` (the field is the
+/// agent's and could hold anything).
+fn requested_name(route: &str) -> &str {
+    if route.is_empty() || route == "auto" || tollgate_router::config::valid_name(route) {
+        route
+    } else {
+        "<invalid>"
+    }
+}
+
+/// Most stop sequences a call may carry, and their longest.
+const MAX_STOPS: usize = 4;
+const MAX_STOP_LEN: usize = 64;
+
 /// A refusal: the status for the agent, the reason and metadata for the entry.
 struct Refused {
     status: Status,
@@ -151,7 +168,7 @@ impl RunGateway {
                     .run(self.run_id.as_str())
                     .call(call_id.as_str())
                     .decision(decision)
-                    .meta("requested", request.route.as_str())
+                    .meta("requested", requested_name(&request.route))
                     .meta("messages", request.messages.len() as i64);
                 for (key, value) in meta {
                     entry = entry.meta(*key, value.clone());
@@ -219,8 +236,8 @@ impl RunGateway {
                 Refused::new(
                     Status::invalid_argument,
                     format!(
-                        "message {i}: role {:?} is not system, user or assistant",
-                        m.role
+                        "message {i}: the role is not system, user or assistant ({} bytes given)",
+                        m.role.len()
                     ),
                 )
             })?;
@@ -236,8 +253,20 @@ impl RunGateway {
                 format!("a call needs 1 or more messages and at most {MAX_TEXT} bytes of text"),
             ));
         }
+        if request.stop.len() > MAX_STOPS || request.stop.iter().any(|s| s.len() > MAX_STOP_LEN) {
+            return Err(Refused::new(
+                Status::invalid_argument,
+                format!("at most {MAX_STOPS} stop sequences of at most {MAX_STOP_LEN} bytes"),
+            ));
+        }
         let shared = &models.shared;
-        let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
+        // The stop sequences leave with the messages: they are judged (and redacted) too,
+        // after the messages.
+        let texts: Vec<&str> = messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .chain(request.stop.iter().map(String::as_str))
+            .collect();
         let force_local = shared.routes.policy.force_local || request.local_only;
         let choice = decide(
             &self.receipt,
@@ -273,10 +302,11 @@ impl RunGateway {
                 format!("{MAX_IN_FLIGHT} model calls are already in flight for this run"),
             ));
         }
-        let sent: Vec<String> = match &choice.redacted {
+        let mut sent: Vec<String> = match &choice.redacted {
             Some(redacted) => redacted.messages.clone(),
             None => texts.iter().map(|t| (*t).to_owned()).collect(),
         };
+        let sent_stops = sent.split_off(messages.len());
         let sent_messages: Vec<ChatMessage> = messages
             .iter()
             .zip(sent)
@@ -357,7 +387,7 @@ impl RunGateway {
             max_tokens: reservation.max_tokens,
             stream: request.stream,
             temperature: request.temperature,
-            stop: request.stop.clone(),
+            stop: sent_stops,
         };
         let started = pb::CompleteStarted {
             call_id: String::new(),
@@ -433,11 +463,18 @@ impl RunGateway {
                         if text.len() < 1 << 20 {
                             text.push_str(&delta);
                         }
-                        let _ = out
-                            .send(Ok(event(pb::complete_event::Event::Delta(
+                        // A client that stops reading does not hold the call: after IDLE
+                        // the backend's reply is dropped.
+                        let sent = tokio::time::timeout(
+                            CLIENT_IDLE,
+                            out.send(Ok(event(pb::complete_event::Event::Delta(
                                 pb::CompleteDelta { text: delta },
-                            ))))
-                            .await;
+                            )))),
+                        )
+                        .await;
+                        if !matches!(sent, Ok(Ok(()))) {
+                            break;
+                        }
                     }
                     StreamItem::Finish(reason) => finish = reason,
                     StreamItem::Usage {
@@ -481,14 +518,34 @@ impl RunGateway {
                         tokens,
                         source: TokenSource::Tokenizer,
                     },
+                    // Uncounted: charged the cap the backend was held to (never less than
+                    // the text's length suggests), so estimates cannot add up past the budget.
                     None => {
                         let mut estimate = estimate_completion(&text);
-                        // Beyond what was kept, by length.
-                        estimate.tokens = estimate.tokens.max((text_len as u64).div_ceil(4));
+                        estimate.tokens = estimate
+                            .tokens
+                            .max((text_len as u64).div_ceil(4))
+                            .max(u64::from(plan.chat.max_tokens));
                         estimate
                     }
                 }
             }
+        };
+        // A failed call that returned nothing is not charged (an agent's retry of an
+        // unreachable backend must not drain its budget).
+        let (prompt, completion) = if result.is_err() && text_len == 0 {
+            (
+                TokenCount {
+                    tokens: 0,
+                    ..prompt
+                },
+                TokenCount {
+                    tokens: 0,
+                    ..completion
+                },
+            )
+        } else {
+            (prompt, completion)
         };
         let (used, left) = {
             let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());

@@ -243,6 +243,12 @@ impl Backends {
                         .or_else(|| v.pointer("/error/code"))
                         .and_then(|t| t.as_str().map(str::to_owned))
                 })
+                // A type is an identifier; anything else may be prose (and echo a key).
+                .filter(|t| {
+                    (1..=64).contains(&t.len())
+                        && t.bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+                })
                 .unwrap_or_else(|| "no error type".into());
             return Err(BackendError::Status {
                 route: route.name.clone(),
@@ -309,8 +315,8 @@ impl Backends {
             }
         }
         // The body ended without the format's end marker: what came is what there is.
-        let _ = items.send(StreamItem::Done).await;
-        Ok(())
+        // The body ended without the format's end marker: cut short.
+        Err(self.reply_error(route, "the reply stream ended early".into()))
     }
 
     fn reply_error(&self, route: &Route, detail: String) -> BackendError {

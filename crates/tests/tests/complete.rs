@@ -302,6 +302,16 @@ async fn refusals_name_the_route_the_sensitivity_and_the_reasons() {
         "high"
     );
     assert!(s.local.received().is_empty() && s.cloud.received().is_empty());
+    // Stop sequences leave with the messages: judged with them, and bounded.
+    let mut hidden = request("auto", "hello", true);
+    hidden.stop = vec![format!("then {}", github_token())];
+    let refused = call(&mut s, hidden).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    let mut many = request("auto", "hello", true);
+    many.stop = vec!["a".into(); 5];
+    let refused = call(&mut s, many).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(s.cloud.received().is_empty());
     assert!(audit_text(&s).contains("\"decision\":\"deny\""));
 }
 
@@ -489,7 +499,11 @@ async fn ollama_without_usage_is_an_estimate_and_says_so() {
     assert_eq!(text, "local answer");
     // ceil(8/3) + ceil(6/3) + 4 per message + 3; ceil(12/4).
     assert_eq!(count(done.prompt), (16, ESTIMATE));
-    assert_eq!(count(done.completion), (3, ESTIMATE));
+    assert_eq!(
+        count(done.completion),
+        (64, ESTIMATE),
+        "an uncounted completion is charged its cap"
+    );
     assert!(done.estimated);
     assert_eq!(
         s.local.paths(),
@@ -520,7 +534,11 @@ async fn a_failing_tokenizer_falls_back_to_an_estimate_and_never_fails_the_call(
         .unwrap();
     assert_eq!(text, "local answer");
     assert_eq!(count(done.prompt), (16, ESTIMATE));
-    assert_eq!(count(done.completion), (3, ESTIMATE));
+    assert_eq!(
+        count(done.completion),
+        (64, ESTIMATE),
+        "an uncounted completion is charged its cap"
+    );
     assert!(done.estimated);
     assert_eq!(
         s.local.paths(),
