@@ -212,16 +212,35 @@ pub struct SupervisorProcess {
     pub cgroup_parent: String,
     authority: String,
     host_id_base: u32,
+    host_ids: u32,
 }
 
 impl SupervisorProcess {
     /// Starts it following `authority` (host:port), id `workstation`.
     pub fn start(data_dir: &Path, authority: &str, test: &str, host_id_base: u32) -> Self {
         let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
-        Self::spawn(data_dir, authority, cgroup_parent, host_id_base)
+        Self::spawn(data_dir, authority, cgroup_parent, host_id_base, 64)
     }
 
-    fn spawn(data_dir: &Path, authority: &str, cgroup_parent: String, host_id_base: u32) -> Self {
+    /// Starts it with room for `host_ids` live runs at once.
+    pub fn start_with_capacity(
+        data_dir: &Path,
+        authority: &str,
+        test: &str,
+        host_id_base: u32,
+        host_ids: u32,
+    ) -> Self {
+        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        Self::spawn(data_dir, authority, cgroup_parent, host_id_base, host_ids)
+    }
+
+    fn spawn(
+        data_dir: &Path,
+        authority: &str,
+        cgroup_parent: String,
+        host_id_base: u32,
+        host_ids: u32,
+    ) -> Self {
         let _ = std::fs::remove_file(data_dir.join("supervisor.addr"));
         std::fs::create_dir_all(data_dir).expect("data dir");
         let log = data_dir.with_extension("stderr");
@@ -241,7 +260,7 @@ impl SupervisorProcess {
                 "--host-id-base",
                 &host_id_base.to_string(),
                 "--host-id-count",
-                "64",
+                &host_ids.to_string(),
             ])
             .args(["--clock-skew", "0"])
             .stdin(Stdio::null())
@@ -273,16 +292,18 @@ impl SupervisorProcess {
             cgroup_parent,
             authority: authority.to_owned(),
             host_id_base,
+            host_ids,
         }
     }
 
     /// Starts a new daemon on the same data directory and cgroup parent (after a stop).
     pub fn restart(self, signal: Signal) -> Self {
-        let (data_dir, authority, parent, base) = (
+        let (data_dir, authority, parent, base, ids) = (
             self.data_dir.clone(),
             self.authority.clone(),
             self.cgroup_parent.clone(),
             self.host_id_base,
+            self.host_ids,
         );
         let mut this = self;
         let _ = kill(Pid::from_raw(this.child.id() as i32), signal);
@@ -290,7 +311,7 @@ impl SupervisorProcess {
         // Keep the cgroups: the new daemon must find and sweep them.
         this.cgroup_parent.clear();
         drop(this);
-        Self::spawn(&data_dir, &authority, parent, base)
+        Self::spawn(&data_dir, &authority, parent, base, ids)
     }
 
     /// Sends `signal` and waits.
