@@ -150,6 +150,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Follow a run: its output as it comes, a live status line (elapsed time, output so far,
+    /// state) on a terminal, then its end; exits with the agent's exit code, like `run`.
+    ///
+    /// Attach to any live run (or an ended one: its end is shown at once). Interrupting with
+    /// Ctrl-C detaches; the run goes on (stop it with `tollgate stop`).
+    Watch {
+        /// The run id.
+        run_id: String,
+        /// One JSON object per event (`output` with stream and text, then `ended` with the run).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script: `tollgate completions bash > /etc/bash_completion.d/tollgate`,
+    /// `tollgate completions zsh > "${fpath[1]}/_tollgate"`, `tollgate completions fish >
+    /// ~/.config/fish/completions/tollgate.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Show one run: state and, once ended, its teardown report.
     Inspect {
         /// The run id.
@@ -449,6 +469,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         } => audit::trace(&run_id, &logs, &trust.trust()),
         Command::Run { receipt, argv } => runs::run(global, &receipt, argv).await,
         Command::Ps { all, json } => runs::ps(global, all, json).await,
+        Command::Watch { run_id, json } => runs::watch(global, &run_id, json).await,
+        Command::Completions { shell } => {
+            use clap::CommandFactory as _;
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "tollgate",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
     }

@@ -131,27 +131,120 @@ pub async fn run(global: &GlobalArgs, receipt: &Path, argv: Vec<String>) -> Resu
         .await
         .map_err(|status| not_started(status.into()))?
         .into_inner();
+    follow(&mut client, &token, &started.run_id, Display::Plain).await
+}
+
+/// How `follow` shows a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Display {
+    /// The agent's bytes only.
+    Plain,
+    /// The agent's bytes and, on a terminal, a status line on stderr.
+    Progress,
+    /// JSON lines.
+    Json,
+}
+
+/// `tollgate watch RUN`.
+pub async fn watch(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
+    use std::io::IsTerminal as _;
+    let token = global.tokens().token()?;
+    let mut client = connect_supervisor(&global.supervisor).await?;
+    let display = if json {
+        Display::Json
+    } else if std::io::stderr().is_terminal() {
+        Display::Progress
+    } else {
+        Display::Plain
+    };
+    follow(&mut client, &token, run_id, display).await
+}
+
+/// Streams a run's output until it ends; the result carries the agent's exit status.
+async fn follow(
+    client: &mut pb::supervisor_client::SupervisorClient<tonic::transport::Channel>,
+    token: &str,
+    run_id: &str,
+    display: Display,
+) -> Result<(), CliError> {
     let mut events = client
         .watch_run(authed(
-            &token,
+            token,
             pb::WatchRunRequest {
-                run_id: started.run_id.clone(),
+                run_id: run_id.to_owned(),
             },
         )?)
         .await?
         .into_inner();
-    while let Some(event) = events.next().await {
+    let started = std::time::Instant::now();
+    let mut bytes = 0usize;
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    let clear = || {
+        if display == Display::Progress {
+            eprint!("\r\x1b[2K");
+        }
+    };
+    loop {
+        let event = tokio::select! {
+            event = events.next() => event,
+            _ = tick.tick() => {
+                if display == Display::Progress {
+                    eprint!(
+                        "\r\x1b[2K[tollgate] {run_id}: running {:.1} s, {} of output",
+                        started.elapsed().as_secs_f64(),
+                        bytesize::ByteSize(bytes as u64)
+                    );
+                }
+                continue;
+            }
+        };
+        let Some(event) = event else {
+            clear();
+            return Err(CliError::Other(
+                "the supervisor closed the run's stream early".into(),
+            ));
+        };
         match event?.event {
             Some(pb::run_event::Event::Output(chunk)) => {
+                bytes += chunk.data.len();
+                let stderr = chunk.stream == pb::OutputStream::Stderr as i32;
+                if display == Display::Json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "event": "output",
+                            "stream": if stderr { "stderr" } else { "stdout" },
+                            "text": String::from_utf8_lossy(&chunk.data),
+                        })
+                    );
+                    continue;
+                }
+                clear();
                 // The agent's bytes, unchanged; a closed stdout is not our error to report.
-                let _ = if chunk.stream == pb::OutputStream::Stderr as i32 {
+                let _ = if stderr {
                     std::io::stderr().write_all(&chunk.data)
                 } else {
                     std::io::stdout().write_all(&chunk.data)
                 };
+                let _ = std::io::stdout().flush();
             }
             Some(pb::run_event::Event::Ended(run)) => {
+                clear();
                 let _ = std::io::stdout().flush();
+                if display == Display::Json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"event": "ended", "run": run_json(&run)})
+                    );
+                }
+                if display == Display::Progress {
+                    eprintln!(
+                        "[tollgate] {run_id}: {} after {:.1} s ({})",
+                        state_name(run.state),
+                        started.elapsed().as_secs_f64(),
+                        run.report.as_ref().map_or("", |r| r.reason.as_str())
+                    );
+                }
                 let report = run.report.unwrap_or_default();
                 let exited = run.state == pb::RunState::Exited as i32;
                 return match (report.exit_code, report.signal) {
@@ -178,9 +271,6 @@ pub async fn run(global: &GlobalArgs, receipt: &Path, argv: Vec<String>) -> Resu
             None => {}
         }
     }
-    Err(CliError::Other(
-        "the supervisor closed the run's stream early".into(),
-    ))
 }
 
 /// `tollgate ps`.

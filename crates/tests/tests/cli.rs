@@ -427,3 +427,23 @@ fn classify_names_detectors_and_spans_never_the_text() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&plain.stdout), "sensitivity: low\n");
 }
+
+#[test]
+fn completions_cover_every_shell_and_command() {
+    for shell in ["bash", "zsh", "fish"] {
+        let output = Command::new(bin_path("tollgate"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        let script = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{shell}: {output:?}");
+        for command in ["mint", "watch", "restore", "audit", "classify"] {
+            assert!(script.contains(command), "{shell} misses {command}");
+        }
+    }
+    let bad = Command::new(bin_path("tollgate"))
+        .args(["completions", "cmd.exe"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -163,6 +163,36 @@ async fn tollgate_run_streams_output_and_exits_with_the_agents_code() {
         "{stderr}"
     );
 
+    // `watch` of an ended run shows its end at once, with the agent's exit code.
+    let watched = tollgate(&["watch", &run_id, "--json"]);
+    assert_eq!(watched.status.code(), Some(9), "{watched:?}");
+    let last: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&watched.stdout)
+            .lines()
+            .last()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(last["event"], "ended");
+    assert_eq!(last["run"]["report"]["exit_code"], 9);
+    // A live run: its output as it comes, then its end.
+    let (live_text, live_id) = mint(&authority, spec("echo first; sleep 1; echo second", 60)).await;
+    supervisor
+        .client()
+        .await
+        .start_run(authed(
+            &supervisor.token(),
+            pb::StartRunRequest {
+                receipt: live_text,
+                argv: vec![],
+            },
+        ))
+        .await
+        .unwrap();
+    let followed = tollgate(&["watch", &live_id]);
+    assert!(followed.status.success(), "{followed:?}");
+    assert_eq!(String::from_utf8_lossy(&followed.stdout), "first\nsecond\n");
+
     let inspected = tollgate(&["inspect", &run_id, "--json"]);
     let json: serde_json::Value = serde_json::from_slice(&inspected.stdout).unwrap();
     assert_eq!(json["state"], "exited");
