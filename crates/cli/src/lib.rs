@@ -28,16 +28,24 @@ pub use error::CliError;
 
 use crate::client::{authed, connect, TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
 
-/// Operate Tollgate: mint, inspect and revoke signed run receipts; manage operators and keys.
+/// Operate Tollgate: mint and revoke signed run receipts, run them in sandboxes, follow and
+/// stop runs, read the audit trail.
 ///
-/// Every command talks to the authority over gRPC. The address comes from --authority or
-/// TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr file); the operator token
-/// from --token-file or TOLLGATE_TOKEN. Errors are one line on stderr with a non-zero exit:
-/// 1 invalid receipt, 65 bad request, 66 missing input, 69 authority unreachable, 77 not
-/// authenticated or not allowed.
+/// Receipt and operator commands (mint, receipt, receipts, revoke, operator, keys) talk to the
+/// authority: --authority or TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr
+/// file). Run commands (run, ps, watch, inspect, stop) talk to the supervisor: --supervisor or
+/// TOLLGATE_SUPERVISOR. The bearer token of the daemon a command talks to comes from
+/// --token-file or TOLLGATE_TOKEN_FILE (or the token itself in TOLLGATE_TOKEN). Audit commands
+/// (audit, trace, calls) and restore read the files themselves; classify runs locally.
 ///
-/// New here? Run `tollgate quickstart`: it starts a throwaway authority, mints, verifies and
-/// revokes a receipt, and prints each step.
+/// Errors are one line on stderr with a non-zero exit: 1 invalid receipt or broken audit log,
+/// 2 usage, 65 bad request, 66 missing input, 69 daemon unreachable, 73 cannot write,
+/// 77 not authenticated or not allowed, 125 a run could not start; `run` and `watch` exit with
+/// the agent's own code (128+N when a signal ended it).
+///
+/// New here? Run `tollgate quickstart`: it starts a throwaway authority and (as root) a
+/// supervisor, mints, verifies and revokes a receipt, runs an agent in a sandbox and shows the
+/// audit trail, explaining each step.
 #[derive(Debug, Parser)]
 #[command(name = "tollgate", version, about, long_about)]
 pub struct Cli {
@@ -257,7 +265,8 @@ pub enum Command {
         #[command(flatten)]
         trust: AuditTrustArgs,
     },
-    /// Start a throwaway authority, mint, verify and revoke a receipt, and explain each step.
+    /// Start a throwaway authority and (as root) a supervisor, mint, verify and revoke a
+    /// receipt, run an agent in a sandbox, and explain each step.
     Quickstart {
         /// Keep the temporary data directory (its path is printed).
         #[arg(long)]
