@@ -1,0 +1,171 @@
+"""Client of the supervisor daemon (``tollgate.v1.Supervisor``)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, List, Optional, Sequence, Union
+
+import grpc
+
+from ._channel import DEFAULT_TIMEOUT, PathLike, _Client
+from ._pb import supervisor_pb2, supervisor_pb2_grpc
+from .errors import TollgateError
+from .types import OutputChunk, Run, SupervisorInfo, strings
+
+__all__ = ["Supervisor", "RunEvent", "DEFAULT_SUPERVISOR"]
+
+DEFAULT_SUPERVISOR = "127.0.0.1:7701"
+"""The supervisor's default listen address."""
+
+RunEvent = Union[OutputChunk, Run]
+"""What :meth:`Supervisor.watch` yields: output, then the ended :class:`Run` last."""
+
+
+class Supervisor(_Client):
+    """Starts receipts as sandboxed runs, follows them and stops them.
+
+    Example::
+
+        with Supervisor("127.0.0.1:7701", token_file="/var/lib/tollgate/supervisor/admin.token") as s:
+            run_id = s.start(minted.text)
+            for event in s.watch(run_id):
+                if isinstance(event, OutputChunk):
+                    print(event.text, end="")
+                else:
+                    print("ended:", event.state.value, event.exit_code)
+
+    Args:
+        addr: ``host:port``, ``http://host:port``, or the path of the daemon's
+            ``supervisor.addr`` readiness file.
+        token: The supervisor's admin token (``<data-dir>/admin.token``); only
+            :meth:`info` works without it.
+        token_file: A file holding the token, instead of ``token``.
+        timeout: Seconds each unary call may take (:meth:`stop` waits for the teardown, up to
+            30 s on the daemon's side).
+        channel: An existing ``grpc.Channel`` to use instead of opening one.
+
+    Every failed call raises :class:`tollgate.TollgateError`: ``UNAUTHENTICATED`` (token),
+    ``INVALID_ARGUMENT`` (malformed receipt text or argv), ``PERMISSION_DENIED`` (receipt
+    refused: bad signature, unknown key, not yet valid, expired, wrong audience, revoked),
+    ``ALREADY_EXISTS`` (receipt used before), ``NOT_FOUND`` (unknown run),
+    ``RESOURCE_EXHAUSTED`` (no sandbox slot), ``UNAVAILABLE``, ``INTERNAL``.
+    """
+
+    def __init__(
+        self,
+        addr: PathLike = DEFAULT_SUPERVISOR,
+        token: Optional[str] = None,
+        *,
+        token_file: Optional[PathLike] = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        channel: Optional[grpc.Channel] = None,
+    ) -> None:
+        super().__init__(addr, token, token_file=token_file, timeout=timeout, channel=channel)
+        self._stub = supervisor_pb2_grpc.SupervisorStub(self._channel)
+
+    def info(self) -> SupervisorInfo:
+        """Who this supervisor is (its id is the audience receipts must name) and which
+        authority keys it trusts. Public."""
+        return SupervisorInfo.from_proto(
+            self._unary("GetSupervisorInfo", self._stub.GetSupervisorInfo, supervisor_pb2.GetSupervisorInfoRequest())
+        )
+
+    def start(self, receipt_text: str, argv: Optional[Sequence[str]] = None) -> str:
+        """Verifies a receipt, records it as used, builds its sandbox and starts the agent.
+
+        Args:
+            receipt_text: The receipt's text form (``MintedReceipt.text``).
+            argv: The agent command, only for a receipt that does not pin one; argv[0] must
+                be in the receipt's exec list.
+
+        Returns:
+            The run id (equal to the receipt id). Returns once the agent runs.
+        """
+        request = supervisor_pb2.StartRunRequest(receipt=receipt_text.strip(), argv=strings(argv))
+        return str(self._unary("StartRun", self._stub.StartRun, request).run_id)
+
+    def get(self, run_id: str) -> Run:
+        """One run: its state and, once it has ended, its teardown report."""
+        return Run.from_proto(self._unary("GetRun", self._stub.GetRun, supervisor_pb2.GetRunRequest(run_id=run_id)))
+
+    def list(self) -> List[Run]:
+        """Every run this supervisor has recorded, newest first."""
+        response = self._unary("ListRuns", self._stub.ListRuns, supervisor_pb2.ListRunsRequest())
+        return [Run.from_proto(r) for r in response.runs]
+
+    def stop(self, run_id: str, reason: str = "") -> Run:
+        """Stops a live run (state STOPPED) and returns it after its teardown. Stopping a run
+        that already ended returns it as it ended."""
+        response = self._unary(
+            "StopRun",
+            self._stub.StopRun,
+            supervisor_pb2.StopRunRequest(run_id=run_id, reason=reason),
+            timeout=max(self.timeout, 45.0),
+        )
+        return Run.from_proto(response.run)
+
+    def watch(self, run_id: str, timeout: Optional[float] = None) -> Iterator[RunEvent]:
+        """Follows a run: its output from the start (replayed), then live output, then the
+        ended :class:`Run` (with its report) as the last item.
+
+        Args:
+            run_id: The run.
+            timeout: Seconds the whole stream may last; None for no limit (a run never
+                outlives its receipt).
+
+        Yields:
+            :class:`OutputChunk` items, then one :class:`Run`.
+
+        Raises:
+            TollgateError: ``NOT_FOUND`` for an unknown run; ``DATA_LOSS`` when this watcher
+                fell too far behind the run's output; ``UNAVAILABLE`` when the stream ended
+                before the run did (the supervisor went away).
+        """
+        call = self._stub.WatchRun(
+            supervisor_pb2.WatchRunRequest(run_id=run_id), metadata=self._metadata(), timeout=timeout
+        )
+        try:
+            for event in call:
+                kind = event.WhichOneof("event")
+                if kind == "output":
+                    yield OutputChunk.from_proto(event.output)
+                elif kind == "ended":
+                    yield Run.from_proto(event.ended)
+                    return
+        except grpc.RpcError as e:
+            raise TollgateError.from_rpc("WatchRun", e) from None
+        finally:
+            call.cancel()
+        # The stream ended without its final event: report the run if it did end after all.
+        run = self.get(run_id)
+        if not run.ended:
+            raise TollgateError(
+                f"the output stream of run {run_id} ended while the run is {run.state.value}",
+                code=grpc.StatusCode.UNAVAILABLE,
+                method="WatchRun",
+            )
+        yield run
+
+    def wait(
+        self,
+        run_id: str,
+        on_output: Optional[Callable[[OutputChunk], None]] = None,
+        timeout: Optional[float] = None,
+    ) -> Run:
+        """Follows a run until it ends, passing each output chunk to ``on_output``; returns
+        the ended run with its report."""
+        for event in self.watch(run_id, timeout=timeout):
+            if isinstance(event, Run):
+                return event
+            if on_output is not None:
+                on_output(event)
+        raise TollgateError(f"run {run_id}: the watch ended without the run", method="WatchRun")
+
+    def run(
+        self,
+        receipt_text: str,
+        argv: Optional[Sequence[str]] = None,
+        on_output: Optional[Callable[[OutputChunk], None]] = None,
+        timeout: Optional[float] = None,
+    ) -> Run:
+        """:meth:`start` then :meth:`wait`: runs a receipt to its end."""
+        return self.wait(self.start(receipt_text, argv), on_output=on_output, timeout=timeout)

@@ -1,0 +1,635 @@
+"""Plain, typed values of the Tollgate API, and their conversion to and from protobuf.
+
+Every value here is a frozen dataclass holding Python types (``str``, ``int``,
+``datetime`` in UTC, tuples), so callers never need the generated protobuf classes.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ._pb import authority_pb2, receipt_pb2, supervisor_pb2
+
+__all__ = [
+    "FsAccess",
+    "Sensitivity",
+    "RunState",
+    "FsGrant",
+    "RouteGrant",
+    "Limits",
+    "AgentSpec",
+    "Receipt",
+    "MintedReceipt",
+    "PublicKey",
+    "KeySet",
+    "Revocation",
+    "StoredReceipt",
+    "Ceiling",
+    "SupervisorInfo",
+    "TeardownReport",
+    "Run",
+    "OutputChunk",
+    "parse_duration",
+    "parse_size",
+]
+
+Duration = Union[int, float, timedelta, str]
+"""A length of time: seconds, a ``timedelta``, or text such as ``"90s"``, ``"10m"``, ``"2h"``,
+``"7d"`` (a bare number is seconds)."""
+
+Size = Union[int, str]
+"""A byte count: an ``int``, or text such as ``"512MiB"``, ``"5MB"``, ``"64k"``."""
+
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+}
+
+
+def parse_duration(value: Duration) -> int:
+    """Whole seconds of ``value`` (see :data:`Duration`). Raises ``ValueError`` when it is not
+    a positive length of time."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", value.lower())
+        if not m:
+            raise ValueError(f"{value!r} is not a duration (e.g. 90s, 10m, 2h, 7d)")
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2) or "s"]
+    else:
+        raise TypeError(f"a duration must be seconds, a timedelta or text, not {type(value).__name__}")
+    if seconds < 1:
+        raise ValueError(f"duration {value!r} is under one second")
+    return int(seconds)
+
+
+def parse_size(value: Size) -> int:
+    """Bytes of ``value`` (see :data:`Size`). Raises ``ValueError`` on a malformed size."""
+    if isinstance(value, bool):
+        raise TypeError("a size must be an int or text, not a bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"size {value} is negative")
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", value.lower())
+        if not m or m.group(2) not in _SIZE_UNITS:
+            raise ValueError(f"{value!r} is not a size (e.g. 512MiB, 5MB, 64k)")
+        return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    raise TypeError(f"a size must be an int or text, not {type(value).__name__}")
+
+
+def _dt(message: Any, name: str) -> Optional[datetime]:
+    """A Timestamp field as an aware UTC datetime, or None when unset."""
+    if not message.HasField(name):
+        return None
+    value: datetime = getattr(message, name).ToDatetime(tzinfo=timezone.utc)
+    return value
+
+
+def _timestamp(value: Union[datetime, float, int]) -> Any:
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    ts = Timestamp()
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError("a naive datetime is ambiguous: give one with a tzinfo")
+        ts.FromDatetime(value.astimezone(timezone.utc))
+    else:
+        ts.FromNanoseconds(int(float(value) * 1_000_000_000))
+    return ts
+
+
+class FsAccess(str, enum.Enum):
+    """What a file-system grant allows."""
+
+    READ = "read"
+    WRITE = "write"
+
+    def to_proto(self) -> Any:
+        return {FsAccess.READ: receipt_pb2.FS_ACCESS_READ, FsAccess.WRITE: receipt_pb2.FS_ACCESS_WRITE}[self]
+
+    @classmethod
+    def from_proto(cls, value: int) -> "FsAccess":
+        if value == receipt_pb2.FS_ACCESS_WRITE:
+            return cls.WRITE
+        return cls.READ
+
+
+class Sensitivity(str, enum.Enum):
+    """How sensitive a text is; ordered LOW < MEDIUM < HIGH."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+    def to_proto(self) -> Any:
+        return {
+            Sensitivity.LOW: receipt_pb2.SENSITIVITY_LOW,
+            Sensitivity.MEDIUM: receipt_pb2.SENSITIVITY_MEDIUM,
+            Sensitivity.HIGH: receipt_pb2.SENSITIVITY_HIGH,
+        }[self]
+
+    @classmethod
+    def from_proto(cls, value: int) -> "Sensitivity":
+        if value == receipt_pb2.SENSITIVITY_HIGH:
+            return cls.HIGH
+        if value == receipt_pb2.SENSITIVITY_MEDIUM:
+            return cls.MEDIUM
+        return cls.LOW
+
+
+class RunState(str, enum.Enum):
+    """Where a run is in its life (``tollgate.v1.RunState``)."""
+
+    UNSPECIFIED = "unspecified"
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    EXPIRED = "expired"
+    REVOKED = "revoked"
+    LIMIT_EXCEEDED = "limit_exceeded"
+    SHIM_DIED = "shim_died"
+    SUPERVISOR_SHUTDOWN = "supervisor_shutdown"
+    LOST = "lost"
+
+    @property
+    def is_final(self) -> bool:
+        """True once the run has ended (every state but UNSPECIFIED, STARTING, RUNNING)."""
+        return self not in (RunState.UNSPECIFIED, RunState.STARTING, RunState.RUNNING)
+
+    @classmethod
+    def from_proto(cls, value: int) -> "RunState":
+        name = supervisor_pb2.RunState.Name(value) if value in supervisor_pb2.RunState.values() else ""
+        try:
+            return cls(name.removeprefix("RUN_STATE_").lower()) if name else cls.UNSPECIFIED
+        except ValueError:  # a state newer than this client
+            return cls.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class FsGrant:
+    """Access to one host path.
+
+    Attributes:
+        path: Absolute, normalised host path.
+        access: ``"read"`` or ``"write"`` (write implies read).
+        mount: Optional absolute path inside the sandbox where the host path is bind-mounted;
+            empty means reachable only through the gateway's file tools
+            (``tollgate-shim tool read PATH``).
+    """
+
+    path: str
+    access: FsAccess = FsAccess.READ
+    mount: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "access", FsAccess(self.access))
+
+    @classmethod
+    def read(cls, path: str, mount: str = "") -> "FsGrant":
+        """A read grant."""
+        return cls(path, FsAccess.READ, mount)
+
+    @classmethod
+    def write(cls, path: str, mount: str = "") -> "FsGrant":
+        """A write grant."""
+        return cls(path, FsAccess.WRITE, mount)
+
+    @classmethod
+    def coerce(cls, value: Union["FsGrant", Sequence[str]]) -> "FsGrant":
+        """An FsGrant from an FsGrant or a ``(path, access[, mount])`` tuple."""
+        if isinstance(value, FsGrant):
+            return value
+        if isinstance(value, str) or not 1 <= len(value) <= 3:
+            raise TypeError(f"fs grant {value!r}: give FsGrant.read(path) or (path, access[, mount])")
+        access = FsAccess(value[1]) if len(value) > 1 else FsAccess.READ
+        return cls(value[0], access, value[2] if len(value) > 2 else "")
+
+    def to_proto(self) -> Any:
+        return receipt_pb2.FsGrant(path=self.path, access=self.access.to_proto(), mount=self.mount)
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "FsGrant":
+        return cls(m.path, FsAccess.from_proto(m.access), m.mount)
+
+
+@dataclass(frozen=True)
+class RouteGrant:
+    """Permission to use one model route up to a sensitivity."""
+
+    name: str
+    max_sensitivity: Sensitivity = Sensitivity.LOW
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_sensitivity", Sensitivity(self.max_sensitivity))
+
+    @classmethod
+    def coerce(cls, value: Union["RouteGrant", Sequence[str]]) -> "RouteGrant":
+        """A RouteGrant from a RouteGrant or a ``(name, max_sensitivity)`` tuple."""
+        if isinstance(value, RouteGrant):
+            return value
+        if isinstance(value, str) or len(value) != 2:
+            raise TypeError(f"route {value!r}: give RouteGrant(name, sensitivity) or (name, sensitivity)")
+        return cls(value[0], Sensitivity(value[1]))
+
+    def to_proto(self) -> Any:
+        return receipt_pb2.RouteGrant(name=self.name, max_sensitivity=self.max_sensitivity.to_proto())
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "RouteGrant":
+        return cls(m.name, Sensitivity.from_proto(m.max_sensitivity))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one run.
+
+    In a mint request a zero (or omitted) field takes the authority's default, capped by the
+    operator's ceiling; in a receipt every field is set. :meth:`coerce` also takes a mapping
+    whose byte fields are text such as ``"512MiB"``.
+    """
+
+    memory_bytes: int = 0
+    pids: int = 0
+    cpu_millicores: int = 0
+    output_bytes: int = 0
+    tmpfs_bytes: int = 0
+    tool_calls: int = 0
+    tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("memory_bytes", "output_bytes", "tmpfs_bytes"):
+            object.__setattr__(self, name, parse_size(getattr(self, name)))
+
+    @classmethod
+    def coerce(cls, value: Union["Limits", Mapping[str, Union[int, str]], None]) -> Optional["Limits"]:
+        """Limits from Limits, a mapping of field names (byte fields may be text such as
+        ``"64MiB"``), or None."""
+        if value is None or isinstance(value, Limits):
+            return value
+        fields = {k: parse_size(v) if k.endswith("_bytes") else int(v) for k, v in value.items()}
+        return cls(**fields)
+
+    def to_proto(self) -> Any:
+        return receipt_pb2.Limits(
+            memory_bytes=self.memory_bytes,
+            pids=self.pids,
+            cpu_millicores=self.cpu_millicores,
+            output_bytes=self.output_bytes,
+            tmpfs_bytes=self.tmpfs_bytes,
+            tool_calls=self.tool_calls,
+            tokens=self.tokens,
+        )
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "Limits":
+        return cls(
+            memory_bytes=m.memory_bytes,
+            pids=m.pids,
+            cpu_millicores=m.cpu_millicores,
+            output_bytes=m.output_bytes,
+            tmpfs_bytes=m.tmpfs_bytes,
+            tool_calls=m.tool_calls,
+            tokens=m.tokens,
+        )
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    """A pinned agent command."""
+
+    argv: Tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    workdir: str = ""
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "AgentSpec":
+        return cls(tuple(m.argv), dict(m.env), m.workdir)
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """A decoded receipt: what one run may do. See ``proto/tollgate/v1/receipt.proto``."""
+
+    receipt_id: str
+    issuer: str
+    key_id: str
+    owner: str
+    subject: str
+    audience: Tuple[str, ...]
+    issued_at: Optional[datetime]
+    not_before: Optional[datetime]
+    expires_at: Optional[datetime]
+    policy_version: str
+    parent_receipt_id: str
+    depth: int
+    agent: Optional[AgentSpec]
+    limits: Optional[Limits]
+    fs: Tuple[FsGrant, ...]
+    exec: Tuple[str, ...]
+    routes: Tuple[RouteGrant, ...]
+    delegate_depth: Optional[int]
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "Receipt":
+        return cls(
+            receipt_id=m.receipt_id,
+            issuer=m.issuer,
+            key_id=m.key_id,
+            owner=m.owner,
+            subject=m.subject,
+            audience=tuple(m.audience),
+            issued_at=_dt(m, "issued_at"),
+            not_before=_dt(m, "not_before"),
+            expires_at=_dt(m, "expires_at"),
+            policy_version=m.policy_version,
+            parent_receipt_id=m.parent_receipt_id,
+            depth=m.depth,
+            agent=AgentSpec.from_proto(m.agent) if m.HasField("agent") else None,
+            limits=Limits.from_proto(m.limits) if m.HasField("limits") else None,
+            fs=tuple(FsGrant.from_proto(g) for g in m.fs),
+            exec=tuple(m.exec),
+            routes=tuple(RouteGrant.from_proto(r) for r in m.routes),
+            delegate_depth=m.delegate.max_depth if m.HasField("delegate") else None,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Receipt":
+        """Decodes the exact receipt bytes of an envelope (no signature check)."""
+        return cls.from_proto(receipt_pb2.Receipt.FromString(data))
+
+
+@dataclass(frozen=True)
+class MintedReceipt:
+    """A receipt as minted.
+
+    Attributes:
+        text: The text form (``tgr1.`` + base64url), what :meth:`Supervisor.start` takes.
+        receipt_id: The receipt's id, also the id of the run it starts.
+        key_id: Which authority key signed it.
+        signature: The 64-byte Ed25519 signature.
+        receipt_bytes: The exact signed protobuf bytes.
+        receipt: Those bytes decoded.
+    """
+
+    text: str
+    receipt_id: str
+    key_id: str
+    signature: bytes
+    receipt_bytes: bytes
+    receipt: Receipt
+
+    @property
+    def expires_at(self) -> Optional[datetime]:
+        """The receipt's expiry."""
+        return self.receipt.expires_at
+
+    @classmethod
+    def from_signed(cls, text: str, signed: Any) -> "MintedReceipt":
+        receipt = Receipt.from_bytes(signed.receipt)
+        return cls(
+            text=text,
+            receipt_id=receipt.receipt_id,
+            key_id=signed.key_id,
+            signature=bytes(signed.signature),
+            receipt_bytes=bytes(signed.receipt),
+            receipt=receipt,
+        )
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    """One verification key of an authority."""
+
+    key_id: str
+    public_key: bytes
+    created_at: Optional[datetime] = None
+    active: bool = False
+    retired_at: Optional[datetime] = None
+    verify_until: Optional[datetime] = None
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "PublicKey":
+        return cls(
+            key_id=m.key_id,
+            public_key=bytes(m.public_key),
+            created_at=_dt(m, "created_at"),
+            active=m.active,
+            retired_at=_dt(m, "retired_at"),
+            verify_until=_dt(m, "verify_until"),
+        )
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The public keys that verify one authority's receipts."""
+
+    issuer: str
+    keys: Tuple[PublicKey, ...]
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "KeySet":
+        return cls(m.issuer, tuple(PublicKey.from_proto(k) for k in m.keys))
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """A recorded revocation.
+
+    Attributes:
+        already_revoked: True when the receipt had been revoked before this call (the record
+            is then the earlier revocation). Always False outside :meth:`Authority.revoke`.
+    """
+
+    seq: int
+    receipt_id: str
+    revoked_at: Optional[datetime]
+    reason: str
+    revoked_by: str
+    receipt_expires_at: Optional[datetime]
+    already_revoked: bool = False
+
+    @classmethod
+    def from_proto(cls, m: Any, already_revoked: bool = False) -> "Revocation":
+        return cls(
+            seq=m.seq,
+            receipt_id=m.receipt_id,
+            revoked_at=_dt(m, "revoked_at"),
+            reason=m.reason,
+            revoked_by=m.revoked_by,
+            receipt_expires_at=_dt(m, "receipt_expires_at"),
+            already_revoked=already_revoked,
+        )
+
+
+@dataclass(frozen=True)
+class StoredReceipt:
+    """A receipt fetched back from the authority, with its revocation when revoked."""
+
+    minted: MintedReceipt
+    revocation: Optional[Revocation]
+
+
+@dataclass(frozen=True)
+class Ceiling:
+    """The most an operator may grant (see ``Ceiling`` in authority.proto).
+
+    ``exec`` entries ending in ``/`` cover every path beneath that directory; a zero limit
+    means no cap; an empty ``audience`` means any supervisor.
+    """
+
+    max_ttl: Duration
+    fs: Tuple[FsGrant, ...] = ()
+    exec: Tuple[str, ...] = ()
+    routes: Tuple[RouteGrant, ...] = ()
+    limits: Optional[Limits] = None
+    audience: Tuple[str, ...] = ()
+    max_delegate_depth: int = 0
+
+    def to_proto(self) -> Any:
+        return authority_pb2.Ceiling(
+            fs=[FsGrant.coerce(g).to_proto() for g in self.fs],
+            exec=list(self.exec),
+            routes=[RouteGrant.coerce(r).to_proto() for r in self.routes],
+            limits=(Limits.coerce(self.limits) or Limits()).to_proto(),
+            max_ttl_seconds=parse_duration(self.max_ttl),
+            audience=list(self.audience),
+            max_delegate_depth=self.max_delegate_depth,
+        )
+
+
+@dataclass(frozen=True)
+class SupervisorInfo:
+    """Identity of a supervisor: its id is what receipts name in their audience."""
+
+    supervisor_id: str
+    trusted_key_ids: Tuple[str, ...]
+    version: str
+    cgroup_mode: str
+    last_revocation_seq: int
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "SupervisorInfo":
+        return cls(m.supervisor_id, tuple(m.trusted_key_ids), m.version, m.cgroup_mode, m.last_revocation_seq)
+
+
+@dataclass(frozen=True)
+class TeardownReport:
+    """What teardown found and did once a run ended."""
+
+    reason: str
+    duration_ms: int
+    exit_code: Optional[int]
+    signal: Optional[int]
+    peak_memory_bytes: Optional[int]
+    last_tool_call_id: str
+    routes_used: Tuple[str, ...]
+    output_truncated: bool
+    cleanup_errors: Tuple[str, ...]
+    landlock_abi: int
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "TeardownReport":
+        def opt(name: str) -> Optional[int]:
+            return getattr(m, name) if m.HasField(name) else None
+
+        return cls(
+            reason=m.reason,
+            duration_ms=m.duration_ms,
+            exit_code=opt("exit_code"),
+            signal=opt("signal"),
+            peak_memory_bytes=opt("peak_memory_bytes"),
+            last_tool_call_id=m.last_tool_call_id,
+            routes_used=tuple(m.routes_used),
+            output_truncated=m.output_truncated,
+            cleanup_errors=tuple(m.cleanup_errors),
+            landlock_abi=m.landlock_abi,
+        )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run on a supervisor; ``report`` is set once it has ended."""
+
+    run_id: str
+    owner: str
+    subject: str
+    state: RunState
+    created_at: Optional[datetime]
+    ended_at: Optional[datetime]
+    expires_at: Optional[datetime]
+    report: Optional[TeardownReport]
+
+    @property
+    def ended(self) -> bool:
+        """Whether the run has ended and been torn down."""
+        return self.state.is_final
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """The agent's exit code, when it exited."""
+        return self.report.exit_code if self.report else None
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "Run":
+        return cls(
+            run_id=m.run_id,
+            owner=m.owner,
+            subject=m.subject,
+            state=RunState.from_proto(m.state),
+            created_at=_dt(m, "created_at"),
+            ended_at=_dt(m, "ended_at"),
+            expires_at=_dt(m, "expires_at"),
+            report=TeardownReport.from_proto(m.report) if m.HasField("report") else None,
+        )
+
+
+@dataclass(frozen=True)
+class OutputChunk:
+    """A piece of the agent's output, as it wrote it (not split at line ends).
+
+    Attributes:
+        stream: ``"stdout"`` or ``"stderr"``.
+        data: The bytes.
+    """
+
+    stream: str
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        """The bytes decoded as UTF-8 (undecodable bytes replaced)."""
+        return self.data.decode("utf-8", errors="replace")
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "OutputChunk":
+        stream = "stderr" if m.stream == supervisor_pb2.OUTPUT_STREAM_STDERR else "stdout"
+        return cls(stream, bytes(m.data))
+
+
+def strings(value: Union[str, Iterable[str], None]) -> List[str]:
+    """A list of strings from one string, an iterable of them, or None."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    return [str(v) for v in value]

@@ -1,0 +1,22 @@
+/**
+ * `@tollgate/client`: a TypeScript client of Tollgate's daemons over gRPC.
+ *
+ * - {@link Authority}: mint, fetch and revoke signed run receipts; fetch the key set.
+ * - {@link Supervisor}: start a run from a receipt, watch its output to the end, get, list and stop runs.
+ * - {@link TollgateError}: how every failed call rejects (gRPC code and the server's message).
+ *
+ * The wire contract (proto package `tollgate.v1`, bearer-token auth, readiness files) is the
+ * repository's DESIGN and `proto/tollgate/v1/*.proto`.
+ */
+
+export { Authority } from "./authority";
+export { Supervisor } from "./supervisor";
+export type { StartOptions } from "./supervisor";
+export { TollgateError } from "./errors";
+export { readTokenFile, resolveAddress } from "./connection";
+export type { CallOptions, ClientOptions } from "./connection";
+export { defaultProtoRoot } from "./proto";
+export { isFinal } from "./types";
+export type * from "./types";
+/** gRPC status codes, to compare with {@link TollgateError.code}. */
+export { status as Status } from "@grpc/grpc-js";

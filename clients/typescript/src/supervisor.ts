@@ -1,0 +1,110 @@
+import { status as Status } from "@grpc/grpc-js";
+
+import { CallOptions, ClientOptions, DaemonClient } from "./connection";
+import { Raw, runEventFromRaw, runFromRaw, supervisorInfoFromRaw } from "./convert";
+import { TollgateError } from "./errors";
+import type { MintedReceipt, Run, RunEvent, SupervisorInfo } from "./types";
+
+/** Options of {@link Supervisor.start}. */
+export interface StartOptions extends CallOptions {
+  /** The agent command, only for receipts that pin none; argv[0] must be in the receipt's `exec`. */
+  argv?: string[];
+}
+
+/**
+ * A client of the supervisor daemon (`tollgate-supervisor`, service `tollgate.v1.Supervisor`):
+ * turns one receipt into one sandboxed run, reports and streams it, and stops it.
+ *
+ * Calls other than {@link Supervisor.info} need the supervisor's token (`<data-dir>/admin.token`).
+ * Every failure rejects with a {@link TollgateError}.
+ *
+ * @example
+ * const supervisor = new Supervisor({ address: "127.0.0.1:7701", tokenFile: "/var/lib/tollgate/supervisor/admin.token" });
+ * const runId = await supervisor.start(minted);
+ * for await (const event of supervisor.watch(runId)) {
+ *   if (event.type === "output") process.stdout.write(event.data);
+ *   else console.log(event.run.state, event.run.report?.exitCode);
+ * }
+ */
+export class Supervisor extends DaemonClient {
+  constructor(options: ClientOptions) {
+    super("Supervisor", options);
+  }
+
+  /** Who this supervisor is and which authority keys it trusts (public: no token needed). */
+  async info(options?: CallOptions): Promise<SupervisorInfo> {
+    return supervisorInfoFromRaw(await this.unary<Raw>("GetSupervisorInfo", {}, options));
+  }
+
+  /**
+   * Verifies a receipt, records it as used, builds its sandbox and starts the agent; resolves
+   * with the run id (= the receipt id) once the agent runs. Follow it with {@link watch}.
+   *
+   * @param receipt the receipt's text form (`tgr1.…`) or what {@link Authority.mint} returned.
+   *
+   * Rejects with PERMISSION_DENIED for a refused receipt (bad signature, unknown key, not yet
+   * valid, expired, wrong audience, revoked: the details say which), ALREADY_EXISTS when the
+   * receipt was used before, INVALID_ARGUMENT for malformed text or argv, UNAVAILABLE when no
+   * sandbox slot is free.
+   */
+  async start(receipt: string | Pick<MintedReceipt, "text">, options: StartOptions = {}): Promise<string> {
+    const text = typeof receipt === "string" ? receipt.trim() : receipt.text;
+    const raw = await this.unary<Raw>("StartRun", { receipt: text, argv: options.argv ?? [] }, options);
+    return String(raw.runId ?? "");
+  }
+
+  /** One run: its state and, once ended, its teardown report. Rejects with NOT_FOUND for an unknown run. */
+  async get(runId: string, options?: CallOptions): Promise<Run> {
+    return runFromRaw(await this.unary<Raw>("GetRun", { runId }, options));
+  }
+
+  /** Every run this supervisor knows, newest first. */
+  async list(options?: CallOptions): Promise<Run[]> {
+    const raw = await this.unary<Raw>("ListRuns", {}, options);
+    return (Array.isArray(raw.runs) ? (raw.runs as Raw[]) : []).map(runFromRaw);
+  }
+
+  /** Stops a live run (teardown with state STOPPED) and resolves with the run as recorded after teardown. */
+  async stop(runId: string, reason = "", options?: CallOptions): Promise<Run> {
+    const raw = await this.unary<Raw>("StopRun", { runId, reason }, options);
+    return runFromRaw(raw.run as Raw | undefined);
+  }
+
+  /**
+   * The run's output from its start (replayed), then live output, then one final `ended` event
+   * with the run as recorded after teardown; the iteration ends after it. Leaving the loop early
+   * cancels the stream (the run goes on). No deadline unless `timeoutMs` is given.
+   *
+   * Throws a TollgateError (NOT_FOUND for an unknown run; UNAVAILABLE when the stream ends
+   * before the run does, e.g. the supervisor went away).
+   */
+  async *watch(runId: string, options: CallOptions = {}): AsyncGenerator<RunEvent, void, undefined> {
+    for await (const raw of this.serverStream<Raw>("WatchRun", { runId }, options)) {
+      const event = runEventFromRaw(raw);
+      if (event === undefined) {
+        continue;
+      }
+      yield event;
+      if (event.type === "ended") {
+        return;
+      }
+    }
+    throw new TollgateError(Status.UNAVAILABLE, `the stream of run ${runId} ended before the run did`, "Supervisor/WatchRun");
+  }
+
+  /**
+   * Watches a run to its end and resolves with the ended run, passing each output chunk to
+   * `onOutput` (when given) as it arrives.
+   */
+  async wait(runId: string, onOutput?: (stream: "stdout" | "stderr", data: Buffer) => void, options?: CallOptions): Promise<Run> {
+    for await (const event of this.watch(runId, options)) {
+      if (event.type === "output") {
+        onOutput?.(event.stream, event.data);
+      } else {
+        return event.run;
+      }
+    }
+    // watch() only finishes normally after an `ended` event.
+    throw new TollgateError(Status.INTERNAL, "unreachable", "Supervisor/WatchRun");
+  }
+}

@@ -1,0 +1,260 @@
+// Tests of @tollgate/client against real daemons (node --test dist/test/).
+//
+//   TOLLGATE_AUTHORITY              authority address (host:port or its authority.addr file)
+//   TOLLGATE_AUTHORITY_TOKEN_FILE   an operator token file (the authority's admin.token)
+//   TOLLGATE_SUPERVISOR             supervisor address; without it the run tests are skipped
+//   TOLLGATE_SUPERVISOR_TOKEN_FILE  the supervisor's admin.token
+//   TOLLGATE_AUDIENCE               the supervisor's id (default "workstation")
+//
+// crates/tests/tests/typescript_client.rs starts the daemons and runs this file.
+
+import assert from "node:assert/strict";
+import { createHash, createPublicKey, verify } from "node:crypto";
+import { describe, test } from "node:test";
+
+import { Authority, MintRequest, Status, Supervisor, TollgateError } from "@tollgate/client";
+
+const env = process.env;
+const authorityAddr = env.TOLLGATE_AUTHORITY;
+const authorityTokenFile = env.TOLLGATE_AUTHORITY_TOKEN_FILE ?? env.TOLLGATE_TOKEN_FILE;
+const supervisorAddr = env.TOLLGATE_SUPERVISOR;
+const supervisorTokenFile = env.TOLLGATE_SUPERVISOR_TOKEN_FILE;
+const audience = env.TOLLGATE_AUDIENCE ?? "workstation";
+
+const noAuthority = authorityAddr && authorityTokenFile ? false : "TOLLGATE_AUTHORITY / TOLLGATE_AUTHORITY_TOKEN_FILE not set";
+const noSupervisor =
+  noAuthority || (supervisorAddr && supervisorTokenFile ? false : "TOLLGATE_SUPERVISOR / TOLLGATE_SUPERVISOR_TOKEN_FILE not set");
+
+function authority(): Authority {
+  return new Authority({ address: authorityAddr ?? "", tokenFile: authorityTokenFile });
+}
+
+function supervisor(): Supervisor {
+  return new Supervisor({ address: supervisorAddr ?? "", tokenFile: supervisorTokenFile });
+}
+
+function shSpec(subject: string, script: string): MintRequest {
+  return {
+    subject,
+    ttlSeconds: 60,
+    audience: [audience],
+    agent: { argv: ["/bin/sh", "-c", script] },
+    exec: ["/bin/sh", "/usr/bin/sleep"],
+    limits: { memoryBytes: 64 * 1024 * 1024, pids: 16 },
+  };
+}
+
+/** The rejection of `promise`, which must be a TollgateError. */
+async function refusal(promise: Promise<unknown>): Promise<TollgateError> {
+  try {
+    await promise;
+  } catch (error) {
+    assert.ok(error instanceof TollgateError, `expected a TollgateError, got ${String(error)}`);
+    return error;
+  }
+  assert.fail("expected the call to be refused");
+}
+
+describe("authority", { skip: noAuthority }, () => {
+  test("mint returns a signed receipt that verifies with the key set", async () => {
+    const client = authority();
+    try {
+      const minted = await client.mint({
+        ...shSpec("ts-minter", "exit 0"),
+        fs: [{ path: "/usr/share", access: "FS_ACCESS_READ" }],
+        routes: [{ name: "local", maxSensitivity: "SENSITIVITY_HIGH" }],
+        delegate: { maxDepth: 1 },
+      });
+      const r = minted.receipt;
+      assert.match(minted.text, /^tgr1\.[A-Za-z0-9_-]+$/);
+      assert.match(r.receiptId, /^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+      assert.equal(r.subject, "ts-minter");
+      assert.deepEqual(r.audience, [audience]);
+      assert.deepEqual(r.agent?.argv, ["/bin/sh", "-c", "exit 0"]);
+      assert.deepEqual(r.exec, ["/bin/sh", "/usr/bin/sleep"]);
+      assert.equal(r.limits.memoryBytes, 64 * 1024 * 1024);
+      assert.equal(r.limits.pids, 16);
+      assert.ok(r.limits.outputBytes > 0, "unset limits take the authority's defaults");
+      assert.deepEqual(r.fs, [{ path: "/usr/share", access: "FS_ACCESS_READ", mount: "" }]);
+      assert.deepEqual(r.routes, [{ name: "local", maxSensitivity: "SENSITIVITY_HIGH" }]);
+      assert.deepEqual(r.delegate, { maxDepth: 1 });
+      assert.equal(r.depth, 0);
+      const ttl = (r.expiresAt.getTime() - r.notBefore.getTime()) / 1000;
+      assert.ok(Math.abs(ttl - 60) <= 1, `ttl ${ttl}`);
+      assert.equal(r.keyId, minted.signed.keyId);
+
+      // DESIGN.md's signing rule, checked against the public key set.
+      const keys = await client.keySet();
+      assert.equal(keys.issuer, r.issuer);
+      const key = keys.keys.find((k) => k.keyId === minted.signed.keyId);
+      assert.ok(key, `key ${minted.signed.keyId} not in the key set`);
+      assert.equal(key.active, true);
+      assert.equal(key.publicKey.length, 32);
+      assert.equal(createHash("sha256").update(key.publicKey).digest().subarray(0, 8).toString("hex"), key.keyId);
+      const publicKey = createPublicKey({
+        key: { kty: "OKP", crv: "Ed25519", x: key.publicKey.toString("base64url") },
+        format: "jwk",
+      });
+      const signed = Buffer.concat([Buffer.from("tollgate.receipt.v1\n"), minted.signed.receipt]);
+      assert.ok(verify(null, signed, publicKey, minted.signed.signature), "signature verifies");
+      const tampered = Buffer.from(signed);
+      tampered[tampered.length - 1] ^= 1;
+      assert.ok(!verify(null, tampered, publicKey, minted.signed.signature), "a tampered receipt does not verify");
+
+      const fetched = await client.get(r.receiptId);
+      assert.equal(fetched.text, minted.text);
+      assert.equal(fetched.revocation, undefined);
+    } finally {
+      client.close();
+    }
+  });
+
+  test("refusals reject with TollgateError and the gRPC code", async () => {
+    const client = authority();
+    try {
+      // Above the admin's ceiling (7 days by default) but a valid ttl: the ceiling refuses it.
+      const tooLong = await refusal(client.mint({ ...shSpec("ts-refused", "exit 0"), ttlSeconds: 30 * 24 * 3600 }));
+      assert.ok(
+        tooLong.code === Status.PERMISSION_DENIED || tooLong.code === Status.INVALID_ARGUMENT,
+        `${tooLong.codeName}: ${tooLong.details}`,
+      );
+      assert.match(tooLong.details, /ttl/i);
+      assert.equal(tooLong.method, "Authority/MintReceipt");
+      assert.match(tooLong.message, /^Authority\/MintReceipt: (PERMISSION_DENIED|INVALID_ARGUMENT): /);
+
+      const noAudience = await refusal(client.mint({ ...shSpec("ts-refused", "exit 0"), audience: [] }));
+      assert.equal(noAudience.code, Status.INVALID_ARGUMENT, noAudience.message);
+      assert.equal(noAudience.codeName, "INVALID_ARGUMENT");
+      assert.match(noAudience.details, /audience/);
+
+      const notFound = await refusal(client.get("0190a0b0-0000-7000-8000-000000000000"));
+      assert.equal(notFound.code, Status.NOT_FOUND, notFound.message);
+    } finally {
+      client.close();
+    }
+    const stranger = new Authority({ address: authorityAddr ?? "", token: "not-a-token" });
+    try {
+      const unknown = await refusal(stranger.mint(shSpec("ts-refused", "exit 0")));
+      assert.equal(unknown.code, Status.UNAUTHENTICATED, unknown.message);
+      // The key set is public.
+      assert.ok((await stranger.keySet()).keys.length >= 1);
+    } finally {
+      stranger.close();
+    }
+  });
+
+  test("revoke is recorded and idempotent", async () => {
+    const client = authority();
+    try {
+      const minted = await client.mint(shSpec("ts-revoked", "exit 0"));
+      const first = await client.revoke(minted.receipt.receiptId, "test");
+      assert.equal(first.alreadyRevoked, false);
+      assert.equal(first.revocation.receiptId, minted.receipt.receiptId);
+      assert.equal(first.revocation.reason, "test");
+      assert.ok(first.revocation.seq >= 1);
+      const again = await client.revoke(minted.receipt.receiptId, "again");
+      assert.equal(again.alreadyRevoked, true);
+      assert.equal(again.revocation.seq, first.revocation.seq);
+      const fetched = await client.get(minted.receipt.receiptId);
+      assert.equal(fetched.revocation?.seq, first.revocation.seq);
+    } finally {
+      client.close();
+    }
+  });
+
+  test("an unreachable daemon rejects with UNAVAILABLE", async () => {
+    const client = new Authority({ address: "127.0.0.1:1", tokenFile: authorityTokenFile, timeoutMs: 5_000 });
+    try {
+      const error = await refusal(client.keySet());
+      assert.equal(error.code, Status.UNAVAILABLE, error.message);
+    } finally {
+      client.close();
+    }
+  });
+});
+
+describe("supervisor", { skip: noSupervisor }, () => {
+  test("start and watch a run to completion", async () => {
+    const a = authority();
+    const s = supervisor();
+    try {
+      const info = await s.info();
+      assert.equal(info.supervisorId, audience);
+      const minted = await a.mint(shSpec("ts-agent", "echo out; sleep 0.2; echo err >&2; echo more; exit 7"));
+      assert.ok(info.trustedKeyIds.includes(minted.signed.keyId), "the supervisor trusts the minting key");
+
+      const runId = await s.start(minted);
+      assert.equal(runId, minted.receipt.receiptId);
+      const output = { stdout: "", stderr: "" };
+      let ended;
+      let events = 0;
+      for await (const event of s.watch(runId)) {
+        events += 1;
+        if (event.type === "output") {
+          assert.equal(ended, undefined, "no output after the final event");
+          output[event.stream] += event.data.toString("utf8");
+        } else {
+          ended = event.run;
+        }
+      }
+      assert.ok(events >= 2);
+      assert.deepEqual(output, { stdout: "out\nmore\n", stderr: "err\n" });
+      assert.ok(ended, "watch ends with the ended run");
+      assert.equal(ended.runId, runId);
+      assert.equal(ended.subject, "ts-agent");
+      assert.equal(ended.state, "RUN_STATE_EXITED");
+      assert.equal(ended.report?.exitCode, 7);
+      assert.equal(ended.report?.signal, undefined);
+      assert.deepEqual(ended.report?.cleanupErrors, []);
+      assert.ok(ended.endedAt instanceof Date);
+
+      const run = await s.get(runId);
+      assert.equal(run.state, "RUN_STATE_EXITED");
+      assert.equal(run.report?.exitCode, 7);
+      assert.ok((await s.list()).some((r) => r.runId === runId));
+
+      // Watching an ended run replays its output and the final event.
+      const replay = await s.wait(runId);
+      assert.equal(replay.report?.exitCode, 7);
+
+      // A receipt starts at most one run.
+      const reused = await refusal(s.start(minted.text));
+      assert.equal(reused.code, Status.ALREADY_EXISTS, reused.message);
+    } finally {
+      a.close();
+      s.close();
+    }
+  });
+
+  test("stop ends a live run; refused receipts reject with PERMISSION_DENIED", async () => {
+    const a = authority();
+    const s = supervisor();
+    try {
+      const minted = await a.mint(shSpec("ts-sleeper", "echo ready; sleep 30"));
+      const runId = await s.start(minted);
+      // Leave the watch as soon as the agent is up: the call is cancelled, the run goes on.
+      for await (const event of s.watch(runId)) {
+        assert.equal(event.type, "output");
+        break;
+      }
+      assert.equal((await s.get(runId)).state, "RUN_STATE_RUNNING");
+      const stopped = await s.stop(runId, "test stop");
+      assert.equal(stopped.state, "RUN_STATE_STOPPED");
+      assert.match(stopped.report?.reason ?? "", /test stop/);
+
+      const wrong = await a.mint({ ...shSpec("ts-wrong-audience", "exit 0"), audience: ["elsewhere"] });
+      const refused = await refusal(s.start(wrong));
+      assert.equal(refused.code, Status.PERMISSION_DENIED, refused.message);
+      assert.match(refused.details, /audience/);
+
+      const garbage = await refusal(s.start("tgr1.garbage"));
+      assert.equal(garbage.code, Status.INVALID_ARGUMENT, garbage.message);
+
+      const missing = await refusal(s.get("0190a0b0-0000-7000-8000-000000000000"));
+      assert.equal(missing.code, Status.NOT_FOUND, missing.message);
+    } finally {
+      a.close();
+      s.close();
+    }
+  });
+});
