@@ -11,9 +11,11 @@
 //!   validity window (with a clock skew), audience and revocation.
 //! * The text form is `tgr1.` followed by unpadded base64url of the `SignedReceipt` bytes.
 //!
-//! [`spec`] parses the TOML run spec and operator ceiling files into protocol requests.
+//! [`spec`] parses the TOML run spec and operator ceiling files into protocol requests;
+//! [`delegation`] checks that a child receipt is within its parent.
 #![forbid(unsafe_code)]
 
+pub mod delegation;
 pub mod paths;
 pub mod spec;
 mod time;

@@ -1,0 +1,327 @@
+//! Delegation's one rule: a child receipt is never wider and never longer than its parent.
+//!
+//! [`check_within`] compares a child receipt (as it would be minted) with its parent, grant by
+//! grant: every fs grant lies beneath a parent grant giving at least its access; every
+//! executable is in the parent's exec list; a child mount that covers one of its executables
+//! is exactly one of the parent's (path, mount) pairs, so no other binary can appear behind an
+//! allowed name; every route is granted by the parent for at least its sensitivity; each limit
+//! is at most the parent's; it expires no later than the parent; and it may delegate fewer
+//! levels than its parent. The first wider grant is named in the refusal. Pure: the authority
+//! runs it before minting a child, the supervisor again before starting one.
+
+use std::fmt;
+
+use tollgate_proto::v1 as pb;
+
+use crate::paths::path_within;
+
+/// The first grant of a child that its parent does not cover.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wider {
+    /// The parent receipt.
+    pub parent_id: String,
+    /// The child's grant, as `fs[1] = /home/me/p/out (write)`.
+    pub grant: String,
+    /// Why the parent does not cover it.
+    pub detail: String,
+}
+
+impl fmt::Display for Wider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} is above parent receipt {}'s grants ({})",
+            self.grant, self.parent_id, self.detail
+        )
+    }
+}
+
+impl std::error::Error for Wider {}
+
+fn access_name(access: i32) -> &'static str {
+    match pb::FsAccess::try_from(access) {
+        Ok(pb::FsAccess::Read) => "read",
+        Ok(pb::FsAccess::Write) => "write",
+        _ => "no access",
+    }
+}
+
+fn sensitivity_name(sensitivity: i32) -> &'static str {
+    match pb::Sensitivity::try_from(sensitivity) {
+        Ok(pb::Sensitivity::Low) => "low",
+        Ok(pb::Sensitivity::Medium) => "medium",
+        Ok(pb::Sensitivity::High) => "high",
+        _ => "nothing",
+    }
+}
+
+/// Whether `child` is within `parent` (see the module docs); the first grant that is not.
+pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wider> {
+    let wider = |grant: String, detail: String| Wider {
+        parent_id: parent.receipt_id.clone(),
+        grant,
+        detail,
+    };
+    for (i, grant) in child.fs.iter().enumerate() {
+        let name = format!("fs[{i}] = {} ({})", grant.path, access_name(grant.access));
+        let covering: Vec<&pb::FsGrant> = parent
+            .fs
+            .iter()
+            .filter(|p| path_within(&grant.path, &p.path))
+            .collect();
+        if covering.is_empty() {
+            return Err(wider(name, "no parent fs grant covers it".into()));
+        }
+        // Unspecified access never counts as granted.
+        let enough = covering
+            .iter()
+            .any(|p| p.access >= grant.access && grant.access > 0 && p.access > 0);
+        if !enough {
+            let best = covering
+                .iter()
+                .max_by_key(|p| p.access)
+                .map_or_else(String::new, |p| {
+                    format!("{} is granted {}", p.path, access_name(p.access))
+                });
+            return Err(wider(name, best));
+        }
+    }
+    for (i, program) in child.exec.iter().enumerate() {
+        if !parent.exec.iter().any(|p| p == program) {
+            return Err(wider(
+                format!("exec[{i}] = {program}"),
+                "not in its exec list".into(),
+            ));
+        }
+    }
+    for (i, grant) in child.fs.iter().enumerate() {
+        if grant.mount.is_empty() {
+            continue;
+        }
+        for program in &child.exec {
+            if !path_within(program, &grant.mount) {
+                continue;
+            }
+            let same = parent
+                .fs
+                .iter()
+                .any(|p| p.path == grant.path && p.mount == grant.mount);
+            if !same {
+                return Err(wider(
+                    format!("fs[{i}].mount = {}", grant.mount),
+                    format!("it covers exec {program}, which the parent runs from another source"),
+                ));
+            }
+        }
+    }
+    for (i, route) in child.routes.iter().enumerate() {
+        let name = format!("routes[{i}] = {}", route.name);
+        match parent.routes.iter().find(|p| p.name == route.name) {
+            None => return Err(wider(name, "route not granted".into())),
+            Some(p) if p.max_sensitivity < route.max_sensitivity || p.max_sensitivity == 0 => {
+                return Err(wider(
+                    format!("{name} up to {}", sensitivity_name(route.max_sensitivity)),
+                    format!(
+                        "{} is granted up to {}",
+                        p.name,
+                        sensitivity_name(p.max_sensitivity)
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    let (p, c) = (
+        parent.limits.unwrap_or_default(),
+        child.limits.unwrap_or_default(),
+    );
+    let limits = [
+        ("memory_bytes", c.memory_bytes, p.memory_bytes),
+        ("pids", c.pids.into(), p.pids.into()),
+        (
+            "cpu_millicores",
+            c.cpu_millicores.into(),
+            p.cpu_millicores.into(),
+        ),
+        ("output_bytes", c.output_bytes, p.output_bytes),
+        ("tmpfs_bytes", c.tmpfs_bytes, p.tmpfs_bytes),
+        ("tool_calls", c.tool_calls, p.tool_calls),
+        ("tokens", c.tokens, p.tokens),
+    ];
+    for (name, child_value, parent_value) in limits {
+        if child_value > parent_value {
+            return Err(wider(
+                format!("limits.{name} = {child_value}"),
+                format!("{parent_value}"),
+            ));
+        }
+    }
+    let expiry = |r: &pb::Receipt| r.expires_at.as_ref().map_or(0, |t| t.seconds);
+    if expiry(child) > expiry(parent) {
+        return Err(wider(
+            format!("expires_at = unix {}", expiry(child)),
+            format!("it expires at unix {}", expiry(parent)),
+        ));
+    }
+    let parent_depth = parent.delegate.as_ref().map_or(0, |d| d.max_depth);
+    if parent_depth == 0 {
+        return Err(wider(
+            "a child receipt".into(),
+            "delegate.max_depth = 0: it may not delegate".into(),
+        ));
+    }
+    let child_depth = child.delegate.as_ref().map_or(0, |d| d.max_depth);
+    if child_depth > parent_depth - 1 {
+        return Err(wider(
+            format!("delegate.max_depth = {child_depth}"),
+            format!(
+                "its children may delegate at most {} levels",
+                parent_depth - 1
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(path: &str, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
+        pb::FsGrant {
+            path: path.into(),
+            access: access as i32,
+            mount: mount.into(),
+        }
+    }
+
+    fn parent() -> pb::Receipt {
+        pb::Receipt {
+            receipt_id: "P".into(),
+            expires_at: Some(prost_types::Timestamp {
+                seconds: 2_000,
+                nanos: 0,
+            }),
+            fs: vec![
+                grant("/home/me/p", pb::FsAccess::Read, "/project"),
+                grant("/home/me/p/out", pb::FsAccess::Write, ""),
+                grant("/opt/tools", pb::FsAccess::Read, "/opt"),
+            ],
+            exec: vec!["/bin/sh".into(), "/opt/run".into()],
+            routes: vec![pb::RouteGrant {
+                name: "claude".into(),
+                max_sensitivity: pb::Sensitivity::Low as i32,
+            }],
+            limits: Some(pb::Limits {
+                memory_bytes: 512 << 20,
+                pids: 64,
+                cpu_millicores: 1000,
+                output_bytes: 1 << 20,
+                tmpfs_bytes: 8 << 20,
+                tool_calls: 100,
+                tokens: 1000,
+            }),
+            delegate: Some(pb::Delegation { max_depth: 2 }),
+            ..Default::default()
+        }
+    }
+
+    fn narrower() -> pb::Receipt {
+        pb::Receipt {
+            receipt_id: "C".into(),
+            expires_at: Some(prost_types::Timestamp {
+                seconds: 1_500,
+                nanos: 0,
+            }),
+            fs: vec![
+                grant("/home/me/p/src", pb::FsAccess::Read, "/src"),
+                grant("/home/me/p/out/c1", pb::FsAccess::Write, ""),
+            ],
+            exec: vec!["/bin/sh".into()],
+            routes: vec![pb::RouteGrant {
+                name: "claude".into(),
+                max_sensitivity: pb::Sensitivity::Low as i32,
+            }],
+            limits: Some(pb::Limits {
+                memory_bytes: 256 << 20,
+                tool_calls: 10,
+                tokens: 100,
+                ..Default::default()
+            }),
+            delegate: Some(pb::Delegation { max_depth: 1 }),
+            ..Default::default()
+        }
+    }
+
+    fn refused(child: pb::Receipt) -> String {
+        check_within(&parent(), &child).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_narrower_child_is_within() {
+        assert_eq!(check_within(&parent(), &narrower()), Ok(()));
+    }
+
+    #[test]
+    fn every_wider_grant_is_named() {
+        let mut c = narrower();
+        c.fs[0].access = pb::FsAccess::Write as i32;
+        assert_eq!(
+            refused(c),
+            "fs[0] = /home/me/p/src (write) is above parent receipt P's grants (/home/me/p is granted read)"
+        );
+        let mut c = narrower();
+        c.fs.push(grant("/etc", pb::FsAccess::Read, ""));
+        assert!(refused(c).contains(
+            "fs[2] = /etc (read) is above parent receipt P's grants (no parent fs grant covers it)"
+        ));
+        let mut c = narrower();
+        c.exec.push("/usr/bin/curl".into());
+        assert!(refused(c).contains(
+            "exec[1] = /usr/bin/curl is above parent receipt P's grants (not in its exec list)"
+        ));
+        let mut c = narrower();
+        c.exec.push("/opt/run".into());
+        c.fs.push(grant("/home/me/p/out", pb::FsAccess::Read, "/opt"));
+        assert!(refused(c).contains(
+            "fs[2].mount = /opt is above parent receipt P's grants (it covers exec /opt/run"
+        ));
+        let mut c = narrower();
+        c.exec.push("/opt/run".into());
+        c.fs.push(grant("/opt/tools", pb::FsAccess::Read, "/opt"));
+        assert_eq!(
+            check_within(&parent(), &c),
+            Ok(()),
+            "the parent's own (path, mount)"
+        );
+        let mut c = narrower();
+        c.routes[0].max_sensitivity = pb::Sensitivity::High as i32;
+        assert!(refused(c).contains("routes[0] = claude up to high is above parent receipt P's grants (claude is granted up to low)"));
+        let mut c = narrower();
+        c.routes.push(pb::RouteGrant {
+            name: "local".into(),
+            max_sensitivity: pb::Sensitivity::Low as i32,
+        });
+        assert!(refused(c).contains("route not granted"));
+        let mut c = narrower();
+        c.limits.as_mut().unwrap().tokens = 1001;
+        assert!(
+            refused(c).contains("limits.tokens = 1001 is above parent receipt P's grants (1000)")
+        );
+        let mut c = narrower();
+        c.expires_at = Some(prost_types::Timestamp {
+            seconds: 2_001,
+            nanos: 0,
+        });
+        assert!(refused(c).contains("it expires at unix 2000"));
+        let mut c = narrower();
+        c.delegate = Some(pb::Delegation { max_depth: 2 });
+        assert!(refused(c).contains("its children may delegate at most 1 levels"));
+        let mut p = parent();
+        p.delegate = None;
+        assert!(check_within(&p, &narrower())
+            .unwrap_err()
+            .to_string()
+            .contains("may not delegate"));
+    }
+}
