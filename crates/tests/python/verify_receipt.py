@@ -93,6 +93,18 @@ def import_dependencies():
         sys.exit(2)
     mods["InvalidSignature"] = InvalidSignature
     mods["Ed25519PublicKey"] = Ed25519PublicKey
+    # OpenSSL's Ed25519 verification is not strict (it accepts small-order keys and R): the
+    # strict check (canonical S, canonical non-small-order A and R) comes from the Python
+    # client, which scripts/test installs into the same environment.
+    try:
+        from tollgate.receipt import ed25519_verify_strict
+    except ImportError as e:
+        print(
+            f"verify_receipt: missing the Python client ({e}); run: pip install ./clients/python",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    mods["ed25519_verify_strict"] = ed25519_verify_strict
     return mods
 
 
@@ -204,10 +216,9 @@ def verify_text(text, keyset, pb, deps, now_ns):
         pub = deps["Ed25519PublicKey"].from_public_bytes(key.public_key)
     except Exception as e:
         raise VerifyError("bad_key", f"public key {key.key_id} is not a valid Ed25519 key: {e}")
-    try:
-        # Over the exact bytes in the envelope; never re-encoded.
-        pub.verify(signed.signature, DOMAIN + signed.receipt)
-    except deps["InvalidSignature"]:
+    # Over the exact bytes in the envelope; never re-encoded. Strict: OpenSSL alone is not.
+    del pub
+    if not deps["ed25519_verify_strict"](key.public_key, DOMAIN + signed.receipt, signed.signature):
         raise VerifyError("bad_signature", f"Ed25519 signature does not verify under key {key.key_id}")
 
     receipt = receipt_pb2.Receipt()
