@@ -332,7 +332,7 @@ impl RunManager {
     ) -> Result<String, StartError> {
         let admitted_at = Instant::now();
         let started_ms = now_ms();
-        let (receipt, host_id) = match self.admit_and_record(signed, argv.is_some()) {
+        let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref()) {
             Ok(admitted) => admitted,
             Err(error) => {
                 self.audit_refusal(signed, &error);
@@ -370,13 +370,16 @@ impl RunManager {
         result
     }
 
-    /// Admission: strict verification, the argv rule, expiry by this host's clock, a host id,
-    /// and the single-use record. On success the start counts as in flight.
+    /// Admission: strict verification, the argv rules, expiry by this host's clock, a host id,
+    /// and the single-use record. On success the start counts as in flight. Everything that
+    /// can be refused without a sandbox is checked before the record: a refused start never
+    /// spends the receipt.
     fn admit_and_record(
         &self,
         signed: &SignedReceipt,
-        argv_given: bool,
+        argv: Option<&[String]>,
     ) -> Result<(tollgate_proto::v1::Receipt, u32), StartError> {
+        let argv_given = argv.is_some();
         let receipt = self
             .admission
             .read()
@@ -385,6 +388,17 @@ impl RunManager {
         let run_id = receipt.receipt_id.clone();
         if argv_given && receipt.agent.as_ref().is_some_and(|a| !a.argv.is_empty()) {
             return Err(StartError::ArgvNotAllowed(run_id));
+        }
+        let command = argv
+            .map(<[String]>::to_vec)
+            .or_else(|| receipt.agent.as_ref().map(|a| a.argv.clone()))
+            .filter(|argv| !argv.is_empty());
+        match command {
+            None => return Err(SandboxError::NoAgent.into()),
+            Some(command) if !receipt.exec.contains(&command[0]) => {
+                return Err(SandboxError::NotExecutable(command[0].clone()).into())
+            }
+            Some(_) => {}
         }
         let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
         // The clock skew helps admit a receipt minted on a slightly different clock; it never

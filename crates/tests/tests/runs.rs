@@ -798,6 +798,39 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
 }
 
 #[test]
+fn a_start_refused_for_its_argv_does_not_spend_the_receipt() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("argv-refused", 201_950);
+    let mut receipt = fx.receipt("", 60);
+    receipt.agent = None;
+    let signed = fx.sign(receipt);
+    let unlisted = fx
+        .manager
+        .start(&signed, Some(vec!["/usr/bin/env".into()]), fx.sink());
+    assert!(
+        matches!(unlisted, Err(StartError::Sandbox(_))),
+        "{unlisted:?}"
+    );
+    let none = fx.manager.start(&signed, None, fx.sink());
+    assert!(matches!(none, Err(StartError::Sandbox(_))), "{none:?}");
+    // The receipt is still unused: a corrected start runs.
+    let run_id = fx
+        .manager
+        .start(
+            &signed,
+            Some(vec!["/bin/sh".into(), "-c".into(), "echo corrected".into()]),
+            fx.sink(),
+        )
+        .unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Exited);
+    assert_eq!(fx.output_of(&run_id), "corrected\n");
+    fx.assert_gone(&run_id);
+}
+
+#[test]
 fn agent_exit_records_a_report_and_leaves_nothing() {
     if !require_root() {
         return;
