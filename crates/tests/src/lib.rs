@@ -343,6 +343,29 @@ impl SupervisorProcess {
         &self.data_dir
     }
 
+    /// Polls the run until it has ended (its record has a report); panics after `limit`.
+    pub async fn wait_ended(&self, run_id: &str, limit: Duration) -> tollgate_proto::v1::Run {
+        let mut client = self.client().await;
+        let deadline = Instant::now() + limit;
+        loop {
+            let run = client
+                .get_run(authed(
+                    &self.token(),
+                    tollgate_proto::v1::GetRunRequest {
+                        run_id: run_id.to_owned(),
+                    },
+                ))
+                .await
+                .expect("get_run")
+                .into_inner();
+            if run.report.is_some() {
+                return run;
+            }
+            assert!(Instant::now() < deadline, "run {run_id} never ended");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// A connected client.
     pub async fn client(&self) -> tollgate_proto::v1::supervisor_client::SupervisorClient<Channel> {
         tollgate_proto::v1::supervisor_client::SupervisorClient::connect(format!(

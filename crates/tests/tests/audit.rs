@@ -239,24 +239,11 @@ async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
     ))
     .await
     .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let report = loop {
-        let run = runs
-            .get_run(authed(
-                &supervisor.token(),
-                pb::GetRunRequest {
-                    run_id: run_id.clone(),
-                },
-            ))
-            .await
-            .unwrap()
-            .into_inner();
-        if let Some(report) = run.report {
-            break report;
-        }
-        assert!(std::time::Instant::now() < deadline, "the run never ended");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let report = supervisor
+        .wait_ended(&run_id, std::time::Duration::from_secs(60))
+        .await
+        .report
+        .unwrap();
     assert_eq!(report.exit_code, Some(0), "{report:?}");
     let (supervisor_data, authority_data) = (
         supervisor.data_dir().to_owned(),
@@ -343,24 +330,9 @@ async fn a_run_is_traced_from_mint_to_teardown_and_edits_are_caught() {
         .await;
     assert!(again.is_err());
     // Wait for the run's end through the supervisor.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        let run = runs
-            .get_run(authed(
-                &supervisor.token(),
-                pb::GetRunRequest {
-                    run_id: run_id.clone(),
-                },
-            ))
-            .await
-            .unwrap()
-            .into_inner();
-        if run.report.is_some() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the run never ended");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    supervisor
+        .wait_ended(&run_id, std::time::Duration::from_secs(15))
+        .await;
     let (authority_log, supervisor_log) = (
         authority.data_dir().join("audit"),
         supervisor.data_dir().join("audit"),
