@@ -51,6 +51,60 @@ pub fn pids_cgroup_dir(parent: &str) -> PathBuf {
     }
 }
 
+/// Whether the sandbox cgroup `name` under `parent` is a warm one: prepared ahead of need,
+/// holding only an idle shim, and so still without limits (every run's cgroup has a pids
+/// limit, applied before its agent exists).
+pub fn is_warm(parent: &str, name: &str) -> bool {
+    std::fs::read_to_string(pids_cgroup_dir(parent).join(name).join("pids.max"))
+        .is_ok_and(|max| max.trim() == "max")
+}
+
+/// What is left of runs: cgroups under `parent` other than (at most one) warm sandbox, and
+/// run directories.
+pub fn leftovers(data_dir: &Path, parent: &str) -> Vec<String> {
+    let dirs: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .flat_map(|h| {
+            std::fs::read_dir(h.path().join(parent))
+                .into_iter()
+                .flatten()
+                .flatten()
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    let mut names: Vec<String> = dirs
+        .iter()
+        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    names.dedup();
+    let warm: Vec<&String> = names.iter().filter(|n| is_warm(parent, n)).collect();
+    let mut left: Vec<String> = dirs
+        .iter()
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| warm.iter().any(|w| n == w.as_str()))
+        })
+        .map(|p| p.display().to_string())
+        .collect();
+    if warm.len() > 1 {
+        left.push(format!(
+            "{} warm sandboxes (at most 1 expected)",
+            warm.len()
+        ));
+    }
+    left.extend(
+        std::fs::read_dir(data_dir.join("runs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path().display().to_string()),
+    );
+    left
+}
+
 /// Path of a workspace binary built by cargo.
 pub fn bin_path(name: &str) -> PathBuf {
     let dir = match std::env::var_os("TOLLGATE_BIN_DIR") {

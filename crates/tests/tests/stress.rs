@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use tollgate_proto::v1 as pb;
-use tollgate_tests::{authed, require_root, AuthorityProcess, SupervisorProcess};
+use tollgate_tests::{authed, leftovers, require_root, AuthorityProcess, SupervisorProcess};
 
 fn spec(script: &str) -> pb::MintReceiptRequest {
     pb::MintReceiptRequest {
@@ -110,21 +110,6 @@ async fn wait_ended(
     }
 }
 
-fn leftover_cgroups(parent: &str) -> Vec<String> {
-    std::fs::read_dir("/sys/fs/cgroup")
-        .unwrap()
-        .flatten()
-        .flat_map(|h| {
-            std::fs::read_dir(h.path().join(parent))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.path().display().to_string())
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_concurrent_sandboxes_then_a_burst_of_two_hundred_starts() {
     if !require_root() {
@@ -188,16 +173,7 @@ async fn fifty_concurrent_sandboxes_then_a_burst_of_two_hundred_starts() {
     assert!(ended
         .iter()
         .all(|r| r.report.as_ref().unwrap().exit_code == Some(0)));
-    // Nothing left: no run directory, and no cgroup but the one warm sandbox.
-    let runs_dir = supervisor.data_dir().join("runs");
-    let dirs: Vec<_> = std::fs::read_dir(&runs_dir)
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    assert!(dirs.is_empty(), "run directories left: {dirs:?}");
-    let cgroups = leftover_cgroups(&supervisor.cgroup_parent);
-    let names: HashSet<String> = cgroups
-        .iter()
-        .filter_map(|p| p.rsplit('/').next().map(str::to_owned))
-        .collect();
-    assert!(names.len() <= 1, "cgroups left: {cgroups:?}");
+    // Nothing left: no run directory, and no cgroup but (at most) the one warm sandbox.
+    let left = leftovers(supervisor.data_dir(), &supervisor.cgroup_parent);
+    assert!(left.is_empty(), "left behind: {left:?}");
 }
