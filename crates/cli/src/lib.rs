@@ -178,6 +178,21 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
+    /// Show a run and every run it delegated (children, grandchildren…) as a tree, with
+    /// each one's state, age and expiry; child receipts minted but not started show as
+    /// `minted`. Exits 66 when the run is unknown.
+    ///
+    /// A child run ends as `parent_ended` when its parent ends (stopped, revoked, expired
+    /// or exited): a delegated run never outlives the run that started it.
+    Tree {
+        /// The run at the root of the tree (any run).
+        run_id: String,
+        /// One JSON object per run (run_id, parent_run_id, depth, subject, state,
+        /// created_at, ended_at, expires_at, exit_code); pending children have state
+        /// "minted".
+        #[arg(long)]
+        json: bool,
+    },
     /// Show one run: state and, once ended, its teardown report.
     Inspect {
         /// The run id.
@@ -490,6 +505,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
+        Command::Tree { run_id, json } => runs::tree(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
     }
 }

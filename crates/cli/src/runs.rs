@@ -24,6 +24,7 @@ fn state_name(state: i32) -> &'static str {
         Ok(pb::RunState::ShimDied) => "shim_died",
         Ok(pb::RunState::SupervisorShutdown) => "supervisor_shutdown",
         Ok(pb::RunState::Lost) => "lost",
+        Ok(pb::RunState::ParentEnded) => "parent_ended",
         _ => "unknown",
     }
 }
@@ -45,6 +46,8 @@ pub fn run_json(run: &pb::Run) -> serde_json::Value {
         "created_at": run.created_at.map(|t| t.seconds),
         "ended_at": run.ended_at.map(|t| t.seconds),
         "expires_at": run.expires_at.map(|t| t.seconds),
+        "parent_run_id": (!run.parent_run_id.is_empty()).then_some(&run.parent_run_id),
+        "depth": run.depth,
         "report": run.report.as_ref().map(|r| json!({
             "reason": r.reason,
             "duration_ms": r.duration_ms,
@@ -65,6 +68,15 @@ fn run_text(run: &pb::Run) -> String {
         format!("{:<11}{}", "run", run.run_id),
         format!("{:<11}{}", "state", state_name(run.state)),
         format!("{:<11}{} (owner {})", "subject", run.subject, run.owner),
+        format!(
+            "{:<11}{}",
+            "parent",
+            if run.parent_run_id.is_empty() {
+                "none (started by an operator)".to_owned()
+            } else {
+                format!("{} (delegated, depth {})", run.parent_run_id, run.depth)
+            }
+        ),
         format!(
             "{:<11}{}",
             "started",
@@ -338,4 +350,192 @@ pub async fn stop(global: &GlobalArgs, run_id: String, reason: String) -> Result
         println!("{}", run_text(&run));
     }
     Ok(())
+}
+
+/// A duration in seconds as `2m10s` (`45s`, `3h02m`, `2d04h`).
+fn span_text(seconds: i64) -> String {
+    let s = seconds.max(0);
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// One line of `tollgate tree`: the run (or pending child) with its branch drawing.
+struct TreeRow {
+    prefix: String,
+    run_id: String,
+    subject: String,
+    state: String,
+    age: String,
+    expires: String,
+}
+
+/// The branch drawing of each entry of a pre-order listing: `depths[i]` is entry i's depth
+/// relative to the root (0 for the root).
+fn branch_prefixes(depths: &[u32]) -> Vec<String> {
+    (0..depths.len())
+        .map(|i| {
+            let depth = depths[i];
+            if depth == 0 {
+                return String::new();
+            }
+            // Whether a later entry is a sibling at `level` before the subtree closes.
+            let continues = |level: u32| {
+                depths[i + 1..]
+                    .iter()
+                    .take_while(|d| **d >= level)
+                    .any(|d| *d == level)
+            };
+            let mut prefix: String = (1..depth)
+                .map(|level| if continues(level) { "│   " } else { "    " })
+                .collect();
+            prefix.push_str(if continues(depth) {
+                "├── "
+            } else {
+                "└── "
+            });
+            prefix
+        })
+        .collect()
+}
+
+/// `tollgate tree`.
+pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect_supervisor(&global.supervisor).await?;
+    let tree = client
+        .get_run_tree(authed(
+            &token,
+            pb::GetRunTreeRequest {
+                run_id: run_id.to_owned(),
+            },
+        )?)
+        .await?
+        .into_inner();
+    if json {
+        for run in &tree.runs {
+            let mut line = run_json(run);
+            line["exit_code"] = json!(run.report.as_ref().and_then(|r| r.exit_code));
+            println!("{line}");
+        }
+        for child in &tree.pending {
+            println!(
+                "{}",
+                json!({
+                    "run_id": child.receipt_id,
+                    "parent_run_id": child.parent_run_id,
+                    "subject": child.subject,
+                    "state": "minted",
+                    "expires_at": child.expires_at.map(|t| t.seconds),
+                })
+            );
+        }
+        return Ok(());
+    }
+    let now = tollgate_receipt::unix_now();
+    let root_depth = tree.runs.first().map_or(0, |r| r.depth);
+    // Pending children are drawn right after their parent's subtree entries.
+    let mut entries: Vec<(u32, TreeRow)> = Vec::new();
+    for run in &tree.runs {
+        let depth = run.depth.saturating_sub(root_depth);
+        let state = match run.report.as_ref().and_then(|r| r.exit_code) {
+            Some(code) if run.state == pb::RunState::Exited as i32 => format!("exited ({code})"),
+            _ => state_name(run.state).to_owned(),
+        };
+        let end = run.ended_at.map_or(now, |t| t.seconds);
+        entries.push((
+            depth,
+            TreeRow {
+                prefix: String::new(),
+                run_id: run.run_id.clone(),
+                subject: run.subject.clone(),
+                state,
+                age: run
+                    .created_at
+                    .map_or("-".into(), |t| span_text(end - t.seconds)),
+                expires: match run.expires_at {
+                    Some(t) if is_live(run) => format!("in {}", span_text(t.seconds - now)),
+                    _ => "-".into(),
+                },
+            },
+        ));
+    }
+    for child in &tree.pending {
+        let Some(at) = entries
+            .iter()
+            .position(|(_, row)| row.run_id == child.parent_run_id)
+        else {
+            continue;
+        };
+        let parent_depth = entries[at].0;
+        let end = entries[at + 1..]
+            .iter()
+            .position(|(d, _)| *d <= parent_depth)
+            .map_or(entries.len(), |p| at + 1 + p);
+        entries.insert(
+            end,
+            (
+                parent_depth + 1,
+                TreeRow {
+                    prefix: String::new(),
+                    run_id: child.receipt_id.clone(),
+                    subject: child.subject.clone(),
+                    state: "minted".into(),
+                    age: "-".into(),
+                    expires: child
+                        .expires_at
+                        .map_or("-".into(), |t| format!("in {}", span_text(t.seconds - now))),
+                },
+            ),
+        );
+    }
+    let depths: Vec<u32> = entries.iter().map(|(d, _)| *d).collect();
+    for ((_, row), prefix) in entries.iter_mut().zip(branch_prefixes(&depths)) {
+        row.prefix = prefix;
+    }
+    let width = entries
+        .iter()
+        .map(|(_, r)| r.prefix.chars().count() + r.run_id.len())
+        .max()
+        .unwrap_or(3)
+        + 2;
+    println!(
+        "{:<width$}{:<16}{:<16}{:<8}EXPIRES",
+        "RUN", "SUBJECT", "STATE", "AGE"
+    );
+    for (_, row) in &entries {
+        let name = format!("{}{}", row.prefix, row.run_id);
+        let pad = width.saturating_sub(name.chars().count());
+        println!(
+            "{name}{:pad$}{:<16}{:<16}{:<8}{}",
+            "", row.subject, row.state, row.age, row.expires
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn branches_are_drawn_from_preorder_depths() {
+        // root, a, a1, b, b1, b2
+        let got = branch_prefixes(&[0, 1, 2, 1, 2, 2]);
+        assert_eq!(
+            got,
+            ["", "├── ", "│   └── ", "└── ", "    ├── ", "    └── "]
+        );
+    }
+
+    #[test]
+    fn spans_read_like_a_clock() {
+        assert_eq!(span_text(41), "41s");
+        assert_eq!(span_text(130), "2m10s");
+        assert_eq!(span_text(3 * 3600 + 120), "3h02m");
+        assert_eq!(span_text(-5), "0s");
+    }
 }

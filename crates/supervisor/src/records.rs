@@ -36,6 +36,8 @@ pub enum RunState {
     SupervisorShutdown,
     /// The supervisor crashed while the run was live; found and swept at the next start.
     Lost,
+    /// Its parent run (delegation) ended, and the whole subtree with it.
+    ParentEnded,
 }
 
 impl RunState {
@@ -58,6 +60,7 @@ impl RunState {
             Self::ShimDied => "shim_died",
             Self::SupervisorShutdown => "supervisor_shutdown",
             Self::Lost => "lost",
+            Self::ParentEnded => "parent_ended",
         }
     }
 
@@ -73,6 +76,7 @@ impl RunState {
             "limit_exceeded" => Self::LimitExceeded,
             "shim_died" => Self::ShimDied,
             "supervisor_shutdown" => Self::SupervisorShutdown,
+            "parent_ended" => Self::ParentEnded,
             _ => Self::Lost,
         }
     }
@@ -128,6 +132,10 @@ pub struct RunRecord {
     pub expires_at: i64,
     /// The teardown report, once ended.
     pub report: Option<TeardownReport>,
+    /// The run that delegated this one, for a child run.
+    pub parent_run_id: Option<String>,
+    /// Delegation depth: 0 for a run an operator started.
+    pub depth: u32,
 }
 
 /// A records operation failed.
@@ -149,9 +157,23 @@ pub enum RecordsError {
     /// A stored report does not decode.
     #[error("stored report of run {0} is unreadable")]
     Report(String),
+    /// The database was written by a newer supervisor.
+    #[error("database {path} has schema version {found}, newer than this supervisor's {known}; run the newer supervisor or move the database aside")]
+    NewerSchema {
+        /// The file.
+        path: PathBuf,
+        /// Its `user_version`.
+        found: i64,
+        /// The newest this binary knows.
+        known: i64,
+    },
 }
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS runs (
+/// Schema migrations, in order; `PRAGMA user_version` counts how many have been applied.
+/// Version 1 is the original table (created with `IF NOT EXISTS`, so databases from before
+/// versioning adopt it unchanged).
+const MIGRATIONS: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS runs (
     run_id     TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
     subject    TEXT NOT NULL,
@@ -163,7 +185,12 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS runs (
     expires_at INTEGER NOT NULL,
     report     TEXT
 );
-CREATE INDEX IF NOT EXISTS runs_state ON runs(state);";
+CREATE INDEX IF NOT EXISTS runs_state ON runs(state);",
+    // Delegation: a child run points at the run whose gateway started it.
+    "ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
+ALTER TABLE runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;",
+];
 
 /// The supervisor's database.
 #[derive(Debug)]
@@ -189,6 +216,30 @@ pub struct NewRun<'a> {
     pub now: i64,
     /// The receipt's expiry.
     pub expires_at: i64,
+    /// The run that delegated this one (a child run), if any.
+    pub parent_run_id: Option<&'a str>,
+    /// Delegation depth (0 for an operator's run).
+    pub depth: u32,
+}
+
+/// Applies the migrations `conn` lacks, each in its own transaction with its version bump.
+fn migrate(conn: &mut Connection, path: &Path) -> Result<(), RecordsError> {
+    let known = MIGRATIONS.len() as i64;
+    let found: i64 = conn.query_row("PRAGMA user_version", [], |row| row.get(0))?;
+    if found > known {
+        return Err(RecordsError::NewerSchema {
+            path: path.to_owned(),
+            found,
+            known,
+        });
+    }
+    for (version, migration) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(migration)?;
+        tx.execute_batch(&format!("PRAGMA user_version = {}", version + 1))?;
+        tx.commit()?;
+    }
+    Ok(())
 }
 
 impl RunRecords {
@@ -217,7 +268,8 @@ impl RunRecords {
                 detail: check,
             });
         }
-        conn.execute_batch(SCHEMA)?;
+        let mut conn = conn;
+        migrate(&mut conn, path)?;
         Ok(Self {
             path: path.to_owned(),
             conn: Mutex::new(conn),
@@ -234,9 +286,9 @@ impl RunRecords {
         // Single use must survive power loss: whatever set_running left the connection at.
         conn.execute_batch("PRAGMA synchronous = FULL")?;
         let inserted = conn.execute(
-            "INSERT OR IGNORE INTO runs (run_id, owner, subject, receipt, state, host_id, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, 'starting', ?5, ?6, ?7)",
-            params![run.run_id, run.owner, run.subject, run.receipt, run.host_id, run.now, run.expires_at],
+            "INSERT OR IGNORE INTO runs (run_id, owner, subject, receipt, state, host_id, created_at, expires_at, parent_run_id, depth)
+             VALUES (?1, ?2, ?3, ?4, 'starting', ?5, ?6, ?7, ?8, ?9)",
+            params![run.run_id, run.owner, run.subject, run.receipt, run.host_id, run.now, run.expires_at, run.parent_run_id, run.depth],
         )?;
         Ok(inserted == 1)
     }
@@ -295,6 +347,8 @@ impl RunRecords {
                 ended_at: row.get(6)?,
                 expires_at: row.get(7)?,
                 report: None,
+                parent_run_id: row.get(9)?,
+                depth: row.get(10)?,
             },
             row.get(8)?,
         ))
@@ -313,7 +367,7 @@ impl RunRecords {
     }
 
     const COLUMNS: &'static str =
-        "run_id, owner, subject, state, host_id, created_at, ended_at, expires_at, report";
+        "run_id, owner, subject, state, host_id, created_at, ended_at, expires_at, report, parent_run_id, depth";
 
     /// One run.
     pub fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
@@ -336,6 +390,29 @@ impl RunRecords {
             Self::COLUMNS
         ))?;
         let rows = stmt.query_map([], Self::record)?;
+        rows.map(|row| Self::with_report(row?)).collect()
+    }
+
+    /// `run_id` and every run it delegated, transitively, in pre-order (a parent before its
+    /// children, siblings oldest first). Empty when `run_id` is unknown.
+    pub fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError> {
+        let conn = self.conn();
+        // The path of creation keys orders the walk depth-first; ids break ties.
+        let columns: String = Self::COLUMNS
+            .split(", ")
+            .map(|c| format!("r.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut stmt = conn.prepare(&format!(
+            "WITH RECURSIVE tree(run_id, key) AS (
+                 SELECT run_id, printf('%020d/%s', created_at, run_id) FROM runs WHERE run_id = ?1
+                 UNION ALL
+                 SELECT c.run_id, tree.key || '|' || printf('%020d/%s', c.created_at, c.run_id)
+                 FROM runs c JOIN tree ON c.parent_run_id = tree.run_id
+             )
+             SELECT {columns} FROM tree JOIN runs r ON r.run_id = tree.run_id ORDER BY tree.key"
+        ))?;
+        let rows = stmt.query_map(params![run_id], Self::record)?;
         rows.map(|row| Self::with_report(row?)).collect()
     }
 
@@ -363,6 +440,8 @@ mod tests {
             host_id: 200_000,
             now: 10,
             expires_at: 100,
+            parent_run_id: None,
+            depth: 0,
         };
         assert!(records.insert(&run).unwrap());
         assert!(!records.insert(&run).unwrap(), "second use refused");
@@ -384,6 +463,93 @@ mod tests {
         assert_eq!(got.state, RunState::Exited);
         assert_eq!(got.report.unwrap(), report);
         assert!(records.live_host_ids().unwrap().is_empty());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn temp_db(name: &str) -> (PathBuf, PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("tollgate-records-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("supervisor.db");
+        (dir, path)
+    }
+
+    fn new_run<'a>(id: &'a str, now: i64, parent: Option<&'a str>, depth: u32) -> NewRun<'a> {
+        NewRun {
+            run_id: id,
+            owner: "admin",
+            subject: id,
+            receipt: b"bytes",
+            host_id: 200_000,
+            now,
+            expires_at: 1000,
+            parent_run_id: parent,
+            depth,
+        }
+    }
+
+    #[test]
+    fn a_database_from_before_versioning_is_migrated_and_keeps_its_rows() {
+        let (dir, path) = temp_db("migrate");
+        {
+            // What supervisors wrote before migrations: the v1 table, user_version 0.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.execute(
+                "INSERT INTO runs (run_id, owner, subject, receipt, state, host_id, created_at, expires_at)
+                 VALUES ('old', 'admin', 's', x'00', 'exited', 200000, 5, 50)",
+                [],
+            )
+            .unwrap();
+        }
+        let records = RunRecords::open(&path).unwrap();
+        let old = records.get("old").unwrap().unwrap();
+        assert_eq!(old.state, RunState::Exited);
+        assert_eq!((old.parent_run_id, old.depth), (None, 0));
+        drop(records);
+        // Reopening applies nothing twice.
+        let records = RunRecords::open(&path).unwrap();
+        assert!(records.insert(&new_run("new", 6, Some("old"), 1)).unwrap());
+        drop(records);
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch("PRAGMA user_version = 99").unwrap();
+        drop(conn);
+        let newer = RunRecords::open(&path).unwrap_err();
+        assert!(
+            matches!(newer, RecordsError::NewerSchema { found: 99, .. }),
+            "{newer}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_subtree_lists_parents_before_children_and_siblings_oldest_first() {
+        let (dir, path) = temp_db("subtree");
+        let records = RunRecords::open(&path).unwrap();
+        for run in [
+            new_run("root", 10, None, 0),
+            new_run("b", 12, Some("root"), 1),
+            new_run("a", 11, Some("root"), 1),
+            new_run("a1", 13, Some("a"), 2),
+            new_run("other", 9, None, 0),
+            new_run("b1", 14, Some("b"), 2),
+        ] {
+            assert!(records.insert(&run).unwrap());
+        }
+        let order = |id: &str| -> Vec<String> {
+            records
+                .subtree(id)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.run_id)
+                .collect()
+        };
+        assert_eq!(order("root"), ["root", "a", "a1", "b", "b1"]);
+        assert_eq!(order("a"), ["a", "a1"]);
+        assert!(order("missing").is_empty());
+        let b1 = records.get("b1").unwrap().unwrap();
+        assert_eq!((b1.parent_run_id.as_deref(), b1.depth), (Some("b"), 2));
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

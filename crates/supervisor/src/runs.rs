@@ -89,6 +89,14 @@ pub enum StartError {
     /// The supervisor is shutting down and starts nothing new.
     #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
     ShuttingDown,
+    /// A delegation rule refused the start (`code` names which, for the audit entry).
+    #[error("{reason}")]
+    Delegated {
+        /// Stable code: `delegated`, `parent_not_live`, `grant_escapes`, `children_limits`.
+        code: &'static str,
+        /// One line naming the rule and what broke it.
+        reason: String,
+    },
 }
 
 /// Which stream a chunk of output came from.
@@ -106,6 +114,8 @@ pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
 /// A live run's shared state.
 struct LiveRun {
     cgroup: RunCgroup,
+    /// The run that delegated this one, if any: its end ends this run too.
+    parent: Option<String>,
     /// The Landlock ABI the shim reported.
     landlock_abi: OnceLock<u32>,
     /// Set as soon as the run is ending (a trigger, or teardown): the gateway serves no call
@@ -303,15 +313,71 @@ impl RunManager {
         *admission = fresh;
     }
 
-    /// Records a revocation; a live run of that receipt is torn down.
+    /// Records a revocation; a live run of that receipt is torn down, with its descendants.
     pub fn revoke(&self, receipt_id: &str) {
         self.admission
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .revoke(receipt_id);
-        if let Some(run) = self.live_run(receipt_id) {
-            run.trigger(RunState::Revoked, "the receipt was revoked".into());
+        self.end_tree(receipt_id, RunState::Revoked, "the receipt was revoked");
+    }
+
+    /// Ends `run_id` with `state` and, with it, every live run it delegated (transitively),
+    /// as `parent_ended`. Returns `false` when `run_id` is not live.
+    ///
+    /// Every descendant is marked closing under the live-runs lock, before any is killed: a
+    /// child being started concurrently is either seen here, or sees its parent closing
+    /// when it checks (see `start_recorded`), so none escapes the cascade.
+    pub fn end_tree(&self, run_id: &str, state: RunState, reason: &str) -> bool {
+        let Some(root) = self.live_run(run_id) else {
+            return false;
+        };
+        root.closing.store(true, Ordering::SeqCst);
+        let descendants = self.mark_descendants(run_id);
+        let cascade = descendant_reason(run_id, state, reason);
+        std::thread::scope(|scope| {
+            for (child, parent) in &descendants {
+                let reason = cascade(parent);
+                scope.spawn(move || child.trigger(RunState::ParentEnded, reason));
+            }
+            root.trigger(state, reason.to_owned());
+        });
+        true
+    }
+
+    /// Marks every live descendant of `run_id` closing (breadth first, under the lock) and
+    /// returns each with its parent's id.
+    fn mark_descendants(&self, run_id: &str) -> Vec<(Arc<LiveRun>, String)> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut found: Vec<(Arc<LiveRun>, String)> = Vec::new();
+        let mut frontier = vec![run_id.to_owned()];
+        while !frontier.is_empty() {
+            let mut next = Vec::new();
+            for (id, run) in live.iter() {
+                if let Some(parent) = run.parent.as_ref().filter(|p| frontier.contains(p)) {
+                    run.closing.store(true, Ordering::SeqCst);
+                    found.push((run.clone(), parent.clone()));
+                    next.push(id.clone());
+                }
+            }
+            frontier = next;
         }
+        found
+    }
+
+    /// Triggers the live descendants of a run that is ending (the run itself is already).
+    fn cascade(&self, run_id: &str, state: RunState, reason: &str) {
+        let descendants = self.mark_descendants(run_id);
+        if descendants.is_empty() {
+            return;
+        }
+        let cascade = descendant_reason(run_id, state, reason);
+        std::thread::scope(|scope| {
+            for (child, parent) in &descendants {
+                let reason = cascade(parent);
+                scope.spawn(move || child.trigger(RunState::ParentEnded, reason));
+            }
+        });
     }
 
     fn live_run(&self, run_id: &str) -> Option<Arc<LiveRun>> {
@@ -330,9 +396,22 @@ impl RunManager {
         argv: Option<Vec<String>>,
         output: OutputSink,
     ) -> Result<String, StartError> {
+        self.start_in_tree(signed, argv, output, None)
+    }
+
+    /// [`Self::start`] for a run that is the root of its tree (`parent` none: an operator's
+    /// start) or a child of the live run `parent` (a delegated receipt, started through that
+    /// run's gateway).
+    pub(crate) fn start_in_tree(
+        self: &Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        output: OutputSink,
+        parent: Option<&str>,
+    ) -> Result<String, StartError> {
         let admitted_at = Instant::now();
         let started_ms = now_ms();
-        let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref()) {
+        let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref(), parent) {
             Ok(admitted) => admitted,
             Err(error) => {
                 self.audit_refusal(signed, &error);
@@ -354,7 +433,9 @@ impl RunManager {
                     "expires_at",
                     receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
                 )
-                .meta("argv_from_start", argv.is_some()),
+                .meta("argv_from_start", argv.is_some())
+                .meta("parent_run_id", parent.unwrap_or_default())
+                .meta("depth", receipt.depth),
         );
         let result = self.start_recorded(
             &receipt,
@@ -363,8 +444,8 @@ impl RunManager {
             argv,
             output,
             admitted,
-            admitted_at,
-            started_ms,
+            (admitted_at, started_ms),
+            parent,
         );
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         result
@@ -378,6 +459,7 @@ impl RunManager {
         &self,
         signed: &SignedReceipt,
         argv: Option<&[String]>,
+        parent: Option<&str>,
     ) -> Result<(tollgate_proto::v1::Receipt, u32), StartError> {
         let argv_given = argv.is_some();
         let receipt = self
@@ -386,6 +468,26 @@ impl RunManager {
             .unwrap_or_else(|p| p.into_inner())
             .admit(signed, unix_now())?;
         let run_id = receipt.receipt_id.clone();
+        // A child receipt starts only through its parent's gateway (which checks it lies
+        // within the parent and ends with it); an operator's start would escape both.
+        match parent {
+            None if receipt.depth > 0 => {
+                return Err(StartError::Delegated {
+                    code: "delegated",
+                    reason: format!(
+                        "receipt {run_id} is delegated (depth {}): it starts only through its parent's gateway",
+                        receipt.depth
+                    ),
+                })
+            }
+            Some(parent) if receipt.depth == 0 || receipt.parent_receipt_id != parent => {
+                return Err(StartError::Delegated {
+                    code: "delegated",
+                    reason: format!("receipt {run_id} is not a child of run {parent}"),
+                })
+            }
+            _ => {}
+        }
         if argv_given && receipt.agent.as_ref().is_some_and(|a| !a.argv.is_empty()) {
             return Err(StartError::ArgvNotAllowed(run_id));
         }
@@ -431,6 +533,8 @@ impl RunManager {
             host_id,
             now: unix_now(),
             expires_at,
+            parent_run_id: parent,
+            depth: receipt.depth,
         })?;
         if !recorded {
             return Err(StartError::AlreadyUsed(run_id));
@@ -452,6 +556,7 @@ impl RunManager {
             StartError::ArgvNotAllowed(_) => "argv_not_allowed",
             StartError::NoHostId(_) => "no_host_id",
             StartError::ShuttingDown => "shutting_down",
+            StartError::Delegated { code, .. } => code,
             _ => "internal",
         };
         let mut draft = EntryDraft::new(COMPONENT, EntryKind::RunRefused)
@@ -477,8 +582,8 @@ impl RunManager {
         argv: Option<Vec<String>>,
         output: OutputSink,
         admitted: Result<PendingEntry, AuditError>,
-        admitted_at: Instant,
-        started_ms: u64,
+        (admitted_at, started_ms): (Instant, u64),
+        parent: Option<&str>,
     ) -> Result<String, StartError> {
         let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
         // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
@@ -509,6 +614,7 @@ impl RunManager {
         // being built is noted, and acted on as soon as there is something to kill.
         let live = Arc::new(LiveRun {
             cgroup,
+            parent: parent.map(str::to_owned),
             landlock_abi: OnceLock::new(),
             closing: Arc::default(),
             gateway: Mutex::new(None),
@@ -516,10 +622,24 @@ impl RunManager {
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
         });
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(run_id.clone(), live.clone());
+        {
+            let mut runs = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            runs.insert(run_id.clone(), live.clone());
+            // Under the same lock as `mark_descendants`: a parent that is ending either finds
+            // this child, or is seen closing (or gone) here.
+            if let Some(parent) = parent {
+                let parent_live = runs
+                    .get(parent)
+                    .is_some_and(|run| !run.closing.load(Ordering::SeqCst));
+                if !parent_live {
+                    live.closing.store(true, Ordering::SeqCst);
+                    *live.trigger.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+                        RunState::ParentEnded,
+                        format!("its parent run {parent} ended before it started"),
+                    ));
+                }
+            }
+        }
         let spawned = self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim, admitted);
         // Prepare the next sandbox only now, off this start's path and CPU time.
         self.sandboxes.refill();
@@ -528,8 +648,17 @@ impl RunManager {
                 // Started after the agent, off the start path: an expiry that fell during the
                 // start fires at once.
                 let expiry = {
-                    let live = live.clone();
-                    std::thread::spawn(move || expire_at(&live, expires_at))
+                    let (live, manager, id) = (live.clone(), Arc::downgrade(self), run_id.clone());
+                    std::thread::spawn(move || {
+                        if expire_at(&live, expires_at) {
+                            match manager.upgrade() {
+                                Some(manager) => {
+                                    manager.end_tree(&id, RunState::Expired, EXPIRED);
+                                }
+                                None => live.trigger(RunState::Expired, EXPIRED.into()),
+                            }
+                        }
+                    })
                 };
                 // Relay output first: the agent is already writing.
                 let budget = Arc::new(AtomicU64::new(limits.output_bytes));
@@ -764,15 +893,10 @@ impl RunManager {
         let _ = self.models.set(routes);
     }
 
-    /// Asks a live run to stop. Returns `false` when it is not live.
+    /// Asks a live run, and every run it delegated, to stop. Returns `false` when it is not
+    /// live.
     pub fn stop(&self, run_id: &str, reason: &str) -> bool {
-        match self.live_run(run_id) {
-            Some(run) => {
-                run.trigger(RunState::Stopped, reason.to_owned());
-                true
-            }
-            None => false,
-        }
+        self.end_tree(run_id, RunState::Stopped, reason)
     }
 
     /// Stops admitting runs, tears down every live run (supervisor shutdown) and waits for
@@ -836,6 +960,11 @@ impl RunManager {
     /// All runs, newest first.
     pub fn list(&self) -> Result<Vec<RunRecord>, RecordsError> {
         self.records.list()
+    }
+
+    /// `run_id` and its descendants in pre-order (empty when unknown).
+    pub fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError> {
+        self.records.subtree(run_id)
     }
 
     /// Ids of runs with a live sandbox.
@@ -974,6 +1103,8 @@ impl RunManager {
             ),
             (None, None) => (RunState::ShimDied, "the sandbox's shim died".into()),
         };
+        // Whatever ended this run ends its descendants, before its own cleanup.
+        self.cascade(run_id, state, &reason);
         report.reason = reason;
         if let Err(e) = live.cgroup.kill_all(KILL_DEADLINE) {
             report.cleanup_errors.push(e.to_string());
@@ -1052,13 +1183,32 @@ fn relay(
     }
 }
 
-/// Triggers expiry at `expires_at` (Unix seconds) unless the run ends first.
-fn expire_at(live: &LiveRun, expires_at: i64) {
+/// The reason of a run that expired.
+const EXPIRED: &str = "the receipt expired";
+
+/// How a cascade explains itself to each descendant, given the descendant's parent id.
+fn descendant_reason<'a>(
+    root: &'a str,
+    state: RunState,
+    reason: &'a str,
+) -> impl Fn(&str) -> String + 'a {
+    move |parent: &str| {
+        if parent == root {
+            format!("its parent run {root} ended ({}: {reason})", state.name())
+        } else {
+            format!("its ancestor run {root} ended ({}: {reason})", state.name())
+        }
+    }
+}
+
+/// Waits until `expires_at` (Unix seconds); `true` when it came, `false` when the run ended
+/// first.
+fn expire_at(live: &LiveRun, expires_at: i64) -> bool {
     let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
     let mut ended = live.ended.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         if *ended {
-            return;
+            return false;
         }
         let left = match deadline.duration_since(SystemTime::now()) {
             Ok(left) if !left.is_zero() => left,
@@ -1070,6 +1220,5 @@ fn expire_at(live: &LiveRun, expires_at: i64) {
             .map(|(guard, _)| guard)
             .unwrap_or_else(|p| p.into_inner().0);
     }
-    drop(ended);
-    live.trigger(RunState::Expired, "the receipt expired".into());
+    true
 }

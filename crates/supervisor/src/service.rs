@@ -81,6 +81,9 @@ pub fn start_status(error: &StartError) -> Status {
         }
         StartError::NoHostId(_) => Status::resource_exhausted(message),
         StartError::ShuttingDown => Status::unavailable(message),
+        StartError::Delegated { code, .. } => {
+            Status::permission_denied(format!("receipt refused ({code}): {message}"))
+        }
         StartError::Sandbox(_)
         | StartError::Cgroup(_)
         | StartError::Records(_)
@@ -101,6 +104,7 @@ fn state_proto(state: RunState) -> pb::RunState {
         RunState::ShimDied => pb::RunState::ShimDied,
         RunState::SupervisorShutdown => pb::RunState::SupervisorShutdown,
         RunState::Lost => pb::RunState::Lost,
+        RunState::ParentEnded => pb::RunState::ParentEnded,
     }
 }
 
@@ -126,6 +130,8 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
             cleanup_errors: r.cleanup_errors.clone(),
             landlock_abi: r.landlock_abi.unwrap_or(0),
         }),
+        parent_run_id: record.parent_run_id.clone().unwrap_or_default(),
+        depth: record.depth,
     }
 }
 
@@ -288,6 +294,26 @@ impl Supervisor for SupervisorService {
         .ok_or_else(|| Status::not_found(format!("no run {run_id}")))?;
         Ok(Response::new(pb::StopRunResponse {
             run: Some(run_proto(&record)),
+        }))
+    }
+
+    async fn get_run_tree(
+        &self,
+        request: Request<pb::GetRunTreeRequest>,
+    ) -> Result<Response<pb::RunTree>, Status> {
+        self.tokens.check(&request)?;
+        let run_id = request.into_inner().run_id;
+        let manager = self.manager.clone();
+        let id = run_id.clone();
+        let runs = blocking(move || manager.subtree(&id))
+            .await?
+            .map_err(|e| Status::internal(e.to_string()))?;
+        if runs.is_empty() {
+            return Err(Status::not_found(format!("no run {run_id}")));
+        }
+        Ok(Response::new(pb::RunTree {
+            runs: runs.iter().map(run_proto).collect(),
+            pending: Vec::new(),
         }))
     }
 

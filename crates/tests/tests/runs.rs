@@ -979,6 +979,8 @@ fn restart_after_a_crash_sweeps_what_was_left() {
             host_id: 201_300,
             now: unix_now(),
             expires_at: unix_now() + 60,
+            parent_run_id: None,
+            depth: 0,
         })
         .unwrap();
     records.set_running("r-crashed").unwrap();
