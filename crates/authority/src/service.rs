@@ -600,11 +600,12 @@ impl AuthorityService {
             .map_err(|_| CallError::invalid("parent.receipt", "does not decode as a Receipt"))?;
         let not_ours = |id: &str| {
             CallError::PermissionDenied(format!(
-                "parent receipt {} is not one this authority minted",
-                clip(id, 64)
+                "parent receipt {id} is not one this authority minted"
             ))
         };
-        check_receipt_id(&claimed.receipt_id).map_err(|_| not_ours(&claimed.receipt_id))?;
+        // A claimed id that is no receipt id is quoted (it is client text), never trusted.
+        check_receipt_id(&claimed.receipt_id)
+            .map_err(|_| not_ours(&format!("{:?}", clip(&claimed.receipt_id, 64))))?;
         let store = self.store.clone();
         let id = claimed.receipt_id.clone();
         let stored = blocking(move || store.receipt(&id)).await?;

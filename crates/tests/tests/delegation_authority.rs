@@ -681,7 +681,16 @@ async fn only_an_enrolled_supervisor_may_delegate_for_its_own_audience() {
     let mut unknown = claimed.clone();
     unknown.receipt_id = uuid::Uuid::now_v7().hyphenated().to_string();
     forged.receipt = unknown.encode_to_vec();
+    let mut not_an_id = signed(&parent);
+    let mut odd = claimed.clone();
+    odd.receipt_id = "x\ny".into();
+    not_an_id.receipt = odd.encode_to_vec();
     for (what, envelope, message) in [
+        (
+            "a claimed id that is no receipt id",
+            not_an_id,
+            "parent receipt \"x\\ny\" is not one this authority minted".to_owned(),
+        ),
         ("a flipped signature byte", flipped, not_ours.clone()),
         ("an edited receipt", widened, not_ours.clone()),
         (
