@@ -84,6 +84,8 @@ entry_kinds! {
     OperatorAdded => "operator_added",
     /// A signing key was rotated.
     KeyRotated => "key_rotated",
+    /// A supervisor was enrolled for delegation (given a delegation token).
+    SupervisorEnrolled => "supervisor_enrolled",
 }
 
 impl fmt::Display for EntryKind {

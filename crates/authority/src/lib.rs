@@ -9,7 +9,7 @@
 //!
 //! | path | what |
 //! | --- | --- |
-//! | `authority.db` | SQLite: keys (public), operators (token hashes), receipts, revocations |
+//! | `authority.db` | SQLite: keys (public), operators and enrolled supervisors (token hashes), receipts (with delegation links), revocations |
 //! | `keys/<key_id>.key` | the active private key, hex seed, 0600 |
 //! | `admin.token` | the bootstrap admin's bearer token, 0600, written on first start |
 //! | `authority.addr` | the bound `host:port`, written once the daemon accepts connections |
@@ -45,7 +45,7 @@ pub use error::{AuthorityError, CallError};
 
 use crate::files::{ensure_private_dir, write_atomic, DirLock};
 use crate::keys::KeyRing;
-use crate::operators::{generate_token, token_hash, OperatorRegistry};
+use crate::operators::{generate_token, token_hash, OperatorRegistry, SupervisorRegistry};
 use crate::service::AuthorityService;
 use crate::store::{Operator, Store};
 
@@ -71,6 +71,7 @@ pub struct Authority {
     store: Arc<Store>,
     keys: Arc<KeyRing>,
     operators: OperatorRegistry,
+    supervisors: SupervisorRegistry,
 }
 
 impl Authority {
@@ -94,6 +95,7 @@ impl Authority {
             })?));
         let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
+        let supervisors = store.supervisors()?;
         if operators.is_empty() {
             let (hash, admin) = bootstrap_admin(&config, &store)?;
             audit.append(
@@ -113,12 +115,17 @@ impl Authority {
                 .meta(
                     "operators",
                     i64::try_from(operators.len()).unwrap_or(i64::MAX),
+                )
+                .meta(
+                    "supervisors",
+                    i64::try_from(supervisors.len()).unwrap_or(i64::MAX),
                 ),
         )?;
         tracing::info!(
             data_dir = %config.data_dir.display(),
             key_id = keys.active().key_id(),
             operators = operators.len(),
+            supervisors = supervisors.len(),
             "authority opened"
         );
         Ok(Self {
@@ -127,6 +134,7 @@ impl Authority {
             store,
             keys,
             operators: OperatorRegistry::new(operators),
+            supervisors: SupervisorRegistry::new(supervisors),
             config,
         })
     }
@@ -153,6 +161,7 @@ impl Authority {
             store: self.store,
             keys: self.keys,
             operators: self.operators,
+            supervisors: self.supervisors,
             audit: self.audit.clone(),
             revocations,
             shutdown: stop_rx,

@@ -13,7 +13,7 @@ use tollgate_authority::{serve, AuthorityConfig};
 /// the SQLite database, and the bootstrap admin token (admin.token, 0600). Once the daemon
 /// accepts connections it writes its bound address to <data-dir>/authority.addr.
 ///
-/// Every mint, refusal, revocation, operator and key change is appended to the audit log in
+/// Every mint, refusal, revocation, operator, supervisor and key change is appended to the audit log in
 /// <data-dir>/audit/ (hash-chained, checkpoints signed with <data-dir>/audit-checkpoint.key);
 /// check it with `tollgate audit verify`.
 ///

@@ -17,7 +17,7 @@ use tollgate_audit::{AuditLog, EntryDraft};
 use tollgate_proto::v1 as pb;
 
 use crate::error::{AuthorityError, CallError};
-use crate::store::Store;
+use crate::store::{Inserted, NewReceipt, Store};
 
 /// Most mints in one batch.
 const MAX_BATCH: usize = 256;
@@ -25,6 +25,7 @@ const MAX_BATCH: usize = 256;
 struct MintJob {
     receipt: pb::Receipt,
     signed: pb::SignedReceipt,
+    delegated_by: Option<String>,
     entry: EntryDraft,
     reply: oneshot::Sender<Result<(), CallError>>,
 }
@@ -49,11 +50,14 @@ impl MintCommitter {
 
     /// Audits (`entry`, on disk before anything is stored) and stores one minted receipt,
     /// batched with whatever else is being minted. If the row then cannot be stored, a second
-    /// entry says the mint was not done.
+    /// entry says the mint was not done; so does a child receipt (`delegated_by` is the
+    /// supervisor that asked) whose parent turns out to be revoked when its row is inserted,
+    /// which fails with `PERMISSION_DENIED`.
     pub async fn commit(
         &self,
         receipt: pb::Receipt,
         signed: pb::SignedReceipt,
+        delegated_by: Option<String>,
         entry: EntryDraft,
     ) -> Result<(), CallError> {
         let (reply, answer) = oneshot::channel();
@@ -61,6 +65,7 @@ impl MintCommitter {
             .send(MintJob {
                 receipt,
                 signed,
+                delegated_by,
                 entry,
                 reply,
             })
@@ -108,19 +113,48 @@ fn commit_batch(batch: Vec<MintJob>, store: &Store, audit: &AuditLog) {
     // 2. Every row in one transaction.
     let rows: Vec<_> = audited
         .iter()
-        .map(|job| (&job.receipt, &job.signed))
+        .map(|job| NewReceipt {
+            receipt: &job.receipt,
+            signed: &job.signed,
+            delegated_by: job.delegated_by.as_deref(),
+        })
         .collect();
     match store.insert_receipts(&rows) {
-        Ok(()) => {
-            for job in audited {
-                tracing::info!(
-                    receipt_id = %job.receipt.receipt_id,
-                    owner = %job.receipt.owner,
-                    subject = %job.receipt.subject,
-                    key_id = %job.receipt.key_id,
-                    "minted receipt"
-                );
-                let _ = job.reply.send(Ok(()));
+        Ok(outcomes) => {
+            for (job, outcome) in audited.into_iter().zip(outcomes) {
+                match outcome {
+                    Inserted::Stored => {
+                        tracing::info!(
+                            receipt_id = %job.receipt.receipt_id,
+                            owner = %job.receipt.owner,
+                            subject = %job.receipt.subject,
+                            key_id = %job.receipt.key_id,
+                            parent_receipt_id = %job.receipt.parent_receipt_id,
+                            depth = job.receipt.depth,
+                            "minted receipt"
+                        );
+                        let _ = job.reply.send(Ok(()));
+                    }
+                    Inserted::ParentRevoked => {
+                        let error = CallError::PermissionDenied(format!(
+                            "parent receipt {} was revoked",
+                            job.receipt.parent_receipt_id
+                        ));
+                        let undone = crate::service::undone_entry(
+                            crate::service::refused(job.entry.clone(), &error),
+                            &error.to_string(),
+                        );
+                        if let Err(e) = audit.append(undone) {
+                            tracing::error!(error = %e, "could not audit a child not stored");
+                        }
+                        tracing::info!(
+                            receipt_id = %job.receipt.receipt_id,
+                            parent_receipt_id = %job.receipt.parent_receipt_id,
+                            "child receipt not stored: its parent was revoked"
+                        );
+                        let _ = job.reply.send(Err(error));
+                    }
+                }
             }
         }
         Err(error) => {

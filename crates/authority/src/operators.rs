@@ -1,4 +1,4 @@
-//! Operator identities and bearer-token authentication.
+//! Operator and supervisor identities and bearer-token authentication.
 //!
 //! Tokens are 32 random bytes (`tgt_` + base64url); only their SHA-256 is stored. A hash of a
 //! high-entropy token is as strong as a slow password hash here and lets a lookup be one map
@@ -13,7 +13,7 @@ use sha2::{Digest as _, Sha256};
 use tonic::metadata::MetadataMap;
 
 use crate::error::CallError;
-use crate::store::Operator;
+use crate::store::{Operator, Supervisor};
 
 /// Prefix of every operator token, so scanners (and the router) can recognise one.
 pub const TOKEN_PREFIX: &str = "tgt_";
@@ -38,6 +38,33 @@ pub fn valid_operator_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | '@'))
+}
+
+/// Whether `id` is a valid supervisor id for enrolment (the operator-name alphabet: it appears
+/// in audit entries and messages, so no spaces or control characters).
+pub fn valid_supervisor_id(id: &str) -> bool {
+    valid_operator_name(id)
+}
+
+/// The token in the request's `authorization: Bearer <token>` metadata.
+pub fn bearer_token(metadata: &MetadataMap) -> Result<&str, CallError> {
+    let header = metadata.get("authorization").ok_or_else(|| {
+        CallError::Unauthenticated(
+            "missing \"authorization: Bearer <token>\" metadata; pass an operator token (or, for DelegateReceipt, a supervisor's delegation token)".into(),
+        )
+    })?;
+    header
+        .to_str()
+        .ok()
+        // The scheme name is case-insensitive (RFC 9110).
+        .and_then(|value| {
+            let (scheme, token) = value.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then_some(token)
+        })
+        .map(str::trim)
+        .ok_or_else(|| {
+            CallError::Unauthenticated("authorization metadata must be \"Bearer <token>\"".into())
+        })
 }
 
 /// Known operators by token hash.
@@ -66,45 +93,59 @@ impl OperatorRegistry {
             .insert(hash, Arc::new(operator));
     }
 
-    /// The operator whose token is in the request's `authorization: Bearer` header.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Arc<Operator>, CallError> {
-        let header = metadata.get("authorization").ok_or_else(|| {
-            CallError::Unauthenticated(
-                "missing \"authorization: Bearer <token>\" metadata; pass an operator token".into(),
-            )
-        })?;
-        let token = header
-            .to_str()
-            .ok()
-            // The scheme name is case-insensitive (RFC 9110).
-            .and_then(|value| {
-                let (scheme, token) = value.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then_some(token)
-            })
-            .map(str::trim)
-            .ok_or_else(|| {
-                CallError::Unauthenticated(
-                    "authorization metadata must be \"Bearer <token>\"".into(),
-                )
-            })?;
+    /// The operator holding `token`, if any.
+    pub fn by_token(&self, token: &str) -> Option<Arc<Operator>> {
         self.by_hash
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .get(&token_hash(token))
             .cloned()
-            .ok_or_else(|| CallError::Unauthenticated("unknown or revoked operator token".into()))
+    }
+}
+
+/// Supervisors enrolled for delegation, by token hash. Their tokens have the operators' format
+/// (so the redactor masks them too) but authenticate only `DelegateReceipt`.
+#[derive(Debug, Default)]
+pub struct SupervisorRegistry {
+    by_hash: RwLock<HashMap<[u8; 32], Arc<Supervisor>>>,
+}
+
+impl SupervisorRegistry {
+    /// A registry holding these supervisors.
+    pub fn new(supervisors: Vec<([u8; 32], Supervisor)>) -> Self {
+        let by_hash = supervisors
+            .into_iter()
+            .map(|(hash, supervisor)| (hash, Arc::new(supervisor)))
+            .collect();
+        Self {
+            by_hash: RwLock::new(by_hash),
+        }
     }
 
-    /// Like [`Self::authenticate`], and the operator must be an admin.
-    pub fn authenticate_admin(&self, metadata: &MetadataMap) -> Result<Arc<Operator>, CallError> {
-        let operator = self.authenticate(metadata)?;
-        if !operator.admin {
-            return Err(CallError::PermissionDenied(format!(
-                "operator {:?} is not an admin; this call needs the admin token",
-                operator.name
-            )));
-        }
-        Ok(operator)
+    /// Adds a supervisor already stored durably.
+    pub fn insert(&self, hash: [u8; 32], supervisor: Supervisor) {
+        self.by_hash
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(hash, Arc::new(supervisor));
+    }
+
+    /// Whether a supervisor with this id is enrolled.
+    pub fn contains_id(&self, supervisor_id: &str) -> bool {
+        self.by_hash
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .any(|s| s.supervisor_id == supervisor_id)
+    }
+
+    /// The supervisor holding `token`, if any.
+    pub fn by_token(&self, token: &str) -> Option<Arc<Supervisor>> {
+        self.by_hash
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&token_hash(token))
+            .cloned()
     }
 }
 

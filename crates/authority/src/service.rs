@@ -3,12 +3,14 @@
 use std::pin::Pin;
 use std::sync::Arc;
 
+use prost::Message as _;
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::Stream;
-use tollgate_audit::{AuditLog, Decision, EntryDraft, EntryKind};
+use tollgate_audit::{AuditLog, Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::Authority;
+use tollgate_receipt::delegation::check_within;
 use tollgate_receipt::spec::access_name;
 use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
 use tonic::{Request, Response, Status};
@@ -18,8 +20,11 @@ use crate::config::AuthorityConfig;
 use crate::error::{AuthorityError, CallError};
 use crate::keys::{key_set, KeyRing};
 use crate::minting::MintCommitter;
-use crate::operators::{generate_token, token_hash, valid_operator_name, OperatorRegistry};
-use crate::store::{Operator, ReceiptFilter, Store};
+use crate::operators::{
+    bearer_token, generate_token, token_hash, valid_operator_name, valid_supervisor_id,
+    OperatorRegistry, SupervisorRegistry,
+};
+use crate::store::{Operator, ReceiptFilter, RevokedTree, Store, Supervisor};
 use crate::COMPONENT;
 
 /// Most receipts one ListReceipts page may hold.
@@ -32,6 +37,7 @@ pub struct AuthorityService {
     pub(crate) store: Arc<Store>,
     pub(crate) keys: Arc<KeyRing>,
     pub(crate) operators: OperatorRegistry,
+    pub(crate) supervisors: SupervisorRegistry,
     pub(crate) audit: AuditLog,
     pub(crate) minting: MintCommitter,
     pub(crate) revocations: broadcast::Sender<pb::Revocation>,
@@ -102,7 +108,7 @@ fn clip(text: &str, max: usize) -> String {
 }
 
 /// `draft` as the record of a refused call: the decision, the error and its code.
-fn refused(draft: EntryDraft, error: &CallError) -> EntryDraft {
+pub(crate) fn refused(draft: EntryDraft, error: &CallError) -> EntryDraft {
     draft
         .decision(Decision::Deny)
         .reason(clip(&error.to_string(), MAX_REASON))
@@ -116,9 +122,18 @@ pub(crate) fn undone_entry(entry: EntryDraft, why: &str) -> EntryDraft {
     undone
 }
 
-/// The audit entry of a receipt about to be stored.
-fn minted_entry(receipt: &pb::Receipt) -> EntryDraft {
-    EntryDraft::new(COMPONENT, EntryKind::ReceiptMinted)
+/// The audit entry of a receipt about to be stored; a child's also names its parent, its
+/// depth and the supervisor that asked for it.
+fn minted_entry(receipt: &pb::Receipt, delegated_by: Option<&str>) -> EntryDraft {
+    let entry = EntryDraft::new(COMPONENT, EntryKind::ReceiptMinted);
+    let entry = match delegated_by {
+        Some(supervisor) => entry
+            .meta("parent_receipt_id", receipt.parent_receipt_id.as_str())
+            .meta("depth", receipt.depth)
+            .meta("delegated_by", supervisor),
+        None => entry,
+    };
+    entry
         .receipt(receipt.receipt_id.as_str())
         .decision(Decision::Allow)
         .meta("issuer", receipt.issuer.as_str())
@@ -144,6 +159,27 @@ fn minted_entry(receipt: &pb::Receipt) -> EntryDraft {
                 .map(|r| r.name.clone())
                 .collect::<Vec<_>>(),
         )
+}
+
+/// A child's limits: each one the child leaves at 0 takes the parent's value.
+fn inherit_limits(child: pb::Limits, parent: pb::Limits) -> pb::Limits {
+    let pick = |child: u64, parent: u64| if child == 0 { parent } else { child };
+    let pick32 = |child: u32, parent: u32| if child == 0 { parent } else { child };
+    pb::Limits {
+        memory_bytes: pick(child.memory_bytes, parent.memory_bytes),
+        pids: pick32(child.pids, parent.pids),
+        cpu_millicores: pick32(child.cpu_millicores, parent.cpu_millicores),
+        output_bytes: pick(child.output_bytes, parent.output_bytes),
+        tmpfs_bytes: pick(child.tmpfs_bytes, parent.tmpfs_bytes),
+        tool_calls: pick(child.tool_calls, parent.tool_calls),
+        tokens: pick(child.tokens, parent.tokens),
+    }
+}
+
+/// RFC 3339 (UTC, seconds) of Unix seconds, for messages.
+fn rfc3339(seconds: i64) -> String {
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(seconds.max(0).unsigned_abs());
+    humantime::format_rfc3339_seconds(at).to_string()
 }
 
 fn check_receipt_id(receipt_id: &str) -> Result<(), CallError> {
@@ -179,6 +215,61 @@ async fn stopped(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
+/// Revokes `receipt_id` and its descendants ([`Store::revoke_tree`]), each descendant's
+/// `receipt_revoked` entry (with `cascade_from` and its seq) on disk before the transaction
+/// commits. If it then does not commit, each of those entries is followed by a "not done" one
+/// (the caller writes the root's).
+fn revoke_tree_audited(
+    store: &Store,
+    audit: &AuditLog,
+    receipt_id: &str,
+    reason: &str,
+    by: &str,
+) -> Result<RevokedTree, CallError> {
+    let mut written: Vec<EntryDraft> = Vec::new();
+    let result = store.revoke_tree(receipt_id, reason, by, unix_now(), |cascaded| {
+        let drafts: Vec<EntryDraft> = cascaded
+            .iter()
+            .map(|revocation| {
+                EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
+                    .receipt(revocation.receipt_id.as_str())
+                    .decision(Decision::Allow)
+                    .reason(clip(&revocation.reason, MAX_REASON))
+                    .meta("by", by)
+                    .meta("cascade_from", receipt_id)
+                    .meta("seq", i64::try_from(revocation.seq).unwrap_or(i64::MAX))
+            })
+            .collect();
+        // Handed over together, so the audit writer commits them with one fsync.
+        let pending: Vec<_> = drafts.iter().map(|d| audit.submit(d.clone())).collect();
+        let mut failure = None;
+        for (draft, entry) in drafts.into_iter().zip(pending) {
+            match entry.and_then(tollgate_audit::PendingEntry::wait) {
+                Ok(_) => written.push(draft),
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
+            }
+        }
+        match failure {
+            None => Ok(()),
+            Some(e) => Err(CallError::Internal(e.into())),
+        }
+    });
+    let error = match result {
+        Ok(Some(tree)) => return Ok(tree),
+        Ok(None) => CallError::NotFound(format!("no receipt {receipt_id} (it vanished)")),
+        Err(error) => error,
+    };
+    for draft in written {
+        let undone = undone_entry(refused(draft, &error), &error.to_string());
+        if let Err(e) = audit.append(undone) {
+            tracing::error!(error = %e, "could not audit a cascade that was not done");
+        }
+    }
+    Err(error)
+}
+
 type RevocationStream = Pin<Box<dyn Stream<Item = Result<pb::RevocationEvent, Status>> + Send>>;
 
 impl AuthorityService {
@@ -195,12 +286,72 @@ impl AuthorityService {
         .await
     }
 
-    /// The name of the caller, if its token is valid (for auditing refused calls).
+    /// Who is calling, if its token is valid (for auditing refused calls): an operator's
+    /// name, or `supervisor:<id>` for a delegation token.
     fn caller(&self, request_metadata: &tonic::metadata::MetadataMap) -> String {
-        self.operators
-            .authenticate(request_metadata)
-            .map(|operator| operator.name.clone())
-            .unwrap_or_else(|_| "(unauthenticated)".into())
+        let Ok(token) = bearer_token(request_metadata) else {
+            return "(unauthenticated)".into();
+        };
+        if let Some(operator) = self.operators.by_token(token) {
+            operator.name.clone()
+        } else if let Some(supervisor) = self.supervisors.by_token(token) {
+            format!("supervisor:{}", supervisor.supervisor_id)
+        } else {
+            "(unauthenticated)".into()
+        }
+    }
+
+    /// The operator calling. A supervisor's delegation token is not an operator's, and is
+    /// told so (`UNAUTHENTICATED`): it authenticates only `DelegateReceipt`.
+    fn operator(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Arc<Operator>, CallError> {
+        let token = bearer_token(metadata)?;
+        if let Some(operator) = self.operators.by_token(token) {
+            return Ok(operator);
+        }
+        if let Some(supervisor) = self.supervisors.by_token(token) {
+            return Err(CallError::Unauthenticated(format!(
+                "this is supervisor {:?}'s delegation token: it authenticates only DelegateReceipt; this call needs an operator token",
+                supervisor.supervisor_id
+            )));
+        }
+        Err(CallError::Unauthenticated(
+            "unknown or revoked operator token".into(),
+        ))
+    }
+
+    /// Like [`Self::operator`], and the operator must be an admin.
+    fn admin(&self, metadata: &tonic::metadata::MetadataMap) -> Result<Arc<Operator>, CallError> {
+        let operator = self.operator(metadata)?;
+        if !operator.admin {
+            return Err(CallError::PermissionDenied(format!(
+                "operator {:?} is not an admin; this call needs the admin token",
+                operator.name
+            )));
+        }
+        Ok(operator)
+    }
+
+    /// The supervisor calling `DelegateReceipt`, by its delegation token. An operator token
+    /// is refused (`PERMISSION_DENIED`): operators mint with `MintReceipt`.
+    fn supervisor(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<Arc<Supervisor>, CallError> {
+        let token = bearer_token(metadata)?;
+        if let Some(supervisor) = self.supervisors.by_token(token) {
+            return Ok(supervisor);
+        }
+        if self.operators.by_token(token).is_some() {
+            return Err(CallError::PermissionDenied(
+                "DelegateReceipt needs a supervisor's delegation token (tollgate supervisor add); operators mint with MintReceipt".into(),
+            ));
+        }
+        Err(CallError::Unauthenticated(
+            "unknown delegation token; enrol the supervisor with `tollgate supervisor add ID` and pass the token it prints".into(),
+        ))
     }
 
     /// Commits a decided action together with its audit entry. The entry is on disk before the
@@ -298,6 +449,51 @@ impl AuthorityService {
         .await
     }
 
+    async fn audited_delegate(
+        &self,
+        request: Request<pb::DelegateReceiptRequest>,
+    ) -> Result<pb::MintReceiptResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let asked = request.get_ref();
+        let subject = clip(
+            asked.child.as_ref().map_or("", |c| c.subject.as_str()),
+            MAX_FIELD,
+        );
+        // What the envelope claims, for the record; only a well-formed id goes in.
+        let parent_id = asked
+            .parent
+            .as_ref()
+            .and_then(|p| pb::Receipt::decode(p.receipt.as_slice()).ok())
+            .map(|r| r.receipt_id)
+            .filter(|id| check_receipt_id(id).is_ok());
+        let result = self.delegate(request).await;
+        self.finish(result, || {
+            EntryDraft::new(COMPONENT, EntryKind::ReceiptRefused)
+                .meta("operator", caller)
+                .meta("subject", subject)
+                .meta(
+                    "parent_receipt_id",
+                    parent_id.map_or(MetaValue::Null, MetaValue::from),
+                )
+        })
+        .await
+    }
+
+    async fn audited_add_supervisor(
+        &self,
+        request: Request<pb::AddSupervisorRequest>,
+    ) -> Result<pb::AddSupervisorResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let supervisor_id = clip(&request.get_ref().supervisor_id, 64);
+        let result = self.add_supervisor(request).await;
+        self.finish(result, || {
+            EntryDraft::new(COMPONENT, EntryKind::SupervisorEnrolled)
+                .meta("supervisor_id", supervisor_id)
+                .meta("by", caller)
+        })
+        .await
+    }
+
     async fn audited_rotate(
         &self,
         request: Request<pb::RotateKeyRequest>,
@@ -314,7 +510,7 @@ impl AuthorityService {
         &self,
         request: Request<pb::MintReceiptRequest>,
     ) -> Result<pb::MintReceiptResponse, Refusal> {
-        let operator = self.operators.authenticate(request.metadata())?;
+        let operator = self.operator(request.metadata())?;
         let request = request.into_inner();
         validate_mint(&request)?;
         let check = CeilingCheck {
@@ -363,7 +559,12 @@ impl AuthorityService {
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting
-            .commit(receipt.clone(), signed.clone(), minted_entry(&receipt))
+            .commit(
+                receipt.clone(),
+                signed.clone(),
+                None,
+                minted_entry(&receipt, None),
+            )
             .await
             .map_err(Refusal::Audited)?;
         Ok(pb::MintReceiptResponse {
@@ -373,11 +574,217 @@ impl AuthorityService {
         })
     }
 
+    /// `DelegateReceipt`: the checks of docs/plans/delegation.md §4, in that order (token,
+    /// parent, resolution, shape, `check_within`), then sign and commit like a mint.
+    async fn delegate(
+        &self,
+        request: Request<pb::DelegateReceiptRequest>,
+    ) -> Result<pb::MintReceiptResponse, Refusal> {
+        let supervisor = self.supervisor(request.metadata())?;
+        let request = request.into_inner();
+        if request.supervisor_id != supervisor.supervisor_id {
+            return Err(CallError::PermissionDenied(format!(
+                "this token is enrolled for supervisor {:?}, not {:?}",
+                supervisor.supervisor_id,
+                clip(&request.supervisor_id, 64)
+            ))
+            .into());
+        }
+        let envelope = request.parent.ok_or_else(|| {
+            CallError::invalid("parent", "is required: the parent receipt's envelope")
+        })?;
+        let spec = request
+            .child
+            .ok_or_else(|| CallError::invalid("child", "is required"))?;
+        let claimed = pb::Receipt::decode(envelope.receipt.as_slice())
+            .map_err(|_| CallError::invalid("parent.receipt", "does not decode as a Receipt"))?;
+        let not_ours = |id: &str| {
+            CallError::PermissionDenied(format!(
+                "parent receipt {id} is not one this authority minted"
+            ))
+        };
+        // A claimed id that is no receipt id is quoted (it is client text), never trusted.
+        check_receipt_id(&claimed.receipt_id)
+            .map_err(|_| not_ours(&format!("{:?}", clip(&claimed.receipt_id, 64))))?;
+        let store = self.store.clone();
+        let id = claimed.receipt_id.clone();
+        let stored = blocking(move || store.receipt(&id)).await?;
+        // Byte for byte: the envelope is evidence of what was minted, nothing more.
+        let stored = match stored {
+            Some(stored) if stored.signed == envelope => stored,
+            _ => return Err(not_ours(&claimed.receipt_id).into()),
+        };
+        let parent = stored.receipt;
+        let parent_id = parent.receipt_id.as_str();
+        if stored.revocation.is_some() {
+            return Err(CallError::PermissionDenied(format!(
+                "parent receipt {parent_id} is revoked"
+            ))
+            .into());
+        }
+        let now = unix_now();
+        let parent_expiry = parent.expires_at.as_ref().map_or(0, |t| t.seconds);
+        if parent_expiry <= now {
+            return Err(CallError::PermissionDenied(format!(
+                "parent receipt {parent_id} expired at {}",
+                rfc3339(parent_expiry)
+            ))
+            .into());
+        }
+        if !parent.audience.contains(&supervisor.supervisor_id) {
+            return Err(CallError::PermissionDenied(format!(
+                "parent receipt {parent_id} is not for supervisor {:?}",
+                supervisor.supervisor_id
+            ))
+            .into());
+        }
+        if parent.delegate.as_ref().map_or(0, |d| d.max_depth) == 0 {
+            return Err(CallError::PermissionDenied(format!(
+                "parent receipt {parent_id} may not delegate (delegate.max_depth = 0)"
+            ))
+            .into());
+        }
+        // Resolve: the child starts now, ends by the parent's end, and takes the parent's
+        // value for every limit left at 0.
+        let remaining = u64::try_from(parent_expiry - now).unwrap_or(0);
+        let ttl = match spec.ttl_seconds {
+            0 => remaining,
+            ttl if ttl > remaining => {
+                return Err(CallError::PermissionDenied(format!(
+                    "ttl_seconds = {ttl} is longer than parent receipt {parent_id}'s remaining {remaining} s"
+                ))
+                .into())
+            }
+            ttl => ttl,
+        };
+        let limits = inherit_limits(
+            spec.limits.unwrap_or_default(),
+            parent.limits.unwrap_or_default(),
+        );
+        let shape = pb::MintReceiptRequest {
+            subject: spec.subject,
+            ttl_seconds: ttl,
+            audience: vec![supervisor.supervisor_id.clone()],
+            agent: spec.agent,
+            limits: Some(limits),
+            fs: spec.fs,
+            exec: spec.exec,
+            routes: spec.routes,
+            delegate: spec.delegate,
+            not_before: None,
+        };
+        // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
+        validate_mint(&shape)?;
+        // Bounded by the parent's expiry, so this cannot overflow.
+        let expires_at = now.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX));
+        let mut receipt = pb::Receipt {
+            receipt_id: uuid::Uuid::now_v7().hyphenated().to_string(),
+            issuer: self.config.issuer.clone(),
+            key_id: String::new(), // set by the signer
+            owner: parent.owner.clone(),
+            subject: shape.subject,
+            audience: shape.audience,
+            issued_at: Some(timestamp_from_unix(now)),
+            not_before: Some(timestamp_from_unix(now)),
+            expires_at: Some(timestamp_from_unix(expires_at)),
+            policy_version: self.config.policy_version.clone(),
+            parent_receipt_id: parent.receipt_id.clone(),
+            depth: parent.depth.saturating_add(1),
+            agent: shape.agent,
+            limits: shape.limits,
+            fs: shape.fs,
+            exec: shape.exec,
+            routes: shape.routes,
+            network: pb::NetworkAccess::LoopbackOnly as i32,
+            delegate: shape.delegate,
+        };
+        // Ceilings are not re-checked: child within parent within ceiling, and ceilings never
+        // change.
+        check_within(&parent, &receipt)
+            .map_err(|wider| CallError::PermissionDenied(wider.to_string()))?;
+        let signed = self.keys.active().sign(&mut receipt);
+        let entry = minted_entry(&receipt, Some(&supervisor.supervisor_id));
+        self.minting
+            .commit(
+                receipt.clone(),
+                signed.clone(),
+                Some(supervisor.supervisor_id.clone()),
+                entry,
+            )
+            .await
+            .map_err(Refusal::Audited)?;
+        tracing::info!(
+            receipt_id = %receipt.receipt_id,
+            parent_receipt_id = %receipt.parent_receipt_id,
+            depth = receipt.depth,
+            supervisor_id = %supervisor.supervisor_id,
+            "delegated receipt"
+        );
+        Ok(pb::MintReceiptResponse {
+            text: to_text(&signed),
+            signed: Some(signed),
+            receipt: Some(receipt),
+        })
+    }
+
+    async fn add_supervisor(
+        &self,
+        request: Request<pb::AddSupervisorRequest>,
+    ) -> Result<pb::AddSupervisorResponse, Refusal> {
+        let admin = self.admin(request.metadata())?;
+        let supervisor_id = request.into_inner().supervisor_id;
+        if !valid_supervisor_id(&supervisor_id) {
+            return Err(CallError::invalid(
+                "supervisor_id",
+                "must be 1-64 letters, digits, '.', '_', '-' or '@'",
+            )
+            .into());
+        }
+        // Decided before anything is written, so a repeat is one refusal in the log; the
+        // store's unique key still settles a race between two enrolments.
+        if self.supervisors.contains_id(&supervisor_id) {
+            return Err(CallError::AlreadyExists(format!(
+                "supervisor {supervisor_id:?} is already enrolled"
+            ))
+            .into());
+        }
+        let token = generate_token();
+        let hash = token_hash(&token);
+        let supervisor = Supervisor {
+            supervisor_id: supervisor_id.clone(),
+            created_at: unix_now(),
+            created_by: admin.name.clone(),
+        };
+        let store = self.store.clone();
+        let stored = supervisor.clone();
+        let id = supervisor_id.clone();
+        let entry = EntryDraft::new(COMPONENT, EntryKind::SupervisorEnrolled)
+            .decision(Decision::Allow)
+            .meta("supervisor_id", supervisor_id.as_str())
+            .meta("by", admin.name.as_str());
+        self.commit_audited(entry, move || {
+            if store.insert_supervisor(&hash, &stored)? {
+                Ok(())
+            } else {
+                Err(CallError::AlreadyExists(format!(
+                    "supervisor {id:?} is already enrolled"
+                )))
+            }
+        })
+        .await?;
+        self.supervisors.insert(hash, supervisor);
+        tracing::info!(supervisor_id = %supervisor_id, by = %admin.name, "enrolled supervisor");
+        Ok(pb::AddSupervisorResponse {
+            supervisor_id,
+            token,
+        })
+    }
+
     async fn get(
         &self,
         request: Request<pb::GetReceiptRequest>,
     ) -> Result<pb::GetReceiptResponse, CallError> {
-        let operator = self.operators.authenticate(request.metadata())?;
+        let operator = self.operator(request.metadata())?;
         let receipt_id = request.into_inner().receipt_id;
         check_receipt_id(&receipt_id)?;
         let store = self.store.clone();
@@ -398,7 +805,7 @@ impl AuthorityService {
         &self,
         request: Request<pb::ListReceiptsRequest>,
     ) -> Result<pb::ListReceiptsResponse, CallError> {
-        let operator = self.operators.authenticate(request.metadata())?;
+        let operator = self.operator(request.metadata())?;
         let request = request.into_inner();
         let owner = if operator.admin {
             (!request.owner.is_empty()).then_some(request.owner)
@@ -454,6 +861,8 @@ impl AuthorityService {
                 expires_at: receipt.expires_at,
                 revoked,
                 audience: receipt.audience,
+                parent_receipt_id: receipt.parent_receipt_id,
+                depth: receipt.depth,
             })
             .collect();
         Ok(pb::ListReceiptsResponse {
@@ -466,7 +875,7 @@ impl AuthorityService {
         &self,
         request: Request<pb::RevokeReceiptRequest>,
     ) -> Result<pb::RevokeReceiptResponse, Refusal> {
-        let operator = self.operators.authenticate(request.metadata())?;
+        let operator = self.operator(request.metadata())?;
         let request = request.into_inner();
         check_receipt_id(&request.receipt_id)?;
         if request.reason.len() > 1024 {
@@ -479,28 +888,39 @@ impl AuthorityService {
             .ok_or_else(|| CallError::NotFound(format!("no receipt {}", request.receipt_id)))?;
         check_owner(&operator, &stored.receipt)?;
         let store = self.store.clone();
+        let audit = self.audit.clone();
         let by = operator.name.clone();
         // Every revocation request that passed the checks is recorded, also a repeated one.
+        // It covers the receipt's descendants too (each then gets its own entry).
         let entry = EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked)
             .receipt(request.receipt_id.as_str())
             .decision(Decision::Allow)
             .reason(request.reason.as_str())
-            .meta("by", by.as_str());
-        let (revocation, already_revoked) = self
+            .meta("by", by.as_str())
+            .meta("cascade", true);
+        let tree = self
             .commit_audited(entry, move || {
-                store
-                    .revoke(&request.receipt_id, &request.reason, &by, unix_now())?
-                    .ok_or_else(|| CallError::NotFound("receipt vanished".into()))
+                revoke_tree_audited(&store, &audit, &request.receipt_id, &request.reason, &by)
             })
             .await?;
-        if !already_revoked {
-            tracing::info!(receipt_id = %revocation.receipt_id, seq = revocation.seq, by = %operator.name, "revoked receipt");
+        if !tree.already_revoked {
+            tracing::info!(receipt_id = %tree.revocation.receipt_id, seq = tree.revocation.seq, by = %operator.name, "revoked receipt");
             // No subscribers is fine: the revocation is durable and replayed on connect.
+            let _ = self.revocations.send(tree.revocation.clone());
+        }
+        // In seq order, after the root's: watchers pass them on in that order.
+        for revocation in &tree.cascaded {
+            tracing::info!(receipt_id = %revocation.receipt_id, seq = revocation.seq, ancestor = %tree.revocation.receipt_id, "revoked descendant receipt");
             let _ = self.revocations.send(revocation.clone());
         }
         Ok(pb::RevokeReceiptResponse {
-            revocation: Some(revocation),
-            already_revoked,
+            revocation: Some(tree.revocation),
+            already_revoked: tree.already_revoked,
+            cascaded: tree
+                .cascaded
+                .into_iter()
+                .map(|revocation| revocation.receipt_id)
+                .collect(),
         })
     }
 
@@ -579,7 +999,7 @@ impl AuthorityService {
         &self,
         request: Request<pb::AddOperatorRequest>,
     ) -> Result<pb::AddOperatorResponse, Refusal> {
-        let admin = self.operators.authenticate_admin(request.metadata())?;
+        let admin = self.admin(request.metadata())?;
         let request = request.into_inner();
         if !valid_operator_name(&request.name) {
             return Err(CallError::invalid(
@@ -631,7 +1051,7 @@ impl AuthorityService {
         &self,
         request: Request<pb::ListOperatorsRequest>,
     ) -> Result<pb::ListOperatorsResponse, CallError> {
-        self.operators.authenticate_admin(request.metadata())?;
+        self.admin(request.metadata())?;
         let store = self.store.clone();
         let operators = blocking(move || store.operators())
             .await?
@@ -651,7 +1071,7 @@ impl AuthorityService {
         &self,
         request: Request<pb::RotateKeyRequest>,
     ) -> Result<pb::RotateKeyResponse, Refusal> {
-        let admin = self.operators.authenticate_admin(request.metadata())?;
+        let admin = self.admin(request.metadata())?;
         let (store, keys) = (self.store.clone(), self.keys.clone());
         // The new key's id is in the key set (and in every receipt it signs).
         let entry = EntryDraft::new(COMPONENT, EntryKind::KeyRotated)
@@ -748,5 +1168,19 @@ impl Authority for AuthorityService {
         request: Request<pb::RotateKeyRequest>,
     ) -> Result<Response<pb::RotateKeyResponse>, Status> {
         Ok(Response::new(self.audited_rotate(request).await?))
+    }
+
+    async fn delegate_receipt(
+        &self,
+        request: Request<pb::DelegateReceiptRequest>,
+    ) -> Result<Response<pb::MintReceiptResponse>, Status> {
+        Ok(Response::new(self.audited_delegate(request).await?))
+    }
+
+    async fn add_supervisor(
+        &self,
+        request: Request<pb::AddSupervisorRequest>,
+    ) -> Result<Response<pb::AddSupervisorResponse>, Status> {
+        Ok(Response::new(self.audited_add_supervisor(request).await?))
     }
 }

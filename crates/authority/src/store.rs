@@ -1,4 +1,5 @@
-//! Durable state of the authority in SQLite: keys, operators, receipts and revocations.
+//! Durable state of the authority in SQLite: keys, operators, enrolled supervisors, receipts
+//! (with their delegation links) and revocations.
 //!
 //! Opened with WAL and `synchronous=FULL`, so every committed mint or revocation survives a
 //! crash or power loss; an integrity check runs on every open and a damaged database stops
@@ -53,6 +54,18 @@ const MIGRATIONS: &[&str] = &[
         revoked_by         TEXT NOT NULL,
         receipt_expires_at INTEGER NOT NULL
      );",
+    // 2: delegation. Receipts record their depth and the supervisor that asked for them (the
+    // parent link was written from the start); supervisors hold delegation tokens (hashes).
+    "ALTER TABLE receipts ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
+     ALTER TABLE receipts ADD COLUMN delegated_by TEXT;
+     CREATE INDEX receipts_parent ON receipts(parent_receipt_id)
+        WHERE parent_receipt_id IS NOT NULL;
+     CREATE TABLE supervisors (
+        supervisor_id TEXT PRIMARY KEY,
+        token_hash    BLOB NOT NULL UNIQUE,
+        created_at    INTEGER NOT NULL,
+        created_by    TEXT NOT NULL
+     );",
 ];
 
 /// The schema version this build writes.
@@ -71,6 +84,38 @@ pub struct Operator {
     pub created_at: i64,
     /// The admin that created it; empty for the bootstrap admin.
     pub created_by: String,
+}
+
+/// A supervisor enrolled for delegation (its token only as a hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Supervisor {
+    /// Its id, as in receipt audiences.
+    pub supervisor_id: String,
+    /// Unix seconds.
+    pub created_at: i64,
+    /// The admin that enrolled it.
+    pub created_by: String,
+}
+
+/// One receipt to store.
+#[derive(Debug, Clone, Copy)]
+pub struct NewReceipt<'a> {
+    /// The receipt as signed.
+    pub receipt: &'a pb::Receipt,
+    /// Its envelope.
+    pub signed: &'a pb::SignedReceipt,
+    /// For a child receipt, the supervisor that asked for it.
+    pub delegated_by: Option<&'a str>,
+}
+
+/// What became of one receipt given to [`Store::insert_receipts`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inserted {
+    /// Stored.
+    Stored,
+    /// Not stored: it is a child and its parent is revoked (or gone). Checked in the same
+    /// transaction as the insert, so no child of a revoked parent ever exists.
+    ParentRevoked,
 }
 
 /// A signing key's public record.
@@ -132,6 +177,17 @@ pub struct ReceiptFilter {
     pub include_expired: bool,
     /// The clock, Unix seconds.
     pub now: i64,
+}
+
+/// The outcome of [`Store::revoke_tree`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RevokedTree {
+    /// The receipt's revocation (the earlier one when it already was revoked).
+    pub revocation: pb::Revocation,
+    /// Whether it already was revoked before.
+    pub already_revoked: bool,
+    /// Descendants revoked now, in seq order (breadth first).
+    pub cascaded: Vec<pb::Revocation>,
 }
 
 /// The authority's SQLite database.
@@ -349,18 +405,37 @@ impl Store {
         Ok(inserted == 1)
     }
 
-    /// Stores several receipts in one transaction (one fsync): all or none.
+    /// Stores several receipts in one transaction (one fsync): all or none, except that a child
+    /// whose parent is revoked (or missing) is skipped, checked in that transaction. Returns one
+    /// outcome per receipt, in order.
     pub fn insert_receipts(
         &self,
-        receipts: &[(&pb::Receipt, &pb::SignedReceipt)],
-    ) -> Result<(), AuthorityError> {
+        receipts: &[NewReceipt<'_>],
+    ) -> Result<Vec<Inserted>, AuthorityError> {
         let seconds = |t: &Option<prost_types::Timestamp>| t.as_ref().map_or(0, |t| t.seconds);
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        for (receipt, signed) in receipts {
+        let mut outcomes = Vec::with_capacity(receipts.len());
+        for new in receipts {
+            let receipt = new.receipt;
+            if !receipt.parent_receipt_id.is_empty() {
+                // Revocation cascades to every stored descendant in one transaction; this check
+                // closes the other order (a child committed after its parent's revocation).
+                let parent_live: bool = tx.query_row(
+                    "SELECT EXISTS (SELECT 1 FROM receipts WHERE receipt_id = ?1)
+                        AND NOT EXISTS (SELECT 1 FROM revocations WHERE receipt_id = ?1)",
+                    params![receipt.parent_receipt_id],
+                    |row| row.get(0),
+                )?;
+                if !parent_live {
+                    outcomes.push(Inserted::ParentRevoked);
+                    continue;
+                }
+            }
             tx.execute(
-                "INSERT INTO receipts (receipt_id, owner, key_id, issued_at, expires_at, parent_receipt_id, signed)
-                 VALUES (?1, ?2, ?3, ?4, ?5, NULLIF(?6, ''), ?7)",
+                "INSERT INTO receipts (receipt_id, owner, key_id, issued_at, expires_at,
+                                       parent_receipt_id, signed, depth, delegated_by)
+                 VALUES (?1, ?2, ?3, ?4, ?5, NULLIF(?6, ''), ?7, ?8, ?9)",
                 params![
                     receipt.receipt_id,
                     receipt.owner,
@@ -368,12 +443,68 @@ impl Store {
                     seconds(&receipt.issued_at),
                     seconds(&receipt.expires_at),
                     receipt.parent_receipt_id,
-                    signed.encode_to_vec()
+                    new.signed.encode_to_vec(),
+                    receipt.depth,
+                    new.delegated_by,
                 ],
             )?;
+            outcomes.push(Inserted::Stored);
         }
         tx.commit()?;
-        Ok(())
+        Ok(outcomes)
+    }
+
+    /// Every enrolled supervisor with its token hash.
+    pub fn supervisors(&self) -> Result<Vec<([u8; 32], Supervisor)>, AuthorityError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT token_hash, supervisor_id, created_at, created_by
+             FROM supervisors ORDER BY supervisor_id",
+        )?;
+        let rows = stmt.query_map([], |row| {
+            Ok((
+                row.get::<_, Vec<u8>>(0)?,
+                Supervisor {
+                    supervisor_id: row.get(1)?,
+                    created_at: row.get(2)?,
+                    created_by: row.get(3)?,
+                },
+            ))
+        })?;
+        let mut supervisors = Vec::new();
+        for row in rows {
+            let (hash, supervisor) = row?;
+            let hash: [u8; 32] = hash
+                .try_into()
+                .map_err(|_| AuthorityError::DatabaseCorrupt {
+                    path: self.path.clone(),
+                    detail: format!(
+                        "supervisor {}: token hash is not 32 bytes",
+                        supervisor.supervisor_id
+                    ),
+                })?;
+            supervisors.push((hash, supervisor));
+        }
+        Ok(supervisors)
+    }
+
+    /// Enrols a supervisor. Returns `false` (and changes nothing) when the id is taken.
+    pub fn insert_supervisor(
+        &self,
+        token_hash: &[u8; 32],
+        supervisor: &Supervisor,
+    ) -> Result<bool, AuthorityError> {
+        let inserted = self.conn().execute(
+            "INSERT OR IGNORE INTO supervisors (supervisor_id, token_hash, created_at, created_by)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![
+                supervisor.supervisor_id,
+                token_hash.as_slice(),
+                supervisor.created_at,
+                supervisor.created_by
+            ],
+        )?;
+        Ok(inserted == 1)
     }
 
     fn decode_signed(
@@ -456,23 +587,35 @@ impl Store {
         Ok(out)
     }
 
-    /// Records a revocation. Returns the recorded revocation and whether it already existed.
-    pub fn revoke(
+    /// Revokes `receipt_id` and every descendant not yet revoked, in one transaction:
+    /// the receipt first (unless it already was), then its descendants breadth first (by
+    /// depth, then id), one seq each, with the reason `ancestor <receipt_id> revoked:
+    /// <reason>` (the receipt's recorded reason when it already was revoked). `before_commit`
+    /// sees the descendants' new revocations and runs before anything is committed: an error
+    /// from it rolls everything back (the audit entries go there, so none of it exists
+    /// unaudited). `None` when there is no such receipt.
+    pub fn revoke_tree<E>(
         &self,
         receipt_id: &str,
         reason: &str,
         revoked_by: &str,
         now: i64,
-    ) -> Result<Option<(pb::Revocation, bool)>, AuthorityError> {
+        before_commit: impl FnOnce(&[pb::Revocation]) -> Result<(), E>,
+    ) -> Result<Option<RevokedTree>, E>
+    where
+        E: From<AuthorityError>,
+    {
+        let sql = |e: rusqlite::Error| E::from(AuthorityError::from(e));
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        let tx = conn.transaction().map_err(sql)?;
         let expires_at: Option<i64> = tx
             .query_row(
                 "SELECT expires_at FROM receipts WHERE receipt_id = ?1",
                 params![receipt_id],
                 |row| row.get(0),
             )
-            .optional()?;
+            .optional()
+            .map_err(sql)?;
         let Some(expires_at) = expires_at else {
             return Ok(None);
         };
@@ -482,23 +625,72 @@ impl Store {
                 params![receipt_id],
                 |row| row.get(0),
             )
-            .optional()?;
+            .optional()
+            .map_err(sql)?;
         // Insert only when new: an ignored insert would still consume a seq number.
         if existing.is_none() {
             tx.execute(
                 "INSERT INTO revocations (receipt_id, revoked_at, reason, revoked_by, receipt_expires_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![receipt_id, now, reason, revoked_by, expires_at],
-            )?;
+            )
+            .map_err(sql)?;
         }
-        let revocation = tx.query_row(
-            "SELECT seq, receipt_id, revoked_at, reason, revoked_by, receipt_expires_at
-             FROM revocations WHERE receipt_id = ?1",
-            params![receipt_id],
-            revocation_from_row,
-        )?;
-        tx.commit()?;
-        Ok(Some((revocation, existing.is_some())))
+        let revocation = tx
+            .query_row(
+                "SELECT seq, receipt_id, revoked_at, reason, revoked_by, receipt_expires_at
+                 FROM revocations WHERE receipt_id = ?1",
+                params![receipt_id],
+                revocation_from_row,
+            )
+            .map_err(sql)?;
+        // Every descendant still unrevoked. Also after a repeated revocation: a tree is
+        // normally revoked whole, but this keeps it so whatever happened before.
+        let descendants: Vec<(String, i64)> = {
+            let mut stmt = tx
+                .prepare(
+                    "WITH RECURSIVE tree(receipt_id, level) AS (
+                        SELECT receipt_id, 1 FROM receipts WHERE parent_receipt_id = ?1
+                        UNION
+                        SELECT r.receipt_id, t.level + 1
+                        FROM receipts r JOIN tree t ON r.parent_receipt_id = t.receipt_id
+                     )
+                     SELECT t.receipt_id, r.expires_at
+                     FROM tree t JOIN receipts r ON r.receipt_id = t.receipt_id
+                     WHERE NOT EXISTS (SELECT 1 FROM revocations v WHERE v.receipt_id = t.receipt_id)
+                     ORDER BY t.level, t.receipt_id",
+                )
+                .map_err(sql)?;
+            let rows = stmt
+                .query_map(params![receipt_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .map_err(sql)?;
+            rows.collect::<Result<_, _>>().map_err(sql)?
+        };
+        let cascade_reason = format!("ancestor {receipt_id} revoked: {}", revocation.reason);
+        let mut cascaded = Vec::with_capacity(descendants.len());
+        for (id, expires_at) in descendants {
+            tx.execute(
+                "INSERT INTO revocations (receipt_id, revoked_at, reason, revoked_by, receipt_expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id, now, cascade_reason, revoked_by, expires_at],
+            )
+            .map_err(sql)?;
+            cascaded.push(pb::Revocation {
+                seq: tx.last_insert_rowid().max(0) as u64,
+                receipt_id: id,
+                revoked_at: Some(timestamp_from_unix(now)),
+                reason: cascade_reason.clone(),
+                revoked_by: revoked_by.to_owned(),
+                receipt_expires_at: Some(timestamp_from_unix(expires_at)),
+            });
+        }
+        before_commit(&cascaded)?;
+        tx.commit().map_err(sql)?;
+        Ok(Some(RevokedTree {
+            revocation,
+            already_revoked: existing.is_some(),
+            cascaded,
+        }))
     }
 
     /// Revocations with `seq > after_seq`, in order.
@@ -557,6 +749,216 @@ mod tests {
             matches!(error, AuthorityError::SchemaTooNew { .. }),
             "{error}"
         );
+    }
+
+    /// A stored receipt `id` (child of `parent` when given), signed by a dummy key.
+    fn put(store: &Store, id: &str, parent: Option<&str>, depth: u32) -> Vec<Inserted> {
+        let receipt = pb::Receipt {
+            receipt_id: id.into(),
+            owner: "alice".into(),
+            key_id: "k".into(),
+            issued_at: Some(timestamp_from_unix(100)),
+            expires_at: Some(timestamp_from_unix(10_000)),
+            parent_receipt_id: parent.unwrap_or_default().into(),
+            depth,
+            ..Default::default()
+        };
+        let signed = pb::SignedReceipt {
+            receipt: receipt.encode_to_vec(),
+            key_id: "k".into(),
+            signature: vec![0; 64],
+        };
+        store
+            .insert_receipts(&[NewReceipt {
+                receipt: &receipt,
+                signed: &signed,
+                delegated_by: parent.map(|_| "ws"),
+            }])
+            .unwrap()
+    }
+
+    fn store_with_key(dir: &Path) -> Store {
+        let store = Store::open(&dir.join("authority.db")).unwrap();
+        store.activate_key("k", &[1; 32], 0).unwrap();
+        store
+    }
+
+    #[test]
+    fn revoke_tree_revokes_descendants_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_key(dir.path());
+        // p ── c1 ── g1
+        //   └─ c2 ── g2 ── gg
+        // plus an unrelated root and a child revoked on its own before.
+        put(&store, "p", None, 0);
+        put(&store, "c2", Some("p"), 1);
+        put(&store, "c1", Some("p"), 1);
+        put(&store, "g2", Some("c2"), 2);
+        put(&store, "g1", Some("c1"), 2);
+        put(&store, "gg", Some("g2"), 3);
+        put(&store, "other", None, 0);
+        put(&store, "c3", Some("p"), 1);
+        let early = store
+            .revoke_tree::<AuthorityError>("c3", "own", "bob", 5, |c| {
+                assert!(c.is_empty());
+                Ok(())
+            })
+            .unwrap()
+            .unwrap();
+        let mut seen = Vec::new();
+        let tree = store
+            .revoke_tree::<AuthorityError>("p", "leak", "alice", 7, |cascaded| {
+                seen = cascaded.to_vec();
+                Ok(())
+            })
+            .unwrap()
+            .unwrap();
+        assert!(!tree.already_revoked);
+        assert_eq!(tree.revocation.receipt_id, "p");
+        assert_eq!(tree.revocation.seq, early.revocation.seq + 1);
+        let ids: Vec<&str> = tree
+            .cascaded
+            .iter()
+            .map(|r| r.receipt_id.as_str())
+            .collect();
+        // Breadth first (depth, then id); c3 was already revoked and keeps its own entry.
+        assert_eq!(ids, ["c1", "c2", "g1", "g2", "gg"]);
+        assert_eq!(seen, tree.cascaded, "before_commit sees what is committed");
+        for (i, r) in tree.cascaded.iter().enumerate() {
+            assert_eq!(
+                r.seq,
+                tree.revocation.seq + 1 + i as u64,
+                "one seq each, rising"
+            );
+            assert_eq!(r.reason, "ancestor p revoked: leak");
+            assert_eq!(r.revoked_by, "alice");
+        }
+        let log = store.revocations_after(0).unwrap();
+        let order: Vec<&str> = log.iter().map(|r| r.receipt_id.as_str()).collect();
+        assert_eq!(order, ["c3", "p", "c1", "c2", "g1", "g2", "gg"]);
+        assert_eq!(
+            store
+                .receipt("c3")
+                .unwrap()
+                .unwrap()
+                .revocation
+                .unwrap()
+                .reason,
+            "own"
+        );
+        assert!(store
+            .receipt("other")
+            .unwrap()
+            .unwrap()
+            .revocation
+            .is_none());
+        // Again: nothing new, the first revocation stands.
+        let again = store
+            .revoke_tree::<AuthorityError>("p", "again", "alice", 9, |_| Ok(()))
+            .unwrap()
+            .unwrap();
+        assert!(again.already_revoked && again.cascaded.is_empty());
+        assert_eq!(again.revocation.reason, "leak");
+        assert_eq!(store.revocations_after(0).unwrap().len(), 7);
+    }
+
+    #[test]
+    fn a_failed_before_commit_revokes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_key(dir.path());
+        put(&store, "p", None, 0);
+        put(&store, "c", Some("p"), 1);
+        let result = store.revoke_tree("p", "x", "alice", 1, |cascaded| {
+            assert_eq!(cascaded.len(), 1);
+            Err(AuthorityError::Task("audit down".into()))
+        });
+        assert!(matches!(result, Err(AuthorityError::Task(_))));
+        assert!(store.revocations_after(0).unwrap().is_empty());
+        assert!(store
+            .revoke_tree::<AuthorityError>("nope", "x", "alice", 1, |_| Ok(()))
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_child_of_a_revoked_parent_is_not_inserted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_key(dir.path());
+        put(&store, "p", None, 0);
+        assert_eq!(put(&store, "c", Some("p"), 1), [Inserted::Stored]);
+        store
+            .revoke_tree::<AuthorityError>("p", "x", "alice", 1, |_| Ok(()))
+            .unwrap();
+        assert_eq!(put(&store, "late", Some("p"), 1), [Inserted::ParentRevoked]);
+        assert!(store.receipt("late").unwrap().is_none());
+        // Nor a child of an unknown parent; roots are stored as ever.
+        assert_eq!(
+            put(&store, "orphan", Some("ghost"), 1),
+            [Inserted::ParentRevoked]
+        );
+        assert_eq!(put(&store, "root", None, 0), [Inserted::Stored]);
+        let conn = store.conn();
+        let (depth, by): (u32, Option<String>) = conn
+            .query_row(
+                "SELECT depth, delegated_by FROM receipts WHERE receipt_id = 'c'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((depth, by.as_deref()), (1, Some("ws")));
+    }
+
+    #[test]
+    fn supervisors_are_stored_once_by_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_key(dir.path());
+        let ws = Supervisor {
+            supervisor_id: "ws".into(),
+            created_at: 3,
+            created_by: "admin".into(),
+        };
+        assert!(store.insert_supervisor(&[7; 32], &ws).unwrap());
+        assert!(!store.insert_supervisor(&[8; 32], &ws).unwrap(), "id taken");
+        assert_eq!(store.supervisors().unwrap(), vec![([7; 32], ws)]);
+    }
+
+    #[test]
+    fn migration_2_keeps_v1_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("authority.db");
+        {
+            // A database as version 1 wrote it, with a receipt and a revocation.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute_batch(
+                "INSERT INTO keys (key_id, public_key, created_at, active) VALUES ('k', x'01', 0, 1);
+                 INSERT INTO receipts (receipt_id, owner, key_id, issued_at, expires_at, signed)
+                    VALUES ('old', 'alice', 'k', 1, 99999, x'');
+                 INSERT INTO revocations (receipt_id, revoked_at, reason, revoked_by, receipt_expires_at)
+                    VALUES ('old', 2, 'why', 'alice', 99999);",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let conn = store.conn();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, 2);
+        let (owner, depth, by): (String, u32, Option<String>) = conn
+            .query_row(
+                "SELECT owner, depth, delegated_by FROM receipts WHERE receipt_id = 'old'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .unwrap();
+        assert_eq!((owner.as_str(), depth, by), ("alice", 0, None));
+        drop(conn);
+        let revocations = store.revocations_after(0).unwrap();
+        assert_eq!(revocations.len(), 1);
+        assert_eq!(revocations[0].reason, "why");
+        assert!(store.supervisors().unwrap().is_empty());
     }
 
     #[test]

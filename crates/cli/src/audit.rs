@@ -306,6 +306,18 @@ fn story_line(entry: &Entry) -> String {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
     let reason = entry.reason.clone().unwrap_or_default();
     match entry.kind {
+        EntryKind::ReceiptMinted if entry.metadata.contains_key("delegated_by") => format!(
+            "child receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires at unix {}), delegated by supervisor {} from parent receipt {} (depth {})",
+            meta("issuer"),
+            meta("owner"),
+            meta("subject"),
+            meta("audience"),
+            meta("key_id"),
+            meta("expires_at"),
+            meta("delegated_by"),
+            meta("parent_receipt_id"),
+            meta("depth")
+        ),
         EntryKind::ReceiptMinted => format!(
             "receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires at unix {})",
             meta("issuer"),

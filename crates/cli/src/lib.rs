@@ -31,8 +31,8 @@ use crate::client::{authed, connect, TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUP
 /// Operate Tollgate: mint and revoke signed run receipts, run them in sandboxes, follow and
 /// stop runs, read the audit trail.
 ///
-/// Receipt and operator commands (mint, receipt, receipts, revoke, operator, keys) talk to the
-/// authority: --authority or TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr
+/// Receipt, operator and supervisor-enrolment commands (mint, receipt, receipts, revoke,
+/// operator, supervisor, keys) talk to the authority: --authority or TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr
 /// file). Run commands (run, ps, watch, inspect, stop) talk to the supervisor: --supervisor or
 /// TOLLGATE_SUPERVISOR. The bearer token of the daemon a command talks to comes from
 /// --token-file or TOLLGATE_TOKEN_FILE (or the token itself in TOLLGATE_TOKEN). Audit commands
@@ -129,6 +129,9 @@ pub enum Command {
     /// Manage operators (admin token needed).
     #[command(subcommand)]
     Operator(OperatorCommand),
+    /// Enrol supervisors for delegation (admin token needed).
+    #[command(subcommand)]
+    Supervisor(SupervisorCommand),
     /// Show the authority's public key set, or rotate the signing key.
     Keys {
         /// `rotate` starts signing with a new key (admin); omit to list keys.
@@ -404,6 +407,31 @@ pub enum OperatorCommand {
     },
 }
 
+/// `tollgate supervisor ...`
+#[derive(Debug, Subcommand)]
+pub enum SupervisorCommand {
+    /// Enrol a supervisor for delegation and print its delegation token once.
+    ///
+    /// A run whose receipt may delegate (`[delegate] max_depth >= 1`) asks its supervisor for
+    /// narrower child receipts; the supervisor asks the authority with this token (give it to
+    /// the supervisor with --delegation-token-file, mode 0600, root only). The token
+    /// authenticates only that request, only for receipts whose audience names ID, and only
+    /// for children within their parent: it is not an operator token. The authority keeps
+    /// only its SHA-256, so keep the output: enrolling the same ID again is refused (exit 73).
+    ///
+    /// Example: tollgate --token-file /var/lib/tollgate/authority/admin.token supervisor add
+    /// workstation --token-out /etc/tollgate/delegation.token
+    Add {
+        /// The supervisor's id, as in its --id and in receipt audiences: 1-64 letters, digits,
+        /// '.', '_', '-', '@'.
+        #[arg(value_name = "ID")]
+        supervisor_id: String,
+        /// Write the token here (mode 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        token_out: Option<PathBuf>,
+    },
+}
+
 /// `tollgate keys ...`
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
@@ -444,6 +472,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             token_out,
         }) => add_operator(global, name, &ceiling, admin, token_out.as_deref()).await,
         Command::Operator(OperatorCommand::List { json }) => list_operators(global, json).await,
+        Command::Supervisor(SupervisorCommand::Add {
+            supervisor_id,
+            token_out,
+        }) => add_supervisor(global, supervisor_id, token_out.as_deref()).await,
         Command::Keys { action: None, json } => keys(global, json).await,
         Command::Keys {
             action: Some(KeysCommand::Rotate),
@@ -724,8 +756,8 @@ async fn list_receipts(
     let mut shown = 0u32;
     if !json {
         println!(
-            "{:<37}{:<14}{:<20}{:<22}STATE",
-            "RECEIPT", "OWNER", "SUBJECT", "EXPIRES"
+            "{:<37}{:<14}{:<20}{:<22}{:<9}{:<6}PARENT",
+            "RECEIPT", "OWNER", "SUBJECT", "EXPIRES", "STATE", "DEPTH"
         );
     }
     while shown < limit {
@@ -763,15 +795,23 @@ async fn list_receipts(
                         "issued_at": r.issued_at.map(|t| t.seconds),
                         "expires_at": r.expires_at.map(|t| t.seconds),
                         "state": state,
+                        "parent_receipt_id": r.parent_receipt_id,
+                        "depth": r.depth,
                     })
                 );
             } else {
                 println!(
-                    "{:<37}{:<14}{:<20}{:<22}{state}",
+                    "{:<37}{:<14}{:<20}{:<22}{state:<9}{:<6}{}",
                     r.receipt_id,
                     r.owner,
                     r.subject,
-                    show::time_text(r.expires_at.as_ref())
+                    show::time_text(r.expires_at.as_ref()),
+                    r.depth,
+                    if r.parent_receipt_id.is_empty() {
+                        "-"
+                    } else {
+                        &r.parent_receipt_id
+                    }
                 );
             }
         }
@@ -805,6 +845,14 @@ async fn revoke(global: &GlobalArgs, receipt_id: String, reason: String) -> Resu
         println!(
             "revoked {} (revocation #{})",
             revocation.receipt_id, revocation.seq
+        );
+    }
+    // Revocation covers the receipt's delegated descendants.
+    if !response.cascaded.is_empty() {
+        println!(
+            "also revoked {} descendant receipt(s): {}",
+            response.cascaded.len(),
+            response.cascaded.join(", ")
         );
     }
     Ok(())
@@ -846,6 +894,37 @@ async fn add_operator(
         None => {
             eprintln!("added operator {}; its token (shown once):", created.name);
             println!("{}", created.token);
+        }
+    }
+    Ok(())
+}
+
+async fn add_supervisor(
+    global: &GlobalArgs,
+    supervisor_id: String,
+    token_out: Option<&Path>,
+) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let enrolled = client
+        .add_supervisor(authed(&token, pb::AddSupervisorRequest { supervisor_id })?)
+        .await?
+        .into_inner();
+    match token_out {
+        Some(path) => {
+            write_private(path, &format!("{}\n", enrolled.token))?;
+            println!(
+                "enrolled supervisor {}; delegation token written to {}",
+                enrolled.supervisor_id,
+                path.display()
+            );
+        }
+        None => {
+            eprintln!(
+                "enrolled supervisor {}; its delegation token (shown once):",
+                enrolled.supervisor_id
+            );
+            println!("{}", enrolled.token);
         }
     }
     Ok(())

@@ -231,6 +231,39 @@ impl AuthorityProcess {
         AuthorityClient::connect(self.url()).await.expect("connect")
     }
 
+    /// Enrols supervisor `id` for delegation (`AddSupervisor` with the admin token) and
+    /// returns its delegation token, for `DelegateReceipt` (or a supervisor's
+    /// `--delegation-token-file`). Panics if the authority refuses.
+    pub async fn add_supervisor(&self, id: &str) -> String {
+        self.client()
+            .await
+            .add_supervisor(authed(
+                &self.admin_token(),
+                tollgate_proto::v1::AddSupervisorRequest {
+                    supervisor_id: id.to_owned(),
+                },
+            ))
+            .await
+            .unwrap_or_else(|status| panic!("AddSupervisor {id:?}: {status}"))
+            .into_inner()
+            .token
+    }
+
+    /// [`Self::add_supervisor`], with the token written to `path` (mode 0600), as a
+    /// supervisor's `--delegation-token-file` wants it.
+    pub async fn add_supervisor_token_file(&self, id: &str, path: &Path) {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let token = self.add_supervisor(id).await;
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+        std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes())
+            .expect("write the delegation token");
+    }
+
     /// Sends `signal` and waits for the process to exit.
     pub fn stop(mut self, signal: Signal) -> ExitStatus {
         let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
