@@ -21,6 +21,7 @@
 //!
 //! The shim is single-threaded, so `fork` here is ordinary (no other thread can hold a lock).
 
+pub mod child;
 pub mod confine;
 mod enter;
 pub mod models;

@@ -1,5 +1,6 @@
 //! `tollgate-shim`: started by the supervisor as a sandbox's pid 1 (no arguments; the plan
-//! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`).
+//! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
+//! and `tollgate-shim child` for delegation).
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -10,10 +11,12 @@ fn main() {
         // Internal: pid 1 starts the sandbox's model endpoint with it.
         Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
         Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
+        Some("child") => std::process::exit(tollgate_agent_shim::child::main(&args[1..])),
         Some(_) => {
             eprintln!(
                 "tollgate-shim is started by tollgate-supervisor (no arguments); inside a \
-                 sandbox use `tollgate-shim tool read|write|list|stat|delete|exec ...`"
+                 sandbox use `tollgate-shim tool read|write|list|stat|delete|exec ...` or \
+                 `tollgate-shim child delegate|start|list|watch|stop ...`"
             );
             std::process::exit(2);
         }

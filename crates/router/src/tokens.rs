@@ -132,6 +132,27 @@ impl Ledger {
     pub fn release(&mut self, reservation: Reservation) {
         self.reserved = self.reserved.saturating_sub(reservation.held);
     }
+
+    /// Hands `tokens` on to a child run (delegation): they count as used here from now on,
+    /// so a parent and its children together never spend more than the parent's limit.
+    /// Refused (nothing changes) when fewer are left.
+    pub fn transfer(&mut self, tokens: u64) -> Result<(), BudgetSpent> {
+        if tokens > self.remaining() {
+            return Err(BudgetSpent {
+                used: self.used,
+                reserved: self.reserved,
+                limit: self.limit,
+                needs: tokens,
+            });
+        }
+        self.used += tokens;
+        Ok(())
+    }
+
+    /// Takes back tokens handed on by [`Self::transfer`] for a child that was never minted.
+    pub fn refund(&mut self, tokens: u64) {
+        self.used = self.used.saturating_sub(tokens);
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +185,20 @@ mod tests {
         assert_eq!(prompt.tokens, 2 + 1 + 8 + 3);
         assert_eq!(prompt.source, TokenSource::Estimate);
         assert_eq!(estimate_completion("hello world").tokens, 3);
+    }
+
+    #[test]
+    fn transfers_and_refunds_keep_used_and_reserved_within_the_limit() {
+        let mut ledger = Ledger::new(100);
+        let held = ledger.reserve(10, 30).unwrap();
+        assert!(ledger.transfer(61).is_err(), "only 60 are left");
+        assert_eq!(ledger.remaining(), 60);
+        ledger.transfer(60).unwrap();
+        assert_eq!(ledger.remaining(), 0);
+        assert!(ledger.reserve(0, 1).is_err());
+        ledger.refund(20);
+        assert_eq!(ledger.remaining(), 20);
+        ledger.release(held);
+        assert_eq!((ledger.used(), ledger.remaining()), (40, 60));
     }
 }

@@ -69,6 +69,43 @@ impl GrantRoot {
     }
 }
 
+impl GrantRoot {
+    /// Pins `rest` beneath the pinned `root` (a delegated child's grant beneath its parent's):
+    /// resolved from `root`'s descriptor without following any symbolic link, never by path.
+    /// A link anywhere on the way, the granted path itself included, is `ELOOP`.
+    pub fn from_beneath(root: &GrantRoot, rest: &str) -> nix::Result<GrantRoot> {
+        if rest.is_empty() {
+            return Ok(GrantRoot {
+                dir: root.dir.try_clone().map_err(|e| errno_of(&e))?,
+                name: root.name.clone(),
+                dev: root.dev,
+                ino: root.ino,
+            });
+        }
+        let fd = open_beneath(root, rest, OFlag::O_PATH)?;
+        let stat = fstat(&fd)?;
+        if is_dir(&stat) {
+            return Ok(GrantRoot {
+                dir: fd,
+                name: None,
+                dev: stat.st_dev,
+                ino: stat.st_ino,
+            });
+        }
+        if SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFLNK {
+            return Err(Errno::ELOOP);
+        }
+        let parent = parent_beneath(root, rest)?;
+        let dir_stat = fstat(&parent.fd)?;
+        Ok(GrantRoot {
+            dir: parent.fd,
+            name: Some(parent.name),
+            dev: dir_stat.st_dev,
+            ino: dir_stat.st_ino,
+        })
+    }
+}
+
 /// Opens `rest` (relative; empty for the grant itself) beneath `root` with `flags`, never
 /// leaving it.
 pub fn open_beneath(root: &GrantRoot, rest: &str, flags: OFlag) -> nix::Result<OwnedFd> {

@@ -51,6 +51,9 @@ pub struct SupervisorConfig {
     pub audit_key: Option<tollgate_audit::AuditKey>,
     /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
     pub models: Option<Arc<crate::complete::ModelRoutes>>,
+    /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
+    /// cannot delegate.
+    pub delegation_token: Option<String>,
 }
 
 /// A fatal daemon error, with its exit code.
@@ -276,6 +279,21 @@ pub async fn serve(
     .map_err(|e| DaemonError::Serve(e.to_string()))??;
     if let Some(models) = &config.models {
         manager.set_model_routes(models.clone());
+    }
+    match (&config.trust, &config.delegation_token) {
+        (Trust::Authority(url), Some(token)) => {
+            manager.set_delegator(Arc::new(crate::children::Delegator::new(
+                url.clone(),
+                config.runs.supervisor_id.clone(),
+                token.clone(),
+            )));
+        }
+        (Trust::KeyFile(_), Some(_)) => {
+            return Err(DaemonError::Config(
+                "--delegation-token-file needs --authority (delegation asks the authority)".into(),
+            ))
+        }
+        (_, None) => {}
     }
     if !recovered.is_empty() {
         tracing::warn!(

@@ -40,6 +40,7 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
 use crate::beneath::{self, GrantRoot, Ownership, ParentDir};
+use crate::children::ChildState;
 use crate::complete::{CompleteStream, RunModels};
 use crate::exec::{ExecError, ExecSandbox};
 use crate::runs::COMPONENT;
@@ -107,6 +108,8 @@ pub struct RunGateway {
     pub exec: Option<Arc<ExecSandbox>>,
     /// The run's model calls (its token budget); `None`: the supervisor has no routes.
     pub models: Option<Arc<RunModels>>,
+    /// Delegation: the run's envelope, the supervisor link, child budgets and receipts.
+    pub children: ChildState,
 }
 
 impl std::fmt::Debug for RunGateway {
@@ -126,7 +129,34 @@ pub(crate) struct Refusal {
 }
 
 impl Refusal {
-    fn denied(run_id: &str, reason: String) -> Self {
+    /// How the call is recorded: allowed when it ran (and went wrong), else denied.
+    pub(crate) fn decision(&self) -> Decision {
+        if self.ran {
+            Decision::Allow
+        } else {
+            Decision::Deny
+        }
+    }
+
+    /// The status the agent gets, with the call id in its metadata.
+    pub(crate) fn into_status(self, call_id: &str) -> Status {
+        let mut status = self.status;
+        if let Ok(value) = call_id.parse() {
+            status.metadata_mut().insert("tollgate-call-id", value);
+        }
+        status
+    }
+
+    /// A refusal with its own status (whose message the agent sees) and audit reason.
+    pub(crate) fn new(status: Status, reason: String) -> Self {
+        Self {
+            status,
+            reason,
+            ran: false,
+        }
+    }
+
+    pub(crate) fn denied(run_id: &str, reason: String) -> Self {
         Self {
             status: Status::permission_denied(format!("receipt {run_id}: {reason}")),
             reason,
@@ -134,7 +164,7 @@ impl Refusal {
         }
     }
 
-    fn with(status: fn(String) -> Status, reason: String) -> Self {
+    pub(crate) fn with(status: fn(String) -> Status, reason: String) -> Self {
         Self {
             status: status(reason.clone()),
             reason,
@@ -150,7 +180,7 @@ enum Step<'a> {
 }
 
 /// Metadata an audit entry of a call carries (never data).
-type CallMeta = Vec<(&'static str, MetaValue)>;
+pub(crate) type CallMeta = Vec<(&'static str, MetaValue)>;
 
 fn kind_of(stat: &FileStat) -> pb::FileKind {
     match SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) {
@@ -321,7 +351,9 @@ impl RunGateway {
 
     /// The last check before a tool acts: the budget left for the call numbered `made`.
     pub(crate) fn charge(&self, made: u64) -> Result<(), Refusal> {
-        if made >= self.max_calls {
+        // Calls handed on to children (delegation) are spent here too.
+        let handed_on = self.children.handed_on.load(Ordering::SeqCst);
+        if made.saturating_add(handed_on) >= self.max_calls {
             return Err(Refusal::denied(
                 &self.run_id,
                 format!("the tool-call budget ({} calls) is spent", self.max_calls),
@@ -828,61 +860,25 @@ impl RunGateway {
         outcome: Result<Step<'_>, Refusal>,
         durable: bool,
     ) -> Result<pb::CallToolResponse, Status> {
-        let draft = |decision: Decision, reason: Option<&str>, started: Instant| {
-            let mut entry = EntryDraft::new(COMPONENT, EntryKind::ToolCall)
-                .receipt(self.run_id.as_str())
-                .run(self.run_id.as_str())
-                .call(call_id.as_str())
-                .meta("tool", tool)
-                .meta(
-                    "duration_us",
-                    i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
-                )
-                .decision(decision);
-            for (key, value) in &meta {
-                entry = entry.meta(*key, value.clone());
-            }
-            if let Some(reason) = reason {
-                entry = entry.reason(reason);
-            }
-            entry
-        };
-        // Changes and commands: on disk before anything else happens. Reads and refusals:
-        // written at once, fsynced within tollgate_audit::RECORD_MAX_DELAY (an fsync of
-        // their own would double a read's round trip).
-        let record = |entry: EntryDraft, wait: bool| -> Result<(), Status> {
-            let written = if wait {
-                self.audit.append(entry).map(|_| ())
-            } else {
-                self.audit.record(entry).map(|_| ())
-            };
-            *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
-            written.map_err(|e| {
-                tracing::error!(run_id = %self.run_id, error = %e, "could not audit a tool call");
-                Status::internal("the audit log is unavailable; nothing is done unaudited")
-            })
+        let record = |decision: Decision, reason: Option<&str>, wait: bool| {
+            self.record_call(tool, &call_id, started, &meta, (decision, reason), wait)
         };
         let result = match outcome {
             Ok(Step::Done(result)) => {
-                record(draft(Decision::Allow, None, started), durable)?;
+                record(Decision::Allow, None, durable)?;
                 Ok(result)
             }
             Ok(Step::Change(apply)) => {
-                record(draft(Decision::Allow, None, started), true)?;
+                record(Decision::Allow, None, true)?;
                 let applied = apply();
                 if let Err(refusal) = &applied {
                     let reason = format!("not done: {}", refusal.reason);
-                    record(draft(Decision::Deny, Some(&reason), started), true)?;
+                    record(Decision::Deny, Some(&reason), true)?;
                 }
                 applied
             }
             Err(refusal) => {
-                let decision = if refusal.ran {
-                    Decision::Allow
-                } else {
-                    Decision::Deny
-                };
-                record(draft(decision, Some(&refusal.reason), started), durable)?;
+                record(refusal.decision(), Some(&refusal.reason), durable)?;
                 Err(refusal)
             }
         };
@@ -891,18 +887,55 @@ impl RunGateway {
                 call_id,
                 result: Some(result),
             }),
-            Err(refusal) => {
-                let mut status = refusal.status;
-                if let Ok(value) = call_id.parse() {
-                    status.metadata_mut().insert("tollgate-call-id", value);
-                }
-                Err(status)
-            }
+            Err(refusal) => Err(refusal.into_status(&call_id)),
         }
+    }
+
+    /// Writes a call's `tool_call` entry. Changes and commands (`durable`): on disk before
+    /// anything else happens. Reads and refusals: written at once, fsynced within
+    /// tollgate_audit::RECORD_MAX_DELAY (an fsync of their own would double a read's round
+    /// trip).
+    pub(crate) fn record_call(
+        &self,
+        tool: &str,
+        call_id: &str,
+        started: Instant,
+        meta: &CallMeta,
+        (decision, reason): (Decision, Option<&str>),
+        durable: bool,
+    ) -> Result<(), Status> {
+        let mut entry = EntryDraft::new(COMPONENT, EntryKind::ToolCall)
+            .receipt(self.run_id.as_str())
+            .run(self.run_id.as_str())
+            .call(call_id)
+            .meta("tool", tool)
+            .meta(
+                "duration_us",
+                i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
+            )
+            .decision(decision);
+        for (key, value) in meta {
+            entry = entry.meta(*key, value.clone());
+        }
+        if let Some(reason) = reason {
+            entry = entry.reason(reason);
+        }
+        let written = if durable {
+            self.audit.append(entry).map(|_| ())
+        } else {
+            self.audit.record(entry).map(|_| ())
+        };
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.to_owned());
+        written.map_err(|e| {
+            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a tool call");
+            Status::internal("the audit log is unavailable; nothing is done unaudited")
+        })
     }
 }
 
 use beneath::reopen;
+
+use crate::service::RunEventStream;
 
 /// The gRPC service of one run.
 #[derive(Debug, Clone)]
@@ -969,6 +1002,58 @@ impl Gateway for GatewayService {
         }
         // File system work blocks: let the runtime move its other work off this thread.
         tokio::task::block_in_place(|| self.run.call(tool)).map(Response::new)
+    }
+
+    async fn delegate(
+        &self,
+        request: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateResponse>, Status> {
+        self.check_peer(&request)?;
+        self.run
+            .delegate(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn start_child(
+        &self,
+        request: Request<pb::StartChildRequest>,
+    ) -> Result<Response<pb::StartChildResponse>, Status> {
+        self.check_peer(&request)?;
+        self.run
+            .start_child(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn list_children(
+        &self,
+        request: Request<pb::ListChildrenRequest>,
+    ) -> Result<Response<pb::RunTree>, Status> {
+        self.check_peer(&request)?;
+        self.run.list_children().await.map(Response::new)
+    }
+
+    type WatchChildStream = RunEventStream;
+
+    async fn watch_child(
+        &self,
+        request: Request<pb::WatchChildRequest>,
+    ) -> Result<Response<Self::WatchChildStream>, Status> {
+        self.check_peer(&request)?;
+        let (history, live) = self.run.watch_child(request.into_inner().run_id).await?;
+        Ok(Response::new(crate::service::event_stream(history, live)))
+    }
+
+    async fn stop_child(
+        &self,
+        request: Request<pb::StopChildRequest>,
+    ) -> Result<Response<pb::StopChildResponse>, Status> {
+        self.check_peer(&request)?;
+        self.run
+            .stop_child(request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 
@@ -1137,6 +1222,7 @@ mod tests {
             snapshots: SnapshotStore::new(&dir.path().join("data")),
             exec: None,
             models: None,
+            children: Default::default(),
         };
         Fixture {
             _dir: dir,

@@ -8,6 +8,7 @@
 pub mod admission;
 pub mod beneath;
 pub mod cgroup;
+pub mod children;
 pub mod complete;
 pub mod daemon;
 pub mod exec;

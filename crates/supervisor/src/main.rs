@@ -87,6 +87,17 @@ struct Flags {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     route_probe_timeout: u64,
+    /// This supervisor's delegation token (`tollgate supervisor add ID --token-out FILE` on
+    /// the authority): lets runs whose receipts carry a delegate grant ask for narrower child
+    /// receipts through their gateway. Root-owned, mode 0600, never in a sandbox or a log.
+    /// Needs --authority. Without it, a run's Delegate call is refused as unavailable.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "TOLLGATE_DELEGATION_TOKEN_FILE",
+        requires = "authority"
+    )]
+    delegation_token_file: Option<PathBuf>,
 }
 
 /// Reads the routes file and loads its keys: one line saying what is wrong on failure.
@@ -162,6 +173,23 @@ async fn main() -> ExitCode {
             "model routes loaded; every local route's server answered its probe"
         );
     }
+    let delegation_token = match &flags.delegation_token_file {
+        Some(path) => match tollgate_router::config::KeySource::File(path.clone()).load() {
+            Ok(token) if token.expose().starts_with("tgt_") => Some(token.expose().to_owned()),
+            Ok(_) => {
+                eprintln!(
+                    "tollgate-supervisor: error: --delegation-token-file {}: not a delegation token (they start with tgt_; make one with `tollgate supervisor add ID --token-out FILE`)",
+                    path.display()
+                );
+                return ExitCode::from(78);
+            }
+            Err(e) => {
+                eprintln!("tollgate-supervisor: error: --delegation-token-file: {e}");
+                return ExitCode::from(78);
+            }
+        },
+        None => None,
+    };
     let listen = match flags.listen.strip_prefix(':') {
         Some(port) => format!("127.0.0.1:{port}"),
         None => flags.listen,
@@ -188,6 +216,7 @@ async fn main() -> ExitCode {
         },
         audit_key,
         models,
+        delegation_token,
     };
     match serve(config, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

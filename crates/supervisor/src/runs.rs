@@ -22,9 +22,11 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
+use crate::children::{ChildControl, ChildState, Delegator};
 use crate::complete::{ModelRoutes, RunModels};
 use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
 use crate::gateway::{self, FsGrant, GatewayHandle, RunGateway};
+use crate::hub::RunHub;
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
 use crate::sandbox::{
     create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxError, SandboxOutput,
@@ -111,6 +113,15 @@ pub enum OutputStream {
 /// Receives a run's output as it arrives: `(run_id, stream, bytes)`.
 pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
 
+/// A delegated run's place in its tree: started through the gateway of the live run
+/// `parent`, with its grants pinned beneath the parent's (see `children.rs`).
+pub(crate) struct ChildOf {
+    /// The parent run.
+    pub(crate) parent: String,
+    /// The child's fs grants, resolved beneath the parent's pinned ones.
+    pub(crate) grants: Vec<FsGrant>,
+}
+
 /// A live run's shared state.
 struct LiveRun {
     cgroup: RunCgroup,
@@ -173,6 +184,10 @@ pub struct RunManager {
     /// operator API). `None` only while dropping.
     /// The supervisor's model routes, when it has any (set once, before runs start).
     models: OnceLock<Arc<ModelRoutes>>,
+    /// The authority link for delegation, when this supervisor has a delegation token.
+    delegator: OnceLock<Arc<Delegator>>,
+    /// Every run's output and end, for WatchRun and WatchChild.
+    hub: Arc<RunHub>,
     gateway_runtime: Option<tokio::runtime::Runtime>,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
@@ -288,6 +303,8 @@ impl RunManager {
         let manager = Arc::new(Self {
             gateway_runtime: Some(gateway_runtime),
             models: OnceLock::new(),
+            delegator: OnceLock::new(),
+            hub: Arc::default(),
             settings,
             records,
             admission: RwLock::new(admission),
@@ -399,6 +416,103 @@ impl RunManager {
         self.start_in_tree(signed, argv, output, None)
     }
 
+    /// Starts a run whose output and end go to the hub (WatchRun, WatchChild): a root run
+    /// (`child` none) or a delegated child of a live run.
+    pub(crate) fn start_published(
+        self: &Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        child: Option<ChildOf>,
+    ) -> Result<String, StartError> {
+        let hub = self.hub.clone();
+        let sink: OutputSink = Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
+            let stream = match stream {
+                OutputStream::Stdout => tollgate_proto::v1::OutputStream::Stdout,
+                OutputStream::Stderr => tollgate_proto::v1::OutputStream::Stderr,
+            };
+            hub.push(
+                run_id,
+                tollgate_proto::v1::RunEvent {
+                    event: Some(tollgate_proto::v1::run_event::Event::Output(
+                        tollgate_proto::v1::OutputChunk {
+                            stream: stream as i32,
+                            data: bytes.to_vec(),
+                        },
+                    )),
+                },
+            );
+        });
+        let run_id = self.start_in_tree(signed, argv, sink, child)?;
+        self.hub.open(&run_id);
+        // Publish the end of the run to watchers once teardown has recorded it.
+        let (manager, id) = (Arc::downgrade(self), run_id.clone());
+        std::thread::spawn(move || loop {
+            let Some(manager) = manager.upgrade() else {
+                return;
+            };
+            match manager.wait(&id, Duration::from_secs(3600)) {
+                Some(record) if record.state.is_final() => {
+                    manager.hub.end(&id, crate::service::run_proto(&record));
+                    return;
+                }
+                Some(_) => continue,
+                None => return,
+            }
+        });
+        Ok(run_id)
+    }
+
+    /// The runs' event hub.
+    pub fn hub(&self) -> &RunHub {
+        &self.hub
+    }
+
+    /// Gives runs started from now on a way to delegate (once; later calls are ignored).
+    pub fn set_delegator(&self, delegator: Arc<Delegator>) {
+        let _ = self.delegator.set(delegator);
+    }
+
+    /// Verifies a child receipt the authority minted for `parent` (signature, window,
+    /// audience, revocation), as it will be at its start; the decoded receipt, or why not.
+    pub(crate) fn verify_child(
+        &self,
+        signed: &SignedReceipt,
+        parent: &str,
+    ) -> Result<tollgate_proto::v1::Receipt, String> {
+        let receipt = self
+            .admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(signed, unix_now())
+            .map_err(|e| format!("the authority's child receipt does not verify here: {e}"))?;
+        if receipt.parent_receipt_id != parent || receipt.depth == 0 {
+            return Err(format!(
+                "the authority's receipt {} is not a child of run {parent}",
+                receipt.receipt_id
+            ));
+        }
+        Ok(receipt)
+    }
+
+    /// `run_id`'s tree: its record and its descendants' (pre-order), and the child receipts
+    /// minted in the tree and not started yet. `NotFound`-like: empty runs.
+    pub fn tree(&self, run_id: &str) -> Result<tollgate_proto::v1::RunTree, RecordsError> {
+        let records = self.records.subtree(run_id)?;
+        let mut pending = Vec::new();
+        for record in &records {
+            if let Some(run) = self.live_run(&record.run_id) {
+                if let Some((gateway, _)) = &*run.gateway.lock().unwrap_or_else(|p| p.into_inner())
+                {
+                    pending.extend(gateway.children.pending_children(&record.run_id));
+                }
+            }
+        }
+        Ok(tollgate_proto::v1::RunTree {
+            runs: records.iter().map(crate::service::run_proto).collect(),
+            pending,
+        })
+    }
+
     /// [`Self::start`] for a run that is the root of its tree (`parent` none: an operator's
     /// start) or a child of the live run `parent` (a delegated receipt, started through that
     /// run's gateway).
@@ -407,8 +521,10 @@ impl RunManager {
         signed: &SignedReceipt,
         argv: Option<Vec<String>>,
         output: OutputSink,
-        parent: Option<&str>,
+        child: Option<ChildOf>,
     ) -> Result<String, StartError> {
+        let parent = child.as_ref().map(|c| c.parent.clone());
+        let parent = parent.as_deref();
         let admitted_at = Instant::now();
         let started_ms = now_ms();
         let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref(), parent) {
@@ -445,7 +561,7 @@ impl RunManager {
             output,
             admitted,
             (admitted_at, started_ms),
-            parent,
+            (signed, child),
         );
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         result
@@ -583,8 +699,10 @@ impl RunManager {
         output: OutputSink,
         admitted: Result<PendingEntry, AuditError>,
         (admitted_at, started_ms): (Instant, u64),
-        parent: Option<&str>,
+        (signed, child): (&SignedReceipt, Option<ChildOf>),
     ) -> Result<String, StartError> {
+        let parent = child.as_ref().map(|c| c.parent.clone());
+        let parent = parent.as_deref();
         let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
         // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
         let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), &run_id);
@@ -640,7 +758,16 @@ impl RunManager {
                 }
             }
         }
-        let spawned = self.spawn_sandbox(receipt, &dirs, host_id, argv, &live, shim, admitted);
+        let spawned = self.spawn_sandbox(
+            receipt,
+            &dirs,
+            host_id,
+            argv,
+            &live,
+            shim,
+            admitted,
+            (signed, child.map(|c| c.grants)),
+        );
         // Prepare the next sandbox only now, off this start's path and CPU time.
         self.sandboxes.refill();
         match spawned {
@@ -759,28 +886,41 @@ impl RunManager {
         dirs: &RunDirs,
         plan: &SandboxPlan,
         live: &LiveRun,
+        (signed, child_grants): (&SignedReceipt, Option<Vec<FsGrant>>),
     ) -> Result<PathBuf, StartError> {
         let host_id = plan.host_id;
         let Some(runtime) = &self.gateway_runtime else {
             return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
         };
         let manager = Arc::downgrade(self);
+        let children = ChildState {
+            signed: signed.clone(),
+            control: Some(ChildControl {
+                manager: manager.clone(),
+                delegator: self.delegator.get().cloned(),
+            }),
+            ..Default::default()
+        };
         let run = Arc::new(RunGateway {
+            children,
             run_id: receipt.receipt_id.clone(),
             host_id,
             receipt: receipt.clone(),
             expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
-            grants: receipt
-                .fs
-                .iter()
-                // Pinned now, before the agent exists.
-                .map(|grant| {
-                    FsGrant::open(
-                        &grant.path,
-                        grant.access == tollgate_proto::v1::FsAccess::Write as i32,
-                    )
-                })
-                .collect(),
+            // A child's were pinned beneath its parent's; a root run's are pinned now, before
+            // the agent exists.
+            grants: child_grants.unwrap_or_else(|| {
+                receipt
+                    .fs
+                    .iter()
+                    .map(|grant| {
+                        FsGrant::open(
+                            &grant.path,
+                            grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+                        )
+                    })
+                    .collect()
+            }),
             max_calls: receipt.limits.unwrap_or_default().tool_calls,
             closing: live.closing.clone(),
             is_revoked: Arc::new(move |run_id: &str| {
@@ -830,6 +970,7 @@ impl RunManager {
         live: &LiveRun,
         shim: IdleShim,
         admitted: PendingEntry,
+        (signed, child_grants): (&SignedReceipt, Option<Vec<FsGrant>>),
     ) -> Result<(SandboxProcess, SandboxOutput), StartError> {
         let planned = dirs
             .create(host_id)
@@ -848,7 +989,7 @@ impl RunManager {
             }
         };
         let mut plan = plan;
-        match self.serve_gateway(receipt, dirs, &plan, live) {
+        match self.serve_gateway(receipt, dirs, &plan, live, (signed, child_grants)) {
             Ok(socket) => plan.gateway_socket = Some(socket),
             Err(e) => {
                 shim.discard();

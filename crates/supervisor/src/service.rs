@@ -11,9 +11,8 @@ use tollgate_proto::v1::supervisor_server::Supervisor;
 use tollgate_receipt::{from_text, timestamp_from_unix, VerifyFailure};
 use tonic::{Request, Response, Status};
 
-use crate::hub::RunHub;
 use crate::records::{RunRecord, RunState};
-use crate::runs::{OutputSink, OutputStream, RunManager, StartError};
+use crate::runs::{RunManager, StartError};
 use crate::sandbox::SandboxError;
 
 /// Checks the `authorization: Bearer` header against the admin token's hash.
@@ -140,7 +139,6 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
 pub struct SupervisorService {
     manager: Arc<RunManager>,
     last_revocation_seq: Arc<std::sync::atomic::AtomicU64>,
-    hub: Arc<RunHub>,
     tokens: TokenCheck,
     info: pb::SupervisorInfo,
 }
@@ -157,7 +155,6 @@ impl SupervisorService {
         Self {
             manager,
             last_revocation_seq,
-            hub: Arc::default(),
             tokens,
             info,
         }
@@ -172,7 +169,8 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| Status::internal(format!("worker failed: {e}")))
 }
 
-type RunEventStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
+/// A stream of run events (WatchRun, WatchChild).
+pub(crate) type RunEventStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Supervisor for SupervisorService {
@@ -207,39 +205,10 @@ impl Supervisor for SupervisorService {
             }
         };
         let argv = (!request.argv.is_empty()).then_some(request.argv);
-        let hub = self.hub.clone();
-        let sink: OutputSink = Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
-            let stream = match stream {
-                OutputStream::Stdout => pb::OutputStream::Stdout,
-                OutputStream::Stderr => pb::OutputStream::Stderr,
-            };
-            hub.push(
-                run_id,
-                pb::RunEvent {
-                    event: Some(pb::run_event::Event::Output(pb::OutputChunk {
-                        stream: stream as i32,
-                        data: bytes.to_vec(),
-                    })),
-                },
-            );
-        });
         let manager = self.manager.clone();
-        let run_id = blocking(move || manager.start(&signed, argv, sink))
+        let run_id = blocking(move || manager.start_published(&signed, argv, None))
             .await?
             .map_err(|e| start_status(&e))?;
-        self.hub.open(&run_id);
-        // Publish the end of the run to watchers once teardown has recorded it.
-        let (manager, hub, id) = (self.manager.clone(), self.hub.clone(), run_id.clone());
-        std::thread::spawn(move || loop {
-            match manager.wait(&id, Duration::from_secs(3600)) {
-                Some(record) if record.state.is_final() => {
-                    hub.end(&id, run_proto(&record));
-                    return;
-                }
-                Some(_) => continue,
-                None => return,
-            }
-        });
         Ok(Response::new(pb::StartRunResponse { run_id }))
     }
 
@@ -305,16 +274,13 @@ impl Supervisor for SupervisorService {
         let run_id = request.into_inner().run_id;
         let manager = self.manager.clone();
         let id = run_id.clone();
-        let runs = blocking(move || manager.subtree(&id))
+        let tree = blocking(move || manager.tree(&id))
             .await?
             .map_err(|e| Status::internal(e.to_string()))?;
-        if runs.is_empty() {
+        if tree.runs.is_empty() {
             return Err(Status::not_found(format!("no run {run_id}")));
         }
-        Ok(Response::new(pb::RunTree {
-            runs: runs.iter().map(run_proto).collect(),
-            pending: Vec::new(),
-        }))
+        Ok(Response::new(tree))
     }
 
     type WatchRunStream = RunEventStream;
@@ -325,7 +291,7 @@ impl Supervisor for SupervisorService {
     ) -> Result<Response<Self::WatchRunStream>, Status> {
         self.tokens.check(&request)?;
         let run_id = request.into_inner().run_id;
-        let (history, live) = match self.hub.subscribe(&run_id) {
+        let (history, live) = match self.manager.hub().subscribe(&run_id) {
             Some(subscription) => subscription,
             None => {
                 // Started before this supervisor did (or unknown): only the record remains.
@@ -341,34 +307,42 @@ impl Supervisor for SupervisorService {
                 (vec![ended], None)
             }
         };
-        let (tx, rx) = tokio::sync::mpsc::channel(256);
-        tokio::spawn(async move {
-            for event in history {
-                if tx.send(Ok(event)).await.is_err() {
-                    return;
-                }
+        Ok(Response::new(event_stream(history, live)))
+    }
+}
+
+/// Streams a run's history, then its live events until its end.
+pub(crate) fn event_stream(
+    history: Vec<pb::RunEvent>,
+    live: Option<tokio::sync::broadcast::Receiver<pb::RunEvent>>,
+) -> RunEventStream {
+    let (tx, rx) = tokio::sync::mpsc::channel(256);
+    tokio::spawn(async move {
+        for event in history {
+            if tx.send(Ok(event)).await.is_err() {
+                return;
             }
-            let Some(mut live) = live else { return };
-            loop {
-                match live.recv().await {
-                    Ok(event) => {
-                        let last = matches!(event.event, Some(pb::run_event::Event::Ended(_)));
-                        if tx.send(Ok(event)).await.is_err() || last {
-                            return;
-                        }
-                    }
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(skipped)) => {
-                        let _ = tx
-                            .send(Err(Status::data_loss(format!(
-                                "watcher fell behind and missed {skipped} events"
-                            ))))
-                            .await;
+        }
+        let Some(mut live) = live else { return };
+        loop {
+            match live.recv().await {
+                Ok(event) => {
+                    let last = matches!(event.event, Some(pb::run_event::Event::Ended(_)));
+                    if tx.send(Ok(event)).await.is_err() || last {
                         return;
                     }
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
                 }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(skipped)) => {
+                    let _ = tx
+                        .send(Err(Status::data_loss(format!(
+                            "watcher fell behind and missed {skipped} events"
+                        ))))
+                        .await;
+                    return;
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
             }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
-    }
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
 }

@@ -300,13 +300,39 @@ pub struct SupervisorProcess {
     authority: String,
     host_id_base: u32,
     host_ids: u32,
+    extra: Vec<String>,
 }
 
 impl SupervisorProcess {
     /// Starts it following `authority` (host:port), id `workstation`.
     pub fn start(data_dir: &Path, authority: &str, test: &str, host_id_base: u32) -> Self {
         let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
-        Self::spawn(data_dir, authority, cgroup_parent, host_id_base, 64)
+        Self::spawn(
+            data_dir,
+            authority,
+            cgroup_parent,
+            (host_id_base, 64),
+            Vec::new(),
+        )
+    }
+
+    /// Starts it with extra flags (e.g. `--delegation-token-file FILE`).
+    pub fn start_with_args(
+        data_dir: &Path,
+        authority: &str,
+        test: &str,
+        host_id_base: u32,
+        extra: &[&str],
+    ) -> Self {
+        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        Self::spawn(
+            data_dir,
+            authority,
+            cgroup_parent,
+            (host_id_base, 64),
+            extra,
+        )
     }
 
     /// Starts it with room for `host_ids` live runs at once.
@@ -318,15 +344,21 @@ impl SupervisorProcess {
         host_ids: u32,
     ) -> Self {
         let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
-        Self::spawn(data_dir, authority, cgroup_parent, host_id_base, host_ids)
+        Self::spawn(
+            data_dir,
+            authority,
+            cgroup_parent,
+            (host_id_base, host_ids),
+            Vec::new(),
+        )
     }
 
     fn spawn(
         data_dir: &Path,
         authority: &str,
         cgroup_parent: String,
-        host_id_base: u32,
-        host_ids: u32,
+        (host_id_base, host_ids): (u32, u32),
+        extra: Vec<String>,
     ) -> Self {
         let _ = std::fs::remove_file(data_dir.join("supervisor.addr"));
         std::fs::create_dir_all(data_dir).expect("data dir");
@@ -350,6 +382,7 @@ impl SupervisorProcess {
                 &host_ids.to_string(),
             ])
             .args(["--clock-skew", "0"])
+            .args(&extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(
@@ -380,17 +413,19 @@ impl SupervisorProcess {
             authority: authority.to_owned(),
             host_id_base,
             host_ids,
+            extra,
         }
     }
 
     /// Starts a new daemon on the same data directory and cgroup parent (after a stop).
     pub fn restart(self, signal: Signal) -> Self {
-        let (data_dir, authority, parent, base, ids) = (
+        let (data_dir, authority, parent, base, ids, extra) = (
             self.data_dir.clone(),
             self.authority.clone(),
             self.cgroup_parent.clone(),
             self.host_id_base,
             self.host_ids,
+            self.extra.clone(),
         );
         let mut this = self;
         let _ = kill(Pid::from_raw(this.child.id() as i32), signal);
@@ -398,7 +433,7 @@ impl SupervisorProcess {
         // Keep the cgroups: the new daemon must find and sweep them.
         this.cgroup_parent.clear();
         drop(this);
-        Self::spawn(&data_dir, &authority, parent, base, ids)
+        Self::spawn(&data_dir, &authority, parent, (base, ids), extra)
     }
 
     /// Sends `signal` and waits.

@@ -86,6 +86,44 @@ impl pb::gateway_server::Gateway for UnauditedReads {
         Err(tonic::Status::unimplemented("baseline"))
     }
 
+    async fn delegate(
+        &self,
+        _: tonic::Request<pb::DelegateRequest>,
+    ) -> Result<tonic::Response<pb::DelegateResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
+    async fn start_child(
+        &self,
+        _: tonic::Request<pb::StartChildRequest>,
+    ) -> Result<tonic::Response<pb::StartChildResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
+    async fn list_children(
+        &self,
+        _: tonic::Request<pb::ListChildrenRequest>,
+    ) -> Result<tonic::Response<pb::RunTree>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
+    type WatchChildStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::RunEvent, tonic::Status>>;
+
+    async fn watch_child(
+        &self,
+        _: tonic::Request<pb::WatchChildRequest>,
+    ) -> Result<tonic::Response<Self::WatchChildStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
+    async fn stop_child(
+        &self,
+        _: tonic::Request<pb::StopChildRequest>,
+    ) -> Result<tonic::Response<pb::StopChildResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
     async fn call_tool(
         &self,
         request: tonic::Request<pb::CallToolRequest>,
@@ -158,6 +196,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         snapshots: tollgate_supervisor::snapshot::SnapshotStore::new(dir.path()),
         exec: None,
         models: None,
+        children: Default::default(),
     });
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()

@@ -1,0 +1,707 @@
+//! Delegation on the gateway: a run asks for a child receipt narrower than its own, starts
+//! it, lists, watches and stops its descendants.
+//!
+//! The supervisor carves the child's `tool_calls` and `tokens` from what the run has left
+//! (so a tree never spends more than its root), asks the authority with its own delegation
+//! token (the run's envelope goes along as evidence), verifies the child and keeps it: the
+//! agent never holds a child's `tgr1.` text, so a child starts only here, through its
+//! parent's live gateway, and ends when the parent ends (`RunManager::end_tree`).
+//!
+//! Starting a child re-checks it against the parent and resolves each child grant beneath
+//! the parent's pinned grant without following symbolic links: the parent's agent can plant
+//! links under its writable grants, and a child grant must never reach through one.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use tokio::sync::OnceCell;
+use tollgate_audit::Decision;
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::delegation::check_within;
+use tollgate_receipt::paths::path_within;
+use tollgate_receipt::SignedReceipt;
+use tonic::{Code, Status};
+
+use crate::beneath::GrantRoot;
+use crate::gateway::{CallMeta, FsGrant, Refusal, RunGateway};
+use crate::runs::{ChildOf, RunManager};
+use crate::service::{run_proto, start_status};
+
+/// How long a `DelegateReceipt` call to the authority may take.
+const AUTHORITY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Most child receipts a run may hold minted and not started.
+const MAX_PENDING: usize = 64;
+
+/// How long `StopChild` waits for the child's teardown.
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// The supervisor's link to the authority for delegation: its id and delegation token.
+pub struct Delegator {
+    authority: String,
+    supervisor_id: String,
+    token: String,
+    channel: OnceCell<tonic::transport::Channel>,
+}
+
+impl std::fmt::Debug for Delegator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Delegator")
+            .field("authority", &self.authority)
+            .field("supervisor_id", &self.supervisor_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Delegator {
+    /// Delegates through the authority at `authority` (a URL) as `supervisor_id`, with the
+    /// delegation token `token` (from `tollgate supervisor add`).
+    pub fn new(authority: String, supervisor_id: String, token: String) -> Self {
+        Self {
+            authority,
+            supervisor_id,
+            token,
+            channel: OnceCell::new(),
+        }
+    }
+
+    /// Asks the authority for a child of `parent`; its status passes through unchanged.
+    async fn delegate(
+        &self,
+        parent: &SignedReceipt,
+        child: pb::ChildSpec,
+    ) -> Result<SignedReceipt, Status> {
+        let channel = self
+            .channel
+            .get_or_try_init(|| async {
+                tonic::transport::Endpoint::from_shared(self.authority.clone())
+                    .map(|endpoint| {
+                        endpoint
+                            .connect_timeout(AUTHORITY_TIMEOUT)
+                            .timeout(AUTHORITY_TIMEOUT)
+                            .connect_lazy()
+                    })
+                    .map_err(|e| {
+                        Status::unavailable(format!("bad authority URL {}: {e}", self.authority))
+                    })
+            })
+            .await?
+            .clone();
+        let mut request = tonic::Request::new(pb::DelegateReceiptRequest {
+            supervisor_id: self.supervisor_id.clone(),
+            parent: Some(parent.clone()),
+            child: Some(child),
+        });
+        let header = format!("Bearer {}", self.token)
+            .parse()
+            .map_err(|_| Status::internal("the delegation token is not a valid header value"))?;
+        request.metadata_mut().insert("authorization", header);
+        let minted = pb::authority_client::AuthorityClient::new(channel)
+            .delegate_receipt(request)
+            .await?
+            .into_inner();
+        minted
+            .signed
+            .ok_or_else(|| Status::internal("the authority answered without a receipt"))
+    }
+}
+
+/// A gateway's reach into the supervisor for delegation.
+#[derive(Debug, Clone)]
+pub struct ChildControl {
+    /// The run manager (weak: a gateway never keeps the supervisor alive).
+    pub manager: Weak<RunManager>,
+    /// The authority link; `None`: this supervisor has no delegation token.
+    pub delegator: Option<Arc<Delegator>>,
+}
+
+/// What a run's gateway keeps for delegation.
+#[derive(Debug, Default)]
+pub struct ChildState {
+    /// The envelope the run was admitted with: the evidence the authority asks for.
+    pub signed: SignedReceipt,
+    /// How to reach the supervisor; `None`: this gateway cannot delegate.
+    pub control: Option<ChildControl>,
+    /// Tool calls handed on to children (they count against this run's budget).
+    pub handed_on: AtomicU64,
+    /// Child receipts minted and not started yet, by id.
+    pub pending: Mutex<HashMap<String, (SignedReceipt, pb::Receipt)>>,
+}
+
+impl ChildState {
+    /// Child receipts minted for this run and not started yet.
+    pub fn pending_children(&self, parent_run_id: &str) -> Vec<pb::PendingChild> {
+        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut children: Vec<pb::PendingChild> = pending
+            .values()
+            .map(|(_, receipt)| pb::PendingChild {
+                receipt_id: receipt.receipt_id.clone(),
+                parent_run_id: parent_run_id.to_owned(),
+                subject: receipt.subject.clone(),
+                expires_at: receipt.expires_at,
+            })
+            .collect();
+        children.sort_by(|a, b| a.receipt_id.cmp(&b.receipt_id));
+        children
+    }
+}
+
+fn unavailable(reason: &str) -> Refusal {
+    Refusal::with(Status::unavailable, reason.to_owned())
+}
+
+/// Pins a child's grants beneath the parent's: each resolved from the parent's outermost
+/// covering pinned grant without following any link, never by path. A mounted child grant
+/// beneath (not at) a parent's writable grant is refused: the shim mounts by path, and the
+/// parent's agent could swap it between this check and the mount.
+fn pin_child_grants(
+    parent: &[FsGrant],
+    child: &pb::Receipt,
+) -> Result<Vec<FsGrant>, (&'static str, String)> {
+    let mut pinned = Vec::with_capacity(child.fs.len());
+    for (i, grant) in child.fs.iter().enumerate() {
+        let covering = || parent.iter().filter(|p| path_within(&grant.path, &p.path));
+        if !grant.mount.is_empty() {
+            if let Some(writable) = covering().find(|p| p.writable && p.path != grant.path) {
+                return Err((
+                    "grant_escapes",
+                    format!(
+                        "fs[{i}].mount: a mounted grant beneath the parent's writable grant {} must be that grant itself, or gateway-only (no mount)",
+                        writable.path
+                    ),
+                ));
+            }
+        }
+        let outer = covering()
+            .filter(|p| p.root.is_ok())
+            .min_by_key(|p| p.path.len())
+            .ok_or_else(|| {
+                (
+                    "grant_escapes",
+                    format!("fs[{i}] = {}: no pinned parent grant covers it", grant.path),
+                )
+            })?;
+        let rest = grant
+            .path
+            .strip_prefix(&outer.path)
+            .unwrap_or_default()
+            .trim_start_matches('/');
+        let writable = grant.access == pb::FsAccess::Write as i32;
+        let root = match &outer.root {
+            Ok(root) => GrantRoot::from_beneath(root, rest),
+            Err(errno) => Err(*errno),
+        };
+        match root {
+            Err(Errno::ELOOP | Errno::EXDEV | Errno::ENOTDIR) => {
+                return Err((
+                    "grant_escapes",
+                    format!(
+                        "fs[{i}] = {}: a symbolic link is on the path (child grants never follow links)",
+                        grant.path
+                    ),
+                ))
+            }
+            root => pinned.push(FsGrant {
+                path: grant.path.clone(),
+                writable,
+                root,
+            }),
+        }
+    }
+    Ok(pinned)
+}
+
+impl RunGateway {
+    /// Tool calls this run may still make or hand on.
+    fn calls_left(&self) -> u64 {
+        self.max_calls.saturating_sub(
+            self.calls
+                .load(Ordering::SeqCst)
+                .saturating_add(self.children.handed_on.load(Ordering::SeqCst)),
+        )
+    }
+
+    fn manager(&self) -> Result<Arc<RunManager>, Refusal> {
+        self.children
+            .control
+            .as_ref()
+            .and_then(|control| control.manager.upgrade())
+            .ok_or_else(|| unavailable("the supervisor is shutting down"))
+    }
+
+    /// Whether `run_id` is a descendant of this run (its subtree, not itself).
+    fn descendant(&self, manager: &RunManager, run_id: &str) -> Result<(), Refusal> {
+        let tree = manager
+            .subtree(&self.run_id)
+            .map_err(|e| Refusal::with(Status::internal, e.to_string()))?;
+        if run_id != self.run_id && tree.iter().any(|run| run.run_id == run_id) {
+            Ok(())
+        } else {
+            Err(Refusal::with(
+                Status::not_found,
+                format!("run {run_id} is not a descendant of this run"),
+            ))
+        }
+    }
+
+    /// `Gateway.Delegate`.
+    pub(crate) async fn delegate(
+        self: &Arc<Self>,
+        request: pb::DelegateRequest,
+    ) -> Result<pb::DelegateResponse, Status> {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let spec = request.child.unwrap_or_default();
+        let mut meta: CallMeta = vec![("subject", spec.subject.clone().into())];
+        let outcome = self.delegate_checked(spec, &mut meta).await;
+        let run = self.clone();
+        let recorded = match &outcome {
+            Ok(response) => {
+                meta.push((
+                    "child_receipt_id",
+                    response
+                        .receipt
+                        .as_ref()
+                        .map_or(String::new(), |r| r.receipt_id.clone())
+                        .into(),
+                ));
+                tokio::task::block_in_place(|| {
+                    run.record_call(
+                        "delegate",
+                        &call_id,
+                        started,
+                        &meta,
+                        (Decision::Allow, None),
+                        true,
+                    )
+                })
+            }
+            Err(refusal) => tokio::task::block_in_place(|| {
+                run.record_call(
+                    "delegate",
+                    &call_id,
+                    started,
+                    &meta,
+                    (refusal.decision(), Some(&refusal.reason)),
+                    true,
+                )
+            }),
+        };
+        if let Err(status) = recorded {
+            // Unaudited, the child must not be usable.
+            if let Ok(response) = &outcome {
+                if let Some(receipt) = &response.receipt {
+                    self.children
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&receipt.receipt_id);
+                }
+            }
+            return Err(status);
+        }
+        outcome
+            .map(|response| pb::DelegateResponse {
+                call_id: call_id.clone(),
+                ..response
+            })
+            .map_err(|refusal| refusal.into_status(&call_id))
+    }
+
+    async fn delegate_checked(
+        &self,
+        mut spec: pb::ChildSpec,
+        meta: &mut CallMeta,
+    ) -> Result<pb::DelegateResponse, Refusal> {
+        let made = self.admit("delegate")?;
+        let max_depth = self.receipt.delegate.map_or(0, |d| d.max_depth);
+        if max_depth == 0 {
+            return Err(Refusal::denied(
+                &self.run_id,
+                "delegate needs a delegate grant (missing grant: delegate max_depth >= 1)".into(),
+            ));
+        }
+        self.charge(made)?;
+        let delegator = self
+            .children
+            .control
+            .as_ref()
+            .and_then(|control| control.delegator.clone())
+            .ok_or_else(|| {
+                unavailable(
+                    "this supervisor cannot delegate: it has no delegation token (--delegation-token-file)",
+                )
+            })?;
+        let manager = self.manager()?;
+        if self
+            .children
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+            >= MAX_PENDING
+        {
+            return Err(Refusal::with(
+                Status::resource_exhausted,
+                format!("this run already holds {MAX_PENDING} child receipts not started; start or let some expire first"),
+            ));
+        }
+        // Carve the budgets: a zero asks for half of what is left.
+        let mut limits = spec.limits.unwrap_or_default();
+        let left = self.calls_left();
+        let calls = if limits.tool_calls == 0 {
+            left / 2
+        } else {
+            limits.tool_calls
+        };
+        let carved = calls > 0
+            && self
+                .children
+                .handed_on
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |handed| {
+                    let used = self.calls.load(Ordering::SeqCst);
+                    (used.saturating_add(handed).saturating_add(calls) <= self.max_calls)
+                        .then_some(handed + calls)
+                })
+                .is_ok();
+        if !carved {
+            return Err(Refusal::with(
+                Status::resource_exhausted,
+                format!(
+                    "limits.tool_calls = {calls}: this run has {left} tool calls left to hand on"
+                ),
+            ));
+        }
+        let refund_calls = || {
+            self.children.handed_on.fetch_sub(calls, Ordering::SeqCst);
+        };
+        let parent_tokens = self.receipt.limits.unwrap_or_default().tokens;
+        let tokens = match &self.models {
+            Some(models) => {
+                let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
+                let tokens = if limits.tokens == 0 {
+                    ledger.remaining() / 2
+                } else {
+                    limits.tokens
+                };
+                match ledger.transfer(tokens) {
+                    Ok(()) if tokens > 0 => Some(tokens),
+                    _ => {
+                        let left = ledger.remaining();
+                        drop(ledger);
+                        refund_calls();
+                        return Err(Refusal::with(
+                            Status::resource_exhausted,
+                            format!("limits.tokens = {tokens}: this run has {left} tokens left to hand on"),
+                        ));
+                    }
+                }
+            }
+            // No routes on this supervisor: no run here can spend tokens, so none are moved.
+            None => None,
+        };
+        let refund = || {
+            refund_calls();
+            if let (Some(models), Some(tokens)) = (&self.models, tokens) {
+                models
+                    .ledger
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .refund(tokens);
+            }
+        };
+        limits.tool_calls = calls;
+        limits.tokens = match (tokens, limits.tokens) {
+            (Some(tokens), _) => tokens,
+            (None, 0) => (parent_tokens / 2).max(1),
+            (None, asked) => asked,
+        };
+        spec.limits = Some(limits);
+        meta.push((
+            "tool_calls",
+            i64::try_from(calls).unwrap_or(i64::MAX).into(),
+        ));
+        meta.push((
+            "tokens",
+            i64::try_from(limits.tokens).unwrap_or(i64::MAX).into(),
+        ));
+        let minted = match delegator.delegate(&self.children.signed, spec).await {
+            Ok(minted) => minted,
+            Err(status) => {
+                refund();
+                let reason = status.message().to_owned();
+                let code = match status.code() {
+                    // The authority could not be reached: say so, and what to check.
+                    Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => Code::Unavailable,
+                    code => code,
+                };
+                return Err(Refusal::new(
+                    Status::new(code, format!("receipt {}: {reason}", self.run_id)),
+                    reason,
+                ));
+            }
+        };
+        let receipt = match manager.verify_child(&minted, &self.run_id) {
+            Ok(receipt) => receipt,
+            Err(reason) => {
+                refund();
+                return Err(Refusal::with(Status::internal, reason));
+            }
+        };
+        self.children
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(receipt.receipt_id.clone(), (minted, receipt.clone()));
+        let tokens_left = self.models.as_ref().map_or(0, |models| {
+            models
+                .ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remaining()
+        });
+        Ok(pb::DelegateResponse {
+            call_id: String::new(),
+            receipt: Some(receipt),
+            tool_calls_left: self.calls_left(),
+            tokens_left,
+        })
+    }
+
+    /// `Gateway.StartChild`.
+    pub(crate) async fn start_child(
+        self: &Arc<Self>,
+        request: pb::StartChildRequest,
+    ) -> Result<pb::StartChildResponse, Status> {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let mut meta: CallMeta = vec![("child_run_id", request.receipt_id.clone().into())];
+        let run = self.clone();
+        let outcome = tokio::task::spawn_blocking(move || run.start_child_checked(request))
+            .await
+            .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
+        if let Err(refusal) = &outcome {
+            if let Some(code) = refusal_code(refusal) {
+                meta.push(("code", code.into()));
+            }
+        }
+        let (decision, reason) = match &outcome {
+            Ok(_) => (Decision::Allow, None),
+            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
+        };
+        tokio::task::block_in_place(|| {
+            self.record_call(
+                "child.start",
+                &call_id,
+                started,
+                &meta,
+                (decision, reason),
+                true,
+            )
+        })?;
+        outcome
+            .map(|run_id| pb::StartChildResponse {
+                call_id: call_id.clone(),
+                run_id,
+            })
+            .map_err(|refusal| refusal.into_status(&call_id))
+    }
+
+    fn start_child_checked(&self, request: pb::StartChildRequest) -> Result<String, Refusal> {
+        let made = self.admit("child.start")?;
+        self.charge(made)?;
+        let manager = self.manager()?;
+        let taken = self
+            .children
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&request.receipt_id);
+        let Some((signed, child)) = taken else {
+            if self.descendant(&manager, &request.receipt_id).is_ok() {
+                return Err(Refusal::with(
+                    Status::already_exists,
+                    format!(
+                        "child {} has already started (a receipt starts one run)",
+                        request.receipt_id
+                    ),
+                ));
+            }
+            return Err(Refusal::with(
+                Status::not_found,
+                format!(
+                    "no child receipt {} of this run is waiting to start (ask Delegate first)",
+                    request.receipt_id
+                ),
+            ));
+        };
+        // The authority checked it; checked again here, against the receipt this run has.
+        if let Err(wider) = check_within(&self.receipt, &child) {
+            return Err(Refusal::denied(&self.run_id, wider.to_string()));
+        }
+        let grants = pin_child_grants(&self.grants, &child).map_err(|(code, reason)| {
+            Refusal::new(
+                Status::permission_denied(format!(
+                    "receipt {} refused ({code}): {reason}",
+                    child.receipt_id
+                )),
+                reason,
+            )
+        })?;
+        let argv = (!request.argv.is_empty()).then_some(request.argv);
+        let started = manager.start_published(
+            &signed,
+            argv,
+            Some(ChildOf {
+                parent: self.run_id.clone(),
+                grants,
+            }),
+        );
+        match started {
+            Ok(run_id) => Ok(run_id),
+            Err(error) => {
+                // Refused before it was recorded (a bad argv): it can still be started.
+                if matches!(manager.get(&child.receipt_id), Ok(None)) {
+                    self.children
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(child.receipt_id.clone(), (signed, child));
+                }
+                Err(Refusal::new(start_status(&error), error.to_string()))
+            }
+        }
+    }
+
+    /// `Gateway.ListChildren`.
+    pub(crate) async fn list_children(self: &Arc<Self>) -> Result<pb::RunTree, Status> {
+        let run = self.clone();
+        self.read_only_call("child.list", vec![], move || {
+            let manager = run.manager()?;
+            manager
+                .tree(&run.run_id)
+                .map_err(|e| Refusal::with(Status::internal, e.to_string()))
+        })
+        .await
+    }
+
+    /// `Gateway.WatchChild`: checks the call; the caller streams the returned subscription.
+    pub(crate) async fn watch_child(
+        self: &Arc<Self>,
+        run_id: String,
+    ) -> Result<
+        (
+            Vec<pb::RunEvent>,
+            Option<tokio::sync::broadcast::Receiver<pb::RunEvent>>,
+        ),
+        Status,
+    > {
+        let run = self.clone();
+        let meta = vec![("child_run_id", run_id.clone().into())];
+        self.read_only_call("child.watch", meta, move || {
+            let manager = run.manager()?;
+            run.descendant(&manager, &run_id)?;
+            match manager.hub().subscribe(&run_id) {
+                Some(subscription) => Ok(subscription),
+                None => {
+                    let record = manager
+                        .get(&run_id)
+                        .map_err(|e| Refusal::with(Status::internal, e.to_string()))?
+                        .ok_or_else(|| {
+                            Refusal::with(Status::not_found, format!("no run {run_id}"))
+                        })?;
+                    let ended = pb::RunEvent {
+                        event: Some(pb::run_event::Event::Ended(run_proto(&record))),
+                    };
+                    Ok((vec![ended], None))
+                }
+            }
+        })
+        .await
+    }
+
+    /// `Gateway.StopChild`.
+    pub(crate) async fn stop_child(
+        self: &Arc<Self>,
+        request: pb::StopChildRequest,
+    ) -> Result<pb::StopChildResponse, Status> {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let meta: CallMeta = vec![("child_run_id", request.run_id.clone().into())];
+        let run = self.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let made = run.admit("child.stop")?;
+            run.charge(made)?;
+            let manager = run.manager()?;
+            run.descendant(&manager, &request.run_id)?;
+            let reason = if request.reason.is_empty() {
+                format!("stopped by its ancestor run {}", run.run_id)
+            } else {
+                request.reason
+            };
+            manager.stop(&request.run_id, &reason);
+            manager
+                .wait(&request.run_id, STOP_WAIT)
+                .ok_or_else(|| Refusal::with(Status::not_found, "the run is gone".into()))
+        })
+        .await
+        .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
+        let (decision, reason) = match &outcome {
+            Ok(_) => (Decision::Allow, None),
+            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
+        };
+        tokio::task::block_in_place(|| {
+            self.record_call(
+                "child.stop",
+                &call_id,
+                started,
+                &meta,
+                (decision, reason),
+                true,
+            )
+        })?;
+        outcome
+            .map(|record| pb::StopChildResponse {
+                call_id: call_id.clone(),
+                run: Some(run_proto(&record)),
+            })
+            .map_err(|refusal| refusal.into_status(&call_id))
+    }
+
+    /// A call that changes nothing: checked, counted, recorded (not waited for).
+    async fn read_only_call<T: Send + 'static>(
+        self: &Arc<Self>,
+        tool: &'static str,
+        meta: CallMeta,
+        work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
+    ) -> Result<T, Status> {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let run = self.clone();
+        let outcome = tokio::task::spawn_blocking(move || {
+            let made = run.admit(tool)?;
+            run.charge(made)?;
+            work()
+        })
+        .await
+        .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
+        let (decision, reason) = match &outcome {
+            Ok(_) => (Decision::Allow, None),
+            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
+        };
+        self.record_call(tool, &call_id, started, &meta, (decision, reason), false)?;
+        outcome.map_err(|refusal| refusal.into_status(&call_id))
+    }
+}
+
+/// The audit code of a refused child start, when its message carries one.
+fn refusal_code(refusal: &Refusal) -> Option<String> {
+    let message = refusal.status.message();
+    let start = message.find("refused (")? + "refused (".len();
+    let end = message[start..].find(')')?;
+    Some(message[start..start + end].to_owned())
+}

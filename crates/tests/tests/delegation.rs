@@ -1,0 +1,620 @@
+//! Delegation end to end (root): the real authority, a real supervisor with a delegation
+//! token, and agents in real sandboxes asking their gateway for children with
+//! `tollgate-shim child`. A child within its parent's scope runs; anything wider, deeper or
+//! longer is refused naming the grant; a planted link cannot widen a child; and whatever
+//! ends a parent ends its whole subtree within a second.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use tollgate_proto::v1 as pb;
+use tollgate_tests::{
+    authed, bin_path, leftovers, require_root, AuthorityProcess, SupervisorProcess,
+};
+
+/// One authority and one supervisor enrolled for delegation.
+struct Tree {
+    dir: tempfile::TempDir,
+    authority: AuthorityProcess,
+    supervisor: SupervisorProcess,
+}
+
+impl Tree {
+    async fn start(test: &str, host_id_base: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let authority = AuthorityProcess::start(&dir.path().join("authority"));
+        let token_file = dir.path().join("delegation.token");
+        authority
+            .add_supervisor_token_file("workstation", &token_file)
+            .await;
+        let supervisor = SupervisorProcess::start_with_args(
+            &dir.path().join("supervisor"),
+            authority.addr(),
+            test,
+            host_id_base,
+            &["--delegation-token-file", token_file.to_str().unwrap()],
+        );
+        Self {
+            dir,
+            authority,
+            supervisor,
+        }
+    }
+
+    /// Mints a root receipt running `script` under /bin/sh, allowed to delegate `depth`
+    /// levels, with `fs` grants.
+    async fn mint(&self, script: &str, ttl: u64, depth: u32, fs: Vec<pb::FsGrant>) -> String {
+        let request = pb::MintReceiptRequest {
+            subject: "orchestrator".into(),
+            ttl_seconds: ttl,
+            audience: vec!["workstation".into()],
+            agent: Some(pb::AgentSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                ..Default::default()
+            }),
+            exec: vec![
+                "/bin/sh".into(),
+                "/usr/bin/sleep".into(),
+                "/usr/bin/cat".into(),
+                "/usr/bin/ln".into(),
+            ],
+            limits: Some(pb::Limits {
+                tool_calls: 200,
+                ..Default::default()
+            }),
+            fs,
+            delegate: Some(pb::Delegation { max_depth: depth }),
+            ..Default::default()
+        };
+        self.authority
+            .client()
+            .await
+            .mint_receipt(authed(&self.authority.admin_token(), request))
+            .await
+            .unwrap()
+            .into_inner()
+            .text
+    }
+
+    async fn start_run(&self, text: String) -> String {
+        self.supervisor
+            .client()
+            .await
+            .start_run(authed(
+                &self.supervisor.token(),
+                pb::StartRunRequest {
+                    receipt: text,
+                    argv: vec![],
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .run_id
+    }
+
+    async fn tree(&self, run_id: &str) -> pb::RunTree {
+        self.supervisor
+            .client()
+            .await
+            .get_run_tree(authed(
+                &self.supervisor.token(),
+                pb::GetRunTreeRequest {
+                    run_id: run_id.into(),
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Waits until `run_id`'s tree has `count` runs, all running.
+    async fn wait_running(&self, run_id: &str, count: usize) -> pb::RunTree {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let tree = self.tree(run_id).await;
+            let running = tree
+                .runs
+                .iter()
+                .filter(|r| r.state == pb::RunState::Running as i32)
+                .count();
+            if running == count {
+                return tree;
+            }
+            let ended: Vec<_> = tree.runs.iter().filter(|r| r.report.is_some()).collect();
+            assert!(
+                ended.is_empty() && Instant::now() < deadline,
+                "tree of {run_id} never had {count} running runs: {:?}\n{}",
+                tree.runs,
+                self.output(run_id).await
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Everything a run printed (it must have ended or end).
+    async fn output(&self, run_id: &str) -> String {
+        let mut stream = self
+            .supervisor
+            .client()
+            .await
+            .watch_run(authed(
+                &self.supervisor.token(),
+                pb::WatchRunRequest {
+                    run_id: run_id.into(),
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        let mut text = String::new();
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .unwrap_or(Ok(None))
+        {
+            match event.event {
+                Some(pb::run_event::Event::Output(chunk)) => {
+                    text.push_str(&String::from_utf8_lossy(&chunk.data));
+                }
+                Some(pb::run_event::Event::Ended(_)) => break,
+                None => {}
+            }
+        }
+        text
+    }
+
+    fn tollgate(&self, args: &[&str]) -> std::process::Output {
+        Command::new(bin_path("tollgate"))
+            .args(["--supervisor", self.supervisor.addr()])
+            .arg("--token-file")
+            .arg(self.supervisor.token_file())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn assert_clean(&self) {
+        let left = leftovers(self.supervisor.data_dir(), &self.supervisor.cgroup_parent);
+        assert!(left.is_empty(), "left behind: {left:?}");
+    }
+}
+
+fn grant(path: &Path, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
+    pb::FsGrant {
+        path: path.display().to_string(),
+        access: access as i32,
+        mount: mount.into(),
+    }
+}
+
+fn state(run: &pb::Run) -> pb::RunState {
+    pb::RunState::try_from(run.state).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_delegates_starts_and_watches_a_child_within_its_scope() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-ok", 208_000).await;
+    let project = tree.dir.path().join("project");
+    std::fs::create_dir_all(project.join("out")).unwrap();
+    let p = project.display();
+    // The child may write only project/out, through the gateway; it writes there and says so.
+    let script = format!(
+        r#"cat > /tmp/spec <<'EOF'
+{{"subject": "writer", "fs": [{{"path": "{p}/out", "access": "write"}}], "exec": ["/bin/sh"],
+  "agent": {{"argv": ["/bin/sh", "-c", "printf from-child | tollgate-shim tool write {p}/out/c.txt --create && echo child-wrote"]}}}}
+EOF
+tollgate-shim child delegate < /tmp/spec > /tmp/id || exit 11
+read id < /tmp/id
+tollgate-shim child start "$id" || exit 12
+tollgate-shim child watch "$id"; echo "watch rc=$?"
+tollgate-shim child start "$id" 2>&1; echo "again rc=$?"
+tollgate-shim child start 0193f1c3-0000-7000-8000-000000000000 2>&1; echo "unknown rc=$?"
+tollgate-shim child list --json
+echo "child $id"
+"#
+    );
+    let text = tree
+        .mint(
+            &script,
+            120,
+            2,
+            vec![grant(&project, pb::FsAccess::Write, "")],
+        )
+        .await;
+    let run_id = tree.start_run(text).await;
+    let parent = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert_eq!(state(&parent), pb::RunState::Exited, "{output}");
+    assert_eq!(
+        parent.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{output}"
+    );
+    let child_id = output
+        .lines()
+        .find_map(|l| l.strip_prefix("child "))
+        .expect("child id")
+        .to_owned();
+    assert!(output.contains("child-wrote\nwatch rc=0\n"), "{output}");
+    assert!(
+        output.contains("already started") && output.contains("again rc=1"),
+        "{output}"
+    );
+    assert!(
+        output.contains("no child receipt") && output.contains("unknown rc=1"),
+        "{output}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("out/c.txt")).unwrap(),
+        "from-child"
+    );
+
+    // The tree: the parent, then its child, both ended; the child knows its parent.
+    let listed = tree.tollgate(&["tree", &run_id, "--json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows[0]["run_id"], run_id.as_str());
+    assert_eq!(rows[1]["run_id"], child_id.as_str());
+    assert_eq!(rows[1]["parent_run_id"], run_id.as_str());
+    assert_eq!(rows[1]["depth"], 1);
+    assert_eq!(rows[1]["state"], "exited");
+    assert_eq!(rows[1]["exit_code"], 0);
+    let drawn = tree.tollgate(&["tree", &run_id]);
+    let drawn = String::from_utf8_lossy(&drawn.stdout).into_owned();
+    assert!(drawn.contains(&format!("└── {child_id}")), "{drawn}");
+
+    // The child's receipt: narrower, chained, never longer than its parent.
+    let receipts = tree
+        .authority
+        .client()
+        .await
+        .get_receipt(authed(
+            &tree.authority.admin_token(),
+            pb::GetReceiptRequest {
+                receipt_id: child_id.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let child = receipts.receipt.unwrap();
+    assert_eq!(child.parent_receipt_id, run_id);
+    assert_eq!(child.depth, 1);
+    assert_eq!(child.audience, ["workstation"]);
+    assert_eq!(child.owner, "admin");
+    assert!(child.expires_at.unwrap().seconds <= parent.expires_at.unwrap().seconds);
+    // Carved: half of what the parent had left when it asked.
+    let calls = child.limits.unwrap().tool_calls;
+    assert!((90..=100).contains(&calls), "carved {calls} tool calls");
+
+    // An operator cannot start a delegated receipt: it starts only through its parent.
+    let direct = tree
+        .supervisor
+        .client()
+        .await
+        .start_run(authed(
+            &tree.supervisor.token(),
+            pb::StartRunRequest {
+                receipt: receipts.text,
+                argv: vec![],
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(direct.code(), tonic::Code::PermissionDenied, "{direct:?}");
+    assert!(
+        direct.message().contains("delegated") && direct.message().contains("parent's gateway"),
+        "{direct:?}"
+    );
+
+    // The gateway calls are in the parent's audit trail.
+    let calls = tree.tollgate(&[
+        "calls",
+        &run_id,
+        tree.supervisor.data_dir().join("audit").to_str().unwrap(),
+    ]);
+    let calls = String::from_utf8_lossy(&calls.stdout).into_owned();
+    for tool in ["delegate", "child.start", "child.watch", "child.list"] {
+        assert!(calls.contains(tool), "{tool} missing from:\n{calls}");
+    }
+    tree.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_scope_delegations_are_refused_naming_the_grant() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-refused", 208_100).await;
+    let project = tree.dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let p = project.display();
+    let ask = |name: &str, spec: &str| {
+        format!(
+            "echo '{spec}' | tollgate-shim child delegate 2>&1 >/dev/null; echo \"{name} rc=$?\"\n"
+        )
+    };
+    let mut script = String::new();
+    script += &ask(
+        "wider-fs",
+        r#"{"subject": "x", "fs": [{"path": "/etc", "access": "read"}]}"#,
+    );
+    script += &ask(
+        "write-on-read",
+        &format!(r#"{{"subject": "x", "fs": [{{"path": "{p}/docs", "access": "write"}}]}}"#),
+    );
+    script += &ask("exec", r#"{"subject": "x", "exec": ["/usr/bin/id"]}"#);
+    script += &ask("ttl", r#"{"subject": "x", "ttl_seconds": 100000}"#);
+    script += &ask("depth", r#"{"subject": "x", "delegate": {"max_depth": 1}}"#);
+    script += &ask(
+        "memory",
+        r#"{"subject": "x", "limits": {"memory_bytes": 999999999999}}"#,
+    );
+    script += &ask(
+        "calls",
+        r#"{"subject": "x", "limits": {"tool_calls": 100000}}"#,
+    );
+    // A child that may not delegate tries to: refused at its own gateway.
+    script += r#"cat > /tmp/leaf <<'EOF'
+{"subject": "leaf", "exec": ["/bin/sh"],
+ "agent": {"argv": ["/bin/sh", "-c", "echo '{\"subject\": \"y\"}' | tollgate-shim child delegate 2>&1; echo leaf rc=$?"]}}
+EOF
+tollgate-shim child delegate < /tmp/leaf > /tmp/id || exit 11
+read id < /tmp/id
+tollgate-shim child start "$id" >/dev/null || exit 12
+tollgate-shim child watch "$id"
+"#;
+    let text = tree
+        .mint(
+            &script,
+            120,
+            1,
+            vec![grant(&project, pb::FsAccess::Read, "")],
+        )
+        .await;
+    let run_id = tree.start_run(text).await;
+    let parent = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert_eq!(
+        parent.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{output}"
+    );
+    let expect = |name: &str, needle: &str| {
+        let at = output
+            .find(&format!("{name} rc=1"))
+            .unwrap_or_else(|| panic!("{name} was not refused:\n{output}"));
+        let before = &output[..at];
+        let line = before.lines().last().unwrap_or_default();
+        assert!(
+            line.contains(needle),
+            "{name}: {line:?} lacks {needle:?}\n{output}"
+        );
+    };
+    expect("wider-fs", "fs[0] = /etc (read) is above parent receipt");
+    expect("write-on-read", "(write) is above parent receipt");
+    expect("exec", "exec[0] = /usr/bin/id is above parent receipt");
+    expect("ttl", "ttl_seconds");
+    expect("depth", "delegate.max_depth = 1 is above");
+    expect("memory", "limits.memory_bytes");
+    expect("calls", "tool calls left to hand on");
+    expect("leaf", "delegate needs a delegate grant");
+    // Refused delegations minted nothing: the tree holds the parent and the leaf only.
+    let runs = tree.tree(&run_id).await.runs;
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs[1].subject == "leaf" && runs[1].depth == 1);
+    tree.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planted_symlink_or_a_mount_beneath_a_writable_grant_cannot_widen_a_child() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-link", 208_200).await;
+    let project = tree.dir.path().join("project");
+    std::fs::create_dir_all(project.join("sub")).unwrap();
+    // The agent (its own host uid) plants the link through its writable mount.
+    std::fs::set_permissions(&project, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let secret = tree.dir.path().join("secret");
+    std::fs::create_dir_all(&secret).unwrap();
+    std::fs::write(secret.join("key"), "host secret").unwrap();
+    let (p, s) = (project.display(), secret.display());
+    let script = format!(
+        r#"/usr/bin/ln -s {s} /p/link || exit 10
+start() {{ echo "$2" | tollgate-shim child delegate > /tmp/id || exit 11; read id < /tmp/id; tollgate-shim child start "$id" 2>&1; echo "$1 rc=$?"; }}
+start link '{{"subject": "x", "fs": [{{"path": "{p}/link", "access": "read"}}], "exec": ["/bin/sh"], "agent": {{"argv": ["/bin/sh", "-c", "exit 0"]}}}}'
+start mount '{{"subject": "x", "fs": [{{"path": "{p}/sub", "access": "read", "mount": "/sub"}}], "exec": ["/bin/sh"], "agent": {{"argv": ["/bin/sh", "-c", "exit 0"]}}}}'
+"#
+    );
+    let text = tree
+        .mint(
+            &script,
+            120,
+            1,
+            vec![grant(&project, pb::FsAccess::Write, "/p")],
+        )
+        .await;
+    let run_id = tree.start_run(text).await;
+    tree.supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert!(
+        output.contains("grant_escapes") && output.contains("symbolic link is on the path"),
+        "{output}"
+    );
+    assert!(output.contains("link rc=1"), "{output}");
+    assert!(
+        output.contains("fs[0].mount: a mounted grant beneath the parent's writable grant")
+            && output.contains("mount rc=1"),
+        "{output}"
+    );
+    // Neither child ever ran.
+    assert_eq!(tree.tree(&run_id).await.runs.len(), 1);
+    tree.assert_clean();
+}
+
+/// A parent whose child and grandchild both run `sleep`; returns the three run ids once
+/// all run. The parent agent exits when `stop_file` appears (through its mounted grant).
+async fn three_generations(tree: &Tree, ttl: u64, project: &Path) -> [String; 3] {
+    let script = r#"cat > /tmp/child <<'EOF'
+{"subject": "child", "exec": ["/bin/sh", "/usr/bin/sleep", "/usr/bin/cat"], "delegate": {"max_depth": 1},
+ "agent": {"argv": ["/bin/sh", "-c", "G='{\"subject\": \"grandchild\", \"exec\": [\"/usr/bin/sleep\"], \"agent\": {\"argv\": [\"/usr/bin/sleep\", \"1000\"]}}'; echo \"$G\" | tollgate-shim child delegate > /tmp/id && read id < /tmp/id && tollgate-shim child start $id && exec /usr/bin/sleep 1000"]}}
+EOF
+tollgate-shim child delegate < /tmp/child > /tmp/id || exit 11
+read id < /tmp/id
+tollgate-shim child start "$id" || exit 12
+while [ ! -e /p/stop ]; do /usr/bin/sleep 0.02; done
+"#;
+    let text = tree
+        .mint(
+            script,
+            ttl,
+            2,
+            vec![grant(project, pb::FsAccess::Read, "/p")],
+        )
+        .await;
+    let run_id = tree.start_run(text).await;
+    let runs = tree.wait_running(&run_id, 3).await.runs;
+    assert_eq!(
+        runs.iter().map(|r| r.depth).collect::<Vec<_>>(),
+        [0, 1, 2],
+        "{runs:?}"
+    );
+    [
+        runs[0].run_id.clone(),
+        runs[1].run_id.clone(),
+        runs[2].run_id.clone(),
+    ]
+}
+
+/// Polls every 10 ms from `since` until both descendants have ended; returns how long it took.
+async fn cascade_time(tree: &Tree, ids: &[String; 3], since: Instant) -> Duration {
+    loop {
+        let runs = tree.tree(&ids[0]).await.runs;
+        let ended = runs[1..].iter().all(|r| r.report.is_some());
+        if ended && runs.len() == 3 {
+            return since.elapsed();
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "descendants never ended: {runs:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whatever_ends_a_parent_ends_its_subtree_within_one_second() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-cascade", 208_300).await;
+    for trigger in ["stop", "revoke", "exit"] {
+        let project = tree.dir.path().join(format!("project-{trigger}"));
+        std::fs::create_dir_all(&project).unwrap();
+        let ids = three_generations(&tree, 300, &project).await;
+        let since = Instant::now();
+        match trigger {
+            "stop" => {
+                let stopped = tree.tollgate(&["stop", &ids[0], "--reason", "test stop"]);
+                assert!(stopped.status.success(), "{stopped:?}");
+            }
+            "revoke" => {
+                tree.authority
+                    .client()
+                    .await
+                    .revoke_receipt(authed(
+                        &tree.authority.admin_token(),
+                        pb::RevokeReceiptRequest {
+                            receipt_id: ids[0].clone(),
+                            reason: "test revoke".into(),
+                        },
+                    ))
+                    .await
+                    .unwrap();
+            }
+            _ => std::fs::write(project.join("stop"), "").unwrap(),
+        }
+        let took = cascade_time(&tree, &ids, since).await;
+        let runs = tree.tree(&ids[0]).await.runs;
+        assert!(
+            took < Duration::from_secs(1),
+            "{trigger}: the subtree took {took:?} to end: {runs:?}"
+        );
+        for child in &runs[1..] {
+            assert_eq!(
+                state(child),
+                pb::RunState::ParentEnded,
+                "{trigger}: {child:?}"
+            );
+        }
+        let reason = &runs[1].report.as_ref().unwrap().reason;
+        assert!(
+            reason.contains(&format!("its parent run {}", ids[0])),
+            "{trigger}: {reason}"
+        );
+        tree.supervisor
+            .wait_ended(&ids[0], Duration::from_secs(10))
+            .await;
+        tree.assert_clean();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_never_outlives_its_parent() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-expiry", 208_400).await;
+    let project = tree.dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    let ids = three_generations(&tree, 6, &project).await;
+    let runs = tree.tree(&ids[0]).await.runs;
+    let parent_expiry = runs[0].expires_at.unwrap().seconds;
+    // ttl 0: until the parent expires, exactly.
+    for child in &runs[1..] {
+        assert_eq!(
+            child.expires_at.unwrap().seconds,
+            parent_expiry,
+            "{child:?}"
+        );
+    }
+    let deadline = std::time::UNIX_EPOCH + Duration::from_secs(parent_expiry as u64 + 1);
+    let wait = deadline
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    let runs = tree.tree(&ids[0]).await.runs;
+    for run in &runs {
+        assert!(run.report.is_some(), "still live after its expiry: {run:?}");
+    }
+    assert_eq!(state(&runs[0]), pb::RunState::Expired);
+    for child in &runs[1..] {
+        // Both timers fire at the same instant: either is the truth.
+        assert!(
+            matches!(
+                state(child),
+                pb::RunState::ParentEnded | pb::RunState::Expired
+            ),
+            "{child:?}"
+        );
+    }
+    tree.assert_clean();
+}
