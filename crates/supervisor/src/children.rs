@@ -559,6 +559,7 @@ impl RunGateway {
             Some(ChildOf {
                 parent: self.run_id.clone(),
                 grants,
+                parent_limits: self.receipt.limits.unwrap_or_default(),
             }),
         );
         match started {

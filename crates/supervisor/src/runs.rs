@@ -91,6 +91,9 @@ pub enum StartError {
     /// The supervisor is shutting down and starts nothing new.
     #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
     ShuttingDown,
+    /// A child would take its live siblings past their parent's memory, pids or cpu.
+    #[error("{0}")]
+    ChildrenLimits(String),
     /// A delegation rule refused the start (`code` names which, for the audit entry).
     #[error("{reason}")]
     Delegated {
@@ -120,6 +123,21 @@ pub(crate) struct ChildOf {
     pub(crate) parent: String,
     /// The child's fs grants, resolved beneath the parent's pinned ones.
     pub(crate) grants: Vec<FsGrant>,
+    /// The parent's limits: its live children together stay within its memory, pids and
+    /// cpu.
+    pub(crate) parent_limits: tollgate_proto::v1::Limits,
+}
+
+/// What a live child holds of its parent's concurrent limits: memory bytes, pids, cpu
+/// millicores.
+type Holds = [u64; 3];
+
+fn holds_of(limits: &tollgate_proto::v1::Limits) -> Holds {
+    [
+        limits.memory_bytes,
+        u64::from(limits.pids),
+        u64::from(limits.cpu_millicores),
+    ]
 }
 
 /// A live run's shared state.
@@ -188,6 +206,9 @@ pub struct RunManager {
     delegator: OnceLock<Arc<Delegator>>,
     /// Every run's output and end, for WatchRun and WatchChild.
     hub: Arc<RunHub>,
+    /// Live children by id: their parent and what they hold of its limits (taken at
+    /// admission, under `allocation`, given back at their end).
+    child_holds: Mutex<HashMap<String, (String, Holds)>>,
     gateway_runtime: Option<tokio::runtime::Runtime>,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
@@ -305,6 +326,7 @@ impl RunManager {
             models: OnceLock::new(),
             delegator: OnceLock::new(),
             hub: Arc::default(),
+            child_holds: Mutex::new(HashMap::new()),
             settings,
             records,
             admission: RwLock::new(admission),
@@ -525,9 +547,12 @@ impl RunManager {
     ) -> Result<String, StartError> {
         let parent = child.as_ref().map(|c| c.parent.clone());
         let parent = parent.as_deref();
+        let tree = child
+            .as_ref()
+            .map(|c| (c.parent.as_str(), &c.parent_limits));
         let admitted_at = Instant::now();
         let started_ms = now_ms();
-        let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref(), parent) {
+        let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref(), tree) {
             Ok(admitted) => admitted,
             Err(error) => {
                 self.audit_refusal(signed, &error);
@@ -575,8 +600,9 @@ impl RunManager {
         &self,
         signed: &SignedReceipt,
         argv: Option<&[String]>,
-        parent: Option<&str>,
+        tree: Option<(&str, &tollgate_proto::v1::Limits)>,
     ) -> Result<(tollgate_proto::v1::Receipt, u32), StartError> {
+        let parent = tree.map(|(parent, _)| parent);
         let argv_given = argv.is_some();
         let receipt = self
             .admission
@@ -634,6 +660,42 @@ impl RunManager {
         if self.closing.load(Ordering::SeqCst) {
             return Err(StartError::ShuttingDown);
         }
+        // Live children together stay within their parent's memory, pids and cpu: without
+        // this, a run could start many children each as large as itself.
+        let holds = match tree {
+            Some((parent, parent_limits)) => {
+                let wanted = holds_of(&receipt.limits.unwrap_or_default());
+                let ceiling = holds_of(parent_limits);
+                let mut held: Holds = [0; 3];
+                for (of, hold) in self
+                    .child_holds
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                {
+                    if of == parent {
+                        for (sum, value) in held.iter_mut().zip(hold) {
+                            *sum = sum.saturating_add(*value);
+                        }
+                    }
+                }
+                let names = [
+                    "limits.memory_bytes",
+                    "limits.pids",
+                    "limits.cpu_millicores",
+                ];
+                for i in 0..3 {
+                    if held[i].saturating_add(wanted[i]) > ceiling[i] {
+                        return Err(StartError::ChildrenLimits(format!(
+                            "{} = {}: live children of run {parent} already hold {} of its {}; wait for one to end",
+                            names[i], wanted[i], held[i], ceiling[i]
+                        )));
+                    }
+                }
+                Some((parent.to_owned(), wanted))
+            }
+            None => None,
+        };
         let used = self.records.live_host_ids()?;
         let host_id = self
             .settings
@@ -655,6 +717,12 @@ impl RunManager {
         if !recorded {
             return Err(StartError::AlreadyUsed(run_id));
         }
+        if let Some(holds) = holds {
+            self.child_holds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(run_id.clone(), holds);
+        }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         Ok((receipt, host_id))
     }
@@ -673,6 +741,7 @@ impl RunManager {
             StartError::NoHostId(_) => "no_host_id",
             StartError::ShuttingDown => "shutting_down",
             StartError::Delegated { code, .. } => code,
+            StartError::ChildrenLimits(_) => "children_limits",
             _ => "internal",
         };
         let mut draft = EntryDraft::new(COMPONENT, EntryKind::RunRefused)
@@ -1118,8 +1187,17 @@ impl RunManager {
             .collect()
     }
 
+    /// Gives back what a child held of its parent's limits (nothing for a root run).
+    fn release_holds(&self, run_id: &str) {
+        self.child_holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+    }
+
     /// Records a start that failed before the run had a cgroup.
     fn fail(&self, run_id: &str, dirs: &RunDirs, reason: &str, started_ms: u64) {
+        self.release_holds(run_id);
         let mut report = TeardownReport {
             reason: reason.to_owned(),
             ..Default::default()
@@ -1269,6 +1347,7 @@ impl RunManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(run_id);
+        self.release_holds(run_id);
         *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
         live.ended_signal.notify_all();
     }

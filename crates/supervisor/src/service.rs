@@ -80,6 +80,9 @@ pub fn start_status(error: &StartError) -> Status {
         }
         StartError::NoHostId(_) => Status::resource_exhausted(message),
         StartError::ShuttingDown => Status::unavailable(message),
+        StartError::ChildrenLimits(_) => {
+            Status::resource_exhausted(format!("receipt refused (children_limits): {message}"))
+        }
         StartError::Delegated { code, .. } => {
             Status::permission_denied(format!("receipt refused ({code}): {message}"))
         }

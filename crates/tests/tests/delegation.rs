@@ -46,6 +46,19 @@ impl Tree {
     /// Mints a root receipt running `script` under /bin/sh, allowed to delegate `depth`
     /// levels, with `fs` grants.
     async fn mint(&self, script: &str, ttl: u64, depth: u32, fs: Vec<pb::FsGrant>) -> String {
+        self.mint_with(script, ttl, depth, fs, pb::Limits::default())
+            .await
+    }
+
+    /// [`Self::mint`] with `limits` (tool_calls 200 unless set).
+    async fn mint_with(
+        &self,
+        script: &str,
+        ttl: u64,
+        depth: u32,
+        fs: Vec<pb::FsGrant>,
+        limits: pb::Limits,
+    ) -> String {
         let request = pb::MintReceiptRequest {
             subject: "orchestrator".into(),
             ttl_seconds: ttl,
@@ -61,8 +74,12 @@ impl Tree {
                 "/usr/bin/ln".into(),
             ],
             limits: Some(pb::Limits {
-                tool_calls: 200,
-                ..Default::default()
+                tool_calls: if limits.tool_calls == 0 {
+                    200
+                } else {
+                    limits.tool_calls
+                },
+                ..limits
             }),
             fs,
             delegate: Some(pb::Delegation { max_depth: depth }),
@@ -616,5 +633,50 @@ async fn a_child_never_outlives_its_parent() {
             "{child:?}"
         );
     }
+    tree.assert_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_children_share_their_parents_memory_pids_and_cpu() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-limits", 208_500).await;
+    let script = r#"ask() { echo "$1" | tollgate-shim child delegate > /tmp/id || exit 11; read id < /tmp/id; }
+ask '{"subject": "a", "limits": {"memory_bytes": 402653184, "pids": 16, "cpu_millicores": 200}, "exec": ["/usr/bin/sleep"], "agent": {"argv": ["/usr/bin/sleep", "1000"]}}'
+a=$id
+tollgate-shim child start "$a" > /dev/null || exit 12
+ask '{"subject": "b", "limits": {"memory_bytes": 268435456, "pids": 16, "cpu_millicores": 200}, "exec": ["/bin/sh"], "agent": {"argv": ["/bin/sh", "-c", "echo b-ran"]}}'
+b=$id
+tollgate-shim child start "$b" 2>&1; echo "b rc=$?"
+tollgate-shim child stop "$a" > /dev/null || exit 13
+tollgate-shim child start "$b" > /dev/null; echo "b again rc=$?"
+tollgate-shim child watch "$b"
+"#;
+    let limits = pb::Limits {
+        memory_bytes: 512 << 20,
+        pids: 64,
+        cpu_millicores: 1000,
+        ..Default::default()
+    };
+    let text = tree.mint_with(script, 120, 1, vec![], limits).await;
+    let run_id = tree.start_run(text).await;
+    let parent = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert_eq!(
+        parent.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{output}"
+    );
+    assert!(
+        output.contains(&format!(
+            "limits.memory_bytes = 268435456: live children of run {run_id} already hold 402653184 of its 536870912"
+        )) && output.contains("b rc=1"),
+        "{output}"
+    );
+    assert!(output.contains("b again rc=0\nb-ran\n"), "{output}");
     tree.assert_clean();
 }
