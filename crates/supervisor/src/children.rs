@@ -158,7 +158,7 @@ fn unavailable(reason: &str) -> Refusal {
 /// covering pinned grant without following any link, never by path. A mounted child grant
 /// beneath (not at) a parent's writable grant is refused: the shim mounts by path, and the
 /// parent's agent could swap it between this check and the mount.
-fn pin_child_grants(
+pub(crate) fn pin_child_grants(
     parent: &[FsGrant],
     child: &pb::Receipt,
 ) -> Result<Vec<FsGrant>, (&'static str, String)> {
@@ -223,6 +223,44 @@ impl RunGateway {
                 .load(Ordering::SeqCst)
                 .saturating_add(self.children.handed_on.load(Ordering::SeqCst)),
         )
+    }
+
+    /// Hands `asked` tool calls on to a child (0: half of what this run has left); how many,
+    /// or why not. Calls made plus calls handed on never exceed the run's budget: `charge`
+    /// counts both.
+    pub(crate) fn carve_calls(&self, asked: u64) -> Result<u64, Refusal> {
+        let left = self.calls_left();
+        let calls = if asked == 0 { left / 2 } else { asked };
+        let carved = calls > 0
+            && self
+                .children
+                .handed_on
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |handed| {
+                    let used = self.calls.load(Ordering::SeqCst);
+                    (used.saturating_add(handed).saturating_add(calls) <= self.max_calls)
+                        .then_some(handed + calls)
+                })
+                .is_ok();
+        if carved {
+            Ok(calls)
+        } else {
+            Err(Refusal::with(
+                Status::resource_exhausted,
+                format!(
+                    "limits.tool_calls = {calls}: this run has {left} tool calls left to hand on"
+                ),
+            ))
+        }
+    }
+
+    /// Gives back calls carved for a child that was never minted.
+    pub(crate) fn refund_calls(&self, calls: u64) {
+        let _ =
+            self.children
+                .handed_on
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |handed| {
+                    Some(handed.saturating_sub(calls))
+                });
     }
 
     fn manager(&self) -> Result<Arc<RunManager>, Refusal> {
@@ -352,33 +390,8 @@ impl RunGateway {
         }
         // Carve the budgets: a zero asks for half of what is left.
         let mut limits = spec.limits.unwrap_or_default();
-        let left = self.calls_left();
-        let calls = if limits.tool_calls == 0 {
-            left / 2
-        } else {
-            limits.tool_calls
-        };
-        let carved = calls > 0
-            && self
-                .children
-                .handed_on
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |handed| {
-                    let used = self.calls.load(Ordering::SeqCst);
-                    (used.saturating_add(handed).saturating_add(calls) <= self.max_calls)
-                        .then_some(handed + calls)
-                })
-                .is_ok();
-        if !carved {
-            return Err(Refusal::with(
-                Status::resource_exhausted,
-                format!(
-                    "limits.tool_calls = {calls}: this run has {left} tool calls left to hand on"
-                ),
-            ));
-        }
-        let refund_calls = || {
-            self.children.handed_on.fetch_sub(calls, Ordering::SeqCst);
-        };
+        let calls = self.carve_calls(limits.tool_calls)?;
+        let refund_calls = || self.refund_calls(calls);
         let parent_tokens = self.receipt.limits.unwrap_or_default().tokens;
         let tokens = match &self.models {
             Some(models) => {

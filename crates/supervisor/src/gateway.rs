@@ -121,6 +121,7 @@ impl std::fmt::Debug for RunGateway {
 }
 
 /// Why a call was refused: what to tell the agent and what the audit entry says.
+#[derive(Debug)]
 pub(crate) struct Refusal {
     pub(crate) status: Status,
     pub(crate) reason: String,
@@ -1540,5 +1541,74 @@ mod tests {
         assert!(write(&fx, rw.join("new"), b"abc", pb::WriteMode::Append).is_ok());
         assert!(write(&fx, rw.join("new"), b"def", pb::WriteMode::Append).is_ok());
         assert_eq!(std::fs::read(rw.join("new")).unwrap(), b"abcdef");
+    }
+
+    #[test]
+    fn calls_handed_on_to_children_are_spent_here_too() {
+        let fx = fixture(10, 600);
+        let gateway = &fx.gateway;
+        // 1 call made; half of the 9 left is carved when a child asks for none.
+        read(&fx, fx.grant.join("readme.txt")).unwrap();
+        assert_eq!(gateway.carve_calls(0).unwrap(), 4);
+        let refused = gateway.carve_calls(6).expect_err("only 5 left");
+        assert!(
+            refused
+                .reason
+                .contains("limits.tool_calls = 6: this run has 5 tool calls left to hand on"),
+            "{}",
+            refused.reason
+        );
+        assert_eq!(gateway.carve_calls(5).unwrap(), 5);
+        // Nothing is left for the run itself: 1 made + 9 handed on.
+        denied(read(&fx, fx.grant.join("readme.txt")), "budget");
+        assert!(gateway.carve_calls(0).is_err(), "nothing left to halve");
+        gateway.refund_calls(5);
+        read(&fx, fx.grant.join("readme.txt")).unwrap();
+    }
+
+    #[test]
+    fn a_child_grant_never_reaches_through_a_link_or_mounts_beneath_a_writable_grant() {
+        let fx = fixture(10, 600);
+        let rw = fx.grant.parent().unwrap().join("rw");
+        let child = |path: &Path, access: pb::FsAccess, mount: &str| pb::Receipt {
+            fs: vec![pb::FsGrant {
+                path: path.display().to_string(),
+                access: access as i32,
+                mount: mount.into(),
+            }],
+            ..Default::default()
+        };
+        let pin =
+            |receipt: pb::Receipt| crate::children::pin_child_grants(&fx.gateway.grants, &receipt);
+        // Beneath the grant, no link on the way: pinned, by descriptor.
+        let pinned = pin(child(&fx.grant.join("sub"), pb::FsAccess::Read, "")).unwrap();
+        let root = pinned[0].root.as_ref().unwrap();
+        let sub = std::fs::metadata(fx.grant.join("sub")).unwrap();
+        use std::os::unix::fs::MetadataExt as _;
+        assert_eq!((root.dev, root.ino), (sub.dev(), sub.ino()));
+        // A granted file beneath the grant: pinned as its directory and name.
+        let file = pin(child(&fx.grant.join("readme.txt"), pb::FsAccess::Read, "")).unwrap();
+        assert!(file[0].root.as_ref().unwrap().name.is_some());
+        // A link, as the grant itself or on the way to it.
+        for path in [
+            fx.grant.join("dir-out"),
+            fx.grant.join("link-out"),
+            fx.grant.join("dir-out/x"),
+        ] {
+            let (code, reason) = pin(child(&path, pb::FsAccess::Read, "")).err().unwrap();
+            assert_eq!(code, "grant_escapes");
+            assert!(reason.contains("symbolic link"), "{reason}");
+        }
+        // Mounted beneath a writable grant: refused; the writable grant itself: allowed.
+        let (_, reason) = pin(child(&rw.join("sub"), pb::FsAccess::Read, "/sub"))
+            .err()
+            .unwrap();
+        assert!(
+            reason.starts_with("fs[0].mount: a mounted grant beneath the parent's writable grant"),
+            "{reason}"
+        );
+        pin(child(&rw, pb::FsAccess::Read, "/rw")).unwrap();
+        // A path no parent grant covers (check_within refuses it first; never pinned here).
+        assert!(pin(child(&fx.outside, pb::FsAccess::Read, "")).is_err());
     }
 }
