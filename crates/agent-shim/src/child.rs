@@ -13,8 +13,7 @@ use serde::Deserialize;
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1;
 
-use crate::plan::GATEWAY_IN_SANDBOX;
-use crate::tool::{EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE};
+use crate::tool::{refused, with_gateway, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 const USAGE: &str = "usage: tollgate-shim child delegate < SPEC.json   (prints the child receipt's id)\n       \
                      tollgate-shim child start ID [-- ARGV...]      (prints the child run's id)\n       \
@@ -245,43 +244,7 @@ pub fn main(args: &[String]) -> i32 {
     } else {
         None
     };
-    let target =
-        std::env::var("TOLLGATE_GATEWAY").unwrap_or_else(|_| format!("unix:{GATEWAY_IN_SANDBOX}"));
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("tollgate-shim: {e}");
-            return EXIT_UNAVAILABLE;
-        }
-    };
-    runtime.block_on(async move {
-        let endpoint = match tonic::transport::Endpoint::from_shared(target.clone()) {
-            Ok(endpoint) => endpoint,
-            Err(e) => {
-                eprintln!("tollgate-shim: bad gateway address {target}: {e}");
-                return EXIT_USAGE;
-            }
-        };
-        let mut client = match endpoint.connect().await {
-            Ok(channel) => v1::gateway_client::GatewayClient::new(channel),
-            Err(e) => {
-                eprintln!("tollgate-shim: cannot reach the gateway at {target}: {e}");
-                return EXIT_UNAVAILABLE;
-            }
-        };
-        let refused = |status: tonic::Status| {
-            let call_id = status
-                .metadata()
-                .get("tollgate-call-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-")
-                .to_owned();
-            eprintln!("tollgate-shim: refused: {} (call {call_id})", status.message());
-            EXIT_REFUSED
-        };
+    with_gateway(|mut client| async move {
         match verb {
             Verb::Delegate => {
                 let request = v1::DelegateRequest { child: spec };

@@ -35,6 +35,64 @@ const USAGE: &str = "usage: tollgate-shim tool read PATH [--offset N] [--length 
 /// Largest response the client accepts: an exec result carries up to 5 MiB of output.
 const MAX_RESPONSE: usize = 16 << 20;
 
+/// A client of this sandbox's gateway (`TOLLGATE_GATEWAY`, default the run's socket).
+pub(crate) type GatewayClient = v1::gateway_client::GatewayClient<tonic::transport::Channel>;
+
+/// Runs `session` with a connected gateway client on a current-thread runtime; returns its
+/// exit code, or 2 / 69 when the gateway address is bad / unreachable.
+pub(crate) fn with_gateway<F, Fut>(session: F) -> i32
+where
+    F: FnOnce(GatewayClient) -> Fut,
+    Fut: std::future::Future<Output = i32>,
+{
+    let target =
+        std::env::var("TOLLGATE_GATEWAY").unwrap_or_else(|_| format!("unix:{GATEWAY_IN_SANDBOX}"));
+    // One thread: the sandbox's pids limit counts threads.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("tollgate-shim: {e}");
+            return EXIT_UNAVAILABLE;
+        }
+    };
+    runtime.block_on(async move {
+        let endpoint = match tonic::transport::Endpoint::from_shared(target.clone()) {
+            Ok(endpoint) => endpoint,
+            Err(e) => {
+                eprintln!("tollgate-shim: bad gateway address {target}: {e}");
+                return EXIT_USAGE;
+            }
+        };
+        match endpoint.connect().await {
+            Ok(channel) => {
+                session(GatewayClient::new(channel).max_decoding_message_size(MAX_RESPONSE)).await
+            }
+            Err(e) => {
+                eprintln!("tollgate-shim: cannot reach the gateway at {target}: {e}");
+                EXIT_UNAVAILABLE
+            }
+        }
+    })
+}
+
+/// Reports a refused call (its reason and call id) on stderr; the exit code for it.
+pub(crate) fn refused(status: tonic::Status) -> i32 {
+    let call_id = status
+        .metadata()
+        .get("tollgate-call-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    eprintln!(
+        "tollgate-shim: refused: {} (call {call_id})",
+        status.message()
+    );
+    EXIT_REFUSED
+}
+
 fn usage() -> i32 {
     eprintln!("{USAGE}");
     EXIT_USAGE
@@ -124,46 +182,8 @@ pub fn main(args: &[String]) -> i32 {
             return EXIT_USAGE;
         }
     }
-    let target =
-        std::env::var("TOLLGATE_GATEWAY").unwrap_or_else(|_| format!("unix:{GATEWAY_IN_SANDBOX}"));
-    // One thread: the sandbox's pids limit counts threads.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("tollgate-shim: {e}");
-            return EXIT_UNAVAILABLE;
-        }
-    };
-    runtime.block_on(async move {
-        let endpoint = match tonic::transport::Endpoint::from_shared(target.clone()) {
-            Ok(endpoint) => endpoint,
-            Err(e) => {
-                eprintln!("tollgate-shim: bad gateway address {target}: {e}");
-                return EXIT_USAGE;
-            }
-        };
-        let mut client = match endpoint.connect().await {
-            Ok(channel) => v1::gateway_client::GatewayClient::new(channel)
-                .max_decoding_message_size(MAX_RESPONSE),
-            Err(e) => {
-                eprintln!("tollgate-shim: cannot reach the gateway at {target}: {e}");
-                return EXIT_UNAVAILABLE;
-            }
-        };
+    with_gateway(|mut client| async move {
         let call = |tool: Tool| v1::CallToolRequest { tool: Some(tool) };
-        let refused = |status: tonic::Status| {
-            let call_id = status
-                .metadata()
-                .get("tollgate-call-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-")
-                .to_owned();
-            eprintln!("tollgate-shim: refused: {} (call {call_id})", status.message());
-            EXIT_REFUSED
-        };
         match verb.as_str() {
             "read" => {
                 // Read on until EOF (or `length`): each chunk is one call, within the budget.

@@ -86,6 +86,8 @@ entry_kinds! {
     KeyRotated => "key_rotated",
     /// A supervisor was enrolled for delegation (given a delegation token).
     SupervisorEnrolled => "supervisor_enrolled",
+    /// An enrolled supervisor was removed (its delegation token revoked).
+    SupervisorRemoved => "supervisor_removed",
 }
 
 impl fmt::Display for EntryKind {

@@ -49,10 +49,13 @@ fn check_fs_grants(fs: &[pb::FsGrant], prefix: &str) -> Result<(), CallError> {
 
 fn check_routes(routes: &[pb::RouteGrant], prefix: &str) -> Result<(), CallError> {
     for (i, route) in routes.iter().enumerate() {
-        if route.name.trim().is_empty() || route.name.len() > 128 {
+        if route.name.trim().is_empty()
+            || route.name.len() > 128
+            || route.name.chars().any(char::is_control)
+        {
             return Err(CallError::invalid(
                 format!("{prefix}routes[{i}].name"),
-                "must be 1 to 128 characters",
+                "must be 1 to 128 characters, none of them control characters",
             ));
         }
         // "*" means "any route" in a ceiling; in a receipt it would be ambiguous.

@@ -130,6 +130,14 @@ impl SupervisorRegistry {
             .insert(hash, Arc::new(supervisor));
     }
 
+    /// Forgets the supervisor with this id (its token stops authenticating).
+    pub fn remove_id(&self, supervisor_id: &str) {
+        self.by_hash
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, s| s.supervisor_id != supervisor_id);
+    }
+
     /// Whether a supervisor with this id is enrolled.
     pub fn contains_id(&self, supervisor_id: &str) -> bool {
         self.by_hash

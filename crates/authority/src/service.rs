@@ -494,6 +494,21 @@ impl AuthorityService {
         .await
     }
 
+    async fn audited_remove_supervisor(
+        &self,
+        request: Request<pb::RemoveSupervisorRequest>,
+    ) -> Result<pb::RemoveSupervisorResponse, CallError> {
+        let caller = self.caller(request.metadata());
+        let supervisor_id = clip(&request.get_ref().supervisor_id, 64);
+        let result = self.remove_supervisor(request).await;
+        self.finish(result, || {
+            EntryDraft::new(COMPONENT, EntryKind::SupervisorRemoved)
+                .meta("supervisor_id", supervisor_id)
+                .meta("by", caller)
+        })
+        .await
+    }
+
     async fn audited_rotate(
         &self,
         request: Request<pb::RotateKeyRequest>,
@@ -631,6 +646,15 @@ impl AuthorityService {
             ))
             .into());
         }
+        // A child starts now: a parent not valid yet would give a child valid before it.
+        let parent_start = parent.not_before.as_ref().map_or(0, |t| t.seconds);
+        if parent_start > now {
+            return Err(CallError::PermissionDenied(format!(
+                "parent receipt {parent_id} is not valid until {}",
+                rfc3339(parent_start)
+            ))
+            .into());
+        }
         if !parent.audience.contains(&supervisor.supervisor_id) {
             return Err(CallError::PermissionDenied(format!(
                 "parent receipt {parent_id} is not for supervisor {:?}",
@@ -687,7 +711,9 @@ impl AuthorityService {
             issued_at: Some(timestamp_from_unix(now)),
             not_before: Some(timestamp_from_unix(now)),
             expires_at: Some(timestamp_from_unix(expires_at)),
-            policy_version: self.config.policy_version.clone(),
+            // The policy that produced the parent produced the child (no ceiling is applied
+            // again: child ⊆ parent ⊆ ceiling).
+            policy_version: parent.policy_version.clone(),
             parent_receipt_id: parent.receipt_id.clone(),
             depth: parent.depth.saturating_add(1),
             agent: shape.agent,
@@ -778,6 +804,40 @@ impl AuthorityService {
             supervisor_id,
             token,
         })
+    }
+
+    async fn remove_supervisor(
+        &self,
+        request: Request<pb::RemoveSupervisorRequest>,
+    ) -> Result<pb::RemoveSupervisorResponse, Refusal> {
+        let admin = self.admin(request.metadata())?;
+        let supervisor_id = request.into_inner().supervisor_id;
+        let not_enrolled = |id: &str| {
+            CallError::NotFound(format!(
+                "no supervisor {:?} is enrolled (tollgate supervisor add enrols one)",
+                clip(id, 64)
+            ))
+        };
+        if !self.supervisors.contains_id(&supervisor_id) {
+            return Err(not_enrolled(&supervisor_id).into());
+        }
+        let store = self.store.clone();
+        let id = supervisor_id.clone();
+        let entry = EntryDraft::new(COMPONENT, EntryKind::SupervisorRemoved)
+            .decision(Decision::Allow)
+            .meta("supervisor_id", supervisor_id.as_str())
+            .meta("by", admin.name.as_str());
+        self.commit_audited(entry, move || {
+            if store.delete_supervisor(&id)? {
+                Ok(())
+            } else {
+                Err(not_enrolled(&id))
+            }
+        })
+        .await?;
+        self.supervisors.remove_id(&supervisor_id);
+        tracing::info!(supervisor_id = %supervisor_id, by = %admin.name, "removed supervisor");
+        Ok(pb::RemoveSupervisorResponse { supervisor_id })
     }
 
     async fn get(
@@ -1182,5 +1242,14 @@ impl Authority for AuthorityService {
         request: Request<pb::AddSupervisorRequest>,
     ) -> Result<Response<pb::AddSupervisorResponse>, Status> {
         Ok(Response::new(self.audited_add_supervisor(request).await?))
+    }
+
+    async fn remove_supervisor(
+        &self,
+        request: Request<pb::RemoveSupervisorRequest>,
+    ) -> Result<Response<pb::RemoveSupervisorResponse>, Status> {
+        Ok(Response::new(
+            self.audited_remove_supervisor(request).await?,
+        ))
     }
 }

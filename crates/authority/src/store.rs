@@ -488,6 +488,15 @@ impl Store {
         Ok(supervisors)
     }
 
+    /// Removes an enrolled supervisor. Returns `false` when it was not enrolled.
+    pub fn delete_supervisor(&self, supervisor_id: &str) -> Result<bool, AuthorityError> {
+        let deleted = self.conn().execute(
+            "DELETE FROM supervisors WHERE supervisor_id = ?1",
+            params![supervisor_id],
+        )?;
+        Ok(deleted == 1)
+    }
+
     /// Enrols a supervisor. Returns `false` (and changes nothing) when the id is taken.
     pub fn insert_supervisor(
         &self,
@@ -654,6 +663,9 @@ impl Store {
                         UNION
                         SELECT r.receipt_id, t.level + 1
                         FROM receipts r JOIN tree t ON r.parent_receipt_id = t.receipt_id
+                        -- No cycle can be stored (a parent exists before its child), but
+                        -- a damaged database must not loop while the store is locked.
+                        WHERE t.level < 1024
                      )
                      SELECT t.receipt_id, r.expires_at
                      FROM tree t JOIN receipts r ON r.receipt_id = t.receipt_id

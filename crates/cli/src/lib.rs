@@ -430,6 +430,14 @@ pub enum SupervisorCommand {
         #[arg(long, value_name = "FILE")]
         token_out: Option<PathBuf>,
     },
+    /// Remove an enrolled supervisor: its delegation token stops working at once (runs on
+    /// it can no longer delegate; children already minted are untouched). To rotate a token,
+    /// remove the supervisor and add it again. Exit 66: not enrolled; 77: not an admin token.
+    Remove {
+        /// The supervisor's id.
+        #[arg(value_name = "ID")]
+        supervisor_id: String,
+    },
 }
 
 /// `tollgate keys ...`
@@ -476,6 +484,22 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             supervisor_id,
             token_out,
         }) => add_supervisor(global, supervisor_id, token_out.as_deref()).await,
+        Command::Supervisor(SupervisorCommand::Remove { supervisor_id }) => {
+            let token = global.tokens().token()?;
+            let removed = connect(&global.authority)
+                .await?
+                .remove_supervisor(authed(
+                    &token,
+                    pb::RemoveSupervisorRequest { supervisor_id },
+                )?)
+                .await?
+                .into_inner();
+            println!(
+                "removed supervisor {}; its delegation token no longer works",
+                removed.supervisor_id
+            );
+            Ok(())
+        }
         Command::Keys { action: None, json } => keys(global, json).await,
         Command::Keys {
             action: Some(KeysCommand::Rotate),
@@ -589,21 +613,39 @@ pub(crate) fn read_input(path: &Path) -> Result<String, CliError> {
 /// Writes a secret (receipt or token) to `path` with mode 0600, also when the file already
 /// existed with a looser mode (the mode given to open() applies only on creation).
 fn write_private(path: &Path, contents: &str) -> Result<(), CliError> {
-    use std::io::Write as _;
+    let (file, _) = open_private(path)?;
+    fill_private(file, path, contents)
+}
+
+/// Opens `path` for a secret, mode 0600, without changing what it holds yet; whether it was
+/// created now.
+fn open_private(path: &Path) -> Result<(std::fs::File, bool), CliError> {
     use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let error = |e: std::io::Error| CliError::Output {
         path: path.display().to_string(),
         detail: e.to_string(),
     };
-    let mut file = std::fs::OpenOptions::new()
+    let created = !path.exists();
+    let file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .mode(0o600)
         .open(path)
         .map_err(error)?;
     file.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(error)?;
+    Ok((file, created))
+}
+
+/// Replaces what a file opened by [`open_private`] holds with `contents`, durably.
+fn fill_private(mut file: std::fs::File, path: &Path, contents: &str) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let error = |e: std::io::Error| CliError::Output {
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    };
+    file.set_len(0).map_err(error)?;
     file.write_all(contents.as_bytes()).map_err(error)?;
     file.sync_all().map_err(error)
 }
@@ -905,21 +947,39 @@ async fn add_supervisor(
     token_out: Option<&Path>,
 ) -> Result<(), CliError> {
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
-    let enrolled = client
-        .add_supervisor(authed(&token, pb::AddSupervisorRequest { supervisor_id })?)
-        .await?
-        .into_inner();
-    match token_out {
-        Some(path) => {
-            write_private(path, &format!("{}\n", enrolled.token))?;
+    // The token is shown once: make sure it can be written before asking for it.
+    let out = token_out.map(open_private).transpose()?;
+    let enrolled = async {
+        let mut client = connect(&global.authority).await?;
+        Ok::<_, CliError>(
+            client
+                .add_supervisor(authed(&token, pb::AddSupervisorRequest { supervisor_id })?)
+                .await?
+                .into_inner(),
+        )
+    }
+    .await;
+    let enrolled = match (enrolled, &out) {
+        (Ok(enrolled), _) => enrolled,
+        (Err(e), Some((_, true))) => {
+            // Created for this call: nothing of it should remain.
+            if let Some(path) = token_out {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(e);
+        }
+        (Err(e), _) => return Err(e),
+    };
+    match (token_out, out) {
+        (Some(path), Some((file, _))) => {
+            fill_private(file, path, &format!("{}\n", enrolled.token))?;
             println!(
                 "enrolled supervisor {}; delegation token written to {}",
                 enrolled.supervisor_id,
                 path.display()
             );
         }
-        None => {
+        _ => {
             eprintln!(
                 "enrolled supervisor {}; its delegation token (shown once):",
                 enrolled.supervisor_id

@@ -85,6 +85,20 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
                 });
             return Err(wider(name, best));
         }
+        // A mount gives the agent the kernel's direct access, past the gateway's per-call
+        // checks, counts and audit: only a parent that has it itself may hand it on.
+        let mounted = covering
+            .iter()
+            .any(|p| !p.mount.is_empty() && p.access >= grant.access);
+        if !grant.mount.is_empty() && !mounted {
+            return Err(wider(
+                format!("fs[{i}].mount = {}", grant.mount),
+                format!(
+                    "the parent reaches {} through the gateway only (no mount)",
+                    grant.path
+                ),
+            ));
+        }
     }
     for (i, program) in child.exec.iter().enumerate() {
         if !parent.exec.iter().any(|p| p == program) {
@@ -118,7 +132,11 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
         let name = format!("routes[{i}] = {}", route.name);
         match parent.routes.iter().find(|p| p.name == route.name) {
             None => return Err(wider(name, "route not granted".into())),
-            Some(p) if p.max_sensitivity < route.max_sensitivity || p.max_sensitivity == 0 => {
+            Some(p)
+                if p.max_sensitivity < route.max_sensitivity
+                    || p.max_sensitivity == 0
+                    || route.max_sensitivity == 0 =>
+            {
                 return Err(wider(
                     format!("{name} up to {}", sensitivity_name(route.max_sensitivity)),
                     format!(
@@ -156,8 +174,24 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
             ));
         }
     }
+    let start = |r: &pb::Receipt| {
+        r.not_before
+            .as_ref()
+            .map_or((0, 0), |t| (t.seconds, t.nanos))
+    };
+    if start(child) < start(parent) {
+        return Err(wider(
+            format!("not_before = unix {}", start(child).0),
+            format!("it is valid from unix {}", start(parent).0),
+        ));
+    }
     let expiry = |r: &pb::Receipt| r.expires_at.as_ref().map_or(0, |t| t.seconds);
-    if expiry(child) > expiry(parent) {
+    let expiry_ns = |r: &pb::Receipt| {
+        r.expires_at
+            .as_ref()
+            .map_or((0, 0), |t| (t.seconds, t.nanos))
+    };
+    if expiry_ns(child) > expiry_ns(parent) {
         return Err(wider(
             format!("expires_at = unix {}", expiry(child)),
             format!("it expires at unix {}", expiry(parent)),
@@ -294,6 +328,27 @@ mod tests {
             Ok(()),
             "the parent's own (path, mount)"
         );
+        let mut c = narrower();
+        c.fs[1].mount = "/out".into();
+        assert!(refused(c).contains(
+            "fs[1].mount = /out is above parent receipt P's grants (the parent reaches /home/me/p/out/c1 through the gateway only (no mount))"
+        ));
+        let mut c = narrower();
+        c.not_before = Some(prost_types::Timestamp {
+            seconds: 99,
+            nanos: 0,
+        });
+        let mut p = parent();
+        p.not_before = Some(prost_types::Timestamp {
+            seconds: 100,
+            nanos: 0,
+        });
+        assert!(check_within(&p, &c).unwrap_err().to_string().contains(
+            "not_before = unix 99 is above parent receipt P's grants (it is valid from unix 100)"
+        ));
+        let mut c = narrower();
+        c.routes[0].max_sensitivity = pb::Sensitivity::Unspecified as i32;
+        assert!(refused(c).contains("routes[0] = claude up to nothing"));
         let mut c = narrower();
         c.routes[0].max_sensitivity = pb::Sensitivity::High as i32;
         assert!(refused(c).contains("routes[0] = claude up to high is above parent receipt P's grants (claude is granted up to low)"));

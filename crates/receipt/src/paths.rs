@@ -5,7 +5,8 @@
 pub const RESERVED_MOUNTS: [&str; 6] = ["/proc", "/dev", "/sys", "/tmp", "/work", "/run"];
 
 /// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
-/// slash (except the root itself), no NUL.
+/// slash (except the root itself), no NUL or other control character (a path is quoted in
+/// one-line refusals and logs, where a newline could forge a second line).
 pub fn is_normal_absolute(path: &str) -> bool {
     if path == "/" {
         return true;
@@ -13,7 +14,7 @@ pub fn is_normal_absolute(path: &str) -> bool {
     let Some(rest) = path.strip_prefix('/') else {
         return false;
     };
-    !path.contains('\0')
+    !path.chars().any(char::is_control)
         && rest
             .split('/')
             .all(|part| !part.is_empty() && part != "." && part != "..")
@@ -36,7 +37,18 @@ mod tests {
         for good in ["/", "/a", "/a/b.c", "/a/..b"] {
             assert!(is_normal_absolute(good), "{good}");
         }
-        for bad in ["", "a", "/a/", "/a//b", "/a/./b", "/a/../b", "/..", "/a\0"] {
+        for bad in [
+            "",
+            "a",
+            "/a/",
+            "/a//b",
+            "/a/./b",
+            "/a/../b",
+            "/..",
+            "/a\0",
+            "/a\nfake: line",
+            "/a\rb",
+        ] {
             assert!(!is_normal_absolute(bad), "{bad:?}");
         }
     }

@@ -296,58 +296,29 @@ impl RunGateway {
         let spec = request.child.unwrap_or_default();
         let mut meta: CallMeta = vec![("subject", spec.subject.clone().into())];
         let outcome = self.delegate_checked(spec, &mut meta).await;
-        let run = self.clone();
-        let recorded = match &outcome {
-            Ok(response) => {
-                meta.push((
-                    "child_receipt_id",
-                    response
-                        .receipt
-                        .as_ref()
-                        .map_or(String::new(), |r| r.receipt_id.clone())
-                        .into(),
-                ));
-                tokio::task::block_in_place(|| {
-                    run.record_call(
-                        "delegate",
-                        &call_id,
-                        started,
-                        &meta,
-                        (Decision::Allow, None),
-                        true,
-                    )
-                })
-            }
-            Err(refusal) => tokio::task::block_in_place(|| {
-                run.record_call(
-                    "delegate",
-                    &call_id,
-                    started,
-                    &meta,
-                    (refusal.decision(), Some(&refusal.reason)),
-                    true,
-                )
-            }),
-        };
-        if let Err(status) = recorded {
-            // Unaudited, the child must not be usable.
-            if let Ok(response) = &outcome {
-                if let Some(receipt) = &response.receipt {
-                    self.children
-                        .pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&receipt.receipt_id);
-                }
-            }
-            return Err(status);
+        let child_id = outcome
+            .as_ref()
+            .ok()
+            .and_then(|response| response.receipt.as_ref())
+            .map(|receipt| receipt.receipt_id.clone());
+        if let Some(id) = &child_id {
+            meta.push(("child_receipt_id", id.clone().into()));
         }
-        outcome
-            .map(|response| pb::DelegateResponse {
-                call_id: call_id.clone(),
-                ..response
-            })
-            .map_err(|refusal| refusal.into_status(&call_id))
+        let answered = self.settle("delegate", &call_id, started, &meta, outcome, true);
+        if answered.is_err() {
+            // Minted but unaudited: the child must not be usable.
+            if let Some(id) = child_id {
+                self.children
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+            }
+        }
+        answered.map(|response| pb::DelegateResponse {
+            call_id,
+            ..response
+        })
     }
 
     async fn delegate_checked(
@@ -502,26 +473,8 @@ impl RunGateway {
                 meta.push(("code", code.into()));
             }
         }
-        let (decision, reason) = match &outcome {
-            Ok(_) => (Decision::Allow, None),
-            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
-        };
-        tokio::task::block_in_place(|| {
-            self.record_call(
-                "child.start",
-                &call_id,
-                started,
-                &meta,
-                (decision, reason),
-                true,
-            )
-        })?;
-        outcome
-            .map(|run_id| pb::StartChildResponse {
-                call_id: call_id.clone(),
-                run_id,
-            })
-            .map_err(|refusal| refusal.into_status(&call_id))
+        let run_id = self.settle("child.start", &call_id, started, &meta, outcome, true)?;
+        Ok(pb::StartChildResponse { call_id, run_id })
     }
 
     fn start_child_checked(&self, request: pb::StartChildRequest) -> Result<String, Refusal> {
@@ -664,26 +617,11 @@ impl RunGateway {
         })
         .await
         .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
-        let (decision, reason) = match &outcome {
-            Ok(_) => (Decision::Allow, None),
-            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
-        };
-        tokio::task::block_in_place(|| {
-            self.record_call(
-                "child.stop",
-                &call_id,
-                started,
-                &meta,
-                (decision, reason),
-                true,
-            )
-        })?;
-        outcome
-            .map(|record| pb::StopChildResponse {
-                call_id: call_id.clone(),
-                run: Some(run_proto(&record)),
-            })
-            .map_err(|refusal| refusal.into_status(&call_id))
+        let record = self.settle("child.stop", &call_id, started, &meta, outcome, true)?;
+        Ok(pb::StopChildResponse {
+            call_id,
+            run: Some(run_proto(&record)),
+        })
     }
 
     /// A call that changes nothing: checked, counted, recorded (not waited for).
@@ -703,12 +641,31 @@ impl RunGateway {
         })
         .await
         .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
+        self.settle(tool, &call_id, started, &meta, outcome, false)
+    }
+
+    /// Audits a finished call (on disk before the answer when `durable`) and answers it: a
+    /// refusal becomes its status, with the call id.
+    fn settle<T>(
+        &self,
+        tool: &str,
+        call_id: &str,
+        started: Instant,
+        meta: &CallMeta,
+        outcome: Result<T, Refusal>,
+        durable: bool,
+    ) -> Result<T, Status> {
         let (decision, reason) = match &outcome {
             Ok(_) => (Decision::Allow, None),
             Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
         };
-        self.record_call(tool, &call_id, started, &meta, (decision, reason), false)?;
-        outcome.map_err(|refusal| refusal.into_status(&call_id))
+        let record = || self.record_call(tool, call_id, started, meta, (decision, reason), durable);
+        if durable {
+            tokio::task::block_in_place(record)?;
+        } else {
+            record()?;
+        }
+        outcome.map_err(|refusal| refusal.into_status(call_id))
     }
 }
 

@@ -1045,4 +1045,80 @@ async fn the_cli_enrols_supervisors_and_shows_the_chain() {
         "{}",
         String::from_utf8_lossy(&revoked.stdout)
     );
+
+    // Removing a supervisor revokes its token at once; adding it again rotates it.
+    let parent = mint(&mut client, &admin, parent_request(SUP, 1, 600)).await;
+    let removed = tollgate(
+        &authority,
+        Some(&admin_file),
+        &["supervisor", "remove", SUP],
+    );
+    assert!(removed.status.success(), "{removed:?}");
+    let refused = delegate(&mut client, &token, &signed(&parent), child_spec(0))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    let gone = tollgate(
+        &authority,
+        Some(&admin_file),
+        &["supervisor", "remove", SUP],
+    );
+    assert_eq!(gone.status.code(), Some(66));
+    assert!(one_line_error(&gone).contains("no supervisor \"ws\" is enrolled"));
+    // A failed enrolment leaves no empty token file behind; a taken id leaves the old one.
+    let fresh = dir.path().join("fresh.token");
+    let failed = tollgate(
+        &authority,
+        None,
+        &[
+            "supervisor",
+            "add",
+            SUP,
+            "--token-out",
+            fresh.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(failed.status.code(), Some(77));
+    assert!(!fresh.exists());
+    let rotated = tollgate(
+        &authority,
+        Some(&admin_file),
+        &[
+            "supervisor",
+            "add",
+            SUP,
+            "--token-out",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    assert!(rotated.status.success(), "{rotated:?}");
+    let new_token = std::fs::read_to_string(&token_file)
+        .unwrap()
+        .trim()
+        .to_owned();
+    assert_ne!(new_token, token);
+    delegate(&mut client, &new_token, &signed(&parent), child_spec(0))
+        .await
+        .unwrap();
+    let kept = tollgate(
+        &authority,
+        Some(&admin_file),
+        &[
+            "supervisor",
+            "add",
+            SUP,
+            "--token-out",
+            token_file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(kept.status.code(), Some(73));
+    assert_eq!(
+        std::fs::read_to_string(&token_file).unwrap().trim(),
+        new_token,
+        "a refused enrolment leaves the existing token file as it was"
+    );
+    let entries = audit(&authority);
+    assert!(entries
+        .iter()
+        .any(|e| e.kind == EntryKind::SupervisorRemoved));
 }
