@@ -1057,7 +1057,7 @@ async fn the_cli_enrols_supervisors_and_shows_the_chain() {
     let refused = delegate(&mut client, &token, &signed(&parent), child_spec(0))
         .await
         .unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert_eq!(refused.code(), Code::Unauthenticated, "{refused:?}");
     let gone = tollgate(
         &authority,
         Some(&admin_file),
