@@ -12,7 +12,7 @@
 //! links under its writable grants, and a child grant must never reach through one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -22,12 +22,13 @@ use tollgate_audit::Decision;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::delegation::check_within;
 use tollgate_receipt::paths::path_within;
-use tollgate_receipt::SignedReceipt;
+use tollgate_receipt::{unix_now, SignedReceipt};
+use tollgate_router::config::Secret;
 use tonic::{Code, Status};
 
 use crate::beneath::GrantRoot;
 use crate::gateway::{CallMeta, FsGrant, Refusal, RunGateway};
-use crate::runs::{ChildOf, RunManager};
+use crate::runs::{ChildOf, RunManager, StartError};
 use crate::service::{run_proto, start_status};
 
 /// How long a `DelegateReceipt` call to the authority may take.
@@ -43,7 +44,7 @@ const STOP_WAIT: Duration = Duration::from_secs(30);
 pub struct Delegator {
     authority: String,
     supervisor_id: String,
-    token: String,
+    token: Secret,
     channel: OnceCell<tonic::transport::Channel>,
 }
 
@@ -60,7 +61,7 @@ impl std::fmt::Debug for Delegator {
 impl Delegator {
     /// Delegates through the authority at `authority` (a URL) as `supervisor_id`, with the
     /// delegation token `token` (from `tollgate supervisor add`).
-    pub fn new(authority: String, supervisor_id: String, token: String) -> Self {
+    pub fn new(authority: String, supervisor_id: String, token: Secret) -> Self {
         Self {
             authority,
             supervisor_id,
@@ -96,9 +97,14 @@ impl Delegator {
             parent: Some(parent.clone()),
             child: Some(child),
         });
-        let header = format!("Bearer {}", self.token)
-            .parse()
-            .map_err(|_| Status::internal("the delegation token is not a valid header value"))?;
+        let mut header: tonic::metadata::MetadataValue<_> =
+            format!("Bearer {}", self.token.expose())
+                .parse()
+                .map_err(|_| {
+                    Status::internal("the delegation token is not a valid header value")
+                })?;
+        // Kept out of any debug output of the request.
+        header.set_sensitive(true);
         request.metadata_mut().insert("authorization", header);
         let minted = pb::authority_client::AuthorityClient::new(channel)
             .delegate_receipt(request)
@@ -126,13 +132,46 @@ pub struct ChildState {
     pub signed: SignedReceipt,
     /// How to reach the supervisor; `None`: this gateway cannot delegate.
     pub control: Option<ChildControl>,
-    /// Tool calls handed on to children (they count against this run's budget).
-    pub handed_on: AtomicU64,
     /// Child receipts minted and not started yet, by id.
     pub pending: Mutex<HashMap<String, (SignedReceipt, pb::Receipt)>>,
+    /// Delegations asking the authority right now: they hold a place in `pending`.
+    minting: AtomicUsize,
+}
+
+/// A place held in a run's pending children while its delegation asks the authority.
+struct MintingSlot<'a>(&'a AtomicUsize);
+
+impl Drop for MintingSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl ChildState {
+    /// The delegation state of a run admitted with `signed`, reaching the supervisor through
+    /// `control`.
+    pub fn new(signed: SignedReceipt, control: ChildControl) -> Self {
+        Self {
+            signed,
+            control: Some(control),
+            ..Default::default()
+        }
+    }
+
+    /// Holds a place for one more child: expired children are dropped first; `None` when
+    /// [`MAX_PENDING`] are minted or being minted.
+    fn hold_slot(&self) -> Option<MintingSlot<'_>> {
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let now = unix_now();
+        pending
+            .retain(|_, (_, receipt)| receipt.expires_at.as_ref().map_or(0, |t| t.seconds) > now);
+        if pending.len() + self.minting.load(Ordering::SeqCst) >= MAX_PENDING {
+            return None;
+        }
+        self.minting.fetch_add(1, Ordering::SeqCst);
+        Some(MintingSlot(&self.minting))
+    }
+
     /// Child receipts minted for this run and not started yet.
     pub fn pending_children(&self, parent_run_id: &str) -> Vec<pb::PendingChild> {
         let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
@@ -176,8 +215,10 @@ pub(crate) fn pin_child_grants(
                 ));
             }
         }
+        // Resolved from a grant that itself gives the access asked for.
+        let writable = grant.access == pb::FsAccess::Write as i32;
         let outer = covering()
-            .filter(|p| p.root.is_ok())
+            .filter(|p| p.root.is_ok() && (p.writable || !writable))
             .min_by_key(|p| p.path.len())
             .ok_or_else(|| {
                 (
@@ -190,21 +231,20 @@ pub(crate) fn pin_child_grants(
             .strip_prefix(&outer.path)
             .unwrap_or_default()
             .trim_start_matches('/');
-        let writable = grant.access == pb::FsAccess::Write as i32;
         let root = match &outer.root {
             Ok(root) => GrantRoot::from_beneath(root, rest),
             Err(errno) => Err(*errno),
         };
+        let escapes =
+            |why: &str| Err(("grant_escapes", format!("fs[{i}] = {}: {why}", grant.path)));
         match root {
-            Err(Errno::ELOOP | Errno::EXDEV | Errno::ENOTDIR) => {
-                return Err((
-                    "grant_escapes",
-                    format!(
-                        "fs[{i}] = {}: a symbolic link is on the path (child grants never follow links)",
-                        grant.path
-                    ),
-                ))
+            Err(Errno::ELOOP) => {
+                return escapes("a symbolic link is on the path (child grants never follow links)")
             }
+            Err(Errno::EXDEV) => return escapes("the path leaves the parent's grant"),
+            Err(Errno::ENOTDIR) => return escapes(
+                "a component of the path is not a directory (nothing lies beneath a granted file)",
+            ),
             root => pinned.push(FsGrant {
                 path: grant.path.clone(),
                 writable,
@@ -215,30 +255,53 @@ pub(crate) fn pin_child_grants(
     Ok(pinned)
 }
 
+/// What a delegation carved from its parent, given back if the child is never usable.
+struct Carved {
+    calls: u64,
+    tokens: Option<u64>,
+}
+
+/// A child minted by the authority and verified here, not yet handed to the agent.
+struct Minted {
+    response: pb::DelegateResponse,
+    signed: SignedReceipt,
+    carved: Carved,
+}
+
+/// The longest agent-given text (subject, stop reason) kept in audit entries and records.
+const MAX_TEXT: usize = 256;
+
+fn clip(text: &str) -> String {
+    let mut end = text.len().min(MAX_TEXT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
 impl RunGateway {
     /// Tool calls this run may still make or hand on.
     fn calls_left(&self) -> u64 {
-        self.max_calls.saturating_sub(
-            self.calls
-                .load(Ordering::SeqCst)
-                .saturating_add(self.children.handed_on.load(Ordering::SeqCst)),
-        )
+        self.max_calls
+            .saturating_sub(self.calls.load(Ordering::SeqCst))
     }
 
     /// Hands `asked` tool calls on to a child (0: half of what this run has left); how many,
-    /// or why not. Calls made plus calls handed on never exceed the run's budget: `charge`
-    /// counts both.
+    /// or why not. They go into the same counter as the run's own calls, so the two together
+    /// never exceed the budget, and one call always stays for starting the child.
     pub(crate) fn carve_calls(&self, asked: u64) -> Result<u64, Refusal> {
         let left = self.calls_left();
-        let calls = if asked == 0 { left / 2 } else { asked };
+        let calls = if asked == 0 {
+            left.saturating_sub(1) / 2
+        } else {
+            asked
+        };
         let carved = calls > 0
             && self
-                .children
-                .handed_on
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |handed| {
-                    let used = self.calls.load(Ordering::SeqCst);
-                    (used.saturating_add(handed).saturating_add(calls) <= self.max_calls)
-                        .then_some(handed + calls)
+                .calls
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
+                    (made.saturating_add(calls).saturating_add(1) <= self.max_calls)
+                        .then_some(made + calls)
                 })
                 .is_ok();
         if carved {
@@ -247,20 +310,30 @@ impl RunGateway {
             Err(Refusal::with(
                 Status::resource_exhausted,
                 format!(
-                    "limits.tool_calls = {calls}: this run has {left} tool calls left to hand on"
+                    "limits.tool_calls = {calls}: this run has {left} tool calls left to hand on (one stays for starting the child)"
                 ),
             ))
         }
     }
 
-    /// Gives back calls carved for a child that was never minted.
+    /// Gives back calls carved for a child that was never usable.
     pub(crate) fn refund_calls(&self, calls: u64) {
-        let _ =
-            self.children
-                .handed_on
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |handed| {
-                    Some(handed.saturating_sub(calls))
-                });
+        let _ = self
+            .calls
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
+                Some(made.saturating_sub(calls))
+            });
+    }
+
+    fn refund(&self, carved: &Carved) {
+        self.refund_calls(carved.calls);
+        if let (Some(models), Some(tokens)) = (&self.models, carved.tokens) {
+            models
+                .ledger
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .refund(tokens);
+        }
     }
 
     fn manager(&self) -> Result<Arc<RunManager>, Refusal> {
@@ -286,7 +359,8 @@ impl RunGateway {
         }
     }
 
-    /// `Gateway.Delegate`.
+    /// `Gateway.Delegate`. Runs on its own task: a client that hangs up does not skip the
+    /// audit entry or leave budget carved for nothing.
     pub(crate) async fn delegate(
         self: &Arc<Self>,
         request: pb::DelegateRequest,
@@ -294,38 +368,57 @@ impl RunGateway {
         let started = Instant::now();
         let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
         let spec = request.child.unwrap_or_default();
-        let mut meta: CallMeta = vec![("subject", spec.subject.clone().into())];
+        let mut meta: CallMeta = vec![("subject", clip(&spec.subject).into())];
         let outcome = self.delegate_checked(spec, &mut meta).await;
-        let child_id = outcome
-            .as_ref()
-            .ok()
-            .and_then(|response| response.receipt.as_ref())
-            .map(|receipt| receipt.receipt_id.clone());
-        if let Some(id) = &child_id {
-            meta.push(("child_receipt_id", id.clone().into()));
-        }
-        let answered = self.settle("delegate", &call_id, started, &meta, outcome, true);
-        if answered.is_err() {
-            // Minted but unaudited: the child must not be usable.
-            if let Some(id) = child_id {
-                self.children
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
+        if let Ok(minted) = &outcome {
+            if let Some(receipt) = &minted.response.receipt {
+                meta.push(("child_receipt_id", receipt.receipt_id.clone().into()));
             }
         }
-        answered.map(|response| pb::DelegateResponse {
-            call_id,
-            ..response
-        })
+        let (decision, reason) = match &outcome {
+            Ok(_) => (Decision::Allow, None),
+            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
+        };
+        // On disk before the child exists for the agent (it enters `pending` only after).
+        let recorded = tokio::task::block_in_place(|| {
+            self.record_call(
+                "delegate",
+                &call_id,
+                started,
+                &meta,
+                (decision, reason),
+                true,
+            )
+        });
+        match (outcome, recorded) {
+            (Ok(minted), Ok(())) => {
+                if let Some(receipt) = &minted.response.receipt {
+                    self.children
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(receipt.receipt_id.clone(), (minted.signed, receipt.clone()));
+                }
+                Ok(pb::DelegateResponse {
+                    call_id,
+                    ..minted.response
+                })
+            }
+            // Minted but unaudited: never usable, so its budget comes back.
+            (Ok(minted), Err(status)) => {
+                self.refund(&minted.carved);
+                Err(status)
+            }
+            (Err(refusal), Ok(())) => Err(refusal.into_status(&call_id)),
+            (Err(_), Err(status)) => Err(status),
+        }
     }
 
     async fn delegate_checked(
         &self,
         mut spec: pb::ChildSpec,
         meta: &mut CallMeta,
-    ) -> Result<pb::DelegateResponse, Refusal> {
+    ) -> Result<Minted, Refusal> {
         let made = self.admit("delegate")?;
         let max_depth = self.receipt.delegate.map_or(0, |d| d.max_depth);
         if max_depth == 0 {
@@ -346,61 +439,46 @@ impl RunGateway {
                 )
             })?;
         let manager = self.manager()?;
-        if self
-            .children
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
-            >= MAX_PENDING
-        {
-            return Err(Refusal::with(
+        let _slot = self.children.hold_slot().ok_or_else(|| {
+            Refusal::with(
                 Status::resource_exhausted,
-                format!("this run already holds {MAX_PENDING} child receipts not started; start or let some expire first"),
-            ));
-        }
+                format!("this run already holds {MAX_PENDING} child receipts not started; start some, or wait for them to expire"),
+            )
+        })?;
         // Carve the budgets: a zero asks for half of what is left.
         let mut limits = spec.limits.unwrap_or_default();
         let calls = self.carve_calls(limits.tool_calls)?;
-        let refund_calls = || self.refund_calls(calls);
+        let mut carved = Carved {
+            calls,
+            tokens: None,
+        };
         let parent_tokens = self.receipt.limits.unwrap_or_default().tokens;
-        let tokens = match &self.models {
-            Some(models) => {
-                let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
-                let tokens = if limits.tokens == 0 {
-                    ledger.remaining() / 2
-                } else {
-                    limits.tokens
-                };
-                match ledger.transfer(tokens) {
-                    Ok(()) if tokens > 0 => Some(tokens),
-                    _ => {
-                        let left = ledger.remaining();
-                        drop(ledger);
-                        refund_calls();
-                        return Err(Refusal::with(
-                            Status::resource_exhausted,
-                            format!("limits.tokens = {tokens}: this run has {left} tokens left to hand on"),
-                        ));
-                    }
+        if let Some(models) = &self.models {
+            let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            let tokens = if limits.tokens == 0 {
+                ledger.remaining() / 2
+            } else {
+                limits.tokens
+            };
+            match ledger.transfer(tokens) {
+                Ok(()) if tokens > 0 => carved.tokens = Some(tokens),
+                _ => {
+                    let left = ledger.remaining();
+                    drop(ledger);
+                    self.refund(&carved);
+                    return Err(Refusal::with(
+                        Status::resource_exhausted,
+                        format!(
+                            "limits.tokens = {tokens}: this run has {left} tokens left to hand on"
+                        ),
+                    ));
                 }
             }
-            // No routes on this supervisor: no run here can spend tokens, so none are moved.
-            None => None,
-        };
-        let refund = || {
-            refund_calls();
-            if let (Some(models), Some(tokens)) = (&self.models, tokens) {
-                models
-                    .ledger
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .refund(tokens);
-            }
-        };
+        }
         limits.tool_calls = calls;
-        limits.tokens = match (tokens, limits.tokens) {
+        limits.tokens = match (carved.tokens, limits.tokens) {
             (Some(tokens), _) => tokens,
+            // No routes on this supervisor: no run here can spend tokens, so none move.
             (None, 0) => (parent_tokens / 2).max(1),
             (None, asked) => asked,
         };
@@ -416,31 +494,29 @@ impl RunGateway {
         let minted = match delegator.delegate(&self.children.signed, spec).await {
             Ok(minted) => minted,
             Err(status) => {
-                refund();
-                let reason = status.message().to_owned();
-                let code = match status.code() {
-                    // The authority could not be reached: say so, and what to check.
-                    Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => Code::Unavailable,
-                    code => code,
-                };
-                return Err(Refusal::new(
-                    Status::new(code, format!("receipt {}: {reason}", self.run_id)),
-                    reason,
-                ));
+                self.refund(&carved);
+                return Err(authority_refusal(&self.run_id, status));
             }
         };
         let receipt = match manager.verify_child(&minted, &self.run_id) {
             Ok(receipt) => receipt,
             Err(reason) => {
-                refund();
+                self.refund(&carved);
                 return Err(Refusal::with(Status::internal, reason));
             }
         };
-        self.children
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(receipt.receipt_id.clone(), (minted, receipt.clone()));
+        // What was carved is what the child may spend, no more.
+        let got = receipt.limits.unwrap_or_default();
+        if got.tool_calls != calls || got.tokens != limits.tokens {
+            self.refund(&carved);
+            return Err(Refusal::with(
+                Status::internal,
+                format!(
+                    "the authority's child receipt {} has other budgets than were carved",
+                    receipt.receipt_id
+                ),
+            ));
+        }
         let tokens_left = self.models.as_ref().map_or(0, |models| {
             models
                 .ledger
@@ -448,36 +524,86 @@ impl RunGateway {
                 .unwrap_or_else(|p| p.into_inner())
                 .remaining()
         });
-        Ok(pb::DelegateResponse {
-            call_id: String::new(),
-            receipt: Some(receipt),
-            tool_calls_left: self.calls_left(),
-            tokens_left,
+        Ok(Minted {
+            response: pb::DelegateResponse {
+                call_id: String::new(),
+                receipt: Some(receipt),
+                tool_calls_left: self.calls_left(),
+                tokens_left,
+            },
+            signed: minted,
+            carved,
         })
     }
 
-    /// `Gateway.StartChild`.
-    pub(crate) async fn start_child(
-        self: &Arc<Self>,
+    /// `Gateway.StartChild` (blocking: run it on a blocking thread, where a client that hangs
+    /// up cannot cancel it). The call's entry is on disk before the child starts; a start
+    /// that then fails gets a second entry saying so.
+    pub(crate) fn start_child(
+        &self,
         request: pb::StartChildRequest,
     ) -> Result<pb::StartChildResponse, Status> {
         let started = Instant::now();
         let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
-        let mut meta: CallMeta = vec![("child_run_id", request.receipt_id.clone().into())];
-        let run = self.clone();
-        let outcome = tokio::task::spawn_blocking(move || run.start_child_checked(request))
-            .await
-            .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
-        if let Err(refusal) = &outcome {
-            if let Some(code) = refusal_code(refusal) {
-                meta.push(("code", code.into()));
+        let mut meta: CallMeta = vec![("child_run_id", clip(&request.receipt_id).into())];
+        let record = |meta: &CallMeta, decision: Decision, reason: Option<&str>| {
+            self.record_call(
+                "child.start",
+                &call_id,
+                started,
+                meta,
+                (decision, reason),
+                true,
+            )
+        };
+        let (manager, signed, child, grants) = match self.start_child_checks(&request) {
+            Ok(checked) => checked,
+            Err(refusal) => {
+                if let Some(code) = refusal.code {
+                    meta.push(("code", code.into()));
+                }
+                record(&meta, refusal.decision(), Some(&refusal.reason))?;
+                return Err(refusal.into_status(&call_id));
+            }
+        };
+        record(&meta, Decision::Allow, None)?;
+        let argv = (!request.argv.is_empty()).then_some(request.argv);
+        let started_child = manager.start_published(
+            &signed,
+            argv,
+            Some(ChildOf {
+                parent: self.run_id.clone(),
+                grants,
+                parent_limits: self.receipt.limits.unwrap_or_default(),
+            }),
+        );
+        match started_child {
+            Ok(run_id) => Ok(pb::StartChildResponse { call_id, run_id }),
+            Err(error) => {
+                // Refused before it was recorded for a reason that is not the receipt's (an
+                // argv, the parent's shared limits): it can be started again.
+                let retry = !matches!(error, StartError::Receipt(_))
+                    && matches!(manager.get(&child.receipt_id), Ok(None));
+                if retry {
+                    self.children
+                        .pending
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(child.receipt_id.clone(), (signed, child));
+                }
+                meta.push(("code", error.code().into()));
+                let reason = format!("not done: {error}");
+                record(&meta, Decision::Deny, Some(&reason))?;
+                Err(Refusal::new(start_status(&error), error.to_string()).into_status(&call_id))
             }
         }
-        let run_id = self.settle("child.start", &call_id, started, &meta, outcome, true)?;
-        Ok(pb::StartChildResponse { call_id, run_id })
     }
 
-    fn start_child_checked(&self, request: pb::StartChildRequest) -> Result<String, Refusal> {
+    /// Everything `StartChild` checks before anything is done.
+    fn start_child_checks(
+        &self,
+        request: &pb::StartChildRequest,
+    ) -> Result<(Arc<RunManager>, SignedReceipt, pb::Receipt, Vec<FsGrant>), Refusal> {
         let made = self.admit("child.start")?;
         self.charge(made)?;
         let manager = self.manager()?;
@@ -501,13 +627,13 @@ impl RunGateway {
                 Status::not_found,
                 format!(
                     "no child receipt {} of this run is waiting to start (ask Delegate first)",
-                    request.receipt_id
+                    clip(&request.receipt_id)
                 ),
             ));
         };
         // The authority checked it; checked again here, against the receipt this run has.
         if let Err(wider) = check_within(&self.receipt, &child) {
-            return Err(Refusal::denied(&self.run_id, wider.to_string()));
+            return Err(Refusal::denied(&self.run_id, wider.to_string()).coded("delegated"));
         }
         let grants = pin_child_grants(&self.grants, &child).map_err(|(code, reason)| {
             Refusal::new(
@@ -517,31 +643,9 @@ impl RunGateway {
                 )),
                 reason,
             )
+            .coded(code)
         })?;
-        let argv = (!request.argv.is_empty()).then_some(request.argv);
-        let started = manager.start_published(
-            &signed,
-            argv,
-            Some(ChildOf {
-                parent: self.run_id.clone(),
-                grants,
-                parent_limits: self.receipt.limits.unwrap_or_default(),
-            }),
-        );
-        match started {
-            Ok(run_id) => Ok(run_id),
-            Err(error) => {
-                // Refused before it was recorded (a bad argv): it can still be started.
-                if matches!(manager.get(&child.receipt_id), Ok(None)) {
-                    self.children
-                        .pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(child.receipt_id.clone(), (signed, child));
-                }
-                Err(Refusal::new(start_status(&error), error.to_string()))
-            }
-        }
+        Ok((manager, signed, child, grants))
     }
 
     /// `Gateway.ListChildren`.
@@ -568,7 +672,7 @@ impl RunGateway {
         Status,
     > {
         let run = self.clone();
-        let meta = vec![("child_run_id", run_id.clone().into())];
+        let meta = vec![("child_run_id", clip(&run_id).into())];
         self.read_only_call("child.watch", meta, move || {
             let manager = run.manager()?;
             run.descendant(&manager, &run_id)?;
@@ -591,37 +695,59 @@ impl RunGateway {
         .await
     }
 
-    /// `Gateway.StopChild`.
-    pub(crate) async fn stop_child(
-        self: &Arc<Self>,
+    /// `Gateway.StopChild` (blocking, like `start_child`). Not held to the tool-call budget:
+    /// a run that has spent it must still be able to stop what it started. Its entry is on
+    /// disk before the stop.
+    pub(crate) fn stop_child(
+        &self,
         request: pb::StopChildRequest,
     ) -> Result<pb::StopChildResponse, Status> {
         let started = Instant::now();
         let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
-        let meta: CallMeta = vec![("child_run_id", request.run_id.clone().into())];
-        let run = self.clone();
-        let outcome = tokio::task::spawn_blocking(move || {
-            let made = run.admit("child.stop")?;
-            run.charge(made)?;
-            let manager = run.manager()?;
-            run.descendant(&manager, &request.run_id)?;
-            let reason = if request.reason.is_empty() {
-                format!("stopped by its ancestor run {}", run.run_id)
-            } else {
-                request.reason
-            };
-            manager.stop(&request.run_id, &reason);
-            manager
-                .wait(&request.run_id, STOP_WAIT)
-                .ok_or_else(|| Refusal::with(Status::not_found, "the run is gone".into()))
-        })
-        .await
-        .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
-        let record = self.settle("child.stop", &call_id, started, &meta, outcome, true)?;
-        Ok(pb::StopChildResponse {
-            call_id,
-            run: Some(run_proto(&record)),
-        })
+        let meta: CallMeta = vec![("child_run_id", clip(&request.run_id).into())];
+        let record = |decision: Decision, reason: Option<&str>| {
+            self.record_call(
+                "child.stop",
+                &call_id,
+                started,
+                &meta,
+                (decision, reason),
+                true,
+            )
+        };
+        let checked = self.admit("child.stop").and_then(|_| {
+            let manager = self.manager()?;
+            self.descendant(&manager, &request.run_id)?;
+            Ok(manager)
+        });
+        let manager = match checked {
+            Ok(manager) => manager,
+            Err(refusal) => {
+                record(refusal.decision(), Some(&refusal.reason))?;
+                return Err(refusal.into_status(&call_id));
+            }
+        };
+        record(Decision::Allow, None)?;
+        let reason = if request.reason.is_empty() {
+            format!("stopped by its ancestor run {}", self.run_id)
+        } else {
+            format!(
+                "stopped by its ancestor run {}: {}",
+                self.run_id,
+                clip(&request.reason)
+            )
+        };
+        manager.stop(&request.run_id, &reason);
+        match manager.wait(&request.run_id, STOP_WAIT) {
+            Some(record) => Ok(pb::StopChildResponse {
+                call_id,
+                run: Some(run_proto(&record)),
+            }),
+            None => {
+                let refusal = Refusal::with(Status::not_found, "the run is gone".into());
+                Err(refusal.into_status(&call_id))
+            }
+        }
     }
 
     /// A call that changes nothing: checked, counted, recorded (not waited for).
@@ -641,38 +767,33 @@ impl RunGateway {
         })
         .await
         .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
-        self.settle(tool, &call_id, started, &meta, outcome, false)
-    }
-
-    /// Audits a finished call (on disk before the answer when `durable`) and answers it: a
-    /// refusal becomes its status, with the call id.
-    fn settle<T>(
-        &self,
-        tool: &str,
-        call_id: &str,
-        started: Instant,
-        meta: &CallMeta,
-        outcome: Result<T, Refusal>,
-        durable: bool,
-    ) -> Result<T, Status> {
         let (decision, reason) = match &outcome {
             Ok(_) => (Decision::Allow, None),
             Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
         };
-        let record = || self.record_call(tool, call_id, started, meta, (decision, reason), durable);
-        if durable {
-            tokio::task::block_in_place(record)?;
-        } else {
-            record()?;
-        }
-        outcome.map_err(|refusal| refusal.into_status(call_id))
+        self.record_call(tool, &call_id, started, &meta, (decision, reason), false)?;
+        outcome.map_err(|refusal| refusal.into_status(&call_id))
     }
 }
 
-/// The audit code of a refused child start, when its message carries one.
-fn refusal_code(refusal: &Refusal) -> Option<String> {
-    let message = refusal.status.message();
-    let start = message.find("refused (")? + "refused (".len();
-    let end = message[start..].find(')')?;
-    Some(message[start..start + end].to_owned())
+/// The refusal an agent gets when the authority did not mint its child. The authority's
+/// refusals (wider grants, depth, expiry) pass through; a refused delegation token is this
+/// supervisor's problem, not the agent's: unavailable, and logged here.
+fn authority_refusal(run_id: &str, status: Status) -> Refusal {
+    let reason = status.message().to_owned();
+    let code = match status.code() {
+        Code::Unauthenticated => {
+            tracing::error!(error = %reason, "the authority refused this supervisor's delegation token");
+            return Refusal::with(
+                Status::unavailable,
+                "delegation is unavailable: the authority refused this supervisor's delegation token (an admin must enrol it again)".into(),
+            );
+        }
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => Code::Unavailable,
+        code => code,
+    };
+    Refusal::new(
+        Status::new(code, format!("receipt {run_id}: {reason}")),
+        reason,
+    )
 }

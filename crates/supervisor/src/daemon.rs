@@ -53,7 +53,7 @@ pub struct SupervisorConfig {
     pub models: Option<Arc<crate::complete::ModelRoutes>>,
     /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
     /// cannot delegate.
-    pub delegation_token: Option<String>,
+    pub delegation_token: Option<tollgate_router::config::Secret>,
 }
 
 /// A fatal daemon error, with its exit code.

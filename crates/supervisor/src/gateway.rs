@@ -97,7 +97,8 @@ pub struct RunGateway {
     pub is_revoked: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     /// Where every call is recorded.
     pub audit: AuditLog,
-    /// Calls made so far (allowed or not).
+    /// Calls made so far (allowed or not), plus the calls handed on to children: one counter,
+    /// so a call and a carve can never both take the budget's last call.
     pub calls: AtomicU64,
     /// The last call's id, for the teardown report.
     pub last_call: Mutex<Option<String>>,
@@ -127,6 +128,9 @@ pub(crate) struct Refusal {
     pub(crate) reason: String,
     /// The call was allowed and went wrong while it ran (recorded as allowed, with why).
     ran: bool,
+    /// A stable code for the audit entry (`grant_escapes`, `children_limits`, ...), when the
+    /// refusal has one.
+    pub(crate) code: Option<&'static str>,
 }
 
 impl Refusal {
@@ -154,6 +158,15 @@ impl Refusal {
             status,
             reason,
             ran: false,
+            code: None,
+        }
+    }
+
+    /// The same refusal, carrying `code` for the audit entry.
+    pub(crate) fn coded(self, code: &'static str) -> Self {
+        Self {
+            code: Some(code),
+            ..self
         }
     }
 
@@ -162,6 +175,7 @@ impl Refusal {
             status: Status::permission_denied(format!("receipt {run_id}: {reason}")),
             reason,
             ran: false,
+            code: None,
         }
     }
 
@@ -170,6 +184,7 @@ impl Refusal {
             status: status(reason.clone()),
             reason,
             ran: false,
+            code: None,
         }
     }
 }
@@ -352,9 +367,8 @@ impl RunGateway {
 
     /// The last check before a tool acts: the budget left for the call numbered `made`.
     pub(crate) fn charge(&self, made: u64) -> Result<(), Refusal> {
-        // Calls handed on to children (delegation) are spent here too.
-        let handed_on = self.children.handed_on.load(Ordering::SeqCst);
-        if made.saturating_add(handed_on) >= self.max_calls {
+        // `calls` also counts the calls handed on to children (delegation).
+        if made >= self.max_calls {
             return Err(Refusal::denied(
                 &self.run_id,
                 format!("the tool-call budget ({} calls) is spent", self.max_calls),
@@ -1010,9 +1024,12 @@ impl Gateway for GatewayService {
         request: Request<pb::DelegateRequest>,
     ) -> Result<Response<pb::DelegateResponse>, Status> {
         self.check_peer(&request)?;
-        self.run
-            .delegate(request.into_inner())
+        // Its own task: a client that hangs up does not cut the call short.
+        let run = self.run.clone();
+        let request = request.into_inner();
+        tokio::spawn(async move { run.delegate(request).await })
             .await
+            .map_err(|e| Status::internal(format!("delegate failed: {e}")))?
             .map(Response::new)
     }
 
@@ -1021,9 +1038,11 @@ impl Gateway for GatewayService {
         request: Request<pb::StartChildRequest>,
     ) -> Result<Response<pb::StartChildResponse>, Status> {
         self.check_peer(&request)?;
-        self.run
-            .start_child(request.into_inner())
+        let run = self.run.clone();
+        let request = request.into_inner();
+        tokio::task::spawn_blocking(move || run.start_child(request))
             .await
+            .map_err(|e| Status::internal(format!("child.start failed: {e}")))?
             .map(Response::new)
     }
 
@@ -1051,9 +1070,11 @@ impl Gateway for GatewayService {
         request: Request<pb::StopChildRequest>,
     ) -> Result<Response<pb::StopChildResponse>, Status> {
         self.check_peer(&request)?;
-        self.run
-            .stop_child(request.into_inner())
+        let run = self.run.clone();
+        let request = request.into_inner();
+        tokio::task::spawn_blocking(move || run.stop_child(request))
             .await
+            .map_err(|e| Status::internal(format!("child.stop failed: {e}")))?
             .map(Response::new)
     }
 }
@@ -1547,22 +1568,24 @@ mod tests {
     fn calls_handed_on_to_children_are_spent_here_too() {
         let fx = fixture(10, 600);
         let gateway = &fx.gateway;
-        // 1 call made; half of the 9 left is carved when a child asks for none.
+        // 1 call made; of the 9 left, one stays for starting the child and half of the rest
+        // is carved when a child asks for none.
         read(&fx, fx.grant.join("readme.txt")).unwrap();
         assert_eq!(gateway.carve_calls(0).unwrap(), 4);
-        let refused = gateway.carve_calls(6).expect_err("only 5 left");
+        let refused = gateway.carve_calls(5).expect_err("4 may be handed on");
         assert!(
             refused
                 .reason
-                .contains("limits.tool_calls = 6: this run has 5 tool calls left to hand on"),
+                .contains("limits.tool_calls = 5: this run has 5 tool calls left to hand on"),
             "{}",
             refused.reason
         );
-        assert_eq!(gateway.carve_calls(5).unwrap(), 5);
-        // Nothing is left for the run itself: 1 made + 9 handed on.
+        assert_eq!(gateway.carve_calls(4).unwrap(), 4);
+        // 1 made + 8 handed on: the last call is the run's (for starting a child).
+        read(&fx, fx.grant.join("readme.txt")).unwrap();
         denied(read(&fx, fx.grant.join("readme.txt")), "budget");
         assert!(gateway.carve_calls(0).is_err(), "nothing left to halve");
-        gateway.refund_calls(5);
+        gateway.refund_calls(4);
         read(&fx, fx.grant.join("readme.txt")).unwrap();
     }
 

@@ -175,7 +175,7 @@ async fn main() -> ExitCode {
     }
     let delegation_token = match &flags.delegation_token_file {
         Some(path) => match tollgate_router::config::KeySource::File(path.clone()).load() {
-            Ok(token) if token.expose().starts_with("tgt_") => Some(token.expose().to_owned()),
+            Ok(token) if token.expose().starts_with("tgt_") => Some(token),
             Ok(_) => {
                 eprintln!(
                     "tollgate-supervisor: error: --delegation-token-file {}: not a delegation token (they start with tgt_; make one with `tollgate supervisor add ID --token-out FILE`)",

@@ -104,6 +104,23 @@ pub enum StartError {
     },
 }
 
+impl StartError {
+    /// Stable code for audit entries.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Receipt(e) => e.failure().code(),
+            Self::AlreadyUsed(_) => "already_used",
+            Self::ArgvNotAllowed(_) => "argv_not_allowed",
+            Self::NoHostId(_) => "no_host_id",
+            Self::ShuttingDown => "shutting_down",
+            Self::Delegated { code, .. } => code,
+            Self::ChildrenLimits(_) => "children_limits",
+            Self::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => "argv",
+            Self::Sandbox(_) | Self::Cgroup(_) | Self::Records(_) | Self::Audit(_) => "internal",
+        }
+    }
+}
+
 /// Which stream a chunk of output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
@@ -473,7 +490,9 @@ impl RunManager {
                 return;
             };
             match manager.wait(&id, Duration::from_secs(3600)) {
-                Some(record) if record.state.is_final() => {
+                // Once torn down, the record is as final as it will get (a failed write
+                // leaves it non-final): publish it rather than wait on it forever.
+                Some(record) if record.state.is_final() || manager.live_run(&id).is_none() => {
                     manager.hub.end(&id, crate::service::run_proto(&record));
                     return;
                 }
@@ -660,6 +679,18 @@ impl RunManager {
         if self.closing.load(Ordering::SeqCst) {
             return Err(StartError::ShuttingDown);
         }
+        // A child of a run that is ending never starts (and never spends its receipt).
+        if let Some(parent) = parent {
+            let parent_live = self
+                .live_run(parent)
+                .is_some_and(|run| !run.closing.load(Ordering::SeqCst));
+            if !parent_live {
+                return Err(StartError::Delegated {
+                    code: "parent_not_live",
+                    reason: format!("run {parent} is ending; its children start no more"),
+                });
+            }
+        }
         // Live children together stay within their parent's memory, pids and cpu: without
         // this, a run could start many children each as large as itself.
         let holds = match tree {
@@ -734,16 +765,7 @@ impl RunManager {
             .ok()
             .map(|receipt| receipt.receipt_id)
             .filter(|id| uuid::Uuid::try_parse(id).is_ok());
-        let code = match error {
-            StartError::Receipt(e) => e.failure().code(),
-            StartError::AlreadyUsed(_) => "already_used",
-            StartError::ArgvNotAllowed(_) => "argv_not_allowed",
-            StartError::NoHostId(_) => "no_host_id",
-            StartError::ShuttingDown => "shutting_down",
-            StartError::Delegated { code, .. } => code,
-            StartError::ChildrenLimits(_) => "children_limits",
-            _ => "internal",
-        };
+        let code = error.code();
         let mut draft = EntryDraft::new(COMPONENT, EntryKind::RunRefused)
             .decision(Decision::Deny)
             .reason(error.to_string())
@@ -962,14 +984,13 @@ impl RunManager {
             return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
         };
         let manager = Arc::downgrade(self);
-        let children = ChildState {
-            signed: signed.clone(),
-            control: Some(ChildControl {
+        let children = ChildState::new(
+            signed.clone(),
+            ChildControl {
                 manager: manager.clone(),
                 delegator: self.delegator.get().cloned(),
-            }),
-            ..Default::default()
-        };
+            },
+        );
         let run = Arc::new(RunGateway {
             children,
             run_id: receipt.receipt_id.clone(),

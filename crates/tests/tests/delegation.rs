@@ -221,9 +221,9 @@ async fn an_agent_delegates_starts_and_watches_a_child_within_its_scope() {
     let p = project.display();
     // The child may write only project/out, through the gateway; it writes there and says so.
     let script = format!(
-        r#"cat > /tmp/spec <<'EOF'
+        r#"cat > /tmp/spec <<EOF
 {{"subject": "writer", "fs": [{{"path": "{p}/out", "access": "write"}}], "exec": ["/bin/sh"],
-  "agent": {{"argv": ["/bin/sh", "-c", "printf from-child | tollgate-shim tool write {p}/out/c.txt --create && echo child-wrote"]}}}}
+  "agent": {{"argv": ["/bin/sh", "-c", "printf from-child | tollgate-shim tool write {p}/out/c.txt --create && echo child-wrote; tollgate-shim child stop $TOLLGATE_RUN_ID 2>&1; echo stop-parent rc=\$?; tollgate-shim child watch $TOLLGATE_RUN_ID 2>&1; echo watch-parent rc=\$?"]}}}}
 EOF
 tollgate-shim child delegate < /tmp/spec > /tmp/id || exit 11
 read id < /tmp/id
@@ -231,6 +231,7 @@ tollgate-shim child start "$id" || exit 12
 tollgate-shim child watch "$id"; echo "watch rc=$?"
 tollgate-shim child start "$id" 2>&1; echo "again rc=$?"
 tollgate-shim child start 0193f1c3-0000-7000-8000-000000000000 2>&1; echo "unknown rc=$?"
+tollgate-shim child stop "$TOLLGATE_RUN_ID" 2>&1; echo "stop-self rc=$?"
 tollgate-shim child list --json
 echo "child $id"
 "#
@@ -260,7 +261,20 @@ echo "child $id"
         .find_map(|l| l.strip_prefix("child "))
         .expect("child id")
         .to_owned();
-    assert!(output.contains("child-wrote\nwatch rc=0\n"), "{output}");
+    assert!(output.contains("child-wrote\n"), "{output}");
+    assert!(output.contains("watch rc=0\n"), "{output}");
+    // A run reaches only its own descendants: not its parent, not itself.
+    for (what, rc) in [("stop-parent", 1), ("watch-parent", 1), ("stop-self", 1)] {
+        assert!(
+            output.contains(&format!("{what} rc={rc}")),
+            "{what}: {output}"
+        );
+    }
+    assert_eq!(
+        output.matches("is not a descendant of this run").count(),
+        3,
+        "{output}"
+    );
     assert!(
         output.contains("already started") && output.contains("again rc=1"),
         "{output}"
@@ -341,11 +355,30 @@ echo "child $id"
         "calls",
         &run_id,
         tree.supervisor.data_dir().join("audit").to_str().unwrap(),
+        "--json",
     ]);
-    let calls = String::from_utf8_lossy(&calls.stdout).into_owned();
-    for tool in ["delegate", "child.start", "child.watch", "child.list"] {
-        assert!(calls.contains(tool), "{tool} missing from:\n{calls}");
-    }
+    let calls: Vec<(String, String)> = String::from_utf8_lossy(&calls.stdout)
+        .lines()
+        .map(|l| {
+            let call: serde_json::Value = serde_json::from_str(l).unwrap();
+            (
+                call["tool"].as_str().unwrap_or_default().to_owned(),
+                call["decision"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let seen = |tool: &str, decision: &str| {
+        calls
+            .iter()
+            .filter(|(t, d)| t == tool && d == decision)
+            .count()
+    };
+    assert_eq!(seen("delegate", "allow"), 1, "{calls:?}");
+    assert_eq!(seen("child.start", "allow"), 1, "{calls:?}");
+    assert_eq!(seen("child.start", "deny"), 2, "{calls:?}");
+    assert_eq!(seen("child.watch", "allow"), 1, "{calls:?}");
+    assert_eq!(seen("child.stop", "deny"), 1, "{calls:?}");
+    assert_eq!(seen("child.list", "allow"), 1, "{calls:?}");
     tree.assert_clean();
 }
 
@@ -373,6 +406,12 @@ async fn out_of_scope_delegations_are_refused_naming_the_grant() {
         &format!(r#"{{"subject": "x", "fs": [{{"path": "{p}/docs", "access": "write"}}]}}"#),
     );
     script += &ask("exec", r#"{"subject": "x", "exec": ["/usr/bin/id"]}"#);
+    script += &ask(
+        "mount",
+        &format!(
+            r#"{{"subject": "x", "fs": [{{"path": "{p}", "access": "read", "mount": "/p"}}]}}"#
+        ),
+    );
     script += &ask("ttl", r#"{"subject": "x", "ttl_seconds": 100000}"#);
     script += &ask("depth", r#"{"subject": "x", "delegate": {"max_depth": 1}}"#);
     script += &ask(
@@ -426,6 +465,7 @@ tollgate-shim child watch "$id"
     expect("wider-fs", "fs[0] = /etc (read) is above parent receipt");
     expect("write-on-read", "(write) is above parent receipt");
     expect("exec", "exec[0] = /usr/bin/id is above parent receipt");
+    expect("mount", "through the gateway only (no mount)");
     expect("ttl", "ttl_seconds");
     expect("depth", "delegate.max_depth = 1 is above");
     expect("memory", "limits.memory_bytes");
