@@ -379,6 +379,19 @@ echo "child $id"
     assert_eq!(seen("child.watch", "allow"), 1, "{calls:?}");
     assert_eq!(seen("child.stop", "deny"), 1, "{calls:?}");
     assert_eq!(seen("child.list", "allow"), 1, "{calls:?}");
+    // The supervisor's delegation token is in none of its logs, nor in the sandbox's output.
+    let token = std::fs::read_to_string(tree.dir.path().join("delegation.token")).unwrap();
+    let token = token.trim();
+    let mut logs = std::fs::read_to_string(tree.supervisor.data_dir().with_extension("stderr"))
+        .unwrap_or_default();
+    for file in std::fs::read_dir(tree.supervisor.data_dir().join("audit"))
+        .unwrap()
+        .flatten()
+    {
+        logs += &String::from_utf8_lossy(&std::fs::read(file.path()).unwrap_or_default());
+    }
+    logs += &output;
+    assert!(!logs.contains(&token[4..]), "the delegation token leaked");
     tree.assert_clean();
 }
 
