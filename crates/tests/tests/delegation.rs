@@ -733,3 +733,66 @@ tollgate-shim child watch "$b"
     assert!(output.contains("b again rc=0\nb-ran\n"), "{output}");
     tree.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fan_out_example_counts_each_file_in_a_child_of_its_own() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-example", 208_600).await;
+    let example = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../examples/delegation")
+        .canonicalize()
+        .unwrap();
+    let (corpus, counts) = (
+        tree.dir.path().join("corpus"),
+        tree.dir.path().join("counts"),
+    );
+    std::fs::create_dir_all(&corpus).unwrap();
+    std::fs::create_dir_all(&counts).unwrap();
+    for (name, lines) in [("a.txt", 3), ("b.txt", 1), ("c.log", 5)] {
+        std::fs::write(corpus.join(name), "line\n".repeat(lines)).unwrap();
+    }
+    // The example's run spec as shipped, with this test's paths.
+    let spec = std::fs::read_to_string(example.join("fan-out.toml"))
+        .unwrap()
+        .replace(
+            "/home/me/tollgate/examples/delegation",
+            example.to_str().unwrap(),
+        )
+        .replace("/home/me/corpus", corpus.to_str().unwrap())
+        .replace("/home/me/counts", counts.to_str().unwrap());
+    let spec_file = tree.dir.path().join("fan-out.toml");
+    std::fs::write(&spec_file, spec).unwrap();
+    let minted = Command::new(bin_path("tollgate"))
+        .args(["--authority", tree.authority.addr()])
+        .arg("--token-file")
+        .arg(tree.authority.data_dir().join("admin.token"))
+        .args(["mint", "--spec", spec_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    let text = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+    let run_id = tree.start_run(text).await;
+    let parent = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert_eq!(
+        parent.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{output}"
+    );
+    for (name, lines) in [("a.txt", "3"), ("b.txt", "1"), ("c.log", "5")] {
+        let counted = std::fs::read_to_string(counts.join(format!("{name}.lines"))).unwrap();
+        assert_eq!(counted.trim(), lines, "{name}: {output}");
+    }
+    let runs = tree.tree(&run_id).await.runs;
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    for child in &runs[1..] {
+        assert_eq!(state(child), pb::RunState::Exited, "{child:?}");
+        assert_eq!(child.report.as_ref().unwrap().exit_code, Some(0));
+    }
+    tree.assert_clean();
+}
