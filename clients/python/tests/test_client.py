@@ -571,6 +571,41 @@ def test_stop_tears_down_a_live_run() -> None:
 
 
 @test(SUPERVISOR)
+def test_tree_shows_a_delegated_child_that_ends_with_its_parent() -> None:
+    child_spec = (
+        '{"subject": "py-child", "exec": ["/usr/bin/sleep"], "agent": {"argv": ["/usr/bin/sleep", "60"]}}'
+    )
+    script = (
+        f"echo '{child_spec}' | tollgate-shim child delegate > /tmp/id || exit 11; "
+        "read id < /tmp/id; tollgate-shim child start $id > /dev/null || exit 12; "
+        "echo started; exec /usr/bin/sleep 60"
+    )
+    minted = mint_script(script, delegate_depth=1, limits={"memory_bytes": "256MiB", "pids": 32, "tool_calls": 20})
+    run_id = supervisor().start(minted.text)
+    # The parent says "started" on stdout once its child runs (the shim notes the delegation
+    # on stderr).
+    for event in supervisor().watch(run_id, timeout=60):
+        assert isinstance(event, OutputChunk), event
+        if event.stream == "stdout":
+            assert event.text == "started\n", event
+            break
+    tree = supervisor().tree(run_id)
+    assert [r.depth for r in tree.runs] == [0, 1], tree
+    child = tree.runs[1]
+    assert child.parent_run_id == run_id and child.subject == "py-child", child
+    assert child.state == RunState.RUNNING and not child.ended, child
+    supervisor().stop(run_id, "py tree stop")
+    deadline = time.monotonic() + 10
+    while not supervisor().get(child.run_id).ended:
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.02)
+    ended = supervisor().get(child.run_id)
+    assert ended.state == RunState.PARENT_ENDED and ended.ended, ended
+    assert ended.report is not None and run_id in ended.report.reason, ended.report
+    expect_error(grpc.StatusCode.NOT_FOUND, lambda: supervisor().tree(str(uuid.uuid4())))
+
+
+@test(SUPERVISOR)
 def test_refused_receipts_raise_tollgate_error() -> None:
     expect_error(grpc.StatusCode.INVALID_ARGUMENT, lambda: supervisor().start("tgr1.garbage"))
     minted = mint_script("exit 0")

@@ -18,6 +18,7 @@ import type {
   Run,
   RunEvent,
   RunState,
+  RunTree,
   Sensitivity,
   SignedReceipt,
   SupervisorInfo,
@@ -228,6 +229,22 @@ export function runFromRaw(raw: Raw | undefined): Run {
     endedAt: fromTimestamp(r.endedAt),
     expiresAt: fromTimestamp(r.expiresAt),
     report: reportFromRaw(message(r.report)),
+    parentRunId: str(r.parentRunId),
+    depth: num(r.depth),
+  };
+}
+
+export function runTreeFromRaw(raw: Raw): RunTree {
+  const runs = Array.isArray(raw.runs) ? (raw.runs as Raw[]) : [];
+  const pending = Array.isArray(raw.pending) ? (raw.pending as Raw[]) : [];
+  return {
+    runs: runs.map(runFromRaw),
+    pending: pending.map((p) => ({
+      receiptId: str(p.receiptId),
+      parentRunId: str(p.parentRunId),
+      subject: str(p.subject),
+      expiresAt: fromTimestamp(p.expiresAt),
+    })),
   };
 }
 

@@ -1,9 +1,9 @@
 import { status as Status } from "@grpc/grpc-js";
 
 import { CallOptions, ClientOptions, DaemonClient } from "./connection";
-import { Raw, runEventFromRaw, runFromRaw, supervisorInfoFromRaw } from "./convert";
+import { Raw, runEventFromRaw, runFromRaw, runTreeFromRaw, supervisorInfoFromRaw } from "./convert";
 import { TollgateError } from "./errors";
-import type { MintedReceipt, Run, RunEvent, SupervisorInfo } from "./types";
+import type { MintedReceipt, Run, RunEvent, RunTree, SupervisorInfo } from "./types";
 
 /** Options of {@link Supervisor.start}. */
 export interface StartOptions extends CallOptions {
@@ -62,6 +62,14 @@ export class Supervisor extends DaemonClient {
   async list(options?: CallOptions): Promise<Run[]> {
     const raw = await this.unary<Raw>("ListRuns", {}, options);
     return (Array.isArray(raw.runs) ? (raw.runs as Raw[]) : []).map(runFromRaw);
+  }
+
+  /**
+   * A run and every run it delegated (children, grandchildren…) in pre-order, with the child
+   * receipts minted in the tree and not started yet. Rejects with NOT_FOUND for an unknown run.
+   */
+  async tree(runId: string, options?: CallOptions): Promise<RunTree> {
+    return runTreeFromRaw(await this.unary<Raw>("GetRunTree", { runId }, options));
   }
 
   /** Stops a live run (teardown with state STOPPED) and resolves with the run as recorded after teardown. */

@@ -28,7 +28,8 @@ export type RunState =
   | "RUN_STATE_LIMIT_EXCEEDED"
   | "RUN_STATE_SHIM_DIED"
   | "RUN_STATE_SUPERVISOR_SHUTDOWN"
-  | "RUN_STATE_LOST";
+  | "RUN_STATE_LOST"
+  | "RUN_STATE_PARENT_ENDED";
 
 /** Which output stream of the agent a chunk came from. */
 export type OutputStream = "stdout" | "stderr";
@@ -284,6 +285,30 @@ export interface Run {
   expiresAt?: Date;
   /** Set once it has ended. */
   report?: TeardownReport;
+  /** For a delegated (child) run, the run whose gateway started it; "" otherwise. */
+  parentRunId: string;
+  /** Delegation depth: 0 for a run an operator started. */
+  depth: number;
+}
+
+/** A child receipt minted for a run (through its gateway) and not started yet. */
+export interface PendingChild {
+  /** The child receipt's id (its run id once started). */
+  receiptId: string;
+  /** The run that asked for it. */
+  parentRunId: string;
+  /** The child's name. */
+  subject: string;
+  /** Its expiry (never after its parent's). */
+  expiresAt?: Date;
+}
+
+/** A run and every run it delegated (`Supervisor.tree`). */
+export interface RunTree {
+  /** The run first, then its descendants in pre-order (a parent before its children). */
+  runs: Run[];
+  /** Child receipts minted in the tree and not started yet. */
+  pending: PendingChild[];
 }
 
 /** One event of `Supervisor.watch`: output, then exactly one final `ended`. */

@@ -12,7 +12,7 @@ import assert from "node:assert/strict";
 import { createHash, createPublicKey, verify } from "node:crypto";
 import { describe, test } from "node:test";
 
-import { Authority, MintRequest, Status, Supervisor, TollgateError } from "@tollgate/client";
+import { Authority, MintRequest, Status, Supervisor, TollgateError, isFinal } from "@tollgate/client";
 
 const env = process.env;
 const authorityAddr = env.TOLLGATE_AUTHORITY;
@@ -220,6 +220,54 @@ describe("supervisor", { skip: noSupervisor }, () => {
       // A receipt starts at most one run.
       const reused = await refusal(s.start(minted.text));
       assert.equal(reused.code, Status.ALREADY_EXISTS, reused.message);
+    } finally {
+      a.close();
+      s.close();
+    }
+  });
+
+  test("tree shows a delegated child that ends with its parent", async () => {
+    const a = authority();
+    const s = supervisor();
+    try {
+      const child = '{"subject": "ts-child", "exec": ["/usr/bin/sleep"], "agent": {"argv": ["/usr/bin/sleep", "30"]}}';
+      const script =
+        `echo '${child}' | tollgate-shim child delegate > /tmp/id || exit 11; ` +
+        "read id < /tmp/id; tollgate-shim child start $id > /dev/null || exit 12; echo started; exec sleep 30";
+      const spec = shSpec("ts-parent", script);
+      const minted = await a.mint({
+        ...spec,
+        limits: { memoryBytes: 256 * 1024 * 1024, pids: 32, toolCalls: 20 },
+        delegate: { maxDepth: 1 },
+      });
+      const runId = await s.start(minted);
+      // "started" on stdout once the child runs (the shim notes the delegation on stderr).
+      for await (const event of s.watch(runId)) {
+        if (event.type === "output" && event.stream === "stdout") {
+          assert.equal(event.data.toString(), "started\n");
+          break;
+        }
+      }
+      const tree = await s.tree(runId);
+      assert.deepEqual(
+        tree.runs.map((r) => r.depth),
+        [0, 1],
+      );
+      const [, kid] = tree.runs;
+      assert.equal(kid.parentRunId, runId);
+      assert.equal(kid.state, "RUN_STATE_RUNNING");
+      await s.stop(runId, "ts tree stop");
+      const deadline = Date.now() + 10_000;
+      let ended = await s.get(kid.runId);
+      while (!isFinal(ended.state)) {
+        assert.ok(Date.now() < deadline, "the child outlived its parent");
+        await new Promise((resolve) => setTimeout(resolve, 20));
+        ended = await s.get(kid.runId);
+      }
+      assert.equal(ended.state, "RUN_STATE_PARENT_ENDED");
+      assert.match(ended.report?.reason ?? "", new RegExp(runId));
+      const missing = await refusal(s.tree("0190a0b0-0000-7000-8000-000000000000"));
+      assert.equal(missing.code, Status.NOT_FOUND, missing.message);
     } finally {
       a.close();
       s.close();

@@ -169,19 +169,28 @@ fn python_client_mints_verifies_and_reports_refusals_against_the_authority() {
     );
 }
 
-#[test]
-fn python_client_runs_three_scoped_agents_in_parallel_on_the_supervisor() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_runs_three_scoped_agents_in_parallel_on_the_supervisor() {
     if !require_root() {
         return;
     }
     require_client();
     let dir = tempfile::tempdir().unwrap();
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
+    // Enrolled for delegation, so the client's tree test can start a child.
+    let delegation_token = dir.path().join("delegation.token");
+    authority
+        .add_supervisor_token_file("workstation", &delegation_token)
+        .await;
+    let supervisor = SupervisorProcess::start_with_args(
         &dir.path().join("supervisor"),
         authority.addr(),
         "pyclient",
         205_000,
+        &[
+            "--delegation-token-file",
+            delegation_token.to_str().unwrap(),
+        ],
     );
     let authority_token = authority.data_dir().join("admin.token");
     let supervisor_token = supervisor.token_file();
@@ -214,6 +223,7 @@ fn python_client_runs_three_scoped_agents_in_parallel_on_the_supervisor() {
             "start_watch_get_list",
             "unpinned_receipt_takes_argv_within_exec",
             "stop_tears_down_a_live_run",
+            "tree_shows_a_delegated_child_that_ends_with_its_parent",
             "refused_receipts_raise_tollgate_error",
             "revoked_receipt_is_refused_once_the_supervisor_knows",
             "unknown_runs_are_not_found",

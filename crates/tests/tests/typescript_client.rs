@@ -166,8 +166,9 @@ const AUTHORITY_TESTS: [&str; 4] = [
     "an unreachable daemon rejects with UNAVAILABLE",
 ];
 
-const SUPERVISOR_TESTS: [&str; 2] = [
+const SUPERVISOR_TESTS: [&str; 3] = [
     "start and watch a run to completion",
+    "tree shows a delegated child that ends with its parent",
     "stop ends a live run; refused receipts reject with PERMISSION_DENIED",
 ];
 
@@ -211,11 +212,20 @@ async fn typescript_client_runs_agents_on_the_real_supervisor() {
     let package = prerequisites();
     let dir = tempfile::tempdir().unwrap();
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
+    // Enrolled for delegation, so the client's tree test can start a child.
+    let delegation_token = dir.path().join("delegation.token");
+    authority
+        .add_supervisor_token_file("workstation", &delegation_token)
+        .await;
+    let supervisor = SupervisorProcess::start_with_args(
         &dir.path().join("supervisor"),
         authority.addr(),
         "typescript",
         207_000,
+        &[
+            "--delegation-token-file",
+            delegation_token.to_str().unwrap(),
+        ],
     );
     let mut env = authority_env(&authority);
     env.push(("TOLLGATE_SUPERVISOR", supervisor.addr().to_owned()));

@@ -9,7 +9,7 @@ import grpc
 from ._channel import DEFAULT_TIMEOUT, PathLike, _Client
 from ._pb import supervisor_pb2, supervisor_pb2_grpc
 from .errors import TollgateError
-from .types import OutputChunk, Run, SupervisorInfo, strings
+from .types import OutputChunk, Run, RunTree, SupervisorInfo, strings
 
 __all__ = ["Supervisor", "RunEvent", "DEFAULT_SUPERVISOR"]
 
@@ -91,6 +91,15 @@ class Supervisor(_Client):
         """Every run this supervisor has recorded, newest first."""
         response = self._unary("ListRuns", self._stub.ListRuns, supervisor_pb2.ListRunsRequest())
         return [Run.from_proto(r) for r in response.runs]
+
+    def tree(self, run_id: str) -> RunTree:
+        """A run and every run it delegated (children, grandchildren…) in pre-order, with the
+        child receipts minted in the tree and not started yet. ``NOT_FOUND`` for an unknown
+        run."""
+        response = self._unary(
+            "GetRunTree", self._stub.GetRunTree, supervisor_pb2.GetRunTreeRequest(run_id=run_id)
+        )
+        return RunTree.from_proto(response)
 
     def stop(self, run_id: str, reason: str = "") -> Run:
         """Stops a live run (state STOPPED) and returns it after its teardown. Stopping a run

@@ -32,6 +32,8 @@ __all__ = [
     "SupervisorInfo",
     "TeardownReport",
     "Run",
+    "RunTree",
+    "PendingChild",
     "OutputChunk",
     "parse_duration",
     "parse_size",
@@ -170,6 +172,7 @@ class RunState(str, enum.Enum):
     SHIM_DIED = "shim_died"
     SUPERVISOR_SHUTDOWN = "supervisor_shutdown"
     LOST = "lost"
+    PARENT_ENDED = "parent_ended"
 
     @property
     def is_final(self) -> bool:
@@ -568,7 +571,9 @@ class TeardownReport:
 
 @dataclass(frozen=True)
 class Run:
-    """One run on a supervisor; ``report`` is set once it has ended."""
+    """One run on a supervisor; ``report`` is set once it has ended. A delegated (child) run
+    names the run that started it in ``parent_run_id`` and has ``depth`` ≥ 1; it ends as
+    ``PARENT_ENDED`` when its parent ends."""
 
     run_id: str
     owner: str
@@ -578,6 +583,8 @@ class Run:
     ended_at: Optional[datetime]
     expires_at: Optional[datetime]
     report: Optional[TeardownReport]
+    parent_run_id: str = ""
+    depth: int = 0
 
     @property
     def ended(self) -> bool:
@@ -600,6 +607,55 @@ class Run:
             ended_at=_dt(m, "ended_at"),
             expires_at=_dt(m, "expires_at"),
             report=TeardownReport.from_proto(m.report) if m.HasField("report") else None,
+            parent_run_id=m.parent_run_id,
+            depth=m.depth,
+        )
+
+
+@dataclass(frozen=True)
+class PendingChild:
+    """A child receipt minted for a run (through its gateway) and not started yet.
+
+    Attributes:
+        receipt_id: The child receipt's id (its run id once started).
+        parent_run_id: The run that asked for it.
+        subject: The child's name.
+        expires_at: Its expiry (never after its parent's).
+    """
+
+    receipt_id: str
+    parent_run_id: str
+    subject: str
+    expires_at: Optional[datetime]
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "PendingChild":
+        return cls(
+            receipt_id=m.receipt_id,
+            parent_run_id=m.parent_run_id,
+            subject=m.subject,
+            expires_at=_dt(m, "expires_at"),
+        )
+
+
+@dataclass(frozen=True)
+class RunTree:
+    """A run and every run it delegated (:meth:`Supervisor.tree`).
+
+    Attributes:
+        runs: The run first, then its descendants in pre-order (a parent before its
+            children); ``parent_run_id`` and ``depth`` place each one.
+        pending: Child receipts minted in the tree and not started yet.
+    """
+
+    runs: Tuple[Run, ...]
+    pending: Tuple[PendingChild, ...]
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "RunTree":
+        return cls(
+            runs=tuple(Run.from_proto(r) for r in m.runs),
+            pending=tuple(PendingChild.from_proto(p) for p in m.pending),
         )
 
 
