@@ -171,3 +171,86 @@ fn commit_batch(batch: Vec<MintJob>, store: &Store, audit: &AuditLog) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use tollgate_audit::{AuditLog, AuditReader, Decision, EntryDraft, EntryKind};
+    use tollgate_receipt::timestamp_from_unix;
+
+    use super::*;
+    use crate::error::AuthorityError;
+
+    fn receipt(id: &str, parent: &str, depth: u32) -> (pb::Receipt, pb::SignedReceipt) {
+        let receipt = pb::Receipt {
+            receipt_id: id.into(),
+            owner: "alice".into(),
+            key_id: "k".into(),
+            issued_at: Some(timestamp_from_unix(100)),
+            expires_at: Some(timestamp_from_unix(10_000)),
+            parent_receipt_id: parent.into(),
+            depth,
+            ..Default::default()
+        };
+        let signed = pb::SignedReceipt {
+            receipt: receipt.encode_to_vec(),
+            key_id: "k".into(),
+            signature: vec![0; 64],
+        };
+        (receipt, signed)
+    }
+
+    #[tokio::test]
+    async fn a_child_whose_parent_was_revoked_meanwhile_is_refused_and_audited_as_not_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("authority.db")).unwrap());
+        store.activate_key("k", &[1; 32], 0).unwrap();
+        let (parent, parent_signed) = receipt("p", "", 0);
+        store
+            .insert_receipts(&[NewReceipt {
+                receipt: &parent,
+                signed: &parent_signed,
+                delegated_by: None,
+            }])
+            .unwrap();
+        // Revoked after the service's checks passed and before the child's row goes in.
+        store
+            .revoke_tree::<AuthorityError>("p", "x", "alice", 1, |_| Ok(()))
+            .unwrap();
+        let audit =
+            AuditLog::open(tollgate_audit::component_config(dir.path(), "authority").unwrap())
+                .unwrap();
+        let committer = MintCommitter::start(store.clone(), audit.clone()).unwrap();
+        let (child, child_signed) = receipt("c", "p", 1);
+        let entry = EntryDraft::new("authority", EntryKind::ReceiptMinted)
+            .receipt("c")
+            .decision(Decision::Allow);
+        let refused = committer
+            .commit(child, child_signed, Some("ws".into()), entry)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, CallError::PermissionDenied(m) if m == "parent receipt p was revoked"),
+            "{refused}"
+        );
+        assert!(store.receipt("c").unwrap().is_none(), "never stored");
+        drop(committer);
+        audit.close().unwrap();
+        let entries: Vec<_> = AuditReader::open(&dir.path().join("audit"))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let about_child: Vec<_> = entries
+            .iter()
+            .filter(|e| e.receipt_id.as_deref() == Some("c"))
+            .collect();
+        assert_eq!(about_child.len(), 2, "{about_child:?}");
+        assert_eq!(about_child[0].decision, Some(Decision::Allow));
+        assert_eq!(about_child[1].decision, Some(Decision::Deny));
+        let reason = about_child[1].reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("not done") && reason.contains("was revoked"),
+            "{reason}"
+        );
+    }
+}
