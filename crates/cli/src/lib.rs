@@ -33,7 +33,7 @@ use crate::client::{authed, connect, TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUP
 ///
 /// Receipt, operator and supervisor-enrolment commands (mint, receipt, receipts, revoke,
 /// operator, supervisor, keys) talk to the authority: --authority or TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr
-/// file). Run commands (run, ps, watch, inspect, stop) talk to the supervisor: --supervisor or
+/// file). Run commands (run, ps, watch, tree, inspect, stop) talk to the supervisor: --supervisor or
 /// TOLLGATE_SUPERVISOR. The bearer token of the daemon a command talks to comes from
 /// --token-file or TOLLGATE_TOKEN_FILE (or the token itself in TOLLGATE_TOKEN). Audit commands
 /// (audit, trace, calls) and restore read the files themselves; classify runs locally.
@@ -129,7 +129,7 @@ pub enum Command {
     /// Manage operators (admin token needed).
     #[command(subcommand)]
     Operator(OperatorCommand),
-    /// Enrol supervisors for delegation (admin token needed).
+    /// Enrol supervisors for delegation, or remove them (admin token needed).
     #[command(subcommand)]
     Supervisor(SupervisorCommand),
     /// Show the authority's public key set, or rotate the signing key.
@@ -181,9 +181,10 @@ pub enum Command {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Show a run and every run it delegated (children, grandchildren…) as a tree, with
-    /// each one's state, age and expiry; child receipts minted but not started show as
-    /// `minted`. Exits 66 when the run is unknown.
+    /// Show a run and every run it delegated, as a tree with each one's state and age.
+    ///
+    /// Children, grandchildren and so on, each with its state, age and expiry; child receipts
+    /// minted but not started show as `minted`. Exits 66 when the run is unknown.
     ///
     /// A child run ends as `parent_ended` when its parent ends (stopped, revoked, expired
     /// or exited): a delegated run never outlives the run that started it.
@@ -430,9 +431,11 @@ pub enum SupervisorCommand {
         #[arg(long, value_name = "FILE")]
         token_out: Option<PathBuf>,
     },
-    /// Remove an enrolled supervisor: its delegation token stops working at once (runs on
-    /// it can no longer delegate; children already minted are untouched). To rotate a token,
-    /// remove the supervisor and add it again. Exit 66: not enrolled; 77: not an admin token.
+    /// Remove an enrolled supervisor: its delegation token stops working at once.
+    ///
+    /// Runs on that supervisor can no longer delegate; children already minted are untouched
+    /// (revoke them as usual). To rotate a token, remove the supervisor and add it again.
+    /// Exit 66: not enrolled; 77: not an admin token.
     Remove {
         /// The supervisor's id.
         #[arg(value_name = "ID")]
