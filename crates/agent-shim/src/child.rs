@@ -24,7 +24,8 @@ const USAGE: &str = "usage: tollgate-shim child delegate < SPEC.json   (prints t
                      \"limits\": {\"memory_bytes\": 0, ...}, \"fs\": [{\"path\": \"/host/dir\", \"access\": \"read\", \"mount\": \"/data\"}],\n  \
                      \"exec\": [\"/bin/sh\"], \"routes\": [{\"name\": \"local\", \"max_sensitivity\": \"high\"}], \"delegate\": {\"max_depth\": 0}}\n\
                      Every grant must lie within this run's receipt; ttl 0 means until this run expires; zero\n\
-                     limits take this run's, except tool_calls and tokens: half of what this run has left.";
+                     limits take this run's, except tool_calls, tokens and output_bytes: half of what this run\n\
+                     has left (they are carved from it).";
 
 fn usage() -> i32 {
     eprintln!("{USAGE}");

@@ -12,7 +12,7 @@
 //! links under its writable grants, and a child grant must never reach through one.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -136,6 +136,9 @@ pub struct ChildState {
     pub pending: Mutex<HashMap<String, (SignedReceipt, pb::Receipt)>>,
     /// Delegations asking the authority right now: they hold a place in `pending`.
     minting: AtomicUsize,
+    /// The output the run may still relay (shared with its relays): children's
+    /// `output_bytes` are carved from it. `None`: not carved (a gateway without a run).
+    output_left: Option<Arc<AtomicU64>>,
 }
 
 /// A place held in a run's pending children while its delegation asks the authority.
@@ -150,10 +153,11 @@ impl Drop for MintingSlot<'_> {
 impl ChildState {
     /// The delegation state of a run admitted with `signed`, reaching the supervisor through
     /// `control`.
-    pub fn new(signed: SignedReceipt, control: ChildControl) -> Self {
+    pub fn new(signed: SignedReceipt, control: ChildControl, output_left: Arc<AtomicU64>) -> Self {
         Self {
             signed,
             control: Some(control),
+            output_left: Some(output_left),
             ..Default::default()
         }
     }
@@ -259,6 +263,22 @@ pub(crate) fn pin_child_grants(
 struct Carved {
     calls: u64,
     tokens: Option<u64>,
+    output: Option<u64>,
+}
+
+/// Takes `asked` (0: half of what is left) from a budget counting down; how much, or what
+/// was asked and what is left.
+pub(crate) fn carve_left(left: &AtomicU64, asked: u64) -> Result<u64, (u64, u64)> {
+    let now = left.load(Ordering::SeqCst);
+    let wanted = if asked == 0 { now / 2 } else { asked };
+    if wanted == 0 {
+        return Err((wanted, now));
+    }
+    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| {
+        l.checked_sub(wanted)
+    })
+    .map(|_| wanted)
+    .map_err(|l| (wanted, l))
 }
 
 /// A child minted by the authority and verified here, not yet handed to the agent.
@@ -327,6 +347,9 @@ impl RunGateway {
 
     fn refund(&self, carved: &Carved) {
         self.refund_calls(carved.calls);
+        if let (Some(left), Some(output)) = (&self.children.output_left, carved.output) {
+            left.fetch_add(output, Ordering::SeqCst);
+        }
         if let (Some(models), Some(tokens)) = (&self.models, carved.tokens) {
             models
                 .ledger
@@ -451,7 +474,21 @@ impl RunGateway {
         let mut carved = Carved {
             calls,
             tokens: None,
+            output: None,
         };
+        // Output too: a tree never relays (or keeps for watchers) more than its root may.
+        if let Some(left) = &self.children.output_left {
+            match carve_left(left, limits.output_bytes) {
+                Ok(output) => carved.output = Some(output),
+                Err((wanted, left)) => {
+                    self.refund(&carved);
+                    return Err(Refusal::with(
+                        Status::resource_exhausted,
+                        format!("limits.output_bytes = {wanted}: this run has {left} bytes of output left to hand on"),
+                    ));
+                }
+            }
+        }
         let parent_tokens = self.receipt.limits.unwrap_or_default().tokens;
         if let Some(models) = &self.models {
             let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
@@ -476,6 +513,9 @@ impl RunGateway {
             }
         }
         limits.tool_calls = calls;
+        if let Some(output) = carved.output {
+            limits.output_bytes = output;
+        }
         limits.tokens = match (carved.tokens, limits.tokens) {
             (Some(tokens), _) => tokens,
             // No routes on this supervisor: no run here can spend tokens, so none move.
@@ -507,7 +547,12 @@ impl RunGateway {
         };
         // What was carved is what the child may spend, no more.
         let got = receipt.limits.unwrap_or_default();
-        if got.tool_calls != calls || got.tokens != limits.tokens {
+        if got.tool_calls != calls
+            || got.tokens != limits.tokens
+            || carved
+                .output
+                .is_some_and(|output| got.output_bytes != output)
+        {
             self.refund(&carved);
             return Err(Refusal::with(
                 Status::internal,
@@ -796,4 +841,19 @@ fn authority_refusal(run_id: &str, status: Status) -> Refusal {
         Status::new(code, format!("receipt {run_id}: {reason}")),
         reason,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_handed_on_comes_out_of_what_is_left() {
+        let left = AtomicU64::new(1000);
+        assert_eq!(carve_left(&left, 0), Ok(500), "zero asks for half");
+        assert_eq!(carve_left(&left, 501), Err((501, 500)));
+        assert_eq!(carve_left(&left, 500), Ok(500));
+        assert_eq!(left.load(Ordering::SeqCst), 0);
+        assert_eq!(carve_left(&left, 0), Err((0, 0)), "nothing left to halve");
+    }
 }

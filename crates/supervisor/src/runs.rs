@@ -160,6 +160,8 @@ fn holds_of(limits: &tollgate_proto::v1::Limits) -> Holds {
 /// A live run's shared state.
 struct LiveRun {
     cgroup: RunCgroup,
+    /// Bytes of output the run may still relay; children's `output_bytes` are carved from it.
+    output_left: Arc<AtomicU64>,
     /// The run that delegated this one, if any: its end ends this run too.
     parent: Option<String>,
     /// The Landlock ABI the shim reported.
@@ -823,6 +825,7 @@ impl RunManager {
         // being built is noted, and acted on as soon as there is something to kill.
         let live = Arc::new(LiveRun {
             cgroup,
+            output_left: Arc::new(AtomicU64::new(limits.output_bytes)),
             parent: parent.map(str::to_owned),
             landlock_abi: OnceLock::new(),
             closing: Arc::default(),
@@ -879,7 +882,7 @@ impl RunManager {
                     })
                 };
                 // Relay output first: the agent is already writing.
-                let budget = Arc::new(AtomicU64::new(limits.output_bytes));
+                let budget = live.output_left.clone();
                 let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
                 let relays = [
                     (stdout, OutputStream::Stdout),
@@ -990,6 +993,7 @@ impl RunManager {
                 manager: manager.clone(),
                 delegator: self.delegator.get().cloned(),
             },
+            live.output_left.clone(),
         );
         let run = Arc::new(RunGateway {
             children,

@@ -326,9 +326,33 @@ echo "child $id"
     assert_eq!(child.audience, ["workstation"]);
     assert_eq!(child.owner, "admin");
     assert!(child.expires_at.unwrap().seconds <= parent.expires_at.unwrap().seconds);
-    // Carved: half of what the parent had left when it asked.
+    // Carved: half of what the parent had left when it asked (one call kept for the start;
+    // its output so far is small).
     let calls = child.limits.unwrap().tool_calls;
     assert!((90..=100).contains(&calls), "carved {calls} tool calls");
+    let parent_receipt = tree
+        .authority
+        .client()
+        .await
+        .get_receipt(authed(
+            &tree.authority.admin_token(),
+            pb::GetReceiptRequest {
+                receipt_id: run_id.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .receipt
+        .unwrap();
+    let (parent_output, carved_output) = (
+        parent_receipt.limits.unwrap().output_bytes,
+        child.limits.unwrap().output_bytes,
+    );
+    assert!(
+        carved_output <= parent_output / 2 && carved_output > parent_output / 2 - 4096,
+        "carved {carved_output} of {parent_output} output bytes"
+    );
 
     // An operator cannot start a delegated receipt: it starts only through its parent.
     let direct = tree
@@ -435,6 +459,10 @@ async fn out_of_scope_delegations_are_refused_naming_the_grant() {
         "calls",
         r#"{"subject": "x", "limits": {"tool_calls": 100000}}"#,
     );
+    script += &ask(
+        "output",
+        r#"{"subject": "x", "limits": {"output_bytes": 999999999999}}"#,
+    );
     // A child that may not delegate tries to: refused at its own gateway.
     script += r#"cat > /tmp/leaf <<'EOF'
 {"subject": "leaf", "exec": ["/bin/sh"],
@@ -483,6 +511,7 @@ tollgate-shim child watch "$id"
     expect("depth", "delegate.max_depth = 1 is above");
     expect("memory", "limits.memory_bytes");
     expect("calls", "tool calls left to hand on");
+    expect("output", "bytes of output left to hand on");
     expect("leaf", "delegate needs a delegate grant");
     // Refused delegations minted nothing: the tree holds the parent and the leaf only.
     let runs = tree.tree(&run_id).await.runs;
