@@ -112,6 +112,17 @@ impl Tree {
             .run_id
     }
 
+    /// Starts a run and waits for its end: its id, the ended run and everything it printed.
+    async fn run_to_end(&self, text: String) -> (String, pb::Run, String) {
+        let run_id = self.start_run(text).await;
+        let run = self
+            .supervisor
+            .wait_ended(&run_id, Duration::from_secs(60))
+            .await;
+        let output = self.output(&run_id).await;
+        (run_id, run, output)
+    }
+
     async fn tree(&self, run_id: &str) -> pb::RunTree {
         self.supervisor
             .client()
@@ -244,12 +255,7 @@ echo "child $id"
             vec![grant(&project, pb::FsAccess::Write, "")],
         )
         .await;
-    let run_id = tree.start_run(text).await;
-    let parent = tree
-        .supervisor
-        .wait_ended(&run_id, Duration::from_secs(60))
-        .await;
-    let output = tree.output(&run_id).await;
+    let (run_id, parent, output) = tree.run_to_end(text).await;
     assert_eq!(state(&parent), pb::RunState::Exited, "{output}");
     assert_eq!(
         parent.report.as_ref().unwrap().exit_code,
@@ -481,12 +487,7 @@ tollgate-shim child watch "$id"
             vec![grant(&project, pb::FsAccess::Read, "")],
         )
         .await;
-    let run_id = tree.start_run(text).await;
-    let parent = tree
-        .supervisor
-        .wait_ended(&run_id, Duration::from_secs(60))
-        .await;
-    let output = tree.output(&run_id).await;
+    let (run_id, parent, output) = tree.run_to_end(text).await;
     assert_eq!(
         parent.report.as_ref().unwrap().exit_code,
         Some(0),
@@ -549,11 +550,7 @@ start mount '{{"subject": "x", "fs": [{{"path": "{p}/sub", "access": "read", "mo
             vec![grant(&project, pb::FsAccess::Write, "/p")],
         )
         .await;
-    let run_id = tree.start_run(text).await;
-    tree.supervisor
-        .wait_ended(&run_id, Duration::from_secs(60))
-        .await;
-    let output = tree.output(&run_id).await;
+    let (run_id, _, output) = tree.run_to_end(text).await;
     assert!(
         output.contains("grant_escapes") && output.contains("symbolic link is on the path"),
         "{output}"
@@ -742,12 +739,7 @@ tollgate-shim child watch "$b"
         ..Default::default()
     };
     let text = tree.mint_with(script, 120, 1, vec![], limits).await;
-    let run_id = tree.start_run(text).await;
-    let parent = tree
-        .supervisor
-        .wait_ended(&run_id, Duration::from_secs(60))
-        .await;
-    let output = tree.output(&run_id).await;
+    let (run_id, parent, output) = tree.run_to_end(text).await;
     assert_eq!(
         parent.report.as_ref().unwrap().exit_code,
         Some(0),
@@ -802,12 +794,7 @@ async fn the_fan_out_example_counts_each_file_in_a_child_of_its_own() {
         .unwrap();
     assert!(minted.status.success(), "{minted:?}");
     let text = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
-    let run_id = tree.start_run(text).await;
-    let parent = tree
-        .supervisor
-        .wait_ended(&run_id, Duration::from_secs(60))
-        .await;
-    let output = tree.output(&run_id).await;
+    let (run_id, parent, output) = tree.run_to_end(text).await;
     assert_eq!(
         parent.report.as_ref().unwrap().exit_code,
         Some(0),
