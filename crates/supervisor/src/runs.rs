@@ -390,14 +390,10 @@ impl RunManager {
         let Some(root) = self.live_run(run_id) else {
             return false;
         };
+        // Closing before its descendants are looked for: a child starting from now on sees it.
         root.closing.store(true, Ordering::SeqCst);
-        let descendants = self.mark_descendants(run_id);
-        let cascade = descendant_reason(run_id, state, reason);
         std::thread::scope(|scope| {
-            for (child, parent) in &descendants {
-                let reason = cascade(parent);
-                scope.spawn(move || child.trigger(RunState::ParentEnded, reason));
-            }
+            scope.spawn(|| self.cascade(run_id, state, reason));
             root.trigger(state, reason.to_owned());
         });
         true
