@@ -162,6 +162,22 @@ impl Tree {
         }
     }
 
+    /// A receipt as the authority stored it (admin view).
+    async fn receipt(&self, receipt_id: &str) -> pb::GetReceiptResponse {
+        self.authority
+            .client()
+            .await
+            .get_receipt(authed(
+                &self.authority.admin_token(),
+                pb::GetReceiptRequest {
+                    receipt_id: receipt_id.into(),
+                },
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
     /// Everything a run printed (it must have ended or end).
     async fn output(&self, run_id: &str) -> String {
         let mut stream = self
@@ -313,19 +329,7 @@ echo "child $id"
     assert!(drawn.contains(&format!("└── {child_id}")), "{drawn}");
 
     // The child's receipt: narrower, chained, never longer than its parent.
-    let receipts = tree
-        .authority
-        .client()
-        .await
-        .get_receipt(authed(
-            &tree.authority.admin_token(),
-            pb::GetReceiptRequest {
-                receipt_id: child_id.clone(),
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+    let receipts = tree.receipt(&child_id).await;
     let child = receipts.receipt.unwrap();
     assert_eq!(child.parent_receipt_id, run_id);
     assert_eq!(child.depth, 1);
@@ -336,21 +340,7 @@ echo "child $id"
     // its output so far is small).
     let calls = child.limits.unwrap().tool_calls;
     assert!((90..=100).contains(&calls), "carved {calls} tool calls");
-    let parent_receipt = tree
-        .authority
-        .client()
-        .await
-        .get_receipt(authed(
-            &tree.authority.admin_token(),
-            pb::GetReceiptRequest {
-                receipt_id: run_id.clone(),
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .receipt
-        .unwrap();
+    let parent_receipt = tree.receipt(&run_id).await.receipt.unwrap();
     let (parent_output, carved_output) = (
         parent_receipt.limits.unwrap().output_bytes,
         child.limits.unwrap().output_bytes,
