@@ -316,23 +316,39 @@ impl SupervisorProcess {
         )
     }
 
-    /// Starts it with extra flags (e.g. `--delegation-token-file FILE`).
-    pub fn start_with_args(
+    /// Starts it enrolled at `authority` for delegation: its token, written to
+    /// [`Self::delegation_token_file`], given with `--delegation-token-file`.
+    pub async fn start_delegating(
         data_dir: &Path,
-        authority: &str,
+        authority: &AuthorityProcess,
         test: &str,
         host_id_base: u32,
-        extra: &[&str],
     ) -> Self {
+        let token_file = Self::token_file_of(data_dir);
+        authority
+            .add_supervisor_token_file("workstation", &token_file)
+            .await;
         let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
-        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        let extra = vec![
+            "--delegation-token-file".to_owned(),
+            token_file.display().to_string(),
+        ];
         Self::spawn(
             data_dir,
-            authority,
+            authority.addr(),
             cgroup_parent,
             (host_id_base, 64),
             extra,
         )
+    }
+
+    fn token_file_of(data_dir: &Path) -> PathBuf {
+        data_dir.with_extension("delegation-token")
+    }
+
+    /// Its delegation token file (for one started with [`Self::start_delegating`]).
+    pub fn delegation_token_file(&self) -> PathBuf {
+        Self::token_file_of(&self.data_dir)
     }
 
     /// Starts it with room for `host_ids` live runs at once.

@@ -25,17 +25,13 @@ impl Tree {
     async fn start(test: &str, host_id_base: u32) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let authority = AuthorityProcess::start(&dir.path().join("authority"));
-        let token_file = dir.path().join("delegation.token");
-        authority
-            .add_supervisor_token_file("workstation", &token_file)
-            .await;
-        let supervisor = SupervisorProcess::start_with_args(
+        let supervisor = SupervisorProcess::start_delegating(
             &dir.path().join("supervisor"),
-            authority.addr(),
+            &authority,
             test,
             host_id_base,
-            &["--delegation-token-file", token_file.to_str().unwrap()],
-        );
+        )
+        .await;
         Self {
             dir,
             authority,
@@ -400,7 +396,7 @@ echo "child $id"
     assert_eq!(seen("child.stop", "deny"), 1, "{calls:?}");
     assert_eq!(seen("child.list", "allow"), 1, "{calls:?}");
     // The supervisor's delegation token is in none of its logs, nor in the sandbox's output.
-    let token = std::fs::read_to_string(tree.dir.path().join("delegation.token")).unwrap();
+    let token = std::fs::read_to_string(tree.supervisor.delegation_token_file()).unwrap();
     let token = token.trim();
     let mut logs = std::fs::read_to_string(tree.supervisor.data_dir().with_extension("stderr"))
         .unwrap_or_default();

@@ -178,20 +178,13 @@ async fn python_client_runs_three_scoped_agents_in_parallel_on_the_supervisor() 
     let dir = tempfile::tempdir().unwrap();
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
     // Enrolled for delegation, so the client's tree test can start a child.
-    let delegation_token = dir.path().join("delegation.token");
-    authority
-        .add_supervisor_token_file("workstation", &delegation_token)
-        .await;
-    let supervisor = SupervisorProcess::start_with_args(
+    let supervisor = SupervisorProcess::start_delegating(
         &dir.path().join("supervisor"),
-        authority.addr(),
+        &authority,
         "pyclient",
         205_000,
-        &[
-            "--delegation-token-file",
-            delegation_token.to_str().unwrap(),
-        ],
-    );
+    )
+    .await;
     let authority_token = authority.data_dir().join("admin.token");
     let supervisor_token = supervisor.token_file();
 

@@ -213,20 +213,13 @@ async fn typescript_client_runs_agents_on_the_real_supervisor() {
     let dir = tempfile::tempdir().unwrap();
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
     // Enrolled for delegation, so the client's tree test can start a child.
-    let delegation_token = dir.path().join("delegation.token");
-    authority
-        .add_supervisor_token_file("workstation", &delegation_token)
-        .await;
-    let supervisor = SupervisorProcess::start_with_args(
+    let supervisor = SupervisorProcess::start_delegating(
         &dir.path().join("supervisor"),
-        authority.addr(),
+        &authority,
         "typescript",
         207_000,
-        &[
-            "--delegation-token-file",
-            delegation_token.to_str().unwrap(),
-        ],
-    );
+    )
+    .await;
     let mut env = authority_env(&authority);
     env.push(("TOLLGATE_SUPERVISOR", supervisor.addr().to_owned()));
     env.push((
