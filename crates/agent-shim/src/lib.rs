@@ -31,7 +31,7 @@ pub mod setup;
 pub mod tool;
 
 use std::ffi::CString;
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 
@@ -115,13 +115,78 @@ fn fail_early(reason: &str) -> ! {
     std::process::exit(EXIT_SETUP_FAILED)
 }
 
-/// Reads the next message from the supervisor.
-fn read_message(reader: &mut impl BufRead) -> Result<ToShim, String> {
-    let mut line = String::new();
-    match reader.read_line(&mut line) {
-        Ok(0) => Err("the supervisor closed the control socket".into()),
-        Ok(_) => serde_json::from_str(&line).map_err(|e| format!("invalid message: {e}")),
-        Err(e) => Err(format!("reading the control socket: {e}")),
+/// Reads the supervisor's messages from the control socket with `recvmsg`, so descriptors
+/// sent with a message (SCM_RIGHTS: the plan's detached grant mounts) arrive with it; a plain
+/// buffered read would drop them.
+struct ControlReader<'a> {
+    socket: &'a UnixStream,
+    buffer: Vec<u8>,
+    fds: std::collections::VecDeque<OwnedFd>,
+}
+
+impl<'a> ControlReader<'a> {
+    fn new(socket: &'a UnixStream) -> Self {
+        Self {
+            socket,
+            buffer: Vec::new(),
+            fds: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// The next message (one JSON line).
+    fn next_message(&mut self) -> Result<ToShim, String> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        loop {
+            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                return serde_json::from_slice(&line).map_err(|e| format!("invalid message: {e}"));
+            }
+            let mut chunk = [0u8; 16 * 1024];
+            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 253]);
+            let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
+            let received = recvmsg::<()>(
+                self.socket.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_CMSG_CLOEXEC,
+            )
+            .map_err(|e| format!("reading the control socket: {e}"))?;
+            let (bytes, truncated) = (
+                received.bytes,
+                received.flags.contains(MsgFlags::MSG_CTRUNC),
+            );
+            for message in received
+                .cmsgs()
+                .map_err(|e| format!("reading the control socket: {e}"))?
+            {
+                if let ControlMessageOwned::ScmRights(fds) = message {
+                    // SAFETY: the kernel installed these descriptors in this process for this
+                    // message; nothing else owns them.
+                    self.fds.extend(
+                        fds.into_iter()
+                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                    );
+                }
+            }
+            if truncated {
+                return Err("descriptors sent on the control socket were truncated".into());
+            }
+            if bytes == 0 {
+                return Err("the supervisor closed the control socket".into());
+            }
+            self.buffer.extend_from_slice(&chunk[..bytes]);
+        }
+    }
+
+    /// The next `count` descriptors received, in the order they were sent.
+    fn take_fds(&mut self, count: usize) -> Result<Vec<OwnedFd>, String> {
+        if self.fds.len() != count {
+            return Err(format!(
+                "the plan has {count} mounts but {} descriptors came with it",
+                self.fds.len()
+            ));
+        }
+        Ok(self.fds.drain(..).collect())
     }
 }
 
@@ -144,8 +209,8 @@ fn pid_one(
         Err(e) => fail(&mut control, e.to_string()),
     };
     // One reader for both messages: the second may arrive in the same read as the first.
-    let mut reader = BufReader::new(control_reader);
-    let base = match read_message(&mut reader) {
+    let mut reader = ControlReader::new(control_reader);
+    let base = match reader.next_message() {
         Ok(ToShim::Prepare(base)) => *base,
         Ok(ToShim::Start(_)) => fail(&mut control, "the plan came before the base".into()),
         Err(reason) => fail(&mut control, reason),
@@ -165,7 +230,7 @@ fn pid_one(
         Err(e) => fail(&mut control, format!("signalfd: {e}")),
     };
     // Everything above ran before the plan when the sandbox was prepared ahead of need.
-    let plan = match read_message(&mut reader) {
+    let plan = match reader.next_message() {
         Ok(ToShim::Start(plan)) => *plan,
         Ok(ToShim::Prepare(_)) => fail(
             &mut control,
@@ -173,8 +238,12 @@ fn pid_one(
         ),
         Err(reason) => fail(&mut control, reason),
     };
+    let mounts = match reader.take_fds(plan.binds.len()) {
+        Ok(mounts) => mounts,
+        Err(reason) => fail(&mut control, reason),
+    };
     drop(reader);
-    if let Err(e) = setup::finish_root(&base, &plan) {
+    if let Err(e) = setup::finish_root(&base, &plan, mounts) {
         fail(&mut control, e.to_string());
     }
     // The executables' interpreters, resolved once, now, before the agent exists: a command

@@ -9,6 +9,7 @@
 
 use std::ffi::CString;
 use std::fs;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,24 @@ pub enum SetupError {
         path: PathBuf,
         /// The error.
         source: std::io::Error,
+    },
+    /// Attaching a grant's detached mount (sent by the supervisor) failed.
+    #[error("attaching the grant {grant} at {target}: {source}")]
+    Attach {
+        /// The granted host path (for the message only: the mount came as a descriptor).
+        grant: PathBuf,
+        /// Where inside the sandbox.
+        target: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The supervisor sent a different number of grant mounts than the plan has binds.
+    #[error("the plan has {binds} mounted grants but {mounts} mounts came with it")]
+    MountCount {
+        /// Mounts received.
+        mounts: usize,
+        /// Binds in the plan.
+        binds: usize,
     },
     /// A bind source does not exist on the host.
     #[error("bind source {0} does not exist")]
@@ -187,6 +206,49 @@ fn bind(source: &Path, target: &Path, how: Restrict) -> Result<(), SetupError> {
     restrict_recursively(target, how)
 }
 
+/// Attaches the detached mount `mount` (a grant's tree, cloned by the supervisor from the
+/// descriptor it pinned at start: `open_tree(OPEN_TREE_CLONE)`) at `target`, creating the
+/// mount point as a file or directory to match, then restricts it. No host path is looked up
+/// here: a link planted on the granted path after the supervisor pinned it changes nothing.
+fn attach(mount: &OwnedFd, grant: &Path, target: &Path, how: Restrict) -> Result<(), SetupError> {
+    let error = |source: std::io::Error| SetupError::Attach {
+        grant: grant.to_owned(),
+        target: target.to_owned(),
+        source,
+    };
+    let stat = nix::sys::stat::fstat(mount).map_err(|e| error(e.into()))?;
+    if stat.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        create_dir(target)?;
+    } else {
+        if let Some(parent) = target.parent() {
+            create_dir(parent)?;
+        }
+        fs::write(target, b"").map_err(|e| SetupError::MountPoint {
+            path: target.to_owned(),
+            source: e,
+        })?;
+    }
+    let path = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+    // SAFETY: move_mount reads two NUL-terminated strings (a static empty one and `path`,
+    // both alive for the call) and two descriptors; it touches no other memory.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if result != 0 {
+        return Err(error(std::io::Error::last_os_error()));
+    }
+    restrict_recursively(target, how)
+}
+
 /// Builds the part of the sandbox no receipt decides: a tmpfs root at `base.root_dir` with
 /// the host's system directories read-only, a fresh `/proc`, a minimal `/dev`, the host
 /// name and loopback. Must run in fresh mount, uts and net namespaces and, for `/proc`, as
@@ -318,8 +380,13 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
 }
 
 /// Completes the root prepared by [`prepare_root`] from the plan (`/tmp`, `/work`, the
-/// receipt's grants) and switches to it.
-pub fn finish_root(base: &SandboxBase, plan: &SandboxPlan) -> Result<(), SetupError> {
+/// receipt's grants, attached from `mounts`: one detached mount per bind, in order) and
+/// switches to it.
+pub fn finish_root(
+    base: &SandboxBase,
+    plan: &SandboxPlan,
+    mounts: Vec<OwnedFd>,
+) -> Result<(), SetupError> {
     let root = base.root_dir.as_path();
     let tmp = inside(root, Path::new("/tmp"));
     create_dir(&tmp)?;
@@ -340,8 +407,15 @@ pub fn finish_root(base: &SandboxBase, plan: &SandboxPlan) -> Result<(), SetupEr
             no_exec: true,
         },
     )?;
-    for grant in &plan.binds {
-        bind(
+    if mounts.len() != plan.binds.len() {
+        return Err(SetupError::MountCount {
+            mounts: mounts.len(),
+            binds: plan.binds.len(),
+        });
+    }
+    for (grant, mount) in plan.binds.iter().zip(&mounts) {
+        attach(
+            mount,
             &grant.source,
             &inside(root, &grant.target),
             Restrict {

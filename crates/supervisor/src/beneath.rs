@@ -10,6 +10,7 @@
 use std::ffi::{CStr, CString};
 use std::io::{Read as _, Seek as _, Write as _};
 use std::os::fd::{AsFd, AsRawFd as _, OwnedFd};
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::Path;
 
 use nix::errno::Errno;
@@ -22,10 +23,11 @@ fn resolve_flags() -> ResolveFlag {
         | ResolveFlag::RESOLVE_NO_MAGICLINKS
 }
 
-/// A granted path, pinned: opened once (following the operator's path as signed, as the
-/// bind mount does) when the run starts, before any agent exists, and used by descriptor from
-/// then on. Whatever the agent later renames or links — even where one grant lies inside
-/// another it may write — cannot change which directory a grant means.
+/// A granted path, pinned: opened once when the run starts, before any agent exists, resolved
+/// from `/` without following a symbolic link in any component, and used by descriptor from
+/// then on (the bind mount too: see [`detached_mount`]). Whatever an agent later renames or
+/// links — even where one grant lies inside another it may write, or where another run's agent
+/// planted a link on the granted path — cannot change which directory a grant means.
 #[derive(Debug)]
 pub struct GrantRoot {
     /// The granted directory, or the directory holding a granted file (`O_PATH`).
@@ -38,26 +40,54 @@ pub struct GrantRoot {
     pub ino: u64,
 }
 
+/// Opens `path` (absolute) from `/` with `flags`, following no symbolic link on the way: a
+/// link in any component, the last included, is `ELOOP`.
+fn open_no_links(path: &CStr, flags: OFlag) -> nix::Result<OwnedFd> {
+    openat2(
+        nix::fcntl::AT_FDCWD,
+        path,
+        OpenHow::new()
+            .flags(flags | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS),
+    )
+}
+
 impl GrantRoot {
-    /// Pins the granted host path `grant`. A granted file that is itself a symbolic link is
-    /// pinned as the link (and so refused by every tool): grant its target instead.
+    /// Pins the granted host path `grant` (absolute, normalised), following no symbolic link
+    /// in any component: a link anywhere on the path is `ELOOP` ([`first_link`] names it).
+    /// The operator's signature covers a path, not whatever a link on it points to today —
+    /// and a run's agent can plant links inside its own write grant for another run to follow.
     pub fn open(grant: &str) -> nix::Result<GrantRoot> {
+        if !grant.starts_with('/') {
+            return Err(Errno::EINVAL);
+        }
         let path = Path::new(grant);
-        let fd = nix::fcntl::open(path, OFlag::O_PATH | OFlag::O_CLOEXEC, Mode::empty())?;
-        let stat = fstat(&fd)?;
-        let (dir, name) = if is_dir(&stat) {
-            (fd, None)
-        } else {
-            let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-                return Err(Errno::EINVAL);
-            };
-            let dir = nix::fcntl::open(
-                parent,
-                OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )?;
-            let name = CString::new(name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
-            (dir, Some(name))
+        let (dir, name) = match (path.parent(), path.file_name()) {
+            (Some(parent), Some(name)) => {
+                let parent =
+                    CString::new(parent.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+                let name = CString::new(name.as_encoded_bytes()).map_err(|_| Errno::EINVAL)?;
+                // The entry is opened beneath its pinned directory: one resolution, no window
+                // between looking at the directory and at the entry.
+                let dir = open_no_links(&parent, OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+                let entry = openat2(
+                    &dir,
+                    name.as_c_str(),
+                    OpenHow::new()
+                        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+                        .resolve(resolve_flags()),
+                )?;
+                if is_dir(&fstat(&entry)?) {
+                    (entry, None)
+                } else {
+                    (dir, Some(name))
+                }
+            }
+            // The root itself.
+            _ => (
+                open_no_links(c"/", OFlag::O_PATH | OFlag::O_DIRECTORY)?,
+                None,
+            ),
         };
         let stat = fstat(&dir)?;
         Ok(GrantRoot {
@@ -67,6 +97,56 @@ impl GrantRoot {
             ino: stat.st_ino,
         })
     }
+}
+
+/// The first component of the absolute path `path` that is a symbolic link now (for a
+/// refusal that names it), if any.
+pub fn first_link(path: &str) -> Option<String> {
+    let mut at = std::path::PathBuf::from("/");
+    for component in Path::new(path).components().skip(1) {
+        at.push(component);
+        match std::fs::symlink_metadata(&at) {
+            Ok(meta) if meta.file_type().is_symlink() => return Some(at.display().to_string()),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// A detached copy of the mount tree at the pinned grant `root` (`open_tree` with
+/// `OPEN_TREE_CLONE | AT_RECURSIVE`), for the shim to attach inside the sandbox with
+/// `move_mount`: a grant is bind-mounted from the descriptor pinned at start, never from its
+/// path again, so nothing renamed or linked between the pin and the mount changes what the
+/// sandbox sees.
+pub fn detached_mount(root: &GrantRoot) -> nix::Result<OwnedFd> {
+    let entry = match &root.name {
+        None => root.dir.try_clone().map_err(|e| errno_of(&e))?,
+        Some(name) => openat2(
+            &root.dir,
+            name.as_c_str(),
+            OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+                .resolve(resolve_flags()),
+        )?,
+    };
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    let flags = OPEN_TREE_CLONE
+        | AT_RECURSIVE
+        | libc::O_CLOEXEC as libc::c_uint
+        | libc::AT_EMPTY_PATH as libc::c_uint;
+    #[allow(unsafe_code)]
+    // SAFETY: open_tree reads a NUL-terminated path (the empty string, a static) and a
+    // descriptor this function owns for the duration of the call; it returns a new
+    // descriptor or -1 and touches no other memory of this process.
+    let raw = unsafe { libc::syscall(libc::SYS_open_tree, entry.as_raw_fd(), c"".as_ptr(), flags) };
+    if raw < 0 {
+        return Err(Errno::last());
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as std::os::fd::RawFd) })
 }
 
 impl GrantRoot {
@@ -404,4 +484,39 @@ pub fn read_fd(fd: impl AsFd) -> std::io::Result<Vec<u8>> {
 /// The last component of `name` as UTF-8 (lossy), for messages.
 pub fn display_name(name: &CStr) -> String {
     name.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_are_pinned_without_following_any_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().canonicalize().unwrap();
+        let real = base.join("real");
+        std::fs::create_dir_all(real.join("sub")).unwrap();
+        std::fs::write(real.join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(&real, base.join("link")).unwrap();
+        std::os::unix::fs::symlink(real.join("file"), base.join("file-link")).unwrap();
+        let path = |p: &Path| p.display().to_string();
+
+        // Real paths pin: a directory as itself, a file as its directory and name.
+        assert!(GrantRoot::open(&path(&real)).unwrap().name.is_none());
+        let file = GrantRoot::open(&path(&real.join("file"))).unwrap();
+        assert_eq!(file.name.as_deref(), Some(c"file"));
+        assert!(GrantRoot::open("/").is_ok());
+
+        // A link as the last component, or anywhere before it, is ELOOP, and is named.
+        for (through, link) in [
+            (base.join("link"), base.join("link")),
+            (base.join("link/sub"), base.join("link")),
+            (base.join("file-link"), base.join("file-link")),
+        ] {
+            assert_eq!(GrantRoot::open(&path(&through)).unwrap_err(), Errno::ELOOP);
+            assert_eq!(first_link(&path(&through)), Some(path(&link)));
+        }
+        assert_eq!(first_link(&path(&real.join("sub"))), None);
+        assert_eq!(GrantRoot::open("relative").unwrap_err(), Errno::EINVAL);
+    }
 }

@@ -2,7 +2,8 @@
 //! admission, the first step of every run; sandboxing, the daemon and teardown arrive with
 //! the supervisor issue.
 
-// One audited `unsafe` block (the pre-exec hook in `sandbox`) is allowed where it stands.
+// Audited `unsafe` blocks (the pre-exec hook and pidfd_open in `sandbox`, open_tree in
+// `beneath`) are allowed where they stand, each with its `// SAFETY:` line.
 #![deny(unsafe_code)]
 
 pub mod admission;

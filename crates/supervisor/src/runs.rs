@@ -10,11 +10,13 @@
 
 use std::collections::HashMap;
 use std::io::Read as _;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use nix::errno::Errno;
 use prost::Message as _;
 use tollgate_agent_shim::plan::SandboxPlan;
 use tollgate_agent_shim::protocol::{AgentExit, FromShim};
@@ -94,6 +96,15 @@ pub enum StartError {
     /// A child would take its live siblings past their parent's memory, pids or cpu.
     #[error("{0}")]
     ChildrenLimits(String),
+    /// A granted path cannot be pinned as signed (a symbolic link on it, or a mounted grant
+    /// that does not exist): refused before the receipt is spent.
+    #[error("{reason}")]
+    Grant {
+        /// Stable code: `grant_link`, `grant_missing`.
+        code: &'static str,
+        /// One line naming the grant and what is wrong with it.
+        reason: String,
+    },
     /// A delegation rule refused the start (`code` names which, for the audit entry).
     #[error("{reason}")]
     Delegated {
@@ -113,7 +124,7 @@ impl StartError {
             Self::ArgvNotAllowed(_) => "argv_not_allowed",
             Self::NoHostId(_) => "no_host_id",
             Self::ShuttingDown => "shutting_down",
-            Self::Delegated { code, .. } => code,
+            Self::Delegated { code, .. } | Self::Grant { code, .. } => code,
             Self::ChildrenLimits(_) => "children_limits",
             Self::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => "argv",
             Self::Sandbox(_) | Self::Cgroup(_) | Self::Records(_) | Self::Audit(_) => "internal",
@@ -143,6 +154,68 @@ pub(crate) struct ChildOf {
     /// The parent's limits: its live children together stay within its memory, pids and
     /// cpu.
     pub(crate) parent_limits: tollgate_proto::v1::Limits,
+}
+
+/// Pins every fs grant of a root run's receipt (see [`GrantRoot::open`]): a symbolic link
+/// anywhere on a granted path refuses the start, naming the link; so does a mounted grant
+/// that does not exist. A gateway-only grant that cannot be opened for another reason is kept
+/// as such: its calls are refused, naming why.
+fn pin_grants(receipt: &tollgate_proto::v1::Receipt) -> Result<Vec<FsGrant>, StartError> {
+    receipt
+        .fs
+        .iter()
+        .enumerate()
+        .map(|(i, grant)| {
+            let pinned = FsGrant::open(
+                &grant.path,
+                grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+            );
+            match &pinned.root {
+                Err(Errno::ELOOP) => {
+                    let link = crate::beneath::first_link(&grant.path)
+                        .unwrap_or_else(|| grant.path.clone());
+                    Err(StartError::Grant {
+                        code: "grant_link",
+                        reason: format!(
+                            "fs[{i}] = {}: {link} is a symbolic link, and links are never followed in a granted path; grant the real path instead",
+                            grant.path
+                        ),
+                    })
+                }
+                Err(errno) if !grant.mount.is_empty() => Err(StartError::Grant {
+                    code: "grant_missing",
+                    reason: format!(
+                        "fs[{i}] = {}: the mounted grant cannot be opened on this host ({errno})",
+                        grant.path
+                    ),
+                }),
+                _ => Ok(pinned),
+            }
+        })
+        .collect()
+}
+
+/// Detached copies of the mounted grants' trees (in the order of the receipt's mounted
+/// grants, as the plan's binds), taken from the pinned descriptors.
+fn detached_mounts(
+    receipt: &tollgate_proto::v1::Receipt,
+    grants: &[FsGrant],
+) -> Result<Vec<OwnedFd>, StartError> {
+    receipt
+        .fs
+        .iter()
+        .zip(grants)
+        .filter(|(grant, _)| !grant.mount.is_empty())
+        .map(|(grant, pinned)| {
+            let mount = match &pinned.root {
+                Ok(root) => crate::beneath::detached_mount(root),
+                Err(errno) => Err(*errno),
+            };
+            mount.map_err(|e| {
+                SandboxError::Setup(format!("mounting the grant {}: {e}", grant.path)).into()
+            })
+        })
+        .collect()
 }
 
 /// What a live child holds of its parent's concurrent limits: memory bytes, pids, cpu
@@ -569,7 +642,8 @@ impl RunManager {
             .map(|c| (c.parent.as_str(), &c.parent_limits));
         let admitted_at = Instant::now();
         let started_ms = now_ms();
-        let (receipt, host_id) = match self.admit_and_record(signed, argv.as_deref(), tree) {
+        let (receipt, host_id, pinned) = match self.admit_and_record(signed, argv.as_deref(), tree)
+        {
             Ok(admitted) => admitted,
             Err(error) => {
                 self.audit_refusal(signed, &error);
@@ -603,7 +677,7 @@ impl RunManager {
             output,
             admitted,
             (admitted_at, started_ms),
-            (signed, child),
+            (signed, child, pinned),
         );
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         result
@@ -618,7 +692,7 @@ impl RunManager {
         signed: &SignedReceipt,
         argv: Option<&[String]>,
         tree: Option<(&str, &tollgate_proto::v1::Limits)>,
-    ) -> Result<(tollgate_proto::v1::Receipt, u32), StartError> {
+    ) -> Result<(tollgate_proto::v1::Receipt, u32, Option<Vec<FsGrant>>), StartError> {
         let parent = tree.map(|(parent, _)| parent);
         let argv_given = argv.is_some();
         let receipt = self
@@ -673,6 +747,12 @@ impl RunManager {
             }
             .into());
         }
+        // A root run's grants are pinned now, before the record: a grant through a link is
+        // refused without spending the receipt. (A child's were pinned beneath its parent's.)
+        let pinned = match parent {
+            None => Some(pin_grants(&receipt)?),
+            Some(_) => None,
+        };
         let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
         if self.closing.load(Ordering::SeqCst) {
             return Err(StartError::ShuttingDown);
@@ -753,7 +833,7 @@ impl RunManager {
                 .insert(run_id.clone(), holds);
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
-        Ok((receipt, host_id))
+        Ok((receipt, host_id, pinned))
     }
 
     /// Audits a refused start. The receipt id is the one the receipt claims: for a forged or
@@ -788,7 +868,7 @@ impl RunManager {
         output: OutputSink,
         admitted: Result<PendingEntry, AuditError>,
         (admitted_at, started_ms): (Instant, u64),
-        (signed, child): (&SignedReceipt, Option<ChildOf>),
+        (signed, child, pinned): (&SignedReceipt, Option<ChildOf>, Option<Vec<FsGrant>>),
     ) -> Result<String, StartError> {
         let parent = child.as_ref().map(|c| c.parent.clone());
         let parent = parent.as_deref();
@@ -856,7 +936,12 @@ impl RunManager {
             &live,
             shim,
             admitted,
-            (signed, child.map(|c| c.grants)),
+            (
+                signed,
+                pinned
+                    .or_else(|| child.map(|c| c.grants))
+                    .unwrap_or_default(),
+            ),
         );
         // Prepare the next sandbox only now, off this start's path and CPU time.
         self.sandboxes.refill();
@@ -976,7 +1061,7 @@ impl RunManager {
         dirs: &RunDirs,
         plan: &SandboxPlan,
         live: &LiveRun,
-        (signed, child_grants): (&SignedReceipt, Option<Vec<FsGrant>>),
+        (signed, grants): (&SignedReceipt, Vec<FsGrant>),
     ) -> Result<PathBuf, StartError> {
         let host_id = plan.host_id;
         let Some(runtime) = &self.gateway_runtime else {
@@ -999,18 +1084,8 @@ impl RunManager {
             expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
             // A child's were pinned beneath its parent's; a root run's are pinned now, before
             // the agent exists.
-            grants: child_grants.unwrap_or_else(|| {
-                receipt
-                    .fs
-                    .iter()
-                    .map(|grant| {
-                        FsGrant::open(
-                            &grant.path,
-                            grant.access == tollgate_proto::v1::FsAccess::Write as i32,
-                        )
-                    })
-                    .collect()
-            }),
+            // Pinned before the record (a root run's) or beneath the parent's (a child's).
+            grants,
             max_calls: receipt.limits.unwrap_or_default().tool_calls,
             closing: live.closing.clone(),
             is_revoked: Arc::new(move |run_id: &str| {
@@ -1060,7 +1135,7 @@ impl RunManager {
         live: &LiveRun,
         shim: IdleShim,
         admitted: PendingEntry,
-        (signed, child_grants): (&SignedReceipt, Option<Vec<FsGrant>>),
+        (signed, grants): (&SignedReceipt, Vec<FsGrant>),
     ) -> Result<(SandboxProcess, SandboxOutput), StartError> {
         let planned = dirs
             .create(host_id)
@@ -1078,8 +1153,17 @@ impl RunManager {
                 );
             }
         };
+        // Taken from the pinned descriptors before the gateway owns them: the shim attaches
+        // these, never a path.
+        let mounts = match detached_mounts(receipt, &grants) {
+            Ok(mounts) => mounts,
+            Err(e) => {
+                shim.discard();
+                return Err(e);
+            }
+        };
         let mut plan = plan;
-        match self.serve_gateway(receipt, dirs, &plan, live, (signed, child_grants)) {
+        match self.serve_gateway(receipt, dirs, &plan, live, (signed, grants)) {
             Ok(socket) => plan.gateway_socket = Some(socket),
             Err(e) => {
                 shim.discard();
@@ -1090,7 +1174,7 @@ impl RunManager {
             shim.discard();
             return Err(e.into());
         }
-        let (process, started, output) = SandboxProcess::start(shim, &plan)?;
+        let (process, started, output) = SandboxProcess::start(shim, &plan, mounts)?;
         if let FromShim::Started {
             landlock_abi,
             execute,

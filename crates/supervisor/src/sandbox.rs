@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead as _, BufReader, PipeReader, Write as _};
-use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
@@ -332,6 +332,41 @@ fn send_line(control: &mut UnixStream, message: &ToShim) -> std::io::Result<()> 
     control.write_all(&line)
 }
 
+/// Most descriptors one `sendmsg` carries (the kernel's SCM_MAX_FD is 253).
+const FDS_PER_MESSAGE: usize = 250;
+
+/// Sends one message as a JSON line with `fds` attached (SCM_RIGHTS), in order: each batch of
+/// descriptors rides on one byte of the line, the rest of the line follows. The shim's
+/// control reader collects them with the message.
+fn send_line_with_fds(
+    control: &mut UnixStream,
+    message: &ToShim,
+    fds: &[OwnedFd],
+) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let mut line = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    let batches: Vec<Vec<RawFd>> = fds
+        .chunks(FDS_PER_MESSAGE)
+        .map(|batch| batch.iter().map(AsRawFd::as_raw_fd).collect())
+        .collect();
+    if batches.len() >= line.len() {
+        return Err(std::io::Error::other(
+            "too many descriptors for one message",
+        ));
+    }
+    for (i, batch) in batches.iter().enumerate() {
+        let byte = [std::io::IoSlice::new(&line[i..=i])];
+        let rights = [ControlMessage::ScmRights(batch)];
+        let sent = sendmsg::<()>(control.as_raw_fd(), &byte, &rights, MsgFlags::empty(), None)
+            .map_err(std::io::Error::from)?;
+        if sent != 1 {
+            return Err(std::io::Error::other("short send on the control socket"));
+        }
+    }
+    control.write_all(&line[batches.len()..])
+}
+
 /// Formats `value` in decimal into `buffer`, returning the digits (no allocation: used
 /// between fork and exec).
 fn decimal(mut value: u32, buffer: &mut [u8; 10]) -> &[u8] {
@@ -478,12 +513,22 @@ pub struct SandboxProcess {
 }
 
 impl SandboxProcess {
-    /// Sends the idle `shim` its plan and waits for `Started`. The caller has applied the
-    /// run's limits to the shim's cgroup first.
+    /// Sends the idle `shim` its plan, with `mounts` (detached mounts of the plan's binds, in
+    /// order) attached, and waits for `Started`. The caller has applied the run's limits to
+    /// the shim's cgroup first.
     pub fn start(
         shim: IdleShim,
         plan: &SandboxPlan,
+        mounts: Vec<OwnedFd>,
     ) -> Result<(Self, FromShim, SandboxOutput), SandboxError> {
+        if mounts.len() != plan.binds.len() {
+            shim.discard();
+            return Err(SandboxError::Setup(format!(
+                "{} mounts for {} binds",
+                mounts.len(),
+                plan.binds.len()
+            )));
+        }
         let IdleShim {
             child,
             control,
@@ -492,8 +537,14 @@ impl SandboxProcess {
         } = shim;
         let mut child = child;
         let mut control = control;
-        let sent = send_line(&mut control, &ToShim::Start(Box::new(plan.clone())))
-            .and_then(|()| control.try_clone());
+        let sent = send_line_with_fds(
+            &mut control,
+            &ToShim::Start(Box::new(plan.clone())),
+            &mounts,
+        )
+        .and_then(|()| control.try_clone());
+        // The shim holds its own copies now (or never will).
+        drop(mounts);
         let events = match sent {
             Ok(clone) => BufReader::new(clone),
             Err(e) => {

@@ -83,6 +83,9 @@ pub fn start_status(error: &StartError) -> Status {
         StartError::ChildrenLimits(_) => {
             Status::resource_exhausted(format!("receipt refused (children_limits): {message}"))
         }
+        StartError::Grant { code, .. } => {
+            Status::failed_precondition(format!("receipt refused ({code}): {message}"))
+        }
         StartError::Delegated { code, .. } => {
             Status::permission_denied(format!("receipt refused ({code}): {message}"))
         }

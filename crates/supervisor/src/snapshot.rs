@@ -270,14 +270,26 @@ impl SnapshotStore {
         let path = manifest.path.clone();
         let step = |what: &str| format!("{what} {path}");
         let data_path = self.run_dir(run_id)?.join(format!("{call_id}.data"));
-        let root = GrantRoot::open(&manifest.grant)
-            .map_err(|e| SnapshotError::io(format!("opening the grant {}", manifest.grant), e))?;
-        if (root.dev, root.ino) != (manifest.grant_dev, manifest.grant_ino) {
+        let root = match GrantRoot::open(&manifest.grant) {
+            Ok(root) => Some(root),
+            // A link now on the grant's path: it no longer leads to the directory (links are
+            // never followed).
+            Err(nix::errno::Errno::ELOOP) => None,
+            Err(e) => {
+                return Err(SnapshotError::io(
+                    format!("opening the grant {}", manifest.grant),
+                    e,
+                ))
+            }
+        };
+        let Some(root) =
+            root.filter(|root| (root.dev, root.ino) == (manifest.grant_dev, manifest.grant_ino))
+        else {
             return Err(SnapshotError::GrantMoved {
                 grant: manifest.grant.clone(),
                 data: data_path,
             });
-        }
+        };
         let parent = beneath::parent_beneath(&root, &manifest.rest)
             .map_err(|e| SnapshotError::io(step("opening the directory of"), e))?;
         let now = parent

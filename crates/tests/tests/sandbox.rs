@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_proto::v1 as pb;
+use tollgate_supervisor::beneath::{detached_mount, GrantRoot};
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::sandbox::{
     create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxProcess,
@@ -88,8 +89,11 @@ impl Harness {
         create_mount_point(&base).unwrap();
         let shim =
             IdleShim::spawn(&bin_path("tollgate-shim"), &cgroup, &base).expect("shim spawns");
+        // Each mounted grant goes to the shim as a detached mount of its pinned descriptor.
+        let grant = GrantRoot::open(&receipt.fs[0].path).expect("grant pins");
+        let mounts = vec![detached_mount(&grant).expect("grant clones")];
         let (mut sandbox, started, output) =
-            SandboxProcess::start(shim, &plan).expect("sandbox starts");
+            SandboxProcess::start(shim, &plan, mounts).expect("sandbox starts");
         // Read both streams on their own threads so a chatty agent never blocks on a pipe.
         let read = |mut pipe: std::io::PipeReader| {
             std::thread::spawn(move || {
