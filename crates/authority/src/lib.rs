@@ -31,14 +31,15 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
-use tokio_stream::wrappers::TcpListenerStream;
 use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
 use tollgate_router::SecretRedactor;
+use tollgate_serve::{RequestLimits, ServeLimits};
 
 pub use config::AuthorityConfig;
 pub use error::{AuthorityError, CallError};
@@ -56,7 +57,7 @@ pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 /// File name of the database in the data directory.
 pub const DATABASE_FILE: &str = "authority.db";
 /// How long shutdown waits for clients to close their connections.
-pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Name of the bootstrap admin operator.
 pub const BOOTSTRAP_ADMIN: &str = "admin";
 /// This component's name in audit entries.
@@ -155,13 +156,16 @@ impl Authority {
         let mut grace_rx = stop_rx.clone();
         let (revocations, _) = broadcast::channel(1024);
         let minting = minting::MintCommitter::start(self.store.clone(), self.audit.clone())?;
+        let operators = Arc::new(self.operators);
+        let supervisors = Arc::new(self.supervisors);
+        let requests = request_limits(operators.clone(), supervisors.clone());
         let service = AuthorityService {
             config: self.config,
             minting,
             store: self.store,
             keys: self.keys,
-            operators: self.operators,
-            supervisors: self.supervisors,
+            operators,
+            supervisors,
             audit: self.audit.clone(),
             revocations,
             shutdown: stop_rx,
@@ -180,11 +184,17 @@ impl Authority {
             tracing::info!("shutting down");
             let _ = stop_tx.send(true);
         };
-        let server = tonic::transport::Server::builder()
+        let bounds = ServeLimits::DAEMON;
+        let server = bounds
+            .server()
+            .layer(requests)
             .add_service(health_service)
             .add_service(reflection)
             .add_service(AuthorityServer::new(service))
-            .serve_with_incoming_shutdown(incoming(listener), signal);
+            .serve_with_incoming_shutdown(
+                tollgate_serve::incoming(listener, bounds.connections),
+                signal,
+            );
         // Graceful shutdown waits for clients to close their connections; a client that
         // never does must not keep the daemon alive, so the wait is bounded.
         let grace = async move {
@@ -215,19 +225,42 @@ impl Authority {
     }
 }
 
-/// Accepted connections with Nagle's algorithm off: gRPC writes headers, body and trailers
-/// separately, and Nagle plus the peer's delayed ACK would add ~40 ms to a response.
-/// (tonic sets this only on listeners it binds itself.)
-fn incoming(
-    listener: TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt as _;
-    TcpListenerStream::new(listener).map(|accepted| {
-        accepted.and_then(|stream| {
-            stream.set_nodelay(true)?;
-            Ok(stream)
+/// Calls anyone may make without a token: the public key set and the revocation stream.
+const PUBLIC_CALLS: [&str; 2] = [
+    "/tollgate.v1.Authority/GetKeySet",
+    "/tollgate.v1.Authority/WatchRevocations",
+];
+
+/// What a peer can make the authority hold: a token known to be an operator's or a
+/// supervisor's is required on the headers of every other call, before its body is read;
+/// a receipt is well under 64 KiB, so no request is larger than that (the public calls'
+/// requests are empty: 1 KiB).
+fn request_limits(
+    operators: Arc<OperatorRegistry>,
+    supervisors: Arc<SupervisorRegistry>,
+) -> RequestLimits {
+    let mut limits = RequestLimits::builder(64 << 10, 16 << 20, Duration::from_secs(30))
+        // A delegation carries the parent's whole envelope and the child's spec.
+        .cap("/tollgate.v1.Authority/DelegateReceipt", 128 << 10);
+    for public in PUBLIC_CALLS {
+        limits = limits.cap(public, 1 << 10);
+    }
+    limits
+        .check(move |path, headers| {
+            if !path.starts_with("/tollgate.v1.Authority/") || PUBLIC_CALLS.contains(&path) {
+                return Ok(());
+            }
+            let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
+            let token = operators::bearer_token(&metadata).map_err(tonic::Status::from)?;
+            if operators.by_token(token).is_some() || supervisors.by_token(token).is_some() {
+                Ok(())
+            } else {
+                Err(tonic::Status::unauthenticated(
+                    "unknown or revoked operator token",
+                ))
+            }
         })
-    })
+        .build()
 }
 
 /// Whether an earlier start left keys or the admin token here.

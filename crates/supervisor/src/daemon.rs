@@ -12,12 +12,12 @@ use base64::Engine as _;
 use rand_core::RngCore as _;
 use sha2::Digest as _;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_proto::v1::supervisor_server::SupervisorServer;
 use tollgate_receipt::{public_key_from_bytes, KeySet};
+use tokio_stream::StreamExt as _;
+use tollgate_serve::{RequestLimits, ServeLimits};
 
 use crate::cgroup::CgroupMode;
 use crate::runs::{RunManager, RunSettings, COMPONENT};
@@ -342,6 +342,22 @@ pub async fn serve(
         info,
         last_revocation_seq,
     );
+    // The token is checked on the headers, before any body is read: an unauthenticated peer
+    // cannot make the daemon hold a request (health and reflection stay open).
+    let header_check = TokenCheck::new(token_hash);
+    let requests = RequestLimits::builder(64 << 10, 16 << 20, Duration::from_secs(30))
+        .cap("/tollgate.v1.Supervisor/StartRun", 256 << 10)
+        .check(move |path, headers| {
+            if !path.starts_with("/tollgate.v1.Supervisor/") {
+                return Ok(());
+            }
+            header_check.check(&tonic::Request::from_parts(
+                tonic::metadata::MetadataMap::from_headers(headers.clone()),
+                tonic::Extensions::default(),
+                (),
+            ))
+        })
+        .build();
     let listener = TcpListener::bind(&config.listen)
         .await
         .map_err(|e| DaemonError::Serve(format!("cannot listen on {}: {e}", config.listen)))?;
@@ -371,14 +387,11 @@ pub async fn serve(
         let _ = tokio::task::spawn_blocking(move || teardown_manager.shutdown()).await;
         let _ = stop_tx.send(true);
     };
-    // TCP_NODELAY: see the authority's `incoming` (Nagle plus delayed ACK costs ~40 ms).
-    let incoming = TcpListenerStream::new(listener).map(|accepted| {
-        accepted.and_then(|stream| {
-            stream.set_nodelay(true)?;
-            Ok(stream)
-        })
-    });
-    let server = tonic::transport::Server::builder()
+    let bounds = ServeLimits::DAEMON;
+    let incoming = tollgate_serve::incoming(listener, bounds.connections);
+    let server = bounds
+        .server()
+        .layer(requests)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(SupervisorServer::new(service))

@@ -23,7 +23,7 @@ use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -36,6 +36,7 @@ use tollgate_proto::v1::call_tool_response::Result as ToolResult;
 use tollgate_proto::v1::gateway_server::Gateway;
 use tollgate_receipt::paths::{is_normal_absolute, path_within};
 use tollgate_receipt::unix_now;
+use tollgate_serve::{RequestLimits, ServeLimits};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
@@ -1112,6 +1113,26 @@ pub struct GatewayError {
     pub source: std::io::Error,
 }
 
+/// Request bytes one run's gateway holds at once beyond each call's first 64 KiB: one full
+/// `fs.write` fits, a second concurrent one waits for the agent to retry.
+pub const GATEWAY_IN_FLIGHT: usize = 24 << 20;
+
+/// How long a gateway request's body may take to arrive: a local socket carries 16 MiB in
+/// milliseconds, so only a stalled (hostile) client comes near it.
+pub const GATEWAY_BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The per-method request caps of a run's gateway: tool calls carry up to one full write,
+/// model calls their text, everything else (receipt, delegation, children) is small.
+fn gateway_request_limits() -> RequestLimits {
+    RequestLimits::builder(256 << 10, GATEWAY_IN_FLIGHT, GATEWAY_BODY_DEADLINE)
+        .cap("/tollgate.v1.Gateway/CallTool", MAX_WRITE + (64 << 10))
+        .cap(
+            "/tollgate.v1.Gateway/Complete",
+            2 * crate::complete::MAX_TEXT + (64 << 10),
+        )
+        .build()
+}
+
 /// Binds `<dir>/gateway.sock` for `run` (owned by its host id, 0600) and serves it on
 /// `runtime`. The socket accepts (into its backlog) as soon as this returns.
 pub fn serve(
@@ -1119,7 +1140,6 @@ pub fn serve(
     dir: &Path,
     run: Arc<RunGateway>,
 ) -> Result<GatewayHandle, GatewayError> {
-    use tonic::transport::Server;
     let socket = dir.join("gateway.sock");
     let error = |source: std::io::Error| GatewayError {
         path: socket.clone(),
@@ -1159,6 +1179,7 @@ pub fn serve(
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = GatewayService::new(run);
     let run_id = service.run.run_id.clone();
+    let limits = gateway_request_limits();
     runtime.spawn(async move {
         let listener = match tokio::net::UnixListener::from_std(listener) {
             Ok(listener) => listener,
@@ -1167,14 +1188,19 @@ pub fn serve(
                 return;
             }
         };
-        let served = Server::builder()
+        // What the run's agent can make the supervisor hold is bounded here: connections,
+        // streams, request bytes and time (see `tollgate_serve`).
+        let bounds = ServeLimits::GATEWAY;
+        let served = bounds
+            .server()
+            .layer(limits)
             .add_service(
                 pb::gateway_server::GatewayServer::new(service)
                     // A full fs.write and its framing.
                     .max_decoding_message_size(MAX_WRITE + (64 << 10)),
             )
             .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                tollgate_serve::incoming(listener, bounds.connections),
                 async {
                     let _ = stopped.await;
                 },

@@ -274,7 +274,7 @@ impl SnapshotStore {
             Ok(root) => Some(root),
             // A link now on the grant's path: it no longer leads to the directory (links are
             // never followed).
-            Err(nix::errno::Errno::ELOOP) => None,
+            Err(Errno::ELOOP) => None,
             Err(e) => {
                 return Err(SnapshotError::io(
                     format!("opening the grant {}", manifest.grant),
