@@ -329,6 +329,7 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         "",
     )?;
+    mask_host_views(root)?;
 
     let dev = inside(root, Path::new("/dev"));
     create_dir(&dev)?;
@@ -512,4 +513,110 @@ fn loopback_up() -> std::io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Files and directories that show the host rather than the sandbox, masked (where this
+/// kernel has them) as container runtimes mask them: the host's kernel command line, kernel
+/// memory, keys, timers and scheduler state, interrupt counts, and the host's ACPI, sound
+/// and SCSI devices and firmware tables. `/sys` is listed for a sandbox that would show it;
+/// none does today.
+const MASKED: [&str; 13] = [
+    "/proc/cmdline",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/key-users",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/interrupts",
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/scsi",
+    "/sys/firmware",
+];
+
+/// Binds an empty read-only file over each file of [`MASKED`] inside `root`, and an empty
+/// read-only directory over each directory: they read as empty, and nothing can be written
+/// or executed through them. Both come from one small tmpfs, detached from the tree once
+/// bound, so no path inside the sandbox leads to it.
+fn mask_host_views(root: &Path) -> Result<(), SetupError> {
+    let targets: Vec<(PathBuf, bool)> = MASKED
+        .iter()
+        .map(|path| inside(root, Path::new(path)))
+        .filter_map(|target| {
+            let meta = fs::symlink_metadata(&target).ok()?;
+            (!meta.file_type().is_symlink()).then_some((target, meta.is_dir()))
+        })
+        .collect();
+    if targets.is_empty() {
+        return Ok(());
+    }
+    let source = root.join(".tollgate-masked");
+    create_dir(&source)?;
+    mount_fs(
+        "tollgate-masked",
+        &source,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "mode=0555,size=4k,nr_inodes=4",
+    )?;
+    let (empty_file, empty_dir) = (source.join("file"), source.join("dir"));
+    let made = |path: &Path, result: std::io::Result<()>| {
+        result.map_err(|source| SetupError::MountPoint {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    made(&empty_file, fs::write(&empty_file, b""))?;
+    made(&empty_dir, fs::create_dir(&empty_dir))?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        made(
+            &empty_file,
+            fs::set_permissions(&empty_file, fs::Permissions::from_mode(0o444)),
+        )?;
+        made(
+            &empty_dir,
+            fs::set_permissions(&empty_dir, fs::Permissions::from_mode(0o555)),
+        )?;
+    }
+    // Read-only before anything is bound from it: the binds inherit its flags.
+    mount(
+        None::<&str>,
+        &source,
+        None::<&str>,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|e| SetupError::Mount {
+        what: "read-only remount of the masking tmpfs".into(),
+        target: source.clone(),
+        source: e,
+    })?;
+    for (target, is_dir) in &targets {
+        let what = if *is_dir { &empty_dir } else { &empty_file };
+        mount(
+            Some(what.as_path()),
+            target.as_path(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| SetupError::Mount {
+            what: format!("mask over {}", target.display()),
+            target: target.clone(),
+            source: e,
+        })?;
+    }
+    umount2(&source, MntFlags::MNT_DETACH).map_err(|e| SetupError::Mount {
+        what: "detaching the masking tmpfs".into(),
+        target: source.clone(),
+        source: e,
+    })?;
+    made(&source, fs::remove_dir(&source))
 }
