@@ -5,6 +5,7 @@
 //! (or in `TOLLGATE_BIN_DIR`); `scripts/test` builds them before the tests run.
 
 pub mod fake_models;
+pub mod flood;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -161,6 +162,11 @@ pub struct AuthorityProcess {
 }
 
 impl AuthorityProcess {
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts the daemon on `127.0.0.1:0` with `data_dir`, waiting until it is ready.
     /// Its stderr goes to `<data_dir>/../authority.stderr`.
     pub fn start(data_dir: &Path) -> Self {
@@ -461,6 +467,11 @@ impl SupervisorProcess {
     /// `host:port`.
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Its admin token file.

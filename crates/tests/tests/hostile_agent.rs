@@ -179,3 +179,260 @@ async fn a_grant_through_a_planted_link_is_refused_before_the_receipt_is_spent()
     );
     assert!(!Path::new("/etc/planted").exists());
 }
+
+/// A run whose agent waits for `<grant>/go`, then makes one gateway call; started with
+/// `tollgate run` in the background. Returns the CLI's process, the run id and the grant.
+async fn waiting_run(
+    dir: &Path,
+    authority: &AuthorityProcess,
+    supervisor: &SupervisorProcess,
+) -> (std::process::Child, String, std::path::PathBuf) {
+    let grant = dir.join("grant");
+    std::fs::create_dir_all(&grant).unwrap();
+    std::fs::set_permissions(&grant, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let script = format!(
+        "while [ ! -e /g/go ]; do sleep 0.05; done; tollgate-shim tool stat {}/go && echo answered",
+        grant.display()
+    );
+    let mut spec = request(&script, vec![write_grant(&grant, "/g")]);
+    spec.exec.push("/usr/bin/sleep".into());
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(&authority.admin_token(), spec))
+        .await
+        .unwrap()
+        .into_inner();
+    let file = dir.join("waiting.tgr");
+    std::fs::write(&file, minted.text).unwrap();
+    let run_id = minted.receipt.unwrap().receipt_id;
+    let cli = Command::new(bin_path("tollgate"))
+        .args(["--supervisor", supervisor.addr()])
+        .arg("--token-file")
+        .arg(supervisor.token_file())
+        .args(["run", "--receipt", file.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let socket = supervisor
+        .data_dir()
+        .join("runs")
+        .join(&run_id)
+        .join("gateway.sock");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while !socket.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    (cli, run_id, grant)
+}
+
+/// Lets the waiting run's agent make its call, and checks it was answered.
+fn release_and_expect_an_answer(cli: std::process::Child, grant: &Path) {
+    std::fs::write(grant.join("go"), "").unwrap();
+    let output = cli.wait_with_output().unwrap();
+    assert!(
+        output.status.success() && String::from_utf8_lossy(&output.stdout).contains("answered"),
+        "the run's own call was not answered: {output:?}"
+    );
+}
+
+/// A 16 MiB `fs.write` as a gRPC request body.
+fn sixteen_mib_write(path: &Path) -> bytes::Bytes {
+    use prost::Message as _;
+    let request = pb::CallToolRequest {
+        tool: Some(pb::call_tool_request::Tool::FsWrite(pb::FsWriteRequest {
+            path: path.display().to_string(),
+            data: vec![b'x'; 16 << 20],
+            mode: pb::WriteMode::Overwrite as i32,
+        })),
+    };
+    tollgate_tests::flood::grpc_frame(&request.encode_to_vec())
+}
+
+const MIB: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_writes_on_the_gateway_leave_the_supervisors_memory_bounded() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "stalled-writes",
+        236_100,
+    );
+    let (cli, run_id, grant) = waiting_run(dir.path(), &authority, &supervisor).await;
+    let socket = supervisor
+        .data_dir()
+        .join("runs")
+        .join(&run_id)
+        .join("gateway.sock");
+    let pid = supervisor.pid();
+    let baseline = tollgate_tests::flood::rss_bytes(pid);
+    // 8 connections x 16 calls, each all but the last byte of a 16 MiB write (2 GiB offered).
+    let flood = tollgate_tests::flood::stalled_calls(
+        || tokio::net::UnixStream::connect(socket.clone()),
+        8,
+        16,
+        "/tollgate.v1.Gateway/CallTool",
+        &[],
+        sixteen_mib_write(&grant.join("big")),
+    )
+    .await;
+    let growth = tokio::task::spawn_blocking(move || {
+        tollgate_tests::flood::peak_growth(pid, baseline, std::time::Duration::from_secs(4))
+    })
+    .await
+    .unwrap();
+    // The run's own calls are still answered while the flood holds its streams.
+    release_and_expect_an_answer(cli, &grant);
+    drop(flood);
+    assert!(
+        growth < 64 * MIB,
+        "the supervisor grew by {} MiB under stalled writes",
+        growth / MIB
+    );
+    assert!(!grant.join("big").exists(), "no stalled write completed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_gateway_connections_leave_the_supervisor_answering() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "many-connections",
+        236_200,
+    );
+    let (cli, run_id, grant) = waiting_run(dir.path(), &authority, &supervisor).await;
+    let socket = supervisor
+        .data_dir()
+        .join("runs")
+        .join(&run_id)
+        .join("gateway.sock");
+    // This test process needs the descriptors itself.
+    let (_, hard) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    let wanted = 20_000.min(usize::try_from(hard).unwrap() - 512);
+    // As many connections as the socket takes (the supervisor stops accepting at its
+    // per-run limit; the rest wait in the kernel's backlog or are refused there).
+    let mut held = Vec::new();
+    for _ in 0..wanted {
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            tokio::net::UnixStream::connect(&socket),
+        )
+        .await
+        {
+            Ok(Ok(stream)) => held.push(stream),
+            Ok(Err(_)) | Err(_) => {}
+        }
+    }
+    let opened = held.len();
+    // `tollgate ps` answers within a second.
+    let started = std::time::Instant::now();
+    let ps = tollgate(&supervisor, &["ps", "--all"]);
+    let took = started.elapsed();
+    assert!(ps.status.success(), "{ps:?}");
+    assert!(
+        took < std::time::Duration::from_secs(1),
+        "ps took {took:?} with {opened} connections held"
+    );
+    // Another run starts and ends normally, and the flooded run's own call is answered.
+    let other = dir.path().join("other.tgr");
+    mint_to(
+        &authority,
+        &authority.admin_token(),
+        request("echo other", vec![]),
+        &other,
+    )
+    .await;
+    let ran = tollgate(&supervisor, &["run", "--receipt", other.to_str().unwrap()]);
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "other\n");
+    // The supervisor holds at most its per-run limit of them.
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", supervisor.pid()))
+        .unwrap()
+        .count();
+    assert!(fds < 1000, "the supervisor holds {fds} descriptors");
+    // Once they close, the flooded run's own calls are answered again.
+    drop(held);
+    release_and_expect_an_answer(cli, &grant);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_stalled_requests_leave_both_daemons_bounded() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "unauthenticated",
+        236_300,
+    );
+    let body = tollgate_tests::flood::grpc_frame(&vec![0x0a; 4 << 20]);
+    for (pid, addr, path) in [
+        (
+            authority.pid(),
+            authority.addr().to_owned(),
+            "/tollgate.v1.Authority/MintReceipt",
+        ),
+        (
+            authority.pid(),
+            authority.addr().to_owned(),
+            "/tollgate.v1.Authority/GetKeySet",
+        ),
+        (
+            supervisor.pid(),
+            supervisor.addr().to_owned(),
+            "/tollgate.v1.Supervisor/StartRun",
+        ),
+    ] {
+        let baseline = tollgate_tests::flood::rss_bytes(pid);
+        let flood = tollgate_tests::flood::stalled_calls(
+            || tokio::net::TcpStream::connect(addr.clone()),
+            8,
+            16,
+            path,
+            &[],
+            body.clone(),
+        )
+        .await;
+        let growth = tokio::task::spawn_blocking(move || {
+            tollgate_tests::flood::peak_growth(pid, baseline, std::time::Duration::from_secs(3))
+        })
+        .await
+        .unwrap();
+        drop(flood);
+        assert!(
+            growth < 64 * MIB,
+            "{path}: the daemon grew by {} MiB under unauthenticated stalled requests",
+            growth / MIB
+        );
+    }
+    // Both still answer their real clients.
+    let ps = tollgate(&supervisor, &["ps", "--all"]);
+    assert!(ps.status.success(), "{ps:?}");
+    authority
+        .client()
+        .await
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .expect("the authority answers");
+}
