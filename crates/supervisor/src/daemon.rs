@@ -12,11 +12,11 @@ use base64::Engine as _;
 use rand_core::RngCore as _;
 use sha2::Digest as _;
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_proto::v1::supervisor_server::SupervisorServer;
 use tollgate_receipt::{public_key_from_bytes, KeySet};
-use tokio_stream::StreamExt as _;
 use tollgate_serve::{RequestLimits, ServeLimits};
 
 use crate::cgroup::CgroupMode;
