@@ -290,6 +290,18 @@ async fn accept_loop<L: Listener>(
     }
 }
 
+/// Raises this process's soft limit on open files to its hard limit and returns it: a daemon
+/// holds a descriptor per connection, run and log, and the per-listener limits above — not a
+/// low default — are what bound them. (Agents get the receipt's own `files` limit.)
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard)
+}
+
 /// The errno values the accept loop backs off on (no libc dependency for four numbers; the
 /// same on every Linux architecture).
 mod libc_errno {
