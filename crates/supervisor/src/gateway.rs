@@ -2062,7 +2062,7 @@ mod tests {
             };
             self.client_rt
                 .block_on(self.client.call_tool(request))
-                .map(tonic::Response::into_inner)
+                .map(Response::into_inner)
         }
 
         /// Bytes of the audit log on disk, everything handed over so far written.
