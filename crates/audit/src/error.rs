@@ -77,7 +77,15 @@ pub enum AuditError {
     /// The log was closed; nothing more can be appended.
     #[error("the audit log is closed; open it again to append")]
     Closed,
-    /// The writer hit an I/O error and stopped: entries are no longer being recorded.
+    /// The writer cannot write now (disk full, an I/O error): this entry was not recorded.
+    /// It retries by itself and accepts entries again once it can write.
+    #[error("the audit log cannot be written now ({detail}); the entry was not recorded. The writer retries and resumes by itself once the cause is gone (free disk space)")]
+    Unavailable {
+        /// Why it cannot write.
+        detail: String,
+    },
+    /// The writer could not put its file back to a whole entry and stopped: entries are no
+    /// longer being recorded.
     #[error("the audit writer stopped after an error ({detail}); nothing more is recorded. Fix the cause (disk full? permissions?) and restart: reopening recovers the log")]
     WriterFailed {
         /// The first error the writer hit.
@@ -150,7 +158,7 @@ impl AuditError {
             | Self::CheckpointKeyFile { .. }
             | Self::BadEntry { .. } => 65, // EX_DATAERR
             Self::Dir { .. } | Self::Write { .. } => 73,                         // EX_CANTCREAT
-            Self::AlreadyOpen { .. } | Self::InUse { .. } => 75,                 // EX_TEMPFAIL
+            Self::AlreadyOpen { .. } | Self::InUse { .. } | Self::Unavailable { .. } => 75, // EX_TEMPFAIL
             Self::Spawn { .. } | Self::Closed | Self::WriterFailed { .. } => 70, // EX_SOFTWARE
         }
     }

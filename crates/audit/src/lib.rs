@@ -137,7 +137,8 @@ pub use component::{
 };
 pub use entry::{
     Decision, Entry, EntryDraft, EntryKind, MetaScalar, MetaValue, Metadata, Redactor,
-    ENTRY_HASH_DOMAIN, GENESIS_HASH,
+    ENTRY_HASH_DOMAIN, GENESIS_HASH, MAX_ENTRY_BYTES, MAX_FIELD_BYTES, MAX_ID_BYTES,
+    MAX_LIST_ITEMS, TRUNCATION_MARKER,
 };
 pub use error::AuditError;
 pub use key::{AuditKey, AUDIT_KEY_ENV};

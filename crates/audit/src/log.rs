@@ -1,7 +1,7 @@
 //! The writer: opening and recovering a log directory, appending, group commit, rotation and
 //! checkpoints.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -39,6 +39,12 @@ pub const RECORD_MAX_DELAY: Duration = Duration::from_millis(10);
 /// How long the writer lets entries gather after writing some that nobody waits for. A
 /// durable append arriving meanwhile waits at most this much longer.
 const LINGER: Duration = Duration::from_millis(1);
+
+/// First wait before a stalled writer (disk full, I/O error) tries again; it doubles up to
+/// [`MAX_RETRY`].
+const FIRST_RETRY: Duration = Duration::from_millis(10);
+/// Longest wait between two tries of a stalled writer.
+pub const MAX_RETRY: Duration = Duration::from_secs(1);
 
 // Suffix of a torn-bytes file whose `log_recovered` entry may not be written yet.
 const PENDING_SUFFIX: &str = ".pending";
@@ -144,12 +150,20 @@ impl std::fmt::Debug for AuditConfig {
 }
 
 /// Where an appended entry landed.
+///
+/// For an entry handed over with [`AuditLog::record`] (or appended with
+/// [`Durability::Batched`]) `seq` and `hash` are where it was queued: if the writer stalls
+/// before writing it and durable entries before it are refused meanwhile, it is written
+/// later under the next free `seq`. What [`AuditLog::append`] returns with
+/// [`Durability::EveryEntry`] is final.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Appended {
     /// Its seq.
     pub seq: u64,
     /// Its hash.
     pub hash: String,
+    /// The bytes its line takes on disk (newline included).
+    pub bytes: u64,
 }
 
 /// An entry handed to the writer by [`AuditLog::submit`], not yet known to be durable.
@@ -157,7 +171,7 @@ pub struct Appended {
 #[must_use = "wait() tells whether the entry reached the disk"]
 pub struct PendingEntry {
     appended: Appended,
-    ack: Option<Receiver<Result<(), String>>>,
+    ack: Option<Receiver<Result<(), Refused>>>,
 }
 
 impl PendingEntry {
@@ -189,15 +203,35 @@ impl std::fmt::Debug for AuditLog {
     }
 }
 
-type Ack = SyncSender<Result<(), String>>;
+/// Why the writer did not acknowledge.
+#[derive(Debug, Clone)]
+enum Refused {
+    /// It cannot write now and retries (disk full, I/O error): the entry was not written.
+    Stalled(String),
+    /// It stopped for good.
+    Failed(String),
+}
+
+impl From<Refused> for AuditError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::Stalled(detail) => AuditError::Unavailable { detail },
+            Refused::Failed(detail) => AuditError::WriterFailed { detail },
+        }
+    }
+}
+
+type Ack = SyncSender<Result<(), Refused>>;
+
+/// An entry's line, sealed (seq and hashes fixed) and not yet known to be on disk.
+struct Sealed {
+    line: Vec<u8>,
+    seq: u64,
+    hash: String,
+}
 
 enum Command {
-    Write {
-        line: Vec<u8>,
-        seq: u64,
-        hash: String,
-        ack: Option<Ack>,
-    },
+    Write { entry: Sealed, ack: Option<Ack> },
     Flush(Ack),
     Close(Ack),
 }
@@ -207,6 +241,9 @@ struct ChainState {
     head_hash: String,
     // None once closed. Sending under the chain lock keeps the queue in seq order.
     tx: Option<Sender<Command>>,
+    /// Set by the writer while it cannot write: nothing new is sealed or accepted then, so
+    /// what it holds is all that must be written when it resumes.
+    stalled: Option<String>,
 }
 
 struct Inner {
@@ -215,7 +252,7 @@ struct Inner {
     key: Option<AuditKey>,
     redactor: Option<Arc<dyn Redactor + Send + Sync>>,
     durability: Durability,
-    state: Mutex<ChainState>,
+    state: Arc<Mutex<ChainState>>,
     failure: Arc<Mutex<Option<String>>>,
     // Held while closing, so a second close waits for the first.
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -228,10 +265,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn wait(ack: &Receiver<Result<(), String>>) -> Result<(), AuditError> {
+fn wait(ack: &Receiver<Result<(), Refused>>) -> Result<(), AuditError> {
     match ack.recv() {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(detail)) => Err(AuditError::WriterFailed { detail }),
+        Ok(Err(refused)) => Err(refused.into()),
         Err(_) => Err(AuditError::WriterFailed {
             detail: "the writer thread ended".into(),
         }),
@@ -327,12 +364,29 @@ impl AuditLog {
         }
 
         let failure = Arc::new(Mutex::new(None));
+        let (tx, rx) = mpsc::channel();
+        let state = Arc::new(Mutex::new(ChainState {
+            head_seq: scan.head_seq,
+            head_hash: scan.head_hash.clone(),
+            tx: Some(tx),
+            stalled: None,
+        }));
+        let checkpoints_size = checkpoints.metadata().map_or(0, |m| m.len());
         let writer = Writer {
             dir: dir.clone(),
             file,
             file_index: scan.file_index,
             file_size: scan.file_size,
+            synced_size: scan.file_size,
+            synced_head: (scan.head_seq, scan.head_hash.clone()),
+            unsynced: Vec::new(),
+            backlog: VecDeque::new(),
+            stalled: None,
+            retry: FIRST_RETRY,
+            state: Arc::clone(&state),
+            key: config.key.clone(),
             checkpoints,
+            checkpoints_size,
             max_file_bytes: config.max_file_bytes,
             checkpoint_every: config.checkpoint_every,
             last_checkpoint: scan.last_checkpoint,
@@ -344,7 +398,6 @@ impl AuditLog {
             durability: config.durability,
             failure: Arc::clone(&failure),
         };
-        let (tx, rx) = mpsc::channel();
         let handle = std::thread::Builder::new()
             .name("tollgate-audit".into())
             .spawn(move || writer.run(&rx))
@@ -357,11 +410,7 @@ impl AuditLog {
                 key: config.key,
                 redactor: config.redactor,
                 durability: config.durability,
-                state: Mutex::new(ChainState {
-                    head_seq: scan.head_seq,
-                    head_hash: scan.head_hash,
-                    tx: Some(tx),
-                }),
+                state,
                 failure,
                 writer: Mutex::new(Some(handle)),
                 registration: Mutex::new(Some(registration)),
@@ -386,6 +435,7 @@ impl AuditLog {
     /// [`AuditLog::append`] would have made it. Lets a caller overlap the fsync with other
     /// work and still not go on before the entry is on disk.
     pub fn submit(&self, mut draft: EntryDraft) -> Result<PendingEntry, AuditError> {
+        draft.pre_bound();
         if let Some(redactor) = &self.inner.redactor {
             let changed = draft.redact_with(redactor.as_ref());
             if changed > 0 {
@@ -401,6 +451,7 @@ impl AuditLog {
     /// [`Durability::Batched`], within its `max_delay`), without an fsync of its own. The
     /// gateway records read-only calls this way: a fsync per read would double its cost.
     pub fn record(&self, mut draft: EntryDraft) -> Result<Appended, AuditError> {
+        draft.pre_bound();
         if let Some(redactor) = &self.inner.redactor {
             draft.redact_with(redactor.as_ref());
         }
@@ -415,8 +466,13 @@ impl AuditLog {
         self.send(draft, true)
     }
 
-    fn send(&self, draft: EntryDraft, durable: bool) -> Result<PendingEntry, AuditError> {
+    fn send(&self, mut draft: EntryDraft, durable: bool) -> Result<PendingEntry, AuditError> {
         self.inner.check_failure()?;
+        // Redacted first (a secret is never cut in two and half kept), then bounded.
+        let cuts = draft.bound();
+        if cuts > 0 {
+            tracing::debug!(kind = %draft.kind, fields = cuts, "cut an oversized audit entry");
+        }
         let (ack, ack_rx) = match self.inner.durability {
             Durability::EveryEntry if durable => {
                 let (ack, rx) = mpsc::sync_channel(1);
@@ -429,6 +485,11 @@ impl AuditLog {
             let Some(tx) = &state.tx else {
                 return Err(AuditError::Closed);
             };
+            if let Some(detail) = &state.stalled {
+                return Err(AuditError::Unavailable {
+                    detail: detail.clone(),
+                });
+            }
             let seq = state.head_seq + 1;
             let entry = Entry::seal(
                 draft,
@@ -439,10 +500,13 @@ impl AuditLog {
             );
             let mut line = entry.to_line().into_bytes();
             line.push(b'\n');
+            let bytes = line.len() as u64;
             tx.send(Command::Write {
-                line,
-                seq,
-                hash: entry.hash.clone(),
+                entry: Sealed {
+                    line,
+                    seq,
+                    hash: entry.hash.clone(),
+                },
                 ack,
             })
             .map_err(|_| AuditError::WriterFailed {
@@ -453,6 +517,7 @@ impl AuditLog {
             Appended {
                 seq,
                 hash: entry.hash,
+                bytes,
             }
         };
         Ok(PendingEntry {
@@ -918,12 +983,34 @@ fn ensure_checkpoint_pub(config: &AuditConfig) -> Result<(), AuditError> {
 }
 
 /// The writer thread's state: it alone touches the files after open.
+///
+/// A write or fsync that fails (a full disk, an I/O error) does not stop it: it takes back
+/// whatever of the failed bytes reached the file, *stalls* (nothing new is accepted: callers
+/// get [`AuditError::Unavailable`]), refuses every durable entry it holds (whose caller then
+/// does nothing), keeps the rest (entries handed over without waiting, already answered)
+/// and tries again, waiting [`FIRST_RETRY`] and doubling up to [`MAX_RETRY`]. Once a try
+/// writes and fsyncs what it kept, it reseals those entries onto the chain as it stands on
+/// disk, so the chain stays whole, and accepts entries again.
 struct Writer {
     dir: PathBuf,
     file: File,
     file_index: u64,
     file_size: u64,
+    /// `file_size` at the last fsync: what a failed fsync rolls back to.
+    synced_size: u64,
+    /// The chain head at the last fsync.
+    synced_head: (u64, String),
+    /// Written since the last fsync, with whoever waits on them: rewritten if it fails.
+    unsynced: Vec<(Sealed, Option<Ack>)>,
+    /// Entries nobody waits on, kept while stalled, to write when space returns.
+    backlog: VecDeque<Sealed>,
+    /// Why it cannot write, while it cannot.
+    stalled: Option<String>,
+    retry: Duration,
+    state: Arc<Mutex<ChainState>>,
+    key: Option<AuditKey>,
     checkpoints: File,
+    checkpoints_size: u64,
     max_file_bytes: u64,
     checkpoint_every: u64,
     last_checkpoint: u64,
@@ -938,16 +1025,22 @@ struct Writer {
 
 impl Writer {
     fn run(mut self, rx: &Receiver<Command>) {
-        // When written-but-unsynced entries first appeared (Batched only).
+        // When written-but-unsynced entries first appeared.
         let mut dirty_since: Option<Instant> = None;
         loop {
+            if self.stalled.is_some() {
+                if self.stalled_step(rx) {
+                    return;
+                }
+                continue;
+            }
             let first = match dirty_since {
                 Some(since) => {
                     let left = self.max_dirty().saturating_sub(since.elapsed());
                     match rx.recv_timeout(left) {
                         Ok(command) => Some(command),
                         Err(RecvTimeoutError::Timeout) => {
-                            let _ = self.sync();
+                            self.sync_or_stall(rx);
                             dirty_since = None;
                             continue;
                         }
@@ -958,7 +1051,8 @@ impl Writer {
             };
             let Some(first) = first else {
                 // Every handle is gone without a close (only if sending Close failed).
-                let _ = self.sync().and_then(|()| self.final_checkpoint());
+                self.sync_or_stall(rx);
+                let _ = self.final_checkpoint();
                 return;
             };
             let mut group = vec![first];
@@ -969,35 +1063,48 @@ impl Writer {
                 }
             }
 
-            let mut result = self.failed();
-            let mut acks = Vec::new();
+            let mut flushes = Vec::new();
             let mut must_sync = false;
             let mut wrote = false;
             let mut close = None;
-            for command in group {
+            let mut group = group.into_iter();
+            while let Some(command) = group.next() {
                 match command {
-                    Command::Write {
-                        line,
-                        seq,
-                        hash,
-                        ack,
-                    } => {
-                        if result.is_ok() {
-                            result = self.write(&line, seq, hash);
-                            wrote = true;
+                    Command::Write { entry, ack } => {
+                        must_sync |= ack.is_some();
+                        if let Err(detail) = self.permanent() {
+                            refuse(ack, Refused::Failed(detail));
+                            continue;
                         }
-                        if let Some(ack) = ack {
-                            acks.push(ack);
-                            must_sync = true;
+                        if self.stalled.is_some() {
+                            self.hold(entry, ack);
+                            continue;
+                        }
+                        match self.write(entry, ack) {
+                            Ok(()) => wrote = true,
+                            Err((detail, entry, ack)) => {
+                                // What was written before it is kept if an fsync makes it
+                                // durable; then the failed entry and everything after it
+                                // wait for space.
+                                let _ = self.sync_durable();
+                                self.stall(detail, rx);
+                                self.hold(entry, ack);
+                            }
                         }
                     }
                     Command::Flush(ack) => {
-                        acks.push(ack);
+                        flushes.push(ack);
                         must_sync = true;
                     }
                     Command::Close(ack) => {
                         close = Some(ack);
                         must_sync = true;
+                        // Nothing is sent after Close.
+                        for rest in group.by_ref() {
+                            if let Command::Write { entry, ack } = rest {
+                                self.hold(entry, ack);
+                            }
+                        }
                     }
                 }
             }
@@ -1005,20 +1112,19 @@ impl Writer {
                 dirty_since.get_or_insert_with(Instant::now);
             }
             let batched_due = dirty_since.is_some_and(|since| since.elapsed() >= self.max_dirty());
-            if result.is_ok() && (must_sync || batched_due) && dirty_since.is_some() {
-                result = self.sync();
+            if (must_sync || batched_due) && !self.unsynced.is_empty() && self.stalled.is_none() {
+                self.sync_or_stall(rx);
+            }
+            if self.unsynced.is_empty() {
                 dirty_since = None;
             }
-            let nobody_waits = acks.is_empty() && close.is_none();
-            // Acknowledge before the checkpoint: the entries are durable now.
-            for ack in acks {
-                let _ = ack.send(result.clone());
+            let nobody_waits = flushes.is_empty() && close.is_none();
+            let status = self.status();
+            for ack in flushes {
+                let _ = ack.send(status.clone());
             }
             if let Some(ack) = close {
-                if result.is_ok() {
-                    result = self.final_checkpoint();
-                }
-                let _ = ack.send(result);
+                let _ = ack.send(self.close_now());
                 return;
             }
             if wrote && nobody_waits {
@@ -1027,6 +1133,47 @@ impl Writer {
                 std::thread::sleep(LINGER);
             }
         }
+    }
+
+    /// One step while stalled: wait for a command or the next try. Whether to stop.
+    fn stalled_step(&mut self, rx: &Receiver<Command>) -> bool {
+        match rx.recv_timeout(self.retry) {
+            Ok(Command::Write { entry, ack }) => self.hold(entry, ack),
+            Ok(Command::Flush(ack)) => {
+                self.try_resume();
+                let _ = ack.send(self.status());
+            }
+            Ok(Command::Close(ack)) => {
+                let _ = ack.send(self.close_now());
+                return true;
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                if !self.try_resume() {
+                    self.retry = (self.retry * 2).min(MAX_RETRY);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let _ = self.close_now();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// At close: one more try if stalled, then the final checkpoint.
+    fn close_now(&mut self) -> Result<(), Refused> {
+        if self.stalled.is_some() {
+            self.try_resume();
+        }
+        if let Some(detail) = &self.stalled {
+            let lost = self.backlog.len();
+            tracing::error!(dir = %self.dir.display(), lost, error = %detail, "audit log closed while it could not be written; entries handed over without waiting are lost");
+            return Err(Refused::Stalled(format!(
+                "{detail}; {lost} entries handed over without waiting could not be written"
+            )));
+        }
+        self.permanent().map_err(Refused::Failed)?;
+        self.final_checkpoint().map_err(Refused::Failed)
     }
 
     /// Longest time written entries may wait for an fsync: the batch bound, or (with every
@@ -1038,14 +1185,24 @@ impl Writer {
         }
     }
 
-    fn failed(&self) -> Result<(), String> {
+    fn permanent(&self) -> Result<(), String> {
         match lock(&self.failure).as_ref() {
             Some(detail) => Err(detail.clone()),
             None => Ok(()),
         }
     }
 
-    // Records the first failure; every later command is answered with it.
+    /// What a caller waiting now is told.
+    fn status(&self) -> Result<(), Refused> {
+        self.permanent().map_err(Refused::Failed)?;
+        match &self.stalled {
+            Some(detail) => Err(Refused::Stalled(detail.clone())),
+            None => Ok(()),
+        }
+    }
+
+    // Records a failure nothing can repair (the file could not be put back to a whole
+    // entry); every later command is answered with it.
     fn fail(&self, detail: String) -> String {
         let mut failure = lock(&self.failure);
         if failure.is_none() {
@@ -1055,52 +1212,235 @@ impl Writer {
         detail
     }
 
-    fn write(&mut self, line: &[u8], seq: u64, hash: String) -> Result<(), String> {
-        let len = line.len() as u64;
-        if self.file_size > 0 && self.file_size.saturating_add(len) > self.max_file_bytes {
-            self.rotate()?;
+    /// Stops accepting entries: from now on callers are told the log is unavailable, so
+    /// nothing new is sealed; what is still queued is taken in (durable entries refused).
+    fn stall(&mut self, detail: String, rx: &Receiver<Command>) {
+        if self.stalled.is_none() {
+            tracing::error!(dir = %self.dir.display(), error = %detail, "audit log cannot be written; refusing entries and retrying");
         }
-        if let Err(e) = self.file.write_all(line) {
+        lock(&self.state).stalled = Some(detail.clone());
+        self.stalled = Some(detail);
+        self.retry = FIRST_RETRY;
+        // Written but not durable: taken back, written again on resume.
+        let unsynced = std::mem::take(&mut self.unsynced);
+        if !unsynced.is_empty() {
+            if let Err(e) = self.file.set_len(self.synced_size) {
+                self.fail(format!(
+                    "taking back unsynced entries of {}: {e}",
+                    self.current().display()
+                ));
+            }
+            self.file_size = self.synced_size;
+            (self.head_seq, self.head_hash) = self.synced_head.clone();
+            for (entry, ack) in unsynced {
+                self.hold(entry, ack);
+            }
+        }
+        // Everything sent before the flag was set is queued by now (sends happen under the
+        // same lock): take it in, so that nothing sealed on the old chain arrives later.
+        let mut deferred = Vec::new();
+        while let Ok(command) = rx.try_recv() {
+            match command {
+                Command::Write { entry, ack } => self.hold(entry, ack),
+                other => deferred.push(other),
+            }
+        }
+        for command in deferred {
+            match command {
+                Command::Flush(ack) => {
+                    let _ = ack.send(self.status());
+                }
+                Command::Close(ack) => {
+                    // Answered at once; the writer's loop ends when the channel closes.
+                    let _ = ack.send(self.close_now());
+                }
+                Command::Write { .. } => {}
+            }
+        }
+    }
+
+    /// While stalled: a durable entry is refused (its caller does nothing); one nobody waits
+    /// on is kept for later.
+    fn hold(&mut self, entry: Sealed, ack: Option<Ack>) {
+        match ack {
+            Some(ack) => {
+                let detail = self
+                    .stalled
+                    .clone()
+                    .unwrap_or_else(|| "the audit log cannot be written".into());
+                let _ = ack.send(Err(Refused::Stalled(detail)));
+            }
+            None => self.backlog.push_back(entry),
+        }
+    }
+
+    /// Writes what was kept (resealed onto the chain on disk) and fsyncs; on success
+    /// accepts entries again. Whether it resumed.
+    fn try_resume(&mut self) -> bool {
+        if self.permanent().is_err() {
+            return false;
+        }
+        while let Some(entry) = self.backlog.pop_front() {
+            let entry = match self.resealed(entry) {
+                Ok(entry) => entry,
+                Err(detail) => {
+                    self.fail(detail);
+                    return false;
+                }
+            };
+            if let Err((detail, entry, _)) = self.write(entry, None) {
+                self.backlog.push_front(entry);
+                self.stalled = Some(detail.clone());
+                lock(&self.state).stalled = Some(detail);
+                return self.retake_unsynced();
+            }
+        }
+        if let Err(detail) = self.sync_durable() {
+            self.stalled = Some(detail);
+            return self.retake_unsynced();
+        }
+        let mut state = lock(&self.state);
+        state.head_seq = self.head_seq;
+        state.head_hash.clone_from(&self.head_hash);
+        state.stalled = None;
+        drop(state);
+        self.stalled = None;
+        self.retry = FIRST_RETRY;
+        tracing::warn!(dir = %self.dir.display(), head_seq = self.head_seq, "audit log writable again; accepting entries");
+        true
+    }
+
+    /// After a failed try: what it wrote but could not fsync goes back to the front of the
+    /// backlog. Always `false` (not resumed).
+    fn retake_unsynced(&mut self) -> bool {
+        let unsynced = std::mem::take(&mut self.unsynced);
+        if unsynced.is_empty() {
+            return false;
+        }
+        if let Err(e) = self.file.set_len(self.synced_size) {
+            self.fail(format!(
+                "taking back unsynced entries of {}: {e}",
+                self.current().display()
+            ));
+        }
+        self.file_size = self.synced_size;
+        (self.head_seq, self.head_hash) = self.synced_head.clone();
+        for (entry, _) in unsynced.into_iter().rev() {
+            self.backlog.push_front(entry);
+        }
+        false
+    }
+
+    /// `entry`, moved onto the chain as it stands on disk if entries before it were refused.
+    fn resealed(&self, entry: Sealed) -> Result<Sealed, String> {
+        if entry.seq == self.head_seq + 1 {
+            // Nothing was refused before it: it already follows the head.
+            return Ok(entry);
+        }
+        let body = entry.line.strip_suffix(b"\n").unwrap_or(&entry.line);
+        let parsed: Entry = serde_json::from_slice(body)
+            .map_err(|e| format!("resealing a kept audit entry: {e}"))?;
+        let sealed = parsed.reseal(self.head_seq + 1, self.head_hash.clone(), self.key.as_ref());
+        let mut line = sealed.to_line().into_bytes();
+        line.push(b'\n');
+        Ok(Sealed {
+            line,
+            seq: sealed.seq,
+            hash: sealed.hash,
+        })
+    }
+
+    fn current(&self) -> PathBuf {
+        self.dir.join(log_file_name(self.file_index))
+    }
+
+    /// Writes one entry (rotating first if it would overflow the file). On failure the file
+    /// still ends on a whole entry, and the entry comes back with the reason.
+    #[allow(clippy::type_complexity)]
+    fn write(
+        &mut self,
+        entry: Sealed,
+        ack: Option<Ack>,
+    ) -> Result<(), (String, Sealed, Option<Ack>)> {
+        let len = entry.line.len() as u64;
+        if self.file_size > 0 && self.file_size.saturating_add(len) > self.max_file_bytes {
+            if let Err(detail) = self.rotate() {
+                return Err((detail, entry, ack));
+            }
+        }
+        if let Err(e) = self.file.write_all(&entry.line) {
             // Take back a partial line so the file still ends on a complete entry.
-            let _ = self.file.set_len(self.file_size);
-            return Err(self.fail(format!(
-                "writing {}: {e}",
-                self.dir.join(log_file_name(self.file_index)).display()
-            )));
+            if let Err(undo) = self.file.set_len(self.file_size) {
+                self.fail(format!(
+                    "taking back a partial entry of {}: {undo}",
+                    self.current().display()
+                ));
+            }
+            let detail = format!("writing {}: {e}", self.current().display());
+            return Err((detail, entry, ack));
         }
         self.file_size += len;
-        self.head_seq = seq;
-        self.head_hash = hash;
+        self.head_seq = entry.seq;
+        self.head_hash.clone_from(&entry.hash);
+        self.unsynced.push((entry, ack));
         Ok(())
     }
 
     fn rotate(&mut self) -> Result<(), String> {
         // The old file must be durable before entries land in the new one.
-        self.sync()?;
+        self.sync_durable()?;
         let next = self.file_index + 1;
         let path = self.dir.join(log_file_name(next));
         let (file, _) = open_append(&path)
             .and_then(|opened| sync_dir(&self.dir).map(|()| opened))
-            .map_err(|e| self.fail(format!("creating {}: {e}", path.display())))?;
+            .map_err(|e| format!("creating {}: {e}", path.display()))?;
         self.file = file;
         self.file_index = next;
         self.file_size = 0;
+        self.synced_size = 0;
         tracing::debug!(file = %path.display(), "audit log rotated");
         Ok(())
     }
 
-    fn sync(&mut self) -> Result<(), String> {
-        self.failed()?;
-        self.file.sync_all().map_err(|e| {
-            self.fail(format!(
-                "fsync of {}: {e}",
-                self.dir.join(log_file_name(self.file_index)).display()
-            ))
-        })?;
+    /// Fsyncs; on success acknowledges what it made durable. On failure nothing is
+    /// acknowledged (the caller takes the unsynced entries back).
+    fn sync_durable(&mut self) -> Result<(), String> {
+        self.permanent()?;
+        if let Err(e) = self.file.sync_all() {
+            return Err(format!("fsync of {}: {e}", self.current().display()));
+        }
+        self.synced_size = self.file_size;
+        self.synced_head = (self.head_seq, self.head_hash.clone());
+        for (_, ack) in self.unsynced.drain(..) {
+            if let Some(ack) = ack {
+                let _ = ack.send(Ok(()));
+            }
+        }
         if self.head_seq.saturating_sub(self.last_checkpoint) >= self.checkpoint_every {
-            self.checkpoint()?;
+            // A checkpoint is derived data: one that cannot be written now is written at a
+            // later fsync.
+            if let Err(detail) = self.checkpoint() {
+                tracing::warn!(dir = %self.dir.display(), error = %detail, "checkpoint not written; retrying later");
+            }
         }
         Ok(())
+    }
+
+    /// Fsyncs what was written; if that fails, stalls (the unsynced entries are taken back).
+    fn sync_or_stall(&mut self, rx: &Receiver<Command>) {
+        if self.unsynced.is_empty() {
+            return;
+        }
+        if let Err(detail) = self.sync_durable() {
+            if self.permanent().is_err() {
+                let refused = Refused::Failed(detail);
+                for (_, ack) in self.unsynced.drain(..) {
+                    refuse(ack, refused.clone());
+                }
+                return;
+            }
+            self.stall(detail, rx);
+        }
     }
 
     fn final_checkpoint(&mut self) -> Result<(), String> {
@@ -1112,7 +1452,7 @@ impl Writer {
 
     // Only called right after the log was fsynced up to head_seq.
     fn checkpoint(&mut self) -> Result<(), String> {
-        self.failed()?;
+        self.permanent()?;
         let checkpoint = Checkpoint::sign(
             &self.signing_key,
             &self.key_id,
@@ -1121,11 +1461,29 @@ impl Writer {
             &self.head_hash,
         );
         let path = self.dir.join(CHECKPOINTS_FILE);
-        self.checkpoints
-            .write_all(&checkpoint.to_line())
+        let line = checkpoint.to_line();
+        if let Err(e) = self
+            .checkpoints
+            .write_all(&line)
             .and_then(|()| self.checkpoints.sync_all())
-            .map_err(|e| self.fail(format!("writing {}: {e}", path.display())))?;
+        {
+            // Take back a partial line: the file must end on a whole checkpoint.
+            if let Err(undo) = self.checkpoints.set_len(self.checkpoints_size) {
+                return Err(self.fail(format!(
+                    "taking back a partial checkpoint of {}: {undo}",
+                    path.display()
+                )));
+            }
+            return Err(format!("writing {}: {e}", path.display()));
+        }
+        self.checkpoints_size += line.len() as u64;
         self.last_checkpoint = self.head_seq;
         Ok(())
+    }
+}
+
+fn refuse(ack: Option<Ack>, refused: Refused) {
+    if let Some(ack) = ack {
+        let _ = ack.send(Err(refused));
     }
 }

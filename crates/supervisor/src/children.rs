@@ -638,7 +638,14 @@ impl RunGateway {
                 }
                 meta.push(("code", error.code().into()));
                 let reason = format!("not done: {error}");
-                record(&meta, Decision::Deny, Some(&reason))?;
+                self.record_follow_up(
+                    "child.start",
+                    &call_id,
+                    started,
+                    &meta,
+                    (Decision::Deny, Some(&reason)),
+                    true,
+                )?;
                 Err(Refusal::new(start_status(&error), error.to_string()).into_status(&call_id))
             }
         }

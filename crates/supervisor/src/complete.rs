@@ -182,9 +182,15 @@ impl RunGateway {
         let (plan, slot) = match prepared {
             Ok(prepared) => prepared,
             Err(refused) => {
-                let entry = audit(Decision::Deny, Some(&refused.reason), &refused.meta);
-                if let Err(e) = self.audit.record(entry) {
-                    tracing::error!(run_id = %self.run_id, error = %e, "could not audit a model call");
+                // A spent run's refusals are summarised like its tool calls'.
+                let summarised = self
+                    .summarised("model.complete", &call_id, &refused.reason)
+                    .unwrap_or(false);
+                if !summarised {
+                    let entry = audit(Decision::Deny, Some(&refused.reason), &refused.meta);
+                    if let Err(e) = self.audited(entry, false) {
+                        tracing::error!(run_id = %self.run_id, error = %e.message(), "could not audit a model call");
+                    }
                 }
                 let mut status = refused.status;
                 for (key, value) in [
@@ -204,14 +210,11 @@ impl RunGateway {
         };
         // On disk before any byte leaves the host.
         let entry = audit(Decision::Allow, None, &plan.meta);
-        if let Err(e) = self.audit.append(entry) {
-            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a model call");
+        if let Err(status) = self.audited(entry, true) {
             if let Ok(mut ledger) = slot.0.ledger.lock() {
                 ledger.release(plan.reservation);
             }
-            return Err(Status::internal(
-                "the audit log is unavailable; nothing is done unaudited",
-            ));
+            return Err(status);
         }
         *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
         let (out, stream) = mpsc::channel(64);
@@ -605,8 +608,8 @@ impl RunGateway {
                 let _ = out.send(Err(status)).await;
             }
         }
-        if let Err(e) = self.audit.record(entry) {
-            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a model call's end");
+        if let Err(e) = self.audited(entry, false) {
+            tracing::error!(run_id = %self.run_id, error = %e.message(), "could not audit a model call's end");
         }
         drop(slot);
     }

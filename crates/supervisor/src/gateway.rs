@@ -19,6 +19,7 @@
 //! descriptor is reopened through `/proc/self/fd`). Devices, FIFOs, sockets and symbolic links
 //! are never opened.
 
+use std::collections::BTreeSet;
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -55,6 +56,177 @@ pub const MAX_LIST: usize = 10_000;
 pub const MAX_WRITE: usize = tollgate_agent_shim::plan::MAX_WRITE_BYTES;
 /// Most bytes of stdin one `exec` carries.
 pub const MAX_STDIN: usize = (4 << 20) - 4096;
+/// Longest path (a host path, a `cwd`, a mount target, a workdir) an agent may send:
+/// `PATH_MAX`. A longer one is refused as such, before anything looks at it.
+pub const MAX_PATH: usize = 4096;
+/// Most items of an argv (or of an exec list, a child's grants, its environment).
+pub const MAX_ITEMS: usize = 256;
+/// Most bytes of an argv (or an environment) altogether.
+pub const MAX_ARGV_BYTES: usize = 64 << 10;
+/// Longest name or id an agent may send (route names, run and receipt ids, a subject).
+pub const MAX_NAME: usize = 256;
+/// Longest free text an agent may send (a stop reason).
+pub const MAX_REASON: usize = 1024;
+/// Once a run is spent (budget or audit quota), its refusals are summarised: one entry for
+/// the first of each window this long, one summary entry (with a count) for the rest.
+pub const SUMMARY_WINDOW: Duration = Duration::from_secs(1);
+/// Least and most audit bytes one run may make the supervisor write (see [`audit_quota`]).
+pub const MIN_AUDIT_QUOTA: u64 = 16 << 20;
+/// See [`MIN_AUDIT_QUOTA`].
+pub const MAX_AUDIT_QUOTA: u64 = 1 << 30;
+
+/// The audit bytes a run with a budget of `max_calls` may cause: 4 KiB a call, at least
+/// [`MIN_AUDIT_QUOTA`] and at most [`MAX_AUDIT_QUOTA`]. Past it every call is refused.
+pub fn audit_quota(max_calls: u64) -> u64 {
+    max_calls
+        .saturating_mul(4096)
+        .clamp(MIN_AUDIT_QUOTA, MAX_AUDIT_QUOTA)
+}
+
+/// What an agent sends, bounded field by field before anything checks, uses or audits it.
+pub(crate) trait AgentInput {
+    /// The first field over its bound, as a one-line reason.
+    fn bound(&self) -> Result<(), String>;
+}
+
+fn text(field: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() > max {
+        return Err(format!(
+            "{field} is {} bytes; at most {max} are accepted",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+fn list<'a>(
+    field: &str,
+    values: impl ExactSizeIterator<Item = &'a str>,
+    each: usize,
+) -> Result<(), String> {
+    if values.len() > MAX_ITEMS {
+        return Err(format!(
+            "{field} has {} items; at most {MAX_ITEMS} are accepted",
+            values.len()
+        ));
+    }
+    let mut total = 0;
+    for (i, value) in values.enumerate() {
+        text(&format!("{field}[{i}]"), value, each)?;
+        total += value.len();
+    }
+    if total > MAX_ARGV_BYTES {
+        return Err(format!(
+            "{field} is {total} bytes in all; at most {MAX_ARGV_BYTES} are accepted"
+        ));
+    }
+    Ok(())
+}
+
+impl AgentInput for pb::CallToolRequest {
+    fn bound(&self) -> Result<(), String> {
+        match &self.tool {
+            Some(Tool::FsRead(r)) => text("path", &r.path, MAX_PATH),
+            Some(Tool::FsList(r)) => text("path", &r.path, MAX_PATH),
+            Some(Tool::FsStat(r)) => text("path", &r.path, MAX_PATH),
+            Some(Tool::FsWrite(r)) => text("path", &r.path, MAX_PATH),
+            Some(Tool::FsDelete(r)) => text("path", &r.path, MAX_PATH),
+            Some(Tool::Exec(r)) => {
+                list("argv", r.argv.iter().map(String::as_str), MAX_ARGV_BYTES)?;
+                text("cwd", &r.cwd, MAX_PATH)
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl AgentInput for pb::DelegateRequest {
+    fn bound(&self) -> Result<(), String> {
+        let Some(spec) = &self.child else {
+            return Ok(());
+        };
+        text("child.subject", &spec.subject, MAX_NAME)?;
+        if let Some(agent) = &spec.agent {
+            list(
+                "child.agent.argv",
+                agent.argv.iter().map(String::as_str),
+                MAX_ARGV_BYTES,
+            )?;
+            let env: Vec<&str> = agent
+                .env
+                .iter()
+                .flat_map(|(k, v)| [k.as_str(), v.as_str()])
+                .collect();
+            list("child.agent.env", env.into_iter(), MAX_ARGV_BYTES)?;
+            text("child.agent.workdir", &agent.workdir, MAX_PATH)?;
+        }
+        list(
+            "child.fs",
+            spec.fs
+                .iter()
+                .flat_map(|g| [g.path.as_str(), g.mount.as_str()])
+                .collect::<Vec<_>>()
+                .into_iter(),
+            MAX_PATH,
+        )?;
+        list("child.exec", spec.exec.iter().map(String::as_str), MAX_PATH)?;
+        list(
+            "child.routes",
+            spec.routes.iter().map(|r| r.name.as_str()),
+            MAX_NAME,
+        )
+    }
+}
+
+impl AgentInput for pb::StartChildRequest {
+    fn bound(&self) -> Result<(), String> {
+        text("receipt_id", &self.receipt_id, MAX_NAME)?;
+        list("argv", self.argv.iter().map(String::as_str), MAX_ARGV_BYTES)
+    }
+}
+
+impl AgentInput for pb::WatchChildRequest {
+    fn bound(&self) -> Result<(), String> {
+        text("run_id", &self.run_id, MAX_NAME)
+    }
+}
+
+impl AgentInput for pb::StopChildRequest {
+    fn bound(&self) -> Result<(), String> {
+        text("run_id", &self.run_id, MAX_NAME)?;
+        text("reason", &self.reason, MAX_REASON)
+    }
+}
+
+impl AgentInput for pb::CompleteRequest {
+    fn bound(&self) -> Result<(), String> {
+        text("route", &self.route, MAX_NAME)?;
+        // Message text is bounded by the call's own limits and never audited.
+        for (i, message) in self.messages.iter().enumerate() {
+            text(&format!("messages[{i}].role"), &message.role, MAX_NAME)?;
+        }
+        Ok(())
+    }
+}
+
+/// What a run has made the supervisor's audit log hold, and the refusals it is summarising.
+#[derive(Debug, Default)]
+pub struct AuditUse {
+    /// Bytes of entries this run's calls have caused.
+    pub bytes: AtomicU64,
+    window: Mutex<Option<RefusalWindow>>,
+}
+
+/// Refusals of a spent run in one [`SUMMARY_WINDOW`], not yet written.
+#[derive(Debug)]
+struct RefusalWindow {
+    opened: Instant,
+    count: u64,
+    first_call: String,
+    last_call: String,
+    tools: BTreeSet<String>,
+    reason: String,
+}
 
 /// One fs grant as the gateway uses it.
 #[derive(Debug)]
@@ -112,6 +284,8 @@ pub struct RunGateway {
     pub models: Option<Arc<RunModels>>,
     /// Delegation: the run's envelope, the supervisor link, child budgets and receipts.
     pub children: ChildState,
+    /// The audit bytes this run caused (held to [`audit_quota`]) and its summarised refusals.
+    pub audit_use: AuditUse,
 }
 
 impl std::fmt::Debug for RunGateway {
@@ -333,6 +507,20 @@ impl RunGateway {
 
     /// The checks every call passes before its tool runs.
     pub(crate) fn admit(&self, tool: &str) -> Result<u64, Refusal> {
+        // Every call counts, refused or not, whatever refuses it.
+        let made = self.calls.fetch_add(1, Ordering::SeqCst);
+        let quota = audit_quota(self.max_calls);
+        if self.audit_use.bytes.load(Ordering::SeqCst) >= quota {
+            return Err(Refusal::denied(
+                &self.run_id,
+                format!("the run's audit quota ({quota} bytes) is spent"),
+            ));
+        }
+        // Past the budget nothing else is looked at (`child.stop` is not held to it: a run
+        // must still be able to stop what it started).
+        if tool != "child.stop" {
+            self.charge(made)?;
+        }
         if self.closing.load(Ordering::SeqCst) {
             return Err(Refusal::denied(&self.run_id, "the run is ending".into()));
         }
@@ -361,9 +549,143 @@ impl RunGateway {
                 format!("{tool} needs an fs grant and the receipt has none"),
             ));
         }
-        // Every call counts, refused or not; whether the budget allows this one is checked
-        // last, once its target is known to be in scope (`charge`).
-        Ok(self.calls.fetch_add(1, Ordering::SeqCst))
+        Ok(made)
+    }
+
+    /// Whether the run is spent: its tool-call budget or its audit quota is used up. Its
+    /// refusals are then summarised, not written one by one.
+    fn spent(&self) -> bool {
+        self.calls.load(Ordering::SeqCst) > self.max_calls
+            || self.audit_use.bytes.load(Ordering::SeqCst) >= audit_quota(self.max_calls)
+    }
+
+    /// A refusal of a spent run: counted into the current window (no entry) and `true`, or,
+    /// for the first refusal of a window, the closed window's summary written and `false`
+    /// (the caller writes this one's own entry). Not spent: `false`.
+    pub(crate) fn summarised(
+        &self,
+        tool: &str,
+        call_id: &str,
+        reason: &str,
+    ) -> Result<bool, Status> {
+        if !self.spent() {
+            return Ok(false);
+        }
+        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.to_owned());
+        let mut window = self
+            .audit_use
+            .window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(open) = window.as_mut() {
+            if open.opened.elapsed() < SUMMARY_WINDOW {
+                open.count += 1;
+                call_id.clone_into(&mut open.last_call);
+                if open.tools.len() < 16 {
+                    open.tools.insert(tool.to_owned());
+                }
+                return Ok(true);
+            }
+        }
+        let closed = window.replace(RefusalWindow {
+            opened: Instant::now(),
+            count: 0,
+            first_call: String::new(),
+            last_call: String::new(),
+            tools: BTreeSet::new(),
+            reason: reason.to_owned(),
+        });
+        drop(window);
+        if let Some(closed) = closed {
+            self.write_summary(closed)?;
+        }
+        Ok(false)
+    }
+
+    /// Writes the summary of the refusals still being counted (at teardown).
+    pub fn flush_refusals(&self) {
+        let open = self
+            .audit_use
+            .window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(open) = open {
+            if let Err(e) = self.write_summary(open) {
+                tracing::error!(run_id = %self.run_id, error = %e.message(), "could not audit refused calls");
+            }
+        }
+    }
+
+    fn write_summary(&self, window: RefusalWindow) -> Result<(), Status> {
+        if window.count == 0 {
+            return Ok(());
+        }
+        let entry = EntryDraft::new(COMPONENT, EntryKind::ToolCall)
+            .receipt(self.run_id.as_str())
+            .run(self.run_id.as_str())
+            .decision(Decision::Deny)
+            .reason(format!(
+                "{} more calls refused within {} ms (the run is spent: {})",
+                window.count,
+                window.opened.elapsed().as_millis(),
+                window.reason
+            ))
+            .meta("tool", "(refused calls)")
+            .meta(
+                "refused_calls",
+                i64::try_from(window.count).unwrap_or(i64::MAX),
+            )
+            .meta("first_call_id", window.first_call)
+            .meta("last_call_id", window.last_call)
+            .meta("tools", window.tools.into_iter().collect::<Vec<_>>());
+        self.audited(entry, false)
+    }
+
+    /// Writes one of this run's entries, counting its bytes against the run's audit quota.
+    /// An entry the log cannot take now refuses the call (`UNAVAILABLE`).
+    pub(crate) fn audited(&self, entry: EntryDraft, durable: bool) -> Result<(), Status> {
+        let written = if durable {
+            self.audit.append(entry)
+        } else {
+            self.audit.record(entry)
+        };
+        match written {
+            Ok(appended) => {
+                self.audit_use
+                    .bytes
+                    .fetch_add(appended.bytes, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(run_id = %self.run_id, error = %e, "could not audit a call");
+                Err(Status::unavailable(
+                    "the audit log is unavailable; nothing is done unaudited",
+                ))
+            }
+        }
+    }
+
+    /// A call whose request has a field over its bound: counted, refused with a one-line
+    /// reason and audited (small: no field of the request is in the entry).
+    pub(crate) fn refuse_input(&self, tool: &str, problem: String) -> Status {
+        let started = Instant::now();
+        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let refusal = match self.admit(tool) {
+            Err(refusal) => refusal,
+            Ok(_) => Refusal::with(Status::invalid_argument, problem),
+        };
+        match self.record_call(
+            tool,
+            &call_id,
+            started,
+            &Vec::new(),
+            (refusal.decision(), Some(&refusal.reason)),
+            false,
+        ) {
+            Ok(()) => refusal.into_status(&call_id),
+            Err(status) => status,
+        }
     }
 
     /// The last check before a tool acts: the budget left for the call numbered `made`.
@@ -879,6 +1201,16 @@ impl RunGateway {
         let record = |decision: Decision, reason: Option<&str>, wait: bool| {
             self.record_call(tool, &call_id, started, &meta, (decision, reason), wait)
         };
+        let follow_up = |reason: &str| {
+            self.record_follow_up(
+                tool,
+                &call_id,
+                started,
+                &meta,
+                (Decision::Deny, Some(reason)),
+                true,
+            )
+        };
         let result = match outcome {
             Ok(Step::Done(result)) => {
                 record(Decision::Allow, None, durable)?;
@@ -888,8 +1220,7 @@ impl RunGateway {
                 record(Decision::Allow, None, true)?;
                 let applied = apply();
                 if let Err(refusal) = &applied {
-                    let reason = format!("not done: {}", refusal.reason);
-                    record(Decision::Deny, Some(&reason), true)?;
+                    follow_up(&format!("not done: {}", refusal.reason))?;
                 }
                 applied
             }
@@ -920,6 +1251,23 @@ impl RunGateway {
         (decision, reason): (Decision, Option<&str>),
         durable: bool,
     ) -> Result<(), Status> {
+        if decision == Decision::Deny && self.summarised(tool, call_id, reason.unwrap_or(""))? {
+            return Ok(());
+        }
+        self.record_follow_up(tool, call_id, started, meta, (decision, reason), durable)
+    }
+
+    /// Writes a call's entry whatever the run's state: for the second entry of a change
+    /// that failed (`not done: …`), which must never be summarised away.
+    pub(crate) fn record_follow_up(
+        &self,
+        tool: &str,
+        call_id: &str,
+        started: Instant,
+        meta: &CallMeta,
+        (decision, reason): (Decision, Option<&str>),
+        durable: bool,
+    ) -> Result<(), Status> {
         let mut entry = EntryDraft::new(COMPONENT, EntryKind::ToolCall)
             .receipt(self.run_id.as_str())
             .run(self.run_id.as_str())
@@ -936,16 +1284,9 @@ impl RunGateway {
         if let Some(reason) = reason {
             entry = entry.reason(reason);
         }
-        let written = if durable {
-            self.audit.append(entry).map(|_| ())
-        } else {
-            self.audit.record(entry).map(|_| ())
-        };
+        let written = self.audited(entry, durable);
         *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.to_owned());
-        written.map_err(|e| {
-            tracing::error!(run_id = %self.run_id, error = %e, "could not audit a tool call");
-            Status::internal("the audit log is unavailable; nothing is done unaudited")
-        })
+        written
     }
 }
 
@@ -963,6 +1304,14 @@ impl GatewayService {
     /// The service for `run`.
     pub fn new(run: Arc<RunGateway>) -> Self {
         Self { run }
+    }
+
+    /// The one place every request's agent-given fields are bounded, before any handler
+    /// checks, uses or audits them: a request over a bound is refused (and audited small).
+    fn bounded<T: AgentInput>(&self, tool: &str, request: &T) -> Result<(), Status> {
+        request
+            .bound()
+            .map_err(|problem| tokio::task::block_in_place(|| self.run.refuse_input(tool, problem)))
     }
 
     fn check_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
@@ -1001,6 +1350,7 @@ impl Gateway for GatewayService {
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<Self::CompleteStream>, Status> {
         self.check_peer(&request)?;
+        self.bounded("model.complete", request.get_ref())?;
         self.run
             .complete(request.into_inner())
             .await
@@ -1012,6 +1362,16 @@ impl Gateway for GatewayService {
         request: Request<pb::CallToolRequest>,
     ) -> Result<Response<pb::CallToolResponse>, Status> {
         self.check_peer(&request)?;
+        let name = match &request.get_ref().tool {
+            Some(Tool::FsRead(_)) => "fs.read",
+            Some(Tool::FsList(_)) => "fs.list",
+            Some(Tool::FsStat(_)) => "fs.stat",
+            Some(Tool::FsWrite(_)) => "fs.write",
+            Some(Tool::FsDelete(_)) => "fs.delete",
+            Some(Tool::Exec(_)) => "exec",
+            None => "none",
+        };
+        self.bounded(name, request.get_ref())?;
         let tool = request.into_inner().tool;
         if let Some(Tool::Exec(request)) = tool {
             return self.run.exec_call(request).await.map(Response::new);
@@ -1025,6 +1385,7 @@ impl Gateway for GatewayService {
         request: Request<pb::DelegateRequest>,
     ) -> Result<Response<pb::DelegateResponse>, Status> {
         self.check_peer(&request)?;
+        self.bounded("delegate", request.get_ref())?;
         // Its own task: a client that hangs up does not cut the call short.
         let run = self.run.clone();
         let request = request.into_inner();
@@ -1039,6 +1400,7 @@ impl Gateway for GatewayService {
         request: Request<pb::StartChildRequest>,
     ) -> Result<Response<pb::StartChildResponse>, Status> {
         self.check_peer(&request)?;
+        self.bounded("child.start", request.get_ref())?;
         let run = self.run.clone();
         let request = request.into_inner();
         tokio::task::spawn_blocking(move || run.start_child(request))
@@ -1062,6 +1424,7 @@ impl Gateway for GatewayService {
         request: Request<pb::WatchChildRequest>,
     ) -> Result<Response<Self::WatchChildStream>, Status> {
         self.check_peer(&request)?;
+        self.bounded("child.watch", request.get_ref())?;
         let (history, live) = self.run.watch_child(request.into_inner().run_id).await?;
         Ok(Response::new(crate::service::event_stream(history, live)))
     }
@@ -1071,6 +1434,7 @@ impl Gateway for GatewayService {
         request: Request<pb::StopChildRequest>,
     ) -> Result<Response<pb::StopChildResponse>, Status> {
         self.check_peer(&request)?;
+        self.bounded("child.stop", request.get_ref())?;
         let run = self.run.clone();
         let request = request.into_inner();
         tokio::task::spawn_blocking(move || run.stop_child(request))
@@ -1271,6 +1635,7 @@ mod tests {
             exec: None,
             models: None,
             children: Default::default(),
+            audit_use: AuditUse::default(),
         };
         Fixture {
             _dir: dir,
@@ -1659,5 +2024,150 @@ mod tests {
         pin(child(&rw, pb::FsAccess::Read, "/rw")).unwrap();
         // A path no parent grant covers (check_within refuses it first; never pinned here).
         assert!(pin(child(&fx.outside, pb::FsAccess::Read, "")).is_err());
+    }
+
+    /// A fixture's gateway served on its socket, and a client calling it as an agent would.
+    struct Served {
+        run: Arc<RunGateway>,
+        dir: tempfile::TempDir,
+        grant: PathBuf,
+        _handle: GatewayHandle,
+        _server: tokio::runtime::Runtime,
+        client_rt: tokio::runtime::Runtime,
+        client: pb::gateway_client::GatewayClient<tonic::transport::Channel>,
+    }
+
+    fn served(max_calls: u64) -> Served {
+        let Fixture {
+            _dir: dir,
+            grant,
+            gateway,
+            ..
+        } = fixture(max_calls, 600);
+        let run = Arc::new(gateway);
+        let server = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let sock_dir = dir.path().join("sock");
+        std::fs::create_dir(&sock_dir).unwrap();
+        let handle = serve(server.handle(), &sock_dir, run.clone()).unwrap();
+        let client_rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let target = format!("unix:{}", handle.socket.display());
+        let client = client_rt.block_on(async {
+            let channel = tonic::transport::Endpoint::from_shared(target)
+                .unwrap()
+                .connect()
+                .await
+                .unwrap();
+            pb::gateway_client::GatewayClient::new(channel)
+        });
+        Served {
+            run,
+            dir,
+            grant,
+            _handle: handle,
+            _server: server,
+            client_rt,
+            client,
+        }
+    }
+
+    impl Served {
+        fn read(&mut self, path: String) -> Result<pb::CallToolResponse, Status> {
+            let request = pb::CallToolRequest {
+                tool: Some(Tool::FsRead(pb::FsReadRequest {
+                    path,
+                    offset: 0,
+                    length: 0,
+                })),
+            };
+            self.client_rt
+                .block_on(self.client.call_tool(request))
+                .map(Response::into_inner)
+        }
+
+        /// Bytes of the audit log on disk, everything handed over so far written.
+        fn audit_bytes(&self) -> u64 {
+            self.run.audit.flush().unwrap();
+            std::fs::read_dir(self.dir.path().join("audit"))
+                .unwrap()
+                .map(|e| e.unwrap().metadata().unwrap().len())
+                .sum()
+        }
+    }
+
+    #[test]
+    fn ten_thousand_refused_calls_past_the_budget_add_under_a_mebibyte_of_audit() {
+        let mut fx = served(5);
+        let file = fx.grant.join("readme.txt").display().to_string();
+        for _ in 0..5 {
+            fx.read(file.clone()).unwrap();
+        }
+        let before = fx.audit_bytes();
+        for _ in 0..10_000 {
+            let refused = fx.read(file.clone()).expect_err("over the budget");
+            assert!(refused.message().contains("budget"), "{refused:?}");
+            assert!(refused.metadata().get("tollgate-call-id").is_some());
+        }
+        fx.run.flush_refusals();
+        let added = fx.audit_bytes() - before;
+        assert!(
+            added < 1 << 20,
+            "{added} bytes of audit for 10,000 refusals"
+        );
+        // Every refusal is accounted for: written one by one, or counted in a summary.
+        fx.run.audit.close().unwrap();
+        let (mut single, mut summarised) = (0, 0);
+        for entry in tollgate_audit::read_entries(&fx.dir.path().join("audit")).unwrap() {
+            let entry = entry.unwrap();
+            if entry.decision != Some(Decision::Deny) {
+                continue;
+            }
+            match entry.metadata.get("refused_calls") {
+                Some(MetaValue::Int(n)) => summarised += n,
+                _ => single += 1,
+            }
+        }
+        assert_eq!(single + summarised, 10_000, "{single} + {summarised}");
+    }
+
+    #[test]
+    fn a_path_over_4_kib_is_refused_as_such_and_audited_small() {
+        let mut fx = served(100);
+        let huge = format!("{}/{}", fx.grant.display(), "a".repeat(15 << 20));
+        let before = fx.audit_bytes();
+        for _ in 0..5 {
+            let refused = fx.read(huge.clone()).expect_err("too long");
+            assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+            assert!(
+                refused.message().contains("at most 4096"),
+                "{}",
+                &refused.message()[..refused.message().len().min(200)]
+            );
+            assert!(!refused.message().contains('\n'));
+            assert!(refused.message().len() < 200, "one short line");
+        }
+        let added = fx.audit_bytes() - before;
+        assert!(added < 5 * 2048, "{added} bytes of audit for 5 refusals");
+        // A path at the bound is looked at as usual.
+        let at_bound = format!("{}/{}", fx.grant.display(), "b".repeat(100));
+        let missing = fx.read(at_bound).expect_err("no such file");
+        assert_eq!(missing.code(), tonic::Code::NotFound);
+    }
+
+    #[test]
+    fn a_run_past_its_audit_quota_is_refused() {
+        let fx = fixture(100, 600);
+        assert!(read(&fx, fx.grant.join("readme.txt")).is_ok());
+        fx.gateway
+            .audit_use
+            .bytes
+            .store(audit_quota(100), Ordering::SeqCst);
+        denied(read(&fx, fx.grant.join("readme.txt")), "audit quota");
     }
 }

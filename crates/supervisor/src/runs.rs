@@ -1100,6 +1100,7 @@ impl RunManager {
             audit: self.audit.clone(),
             calls: AtomicU64::new(0),
             last_call: Mutex::new(None),
+            audit_use: gateway::AuditUse::default(),
             snapshots: SnapshotStore::new(&self.settings.data_dir),
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
@@ -1384,6 +1385,8 @@ impl RunManager {
             .take();
         let last_tool_call_id = gateway.map(|(run, mut handle)| {
             handle.stop();
+            // Refusals of a spent run still being counted get their summary entry.
+            run.flush_refusals();
             run.last_call
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

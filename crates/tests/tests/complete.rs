@@ -140,6 +140,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         audit: audit.clone(),
         calls: AtomicU64::new(0),
         last_call: Mutex::new(None),
+        audit_use: Default::default(),
         snapshots: SnapshotStore::new(dir.path()),
         exec: None,
         models: Some(Arc::new(RunModels::new(shared, tokens))),

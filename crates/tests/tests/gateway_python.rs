@@ -159,6 +159,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         audit: audit.clone(),
         calls: AtomicU64::new(0),
         last_call: Mutex::new(None),
+        audit_use: Default::default(),
         snapshots: SnapshotStore::new(dir.path()),
         exec: None,
         models: None,

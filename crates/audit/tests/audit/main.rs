@@ -3,4 +3,5 @@
 mod common;
 mod crash;
 mod lifecycle;
+mod space;
 mod tamper;

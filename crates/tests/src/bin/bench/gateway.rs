@@ -193,6 +193,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         audit: audit.clone(),
         calls: AtomicU64::new(0),
         last_call: Mutex::new(None),
+        audit_use: Default::default(),
         snapshots: tollgate_supervisor::snapshot::SnapshotStore::new(dir.path()),
         exec: None,
         models: None,
