@@ -140,6 +140,7 @@ pub use entry::{
     ENTRY_HASH_DOMAIN, GENESIS_HASH,
 };
 pub use error::AuditError;
+pub use files::{ensure_private_dir, PrivateDirError};
 pub use key::{AuditKey, AUDIT_KEY_ENV};
 pub use log::{
     Appended, AuditConfig, AuditLog, Durability, PendingEntry, DEFAULT_CHECKPOINT_EVERY,

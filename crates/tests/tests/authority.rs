@@ -624,7 +624,7 @@ async fn rotation_keeps_old_receipts_verifiable() {
 fn corrupt_database_stops_the_daemon_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("authority");
-    std::fs::create_dir_all(&data).unwrap();
+    tollgate_tests::private_dir(&data);
     let garbage = vec![0x42u8; 16384];
     std::fs::write(data.join("authority.db"), &garbage).unwrap();
     let (status, stderr) = AuthorityProcess::start_with(&data, &[])
