@@ -11,6 +11,9 @@ pub enum AuditError {
     /// The configuration is unusable; the message names the field.
     #[error("audit configuration: {0}")]
     Config(String),
+    /// The log directory cannot be created, or is open to other users.
+    #[error("audit directory: {0}")]
+    PrivateDir(#[from] crate::files::PrivateDirError),
     /// The log directory cannot be created, listed or synced.
     #[error("audit directory {path}: {source}; check that it exists, is a directory and is writable by this user")]
     Dir {
@@ -157,7 +160,7 @@ impl AuditError {
             | Self::CheckpointPub { .. }
             | Self::CheckpointKeyFile { .. }
             | Self::BadEntry { .. } => 65, // EX_DATAERR
-            Self::Dir { .. } | Self::Write { .. } => 73,                         // EX_CANTCREAT
+            Self::Dir { .. } | Self::PrivateDir(_) | Self::Write { .. } => 73,   // EX_CANTCREAT
             Self::AlreadyOpen { .. } | Self::InUse { .. } | Self::Unavailable { .. } => 75, // EX_TEMPFAIL
             Self::Spawn { .. } | Self::Closed | Self::WriterFailed { .. } => 70, // EX_SOFTWARE
         }

@@ -38,29 +38,80 @@ pub(crate) fn list_log_files(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
     Ok(files)
 }
 
-/// Creates `dir` (and parents) as 0700. An existing directory keeps its mode (the operator may
-/// have chosen it), with a warning if others can enter it.
-pub(crate) fn ensure_private_dir(dir: &Path) -> io::Result<()> {
+/// Why a directory that must be private to the daemon's user cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateDirError {
+    /// It exists with group or other permission bits: what is in it (receipts, the audit
+    /// log, tokens) would be readable by other local users.
+    #[error("{} is mode {mode:03o}, open to other users; run `chmod 700 {}` and start again", path.display(), path.display())]
+    OpenToOthers {
+        /// The directory.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// It exists and is not a directory.
+    #[error("{} exists and is not a directory", path.display())]
+    NotADirectory {
+        /// The path.
+        path: PathBuf,
+    },
+    /// It could not be inspected or created.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+}
+
+/// Creates `dir` (and missing parents) as 0700, or checks that an existing `dir` is a
+/// directory no other user can enter or list (no group or other bits): the one rule for every
+/// daemon's data and audit directories. A looser existing directory is refused with the
+/// `chmod` that fixes it, never silently tightened (the operator chose it; they decide).
+pub fn ensure_private_dir(dir: &Path) -> Result<(), PrivateDirError> {
+    let io = |source| PrivateDirError::Io {
+        path: dir.to_owned(),
+        source,
+    };
     match fs::metadata(dir) {
         Ok(meta) if meta.is_dir() => {
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(dir = %dir.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "audit directory is accessible to other users; consider chmod 700");
+            let mode = meta.permissions().mode() & 0o7777;
+            if mode & 0o077 != 0 {
+                return Err(PrivateDirError::OpenToOthers {
+                    path: dir.to_owned(),
+                    mode,
+                });
             }
             Ok(())
         }
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            "exists and is not a directory",
-        )),
+        Ok(_) => Err(PrivateDirError::NotADirectory {
+            path: dir.to_owned(),
+        }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o700)
-                .create(dir)?;
+                .create(dir)
+                .map_err(io)?;
             // The mode given to mkdir is filtered by the umask; set it exactly.
-            fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(io)
         }
-        Err(e) => Err(e),
+        Err(e) => Err(io(e)),
+    }
+}
+
+/// The log's own directory: created 0700 like [`ensure_private_dir`], but an existing looser
+/// one is used with a warning, not refused: the daemons keep it inside their data directory,
+/// which they refuse when loose, and a log opened elsewhere is where the caller chose.
+pub(crate) fn ensure_log_dir(dir: &Path) -> Result<(), PrivateDirError> {
+    match ensure_private_dir(dir) {
+        Err(PrivateDirError::OpenToOthers { path, mode }) => {
+            tracing::warn!(dir = %path.display(), mode = format!("{mode:o}"), "audit directory is accessible to other users; consider chmod 700");
+            Ok(())
+        }
+        other => other,
     }
 }
 
@@ -213,6 +264,15 @@ mod tests {
             fs::metadata(&sub).unwrap().permissions().mode() & 0o777,
             0o700
         );
+        ensure_private_dir(&sub).expect("an existing 0700 directory is fine");
+        fs::set_permissions(&sub, fs::Permissions::from_mode(0o750)).unwrap();
+        let refused = ensure_private_dir(&sub).unwrap_err().to_string();
+        assert!(
+            refused.contains("mode 750")
+                && refused.contains(&format!("chmod 700 {}", sub.display())),
+            "{refused}"
+        );
+        fs::set_permissions(&sub, fs::Permissions::from_mode(0o700)).unwrap();
         let (_, created) = open_append(&sub.join("f")).unwrap();
         assert!(created);
         let (_, created) = open_append(&sub.join("f")).unwrap();

@@ -141,6 +141,7 @@ pub use entry::{
     MAX_LIST_ITEMS, TRUNCATION_MARKER,
 };
 pub use error::AuditError;
+pub use files::{ensure_private_dir, PrivateDirError};
 pub use key::{AuditKey, AUDIT_KEY_ENV};
 pub use log::{
     Appended, AuditConfig, AuditLog, Durability, PendingEntry, DEFAULT_CHECKPOINT_EVERY,

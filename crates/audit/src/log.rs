@@ -18,7 +18,7 @@ use crate::checkpoint::{parse_pub_file, pub_line, Checkpoint};
 use crate::entry::{Entry, EntryDraft, EntryKind, MetaValue, Redactor, GENESIS_HASH};
 use crate::error::AuditError;
 use crate::files::{
-    ensure_private_dir, list_log_files, log_file_name, open_append, split_lines, sync_dir,
+    ensure_log_dir, list_log_files, log_file_name, open_append, split_lines, sync_dir,
     unix_seconds, write_atomic, write_new_private, CHECKPOINTS_FILE, CHECKPOINT_PUB_FILE,
 };
 use crate::key::AuditKey;
@@ -332,10 +332,7 @@ impl AuditLog {
     pub fn open(config: AuditConfig) -> Result<Self, AuditError> {
         config.validate()?;
         let dir = config.dir.clone();
-        ensure_private_dir(&dir).map_err(|source| AuditError::Dir {
-            path: dir.clone(),
-            source,
-        })?;
+        ensure_log_dir(&dir)?;
         let canonical = fs::canonicalize(&dir).map_err(|source| AuditError::Dir {
             path: dir.clone(),
             source,

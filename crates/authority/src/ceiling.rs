@@ -5,7 +5,7 @@
 
 use tollgate_proto::v1 as pb;
 
-use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
+use tollgate_receipt::paths::{check_mounts, is_normal_absolute, path_within};
 use tollgate_receipt::spec::{access_name, sensitivity_name};
 
 use crate::error::CallError;
@@ -90,39 +90,19 @@ fn check_name_list(field: &str, values: &[String]) -> Result<(), CallError> {
     Ok(())
 }
 
-/// Mount targets must not cover what the sandbox builds itself, overlap each other, or put a
-/// writable mount over an allowed executable (which would let the agent replace it).
-/// `exec` entries are paths inside the sandbox.
+/// Mounted grants must pass the receipt crate's mount rule (the one every supervisor applies
+/// again: nothing is signed that no supervisor would start), and no writable mount may cover
+/// an allowed executable (which would let the agent replace it). `exec` entries are paths
+/// inside the sandbox.
 fn check_mount_targets(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
-    let mounts: Vec<(usize, &pb::FsGrant)> = request
-        .fs
-        .iter()
-        .enumerate()
-        .filter(|(_, grant)| !grant.mount.is_empty())
-        .collect();
-    for &(i, grant) in &mounts {
+    if let Err(e) = check_mounts(&request.fs) {
+        return Err(CallError::invalid(e.field(), e.to_string()));
+    }
+    for (i, grant) in request.fs.iter().enumerate() {
+        if grant.mount.is_empty() {
+            continue;
+        }
         let field = format!("fs[{i}].mount");
-        if grant.mount == "/" || RESERVED_MOUNTS.iter().any(|r| path_within(&grant.mount, r)) {
-            return Err(CallError::invalid(
-                field,
-                format!(
-                    "{:?} is reserved: the sandbox builds /, {}",
-                    grant.mount,
-                    RESERVED_MOUNTS.join(", ")
-                ),
-            ));
-        }
-        for &(j, other) in &mounts {
-            if j != i
-                && (path_within(&grant.mount, &other.mount)
-                    || path_within(&other.mount, &grant.mount))
-            {
-                return Err(CallError::invalid(
-                    field,
-                    format!("{:?} overlaps fs[{j}].mount {:?}", grant.mount, other.mount),
-                ));
-            }
-        }
         if grant.access == pb::FsAccess::Write as i32 {
             if let Some((k, exec)) = request
                 .exec
@@ -569,7 +549,16 @@ mod tests {
             Err(CallError::InvalidArgument { field, reason }) => format!("{field}: {reason}"),
             other => panic!("{other:?}"),
         };
-        for reserved in ["/", "/proc", "/dev/x", "/tmp", "/work/sub"] {
+        for reserved in [
+            "/",
+            "/proc",
+            "/dev/x",
+            "/tmp",
+            "/work/sub",
+            "/etc",
+            "/usr/lib",
+            "/lib64",
+        ] {
             let mut r = request();
             r.fs.push(grant("/srv", pb::FsAccess::Read, reserved));
             assert!(reason(&r).starts_with("fs[0].mount"), "{reserved}");

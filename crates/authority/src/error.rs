@@ -8,6 +8,9 @@ pub enum AuthorityError {
     /// The configuration file or a flag is unusable.
     #[error("configuration: {0}")]
     Config(String),
+    /// The data directory (or its key directory) cannot be created, or is open to other users.
+    #[error("data directory: {0}")]
+    PrivateDir(tollgate_audit::PrivateDirError),
     /// The data directory cannot be created or secured.
     #[error("data directory {path}: {source}")]
     DataDir {
@@ -106,7 +109,10 @@ impl AuthorityError {
             Self::DatabaseUnreadable { .. } | Self::DatabaseMissing { .. } => 66, // EX_NOINPUT
             Self::DataDirInUse { .. } => 75,    // EX_TEMPFAIL
             Self::Bind { .. } => 69,            // EX_UNAVAILABLE
-            Self::DataDir { .. } | Self::KeyFile { .. } | Self::WriteFile { .. } => 73, // EX_CANTCREAT
+            Self::DataDir { .. }
+            | Self::PrivateDir(_)
+            | Self::KeyFile { .. }
+            | Self::WriteFile { .. } => 73, // EX_CANTCREAT
             Self::Sqlite(_) | Self::Transport(_) | Self::Task(_) => 70, // EX_SOFTWARE
             Self::Audit(e) => e.exit_code(),
         }

@@ -3,40 +3,15 @@
 
 use std::fs::{self, OpenOptions};
 use std::io::Write as _;
-use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::Path;
 
 use crate::error::AuthorityError;
 
-/// Creates `dir` (and parents) as 0700. An existing directory keeps its mode (it may be a
-/// directory the operator chose deliberately), with a warning if others can enter it.
+/// Creates `dir` (and parents) as 0700, or refuses an existing one that other users can
+/// enter, naming the `chmod` that fixes it (the rule both daemons share, from the audit crate).
 pub fn ensure_private_dir(dir: &Path) -> Result<(), AuthorityError> {
-    let wrap = |source| AuthorityError::DataDir {
-        path: dir.to_owned(),
-        source,
-    };
-    match fs::metadata(dir) {
-        Ok(meta) if meta.is_dir() => {
-            if meta.permissions().mode() & 0o077 != 0 {
-                tracing::warn!(dir = %dir.display(), mode = format!("{:o}", meta.permissions().mode() & 0o777), "directory is accessible to other users; consider chmod 700");
-            }
-            Ok(())
-        }
-        Ok(_) => Err(wrap(std::io::Error::new(
-            std::io::ErrorKind::AlreadyExists,
-            "exists and is not a directory",
-        ))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(wrap)?;
-            // The mode given to mkdir is filtered by the umask; set it exactly.
-            fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(wrap)
-        }
-        Err(e) => Err(wrap(e)),
-    }
+    tollgate_audit::ensure_private_dir(dir).map_err(AuthorityError::PrivateDir)
 }
 
 /// An exclusive lock on a data directory, held for the daemon's lifetime.

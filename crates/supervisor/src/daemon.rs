@@ -62,6 +62,9 @@ pub enum DaemonError {
     /// Bad flags or files.
     #[error("{0}")]
     Config(String),
+    /// The data directory cannot be created, or other users can enter it.
+    #[error("data directory: {0}")]
+    DataDir(tollgate_audit::PrivateDirError),
     /// The authority could not be reached for the key set.
     #[error("cannot fetch the key set from the authority at {url}: {detail}; is it running? (or use --trust-keys FILE)")]
     Authority {
@@ -86,6 +89,7 @@ impl DaemonError {
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) => 78,
+            Self::DataDir(_) => 73,
             Self::Authority { .. } => 69,
             Self::Runs(_) => 70,
             Self::Audit(e) => u8::try_from(e.exit_code()).unwrap_or(70),
@@ -253,8 +257,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let data_dir = config.runs.data_dir.clone();
-    std::fs::create_dir_all(&data_dir)
-        .map_err(|e| DaemonError::Config(format!("cannot create {}: {e}", data_dir.display())))?;
+    // Receipts, run records and the audit log are in it: 0700, or refused with the chmod.
+    tollgate_audit::ensure_private_dir(&data_dir).map_err(DaemonError::DataDir)?;
     let addr_path = data_dir.join(ADDR_FILE);
     let _ = std::fs::remove_file(&addr_path);
     let token_hash = admin_token(&data_dir)?;

@@ -154,6 +154,14 @@ pub enum RecordsError {
     /// Any other SQLite failure.
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The database file (or its `-wal`/`-shm`) could not be created or made private.
+    #[error("database {path}: {source}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
     /// A stored report does not decode.
     #[error("stored report of run {0} is unreadable")]
     Report(String),
@@ -242,6 +250,32 @@ fn migrate(conn: &mut Connection, path: &Path) -> Result<(), RecordsError> {
     Ok(())
 }
 
+/// Makes `path` mode 0600: every receipt is in the database. With `create`, creates it first
+/// if absent (so SQLite never creates it with the umask's mode; SQLite gives `-wal` and `-shm`
+/// the database's mode). Without, a missing file is fine.
+fn make_private(path: &Path, create: bool) -> Result<(), RecordsError> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let file_error = |source| RecordsError::File {
+        path: path.to_owned(),
+        source,
+    };
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(create)
+        .create(create)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(file_error(e)),
+    };
+    // The mode given to open() is filtered by the umask, and an older file keeps its own.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(file_error)
+}
+
 impl RunRecords {
     /// Opens (creating) the database with WAL, `synchronous=FULL` and an integrity check.
     pub fn open(path: &Path) -> Result<Self, RecordsError> {
@@ -254,9 +288,16 @@ impl RunRecords {
             }
             _ => RecordsError::Sqlite(e),
         };
+        make_private(path, true)?;
         let conn = Connection::open(path).map_err(corrupt)?;
         conn.query_row("PRAGMA journal_mode = WAL", [], |_| Ok(()))
             .map_err(corrupt)?;
+        // Tighten a -wal or -shm an older supervisor left with a looser mode.
+        for suffix in ["-wal", "-shm"] {
+            let mut side = path.as_os_str().to_owned();
+            side.push(suffix);
+            make_private(Path::new(&side), false)?;
+        }
         conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000;")
             .map_err(corrupt)?;
         let check: String = conn

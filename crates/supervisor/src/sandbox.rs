@@ -17,14 +17,12 @@ use tollgate_agent_shim::plan::{
 };
 use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD};
 use tollgate_proto::v1 as pb;
-use tollgate_receipt::paths::{is_normal_absolute, path_within, RESERVED_MOUNTS};
 
 use crate::cgroup::RunCgroup;
 
-/// Host directories shown read-only inside every sandbox (those that exist on the host).
-pub const SYSTEM_PATHS: [&str; 8] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-];
+/// Host directories shown read-only inside every sandbox (those that exist on the host): the
+/// receipt crate's list, the same one the authority refuses mount targets beneath.
+pub use tollgate_receipt::paths::SYSTEM_PATHS;
 
 /// What every sandbox of this supervisor shares: the mount point of the new root
 /// (`<data-dir>/root`, empty; each sandbox mounts its root there in its own mount namespace),
@@ -156,38 +154,13 @@ impl RunDirs {
     }
 }
 
-/// Mount targets are absolute and normalised, never reserved or under a system path, and
-/// never overlap; sources are absolute and normalised.
+/// Re-checks the receipt's mounts with the receipt crate's rule, the one the authority
+/// applies before it signs (the supervisor does not rely on every signer having done so).
 fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
-    let mounted: Vec<&pb::FsGrant> = receipt.fs.iter().filter(|g| !g.mount.is_empty()).collect();
-    for grant in &mounted {
-        let bad = |reason: String| SandboxError::BadGrant {
-            path: grant.path.clone(),
-            reason,
-        };
-        let normal = |path: &str| path != "/" && is_normal_absolute(path);
-        if !normal(&grant.path) || !normal(&grant.mount) {
-            return Err(bad("paths must be absolute and normalised".into()));
-        }
-        // Also the system paths: the shim would otherwise follow host symlinks there as root.
-        let reserved = RESERVED_MOUNTS.iter().chain(SYSTEM_PATHS.iter());
-        if let Some(reserved) = reserved.into_iter().find(|r| path_within(&grant.mount, r)) {
-            return Err(bad(format!(
-                "mount {} is at or beneath {reserved}",
-                grant.mount
-            )));
-        }
-        if let Some(other) = mounted.iter().find(|o| {
-            !std::ptr::eq(**o, *grant)
-                && (path_within(&grant.mount, &o.mount) || path_within(&o.mount, &grant.mount))
-        }) {
-            return Err(bad(format!(
-                "mount {} overlaps {}",
-                grant.mount, other.mount
-            )));
-        }
-    }
-    Ok(())
+    tollgate_receipt::paths::check_mounts(&receipt.fs).map_err(|e| SandboxError::BadGrant {
+        path: receipt.fs[e.index()].path.clone(),
+        reason: e.to_string(),
+    })
 }
 
 /// Builds the sandbox plan for `receipt`. `argv` overrides the receipt's pinned agent (the

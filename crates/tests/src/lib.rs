@@ -106,6 +106,15 @@ pub fn leftovers(data_dir: &Path, parent: &str) -> Vec<String> {
     left
 }
 
+/// Creates `dir` (and parents) and makes it 0700, as a daemon's data directory must be (a
+/// test may have created it, and runs beneath it, with the umask's looser mode).
+pub fn private_dir(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir).expect("create the data directory");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .expect("make the data directory private");
+}
+
 /// Path of a workspace binary built by cargo.
 pub fn bin_path(name: &str) -> PathBuf {
     let dir = match std::env::var_os("TOLLGATE_BIN_DIR") {
@@ -383,7 +392,7 @@ impl SupervisorProcess {
         extra: Vec<String>,
     ) -> Self {
         let _ = std::fs::remove_file(data_dir.join("supervisor.addr"));
-        std::fs::create_dir_all(data_dir).expect("data dir");
+        private_dir(data_dir);
         let log = data_dir.with_extension("stderr");
         let mut child = Command::new(bin_path("tollgate-supervisor"))
             .arg("--data-dir")

@@ -624,7 +624,7 @@ async fn rotation_keeps_old_receipts_verifiable() {
 fn corrupt_database_stops_the_daemon_with_a_clear_message() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("authority");
-    std::fs::create_dir_all(&data).unwrap();
+    tollgate_tests::private_dir(&data);
     let garbage = vec![0x42u8; 16384];
     std::fs::write(data.join("authority.db"), &garbage).unwrap();
     let (status, stderr) = AuthorityProcess::start_with(&data, &[])
@@ -894,6 +894,46 @@ async fn more_rejections_operator_input_and_bounds() {
         .await
         .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
+}
+
+/// A mount no supervisor would start (at or beneath a system path the sandbox shows from the
+/// host, or a path it builds itself) is refused at mint with a one-line reason naming the
+/// field and the path, instead of being signed and then refused by every supervisor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mounts_every_supervisor_refuses_are_not_signed() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let admin = authority.admin_token();
+    let mut client = authority.client().await;
+    let mut targets = vec![
+        "/etc",
+        "/etc/ssl",
+        "/usr/local/bin",
+        "/bin",
+        "/lib64/x",
+        "/run/x",
+    ];
+    targets.extend(tollgate_receipt::paths::SYSTEM_PATHS);
+    for target in targets {
+        let mut request = mint_request("system-mount");
+        request.fs[0].mount = target.into();
+        let status = client
+            .mint_receipt(authed(&admin, request))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{target}: {status:?}");
+        let message = status.message();
+        assert!(message.starts_with("fs[0].mount: "), "{target}: {message}");
+        assert!(message.contains(&format!("{target:?}")), "{message}");
+        assert!(!message.contains('\n'), "one line: {message:?}");
+    }
+    // Whole path components: a target that merely starts with a system path's name is fine.
+    let mut request = mint_request("near-miss");
+    request.fs[0].mount = "/etcetera".into();
+    client
+        .mint_receipt(authed(&admin, request))
+        .await
+        .expect("/etcetera is not /etc");
 }
 
 #[test]
