@@ -120,6 +120,7 @@ function limitsFromRaw(raw: Raw | undefined): Limits {
     tmpfsBytes: num(r.tmpfsBytes),
     toolCalls: num(r.toolCalls),
     tokens: num(r.tokens),
+    files: num(r.files),
   };
 }
 

@@ -63,6 +63,8 @@ export interface Limits {
   toolCalls: number;
   /** Maximum model tokens (prompt plus completion) during the run. */
   tokens: number;
+  /** Open file descriptors of each sandbox process (RLIMIT_NOFILE); 0 means 1024. */
+  files: number;
 }
 
 /** Access to one host path. */

@@ -80,6 +80,8 @@ struct LimitsJson {
     tool_calls: u64,
     #[serde(default)]
     tokens: u64,
+    #[serde(default)]
+    files: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,6 +168,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
             tmpfs_bytes: l.tmpfs_bytes,
             tool_calls: l.tool_calls,
             tokens: l.tokens,
+            files: l.files,
         }),
         fs,
         exec: spec.exec,

@@ -459,6 +459,16 @@ fn read_all(fd: &OwnedFd) -> String {
     String::from_utf8_lossy(&text).into_owned()
 }
 
+/// Sets the receipt's open-file limit, soft and hard, so an agent (or an exec'd command) can
+/// hold no more descriptors, gateway connections included, than its receipt says. Called while
+/// still real root in the host's user namespace: raising the hard limit above what the
+/// supervisor passed down needs `CAP_SYS_RESOURCE` there, which the new user namespace lacks.
+fn limit_open_files(files: u32) -> Result<(), String> {
+    let files = u64::from(tollgate_proto::effective_files(files));
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, files, files)
+        .map_err(|e| format!("setting the open-file limit to {files}: {e}"))
+}
+
 /// The agent side: returns only on failure (with the reason). On success it executes the
 /// agent, which closes the report pipe.
 fn agent_child(
@@ -469,6 +479,7 @@ fn agent_child(
 ) -> String {
     let step = || -> Result<(), String> {
         nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+        limit_open_files(plan.files)?;
         // Restore the default signal mask pid 1 set up for itself.
         SigSet::all().thread_unblock().map_err(|e| e.to_string())?;
         confine::clear_groups().map_err(|e| e.to_string())?;

@@ -123,6 +123,17 @@ fn check_mount_targets(request: &pb::MintReceiptRequest) -> Result<(), CallError
     Ok(())
 }
 
+/// An open-file limit above what `setrlimit` accepts would sign a receipt no sandbox starts.
+fn check_files(field: &str, limits: Option<&pb::Limits>) -> Result<(), CallError> {
+    match limits {
+        Some(limits) if limits.files > tollgate_proto::MAX_FILES => Err(CallError::invalid(
+            field,
+            format!("{} is above {}", limits.files, tollgate_proto::MAX_FILES),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Checks the shape of a mint request (not the ceiling).
 pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
     if request.subject.trim().is_empty() || request.subject.len() > 128 {
@@ -146,6 +157,7 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
         ));
     }
     check_name_list("audience", &request.audience)?;
+    check_files("limits.files", request.limits.as_ref())?;
     check_fs_grants(&request.fs, "")?;
     check_mount_targets(request)?;
     for (i, exec) in request.exec.iter().enumerate() {
@@ -200,6 +212,7 @@ pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
     }
     check_routes(&ceiling.routes, "ceiling.")?;
     check_name_list("ceiling.audience", &ceiling.audience)?;
+    check_files("ceiling.limits.files", ceiling.limits.as_ref())?;
     Ok(())
 }
 
@@ -213,6 +226,7 @@ pub fn default_limits() -> pb::Limits {
         tmpfs_bytes: 64 << 20,
         tool_calls: 1000,
         tokens: 200_000,
+        files: tollgate_proto::DEFAULT_FILES,
     }
 }
 
@@ -287,6 +301,12 @@ impl CeilingCheck<'_> {
                 cap.tool_calls,
             )?,
             tokens: resolve("tokens", requested.tokens, d.tokens, cap.tokens)?,
+            files: resolve(
+                "files",
+                requested.files.into(),
+                d.files.into(),
+                cap.files.into(),
+            )? as u32,
         })
     }
 

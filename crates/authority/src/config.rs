@@ -136,6 +136,7 @@ impl AuthorityConfig {
                 tmpfs_bytes: pick(given.tmpfs_bytes, base.tmpfs_bytes),
                 tool_calls: pick(given.tool_calls, base.tool_calls),
                 tokens: pick(given.tokens, base.tokens),
+                files: pick(given.files.into(), base.files.into()) as u32,
             };
         }
         Ok(config)

@@ -173,6 +173,7 @@ fn inherit_limits(child: pb::Limits, parent: pb::Limits) -> pb::Limits {
         tmpfs_bytes: pick(child.tmpfs_bytes, parent.tmpfs_bytes),
         tool_calls: pick(child.tool_calls, parent.tool_calls),
         tokens: pick(child.tokens, parent.tokens),
+        files: pick32(child.files, parent.files),
     }
 }
 

@@ -68,6 +68,7 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
             "tmpfs_bytes": limits.tmpfs_bytes,
             "tool_calls": limits.tool_calls,
             "tokens": limits.tokens,
+            "files": tollgate_proto::effective_files(limits.files),
         },
         "fs": r.fs.iter().map(|g| json!({
             "path": g.path, "access": access(g.access), "mount": g.mount,
@@ -113,14 +114,15 @@ pub fn receipt_text(r: &pb::Receipt) -> String {
         lines.push((
             "limits",
             format!(
-                "memory {} · pids {} · cpu {:.2} · output {} · tmpfs {} · tool calls {} · tokens {}",
+                "memory {} · pids {} · cpu {:.2} · output {} · tmpfs {} · tool calls {} · tokens {} · files {}",
                 size(l.memory_bytes),
                 l.pids,
                 f64::from(l.cpu_millicores) / 1000.0,
                 size(l.output_bytes),
                 size(l.tmpfs_bytes),
                 l.tool_calls,
-                l.tokens
+                l.tokens,
+                tollgate_proto::effective_files(l.files)
             ),
         ));
     }

@@ -11,6 +11,22 @@ pub mod v1 {
     tonic::include_proto!("tollgate.v1");
 }
 
+/// `Limits.files` when a receipt leaves it at 0: RLIMIT_NOFILE of the agent and its exec'd
+/// commands.
+pub const DEFAULT_FILES: u32 = 1024;
+/// Highest `Limits.files` a receipt may carry (Linux's default `fs.nr_open`, above which
+/// `setrlimit` fails).
+pub const MAX_FILES: u32 = 1 << 20;
+
+/// The open-file limit a receipt's `Limits.files` gives its sandbox: 0 means [`DEFAULT_FILES`].
+pub fn effective_files(files: u32) -> u32 {
+    if files == 0 {
+        DEFAULT_FILES
+    } else {
+        files
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every tollgate proto file, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/tollgate_descriptor.bin"));

@@ -165,6 +165,12 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
         ("tmpfs_bytes", c.tmpfs_bytes, p.tmpfs_bytes),
         ("tool_calls", c.tool_calls, p.tool_calls),
         ("tokens", c.tokens, p.tokens),
+        // 0 is the default: compare what each sandbox gets.
+        (
+            "files",
+            tollgate_proto::effective_files(c.files).into(),
+            tollgate_proto::effective_files(p.files).into(),
+        ),
     ];
     for (name, child_value, parent_value) in limits {
         if child_value > parent_value {
@@ -254,6 +260,7 @@ mod tests {
                 tmpfs_bytes: 8 << 20,
                 tool_calls: 100,
                 tokens: 1000,
+                files: 0,
             }),
             delegate: Some(pb::Delegation { max_depth: 2 }),
             ..Default::default()
@@ -294,6 +301,22 @@ mod tests {
     #[test]
     fn a_narrower_child_is_within() {
         assert_eq!(check_within(&parent(), &narrower()), Ok(()));
+    }
+
+    #[test]
+    fn open_files_compare_with_zero_as_the_default() {
+        // The parent leaves files at 0 (1024): a child may ask up to 1024, not more.
+        let mut c = narrower();
+        c.limits.as_mut().unwrap().files = 1024;
+        assert_eq!(check_within(&parent(), &c), Ok(()));
+        c.limits.as_mut().unwrap().files = 1025;
+        assert!(refused(c).contains("limits.files = 1025"));
+        let mut p = parent();
+        p.limits.as_mut().unwrap().files = 64;
+        assert!(
+            check_within(&p, &narrower()).is_err(),
+            "0 (1024) is above 64"
+        );
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub struct LimitsSpec {
     pub tool_calls: Option<u64>,
     /// Model tokens.
     pub tokens: Option<u64>,
+    /// Open file descriptors of each sandbox process (`RLIMIT_NOFILE`); default 1024.
+    pub files: Option<u32>,
 }
 
 impl LimitsSpec {
@@ -128,6 +130,16 @@ impl LimitsSpec {
             tmpfs_bytes: size(&self.tmpfs, "limits.tmpfs")?,
             tool_calls: nonzero(self.tool_calls, "limits.tool_calls")?,
             tokens: nonzero(self.tokens, "limits.tokens")?,
+            files: match self.files {
+                Some(files) if files > tollgate_proto::MAX_FILES => {
+                    return Err(invalid(
+                        "limits.files",
+                        format!("{files} is above {}", tollgate_proto::MAX_FILES),
+                    ))
+                }
+                files => u32::try_from(nonzero(files.map(u64::from), "limits.files")?)
+                    .unwrap_or(u32::MAX),
+            },
         })
     }
 }

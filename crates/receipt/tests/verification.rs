@@ -31,6 +31,7 @@ fn sample_receipt() -> Receipt {
             tmpfs_bytes: 64 << 20,
             tool_calls: 1000,
             tokens: 200_000,
+            files: 0,
         }),
         fs: vec![pb::FsGrant {
             path: "/home/me/project".into(),

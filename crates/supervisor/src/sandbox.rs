@@ -258,6 +258,7 @@ pub fn plan_for(
         run_id: receipt.receipt_id.clone(),
         workspace: dirs.work.clone(),
         tmpfs_bytes: limits.tmpfs_bytes,
+        files: tollgate_proto::effective_files(limits.files),
         binds,
         landlock: LandlockPlan {
             read,

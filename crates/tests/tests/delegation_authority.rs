@@ -45,6 +45,7 @@ fn parent_limits() -> pb::Limits {
         tmpfs_bytes: 8 << 20,
         tool_calls: 100,
         tokens: 1000,
+        files: 1024,
     }
 }
 

@@ -112,6 +112,7 @@ impl Fixture {
                 tmpfs_bytes: 8 << 20,
                 tool_calls: 10,
                 tokens: 10,
+                files: 0,
             }),
             exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
             ..Default::default()

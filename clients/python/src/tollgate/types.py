@@ -278,6 +278,8 @@ class Limits:
     tmpfs_bytes: int = 0
     tool_calls: int = 0
     tokens: int = 0
+    #: Open file descriptors of each sandbox process (RLIMIT_NOFILE); 0 means 1024.
+    files: int = 0
 
     def __post_init__(self) -> None:
         for name in ("memory_bytes", "output_bytes", "tmpfs_bytes"):
@@ -301,6 +303,7 @@ class Limits:
             tmpfs_bytes=self.tmpfs_bytes,
             tool_calls=self.tool_calls,
             tokens=self.tokens,
+            files=self.files,
         )
 
     @classmethod
@@ -313,6 +316,7 @@ class Limits:
             tmpfs_bytes=m.tmpfs_bytes,
             tool_calls=m.tool_calls,
             tokens=m.tokens,
+            files=m.files,
         )
 
 

@@ -133,6 +133,7 @@ fn sample_receipt() -> Receipt {
             tmpfs_bytes: 64 << 20,
             tool_calls: 1000,
             tokens: 200_000,
+            files: 1024,
         }),
         fs: vec![pb::FsGrant {
             path: "/home/me/project".into(),

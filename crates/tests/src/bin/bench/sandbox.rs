@@ -162,6 +162,7 @@ impl Tollgate {
                 tmpfs_bytes: 8 << 20,
                 tool_calls: 1,
                 tokens: 1,
+                files: 1024,
             }),
             exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
             ..Default::default()
