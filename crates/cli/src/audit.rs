@@ -159,7 +159,7 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
             ),
             Ok(report) => {
                 for line in describe(dir, &report) {
-                    println!("{line}");
+                    say!("{line}");
                 }
             }
             Err(error @ VerifyError::Broken { .. }) => {
@@ -170,7 +170,7 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
                         json!({"log": dir.display().to_string(), "intact": false, "problem": error.to_string()})
                     );
                 } else {
-                    println!("{}: BROKEN: {error}", dir.display());
+                    say!("{}: BROKEN: {error}", dir.display());
                 }
             }
             Err(error) => {
@@ -181,7 +181,7 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
                         json!({"log": dir.display().to_string(), "intact": null, "error": error.to_string()})
                     );
                 } else {
-                    println!("{}: cannot verify: {error}", dir.display());
+                    say!("{}: cannot verify: {error}", dir.display());
                 }
             }
         }
@@ -267,7 +267,7 @@ pub fn query(dirs: &[PathBuf], filter: &EntryFilter, json_out: bool) -> Result<(
         if json_out {
             println!("{}", entry.to_line());
         } else {
-            println!(
+            say!(
                 "{}  {:<10} {:<5} {:<18} {}",
                 entry.time,
                 entry.component,
@@ -404,12 +404,12 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
         match verify_dir(dir, &options) {
             Ok(report) => {
                 for line in describe(dir, &report) {
-                    println!("{line}");
+                    say!("{line}");
                 }
             }
             Err(error @ VerifyError::Broken { .. }) => {
                 broken += 1;
-                println!("{}: BROKEN: {error}", dir.display());
+                say!("{}: BROKEN: {error}", dir.display());
             }
             Err(error) => return Err(CliError::Input(format!("{}: {error}", dir.display()))),
         }
@@ -430,9 +430,9 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
             listing(dirs)
         )));
     }
-    println!();
+    say!();
     for (step, (_, entry)) in story.iter().enumerate() {
-        println!(
+        say!(
             "{:>2}. {}  {:<10} #{:<5} {}",
             step + 1,
             entry.time,
@@ -442,8 +442,9 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
         );
     }
     let ended = story.iter().any(|(_, e)| e.kind == EntryKind::Teardown);
-    println!(
-        "\n{}",
+    say!();
+    say!(
+        "{}",
         if ended {
             "teardown recorded: the run is over and its sandbox is gone"
         } else {
@@ -491,7 +492,7 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
                 })
             );
         } else {
-            println!(
+            say!(
                 "{}  {}  {:<8} {:<5} {}{}",
                 entry.time,
                 entry.call_id.as_deref().unwrap_or("-"),

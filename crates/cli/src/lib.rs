@@ -1,6 +1,8 @@
 //! The `tollgate` operator CLI. The binary parses flags into [`Cli`] and calls [`run`].
 #![forbid(unsafe_code)]
 
+#[macro_use]
+pub mod human;
 pub mod audit;
 pub mod client;
 pub mod error;
@@ -497,7 +499,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 )?)
                 .await?
                 .into_inner();
-            println!(
+            say!(
                 "removed supervisor {}; its delegation token no longer works",
                 removed.supervisor_id
             );
@@ -593,9 +595,9 @@ fn classify(text: &str, json_out: bool) -> Result<(), CliError> {
             json!({"sensitivity": found.sensitivity.name(), "reasons": reasons})
         );
     } else {
-        println!("sensitivity: {}", found.sensitivity.name());
+        say!("sensitivity: {}", found.sensitivity.name());
         for reason in &found.reasons {
-            println!("  {reason}");
+            say!("  {reason}");
         }
     }
     Ok(())
@@ -682,7 +684,7 @@ async fn mint(
     let receipt = minted.receipt.clone().unwrap_or_default();
     if let Some(out) = out {
         write_private(out, &format!("{}\n", minted.text))?;
-        eprintln!(
+        say_err!(
             "minted {} for {:?}, expires {}; written to {}",
             receipt.receipt_id,
             receipt.subject,
@@ -693,7 +695,7 @@ async fn mint(
     if json {
         let mut value = show::receipt_json(&receipt);
         value["text"] = json!(minted.text);
-        println!("{value}");
+        say!("{value}");
     } else if out.is_none() {
         println!("{}", minted.text);
     }
@@ -780,9 +782,11 @@ async fn show_receipt(
             Ok(_) => "valid (signature, validity window and revocation checked)".to_owned(),
             Err(e) => format!("INVALID: {e}"),
         };
-        println!("{:<11}{status}", "status");
+        say!("{:<11}{status}", "status");
         if let Some(receipt) = &shown {
-            println!("{}", show::receipt_text(receipt));
+            for line in show::receipt_lines(receipt) {
+                say!("{line}");
+            }
         }
     }
     outcome.map(|_| ()).map_err(CliError::InvalidReceipt)
@@ -800,9 +804,14 @@ async fn list_receipts(
     let mut page_token = String::new();
     let mut shown = 0u32;
     if !json {
-        println!(
+        say!(
             "{:<37}{:<14}{:<20}{:<22}{:<9}{:<6}PARENT",
-            "RECEIPT", "OWNER", "SUBJECT", "EXPIRES", "STATE", "DEPTH"
+            "RECEIPT",
+            "OWNER",
+            "SUBJECT",
+            "EXPIRES",
+            "STATE",
+            "DEPTH"
         );
     }
     while shown < limit {
@@ -845,7 +854,7 @@ async fn list_receipts(
                     })
                 );
             } else {
-                println!(
+                say!(
                     "{:<37}{:<14}{:<20}{:<22}{state:<9}{:<6}{}",
                     r.receipt_id,
                     r.owner,
@@ -880,21 +889,22 @@ async fn revoke(global: &GlobalArgs, receipt_id: String, reason: String) -> Resu
         .into_inner();
     let revocation = response.revocation.unwrap_or_default();
     if response.already_revoked {
-        println!(
+        say!(
             "{} was already revoked at {} by {}",
             revocation.receipt_id,
             show::time_text(revocation.revoked_at.as_ref()),
             revocation.revoked_by
         );
     } else {
-        println!(
+        say!(
             "revoked {} (revocation #{})",
-            revocation.receipt_id, revocation.seq
+            revocation.receipt_id,
+            revocation.seq
         );
     }
     // Revocation covers the receipt's delegated descendants.
     if !response.cascaded.is_empty() {
-        println!(
+        say!(
             "also revoked {} descendant receipt(s): {}",
             response.cascaded.len(),
             response.cascaded.join(", ")
@@ -930,14 +940,14 @@ async fn add_operator(
     match token_out {
         Some(path) => {
             write_private(path, &format!("{}\n", created.token))?;
-            println!(
+            say!(
                 "added operator {}; token written to {}",
                 created.name,
                 path.display()
             );
         }
         None => {
-            eprintln!("added operator {}; its token (shown once):", created.name);
+            say_err!("added operator {}; its token (shown once):", created.name);
             println!("{}", created.token);
         }
     }
@@ -976,14 +986,14 @@ async fn add_supervisor(
     match (token_out, out) {
         (Some(path), Some((file, _))) => {
             fill_private(file, path, &format!("{}\n", enrolled.token))?;
-            println!(
+            say!(
                 "enrolled supervisor {}; delegation token written to {}",
                 enrolled.supervisor_id,
                 path.display()
             );
         }
         _ => {
-            eprintln!(
+            say_err!(
                 "enrolled supervisor {}; its delegation token (shown once):",
                 enrolled.supervisor_id
             );
@@ -1002,9 +1012,12 @@ async fn list_operators(global: &GlobalArgs, json: bool) -> Result<(), CliError>
         .into_inner()
         .operators;
     if !json {
-        println!(
+        say!(
             "{:<24}{:<7}{:<10}{:<16}GRANTS",
-            "NAME", "ADMIN", "MAX TTL", "CREATED BY"
+            "NAME",
+            "ADMIN",
+            "MAX TTL",
+            "CREATED BY"
         );
     }
     for op in operators {
@@ -1031,7 +1044,7 @@ async fn list_operators(global: &GlobalArgs, json: bool) -> Result<(), CliError>
                 .iter()
                 .map(|g| format!("{}:{}", show::access(g.access), g.path))
                 .collect();
-            println!(
+            say!(
                 "{:<24}{:<7}{:<10}{:<16}fs {} · exec {} · routes {}",
                 op.name,
                 if op.admin { "yes" } else { "no" },
@@ -1068,13 +1081,16 @@ async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError> {
         );
         return Ok(());
     }
-    println!("issuer {}", set.issuer);
-    println!(
+    say!("issuer {}", set.issuer);
+    say!(
         "{:<18}{:<9}{:<22}{:<22}PUBLIC KEY",
-        "KEY ID", "STATE", "CREATED", "VERIFY UNTIL"
+        "KEY ID",
+        "STATE",
+        "CREATED",
+        "VERIFY UNTIL"
     );
     for key in &set.keys {
-        println!(
+        say!(
             "{:<18}{:<9}{:<22}{:<22}{}",
             key.key_id,
             if key.active { "active" } else { "retired" },
@@ -1093,7 +1109,7 @@ async fn rotate(global: &GlobalArgs) -> Result<(), CliError> {
         .rotate_key(authed(&token, pb::RotateKeyRequest {})?)
         .await?
         .into_inner();
-    println!(
+    say!(
         "signing with {}; {} retired (verifiable until its receipts expire)",
         rotated.active.map(|k| k.key_id).unwrap_or_default(),
         rotated.retired.map(|k| k.key_id).unwrap_or_default()
@@ -1117,11 +1133,12 @@ fn restore(run_id: &str, call_id: &str, data_dir: &Path, json_out: bool) -> Resu
             })
         );
     } else if restored.removed {
-        println!("removed {} (call {call_id} had created it)", restored.path);
+        say!("removed {} (call {call_id} had created it)", restored.path);
     } else {
-        println!(
+        say!(
             "restored {} ({} bytes) as it was before call {call_id}",
-            restored.path, restored.size
+            restored.path,
+            restored.size
         );
     }
     Ok(())

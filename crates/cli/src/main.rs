@@ -14,7 +14,10 @@ async fn main() -> ExitCode {
             // printed only when the agent did not exit by itself.
             match &error {
                 tollgate_cli::CliError::RunEnded { reason, .. } if reason.is_empty() => {}
-                _ => eprintln!("tollgate: error: {error}"),
+                _ => eprintln!(
+                    "tollgate: error: {}",
+                    tollgate_cli::human::line(&error.to_string())
+                ),
             }
             ExitCode::from(error.exit_code())
         }

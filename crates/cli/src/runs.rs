@@ -63,7 +63,8 @@ pub fn run_json(run: &pb::Run) -> serde_json::Value {
     })
 }
 
-fn run_text(run: &pb::Run) -> String {
+/// A run for people, one entry a line (each printed escaped: see `human`).
+fn run_lines(run: &pb::Run) -> Vec<String> {
     let mut lines = vec![
         format!("{:<11}{}", "run", run.run_id),
         format!("{:<11}{}", "state", state_name(run.state)),
@@ -121,7 +122,7 @@ fn run_text(run: &pb::Run) -> String {
         };
         lines.push(format!("{:<11}{cleanup}", "teardown"));
     }
-    lines.join("\n")
+    lines
 }
 
 /// `tollgate run`.
@@ -250,7 +251,7 @@ async fn follow(
                     );
                 }
                 if display == Display::Progress {
-                    eprintln!(
+                    say_err!(
                         "[tollgate] {run_id}: {} after {:.1} s ({})",
                         state_name(run.state),
                         started.elapsed().as_secs_f64(),
@@ -295,16 +296,19 @@ pub async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(), CliErr
         .into_inner()
         .runs;
     if !json {
-        println!(
+        say!(
             "{:<38}{:<18}{:<20}{:<22}REASON",
-            "RUN", "STATE", "SUBJECT", "STARTED"
+            "RUN",
+            "STATE",
+            "SUBJECT",
+            "STARTED"
         );
     }
     for run in runs.iter().filter(|run| all || is_live(run)) {
         if json {
             println!("{}", run_json(run));
         } else {
-            println!(
+            say!(
                 "{:<38}{:<18}{:<20}{:<22}{}",
                 run.run_id,
                 state_name(run.state),
@@ -333,7 +337,9 @@ pub async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Result<()
     if json {
         println!("{}", run_json(&run));
     } else {
-        println!("{}", run_text(&run));
+        for line in run_lines(&run) {
+            say!("{line}");
+        }
     }
     Ok(())
 }
@@ -347,7 +353,9 @@ pub async fn stop(global: &GlobalArgs, run_id: String, reason: String) -> Result
         .await?
         .into_inner();
     if let Some(run) = stopped.run {
-        println!("{}", run_text(&run));
+        for line in run_lines(&run) {
+            say!("{line}");
+        }
     }
     Ok(())
 }
@@ -419,7 +427,7 @@ pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), C
         for run in &tree.runs {
             let mut line = run_json(run);
             line["exit_code"] = json!(run.report.as_ref().and_then(|r| r.exit_code));
-            println!("{line}");
+            say!("{line}");
         }
         for child in &tree.pending {
             println!(
@@ -502,16 +510,23 @@ pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), C
         .max()
         .unwrap_or(3)
         + 2;
-    println!(
+    say!(
         "{:<width$}{:<16}{:<16}{:<8}EXPIRES",
-        "RUN", "SUBJECT", "STATE", "AGE"
+        "RUN",
+        "SUBJECT",
+        "STATE",
+        "AGE"
     );
     for (_, row) in &entries {
         let name = format!("{}{}", row.prefix, row.run_id);
         let pad = width.saturating_sub(name.chars().count());
-        println!(
+        say!(
             "{name}{:pad$}{:<16}{:<16}{:<8}{}",
-            "", row.subject, row.state, row.age, row.expires
+            "",
+            row.subject,
+            row.state,
+            row.age,
+            row.expires
         );
     }
     Ok(())

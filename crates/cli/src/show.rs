@@ -84,6 +84,12 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
 
 /// A receipt as aligned lines for a terminal.
 pub fn receipt_text(r: &pb::Receipt) -> String {
+    receipt_lines(r).join("\n")
+}
+
+/// A decoded receipt for people, one field a line (unescaped: a human view prints each
+/// line through `human`).
+pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     let mut lines = vec![
         ("receipt", r.receipt_id.clone()),
         ("issuer", format!("{} (key {})", r.issuer, r.key_id)),
@@ -150,8 +156,7 @@ pub fn receipt_text(r: &pb::Receipt) -> String {
     lines
         .into_iter()
         .map(|(k, v)| format!("{k:<11}{v}"))
-        .collect::<Vec<_>>()
-        .join("\n")
+        .collect()
 }
 
 /// A public key as JSON.

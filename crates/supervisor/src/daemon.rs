@@ -98,6 +98,9 @@ impl DaemonError {
     }
 }
 
+/// The supervisor's one call anyone may make without a token.
+const PUBLIC_CALL: &str = "/tollgate.v1.Supervisor/GetSupervisorInfo";
+
 /// Reads a pinned key file: `{"keys": [{"key_id": "...", "public_key_hex": "..."}]}`.
 pub fn read_key_file(path: &Path) -> Result<KeySet, DaemonError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
@@ -347,12 +350,14 @@ pub async fn serve(
         last_revocation_seq,
     );
     // The token is checked on the headers, before any body is read: an unauthenticated peer
-    // cannot make the daemon hold a request (health and reflection stay open).
+    // cannot make the daemon hold a request (health, reflection and GetSupervisorInfo stay
+    // open; the public call's request is empty).
     let header_check = TokenCheck::new(token_hash);
     let requests = RequestLimits::builder(64 << 10, 16 << 20, Duration::from_secs(30))
         .cap("/tollgate.v1.Supervisor/StartRun", 256 << 10)
+        .cap(PUBLIC_CALL, 1 << 10)
         .check(move |path, headers| {
-            if !path.starts_with("/tollgate.v1.Supervisor/") {
+            if !path.starts_with("/tollgate.v1.Supervisor/") || path == PUBLIC_CALL {
                 return Ok(());
             }
             header_check.check(&tonic::Request::from_parts(

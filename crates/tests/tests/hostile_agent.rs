@@ -435,3 +435,71 @@ async fn unauthenticated_stalled_requests_leave_both_daemons_bounded() {
         .await
         .expect("the authority answers");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_chosen_text_cannot_drive_the_operators_terminal() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "terminal",
+        236_400,
+    );
+    // A path that would forge a line and set the terminal's title, and argv that would clear
+    // the screen, sent by the agent through its gateway (refused, and audited as sent).
+    let script = r#"tollgate-shim tool stat "$(printf '/forged\n2026-01-01 fake entry\033]0;pwned\007\302\233')"; tollgate-shim tool exec -- "$(printf '/bin/\033[2J')"; true"#;
+    let receipt = dir.path().join("terminal.tgr");
+    mint_to(
+        &authority,
+        &authority.admin_token(),
+        request(script, vec![]),
+        &receipt,
+    )
+    .await;
+    let ran = tollgate(
+        &supervisor,
+        &["run", "--receipt", receipt.to_str().unwrap()],
+    );
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    let run_id = tollgate(&supervisor, &["ps", "--all", "--json"]);
+    let run_id: serde_json::Value = serde_json::from_str(
+        String::from_utf8_lossy(&run_id.stdout)
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let run_id = run_id["run_id"].as_str().unwrap().to_owned();
+    let audit = supervisor.data_dir().join("audit");
+    let audit = audit.to_str().unwrap();
+    let authority_audit = authority.data_dir().join("audit");
+    let views: Vec<Vec<&str>> = vec![
+        vec!["calls", &run_id, audit],
+        vec!["audit", "query", audit],
+        vec!["trace", &run_id, audit, authority_audit.to_str().unwrap()],
+        vec!["ps", "--all"],
+        vec!["inspect", &run_id],
+    ];
+    let mut saw_the_path = false;
+    for view in views {
+        let output = tollgate(&supervisor, &view);
+        assert!(output.status.success(), "{view:?}: {output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        for line in text.lines() {
+            assert!(
+                !line.chars().any(|c| c.is_control() && c != '\t'),
+                "{view:?} printed a control character: {line:?}"
+            );
+            assert!(
+                !line.starts_with("2026-01-01 fake entry"),
+                "{view:?} let the agent forge a line: {text}"
+            );
+        }
+        saw_the_path |= text.contains("/forged\\n2026-01-01 fake entry\\x1b]0;pwned\\x07\\u{9b}");
+    }
+    assert!(saw_the_path, "the path is shown, escaped");
+}
