@@ -176,21 +176,25 @@ fn restrict_recursively(target: &Path, how: Restrict) -> Result<(), SetupError> 
     }
 }
 
+/// Creates the mount point `target`: a directory, or an empty file (and its directory).
+fn mount_point(target: &Path, directory: bool) -> Result<(), SetupError> {
+    if directory {
+        return create_dir(target);
+    }
+    if let Some(parent) = target.parent() {
+        create_dir(parent)?;
+    }
+    fs::write(target, b"").map_err(|e| SetupError::MountPoint {
+        path: target.to_owned(),
+        source: e,
+    })
+}
+
 /// Bind-mounts host `source` at `target` (creating the mount point as a file or directory to
 /// match), then restricts it.
 fn bind(source: &Path, target: &Path, how: Restrict) -> Result<(), SetupError> {
     let meta = fs::metadata(source).map_err(|_| SetupError::MissingSource(source.to_owned()))?;
-    if meta.is_dir() {
-        create_dir(target)?;
-    } else {
-        if let Some(parent) = target.parent() {
-            create_dir(parent)?;
-        }
-        fs::write(target, b"").map_err(|e| SetupError::MountPoint {
-            path: target.to_owned(),
-            source: e,
-        })?;
-    }
+    mount_point(target, meta.is_dir())?;
     mount(
         Some(source),
         target,
@@ -217,17 +221,7 @@ fn attach(mount: &OwnedFd, grant: &Path, target: &Path, how: Restrict) -> Result
         source,
     };
     let stat = nix::sys::stat::fstat(mount).map_err(|e| error(e.into()))?;
-    if stat.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        create_dir(target)?;
-    } else {
-        if let Some(parent) = target.parent() {
-            create_dir(parent)?;
-        }
-        fs::write(target, b"").map_err(|e| SetupError::MountPoint {
-            path: target.to_owned(),
-            source: e,
-        })?;
-    }
+    mount_point(target, stat.st_mode & libc::S_IFMT == libc::S_IFDIR)?;
     let path = CString::new(target.as_os_str().as_bytes())
         .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
     const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;

@@ -12,6 +12,32 @@ use std::process::{Command, Output};
 use tollgate_proto::v1 as pb;
 use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, SupervisorProcess};
 
+/// A fresh directory with a real authority and a supervisor following it (`test` names its
+/// cgroup parent; host ids from `host_id_base`).
+fn daemons(
+    test: &str,
+    host_id_base: u32,
+) -> (tempfile::TempDir, AuthorityProcess, SupervisorProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        test,
+        host_id_base,
+    );
+    (dir, authority, supervisor)
+}
+
+/// The host path of run `run_id`'s gateway socket.
+fn gateway_socket(supervisor: &SupervisorProcess, run_id: &str) -> std::path::PathBuf {
+    supervisor
+        .data_dir()
+        .join("runs")
+        .join(run_id)
+        .join("gateway.sock")
+}
+
 /// `tollgate ARGS` against `supervisor` with its admin token.
 fn tollgate(supervisor: &SupervisorProcess, args: &[&str]) -> Output {
     Command::new(bin_path("tollgate"))
@@ -215,11 +241,7 @@ async fn waiting_run(
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let socket = supervisor
-        .data_dir()
-        .join("runs")
-        .join(&run_id)
-        .join("gateway.sock");
+    let socket = gateway_socket(supervisor, &run_id);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while !socket.exists() {
         assert!(
@@ -261,20 +283,9 @@ async fn stalled_writes_on_the_gateway_leave_the_supervisors_memory_bounded() {
     if !require_root() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
-        &dir.path().join("supervisor"),
-        authority.addr(),
-        "stalled-writes",
-        236_100,
-    );
+    let (dir, authority, supervisor) = daemons("stalled-writes", 236_100);
     let (cli, run_id, grant) = waiting_run(dir.path(), &authority, &supervisor).await;
-    let socket = supervisor
-        .data_dir()
-        .join("runs")
-        .join(&run_id)
-        .join("gateway.sock");
+    let socket = gateway_socket(&supervisor, &run_id);
     let pid = supervisor.pid();
     let baseline = tollgate_tests::flood::rss_bytes(pid);
     // 8 connections x 16 calls, each all but the last byte of a 16 MiB write (2 GiB offered).
@@ -308,20 +319,9 @@ async fn twenty_thousand_gateway_connections_leave_the_supervisor_answering() {
     if !require_root() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
-        &dir.path().join("supervisor"),
-        authority.addr(),
-        "many-connections",
-        236_200,
-    );
+    let (dir, authority, supervisor) = daemons("many-connections", 236_200);
     let (cli, run_id, grant) = waiting_run(dir.path(), &authority, &supervisor).await;
-    let socket = supervisor
-        .data_dir()
-        .join("runs")
-        .join(&run_id)
-        .join("gateway.sock");
+    let socket = gateway_socket(&supervisor, &run_id);
     // This test process needs the descriptors itself.
     let (_, hard) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).unwrap();
@@ -377,14 +377,7 @@ async fn unauthenticated_stalled_requests_leave_both_daemons_bounded() {
     if !require_root() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
-        &dir.path().join("supervisor"),
-        authority.addr(),
-        "unauthenticated",
-        236_300,
-    );
+    let (_dir, authority, supervisor) = daemons("unauthenticated", 236_300);
     let body = tollgate_tests::flood::grpc_frame(&vec![0x0a; 4 << 20]);
     for (pid, addr, path) in [
         (
@@ -441,14 +434,7 @@ async fn agent_chosen_text_cannot_drive_the_operators_terminal() {
     if !require_root() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
-        &dir.path().join("supervisor"),
-        authority.addr(),
-        "terminal",
-        236_400,
-    );
+    let (dir, authority, supervisor) = daemons("terminal", 236_400);
     // A path that would forge a line and set the terminal's title, and argv that would clear
     // the screen, sent by the agent through its gateway (refused, and audited as sent).
     let script = r#"tollgate-shim tool stat "$(printf '/forged\n2026-01-01 fake entry\033]0;pwned\007\302\233')"; tollgate-shim tool exec -- "$(printf '/bin/\033[2J')"; true"#;
