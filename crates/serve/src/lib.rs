@@ -97,9 +97,6 @@ impl ServeLimits {
             .initial_connection_window_size(self.connection_window)
             // A client that opens and resets streams in a loop is cut off (CVE-2023-44487).
             .http2_max_pending_accept_reset_streams(Some(64))
-            // Connections that went quiet without closing are found and closed.
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
     }
 }
 
@@ -472,7 +469,7 @@ where
             counted: AtomicUsize::new(0),
         });
         let cap = self.limits.cap_of(&path);
-        let deadline = self.limits.shared.body_deadline;
+        let deadline = tokio::time::Instant::now() + self.limits.shared.body_deadline;
         let request = request.map(|body| {
             Body::new(LimitedBody {
                 inner: body,
@@ -480,7 +477,8 @@ where
                 method: path,
                 cap,
                 seen: 0,
-                deadline: Box::pin(tokio::time::sleep(deadline)),
+                deadline,
+                timer: None,
                 done: false,
             })
         });
@@ -534,7 +532,11 @@ struct LimitedBody {
     method: String,
     cap: usize,
     seen: usize,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    /// When the body must have arrived.
+    deadline: tokio::time::Instant,
+    /// Armed only once the body makes the call wait: most bodies arrive in the first poll,
+    /// and a timer per call would cost every call.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
 }
 
@@ -577,7 +579,11 @@ impl http_body::Body for LimitedBody {
         if self.done {
             return Poll::Ready(None);
         }
-        if self.deadline.as_mut().poll(cx).is_ready() {
+        let expired = match &mut self.timer {
+            Some(timer) => timer.as_mut().poll(cx).is_ready(),
+            None => tokio::time::Instant::now() >= self.deadline,
+        };
+        if expired {
             self.done = true;
             let deadline = self.charge.limits.shared.body_deadline;
             return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
@@ -604,7 +610,21 @@ impl http_body::Body for LimitedBody {
                 self.done = true;
                 Poll::Ready(None)
             }
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                if self.timer.is_none() {
+                    let mut timer = Box::pin(tokio::time::sleep_until(self.deadline));
+                    // Registers the wake-up at the deadline.
+                    if timer.as_mut().poll(cx).is_ready() {
+                        self.done = true;
+                        return Poll::Ready(Some(Err(Status::deadline_exceeded(format!(
+                            "the request to {} did not arrive in time",
+                            self.method
+                        )))));
+                    }
+                    self.timer = Some(timer);
+                }
+                Poll::Pending
+            }
         }
     }
 
@@ -642,7 +662,8 @@ mod tests {
             method: path.into(),
             cap: limits.cap_of(path),
             seen: 0,
-            deadline: Box::pin(tokio::time::sleep(limits.shared.body_deadline)),
+            deadline: tokio::time::Instant::now() + limits.shared.body_deadline,
+            timer: None,
             done: false,
         }
     }
