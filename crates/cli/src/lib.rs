@@ -695,7 +695,7 @@ async fn mint(
     if json {
         let mut value = show::receipt_json(&receipt);
         value["text"] = json!(minted.text);
-        say!("{value}");
+        println!("{value}");
     } else if out.is_none() {
         println!("{}", minted.text);
     }

@@ -253,7 +253,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         .1
     {
         Ok(_) => return Err(CliError::Other("a tampered receipt verified".into())),
-        Err(e) => println!("   refused: {e}"),
+        Err(e) => say!("   refused: {e}"),
     }
 
     step(5, "Revoke it: refused from now on");
@@ -272,7 +272,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         .1
     {
         Ok(_) => return Err(CliError::Other("a revoked receipt verified".into())),
-        Err(e) => println!("   refused: {e}"),
+        Err(e) => say!("   refused: {e}"),
     }
 
     if !nix::unistd::geteuid().is_root() {
@@ -404,7 +404,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
             "ended"
         }
     );
-    println!("   reason     {}", report.reason);
+    say!("   reason     {}", report.reason);
     println!("   duration   {} ms", report.duration_ms);
     if let Some(peak) = report.peak_memory_bytes {
         println!("   peak mem   {peak} bytes");

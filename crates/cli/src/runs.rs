@@ -427,7 +427,7 @@ pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), C
         for run in &tree.runs {
             let mut line = run_json(run);
             line["exit_code"] = json!(run.report.as_ref().and_then(|r| r.exit_code));
-            say!("{line}");
+            println!("{line}");
         }
         for child in &tree.pending {
             println!(

@@ -7,8 +7,9 @@
 //!
 //! - **connections** ([`incoming`]): at most [`ConnectionLimits::max`] open on one listener
 //!   (past it the daemon stops accepting; new connections wait in the kernel's backlog, not in
-//!   the daemon), and at most [`ConnectionLimits::per_peer`] from one IP address (past it a
-//!   connection is closed at once); `EMFILE`/`ENFILE` make the accept loop back off instead of
+//!   the daemon), and at most [`ConnectionLimits::per_peer`] from one non-loopback IP address
+//!   (past it a connection is closed at once); a connection silent for 10 s after connecting is
+//!   closed; accept errors (`EMFILE`, `ENFILE`, …) make the accept loop back off instead of
 //!   spinning;
 //! - **HTTP/2** ([`ServeLimits::server`]): concurrent streams per connection, header list size,
 //!   stream and connection flow-control windows (what a peer may send before the daemon reads);
@@ -100,10 +101,16 @@ impl ServeLimits {
     }
 }
 
+/// How long a new connection may stay silent: one that has not sent its first bytes by then
+/// is closed, so a slot cannot be held by a socket that never speaks.
+const FIRST_BYTES_DEADLINE: Duration = Duration::from_secs(10);
+
 /// An accepted connection, counted against its listener's limits until it is dropped.
 #[derive(Debug)]
 pub struct Counted<IO> {
     io: IO,
+    /// Until the peer's first bytes arrive: when the connection is closed if they do not.
+    silent_until: Option<Pin<Box<tokio::time::Sleep>>>,
     _slot: OwnedSemaphorePermit,
     _peer: Option<PeerSlot>,
 }
@@ -113,6 +120,26 @@ pub struct Counted<IO> {
 struct PeerSlot {
     peer: IpAddr,
     counts: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl PeerSlot {
+    /// A slot for one more connection from `peer`, unless it already has `limit`.
+    fn take(
+        counts: &Arc<Mutex<HashMap<IpAddr, usize>>>,
+        peer: IpAddr,
+        limit: usize,
+    ) -> Option<PeerSlot> {
+        let mut held = counts.lock().unwrap_or_else(|p| p.into_inner());
+        let count = held.entry(peer).or_insert(0);
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot {
+            peer,
+            counts: counts.clone(),
+        })
+    }
 }
 
 impl Drop for PeerSlot {
@@ -133,7 +160,21 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Counted<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Some(deadline) = &mut self.silent_until {
+            match &read {
+                Poll::Ready(Ok(())) if buf.filled().len() > before => self.silent_until = None,
+                Poll::Pending if deadline.as_mut().poll(cx).is_ready() => {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the peer sent nothing after connecting",
+                    )));
+                }
+                _ => {}
+            }
+        }
+        read
     }
 }
 
@@ -241,6 +282,15 @@ async fn accept_loop<L: Listener>(
         };
         let (io, peer) = match accepted {
             Ok(accepted) => accepted,
+            // A peer that gave up while queued concerns that peer only.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                continue;
+            }
             Err(e) => {
                 if matches!(
                     e.raw_os_error(),
@@ -252,32 +302,31 @@ async fn accept_loop<L: Listener>(
                     )
                 ) {
                     tracing::warn!(error = %e, "accepting a connection: out of resources; backing off");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                } else {
+                    tracing::warn!(error = %e, "accepting a connection failed; backing off");
                 }
-                // Anything else (a peer that gave up while queued) concerns that peer only.
+                // Retrying at once would spin on a listener that stays readable.
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
-        let peer = match peer {
-            Some(peer) => {
-                let mut counts = peers.lock().unwrap_or_else(|p| p.into_inner());
-                let count = counts.entry(peer).or_insert(0);
-                if *count >= limits.per_peer {
+        // Loopback peers all share one address (every local client, operators included), so
+        // a per-address limit there would let one local user lock the others out: they are
+        // bounded by the listener's total alone.
+        let peer = match peer.filter(|peer| !peer.is_loopback()) {
+            Some(peer) => match PeerSlot::take(&peers, peer, limits.per_peer) {
+                Some(slot) => Some(slot),
+                None => {
                     tracing::warn!(%peer, limit = limits.per_peer, "connection refused: too many from this address");
-                    drop(counts);
                     drop(io);
                     continue;
                 }
-                *count += 1;
-                Some(PeerSlot {
-                    peer,
-                    counts: peers.clone(),
-                })
-            }
+            },
             None => None,
         };
         let counted = Counted {
             io,
+            silent_until: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_DEADLINE))),
             _slot: slot,
             _peer: peer,
         };
@@ -714,14 +763,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn connections_past_the_limit_wait_and_past_the_per_peer_limit_are_closed() {
+    async fn connections_past_the_limit_wait_until_one_closes() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let mut accepted = incoming(
             listener,
             ConnectionLimits {
-                max: 3,
-                per_peer: 2,
+                max: 2,
+                per_peer: 1,
             },
         );
         use tokio_stream::StreamExt as _;
@@ -729,16 +778,43 @@ mod tests {
         for _ in 0..3 {
             clients.push(tokio::net::TcpStream::connect(addr).await.unwrap());
         }
+        // Loopback is bounded by the total only (per_peer 1 does not apply to it).
         let first = accepted.next().await.unwrap().unwrap();
         let _second = accepted.next().await.unwrap().unwrap();
-        // The third from the same address is closed by the listener: it reads EOF.
-        let mut third = clients.pop().unwrap();
-        let mut byte = [0u8; 1];
-        let read = tokio::io::AsyncReadExt::read(&mut third, &mut byte).await;
-        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
-        // Once one closes, the same address may connect again.
+        // The third waits in the backlog until a slot frees.
+        let waited = tokio::time::timeout(Duration::from_millis(200), accepted.next()).await;
+        assert!(waited.is_err(), "accepted past the limit");
         drop(first);
-        let _again = tokio::net::TcpStream::connect(addr).await.unwrap();
         assert!(accepted.next().await.unwrap().is_ok());
+    }
+
+    #[test]
+    fn a_peer_address_gets_at_most_its_limit_of_slots() {
+        let counts: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+        let peer: IpAddr = "192.0.2.7".parse().unwrap();
+        let other: IpAddr = "192.0.2.8".parse().unwrap();
+        let first = PeerSlot::take(&counts, peer, 2).unwrap();
+        let _second = PeerSlot::take(&counts, peer, 2).unwrap();
+        assert!(PeerSlot::take(&counts, peer, 2).is_none());
+        assert!(PeerSlot::take(&counts, other, 2).is_some(), "per address");
+        drop(first);
+        assert!(
+            PeerSlot::take(&counts, peer, 2).is_some(),
+            "given back on drop"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_speaks_is_closed() {
+        let (ours, _theirs) = tokio::net::UnixStream::pair().unwrap();
+        let mut counted = Counted {
+            io: ours,
+            silent_until: Some(Box::pin(tokio::time::sleep(FIRST_BYTES_DEADLINE))),
+            _slot: Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap(),
+            _peer: None,
+        };
+        let mut byte = [0u8; 1];
+        let read = tokio::io::AsyncReadExt::read(&mut counted, &mut byte).await;
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::TimedOut);
     }
 }

@@ -34,6 +34,9 @@ pub struct GrantRoot {
     pub dir: OwnedFd,
     /// For a granted file: its name in `dir`.
     pub name: Option<CString>,
+    /// For a granted file: the file itself as pinned (`O_PATH`), which its mount is cloned
+    /// from (the gateway's tools use `dir` and `name`: a write replaces the file).
+    pub file: Option<OwnedFd>,
     /// `dir`'s device, to recognise it later (`tollgate restore`).
     pub dev: u64,
     /// `dir`'s inode.
@@ -58,11 +61,12 @@ impl GrantRoot {
     /// The operator's signature covers a path, not whatever a link on it points to today —
     /// and a run's agent can plant links inside its own write grant for another run to follow.
     pub fn open(grant: &str) -> nix::Result<GrantRoot> {
-        if !grant.starts_with('/') {
+        // Signed paths are normalised; anything else (`..`, `//`) is never resolved here.
+        if !tollgate_receipt::paths::is_normal_absolute(grant) {
             return Err(Errno::EINVAL);
         }
         let path = Path::new(grant);
-        let (dir, name) = match (path.parent(), path.file_name()) {
+        let (dir, name, file) = match (path.parent(), path.file_name()) {
             (Some(parent), Some(name)) => {
                 let parent =
                     CString::new(parent.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
@@ -78,14 +82,15 @@ impl GrantRoot {
                         .resolve(resolve_flags()),
                 )?;
                 if is_dir(&fstat(&entry)?) {
-                    (entry, None)
+                    (entry, None, None)
                 } else {
-                    (dir, Some(name))
+                    (dir, Some(name), Some(entry))
                 }
             }
             // The root itself.
             _ => (
                 open_no_links(c"/", OFlag::O_PATH | OFlag::O_DIRECTORY)?,
+                None,
                 None,
             ),
         };
@@ -93,6 +98,7 @@ impl GrantRoot {
         Ok(GrantRoot {
             dir,
             name,
+            file,
             dev: stat.st_dev,
             ino: stat.st_ino,
         })
@@ -120,16 +126,8 @@ pub fn first_link(path: &str) -> Option<String> {
 /// path again, so nothing renamed or linked between the pin and the mount changes what the
 /// sandbox sees.
 pub fn detached_mount(root: &GrantRoot) -> nix::Result<OwnedFd> {
-    let entry = match &root.name {
-        None => root.dir.try_clone().map_err(|e| errno_of(&e))?,
-        Some(name) => openat2(
-            &root.dir,
-            name.as_c_str(),
-            OpenHow::new()
-                .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
-                .resolve(resolve_flags()),
-        )?,
-    };
+    // The very inode pinned at start (a granted file's too), never its name again.
+    let entry = root.file.as_ref().unwrap_or(&root.dir);
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     let flags = OPEN_TREE_CLONE
@@ -155,9 +153,14 @@ impl GrantRoot {
     /// A link anywhere on the way, the granted path itself included, is `ELOOP`.
     pub fn from_beneath(root: &GrantRoot, rest: &str) -> nix::Result<GrantRoot> {
         if rest.is_empty() {
+            let file = match &root.file {
+                Some(file) => Some(file.try_clone().map_err(|e| errno_of(&e))?),
+                None => None,
+            };
             return Ok(GrantRoot {
                 dir: root.dir.try_clone().map_err(|e| errno_of(&e))?,
                 name: root.name.clone(),
+                file,
                 dev: root.dev,
                 ino: root.ino,
             });
@@ -168,6 +171,7 @@ impl GrantRoot {
             return Ok(GrantRoot {
                 dir: fd,
                 name: None,
+                file: None,
                 dev: stat.st_dev,
                 ino: stat.st_ino,
             });
@@ -180,6 +184,7 @@ impl GrantRoot {
         Ok(GrantRoot {
             dir: parent.fd,
             name: Some(parent.name),
+            file: Some(fd),
             dev: dir_stat.st_dev,
             ino: dir_stat.st_ino,
         })

@@ -199,8 +199,9 @@ fn unavailable(reason: &str) -> Refusal {
 
 /// Pins a child's grants beneath the parent's: each resolved from the parent's outermost
 /// covering pinned grant without following any link, never by path. A mounted child grant
-/// beneath (not at) a parent's writable grant is refused: the shim mounts by path, and the
-/// parent's agent could swap it between this check and the mount.
+/// beneath (not at) a parent's writable grant is refused: the parent's agent could move what
+/// is under it between the parent's start and this one (the mount itself is cloned from the
+/// descriptor pinned here).
 pub(crate) fn pin_child_grants(
     parent: &[FsGrant],
     child: &pb::Receipt,
@@ -249,6 +250,16 @@ pub(crate) fn pin_child_grants(
             Err(Errno::ENOTDIR) => return escapes(
                 "a component of the path is not a directory (nothing lies beneath a granted file)",
             ),
+            // Refused before the child's receipt is spent, as a root run's would be.
+            Err(errno) if !grant.mount.is_empty() => {
+                return Err((
+                    "grant_missing",
+                    format!(
+                        "fs[{i}] = {}: the mounted grant cannot be opened ({errno})",
+                        grant.path
+                    ),
+                ))
+            }
             root => pinned.push(FsGrant {
                 path: grant.path.clone(),
                 writable,
