@@ -489,3 +489,134 @@ async fn agent_chosen_text_cannot_drive_the_operators_terminal() {
     }
     assert!(saw_the_path, "the path is shown, escaped");
 }
+
+/// A tmpfs mounted for one test, unmounted when dropped (even when the test fails).
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(path: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(path).unwrap();
+        nix::mount::mount(
+            Some("tollgate-test"),
+            path,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(format!("size={size},mode=0700").as_str()),
+        )
+        .expect("mount a small tmpfs");
+        Self(path.to_owned())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_calls_and_freed_space_resumes_them_without_a_restart() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("supervisor");
+    // Declared before the daemons: unmounted after they are gone.
+    let _disk = SmallDisk::mount(&data, "24m");
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(&data, authority.addr(), "full-disk", 236_500);
+    let grant = dir.path().join("grant");
+    std::fs::create_dir(&grant).unwrap();
+    std::fs::set_permissions(&grant, std::fs::Permissions::from_mode(0o777)).unwrap();
+    // The agent writes through the gateway (each write durably audited first) until told to
+    // stop, saying how each call went.
+    let script = format!(
+        "while [ ! -e /g/stop ]; do if tollgate-shim tool write {}/f < /dev/null 2>/dev/null; then echo ok; else echo refused; fi; sleep 0.05; done",
+        grant.display()
+    );
+    let mut spec = request(&script, vec![write_grant(&grant, "/g")]);
+    spec.exec.push("/usr/bin/sleep".into());
+    spec.limits = Some(pb::Limits {
+        tool_calls: 100_000,
+        ..Default::default()
+    });
+    let receipt = dir.path().join("writer.tgr");
+    mint_to(&authority, &authority.admin_token(), spec, &receipt).await;
+    let mut cli = Command::new(bin_path("tollgate"))
+        .args(["--supervisor", supervisor.addr()])
+        .arg("--token-file")
+        .arg(supervisor.token_file())
+        .args(["run", "--receipt", receipt.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stdout = cli.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if lines_tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let wait_for = |want: &str, within: std::time::Duration| {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line == want => return,
+                Ok(_) => {}
+                Err(e) => panic!("no {want:?} from the agent within {within:?} ({e})"),
+            }
+        }
+    };
+    let seconds = std::time::Duration::from_secs;
+    wait_for("ok", seconds(15));
+
+    // Fill the supervisor's disk.
+    let filler = data.join("filler");
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::File::create(&filler).unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        while file
+            .write_all(&chunk)
+            .and_then(|()| file.sync_all())
+            .is_ok()
+        {}
+    }
+    // Enough refused calls for their audit entries to need pages the disk no longer has.
+    for _ in 0..30 {
+        wait_for("refused", seconds(15));
+    }
+    // Free it: the same supervisor, never restarted, serves the run's calls again.
+    std::fs::remove_file(&filler).unwrap();
+    // Calls refused before the space came back may still be draining.
+    let deadline = std::time::Instant::now() + seconds(20);
+    loop {
+        wait_for(
+            "ok",
+            deadline.saturating_duration_since(std::time::Instant::now()),
+        );
+        // Two answers in a row mean the writer is back, not one call slipping through.
+        if lines.recv_timeout(seconds(5)).as_deref() == Ok("ok") {
+            break;
+        }
+    }
+    std::fs::write(grant.join("stop"), "").unwrap();
+    assert!(cli.wait().unwrap().success());
+    let verified = Command::new(bin_path("tollgate"))
+        .args(["audit", "verify"])
+        .arg(data.join("audit"))
+        .output()
+        .unwrap();
+    assert!(
+        verified.status.success(),
+        "the log does not verify: {verified:?}"
+    );
+    drop(supervisor);
+}
