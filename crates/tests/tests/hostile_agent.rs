@@ -303,6 +303,10 @@ async fn stalled_writes_on_the_gateway_leave_the_supervisors_memory_bounded() {
     })
     .await
     .unwrap();
+    eprintln!(
+        "supervisor growth under stalled writes: {} MiB",
+        growth / MIB
+    );
     // The run's own calls are still answered while the flood holds its streams.
     release_and_expect_an_answer(cli, &grant);
     drop(flood);
@@ -412,6 +416,7 @@ async fn unauthenticated_stalled_requests_leave_both_daemons_bounded() {
         .await
         .unwrap();
         drop(flood);
+        eprintln!("{path}: growth {} MiB", growth / MIB);
         assert!(
             growth < 64 * MIB,
             "{path}: the daemon grew by {} MiB under unauthenticated stalled requests",
