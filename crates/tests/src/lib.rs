@@ -246,6 +246,25 @@ impl AuthorityProcess {
         AuthorityClient::connect(self.url()).await.expect("connect")
     }
 
+    /// Adds operator `name` with `ceiling` (not an admin), with the admin token; returns its
+    /// token. Panics if the authority refuses.
+    pub async fn add_operator(&self, name: &str, ceiling: tollgate_proto::v1::Ceiling) -> String {
+        self.client()
+            .await
+            .add_operator(authed(
+                &self.admin_token(),
+                tollgate_proto::v1::AddOperatorRequest {
+                    name: name.into(),
+                    ceiling: Some(ceiling),
+                    admin: false,
+                },
+            ))
+            .await
+            .expect("operator added")
+            .into_inner()
+            .token
+    }
+
     /// Enrols supervisor `id` for delegation (`AddSupervisor` with the admin token) and
     /// returns its delegation token, for `DelegateReceipt` (or a supervisor's
     /// `--delegation-token-file`). Panics if the authority refuses.
@@ -543,4 +562,22 @@ impl Drop for SupervisorProcess {
             let _ = tollgate_supervisor::cgroup::sweep(&self.cgroup_parent, true);
         }
     }
+}
+
+/// A fresh directory with a real authority and a supervisor following it (`test` names the
+/// supervisor's cgroup parent; its host ids start at `host_id_base`). The directory goes when
+/// the returned guard is dropped: keep it for the daemons' lifetime.
+pub fn daemons(
+    test: &str,
+    host_id_base: u32,
+) -> (tempfile::TempDir, AuthorityProcess, SupervisorProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        test,
+        host_id_base,
+    );
+    (dir, authority, supervisor)
 }

@@ -10,24 +10,9 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use tollgate_proto::v1 as pb;
-use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, SupervisorProcess};
-
-/// A fresh directory with a real authority and a supervisor following it (`test` names its
-/// cgroup parent; host ids from `host_id_base`).
-fn daemons(
-    test: &str,
-    host_id_base: u32,
-) -> (tempfile::TempDir, AuthorityProcess, SupervisorProcess) {
-    let dir = tempfile::tempdir().unwrap();
-    let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
-        &dir.path().join("supervisor"),
-        authority.addr(),
-        test,
-        host_id_base,
-    );
-    (dir, authority, supervisor)
-}
+use tollgate_tests::{
+    authed, bin_path, daemons, require_root, AuthorityProcess, SupervisorProcess,
+};
 
 /// The host path of run `run_id`'s gateway socket.
 fn gateway_socket(supervisor: &SupervisorProcess, run_id: &str) -> std::path::PathBuf {
@@ -118,27 +103,17 @@ async fn a_grant_through_a_planted_link_is_refused_before_the_receipt_is_spent()
     );
     // The operator's ceiling covers only the grant.
     let operator = authority
-        .client()
-        .await
-        .add_operator(authed(
-            &authority.admin_token(),
-            pb::AddOperatorRequest {
-                name: "carol".into(),
-                ceiling: Some(pb::Ceiling {
-                    fs: vec![write_grant(&grant, "")],
-                    exec: vec!["/bin/".into(), "/usr/bin/".into()],
-                    limits: None,
-                    max_ttl_seconds: 3600,
-                    audience: vec!["workstation".into()],
-                    ..Default::default()
-                }),
-                admin: false,
+        .add_operator(
+            "carol",
+            pb::Ceiling {
+                fs: vec![write_grant(&grant, "")],
+                exec: vec!["/bin/".into(), "/usr/bin/".into()],
+                max_ttl_seconds: 3600,
+                audience: vec!["workstation".into()],
+                ..Default::default()
             },
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .token;
+        )
+        .await;
 
     // Run 1: its agent plants links inside its own write grant.
     let first = dir.path().join("first.tgr");

@@ -28,14 +28,7 @@ struct Host {
 
 impl Host {
     fn start(test: &str, host_id_base: u32) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let authority = AuthorityProcess::start(&dir.path().join("authority"));
-        let supervisor = SupervisorProcess::start(
-            &dir.path().join("supervisor"),
-            authority.addr(),
-            test,
-            host_id_base,
-        );
+        let (dir, authority, supervisor) = tollgate_tests::daemons(test, host_id_base);
         let grant = dir.path().join("grant");
         std::fs::create_dir(&grant).unwrap();
         // The run's unprivileged host id writes here as "others".

@@ -79,28 +79,21 @@ async fn agents_and_exec_get_the_receipts_open_file_limit() {
 
     // An operator whose ceiling allows 2048: 4096 is refused before anything is signed, and
     // a request without a value gets the default under the ceiling.
-    let bob = client
-        .add_operator(authed(
-            &admin,
-            pb::AddOperatorRequest {
-                name: "bob".into(),
-                ceiling: Some(pb::Ceiling {
-                    exec: vec!["/bin/sh".into()],
-                    limits: Some(pb::Limits {
-                        files: 2048,
-                        ..Default::default()
-                    }),
-                    max_ttl_seconds: 600,
-                    audience: vec!["workstation".into()],
+    let bob = authority
+        .add_operator(
+            "bob",
+            pb::Ceiling {
+                exec: vec!["/bin/sh".into()],
+                limits: Some(pb::Limits {
+                    files: 2048,
                     ..Default::default()
                 }),
-                admin: false,
+                max_ttl_seconds: 600,
+                audience: vec!["workstation".into()],
+                ..Default::default()
             },
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .token;
+        )
+        .await;
     let status = client
         .mint_receipt(authed(&bob, request(Some(4096))))
         .await
