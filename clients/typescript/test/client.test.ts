@@ -6,7 +6,7 @@
 //   TOLLGATE_SUPERVISOR_TOKEN_FILE  the supervisor's admin.token
 //   TOLLGATE_AUDIENCE               the supervisor's id (default "workstation")
 //
-// crates/tests/tests/typescript_client.rs starts the daemons and runs this file.
+// tests/tests/typescript_client.rs starts the daemons and runs this file.
 
 import assert from "node:assert/strict";
 import { createHash, createPublicKey, verify } from "node:crypto";

@@ -31,7 +31,7 @@ fn node() -> String {
 }
 
 fn package_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../clients/typescript")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients/typescript")
 }
 
 /// Fails with what to run when node or the built package is missing.

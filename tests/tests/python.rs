@@ -11,7 +11,7 @@ fn python() -> String {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 #[test]
@@ -25,14 +25,14 @@ fn python_verifier_accepts_a_daemon_minted_receipt() {
         .expect("run python");
     assert!(
         probe.success(),
-        "{} lacks grpcio/grpcio-tools/cryptography: run `pip install -r crates/tests/python/requirements.txt` \
+        "{} lacks grpcio/grpcio-tools/cryptography: run `pip install -r tests/python/requirements.txt` \
          or set TOLLGATE_PYTHON to a venv's python (scripts/test does both)",
         python()
     );
     let dir = tempfile::tempdir().unwrap();
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
     let output = Command::new(python())
-        .arg(repo_root().join("crates/tests/python/verify_receipt.py"))
+        .arg(repo_root().join("tests/python/verify_receipt.py"))
         .args(["--addr", authority.addr()])
         .arg("--token-file")
         .arg(authority.data_dir().join("admin.token"))

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let files = ["receipt", "authority", "supervisor", "gateway"]
         .map(|name| root.join(format!("tollgate/v1/{name}.proto")));
     for file in &files {

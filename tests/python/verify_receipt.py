@@ -39,7 +39,7 @@ AUDIENCE = "workstation"
 EXEC = "/usr/bin/python3"
 TTL_SECONDS = 300
 RPC_TIMEOUT_S = 15.0
-INSTALL_HINT = "pip install -r crates/tests/python/requirements.txt"
+INSTALL_HINT = "pip install -r tests/python/requirements.txt"
 
 
 class CheckFailed(Exception):

@@ -70,7 +70,7 @@
 //! | operator patterns | configured | [`CustomPattern`]s, after the built-ins |
 //! | `high_entropy` | high (configurable) | a base64/base64url run of 24-256 characters mixing upper case, lower case and digits, switching class on ≥ 40% of characters, with Shannon entropy ≥ 4.0 bits per byte, that does not decode (as base64) to readable text and is not an SSH wire blob (`AAAA...`). Hex digests, git SHAs, UUIDs, ULIDs, base32 (so TOTP seeds too), identifiers, paths, JWT-like parts of encoded JSON do not qualify; runs over 256 characters are treated as encoded data. It is high because an unlabelled random token in text is most likely a credential; set [`ClassifierConfig::entropy_sensitivity`] to lower it |
 //!
-//! `crates/router/corpus/cases.txt` holds true cases and near misses for every detector; the
+//! `router/corpus/cases.txt` holds true cases and near misses for every detector; the
 //! `corpus` test checks each and prints precision and recall.
 #![forbid(unsafe_code)]
 

@@ -748,7 +748,7 @@ async fn the_fan_out_example_counts_each_file_in_a_child_of_its_own() {
     }
     let tree = Tree::start("deleg-example", 208_600).await;
     let example = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../examples/delegation")
+        .join("../examples/delegation")
         .canonicalize()
         .unwrap();
     let (corpus, counts) = (

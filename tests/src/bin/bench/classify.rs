@@ -13,7 +13,7 @@ fn python() -> PathBuf {
     std::env::var_os("TOLLGATE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/pyenv/bin/python")
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/pyenv/bin/python")
         })
 }
 

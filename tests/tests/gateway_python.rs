@@ -22,7 +22,7 @@ fn python() -> String {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// The bytes the example writes (its `content()`): numbered lines, cut at `size`.
@@ -97,7 +97,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         .expect("run python");
     assert!(
         probe.success(),
-        "{} lacks grpcio/grpcio-tools: run `pip install -r crates/tests/python/requirements.txt` \
+        "{} lacks grpcio/grpcio-tools: run `pip install -r tests/python/requirements.txt` \
          or set TOLLGATE_PYTHON to a venv's python (scripts/test does both)",
         python()
     );

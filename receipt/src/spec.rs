@@ -397,7 +397,7 @@ mod tests {
     use super::*;
 
     /// DESIGN.md's example run spec, as shipped in examples/.
-    const DESIGN_EXAMPLE: &str = include_str!("../../../examples/run.toml");
+    const DESIGN_EXAMPLE: &str = include_str!("../../examples/run.toml");
 
     #[test]
     fn design_example_parses_to_the_expected_request() {
@@ -453,7 +453,7 @@ mod tests {
 
     #[test]
     fn shipped_ceiling_parses() {
-        let ceiling = CeilingSpec::parse(include_str!("../../../examples/ceiling.toml")).unwrap();
+        let ceiling = CeilingSpec::parse(include_str!("../../examples/ceiling.toml")).unwrap();
         assert_eq!(
             ceiling.to_proto().unwrap().limits.unwrap().cpu_millicores,
             2000

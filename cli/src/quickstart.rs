@@ -19,7 +19,7 @@ use crate::{authed, mint_with, show, verify_with};
 use tollgate_proto::v1 as pb;
 
 /// The shipped example run spec (also the one docs/run-spec.md explains).
-const SAMPLE_SPEC: &str = include_str!("../../../examples/run.toml");
+const SAMPLE_SPEC: &str = include_str!("../../examples/run.toml");
 
 /// The sample agent: what it may do, and what it may not.
 const SAMPLE_AGENT: &str = r#"echo "agent: running as uid $(id -u) on host $(cat /proc/sys/kernel/hostname)"
