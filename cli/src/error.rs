@@ -84,7 +84,7 @@ fn code_words(code: tonic::Code) -> String {
     words
 }
 
-use tollgate_supervisor::snapshot::SnapshotError;
+use tollgate_files::snapshot::SnapshotError;
 
 impl CliError {
     /// The process exit code (sysexits-style; 1 for an invalid receipt).

@@ -1119,7 +1119,7 @@ async fn rotate(global: &GlobalArgs) -> Result<(), CliError> {
 
 /// `tollgate restore RUN CALL_ID --data-dir DIR`.
 fn restore(run_id: &str, call_id: &str, data_dir: &Path, json_out: bool) -> Result<(), CliError> {
-    let store = tollgate_supervisor::snapshot::SnapshotStore::new(data_dir);
+    let store = tollgate_files::snapshot::SnapshotStore::new(data_dir);
     let restored = store.restore(run_id, call_id)?;
     if json_out {
         println!(

@@ -2,12 +2,14 @@
 //! admission, the first step of every run; sandboxing, the daemon and teardown arrive with
 //! the supervisor issue.
 
-// Audited `unsafe` blocks (the pre-exec hook and pidfd_open in `sandbox`, open_tree in
-// `beneath`) are allowed where they stand, each with its `// SAFETY:` line.
+// Audited `unsafe` blocks (the pre-exec hook and pidfd_open in `sandbox`) are allowed where
+// they stand, each with its `// SAFETY:` line.
 #![deny(unsafe_code)]
 
 pub mod admission;
-pub mod beneath;
+// Files beneath a grant and their snapshots live in `tollgate-files` (the CLI's restore uses
+// them without linking the sandbox); re-exported under their old paths.
+pub use tollgate_files::{beneath, snapshot};
 pub mod cgroup;
 pub mod children;
 pub mod complete;
@@ -20,5 +22,4 @@ pub mod records;
 pub mod runs;
 pub mod sandbox;
 pub mod service;
-pub mod snapshot;
 pub mod warm;

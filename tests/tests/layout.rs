@@ -1,0 +1,40 @@
+//! The architecture's promises about dependencies, checked on the real dependency graph.
+
+use std::process::Command;
+
+/// `tollgate`, the operator's CLI, links no sandbox or storage code: restoring a snapshot
+/// needs only the files crate.
+#[test]
+fn the_cli_links_no_sandbox_or_storage_code() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tree = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            "tollgate-cli",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree runs");
+    assert!(tree.status.success(), "{tree:?}");
+    let tree = String::from_utf8_lossy(&tree.stdout);
+    assert!(tree.contains("tollgate-files"), "{tree}");
+    for crate_name in [
+        "tollgate-supervisor ",
+        "cgroups-rs ",
+        "landlock ",
+        "seccompiler ",
+        "rusqlite ",
+    ] {
+        assert!(
+            !tree.lines().any(|line| line.starts_with(crate_name)),
+            "tollgate links {crate_name}"
+        );
+    }
+}
