@@ -1,6 +1,10 @@
 //! Confining the agent process before it executes: capabilities, ids, `no_new_privs`,
 //! Landlock and seccomp. Each step has its own [`ConfineError`] variant.
 
+// The privileged steps of confining the agent call the kernel directly: `unsafe` is allowed in this
+// module, and every block carries its `// SAFETY:` line (clippy::undocumented_unsafe_blocks).
+#![allow(unsafe_code)]
+
 use std::os::fd::RawFd;
 use std::path::Path;
 

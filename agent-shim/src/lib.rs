@@ -21,6 +21,9 @@
 //!
 //! The shim is single-threaded, so `fork` here is ordinary (no other thread can hold a lock).
 
+// Every `unsafe` block is allowed where it stands, with its `// SAFETY:` line.
+#![deny(unsafe_code)]
+
 pub mod child;
 pub mod confine;
 mod enter;
@@ -66,6 +69,7 @@ pub fn enter() -> ! {
 pub fn run() -> ! {
     // SAFETY: the supervisor placed the control socket on CONTROL_FD; we take ownership of
     // it exactly once, here.
+    #[allow(unsafe_code)]
     let control = unsafe { UnixStream::from_raw_fd(CONTROL_FD) };
     let mut control_writer = match control.try_clone() {
         Ok(writer) => writer,
@@ -93,7 +97,9 @@ pub fn run() -> ! {
         fail(&mut control_writer, format!("unsharing namespaces: {e}"));
     }
     // SAFETY: single-threaded process; the child only runs ordinary Rust code.
-    match unsafe { fork() } {
+    #[allow(unsafe_code)]
+    let forked = unsafe { fork() };
+    match forked {
         Ok(ForkResult::Child) => pid_one(&control, seccomp, control_writer),
         Ok(ForkResult::Parent { child }) => {
             // Only pid 1 keeps the link: when it exits, the supervisor sees EOF.
@@ -162,6 +168,7 @@ impl<'a> ControlReader<'a> {
                 if let ControlMessageOwned::ScmRights(fds) = message {
                     // SAFETY: the kernel installed these descriptors in this process for this
                     // message; nothing else owns them.
+                    #[allow(unsafe_code)]
                     self.fds.extend(
                         fds.into_iter()
                             .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
@@ -300,6 +307,7 @@ fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<Age
         if control_event.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
             let mut buffer = [0u8; 256];
             // SAFETY: reading into a stack buffer of the given length from our socket fd.
+            #[allow(unsafe_code)]
             let read = unsafe {
                 libc::read(
                     control.as_raw_fd(),
@@ -390,7 +398,9 @@ fn start_agent(
     let (go_read, go_write) =
         nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
     // SAFETY: single-threaded process; the child only runs ordinary Rust code and execs.
-    match unsafe { fork() } {
+    #[allow(unsafe_code)]
+    let forked = unsafe { fork() };
+    match forked {
         Ok(ForkResult::Child) => {
             drop(report_read);
             drop(go_write);

@@ -7,6 +7,10 @@
 //!
 //! Each privileged step has its own [`SetupError`] variant naming the step and the path.
 
+// The privileged steps of building the sandbox call the kernel directly: `unsafe` is allowed in this
+// module, and every block carries its `// SAFETY:` line (clippy::undocumented_unsafe_blocks).
+#![allow(unsafe_code)]
+
 use std::ffi::CString;
 use std::fs;
 use std::os::fd::{AsRawFd as _, OwnedFd};

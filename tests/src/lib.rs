@@ -4,6 +4,8 @@
 //! Binaries are looked up in the cargo target directory next to the running test executable
 //! (or in `TOLLGATE_BIN_DIR`); `scripts/test` builds them before the tests run.
 
+#![forbid(unsafe_code)]
+
 pub mod fake_models;
 pub mod flood;
 

@@ -13,6 +13,8 @@
 //!
 //! Build with `cargo build --release --workspace --bins` and run from target/release.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
