@@ -20,8 +20,9 @@ use tollgate_receipt::{public_key_from_bytes, KeySet};
 use tollgate_serve::{RequestLimits, ServeLimits};
 
 use crate::cgroup::CgroupMode;
-use crate::runs::{RunManager, RunSettings, COMPONENT};
+use crate::runs::{RunManager, RunSettings};
 use crate::service::{SupervisorService, TokenCheck};
+use crate::COMPONENT;
 
 /// Readiness file name.
 pub const ADDR_FILE: &str = "supervisor.addr";
@@ -50,7 +51,7 @@ pub struct SupervisorConfig {
     /// Key for HMAC audit hashes; none: plain SHA-256.
     pub audit_key: Option<tollgate_audit::AuditKey>,
     /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
-    pub models: Option<Arc<crate::complete::ModelRoutes>>,
+    pub models: Option<Arc<crate::gateway::ModelRoutes>>,
     /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
     /// cannot delegate.
     pub delegation_token: Option<tollgate_router::config::Secret>,
@@ -75,7 +76,7 @@ pub enum DaemonError {
     },
     /// Opening the run manager failed (database, recovery sweep).
     #[error("{0}")]
-    Runs(#[from] crate::runs::StartError),
+    Runs(#[from] crate::error::StartError),
     /// The audit log could not be opened.
     #[error("audit log: {0}")]
     Audit(#[from] tollgate_audit::AuditError),
@@ -289,7 +290,7 @@ pub async fn serve(
     }
     match (&config.trust, &config.delegation_token) {
         (Trust::Authority(url), Some(token)) => {
-            manager.set_delegator(Arc::new(crate::children::Delegator::new(
+            manager.set_delegator(Arc::new(crate::gateway::Delegator::new(
                 url.clone(),
                 config.runs.supervisor_id.clone(),
                 token.clone(),

@@ -11,9 +11,8 @@ pub mod admission;
 // them without linking the sandbox); re-exported under their old paths.
 pub use tollgate_files::{beneath, snapshot};
 pub mod cgroup;
-pub mod children;
-pub mod complete;
 pub mod daemon;
+pub mod error;
 pub mod exec;
 pub mod gateway;
 pub mod hub;
@@ -22,4 +21,9 @@ pub mod records;
 pub mod runs;
 pub mod sandbox;
 pub mod service;
+pub mod status;
 pub mod warm;
+pub mod wire;
+
+/// This component's name in audit entries.
+pub const COMPONENT: &str = "supervisor";

@@ -103,7 +103,7 @@ struct Flags {
 /// Reads the routes file and loads its keys: one line saying what is wrong on failure.
 fn load_routes(
     path: &std::path::Path,
-) -> Result<std::sync::Arc<tollgate_supervisor::complete::ModelRoutes>, String> {
+) -> Result<std::sync::Arc<tollgate_supervisor::gateway::ModelRoutes>, String> {
     let routes = tollgate_router::config::Routes::load(path).map_err(|e| e.to_string())?;
     let backends =
         tollgate_supervisor::models::Backends::new(&routes).map_err(|e| e.to_string())?;
@@ -111,7 +111,7 @@ fn load_routes(
         tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
             .map_err(|e| format!("the classifier: {e}"))?;
     Ok(std::sync::Arc::new(
-        tollgate_supervisor::complete::ModelRoutes {
+        tollgate_supervisor::gateway::ModelRoutes {
             routes,
             backends,
             classifier,

@@ -23,11 +23,13 @@ use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
 
 use crate::admission::ReceiptAdmission;
-use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};
-use crate::children::{ChildControl, ChildState, Delegator};
-use crate::complete::{ModelRoutes, RunModels};
+use crate::cgroup::{sweep, CgroupLimits, RunCgroup};
+use crate::error::StartError;
 use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
-use crate::gateway::{self, FsGrant, GatewayHandle, RunGateway};
+use crate::gateway::{
+    self, ChildControl, ChildOf, ChildRuns, ChildState, Delegator, FsGrant, GatewayHandle,
+    ModelRoutes, RunGateway, RunGatewayConfig, RunModels,
+};
 use crate::hub::RunHub;
 use crate::records::{NewRun, RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
 use crate::sandbox::{
@@ -36,10 +38,8 @@ use crate::sandbox::{
 };
 use crate::snapshot::SnapshotStore;
 use crate::warm::{PreparedSandbox, SandboxPool};
+use crate::COMPONENT;
 use tollgate_audit::{AuditError, AuditLog, Decision, EntryDraft, EntryKind, PendingEntry};
-
-/// This component's name in audit entries.
-pub const COMPONENT: &str = "supervisor";
 
 /// How long teardown waits for a cgroup to empty after killing it.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -63,75 +63,6 @@ pub struct RunSettings {
     pub warm_sandboxes: usize,
 }
 
-/// Why a run could not start. Nothing was spawned.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    /// The receipt failed verification (the reason is typed).
-    #[error(transparent)]
-    Receipt(#[from] VerifyError),
-    /// The receipt already started a sandbox (single use).
-    #[error("receipt {0} has already been used to start a run; mint a new one")]
-    AlreadyUsed(String),
-    /// An argv was given but the receipt pins its agent.
-    #[error("receipt {0} pins its agent command; start it without an argv")]
-    ArgvNotAllowed(String),
-    /// Every host id of the configured range is in use.
-    #[error("no free sandbox host id in {0:?}: too many live runs")]
-    NoHostId(std::ops::Range<u32>),
-    /// The sandbox could not be planned or built.
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
-    /// The cgroup could not be created with the receipt's limits.
-    #[error(transparent)]
-    Cgroup(#[from] CgroupError),
-    /// Recording the run failed.
-    #[error(transparent)]
-    Records(#[from] RecordsError),
-    /// The audit log could not record the start: nothing runs unaudited.
-    #[error("audit log: {0}")]
-    Audit(#[from] AuditError),
-    /// The supervisor is shutting down and starts nothing new.
-    #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
-    ShuttingDown,
-    /// A child would take its live siblings past their parent's memory, pids or cpu.
-    #[error("{0}")]
-    ChildrenLimits(String),
-    /// A granted path cannot be pinned as signed (a symbolic link on it, or a mounted grant
-    /// that does not exist): refused before the receipt is spent.
-    #[error("{reason}")]
-    Grant {
-        /// Stable code: `grant_link`, `grant_missing`.
-        code: &'static str,
-        /// One line naming the grant and what is wrong with it.
-        reason: String,
-    },
-    /// A delegation rule refused the start (`code` names which, for the audit entry).
-    #[error("{reason}")]
-    Delegated {
-        /// Stable code: `delegated`, `parent_not_live`, `grant_escapes`, `children_limits`.
-        code: &'static str,
-        /// One line naming the rule and what broke it.
-        reason: String,
-    },
-}
-
-impl StartError {
-    /// Stable code for audit entries.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::Receipt(e) => e.failure().code(),
-            Self::AlreadyUsed(_) => "already_used",
-            Self::ArgvNotAllowed(_) => "argv_not_allowed",
-            Self::NoHostId(_) => "no_host_id",
-            Self::ShuttingDown => "shutting_down",
-            Self::Delegated { code, .. } | Self::Grant { code, .. } => code,
-            Self::ChildrenLimits(_) => "children_limits",
-            Self::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => "argv",
-            Self::Sandbox(_) | Self::Cgroup(_) | Self::Records(_) | Self::Audit(_) => "internal",
-        }
-    }
-}
-
 /// Which stream a chunk of output came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
@@ -143,18 +74,6 @@ pub enum OutputStream {
 
 /// Receives a run's output as it arrives: `(run_id, stream, bytes)`.
 pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
-
-/// A delegated run's place in its tree: started through the gateway of the live run
-/// `parent`, with its grants pinned beneath the parent's (see `children.rs`).
-pub(crate) struct ChildOf {
-    /// The parent run.
-    pub(crate) parent: String,
-    /// The child's fs grants, resolved beneath the parent's pinned ones.
-    pub(crate) grants: Vec<FsGrant>,
-    /// The parent's limits: its live children together stay within its memory, pids and
-    /// cpu.
-    pub(crate) parent_limits: tollgate_proto::v1::Limits,
-}
 
 /// Pins every fs grant of a root run's receipt (see [`GrantRoot::open`]): a symbolic link
 /// anywhere on a granted path refuses the start, naming the link; so does a mounted grant
@@ -564,7 +483,7 @@ impl RunManager {
                 // Once torn down, the record is as final as it will get (a failed write
                 // leaves it non-final): publish it rather than wait on it forever.
                 Some(record) if record.state.is_final() || manager.live_run(&id).is_none() => {
-                    manager.hub.end(&id, crate::service::run_proto(&record));
+                    manager.hub.end(&id, crate::wire::run_proto(&record));
                     return;
                 }
                 Some(_) => continue,
@@ -615,12 +534,12 @@ impl RunManager {
             if let Some(run) = self.live_run(&record.run_id) {
                 if let Some((gateway, _)) = &*run.gateway.lock().unwrap_or_else(|p| p.into_inner())
                 {
-                    pending.extend(gateway.children.pending_children(&record.run_id));
+                    pending.extend(gateway.children.state.pending_children(&record.run_id));
                 }
             }
         }
         Ok(tollgate_proto::v1::RunTree {
-            runs: records.iter().map(crate::service::run_proto).collect(),
+            runs: records.iter().map(crate::wire::run_proto).collect(),
             pending,
         })
     }
@@ -1068,15 +987,16 @@ impl RunManager {
             return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
         };
         let manager = Arc::downgrade(self);
+        let runs: std::sync::Weak<dyn ChildRuns> = manager.clone();
         let children = ChildState::new(
             signed.clone(),
             ChildControl {
-                manager: manager.clone(),
+                runs,
                 delegator: self.delegator.get().cloned(),
             },
             live.output_left.clone(),
         );
-        let run = Arc::new(RunGateway {
+        let run = Arc::new(RunGateway::new(RunGatewayConfig {
             children,
             run_id: receipt.receipt_id.clone(),
             host_id,
@@ -1098,9 +1018,6 @@ impl RunManager {
                 })
             }),
             audit: self.audit.clone(),
-            calls: AtomicU64::new(0),
-            last_call: Mutex::new(None),
-            audit_use: gateway::AuditUse::default(),
             snapshots: SnapshotStore::new(&self.settings.data_dir),
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
@@ -1116,7 +1033,7 @@ impl RunManager {
                     receipt.limits.unwrap_or_default().tokens,
                 ))
             }),
-        });
+        }));
         let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
             .map_err(|e| SandboxError::Setup(e.to_string()))?;
         let socket = handle.socket.clone();
@@ -1189,7 +1106,7 @@ impl RunManager {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
-                .and_then(|(run, _)| run.exec.clone());
+                .and_then(|(run, _)| run.exec.sandbox.clone());
             match (exec, process.pin_pid_one()) {
                 (Some(exec), Ok(pid_one)) => {
                     let _ = exec.started.set(PinnedSandbox { pid_one, execute });
@@ -1386,8 +1303,9 @@ impl RunManager {
         let last_tool_call_id = gateway.map(|(run, mut handle)| {
             handle.stop();
             // Refusals of a spent run still being counted get their summary entry.
-            run.flush_refusals();
-            run.last_call
+            run.gate.flush_refusals();
+            run.gate
+                .last_call
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone()
@@ -1458,6 +1376,50 @@ impl RunManager {
         self.release_holds(run_id);
         *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
         live.ended_signal.notify_all();
+    }
+}
+
+/// Delegation on a run's gateway reaches the supervisor's runs only through this.
+impl ChildRuns for RunManager {
+    fn verify_child(
+        &self,
+        signed: &SignedReceipt,
+        parent: &str,
+    ) -> Result<tollgate_proto::v1::Receipt, String> {
+        RunManager::verify_child(self, signed, parent)
+    }
+
+    fn start_child(
+        self: Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        child: ChildOf,
+    ) -> Result<String, StartError> {
+        self.start_published(signed, argv, Some(child))
+    }
+
+    fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
+        RunManager::get(self, run_id)
+    }
+
+    fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError> {
+        RunManager::subtree(self, run_id)
+    }
+
+    fn tree(&self, run_id: &str) -> Result<tollgate_proto::v1::RunTree, RecordsError> {
+        RunManager::tree(self, run_id)
+    }
+
+    fn subscribe(&self, run_id: &str) -> Option<crate::hub::Subscription> {
+        self.hub.subscribe(run_id)
+    }
+
+    fn stop(&self, run_id: &str, reason: &str) -> bool {
+        RunManager::stop(self, run_id, reason)
+    }
+
+    fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunRecord> {
+        RunManager::wait(self, run_id, timeout)
     }
 }
 

@@ -1,19 +1,17 @@
 //! The `tollgate.v1.Supervisor` gRPC service over the run manager.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::Stream;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::supervisor_server::Supervisor;
-use tollgate_receipt::{from_text, timestamp_from_unix, VerifyFailure};
+use tollgate_receipt::from_text;
 use tonic::{Request, Response, Status};
 
-use crate::records::{RunRecord, RunState};
-use crate::runs::{RunManager, StartError};
-use crate::sandbox::SandboxError;
+use crate::error::StartError;
+use crate::runs::RunManager;
+use crate::status::start_status;
+use crate::wire::{event_stream, run_proto, RunEventStream};
 
 /// Checks the `authorization: Bearer` header against the admin token's hash.
 #[derive(Debug, Clone)]
@@ -59,87 +57,6 @@ impl TokenCheck {
     }
 }
 
-/// Maps a run-start failure to its gRPC status (the one place this mapping lives).
-pub fn start_status(error: &StartError) -> Status {
-    let message = error.to_string();
-    match error {
-        StartError::Receipt(e) if e.failure() == VerifyFailure::Malformed => {
-            Status::invalid_argument(message)
-        }
-        StartError::Receipt(e) => Status::permission_denied(format!(
-            "receipt refused ({}): {message}",
-            e.failure().code()
-        )),
-        StartError::AlreadyUsed(_) => Status::already_exists(message),
-        StartError::ArgvNotAllowed(_) => Status::invalid_argument(format!("argv: {message}")),
-        StartError::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => {
-            Status::invalid_argument(format!("argv: {message}"))
-        }
-        StartError::Sandbox(SandboxError::BadGrant { .. }) => {
-            Status::invalid_argument(format!("receipt: {message}"))
-        }
-        StartError::NoHostId(_) => Status::resource_exhausted(message),
-        StartError::ShuttingDown => Status::unavailable(message),
-        StartError::ChildrenLimits(_) => {
-            Status::resource_exhausted(format!("receipt refused (children_limits): {message}"))
-        }
-        StartError::Grant { code, .. } => {
-            Status::failed_precondition(format!("receipt refused ({code}): {message}"))
-        }
-        StartError::Delegated { code, .. } => {
-            Status::permission_denied(format!("receipt refused ({code}): {message}"))
-        }
-        StartError::Sandbox(_)
-        | StartError::Cgroup(_)
-        | StartError::Records(_)
-        | StartError::Audit(_) => Status::internal(message),
-    }
-}
-
-fn state_proto(state: RunState) -> pb::RunState {
-    match state {
-        RunState::Starting => pb::RunState::Starting,
-        RunState::Running => pb::RunState::Running,
-        RunState::Exited => pb::RunState::Exited,
-        RunState::Failed => pb::RunState::Failed,
-        RunState::Stopped => pb::RunState::Stopped,
-        RunState::Expired => pb::RunState::Expired,
-        RunState::Revoked => pb::RunState::Revoked,
-        RunState::LimitExceeded => pb::RunState::LimitExceeded,
-        RunState::ShimDied => pb::RunState::ShimDied,
-        RunState::SupervisorShutdown => pb::RunState::SupervisorShutdown,
-        RunState::Lost => pb::RunState::Lost,
-        RunState::ParentEnded => pb::RunState::ParentEnded,
-    }
-}
-
-/// The protocol form of a run record.
-pub fn run_proto(record: &RunRecord) -> pb::Run {
-    pb::Run {
-        run_id: record.run_id.clone(),
-        owner: record.owner.clone(),
-        subject: record.subject.clone(),
-        state: state_proto(record.state) as i32,
-        created_at: Some(timestamp_from_unix(record.created_at)),
-        ended_at: record.ended_at.map(timestamp_from_unix),
-        expires_at: Some(timestamp_from_unix(record.expires_at)),
-        report: record.report.as_ref().map(|r| pb::TeardownReport {
-            reason: r.reason.clone(),
-            duration_ms: r.duration_ms,
-            exit_code: r.exit_code,
-            signal: r.signal,
-            peak_memory_bytes: r.peak_memory_bytes,
-            last_tool_call_id: r.last_tool_call_id.clone().unwrap_or_default(),
-            routes_used: r.routes_used.clone(),
-            output_truncated: r.output_truncated,
-            cleanup_errors: r.cleanup_errors.clone(),
-            landlock_abi: r.landlock_abi.unwrap_or(0),
-        }),
-        parent_run_id: record.parent_run_id.clone().unwrap_or_default(),
-        depth: record.depth,
-    }
-}
-
 /// The gRPC service.
 #[derive(Debug)]
 pub struct SupervisorService {
@@ -174,9 +91,6 @@ async fn blocking<T: Send + 'static>(
         .await
         .map_err(|e| Status::internal(format!("worker failed: {e}")))
 }
-
-/// A stream of run events (WatchRun, WatchChild).
-pub(crate) type RunEventStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl Supervisor for SupervisorService {
@@ -315,40 +229,4 @@ impl Supervisor for SupervisorService {
         };
         Ok(Response::new(event_stream(history, live)))
     }
-}
-
-/// Streams a run's history, then its live events until its end.
-pub(crate) fn event_stream(
-    history: Vec<pb::RunEvent>,
-    live: Option<tokio::sync::broadcast::Receiver<pb::RunEvent>>,
-) -> RunEventStream {
-    let (tx, rx) = tokio::sync::mpsc::channel(256);
-    tokio::spawn(async move {
-        for event in history {
-            if tx.send(Ok(event)).await.is_err() {
-                return;
-            }
-        }
-        let Some(mut live) = live else { return };
-        loop {
-            match live.recv().await {
-                Ok(event) => {
-                    let last = matches!(event.event, Some(pb::run_event::Event::Ended(_)));
-                    if tx.send(Ok(event)).await.is_err() || last {
-                        return;
-                    }
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(skipped)) => {
-                    let _ = tx
-                        .send(Err(Status::data_loss(format!(
-                            "watcher fell behind and missed {skipped} events"
-                        ))))
-                        .await;
-                    return;
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-            }
-        }
-    });
-    Box::pin(ReceiverStream::new(rx))
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::cgroup::{CgroupLimits, RunCgroup};
-use crate::runs::StartError;
+use crate::error::StartError;
 use crate::sandbox::IdleShim;
 use tollgate_agent_shim::plan::SandboxBase;
 

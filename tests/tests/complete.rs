@@ -7,14 +7,14 @@
 //! Counts are honest: the server's usage when it gives one, else the tokenizer of a vLLM or
 //! llama.cpp route (over TCP or a Unix socket), else an estimate flagged as one.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use tokio_stream::StreamExt as _;
 use tollgate_audit::{AuditConfig, AuditLog};
 use tollgate_proto::v1 as pb;
-use tollgate_supervisor::complete::{ModelRoutes, RunModels};
-use tollgate_supervisor::gateway::{self, RunGateway};
+use tollgate_supervisor::gateway::{self, RunGateway, RunGatewayConfig};
+use tollgate_supervisor::gateway::{ModelRoutes, RunModels};
 use tollgate_supervisor::snapshot::SnapshotStore;
 use tollgate_tests::fake_models::{FakeBackend, Script, Tokenizer};
 
@@ -118,7 +118,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         "complete-test",
     ))
     .unwrap();
-    let run = Arc::new(RunGateway {
+    let run = Arc::new(RunGateway::new(RunGatewayConfig {
         run_id: RUN_ID.into(),
         host_id: nix::unistd::geteuid().as_raw(),
         receipt: pb::Receipt {
@@ -138,14 +138,11 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
         audit: audit.clone(),
-        calls: AtomicU64::new(0),
-        last_call: Mutex::new(None),
-        audit_use: Default::default(),
         snapshots: SnapshotStore::new(dir.path()),
         exec: None,
         models: Some(Arc::new(RunModels::new(shared, tokens))),
         children: Default::default(),
-    });
+    }));
     let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
     let channel =
         tonic::transport::Endpoint::from_shared(format!("unix:{}", handle.socket.display()))

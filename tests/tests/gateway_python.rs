@@ -4,12 +4,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use tollgate_audit::{AuditConfig, AuditLog};
 use tollgate_proto::v1 as pb;
-use tollgate_supervisor::gateway::{self, FsGrant, RunGateway};
+use tollgate_supervisor::gateway::{self, FsGrant, RunGateway, RunGatewayConfig};
 use tollgate_supervisor::snapshot::SnapshotStore;
 
 // A UUID: snapshots are kept under the run id.
@@ -143,7 +143,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
     ))
     .unwrap();
     let snapshots = SnapshotStore::new(dir.path());
-    let run = Arc::new(RunGateway {
+    let run = Arc::new(RunGateway::new(RunGatewayConfig {
         run_id: RUN_ID.into(),
         host_id: 0,
         // exec is granted, but with `exec: None` there is no sandbox to run it in.
@@ -157,14 +157,11 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
         audit: audit.clone(),
-        calls: AtomicU64::new(0),
-        last_call: Mutex::new(None),
-        audit_use: Default::default(),
         snapshots: SnapshotStore::new(dir.path()),
         exec: None,
         models: None,
         children: Default::default(),
-    });
+    }));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -12,8 +12,9 @@ use tollgate_receipt::{
     timestamp_from_unix, unix_now, KeySet, ReceiptSigner, SignedReceipt, VerifyFailure,
 };
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
+use tollgate_supervisor::error::StartError;
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
-use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings, StartError};
+use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings};
 use tollgate_tests::{bin_path, pids_cgroup_dir, require_root, supervisor_audit};
 
 type Captured = Arc<Mutex<HashMap<String, String>>>;
@@ -709,7 +710,7 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
     )
     .unwrap();
     fx.manager
-        .set_model_routes(Arc::new(tollgate_supervisor::complete::ModelRoutes {
+        .set_model_routes(Arc::new(tollgate_supervisor::gateway::ModelRoutes {
             backends: tollgate_supervisor::models::Backends::new(&routes).unwrap(),
             routes,
             classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),

@@ -7,14 +7,14 @@
 //!   the command started inside the sandbox's namespaces, cgroup, Landlock and seccomp) beside
 //!   a direct spawn of `/bin/true`.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use tollgate_audit::{AuditConfig, AuditLog};
 use tollgate_proto::v1 as pb;
-use tollgate_supervisor::gateway::{self, FsGrant, RunGateway};
+use tollgate_supervisor::gateway::{self, FsGrant, RunGateway, RunGatewayConfig};
 
 fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
     samples.sort();
@@ -181,7 +181,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
     let mut config = AuditConfig::new(dir.path().join("audit"), "supervisor", key, "bench");
     config.redactor = Some(Arc::new(tollgate_router::SecretRedactor::with_defaults()?));
     let audit = AuditLog::open(config)?;
-    let run = Arc::new(RunGateway {
+    let run = Arc::new(RunGateway::new(RunGatewayConfig {
         run_id: "01900000-0000-7000-8000-00000000beef".into(),
         host_id: 0,
         receipt: pb::Receipt::default(),
@@ -191,14 +191,11 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
         audit: audit.clone(),
-        calls: AtomicU64::new(0),
-        last_call: Mutex::new(None),
-        audit_use: Default::default(),
         snapshots: tollgate_supervisor::snapshot::SnapshotStore::new(dir.path()),
         exec: None,
         models: None,
         children: Default::default(),
-    });
+    }));
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -26,10 +26,16 @@ use tollgate_receipt::{unix_now, SignedReceipt};
 use tollgate_router::config::Secret;
 use tonic::{Code, Status};
 
-use crate::beneath::GrantRoot;
-use crate::gateway::{CallMeta, FsGrant, Refusal, RunGateway};
-use crate::runs::{ChildOf, RunManager, StartError};
-use crate::service::{run_proto, start_status};
+use tollgate_files::beneath::GrantRoot;
+
+use super::fs::FsGrant;
+use super::gate::{new_call_id, CallGate, CallMeta, Refusal};
+use super::models::RunModels;
+use crate::error::StartError;
+use crate::hub::Subscription;
+use crate::records::{RecordsError, RunRecord};
+use crate::status::start_status;
+use crate::wire::run_proto;
 
 /// How long a `DelegateReceipt` call to the authority may take.
 const AUTHORITY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -116,13 +122,75 @@ impl Delegator {
     }
 }
 
+/// A delegated run's place in its tree: started through the gateway of the live run
+/// `parent`, with its grants pinned beneath the parent's.
+pub struct ChildOf {
+    /// The parent run.
+    pub parent: String,
+    /// The child's fs grants, resolved beneath the parent's pinned ones.
+    pub grants: Vec<FsGrant>,
+    /// The parent's limits: its live children together stay within its memory, pids and
+    /// cpu.
+    pub parent_limits: pb::Limits,
+}
+
+/// What delegation on a run's gateway needs of the supervisor's runs: declared here, on
+/// the gateway's side, and implemented by the run manager, so the gateway never depends
+/// on the code that starts it.
+pub trait ChildRuns: Send + Sync {
+    /// Checks a receipt the authority minted for a child of `parent` with this
+    /// supervisor's keys; the receipt, or why it is not one.
+    fn verify_child(&self, signed: &SignedReceipt, parent: &str) -> Result<pb::Receipt, String>;
+    /// Starts the verified child receipt `signed` in `child`'s place; its run id.
+    fn start_child(
+        self: Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        child: ChildOf,
+    ) -> Result<String, StartError>;
+    /// The record of `run_id`, if there is one.
+    fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError>;
+    /// The records of `run_id` and its descendants.
+    fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError>;
+    /// `run_id`'s tree as `ListChildren` answers it.
+    fn tree(&self, run_id: &str) -> Result<pb::RunTree, RecordsError>;
+    /// The events of a live run so far and its live feed; `None` once it has ended.
+    fn subscribe(&self, run_id: &str) -> Option<Subscription>;
+    /// Ends `run_id` (and its descendants) for `reason`.
+    fn stop(&self, run_id: &str, reason: &str) -> bool;
+    /// Waits up to `timeout` for `run_id` to end; its final record.
+    fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunRecord>;
+}
+
 /// A gateway's reach into the supervisor for delegation.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ChildControl {
-    /// The run manager (weak: a gateway never keeps the supervisor alive).
-    pub manager: Weak<RunManager>,
+    /// The supervisor's runs (weak: a gateway never keeps the supervisor alive).
+    pub runs: Weak<dyn ChildRuns>,
     /// The authority link; `None`: this supervisor has no delegation token.
     pub delegator: Option<Arc<Delegator>>,
+}
+
+impl std::fmt::Debug for ChildControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChildControl")
+            .field("delegator", &self.delegator)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Delegation on one run's gateway: its call gate, the grants children are pinned beneath,
+/// the model budget children's tokens are carved from, and what it keeps of its children.
+#[derive(Debug)]
+pub struct Children {
+    /// The run's call gate.
+    pub gate: Arc<CallGate>,
+    /// The run's fs grants.
+    pub grants: Arc<[FsGrant]>,
+    /// The run's models (its token budget); `None`: the supervisor has no routes.
+    pub models: Option<Arc<RunModels>>,
+    /// Receipts, envelope and the supervisor link.
+    pub state: ChildState,
 }
 
 /// What a run's gateway keeps for delegation.
@@ -310,11 +378,12 @@ fn clip(text: &str) -> String {
     text[..end].to_owned()
 }
 
-impl RunGateway {
+impl Children {
     /// Tool calls this run may still make or hand on.
     fn calls_left(&self) -> u64 {
-        self.max_calls
-            .saturating_sub(self.calls.load(Ordering::SeqCst))
+        self.gate
+            .max_calls
+            .saturating_sub(self.gate.calls.load(Ordering::SeqCst))
     }
 
     /// Hands `asked` tool calls on to a child (0: half of what this run has left); how many,
@@ -329,9 +398,10 @@ impl RunGateway {
         };
         let carved = calls > 0
             && self
+                .gate
                 .calls
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
-                    (made.saturating_add(calls).saturating_add(1) <= self.max_calls)
+                    (made.saturating_add(calls).saturating_add(1) <= self.gate.max_calls)
                         .then_some(made + calls)
                 })
                 .is_ok();
@@ -350,6 +420,7 @@ impl RunGateway {
     /// Gives back calls carved for a child that was never usable.
     pub(crate) fn refund_calls(&self, calls: u64) {
         let _ = self
+            .gate
             .calls
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
                 Some(made.saturating_sub(calls))
@@ -358,7 +429,7 @@ impl RunGateway {
 
     fn refund(&self, carved: &Carved) {
         self.refund_calls(carved.calls);
-        if let (Some(left), Some(output)) = (&self.children.output_left, carved.output) {
+        if let (Some(left), Some(output)) = (&self.state.output_left, carved.output) {
             left.fetch_add(output, Ordering::SeqCst);
         }
         if let (Some(models), Some(tokens)) = (&self.models, carved.tokens) {
@@ -370,20 +441,20 @@ impl RunGateway {
         }
     }
 
-    fn manager(&self) -> Result<Arc<RunManager>, Refusal> {
-        self.children
+    fn manager(&self) -> Result<Arc<dyn ChildRuns>, Refusal> {
+        self.state
             .control
             .as_ref()
-            .and_then(|control| control.manager.upgrade())
+            .and_then(|control| control.runs.upgrade())
             .ok_or_else(|| unavailable("the supervisor is shutting down"))
     }
 
     /// Whether `run_id` is a descendant of this run (its subtree, not itself).
-    fn descendant(&self, manager: &RunManager, run_id: &str) -> Result<(), Refusal> {
+    fn descendant(&self, manager: &dyn ChildRuns, run_id: &str) -> Result<(), Refusal> {
         let tree = manager
-            .subtree(&self.run_id)
+            .subtree(&self.gate.run_id)
             .map_err(|e| Refusal::with(Status::internal, e.to_string()))?;
-        if run_id != self.run_id && tree.iter().any(|run| run.run_id == run_id) {
+        if run_id != self.gate.run_id && tree.iter().any(|run| run.run_id == run_id) {
             Ok(())
         } else {
             Err(Refusal::with(
@@ -400,7 +471,7 @@ impl RunGateway {
         request: pb::DelegateRequest,
     ) -> Result<pb::DelegateResponse, Status> {
         let started = Instant::now();
-        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let call_id = new_call_id();
         let spec = request.child.unwrap_or_default();
         let mut meta: CallMeta = vec![("subject", clip(&spec.subject).into())];
         let outcome = self.delegate_checked(spec, &mut meta).await;
@@ -415,7 +486,7 @@ impl RunGateway {
         };
         // On disk before the child exists for the agent (it enters `pending` only after).
         let recorded = tokio::task::block_in_place(|| {
-            self.record_call(
+            self.gate.record_call(
                 "delegate",
                 &call_id,
                 started,
@@ -427,7 +498,7 @@ impl RunGateway {
         match (outcome, recorded) {
             (Ok(minted), Ok(())) => {
                 if let Some(receipt) = &minted.response.receipt {
-                    self.children
+                    self.state
                         .pending
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -453,17 +524,17 @@ impl RunGateway {
         mut spec: pb::ChildSpec,
         meta: &mut CallMeta,
     ) -> Result<Minted, Refusal> {
-        let made = self.admit("delegate")?;
-        let max_depth = self.receipt.delegate.map_or(0, |d| d.max_depth);
+        let made = self.gate.admit("delegate")?;
+        let max_depth = self.gate.receipt.delegate.map_or(0, |d| d.max_depth);
         if max_depth == 0 {
             return Err(Refusal::denied(
-                &self.run_id,
+                &self.gate.run_id,
                 "delegate needs a delegate grant (missing grant: delegate max_depth >= 1)".into(),
             ));
         }
-        self.charge(made)?;
+        self.gate.charge(made)?;
         let delegator = self
-            .children
+            .state
             .control
             .as_ref()
             .and_then(|control| control.delegator.clone())
@@ -473,7 +544,7 @@ impl RunGateway {
                 )
             })?;
         let manager = self.manager()?;
-        let _slot = self.children.hold_slot().ok_or_else(|| {
+        let _slot = self.state.hold_slot().ok_or_else(|| {
             Refusal::with(
                 Status::resource_exhausted,
                 format!("this run already holds {MAX_PENDING} child receipts not started; start some, or wait for them to expire"),
@@ -488,7 +559,7 @@ impl RunGateway {
             output: None,
         };
         // Output too: a tree never relays (or keeps for watchers) more than its root may.
-        if let Some(left) = &self.children.output_left {
+        if let Some(left) = &self.state.output_left {
             match carve_left(left, limits.output_bytes) {
                 Ok(output) => carved.output = Some(output),
                 Err((wanted, left)) => {
@@ -500,7 +571,7 @@ impl RunGateway {
                 }
             }
         }
-        let parent_tokens = self.receipt.limits.unwrap_or_default().tokens;
+        let parent_tokens = self.gate.receipt.limits.unwrap_or_default().tokens;
         if let Some(models) = &self.models {
             let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
             let tokens = if limits.tokens == 0 {
@@ -542,14 +613,14 @@ impl RunGateway {
             "tokens",
             i64::try_from(limits.tokens).unwrap_or(i64::MAX).into(),
         ));
-        let minted = match delegator.delegate(&self.children.signed, spec).await {
+        let minted = match delegator.delegate(&self.state.signed, spec).await {
             Ok(minted) => minted,
             Err(status) => {
                 self.refund(&carved);
-                return Err(authority_refusal(&self.run_id, status));
+                return Err(authority_refusal(&self.gate.run_id, status));
             }
         };
-        let receipt = match manager.verify_child(&minted, &self.run_id) {
+        let receipt = match manager.verify_child(&minted, &self.gate.run_id) {
             Ok(receipt) => receipt,
             Err(reason) => {
                 self.refund(&carved);
@@ -600,10 +671,10 @@ impl RunGateway {
         request: pb::StartChildRequest,
     ) -> Result<pb::StartChildResponse, Status> {
         let started = Instant::now();
-        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let call_id = new_call_id();
         let mut meta: CallMeta = vec![("child_run_id", clip(&request.receipt_id).into())];
         let record = |meta: &CallMeta, decision: Decision, reason: Option<&str>| {
-            self.record_call(
+            self.gate.record_call(
                 "child.start",
                 &call_id,
                 started,
@@ -624,14 +695,14 @@ impl RunGateway {
         };
         record(&meta, Decision::Allow, None)?;
         let argv = (!request.argv.is_empty()).then_some(request.argv);
-        let started_child = manager.start_published(
+        let started_child = manager.clone().start_child(
             &signed,
             argv,
-            Some(ChildOf {
-                parent: self.run_id.clone(),
+            ChildOf {
+                parent: self.gate.run_id.clone(),
                 grants,
-                parent_limits: self.receipt.limits.unwrap_or_default(),
-            }),
+                parent_limits: self.gate.receipt.limits.unwrap_or_default(),
+            },
         );
         match started_child {
             Ok(run_id) => Ok(pb::StartChildResponse { call_id, run_id }),
@@ -641,7 +712,7 @@ impl RunGateway {
                 let retry = !matches!(error, StartError::Receipt(_))
                     && matches!(manager.get(&child.receipt_id), Ok(None));
                 if retry {
-                    self.children
+                    self.state
                         .pending
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -649,7 +720,7 @@ impl RunGateway {
                 }
                 meta.push(("code", error.code().into()));
                 let reason = format!("not done: {error}");
-                self.record_follow_up(
+                self.gate.record_follow_up(
                     "child.start",
                     &call_id,
                     started,
@@ -663,21 +734,18 @@ impl RunGateway {
     }
 
     /// Everything `StartChild` checks before anything is done.
-    fn start_child_checks(
-        &self,
-        request: &pb::StartChildRequest,
-    ) -> Result<(Arc<RunManager>, SignedReceipt, pb::Receipt, Vec<FsGrant>), Refusal> {
-        let made = self.admit("child.start")?;
-        self.charge(made)?;
+    fn start_child_checks(&self, request: &pb::StartChildRequest) -> Result<CheckedStart, Refusal> {
+        let made = self.gate.admit("child.start")?;
+        self.gate.charge(made)?;
         let manager = self.manager()?;
         let taken = self
-            .children
+            .state
             .pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&request.receipt_id);
         let Some((signed, child)) = taken else {
-            if self.descendant(&manager, &request.receipt_id).is_ok() {
+            if self.descendant(&*manager, &request.receipt_id).is_ok() {
                 return Err(Refusal::with(
                     Status::already_exists,
                     format!(
@@ -695,8 +763,8 @@ impl RunGateway {
             ));
         };
         // The authority checked it; checked again here, against the receipt this run has.
-        if let Err(wider) = check_within(&self.receipt, &child) {
-            return Err(Refusal::denied(&self.run_id, wider.to_string()).coded("delegated"));
+        if let Err(wider) = check_within(&self.gate.receipt, &child) {
+            return Err(Refusal::denied(&self.gate.run_id, wider.to_string()).coded("delegated"));
         }
         let grants = pin_child_grants(&self.grants, &child).map_err(|(code, reason)| {
             Refusal::new(
@@ -717,7 +785,7 @@ impl RunGateway {
         self.read_only_call("child.list", vec![], move || {
             let manager = run.manager()?;
             manager
-                .tree(&run.run_id)
+                .tree(&run.gate.run_id)
                 .map_err(|e| Refusal::with(Status::internal, e.to_string()))
         })
         .await
@@ -738,8 +806,8 @@ impl RunGateway {
         let meta = vec![("child_run_id", clip(&run_id).into())];
         self.read_only_call("child.watch", meta, move || {
             let manager = run.manager()?;
-            run.descendant(&manager, &run_id)?;
-            match manager.hub().subscribe(&run_id) {
+            run.descendant(&*manager, &run_id)?;
+            match manager.subscribe(&run_id) {
                 Some(subscription) => Ok(subscription),
                 None => {
                     let record = manager
@@ -766,10 +834,10 @@ impl RunGateway {
         request: pb::StopChildRequest,
     ) -> Result<pb::StopChildResponse, Status> {
         let started = Instant::now();
-        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let call_id = new_call_id();
         let meta: CallMeta = vec![("child_run_id", clip(&request.run_id).into())];
         let record = |decision: Decision, reason: Option<&str>| {
-            self.record_call(
+            self.gate.record_call(
                 "child.stop",
                 &call_id,
                 started,
@@ -778,9 +846,9 @@ impl RunGateway {
                 true,
             )
         };
-        let checked = self.admit("child.stop").and_then(|_| {
+        let checked = self.gate.admit("child.stop").and_then(|_| {
             let manager = self.manager()?;
-            self.descendant(&manager, &request.run_id)?;
+            self.descendant(&*manager, &request.run_id)?;
             Ok(manager)
         });
         let manager = match checked {
@@ -792,11 +860,11 @@ impl RunGateway {
         };
         record(Decision::Allow, None)?;
         let reason = if request.reason.is_empty() {
-            format!("stopped by its ancestor run {}", self.run_id)
+            format!("stopped by its ancestor run {}", self.gate.run_id)
         } else {
             format!(
                 "stopped by its ancestor run {}: {}",
-                self.run_id,
+                self.gate.run_id,
                 clip(&request.reason)
             )
         };
@@ -821,11 +889,11 @@ impl RunGateway {
         work: impl FnOnce() -> Result<T, Refusal> + Send + 'static,
     ) -> Result<T, Status> {
         let started = Instant::now();
-        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let call_id = new_call_id();
         let run = self.clone();
         let outcome = tokio::task::spawn_blocking(move || {
-            let made = run.admit(tool)?;
-            run.charge(made)?;
+            let made = run.gate.admit(tool)?;
+            run.gate.charge(made)?;
             work()
         })
         .await
@@ -834,10 +902,15 @@ impl RunGateway {
             Ok(_) => (Decision::Allow, None),
             Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
         };
-        self.record_call(tool, &call_id, started, &meta, (decision, reason), false)?;
+        self.gate
+            .record_call(tool, &call_id, started, &meta, (decision, reason), false)?;
         outcome.map_err(|refusal| refusal.into_status(&call_id))
     }
 }
+
+/// What `StartChild`'s checks found: the runs to start it in, the child's envelope and
+/// receipt, and its grants pinned beneath the parent's.
+type CheckedStart = (Arc<dyn ChildRuns>, SignedReceipt, pb::Receipt, Vec<FsGrant>);
 
 /// The refusal an agent gets when the authority did not mint its child. The authority's
 /// refusals (wider grants, depth, expiry) pass through; a refused delegation token is this

@@ -28,9 +28,9 @@ use tollgate_router::wire::{ChatMessage, ChatRequest, Role, StreamItem};
 use tollgate_router::{Classifier, Sensitivity};
 use tonic::Status;
 
-use crate::gateway::RunGateway;
+use super::gate::{new_call_id, CallGate, Refusal};
 use crate::models::{has_tokenizer, BackendError, Backends};
-use crate::runs::COMPONENT;
+use crate::COMPONENT;
 
 /// How long a client may leave the stream unread before the call is dropped.
 const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
@@ -131,14 +131,23 @@ impl Refused {
     }
 }
 
-impl From<crate::gateway::Refusal> for Refused {
-    fn from(refusal: crate::gateway::Refusal) -> Self {
+impl From<Refusal> for Refused {
+    fn from(refusal: Refusal) -> Self {
         Self {
             status: refusal.status,
             reason: refusal.reason,
             meta: Vec::new(),
         }
     }
+}
+
+/// The model calls of one run (`Gateway.Complete`).
+#[derive(Debug, Clone)]
+pub struct ModelCalls {
+    /// The run's call gate.
+    pub gate: Arc<CallGate>,
+    /// The run's models (its token budget); `None`: the supervisor has no routes.
+    pub models: Option<Arc<RunModels>>,
 }
 
 /// Releases an in-flight slot when dropped.
@@ -153,19 +162,19 @@ impl Drop for Slot {
 /// The stream `Complete` answers with.
 pub type CompleteStream = ReceiverStream<Result<pb::CompleteEvent, Status>>;
 
-impl RunGateway {
+impl ModelCalls {
     /// Serves one `Complete` call.
     pub(crate) async fn complete(
-        self: &Arc<Self>,
+        &self,
         request: pb::CompleteRequest,
     ) -> Result<CompleteStream, Status> {
         let started = Instant::now();
-        let call_id = uuid::Uuid::now_v7().hyphenated().to_string();
+        let call_id = new_call_id();
         let audit =
             |decision: Decision, reason: Option<&str>, meta: &[(&'static str, MetaValue)]| {
                 let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)
-                    .receipt(self.run_id.as_str())
-                    .run(self.run_id.as_str())
+                    .receipt(self.gate.run_id.as_str())
+                    .run(self.gate.run_id.as_str())
                     .call(call_id.as_str())
                     .decision(decision)
                     .meta("requested", requested_name(&request.route))
@@ -184,12 +193,13 @@ impl RunGateway {
             Err(refused) => {
                 // A spent run's refusals are summarised like its tool calls'.
                 let summarised = self
+                    .gate
                     .summarised("model.complete", &call_id, &refused.reason)
                     .unwrap_or(false);
                 if !summarised {
                     let entry = audit(Decision::Deny, Some(&refused.reason), &refused.meta);
-                    if let Err(e) = self.audited(entry, false) {
-                        tracing::error!(run_id = %self.run_id, error = %e.message(), "could not audit a model call");
+                    if let Err(e) = self.gate.audited(entry, false) {
+                        tracing::error!(run_id = %self.gate.run_id, error = %e.message(), "could not audit a model call");
                     }
                 }
                 let mut status = refused.status;
@@ -210,13 +220,17 @@ impl RunGateway {
         };
         // On disk before any byte leaves the host.
         let entry = audit(Decision::Allow, None, &plan.meta);
-        if let Err(status) = self.audited(entry, true) {
+        if let Err(status) = self.gate.audited(entry, true) {
             if let Ok(mut ledger) = slot.0.ledger.lock() {
                 ledger.release(plan.reservation);
             }
             return Err(status);
         }
-        *self.last_call.lock().unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
+        *self
+            .gate
+            .last_call
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
         let (out, stream) = mpsc::channel(64);
         let run = self.clone();
         tokio::spawn(async move { run.run_call(call_id, plan, slot, out, started).await });
@@ -225,7 +239,7 @@ impl RunGateway {
 
     /// Every check before a call is sent; the plan to send it.
     async fn prepare(&self, request: &pb::CompleteRequest) -> Result<(CallPlan, Slot), Refused> {
-        let made = self.admit("model.complete").map_err(Refused::from)?;
+        let made = self.gate.admit("model.complete").map_err(Refused::from)?;
         let Some(models) = self.models.clone() else {
             return Err(Refused::new(
                 Status::unavailable,
@@ -272,7 +286,7 @@ impl RunGateway {
             .collect();
         let force_local = shared.routes.policy.force_local || request.local_only;
         let choice = decide(
-            &self.receipt,
+            &self.gate.receipt,
             &shared.routes,
             &shared.classifier,
             &Requested::from_name(&request.route),
@@ -296,7 +310,7 @@ impl RunGateway {
                 ],
             }
         })?;
-        self.charge(made).map_err(Refused::from)?;
+        self.gate.charge(made).map_err(Refused::from)?;
         let in_flight = models.in_flight.fetch_add(1, Ordering::SeqCst);
         let slot = Slot(models.clone());
         if in_flight >= MAX_IN_FLIGHT {
@@ -329,7 +343,7 @@ impl RunGateway {
                     source: TokenSource::Tokenizer,
                 },
                 Err(e) => {
-                    tracing::warn!(run_id = %self.run_id, error = %e, "estimating the prompt's tokens instead");
+                    tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the prompt's tokens instead");
                     estimate_of(&sent_messages)
                 }
             }
@@ -350,7 +364,7 @@ impl RunGateway {
             .map_err(|spent| {
                 Refused::new(
                     Status::resource_exhausted,
-                    format!("receipt {}: {spent}", self.run_id),
+                    format!("receipt {}: {spent}", self.gate.run_id),
                 )
             })?;
         let findings: Vec<String> = choice
@@ -417,7 +431,7 @@ impl RunGateway {
 
     /// Sends the call, streams what comes back, settles the budget, records the outcome.
     async fn run_call(
-        self: Arc<Self>,
+        self,
         call_id: String,
         plan: CallPlan,
         slot: Slot,
@@ -509,7 +523,7 @@ impl RunGateway {
                     match shared.backends.count_completion(route, &text).await {
                         Ok(tokens) => Some(tokens),
                         Err(e) => {
-                            tracing::warn!(run_id = %self.run_id, error = %e, "estimating the completion's tokens instead");
+                            tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the completion's tokens instead");
                             None
                         }
                     }
@@ -558,8 +572,8 @@ impl RunGateway {
         let estimated =
             prompt.source == TokenSource::Estimate || completion.source == TokenSource::Estimate;
         let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)
-            .receipt(self.run_id.as_str())
-            .run(self.run_id.as_str())
+            .receipt(self.gate.run_id.as_str())
+            .run(self.gate.run_id.as_str())
             .call(call_id.as_str())
             .meta("phase", "done")
             .meta("route", plan.route.as_str())
@@ -608,8 +622,8 @@ impl RunGateway {
                 let _ = out.send(Err(status)).await;
             }
         }
-        if let Err(e) = self.audited(entry, false) {
-            tracing::error!(run_id = %self.run_id, error = %e.message(), "could not audit a model call's end");
+        if let Err(e) = self.gate.audited(entry, false) {
+            tracing::error!(run_id = %self.gate.run_id, error = %e.message(), "could not audit a model call's end");
         }
         drop(slot);
     }

@@ -1,0 +1,78 @@
+//! Why a run could not start: one error type shared by the run manager, the warm pool and
+//! delegation on the gateway, mapped to a gRPC status in `status`.
+
+use tollgate_audit::AuditError;
+use tollgate_receipt::VerifyError;
+
+use crate::cgroup::CgroupError;
+use crate::records::RecordsError;
+use crate::sandbox::SandboxError;
+
+/// Why a run could not start. Nothing was spawned.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The receipt failed verification (the reason is typed).
+    #[error(transparent)]
+    Receipt(#[from] VerifyError),
+    /// The receipt already started a sandbox (single use).
+    #[error("receipt {0} has already been used to start a run; mint a new one")]
+    AlreadyUsed(String),
+    /// An argv was given but the receipt pins its agent.
+    #[error("receipt {0} pins its agent command; start it without an argv")]
+    ArgvNotAllowed(String),
+    /// Every host id of the configured range is in use.
+    #[error("no free sandbox host id in {0:?}: too many live runs")]
+    NoHostId(std::ops::Range<u32>),
+    /// The sandbox could not be planned or built.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// The cgroup could not be created with the receipt's limits.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Recording the run failed.
+    #[error(transparent)]
+    Records(#[from] RecordsError),
+    /// The audit log could not record the start: nothing runs unaudited.
+    #[error("audit log: {0}")]
+    Audit(#[from] AuditError),
+    /// The supervisor is shutting down and starts nothing new.
+    #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
+    ShuttingDown,
+    /// A child would take its live siblings past their parent's memory, pids or cpu.
+    #[error("{0}")]
+    ChildrenLimits(String),
+    /// A granted path cannot be pinned as signed (a symbolic link on it, or a mounted grant
+    /// that does not exist): refused before the receipt is spent.
+    #[error("{reason}")]
+    Grant {
+        /// Stable code: `grant_link`, `grant_missing`.
+        code: &'static str,
+        /// One line naming the grant and what is wrong with it.
+        reason: String,
+    },
+    /// A delegation rule refused the start (`code` names which, for the audit entry).
+    #[error("{reason}")]
+    Delegated {
+        /// Stable code: `delegated`, `parent_not_live`, `grant_escapes`, `children_limits`.
+        code: &'static str,
+        /// One line naming the rule and what broke it.
+        reason: String,
+    },
+}
+
+impl StartError {
+    /// Stable code for audit entries.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Receipt(e) => e.failure().code(),
+            Self::AlreadyUsed(_) => "already_used",
+            Self::ArgvNotAllowed(_) => "argv_not_allowed",
+            Self::NoHostId(_) => "no_host_id",
+            Self::ShuttingDown => "shutting_down",
+            Self::Delegated { code, .. } | Self::Grant { code, .. } => code,
+            Self::ChildrenLimits(_) => "children_limits",
+            Self::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => "argv",
+            Self::Sandbox(_) | Self::Cgroup(_) | Self::Records(_) | Self::Audit(_) => "internal",
+        }
+    }
+}

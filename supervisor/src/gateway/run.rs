@@ -1,0 +1,111 @@
+//! One run's gateway, assembled: the call gate and the tool families that share it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use tollgate_audit::AuditLog;
+use tollgate_files::snapshot::SnapshotStore;
+use tollgate_proto::v1 as pb;
+
+use super::children::{ChildState, Children};
+use super::exec::ExecTools;
+use super::fs::{FsGrant, FsTools};
+use super::gate::{AuditUse, CallGate};
+use super::models::{ModelCalls, RunModels};
+use crate::exec::ExecSandbox;
+
+/// What a run's gateway is built from.
+pub struct RunGatewayConfig {
+    /// The run (= receipt) id.
+    pub run_id: String,
+    /// The run's host uid/gid: the only peer allowed on the socket.
+    pub host_id: u32,
+    /// The receipt, for `GetRunReceipt` and the grants.
+    pub receipt: pb::Receipt,
+    /// Unix seconds; no call is served at or after it.
+    pub expires_at: i64,
+    /// The receipt's fs grants, pinned before the agent existed.
+    pub grants: Vec<FsGrant>,
+    /// The receipt's tool-call budget.
+    pub max_calls: u64,
+    /// Set when the run is being torn down: no call is served from then on.
+    pub closing: Arc<AtomicBool>,
+    /// Whether the receipt has been revoked (asked on every call).
+    pub is_revoked: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    /// Where every call is recorded.
+    pub audit: AuditLog,
+    /// Where `fs.write` and `fs.delete` keep what they change.
+    pub snapshots: SnapshotStore,
+    /// How `exec` reaches the sandbox; `None`: no exec.
+    pub exec: Option<Arc<ExecSandbox>>,
+    /// The run's model calls (its token budget); `None`: the supervisor has no routes.
+    pub models: Option<Arc<RunModels>>,
+    /// Delegation: the run's envelope, the supervisor link, child budgets and receipts.
+    pub children: ChildState,
+}
+
+/// What the gateway of one run knows and counts: one call gate, and each tool family
+/// (files, commands, model calls, children) holding it.
+#[derive(Debug)]
+pub struct RunGateway {
+    /// The run's host uid/gid: the only peer allowed on the socket.
+    pub host_id: u32,
+    /// What every call is checked and counted against.
+    pub gate: Arc<CallGate>,
+    /// The file tools.
+    pub fs: FsTools,
+    /// The `exec` tool.
+    pub exec: ExecTools,
+    /// `Complete`.
+    pub models: ModelCalls,
+    /// Delegation.
+    pub children: Arc<Children>,
+}
+
+impl RunGateway {
+    /// The gateway `config` describes, with nothing counted yet.
+    pub fn new(config: RunGatewayConfig) -> Self {
+        let gate = Arc::new(CallGate {
+            run_id: config.run_id,
+            receipt: config.receipt,
+            expires_at: config.expires_at,
+            max_calls: config.max_calls,
+            closing: config.closing,
+            is_revoked: config.is_revoked,
+            audit: config.audit,
+            calls: AtomicU64::new(0),
+            last_call: Mutex::new(None),
+            audit_use: AuditUse::default(),
+            fs_granted: !config.grants.is_empty(),
+        });
+        let grants: Arc<[FsGrant]> = config.grants.into();
+        Self {
+            host_id: config.host_id,
+            fs: FsTools {
+                gate: gate.clone(),
+                grants: grants.clone(),
+                snapshots: config.snapshots,
+            },
+            exec: ExecTools {
+                gate: gate.clone(),
+                sandbox: config.exec,
+            },
+            models: ModelCalls {
+                gate: gate.clone(),
+                models: config.models.clone(),
+            },
+            children: Arc::new(Children {
+                gate: gate.clone(),
+                grants,
+                models: config.models,
+                state: config.children,
+            }),
+            gate,
+        }
+    }
+
+    /// The run (= receipt) id.
+    pub fn run_id(&self) -> &str {
+        &self.gate.run_id
+    }
+}

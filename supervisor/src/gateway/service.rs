@@ -1,0 +1,303 @@
+//! A run's gateway on its socket: the tonic service (the peer must be the run's host id;
+//! every request's fields bounded before any handler sees them) and the bounded server.
+
+use std::os::fd::AsRawFd as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::Mode;
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::call_tool_request::Tool;
+use tollgate_proto::v1::gateway_server::Gateway;
+use tollgate_serve::{RequestLimits, ServeLimits};
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Response, Status};
+
+use super::input::{tool_name, AgentInput, MAX_WRITE};
+use super::models::{CompleteStream, MAX_TEXT};
+use super::run::RunGateway;
+use crate::wire::{event_stream, RunEventStream};
+
+/// The gRPC service of one run.
+#[derive(Debug, Clone)]
+pub struct GatewayService {
+    run: Arc<RunGateway>,
+}
+
+impl GatewayService {
+    /// The service for `run`.
+    pub fn new(run: Arc<RunGateway>) -> Self {
+        Self { run }
+    }
+
+    /// The one place every request's agent-given fields are bounded, before any handler
+    /// checks, uses or audits them: a request over a bound is refused (and audited small).
+    fn bounded<T: AgentInput>(&self, tool: &str, request: &T) -> Result<(), Status> {
+        request.bound().map_err(|problem| {
+            tokio::task::block_in_place(|| self.run.gate.refuse_input(tool, problem))
+        })
+    }
+
+    fn check_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let uid = request
+            .extensions()
+            .get::<UdsConnectInfo>()
+            .and_then(|info| info.peer_cred)
+            .map(|cred| cred.uid());
+        if uid == Some(self.run.host_id) {
+            Ok(())
+        } else {
+            Err(Status::permission_denied(format!(
+                "receipt {}: the caller is not this run's sandbox",
+                self.run.gate.run_id
+            )))
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    async fn get_run_receipt(
+        &self,
+        request: Request<pb::GetRunReceiptRequest>,
+    ) -> Result<Response<pb::GetRunReceiptResponse>, Status> {
+        self.check_peer(&request)?;
+        Ok(Response::new(pb::GetRunReceiptResponse {
+            receipt: Some(self.run.gate.receipt.clone()),
+        }))
+    }
+
+    type CompleteStream = CompleteStream;
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<Self::CompleteStream>, Status> {
+        self.check_peer(&request)?;
+        self.bounded("model.complete", request.get_ref())?;
+        self.run
+            .models
+            .complete(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn call_tool(
+        &self,
+        request: Request<pb::CallToolRequest>,
+    ) -> Result<Response<pb::CallToolResponse>, Status> {
+        self.check_peer(&request)?;
+        self.bounded(
+            tool_name(request.get_ref().tool.as_ref()),
+            request.get_ref(),
+        )?;
+        let tool = request.into_inner().tool;
+        if let Some(Tool::Exec(request)) = tool {
+            return self.run.exec.call(request).await.map(Response::new);
+        }
+        // File system work blocks: let the runtime move its other work off this thread.
+        tokio::task::block_in_place(|| self.run.fs.call(tool)).map(Response::new)
+    }
+
+    async fn delegate(
+        &self,
+        request: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateResponse>, Status> {
+        self.check_peer(&request)?;
+        self.bounded("delegate", request.get_ref())?;
+        // Its own task: a client that hangs up does not cut the call short.
+        let run = self.run.children.clone();
+        let request = request.into_inner();
+        tokio::spawn(async move { run.delegate(request).await })
+            .await
+            .map_err(|e| Status::internal(format!("delegate failed: {e}")))?
+            .map(Response::new)
+    }
+
+    async fn start_child(
+        &self,
+        request: Request<pb::StartChildRequest>,
+    ) -> Result<Response<pb::StartChildResponse>, Status> {
+        self.check_peer(&request)?;
+        self.bounded("child.start", request.get_ref())?;
+        let run = self.run.children.clone();
+        let request = request.into_inner();
+        tokio::task::spawn_blocking(move || run.start_child(request))
+            .await
+            .map_err(|e| Status::internal(format!("child.start failed: {e}")))?
+            .map(Response::new)
+    }
+
+    async fn list_children(
+        &self,
+        request: Request<pb::ListChildrenRequest>,
+    ) -> Result<Response<pb::RunTree>, Status> {
+        self.check_peer(&request)?;
+        self.run.children.list_children().await.map(Response::new)
+    }
+
+    type WatchChildStream = RunEventStream;
+
+    async fn watch_child(
+        &self,
+        request: Request<pb::WatchChildRequest>,
+    ) -> Result<Response<Self::WatchChildStream>, Status> {
+        self.check_peer(&request)?;
+        self.bounded("child.watch", request.get_ref())?;
+        let (history, live) = self
+            .run
+            .children
+            .watch_child(request.into_inner().run_id)
+            .await?;
+        Ok(Response::new(event_stream(history, live)))
+    }
+
+    async fn stop_child(
+        &self,
+        request: Request<pb::StopChildRequest>,
+    ) -> Result<Response<pb::StopChildResponse>, Status> {
+        self.check_peer(&request)?;
+        self.bounded("child.stop", request.get_ref())?;
+        let run = self.run.children.clone();
+        let request = request.into_inner();
+        tokio::task::spawn_blocking(move || run.stop_child(request))
+            .await
+            .map_err(|e| Status::internal(format!("child.stop failed: {e}")))?
+            .map(Response::new)
+    }
+}
+
+/// A served gateway socket; stops serving when dropped or stopped.
+#[derive(Debug)]
+pub struct GatewayHandle {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The socket's host path.
+    pub socket: PathBuf,
+}
+
+impl GatewayHandle {
+    /// Stops accepting and ends open connections.
+    pub fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl Drop for GatewayHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Why a gateway socket could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[error("gateway socket {path}: {source}")]
+pub struct GatewayError {
+    /// The socket's path.
+    pub path: PathBuf,
+    /// The failure.
+    pub source: std::io::Error,
+}
+
+/// Request bytes one run's gateway holds at once beyond each call's first 64 KiB: one full
+/// `fs.write` fits, a second concurrent one waits for the agent to retry.
+pub const GATEWAY_IN_FLIGHT: usize = 24 << 20;
+
+/// How long a gateway request's body may take to arrive: a local socket carries 16 MiB in
+/// milliseconds, so only a stalled (hostile) client comes near it.
+pub const GATEWAY_BODY_DEADLINE: Duration = Duration::from_secs(30);
+
+/// The per-method request caps of a run's gateway: tool calls carry up to one full write,
+/// model calls their text, everything else (receipt, delegation, children) is small.
+fn gateway_request_limits() -> RequestLimits {
+    RequestLimits::builder(256 << 10, GATEWAY_IN_FLIGHT, GATEWAY_BODY_DEADLINE)
+        .cap("/tollgate.v1.Gateway/CallTool", MAX_WRITE + (64 << 10))
+        .cap("/tollgate.v1.Gateway/Complete", 2 * MAX_TEXT + (64 << 10))
+        .build()
+}
+
+/// Binds `<dir>/gateway.sock` for `run` (owned by its host id, 0600) and serves it on
+/// `runtime`. The socket accepts (into its backlog) as soon as this returns.
+pub fn serve(
+    runtime: &tokio::runtime::Handle,
+    dir: &Path,
+    run: Arc<RunGateway>,
+) -> Result<GatewayHandle, GatewayError> {
+    let socket = dir.join("gateway.sock");
+    let error = |source: std::io::Error| GatewayError {
+        path: socket.clone(),
+        source,
+    };
+    // Calls run their file system work with `block_in_place`, which needs worker threads.
+    if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        return Err(error(std::io::Error::other(
+            "the gateway needs a multi-threaded tokio runtime",
+        )));
+    }
+    // Bound through /proc/self/fd: a long data directory must not hit sun_path's 108 bytes.
+    let dir_fd = nix::fcntl::open(
+        dir,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| error(e.into()))?;
+    let short = format!("/proc/self/fd/{}/gateway.sock", dir_fd.as_raw_fd());
+    let listener = std::os::unix::net::UnixListener::bind(&short).map_err(error)?;
+    nix::unistd::fchownat(
+        &dir_fd,
+        "gateway.sock",
+        Some(nix::unistd::Uid::from_raw(run.host_id)),
+        Some(nix::unistd::Gid::from_raw(run.host_id)),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(|e| error(e.into()))?;
+    nix::sys::stat::fchmodat(
+        &dir_fd,
+        "gateway.sock",
+        Mode::from_bits_truncate(0o600),
+        nix::sys::stat::FchmodatFlags::FollowSymlink,
+    )
+    .map_err(|e| error(e.into()))?;
+    listener.set_nonblocking(true).map_err(error)?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = GatewayService::new(run);
+    let run_id = service.run.gate.run_id.clone();
+    let limits = gateway_request_limits();
+    runtime.spawn(async move {
+        let listener = match tokio::net::UnixListener::from_std(listener) {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::error!(run_id = %run_id, error = %e, "gateway socket unusable");
+                return;
+            }
+        };
+        // What the run's agent can make the supervisor hold is bounded here: connections,
+        // streams, request bytes and time (see `tollgate_serve`).
+        let bounds = ServeLimits::GATEWAY;
+        let served = bounds
+            .server()
+            .layer(limits)
+            .add_service(
+                pb::gateway_server::GatewayServer::new(service)
+                    // A full fs.write and its framing.
+                    .max_decoding_message_size(MAX_WRITE + (64 << 10)),
+            )
+            .serve_with_incoming_shutdown(
+                tollgate_serve::incoming(listener, bounds.connections),
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await;
+        if let Err(e) = served {
+            tracing::warn!(run_id = %run_id, error = %e, "gateway server ended with an error");
+        }
+    });
+    Ok(GatewayHandle {
+        stop: Some(stop),
+        socket,
+    })
+}
