@@ -1,0 +1,284 @@
+//! Admission: everything a start can be refused for, checked before the single-use record,
+//! so a refused start never spends its receipt; then the record itself.
+
+use std::sync::atomic::Ordering;
+
+use nix::errno::Errno;
+use prost::Message as _;
+use tollgate_receipt::{unix_now, SignedReceipt, VerifyError};
+
+use crate::error::StartError;
+use crate::gateway::FsGrant;
+use crate::records::NewRun;
+use crate::sandbox::SandboxError;
+use crate::COMPONENT;
+use tollgate_audit::{Decision, EntryDraft, EntryKind};
+
+use super::{Holds, RunManager};
+
+/// Pins every fs grant of a root run's receipt (see [`GrantRoot::open`]): a symbolic link
+/// anywhere on a granted path refuses the start, naming the link; so does a mounted grant
+/// that does not exist. A gateway-only grant that cannot be opened for another reason is kept
+/// as such: its calls are refused, naming why.
+pub(super) fn pin_grants(
+    receipt: &tollgate_proto::v1::Receipt,
+) -> Result<Vec<FsGrant>, StartError> {
+    receipt
+        .fs
+        .iter()
+        .enumerate()
+        .map(|(i, grant)| {
+            let pinned = FsGrant::open(
+                &grant.path,
+                grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+            );
+            match &pinned.root {
+                Err(Errno::ELOOP) => {
+                    let link = crate::beneath::first_link(&grant.path)
+                        .unwrap_or_else(|| grant.path.clone());
+                    Err(StartError::Grant {
+                        code: "grant_link",
+                        reason: format!(
+                            "fs[{i}] = {}: {link} is a symbolic link, and links are never followed in a granted path; grant the real path instead",
+                            grant.path
+                        ),
+                    })
+                }
+                Err(errno) if !grant.mount.is_empty() => Err(StartError::Grant {
+                    code: "grant_missing",
+                    reason: format!(
+                        "fs[{i}] = {}: the mounted grant cannot be opened on this host ({errno})",
+                        grant.path
+                    ),
+                }),
+                _ => Ok(pinned),
+            }
+        })
+        .collect()
+}
+
+pub(super) fn holds_of(limits: &tollgate_proto::v1::Limits) -> Holds {
+    [
+        limits.memory_bytes,
+        u64::from(limits.pids),
+        u64::from(limits.cpu_millicores),
+    ]
+}
+
+/// A child receipt starts only through its parent's gateway (which checks it lies within
+/// the parent and ends with it); an operator's start would escape both.
+fn check_place(
+    receipt: &tollgate_proto::v1::Receipt,
+    parent: Option<&str>,
+) -> Result<(), StartError> {
+    let run_id = &receipt.receipt_id;
+    match parent {
+        None if receipt.depth > 0 => Err(StartError::Delegated {
+            code: "delegated",
+            reason: format!(
+                "receipt {run_id} is delegated (depth {}): it starts only through its parent's gateway",
+                receipt.depth
+            ),
+        }),
+        Some(parent) if receipt.depth == 0 || receipt.parent_receipt_id != parent => {
+            Err(StartError::Delegated {
+                code: "delegated",
+                reason: format!("receipt {run_id} is not a child of run {parent}"),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The argv rules: a receipt that pins its agent takes no argv; the command run (given or
+/// pinned) must exist and be granted `exec`.
+fn check_command(
+    receipt: &tollgate_proto::v1::Receipt,
+    argv: Option<&[String]>,
+) -> Result<(), StartError> {
+    if argv.is_some() && receipt.agent.as_ref().is_some_and(|a| !a.argv.is_empty()) {
+        return Err(StartError::ArgvNotAllowed(receipt.receipt_id.clone()));
+    }
+    let command = argv
+        .map(<[String]>::to_vec)
+        .or_else(|| receipt.agent.as_ref().map(|a| a.argv.clone()))
+        .filter(|argv| !argv.is_empty());
+    match command {
+        None => Err(SandboxError::NoAgent.into()),
+        Some(command) if !receipt.exec.contains(&command[0]) => {
+            Err(SandboxError::NotExecutable(command[0].clone()).into())
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// The clock skew helps admit a receipt minted on a slightly different clock; it never lets
+/// a run start at or after its expiry by this host's clock.
+fn check_unexpired(receipt: &tollgate_proto::v1::Receipt) -> Result<(), StartError> {
+    let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
+    let now = unix_now();
+    if now >= expires_at {
+        return Err(VerifyError::Expired {
+            receipt_id: receipt.receipt_id.clone(),
+            expires_at,
+            now,
+        }
+        .into());
+    }
+    Ok(())
+}
+
+impl RunManager {
+    /// Admission: strict verification, the argv rules, expiry by this host's clock, a host id,
+    /// and the single-use record. On success the start counts as in flight. Everything that
+    /// can be refused without a sandbox is checked before the record: a refused start never
+    /// spends the receipt.
+    pub(super) fn admit_and_record(
+        &self,
+        signed: &SignedReceipt,
+        argv: Option<&[String]>,
+        tree: Option<(&str, &tollgate_proto::v1::Limits)>,
+    ) -> Result<(tollgate_proto::v1::Receipt, u32, Option<Vec<FsGrant>>), StartError> {
+        let parent = tree.map(|(parent, _)| parent);
+        let receipt = self
+            .admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(signed, unix_now())?;
+        check_place(&receipt, parent)?;
+        check_command(&receipt, argv)?;
+        check_unexpired(&receipt)?;
+        // A root run's grants are pinned now, before the record: a grant through a link is
+        // refused without spending the receipt. (A child's were pinned beneath its parent's.)
+        let pinned = match parent {
+            None => Some(pin_grants(&receipt)?),
+            Some(_) => None,
+        };
+        let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(StartError::ShuttingDown);
+        }
+        // A child of a run that is ending never starts (and never spends its receipt).
+        if let Some(parent) = parent {
+            let parent_live = self
+                .live_run(parent)
+                .is_some_and(|run| !run.closing.load(Ordering::SeqCst));
+            if !parent_live {
+                return Err(StartError::Delegated {
+                    code: "parent_not_live",
+                    reason: format!("run {parent} is ending; its children start no more"),
+                });
+            }
+        }
+        let holds = match tree {
+            Some((parent, parent_limits)) => Some(self.child_holds_within(
+                parent,
+                parent_limits,
+                &receipt.limits.unwrap_or_default(),
+            )?),
+            None => None,
+        };
+        let host_id = self.record(signed, &receipt, parent)?;
+        if let Some(holds) = holds {
+            self.child_holds
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(receipt.receipt_id.clone(), holds);
+        }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Ok((receipt, host_id, pinned))
+    }
+
+    /// What a child of `parent` would hold of its parent's memory, pids and cpu, or why it
+    /// may not: live children together stay within their parent's limits (without this, a
+    /// run could start many children each as large as itself). Called under `allocation`.
+    fn child_holds_within(
+        &self,
+        parent: &str,
+        parent_limits: &tollgate_proto::v1::Limits,
+        limits: &tollgate_proto::v1::Limits,
+    ) -> Result<(String, Holds), StartError> {
+        let wanted = holds_of(limits);
+        let ceiling = holds_of(parent_limits);
+        let mut held: Holds = [0; 3];
+        for (of, hold) in self
+            .child_holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            if of == parent {
+                for (sum, value) in held.iter_mut().zip(hold) {
+                    *sum = sum.saturating_add(*value);
+                }
+            }
+        }
+        let names = [
+            "limits.memory_bytes",
+            "limits.pids",
+            "limits.cpu_millicores",
+        ];
+        for i in 0..3 {
+            if held[i].saturating_add(wanted[i]) > ceiling[i] {
+                return Err(StartError::ChildrenLimits(format!(
+                    "{} = {}: live children of run {parent} already hold {} of its {}; wait for one to end",
+                    names[i], wanted[i], held[i], ceiling[i]
+                )));
+            }
+        }
+        Ok((parent.to_owned(), wanted))
+    }
+
+    /// A free host id and the single-use record (called under `allocation`): the id, or
+    /// `AlreadyUsed` when the receipt has started a run before.
+    fn record(
+        &self,
+        signed: &SignedReceipt,
+        receipt: &tollgate_proto::v1::Receipt,
+        parent: Option<&str>,
+    ) -> Result<u32, StartError> {
+        let used = self.records.live_host_ids()?;
+        let host_id = self
+            .settings
+            .host_ids
+            .clone()
+            .find(|id| !used.contains(id))
+            .ok_or_else(|| StartError::NoHostId(self.settings.host_ids.clone()))?;
+        let recorded = self.records.insert(&NewRun {
+            run_id: &receipt.receipt_id,
+            owner: &receipt.owner,
+            subject: &receipt.subject,
+            receipt: &signed.encode_to_vec(),
+            host_id,
+            now: unix_now(),
+            expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
+            parent_run_id: parent,
+            depth: receipt.depth,
+        })?;
+        if !recorded {
+            return Err(StartError::AlreadyUsed(receipt.receipt_id.clone()));
+        }
+        Ok(host_id)
+    }
+
+    /// Audits a refused start. The receipt id is the one the receipt claims: for a forged or
+    /// malformed receipt it is not verified (`receipt_verified` says which).
+    pub fn audit_refusal(&self, signed: &SignedReceipt, error: &StartError) {
+        let claimed = tollgate_proto::v1::Receipt::decode(signed.receipt.as_slice())
+            .ok()
+            .map(|receipt| receipt.receipt_id)
+            .filter(|id| uuid::Uuid::try_parse(id).is_ok());
+        let code = error.code();
+        let mut draft = EntryDraft::new(COMPONENT, EntryKind::RunRefused)
+            .decision(Decision::Deny)
+            .reason(error.to_string())
+            .meta("code", code)
+            .meta("receipt_verified", !matches!(error, StartError::Receipt(_)));
+        if let Some(id) = claimed {
+            draft = draft.receipt(id);
+        }
+        if let Err(e) = self.audit.append(draft) {
+            tracing::error!(error = %e, "could not audit a refused start");
+        }
+    }
+}

@@ -1,0 +1,556 @@
+//! The run lifecycle: admit a receipt, record it (single use), build its sandbox, relay its
+//! output, and tear it down through one code path whatever ends it.
+//!
+//! Every trigger (agent exit, expiry, stop, revocation, limit, shim death, shutdown) does the
+//! same two things: note why (the first reason wins) and kill the run's cgroup. The run's own
+//! thread then sees the shim end and performs the one teardown: kill whatever is left in the
+//! cgroup, read peak memory, remove the cgroup (with retries) and the run directory, and
+//! write the teardown report. A supervisor that was killed instead finds the non-final
+//! records at its next start, marks them `lost`, and sweeps their cgroups and directories.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tollgate_receipt::{unix_now, KeySet, SignedReceipt};
+
+use crate::admission::ReceiptAdmission;
+use crate::cgroup::{sweep, RunCgroup};
+use crate::error::StartError;
+use crate::gateway::{ChildOf, ChildRuns, Delegator, GatewayHandle, ModelRoutes, RunGateway};
+use crate::hub::RunHub;
+use crate::records::{RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
+use crate::sandbox::{create_mount_point, sandbox_base, SandboxError};
+use crate::warm::SandboxPool;
+use crate::COMPONENT;
+use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
+
+mod admit;
+mod start;
+mod teardown;
+
+/// How long teardown waits for a cgroup to empty after killing it.
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Static settings of a supervisor's run manager.
+#[derive(Debug, Clone)]
+pub struct RunSettings {
+    /// Data directory (`supervisor.db`, `runs/`).
+    pub data_dir: PathBuf,
+    /// This supervisor's id: receipts must name it in their audience.
+    pub supervisor_id: String,
+    /// The `tollgate-shim` binary.
+    pub shim: PathBuf,
+    /// Parent cgroup of every run (`<parent>/<run_id>`).
+    pub cgroup_parent: String,
+    /// Host uids/gids handed to sandboxes, one per live run.
+    pub host_ids: std::ops::Range<u32>,
+    /// Tolerated clock skew when checking validity windows.
+    pub clock_skew: Duration,
+    /// How many sandboxes to keep prepared ahead of need (0: prepare each on demand).
+    pub warm_sandboxes: usize,
+}
+
+/// Which stream a chunk of output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputStream {
+    /// The agent's stdout.
+    Stdout,
+    /// The agent's stderr.
+    Stderr,
+}
+
+/// Receives a run's output as it arrives: `(run_id, stream, bytes)`.
+pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
+
+/// What a live child holds of its parent's concurrent limits: memory bytes, pids, cpu
+/// millicores.
+type Holds = [u64; 3];
+
+/// A live run's shared state.
+struct LiveRun {
+    cgroup: RunCgroup,
+    /// Bytes of output the run may still relay; children's `output_bytes` are carved from it.
+    output_left: Arc<AtomicU64>,
+    /// The run that delegated this one, if any: its end ends this run too.
+    parent: Option<String>,
+    /// The Landlock ABI the shim reported.
+    landlock_abi: OnceLock<u32>,
+    /// Set as soon as the run is ending (a trigger, or teardown): the gateway serves no call
+    /// from then on.
+    closing: Arc<std::sync::atomic::AtomicBool>,
+    /// The run's gateway (its calls, for the report) and the served socket.
+    gateway: Mutex<Option<(Arc<RunGateway>, GatewayHandle)>>,
+    /// The first trigger's state and reason.
+    trigger: Mutex<Option<(RunState, String)>>,
+    /// Set (with a notify) when teardown has finished.
+    ended: Mutex<bool>,
+    ended_signal: Condvar,
+}
+
+impl LiveRun {
+    /// The trigger noted so far, if any.
+    fn pending(&self) -> Option<(RunState, String)> {
+        self.trigger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Kills the cgroup if a trigger is pending (one may have come before anything ran).
+    fn enforce_pending(&self) {
+        if self.pending().is_some() {
+            if let Err(e) = self.cgroup.kill_all(KILL_DEADLINE) {
+                tracing::warn!(error = %e, "killing a run's cgroup failed; teardown retries");
+            }
+        }
+    }
+
+    fn trigger(&self, state: RunState, reason: String) {
+        self.closing.store(true, Ordering::SeqCst);
+        {
+            let mut trigger = self.trigger.lock().unwrap_or_else(|p| p.into_inner());
+            if trigger.is_none() {
+                *trigger = Some((state, reason));
+            }
+        }
+        if let Err(e) = self.cgroup.kill_all(KILL_DEADLINE) {
+            tracing::warn!(error = %e, "killing a run's cgroup failed; teardown retries");
+        }
+    }
+}
+
+/// Starts, tracks and tears down runs.
+pub struct RunManager {
+    settings: RunSettings,
+    records: RunRecords,
+    admission: RwLock<ReceiptAdmission>,
+    sandboxes: Arc<SandboxPool>,
+    audit: AuditLog,
+    /// Serves the runs' gateway sockets (its own threads: agents' calls never wait behind the
+    /// operator API). `None` only while dropping.
+    /// The supervisor's model routes, when it has any (set once, before runs start).
+    models: OnceLock<Arc<ModelRoutes>>,
+    /// The authority link for delegation, when this supervisor has a delegation token.
+    delegator: OnceLock<Arc<Delegator>>,
+    /// Every run's output and end, for WatchRun and WatchChild.
+    hub: Arc<RunHub>,
+    /// Live children by id: their parent and what they hold of its limits (taken at
+    /// admission, under `allocation`, given back at their end).
+    child_holds: Mutex<HashMap<String, (String, Holds)>>,
+    gateway_runtime: Option<tokio::runtime::Runtime>,
+    live: Mutex<HashMap<String, Arc<LiveRun>>>,
+    allocation: Mutex<()>,
+    closing: std::sync::atomic::AtomicBool,
+    /// Starts past the allocation step that have not returned yet.
+    in_flight: AtomicUsize,
+}
+
+impl Drop for RunManager {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which panics when the last handle goes inside async code.
+        if let Some(runtime) = self.gateway_runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for RunManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunManager")
+            .field("supervisor_id", &self.settings.supervisor_id)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl RunManager {
+    /// Opens the records and recovers from a crash: runs left `starting` or `running` are
+    /// marked `lost`, every cgroup under the parent is killed and removed, and every run
+    /// directory is deleted. Returns the manager and the ids of the recovered runs.
+    pub fn open(
+        settings: RunSettings,
+        keys: KeySet,
+        audit: AuditLog,
+    ) -> Result<(Arc<Self>, Vec<String>), StartError> {
+        let runs_dir = settings.data_dir.join("runs");
+        std::fs::create_dir_all(&runs_dir).map_err(|source| SandboxError::RunDir {
+            path: runs_dir.clone(),
+            source,
+        })?;
+        let records = RunRecords::open(&settings.data_dir.join("supervisor.db"))?;
+        let recovered: Vec<String> = records
+            .list()?
+            .into_iter()
+            .filter(|record| !record.state.is_final())
+            .map(|record| record.run_id)
+            .collect();
+        let swept = sweep(&settings.cgroup_parent, false)?;
+        if let Ok(entries) = std::fs::read_dir(&runs_dir) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        audit.append(
+            EntryDraft::new(COMPONENT, EntryKind::ComponentStarted)
+                .meta("version", env!("CARGO_PKG_VERSION"))
+                .meta("supervisor_id", settings.supervisor_id.as_str())
+                .meta("cgroup_parent", settings.cgroup_parent.as_str())
+                .meta(
+                    "warm_sandboxes",
+                    i64::try_from(settings.warm_sandboxes).unwrap_or(i64::MAX),
+                ),
+        )?;
+        if !recovered.is_empty() || !swept.is_empty() {
+            tracing::warn!(runs = ?recovered, cgroups = ?swept, "recovered from an unclean stop");
+            audit.append(
+                EntryDraft::new(COMPONENT, EntryKind::ComponentRecovered)
+                    .reason("the supervisor stopped without tearing its runs down")
+                    .meta("lost_runs", recovered.clone())
+                    .meta("swept_cgroups", swept.clone()),
+            )?;
+        }
+        // Each lost run's entry goes in before its record becomes final: a crash in between
+        // repeats the entry at the next start rather than losing it.
+        let reason = "the supervisor stopped without tearing this run down; swept at restart";
+        for run_id in &recovered {
+            audit.append(
+                EntryDraft::new(COMPONENT, EntryKind::Teardown)
+                    .receipt(run_id.as_str())
+                    .run(run_id.as_str())
+                    .reason(reason)
+                    .meta("state", RunState::Lost.name()),
+            )?;
+            let report = TeardownReport {
+                reason: reason.into(),
+                ..Default::default()
+            };
+            records.finish(run_id, RunState::Lost, &report, unix_now())?;
+        }
+        let admission =
+            ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
+        let base = sandbox_base(&settings.data_dir, &settings.shim);
+        create_mount_point(&base)?;
+        let sandboxes = SandboxPool::new(
+            settings.shim.clone(),
+            settings.cgroup_parent.clone(),
+            base,
+            settings.warm_sandboxes,
+        );
+        sandboxes.refill();
+        let gateway_runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gateway")
+            .enable_all()
+            .build()
+            .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
+        let manager = Arc::new(Self {
+            gateway_runtime: Some(gateway_runtime),
+            models: OnceLock::new(),
+            delegator: OnceLock::new(),
+            hub: Arc::default(),
+            child_holds: Mutex::new(HashMap::new()),
+            settings,
+            records,
+            admission: RwLock::new(admission),
+            sandboxes,
+            audit,
+            live: Mutex::new(HashMap::new()),
+            allocation: Mutex::new(()),
+            closing: std::sync::atomic::AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+        });
+        Ok((manager, recovered))
+    }
+
+    /// Replaces the trusted keys (after fetching the authority's key set again).
+    pub fn set_keys(&self, keys: KeySet) {
+        let mut admission = self.admission.write().unwrap_or_else(|p| p.into_inner());
+        let mut fresh = ReceiptAdmission::new(
+            self.settings.supervisor_id.clone(),
+            keys,
+            self.settings.clock_skew,
+        );
+        fresh.copy_revocations_from(&admission);
+        *admission = fresh;
+    }
+
+    /// Records a revocation; a live run of that receipt is torn down, with its descendants.
+    pub fn revoke(&self, receipt_id: &str) {
+        self.admission
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .revoke(receipt_id);
+        self.end_tree(receipt_id, RunState::Revoked, "the receipt was revoked");
+    }
+
+    /// Ends `run_id` with `state` and, with it, every live run it delegated (transitively),
+    /// as `parent_ended`. Returns `false` when `run_id` is not live.
+    ///
+    /// Every descendant is marked closing under the live-runs lock, before any is killed: a
+    /// child being started concurrently is either seen here, or sees its parent closing
+    /// when it checks (see `start_recorded`), so none escapes the cascade.
+    pub fn end_tree(&self, run_id: &str, state: RunState, reason: &str) -> bool {
+        let Some(root) = self.live_run(run_id) else {
+            return false;
+        };
+        // Closing before its descendants are looked for: a child starting from now on sees it.
+        root.closing.store(true, Ordering::SeqCst);
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.cascade(run_id, state, reason));
+            root.trigger(state, reason.to_owned());
+        });
+        true
+    }
+
+    /// Marks every live descendant of `run_id` closing (breadth first, under the lock) and
+    /// returns each with its parent's id.
+    fn mark_descendants(&self, run_id: &str) -> Vec<(Arc<LiveRun>, String)> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let mut found: Vec<(Arc<LiveRun>, String)> = Vec::new();
+        let mut frontier = vec![run_id.to_owned()];
+        while !frontier.is_empty() {
+            let mut next = Vec::new();
+            for (id, run) in live.iter() {
+                if let Some(parent) = run.parent.as_ref().filter(|p| frontier.contains(p)) {
+                    run.closing.store(true, Ordering::SeqCst);
+                    found.push((run.clone(), parent.clone()));
+                    next.push(id.clone());
+                }
+            }
+            frontier = next;
+        }
+        found
+    }
+
+    /// Triggers the live descendants of a run that is ending (the run itself is already).
+    fn cascade(&self, run_id: &str, state: RunState, reason: &str) {
+        let descendants = self.mark_descendants(run_id);
+        if descendants.is_empty() {
+            return;
+        }
+        let cascade = descendant_reason(run_id, state, reason);
+        std::thread::scope(|scope| {
+            for (child, parent) in &descendants {
+                let reason = cascade(parent);
+                scope.spawn(move || child.trigger(RunState::ParentEnded, reason));
+            }
+        });
+    }
+
+    fn live_run(&self, run_id: &str) -> Option<Arc<LiveRun>> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .cloned()
+    }
+
+    /// The runs' event hub.
+    pub fn hub(&self) -> &RunHub {
+        &self.hub
+    }
+
+    /// Gives runs started from now on a way to delegate (once; later calls are ignored).
+    pub fn set_delegator(&self, delegator: Arc<Delegator>) {
+        let _ = self.delegator.set(delegator);
+    }
+
+    /// Verifies a child receipt the authority minted for `parent` (signature, window,
+    /// audience, revocation), as it will be at its start; the decoded receipt, or why not.
+    pub(crate) fn verify_child(
+        &self,
+        signed: &SignedReceipt,
+        parent: &str,
+    ) -> Result<tollgate_proto::v1::Receipt, String> {
+        let receipt = self
+            .admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .admit(signed, unix_now())
+            .map_err(|e| format!("the authority's child receipt does not verify here: {e}"))?;
+        if receipt.parent_receipt_id != parent || receipt.depth == 0 {
+            return Err(format!(
+                "the authority's receipt {} is not a child of run {parent}",
+                receipt.receipt_id
+            ));
+        }
+        Ok(receipt)
+    }
+
+    /// `run_id`'s tree: its record and its descendants' (pre-order), and the child receipts
+    /// minted in the tree and not started yet. `NotFound`-like: empty runs.
+    pub fn tree(&self, run_id: &str) -> Result<tollgate_proto::v1::RunTree, RecordsError> {
+        let records = self.records.subtree(run_id)?;
+        let mut pending = Vec::new();
+        for record in &records {
+            if let Some(run) = self.live_run(&record.run_id) {
+                if let Some((gateway, _)) = &*run.gateway.lock().unwrap_or_else(|p| p.into_inner())
+                {
+                    pending.extend(gateway.children.state.pending_children(&record.run_id));
+                }
+            }
+        }
+        Ok(tollgate_proto::v1::RunTree {
+            runs: records.iter().map(crate::wire::run_proto).collect(),
+            pending,
+        })
+    }
+
+    /// Gives runs started from now on this supervisor's model routes (once; later calls
+    /// are ignored).
+    pub fn set_model_routes(&self, routes: Arc<ModelRoutes>) {
+        let _ = self.models.set(routes);
+    }
+
+    /// Asks a live run, and every run it delegated, to stop. Returns `false` when it is not
+    /// live.
+    pub fn stop(&self, run_id: &str, reason: &str) -> bool {
+        self.end_tree(run_id, RunState::Stopped, reason)
+    }
+
+    /// Stops admitting runs, tears down every live run (supervisor shutdown) and waits for
+    /// each.
+    pub fn shutdown(&self) {
+        {
+            let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());
+            self.closing.store(true, Ordering::SeqCst);
+        }
+        self.sandboxes.close();
+        // Starts already past admission finish first (they are then live, or failed).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let live: Vec<(String, Arc<LiveRun>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, run)| (id.clone(), run.clone()))
+            .collect();
+        for (_, run) in &live {
+            run.trigger(
+                RunState::SupervisorShutdown,
+                "the supervisor shut down".into(),
+            );
+        }
+        for (id, _) in live {
+            self.wait(&id, Duration::from_secs(30));
+        }
+        // A clean stop ends the log with an entry and a signed checkpoint.
+        let stopped = self
+            .audit
+            .append(EntryDraft::new(COMPONENT, EntryKind::ComponentStopped))
+            .and_then(|_| self.audit.close());
+        if let Err(e) = stopped {
+            // Closing twice (a second shutdown) is not an error; anything else is logged.
+            if !matches!(e, AuditError::Closed) {
+                tracing::error!(error = %e, "could not close the audit log");
+            }
+        }
+    }
+
+    /// Waits until `run_id` has been torn down (or `timeout`), then returns its record.
+    pub fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunRecord> {
+        if let Some(run) = self.live_run(run_id) {
+            let ended = run.ended.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = run
+                .ended_signal
+                .wait_timeout_while(ended, timeout, |ended| !*ended);
+        }
+        self.records.get(run_id).ok().flatten()
+    }
+
+    /// One run's record.
+    pub fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
+        self.records.get(run_id)
+    }
+
+    /// All runs, newest first.
+    pub fn list(&self) -> Result<Vec<RunRecord>, RecordsError> {
+        self.records.list()
+    }
+
+    /// `run_id` and its descendants in pre-order (empty when unknown).
+    pub fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError> {
+        self.records.subtree(run_id)
+    }
+
+    /// Ids of runs with a live sandbox.
+    pub fn live_ids(&self) -> Vec<String> {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+}
+
+/// Delegation on a run's gateway reaches the supervisor's runs only through this.
+impl ChildRuns for RunManager {
+    fn verify_child(
+        &self,
+        signed: &SignedReceipt,
+        parent: &str,
+    ) -> Result<tollgate_proto::v1::Receipt, String> {
+        RunManager::verify_child(self, signed, parent)
+    }
+
+    fn start_child(
+        self: Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        child: ChildOf,
+    ) -> Result<String, StartError> {
+        self.start_published(signed, argv, Some(child))
+    }
+
+    fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
+        RunManager::get(self, run_id)
+    }
+
+    fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError> {
+        RunManager::subtree(self, run_id)
+    }
+
+    fn tree(&self, run_id: &str) -> Result<tollgate_proto::v1::RunTree, RecordsError> {
+        RunManager::tree(self, run_id)
+    }
+
+    fn subscribe(&self, run_id: &str) -> Option<crate::hub::Subscription> {
+        self.hub.subscribe(run_id)
+    }
+
+    fn stop(&self, run_id: &str, reason: &str) -> bool {
+        RunManager::stop(self, run_id, reason)
+    }
+
+    fn wait(&self, run_id: &str, timeout: Duration) -> Option<RunRecord> {
+        RunManager::wait(self, run_id, timeout)
+    }
+}
+
+/// How a cascade explains itself to each descendant, given the descendant's parent id.
+fn descendant_reason<'a>(
+    root: &'a str,
+    state: RunState,
+    reason: &'a str,
+) -> impl Fn(&str) -> String + 'a {
+    move |parent: &str| {
+        if parent == root {
+            format!("its parent run {root} ended ({}: {reason})", state.name())
+        } else {
+            format!("its ancestor run {root} ended ({}: {reason})", state.name())
+        }
+    }
+}

@@ -1,0 +1,650 @@
+//! Starting a recorded run: a prepared sandbox, the gateway served before the agent
+//! exists, the plan sent, output relayed, and the run's own thread that waits for its end.
+
+use std::io::Read as _;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tollgate_agent_shim::plan::SandboxPlan;
+use tollgate_agent_shim::protocol::{AgentExit, FromShim};
+use tollgate_receipt::SignedReceipt;
+
+use crate::cgroup::{CgroupLimits, RunCgroup};
+use crate::error::StartError;
+use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
+use crate::gateway::{
+    self, ChildControl, ChildOf, ChildRuns, ChildState, FsGrant, RunGateway, RunGatewayConfig,
+    RunModels,
+};
+use crate::records::RunState;
+use crate::sandbox::{plan_for, IdleShim, RunDirs, SandboxError, SandboxOutput, SandboxProcess};
+use crate::snapshot::SnapshotStore;
+use crate::warm::PreparedSandbox;
+use crate::COMPONENT;
+use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
+
+use super::teardown::Ended;
+use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
+
+/// A run admitted and recorded, on its way to a sandbox.
+struct Recorded<'a> {
+    receipt: &'a tollgate_proto::v1::Receipt,
+    signed: &'a SignedReceipt,
+    run_id: String,
+    host_id: u32,
+    argv: Option<Vec<String>>,
+    output: OutputSink,
+    /// The `run_admitted` entry, handed to the writer.
+    admitted: Result<PendingEntry, AuditError>,
+    admitted_at: Instant,
+    started_ms: u64,
+    /// The parent run of a delegated child.
+    parent: Option<String>,
+    /// The run's fs grants: a root run's pinned at admission, a child's beneath its parent's.
+    grants: Vec<FsGrant>,
+}
+
+/// What building a recorded run's sandbox takes.
+pub(super) struct Spawn<'a> {
+    receipt: &'a tollgate_proto::v1::Receipt,
+    signed: &'a SignedReceipt,
+    host_id: u32,
+    argv: Option<Vec<String>>,
+    grants: Vec<FsGrant>,
+    /// The `run_admitted` entry: the plan is not sent before it is on disk.
+    admitted: PendingEntry,
+}
+
+/// A run whose agent has started.
+struct Started<'a> {
+    run_id: String,
+    receipt: &'a tollgate_proto::v1::Receipt,
+    host_id: u32,
+    live: Arc<LiveRun>,
+    dirs: RunDirs,
+    admitted_at: Instant,
+    started_ms: u64,
+}
+
+impl RunManager {
+    /// Admits `signed`, records it, builds its sandbox and starts the agent. Returns the run
+    /// id once the agent runs; teardown happens on the run's own thread.
+    pub fn start(
+        self: &Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        output: OutputSink,
+    ) -> Result<String, StartError> {
+        self.start_in_tree(signed, argv, output, None)
+    }
+
+    /// Starts a run whose output and end go to the hub (WatchRun, WatchChild): a root run
+    /// (`child` none) or a delegated child of a live run.
+    pub(crate) fn start_published(
+        self: &Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        child: Option<ChildOf>,
+    ) -> Result<String, StartError> {
+        let hub = self.hub.clone();
+        let sink: OutputSink = Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
+            let stream = match stream {
+                OutputStream::Stdout => tollgate_proto::v1::OutputStream::Stdout,
+                OutputStream::Stderr => tollgate_proto::v1::OutputStream::Stderr,
+            };
+            hub.push(
+                run_id,
+                tollgate_proto::v1::RunEvent {
+                    event: Some(tollgate_proto::v1::run_event::Event::Output(
+                        tollgate_proto::v1::OutputChunk {
+                            stream: stream as i32,
+                            data: bytes.to_vec(),
+                        },
+                    )),
+                },
+            );
+        });
+        let run_id = self.start_in_tree(signed, argv, sink, child)?;
+        self.hub.open(&run_id);
+        // Publish the end of the run to watchers once teardown has recorded it.
+        let (manager, id) = (Arc::downgrade(self), run_id.clone());
+        std::thread::spawn(move || loop {
+            let Some(manager) = manager.upgrade() else {
+                return;
+            };
+            match manager.wait(&id, Duration::from_secs(3600)) {
+                // Once torn down, the record is as final as it will get (a failed write
+                // leaves it non-final): publish it rather than wait on it forever.
+                Some(record) if record.state.is_final() || manager.live_run(&id).is_none() => {
+                    manager.hub.end(&id, crate::wire::run_proto(&record));
+                    return;
+                }
+                Some(_) => continue,
+                None => return,
+            }
+        });
+        Ok(run_id)
+    }
+
+    /// [`Self::start`] for a run that is the root of its tree (`parent` none: an operator's
+    /// start) or a child of the live run `parent` (a delegated receipt, started through that
+    /// run's gateway).
+    pub(crate) fn start_in_tree(
+        self: &Arc<Self>,
+        signed: &SignedReceipt,
+        argv: Option<Vec<String>>,
+        output: OutputSink,
+        child: Option<ChildOf>,
+    ) -> Result<String, StartError> {
+        let parent = child.as_ref().map(|c| c.parent.clone());
+        let parent = parent.as_deref();
+        let tree = child
+            .as_ref()
+            .map(|c| (c.parent.as_str(), &c.parent_limits));
+        let admitted_at = Instant::now();
+        let started_ms = now_ms();
+        let (receipt, host_id, pinned) = match self.admit_and_record(signed, argv.as_deref(), tree)
+        {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                self.audit_refusal(signed, &error);
+                return Err(error);
+            }
+        };
+        let run_id = receipt.receipt_id.clone();
+        // Handed to the writer now; the plan is not sent before it is on disk, so the fsync
+        // overlaps the sandbox's preparation and no agent ever runs unaudited.
+        let admitted = self.audit.submit(
+            EntryDraft::new(COMPONENT, EntryKind::RunAdmitted)
+                .receipt(run_id.as_str())
+                .run(run_id.as_str())
+                .decision(Decision::Allow)
+                .meta("owner", receipt.owner.as_str())
+                .meta("subject", receipt.subject.as_str())
+                .meta("host_id", host_id)
+                .meta(
+                    "expires_at",
+                    receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
+                )
+                .meta("argv_from_start", argv.is_some())
+                .meta("parent_run_id", parent.unwrap_or_default())
+                .meta("depth", receipt.depth),
+        );
+        let (parent, grants) = match child {
+            Some(child) => (Some(child.parent), child.grants),
+            None => (None, pinned.unwrap_or_default()),
+        };
+        let result = self.start_recorded(Recorded {
+            receipt: &receipt,
+            signed,
+            run_id,
+            host_id,
+            argv,
+            output,
+            admitted,
+            admitted_at,
+            started_ms,
+            parent,
+            grants,
+        });
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        result
+    }
+
+    /// The part of a start after the run is recorded: every failure ends in a final record.
+    fn start_recorded(self: &Arc<Self>, run: Recorded<'_>) -> Result<String, StartError> {
+        let run_id = run.run_id.clone();
+        // Recorded: from here on every failure ends in a `failed` record, never a silent drop.
+        let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), &run_id);
+        let admitted = match run.admitted {
+            Ok(admitted) => admitted,
+            Err(e) => {
+                self.fail(&run_id, &dirs, &format!("audit log: {e}"), run.started_ms);
+                return Err(e.into());
+            }
+        };
+        let limits = run.receipt.limits.unwrap_or_default();
+        let prepared = self.sandboxes.take(CgroupLimits {
+            memory_bytes: limits.memory_bytes,
+            pids: limits.pids,
+            cpu_millicores: limits.cpu_millicores,
+        });
+        let PreparedSandbox { cgroup, shim } = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                self.sandboxes.refill();
+                self.fail(&run_id, &dirs, &e.to_string(), run.started_ms);
+                return Err(e);
+            }
+        };
+        tracing::debug!(run_id = %run_id, cgroup = cgroup.relative(), "sandbox taken");
+        let live = self.go_live(&run_id, cgroup, limits.output_bytes, run.parent.as_deref());
+        let spawn = Spawn {
+            receipt: run.receipt,
+            signed: run.signed,
+            host_id: run.host_id,
+            argv: run.argv,
+            grants: run.grants,
+            admitted,
+        };
+        let spawned = self.spawn_sandbox(spawn, &dirs, &live, shim);
+        // Prepare the next sandbox only now, off this start's path and CPU time.
+        self.sandboxes.refill();
+        match spawned {
+            Ok((process, output)) => {
+                let started = Started {
+                    run_id: run_id.clone(),
+                    receipt: run.receipt,
+                    host_id: run.host_id,
+                    live,
+                    dirs,
+                    admitted_at: run.admitted_at,
+                    started_ms: run.started_ms,
+                };
+                self.run_started(started, process, output, run.output);
+                Ok(run_id)
+            }
+            Err(e) => {
+                self.teardown(
+                    &run_id,
+                    &live,
+                    &dirs,
+                    Ended::NotStarted(e.to_string()),
+                    run.started_ms,
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a run live: from here on a stop, revocation or expiry that arrives while the
+    /// sandbox is being built is noted, and acted on as soon as there is something to kill.
+    fn go_live(
+        &self,
+        run_id: &str,
+        cgroup: RunCgroup,
+        output_bytes: u64,
+        parent: Option<&str>,
+    ) -> Arc<LiveRun> {
+        let live = Arc::new(LiveRun {
+            cgroup,
+            output_left: Arc::new(AtomicU64::new(output_bytes)),
+            parent: parent.map(str::to_owned),
+            landlock_abi: OnceLock::new(),
+            closing: Arc::default(),
+            gateway: Mutex::new(None),
+            trigger: Mutex::new(None),
+            ended: Mutex::new(false),
+            ended_signal: Condvar::new(),
+        });
+        let mut runs = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        runs.insert(run_id.to_owned(), live.clone());
+        // Under the same lock as `mark_descendants`: a parent that is ending either finds
+        // this child, or is seen closing (or gone) here.
+        if let Some(parent) = parent {
+            let parent_live = runs
+                .get(parent)
+                .is_some_and(|run| !run.closing.load(Ordering::SeqCst));
+            if !parent_live {
+                live.closing.store(true, Ordering::SeqCst);
+                *live.trigger.lock().unwrap_or_else(|p| p.into_inner()) = Some((
+                    RunState::ParentEnded,
+                    format!("its parent run {parent} ended before it started"),
+                ));
+            }
+        }
+        live
+    }
+
+    /// A run whose agent is running: its expiry watch, its output relays, its record set
+    /// running, and the run's own thread that waits for its end and tears it down.
+    fn run_started(
+        self: &Arc<Self>,
+        run: Started<'_>,
+        process: SandboxProcess,
+        SandboxOutput { stdout, stderr }: SandboxOutput,
+        output: OutputSink,
+    ) {
+        let Started {
+            run_id,
+            receipt,
+            host_id,
+            live,
+            dirs,
+            admitted_at,
+            started_ms,
+        } = run;
+        // Started after the agent, off the start path: an expiry that fell during the start
+        // fires at once.
+        let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
+        let expiry = {
+            let (live, manager, id) = (live.clone(), Arc::downgrade(self), run_id.clone());
+            std::thread::spawn(move || {
+                if expire_at(&live, expires_at) {
+                    match manager.upgrade() {
+                        Some(manager) => {
+                            manager.end_tree(&id, RunState::Expired, EXPIRED);
+                        }
+                        None => live.trigger(RunState::Expired, EXPIRED.into()),
+                    }
+                }
+            })
+        };
+        // Relay output first: the agent is already writing.
+        let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relays = [
+            (stdout, OutputStream::Stdout),
+            (stderr, OutputStream::Stderr),
+        ]
+        .map(|(pipe, stream)| {
+            let (run_id, output, budget, truncated) = (
+                run_id.clone(),
+                output.clone(),
+                live.output_left.clone(),
+                truncated.clone(),
+            );
+            std::thread::spawn(move || relay(pipe, stream, &run_id, &output, &budget, &truncated))
+        });
+        if let Err(e) = self.records.set_running(&run_id) {
+            live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
+        }
+        if self
+            .admission
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_revoked(&run_id)
+        {
+            live.trigger(RunState::Revoked, "the receipt was revoked".into());
+        }
+        // A trigger that came while nothing was running yet kills it now.
+        live.enforce_pending();
+        tracing::info!(
+            run_id = %run_id,
+            owner = %receipt.owner,
+            host_id,
+            start_us = admitted_at.elapsed().as_micros() as u64,
+            "run started"
+        );
+        // In the log before anything of the run's end; durable by the time the run thread
+        // has checked (off the start path).
+        let created = self.audit.submit(
+            EntryDraft::new(COMPONENT, EntryKind::SandboxCreated)
+                .receipt(run_id.as_str())
+                .run(run_id.as_str())
+                .meta("cgroup", live.cgroup.relative())
+                .meta("host_id", host_id)
+                .meta(
+                    "landlock_abi",
+                    live.landlock_abi
+                        .get()
+                        .map_or(tollgate_audit::MetaValue::Null, |abi| (*abi).into()),
+                )
+                .meta(
+                    "start_us",
+                    i64::try_from(admitted_at.elapsed().as_micros()).unwrap_or(i64::MAX),
+                ),
+        );
+        let manager = self.clone();
+        std::thread::spawn(move || {
+            if let Err(e) = created.and_then(PendingEntry::wait) {
+                tracing::error!(run_id = %run_id, error = %e, "could not audit a sandbox's creation");
+            }
+            let exit = watch(process);
+            for relay in relays {
+                let _ = relay.join();
+            }
+            manager.teardown(
+                &run_id,
+                &live,
+                &dirs,
+                Ended::Agent(exit, truncated.load(Ordering::Relaxed)),
+                started_ms,
+            );
+            let _ = expiry.join();
+        });
+    }
+
+    /// Binds and serves the run's gateway socket (before the agent exists); returns its
+    /// host path for the plan.
+    pub(super) fn serve_gateway(
+        self: &Arc<Self>,
+        receipt: &tollgate_proto::v1::Receipt,
+        dirs: &RunDirs,
+        plan: &SandboxPlan,
+        live: &LiveRun,
+        (signed, grants): (&SignedReceipt, Vec<FsGrant>),
+    ) -> Result<PathBuf, StartError> {
+        let host_id = plan.host_id;
+        let Some(runtime) = &self.gateway_runtime else {
+            return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
+        };
+        let manager = Arc::downgrade(self);
+        let runs: std::sync::Weak<dyn ChildRuns> = manager.clone();
+        let children = ChildState::new(
+            signed.clone(),
+            ChildControl {
+                runs,
+                delegator: self.delegator.get().cloned(),
+            },
+            live.output_left.clone(),
+        );
+        let run = Arc::new(RunGateway::new(RunGatewayConfig {
+            children,
+            run_id: receipt.receipt_id.clone(),
+            host_id,
+            receipt: receipt.clone(),
+            expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
+            // A child's were pinned beneath its parent's; a root run's are pinned now, before
+            // the agent exists.
+            // Pinned before the record (a root run's) or beneath the parent's (a child's).
+            grants,
+            max_calls: receipt.limits.unwrap_or_default().tool_calls,
+            closing: live.closing.clone(),
+            is_revoked: Arc::new(move |run_id: &str| {
+                manager.upgrade().is_some_and(|manager| {
+                    manager
+                        .admission
+                        .read()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .is_revoked(run_id)
+                })
+            }),
+            audit: self.audit.clone(),
+            snapshots: SnapshotStore::new(&self.settings.data_dir),
+            exec: Some(Arc::new(ExecSandbox {
+                shim: self.settings.shim.clone(),
+                plan: plan.clone(),
+                cgroup_procs: live.cgroup.procs_files(),
+                limits: ExecLimits::default(),
+                running: AtomicUsize::new(0),
+                started: OnceLock::new(),
+            })),
+            models: self.models.get().map(|shared| {
+                Arc::new(RunModels::new(
+                    shared.clone(),
+                    receipt.limits.unwrap_or_default().tokens,
+                ))
+            }),
+        }));
+        let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
+            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let socket = handle.socket.clone();
+        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
+        Ok(socket)
+    }
+
+    /// Prepares the run directories and plan and sends the plan to the sandbox's shim, once
+    /// the run's admission is on disk in the audit log.
+    pub(super) fn spawn_sandbox(
+        self: &Arc<Self>,
+        spawn: Spawn<'_>,
+        dirs: &RunDirs,
+        live: &LiveRun,
+        shim: IdleShim,
+    ) -> Result<(SandboxProcess, SandboxOutput), StartError> {
+        let Spawn {
+            receipt,
+            signed,
+            host_id,
+            argv,
+            grants,
+            admitted,
+        } = spawn;
+        let planned = dirs
+            .create(host_id)
+            .and_then(|()| plan_for(receipt, dirs, host_id, argv));
+        let plan = match (planned, live.pending()) {
+            (Ok(plan), None) => plan,
+            (Err(e), _) => {
+                shim.discard();
+                return Err(e.into());
+            }
+            (Ok(_), Some((_, reason))) => {
+                shim.discard();
+                return Err(
+                    SandboxError::Setup(format!("cancelled before start: {reason}")).into(),
+                );
+            }
+        };
+        // Taken from the pinned descriptors before the gateway owns them: the shim attaches
+        // these, never a path.
+        let mounts = match detached_mounts(receipt, &grants) {
+            Ok(mounts) => mounts,
+            Err(e) => {
+                shim.discard();
+                return Err(e);
+            }
+        };
+        let mut plan = plan;
+        match self.serve_gateway(receipt, dirs, &plan, live, (signed, grants)) {
+            Ok(socket) => plan.gateway_socket = Some(socket),
+            Err(e) => {
+                shim.discard();
+                return Err(e);
+            }
+        }
+        if let Err(e) = admitted.wait() {
+            shim.discard();
+            return Err(e.into());
+        }
+        let (process, started, output) = SandboxProcess::start(shim, &plan, mounts)?;
+        if let FromShim::Started {
+            landlock_abi,
+            execute,
+            ..
+        } = started
+        {
+            let _ = live.landlock_abi.set(landlock_abi);
+            // Pinned for the gateway's exec; without it, exec is refused (the run goes on).
+            let exec = live
+                .gateway
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .and_then(|(run, _)| run.exec.sandbox.clone());
+            match (exec, process.pin_pid_one()) {
+                (Some(exec), Ok(pid_one)) => {
+                    let _ = exec.started.set(PinnedSandbox { pid_one, execute });
+                }
+                (_, Err(e)) => {
+                    tracing::warn!(run_id = %plan.run_id, error = %e, "could not pin the sandbox's pid 1; exec is unavailable");
+                }
+                (None, Ok(_)) => {}
+            }
+        }
+        Ok((process, output))
+    }
+}
+
+/// The reason of a run that expired.
+pub(super) const EXPIRED: &str = "the receipt expired";
+
+/// Waits until `expires_at` (Unix seconds); `true` when it came, `false` when the run ended
+/// first.
+pub(super) fn expire_at(live: &LiveRun, expires_at: i64) -> bool {
+    let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
+    let mut ended = live.ended.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        if *ended {
+            return false;
+        }
+        let left = match deadline.duration_since(SystemTime::now()) {
+            Ok(left) if !left.is_zero() => left,
+            _ => break,
+        };
+        ended = live
+            .ended_signal
+            .wait_timeout(ended, left)
+            .map(|(guard, _)| guard)
+            .unwrap_or_else(|p| p.into_inner().0);
+    }
+    true
+}
+
+/// Reads shim events until the agent's exit (returned) or the shim's end (`None`).
+pub(super) fn watch(mut process: SandboxProcess) -> Option<AgentExit> {
+    let mut exit = None;
+    while let Ok(Some(event)) = process.next_event() {
+        if let FromShim::Exited(code) = event {
+            exit = Some(code);
+        }
+    }
+    let _ = process.wait();
+    exit
+}
+
+/// Forwards a pipe to the sink until EOF, within the shared output budget.
+pub(super) fn relay(
+    mut pipe: std::io::PipeReader,
+    stream: OutputStream,
+    run_id: &str,
+    output: &OutputSink,
+    budget: &AtomicU64,
+    truncated: &std::sync::atomic::AtomicBool,
+) {
+    let mut buffer = [0u8; 8192];
+    loop {
+        let n = match pipe.read(&mut buffer) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let allowed = budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                Some(left.saturating_sub(n as u64))
+            })
+            .unwrap_or(0)
+            .min(n as u64) as usize;
+        if allowed < n {
+            truncated.store(true, Ordering::Relaxed);
+        }
+        if allowed > 0 {
+            output(run_id, stream, &buffer[..allowed]);
+        }
+    }
+}
+
+/// Detached copies of the mounted grants' trees (in the order of the receipt's mounted
+/// grants, as the plan's binds), taken from the pinned descriptors.
+pub(super) fn detached_mounts(
+    receipt: &tollgate_proto::v1::Receipt,
+    grants: &[FsGrant],
+) -> Result<Vec<OwnedFd>, StartError> {
+    receipt
+        .fs
+        .iter()
+        .zip(grants)
+        .filter(|(grant, _)| !grant.mount.is_empty())
+        .map(|(grant, pinned)| {
+            let mount = match &pinned.root {
+                Ok(root) => crate::beneath::detached_mount(root),
+                Err(errno) => Err(*errno),
+            };
+            mount.map_err(|e| {
+                SandboxError::Setup(format!("mounting the grant {}: {e}", grant.path)).into()
+            })
+        })
+        .collect()
+}

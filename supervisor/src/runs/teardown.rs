@@ -1,0 +1,192 @@
+//! The one teardown every run ends with, whatever ended it: kill what is left, read peak
+//! memory, remove the cgroup and the run directory, write the final record and the report.
+
+use std::sync::atomic::Ordering;
+
+use tollgate_agent_shim::protocol::AgentExit;
+use tollgate_receipt::unix_now;
+
+use crate::records::{RunState, TeardownReport};
+use crate::sandbox::RunDirs;
+use crate::COMPONENT;
+use tollgate_audit::{EntryDraft, EntryKind};
+
+use super::{now_ms, LiveRun, RunManager, KILL_DEADLINE};
+
+/// How a run came to teardown.
+pub(super) enum Ended {
+    /// The shim ended; the agent's exit (when reported) and whether output was truncated.
+    Agent(Option<AgentExit>, bool),
+    /// The sandbox never started, for this reason.
+    NotStarted(String),
+}
+
+impl RunManager {
+    /// Gives back what a child held of its parent's limits (nothing for a root run).
+    pub(super) fn release_holds(&self, run_id: &str) {
+        self.child_holds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+    }
+
+    /// Records a start that failed before the run had a cgroup.
+    pub(super) fn fail(&self, run_id: &str, dirs: &RunDirs, reason: &str, started_ms: u64) {
+        self.release_holds(run_id);
+        let mut report = TeardownReport {
+            reason: reason.to_owned(),
+            ..Default::default()
+        };
+        if let Err(e) = dirs.remove() {
+            report.cleanup_errors.push(e.to_string());
+        }
+        report.duration_ms = now_ms().saturating_sub(started_ms);
+        self.audit_teardown(run_id, RunState::Failed, &report);
+        if let Err(e) = self
+            .records
+            .finish(run_id, RunState::Failed, &report, unix_now())
+        {
+            tracing::error!(run_id, error = %e, "could not record a failed start");
+        }
+        tracing::warn!(run_id, reason, "run failed to start");
+    }
+
+    /// Audits the end of a run with its report (and the limit it hit, if one ended it).
+    /// Teardown has happened whatever the log says, so a failure here is logged, not raised.
+    pub(super) fn audit_teardown(&self, run_id: &str, state: RunState, report: &TeardownReport) {
+        let opt = |value: Option<i32>| value.map_or(tollgate_audit::MetaValue::Null, Into::into);
+        let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        let mut drafts = Vec::new();
+        if state == RunState::LimitExceeded {
+            drafts.push(
+                EntryDraft::new(COMPONENT, EntryKind::LimitHit)
+                    .receipt(run_id)
+                    .run(run_id)
+                    .reason(report.reason.as_str())
+                    .meta("limit", "memory"),
+            );
+        }
+        drafts.push(
+            EntryDraft::new(COMPONENT, EntryKind::Teardown)
+                .receipt(run_id)
+                .run(run_id)
+                .reason(report.reason.as_str())
+                .meta("state", state.name())
+                .meta("duration_ms", to_i64(report.duration_ms))
+                .meta("exit_code", opt(report.exit_code))
+                .meta("signal", opt(report.signal))
+                .meta(
+                    "peak_memory_bytes",
+                    report
+                        .peak_memory_bytes
+                        .map_or(tollgate_audit::MetaValue::Null, |b| to_i64(b).into()),
+                )
+                .meta("output_truncated", report.output_truncated)
+                .meta("cgroup", report.cgroup.clone().unwrap_or_default())
+                .meta(
+                    "last_tool_call_id",
+                    report.last_tool_call_id.clone().unwrap_or_default(),
+                )
+                .meta("routes_used", report.routes_used.clone())
+                .meta("cleanup_errors", report.cleanup_errors.clone()),
+        );
+        for draft in drafts {
+            if let Err(e) = self.audit.append(draft) {
+                tracing::error!(run_id, error = %e, "could not audit a teardown");
+            }
+        }
+    }
+
+    /// The one teardown path.
+    pub(super) fn teardown(
+        &self,
+        run_id: &str,
+        live: &LiveRun,
+        dirs: &RunDirs,
+        ended: Ended,
+        started_ms: u64,
+    ) {
+        live.closing.store(true, Ordering::SeqCst);
+        let gateway = live
+            .gateway
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let last_tool_call_id = gateway.map(|(run, mut handle)| {
+            handle.stop();
+            // Refusals of a spent run still being counted get their summary entry.
+            run.gate.flush_refusals();
+            run.gate
+                .last_call
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        });
+        let trigger = live
+            .trigger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let (exit, output_truncated, failure) = match ended {
+            Ended::Agent(exit, truncated) => (exit, truncated, None),
+            Ended::NotStarted(reason) => (None, false, Some(reason)),
+        };
+        let mut report = TeardownReport {
+            output_truncated,
+            last_tool_call_id: last_tool_call_id.flatten(),
+            landlock_abi: live.landlock_abi.get().copied(),
+            ..Default::default()
+        };
+        match exit {
+            Some(AgentExit::Code(code)) => report.exit_code = Some(code),
+            Some(AgentExit::Signal(signal)) => report.signal = Some(signal),
+            None => {}
+        }
+        let oom = live.cgroup.oom_killed();
+        let (state, reason) = match (trigger, exit) {
+            (Some(trigger), _) => trigger,
+            (None, _) if failure.is_some() => (RunState::Failed, failure.unwrap_or_default()),
+            (None, _) if oom => (
+                RunState::LimitExceeded,
+                "the memory limit was reached (OOM kill)".into(),
+            ),
+            (None, Some(AgentExit::Code(code))) => (
+                RunState::Exited,
+                format!("the agent exited with code {code}"),
+            ),
+            (None, Some(AgentExit::Signal(signal))) => (
+                RunState::Exited,
+                format!("the agent was killed by signal {signal}"),
+            ),
+            (None, None) => (RunState::ShimDied, "the sandbox's shim died".into()),
+        };
+        // Whatever ended this run ends its descendants, before its own cleanup.
+        self.cascade(run_id, state, &reason);
+        report.reason = reason;
+        if let Err(e) = live.cgroup.kill_all(KILL_DEADLINE) {
+            report.cleanup_errors.push(e.to_string());
+        }
+        report.peak_memory_bytes = live.cgroup.peak_memory();
+        report.cgroup = Some(live.cgroup.relative().to_owned());
+        if let Err(e) = live.cgroup.remove() {
+            report.cleanup_errors.push(e.to_string());
+        }
+        if let Err(e) = dirs.remove() {
+            report.cleanup_errors.push(e.to_string());
+        }
+        report.duration_ms = now_ms().saturating_sub(started_ms);
+        // The entry first: a crash in between repeats it at the next start, never loses it.
+        self.audit_teardown(run_id, state, &report);
+        if let Err(e) = self.records.finish(run_id, state, &report, unix_now()) {
+            tracing::error!(run_id, error = %e, "could not record a teardown report");
+        }
+        tracing::info!(run_id, state = state.name(), reason = %report.reason, "run torn down");
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+        self.release_holds(run_id);
+        *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        live.ended_signal.notify_all();
+    }
+}
