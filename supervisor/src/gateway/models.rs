@@ -19,8 +19,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tollgate_audit::{Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
-use tollgate_router::config::{RouteKind, Routes};
-use tollgate_router::decide::{decide, Requested};
+use tollgate_router::config::{Route, RouteKind, Routes};
+use tollgate_router::decide::{decide, Choice, NoRoute, Requested};
 use tollgate_router::tokens::{
     estimate_completion, estimate_prompt, Ledger, TokenCount, TokenSource,
 };
@@ -246,36 +246,7 @@ impl ModelCalls {
                 "this supervisor has no model routes (it was started without --routes)".into(),
             ));
         };
-        let mut messages = Vec::with_capacity(request.messages.len());
-        let mut size = 0;
-        for (i, m) in request.messages.iter().enumerate() {
-            let role = Role::parse(&m.role).ok_or_else(|| {
-                Refused::new(
-                    Status::invalid_argument,
-                    format!(
-                        "message {i}: the role is not system, user or assistant ({} bytes given)",
-                        m.role.len()
-                    ),
-                )
-            })?;
-            size += m.content.len();
-            messages.push(ChatMessage {
-                role,
-                content: m.content.clone(),
-            });
-        }
-        if messages.is_empty() || size > MAX_TEXT {
-            return Err(Refused::new(
-                Status::invalid_argument,
-                format!("a call needs 1 or more messages and at most {MAX_TEXT} bytes of text"),
-            ));
-        }
-        if request.stop.len() > MAX_STOPS || request.stop.iter().any(|s| s.len() > MAX_STOP_LEN) {
-            return Err(Refused::new(
-                Status::invalid_argument,
-                format!("at most {MAX_STOPS} stop sequences of at most {MAX_STOP_LEN} bytes"),
-            ));
-        }
+        let messages = well_formed(request)?;
         let shared = &models.shared;
         // The stop sequences leave with the messages: they are judged (and redacted) too,
         // after the messages.
@@ -293,23 +264,7 @@ impl ModelCalls {
             force_local,
             &texts,
         )
-        .map_err(|no_route| {
-            let reasons: Vec<String> = no_route
-                .assessment
-                .findings
-                .iter()
-                .map(|f| f.compact())
-                .collect();
-            Refused {
-                status: Status::permission_denied(no_route.to_string()),
-                reason: no_route.to_string(),
-                meta: vec![
-                    ("sensitivity", no_route.assessment.sensitivity.name().into()),
-                    ("reasons", reasons.into()),
-                    ("force_local", force_local.into()),
-                ],
-            }
-        })?;
+        .map_err(|no_route| no_route_refusal(&no_route, force_local))?;
         self.gate.charge(made).map_err(Refused::from)?;
         let in_flight = models.in_flight.fetch_add(1, Ordering::SeqCst);
         let slot = Slot(models.clone());
@@ -333,23 +288,7 @@ impl ModelCalls {
             })
             .collect();
         let route = choice.route;
-        // The route's tokenizer when its server has one (the text is sent to it as it would
-        // be to the route: it is the same local server); an estimate otherwise, or when the
-        // tokenizer fails. A tokenizer never fails the call.
-        let prompt = if has_tokenizer(route) {
-            match shared.backends.count_prompt(route, &sent_messages).await {
-                Ok(tokens) => TokenCount {
-                    tokens,
-                    source: TokenSource::Tokenizer,
-                },
-                Err(e) => {
-                    tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the prompt's tokens instead");
-                    estimate_of(&sent_messages)
-                }
-            }
-        } else {
-            estimate_of(&sent_messages)
-        };
+        let prompt = self.prompt_tokens(shared, route, &sent_messages).await;
         let policy = shared.routes.policy;
         let asked = if request.max_tokens == 0 {
             policy.max_tokens_default
@@ -367,37 +306,7 @@ impl ModelCalls {
                     format!("receipt {}: {spent}", self.gate.run_id),
                 )
             })?;
-        let findings: Vec<String> = choice
-            .assessment
-            .findings
-            .iter()
-            .map(|f| f.compact())
-            .collect();
-        let meta = vec![
-            ("route", route.name.as_str().into()),
-            (
-                "kind",
-                match route.kind {
-                    RouteKind::Local => "local",
-                    RouteKind::Cloud => "cloud",
-                }
-                .into(),
-            ),
-            ("model", route.model.as_str().into()),
-            ("sensitivity", choice.assessment.sensitivity.name().into()),
-            ("sent_sensitivity", choice.sent_sensitivity().name().into()),
-            ("reasons", findings.into()),
-            (
-                "redacted_spans",
-                choice
-                    .redacted
-                    .as_ref()
-                    .map_or(0, |r| r.spans as i64)
-                    .into(),
-            ),
-            ("force_local", force_local.into()),
-            ("max_tokens", i64::from(reservation.max_tokens).into()),
-        ];
+        let meta = decision_meta(&choice, force_local, reservation.max_tokens);
         let chat = ChatRequest {
             model: route.model.clone(),
             messages: sent_messages,
@@ -449,121 +358,9 @@ impl ModelCalls {
         let Some(route) = shared.routes.get(&plan.route) else {
             return;
         };
-        let (items_tx, mut items_rx) = mpsc::channel::<StreamItem>(64);
-        let backend = async {
-            let result = tokio::time::timeout(
-                crate::models::CALL_TIMEOUT,
-                shared.backends.call(route, &plan.chat, &items_tx),
-            )
-            .await
-            .unwrap_or_else(|_| {
-                Err(BackendError::Reply {
-                    route: route.name.clone(),
-                    detail: format!(
-                        "the call took longer than {} s and was given up",
-                        crate::models::CALL_TIMEOUT.as_secs()
-                    ),
-                })
-            });
-            drop(items_tx);
-            result
-        };
-        let forward = async {
-            let (mut text_len, mut finish, mut prompt, mut completion) =
-                (0usize, String::new(), None, None);
-            let mut text = String::new();
-            while let Some(item) = items_rx.recv().await {
-                match item {
-                    StreamItem::Delta(delta) => {
-                        text_len += delta.len();
-                        // Kept only to estimate a completion the server did not count.
-                        if text.len() < 1 << 20 {
-                            text.push_str(&delta);
-                        }
-                        // A client that stops reading does not hold the call: after IDLE
-                        // the backend's reply is dropped.
-                        let sent = tokio::time::timeout(
-                            CLIENT_IDLE,
-                            out.send(Ok(event(pb::complete_event::Event::Delta(
-                                pb::CompleteDelta { text: delta },
-                            )))),
-                        )
-                        .await;
-                        if !matches!(sent, Ok(Ok(()))) {
-                            break;
-                        }
-                    }
-                    StreamItem::Finish(reason) => finish = reason,
-                    StreamItem::Usage {
-                        prompt: p,
-                        completion: c,
-                    } => {
-                        prompt = p.or(prompt);
-                        completion = c.or(completion);
-                    }
-                    StreamItem::Done => {}
-                }
-            }
-            (text_len, text, finish, prompt, completion)
-        };
-        let (result, (text_len, text, finish, server_prompt, server_completion)) =
-            tokio::join!(backend, forward);
-        let prompt = server_prompt.map_or(plan.prompt, |tokens| TokenCount {
-            tokens,
-            source: TokenSource::Server,
-        });
-        let completion = match server_completion {
-            Some(tokens) => TokenCount {
-                tokens,
-                source: TokenSource::Server,
-            },
-            None => {
-                // The tokenizer counts only a whole text from a call that went through.
-                let counted = if result.is_ok() && text.len() == text_len && has_tokenizer(route) {
-                    match shared.backends.count_completion(route, &text).await {
-                        Ok(tokens) => Some(tokens),
-                        Err(e) => {
-                            tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the completion's tokens instead");
-                            None
-                        }
-                    }
-                } else {
-                    None
-                };
-                match counted {
-                    Some(tokens) => TokenCount {
-                        tokens,
-                        source: TokenSource::Tokenizer,
-                    },
-                    // Uncounted: charged the cap the backend was held to (never less than
-                    // the text's length suggests), so estimates cannot add up past the budget.
-                    None => {
-                        let mut estimate = estimate_completion(&text);
-                        estimate.tokens = estimate
-                            .tokens
-                            .max((text_len as u64).div_ceil(4))
-                            .max(u64::from(plan.chat.max_tokens));
-                        estimate
-                    }
-                }
-            }
-        };
-        // A failed call that returned nothing is not charged (an agent's retry of an
-        // unreachable backend must not drain its budget).
-        let (prompt, completion) = if result.is_err() && text_len == 0 {
-            (
-                TokenCount {
-                    tokens: 0,
-                    ..prompt
-                },
-                TokenCount {
-                    tokens: 0,
-                    ..completion
-                },
-            )
-        } else {
-            (prompt, completion)
-        };
+        let streamed = relay_reply(&shared.backends, route, &plan.chat, &out).await;
+        let (prompt, completion) = self.counts(&shared, route, &plan, &streamed).await;
+        let Streamed { result, finish, .. } = streamed;
         let (used, left) = {
             let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
             let used = ledger.settle(plan.reservation, prompt.tokens, completion.tokens);
@@ -628,6 +425,114 @@ impl ModelCalls {
         drop(slot);
     }
 
+    /// The prompt's tokens: the route's tokenizer when its server has one (the text is sent
+    /// to it as it would be to the route: it is the same local server); an estimate
+    /// otherwise, or when the tokenizer fails. A tokenizer never fails the call.
+    async fn prompt_tokens(
+        &self,
+        shared: &ModelRoutes,
+        route: &Route,
+        messages: &[ChatMessage],
+    ) -> TokenCount {
+        if !has_tokenizer(route) {
+            return estimate_of(messages);
+        }
+        match shared.backends.count_prompt(route, messages).await {
+            Ok(tokens) => TokenCount {
+                tokens,
+                source: TokenSource::Tokenizer,
+            },
+            Err(e) => {
+                tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the prompt's tokens instead");
+                estimate_of(messages)
+            }
+        }
+    }
+
+    /// What the call is charged: the server's counts, else the tokenizer's, else estimates
+    /// (see [`Self::completion_tokens`]).
+    async fn counts(
+        &self,
+        shared: &ModelRoutes,
+        route: &Route,
+        plan: &CallPlan,
+        streamed: &Streamed,
+    ) -> (TokenCount, TokenCount) {
+        let Streamed {
+            result,
+            text_len,
+            text,
+            prompt: server_prompt,
+            completion: server_completion,
+            ..
+        } = streamed;
+        let text_len = *text_len;
+        let prompt = server_prompt.map_or(plan.prompt, |tokens| TokenCount {
+            tokens,
+            source: TokenSource::Server,
+        });
+        let completion = match *server_completion {
+            Some(tokens) => TokenCount {
+                tokens,
+                source: TokenSource::Server,
+            },
+            None => {
+                // The tokenizer counts only a whole text from a call that went through.
+                let whole = result.is_ok() && text.len() == text_len;
+                self.completion_tokens(shared, route, whole.then_some(text.as_str()))
+                    .await
+                    .unwrap_or_else(|| {
+                        // Uncounted: charged the cap the backend was held to (never less
+                        // than the text's length suggests), so estimates cannot add up
+                        // past the budget.
+                        let mut estimate = estimate_completion(text);
+                        estimate.tokens = estimate
+                            .tokens
+                            .max((text_len as u64).div_ceil(4))
+                            .max(u64::from(plan.chat.max_tokens));
+                        estimate
+                    })
+            }
+        };
+        // A failed call that returned nothing is not charged (an agent's retry of an
+        // unreachable backend must not drain its budget).
+        if result.is_err() && text_len == 0 {
+            (
+                TokenCount {
+                    tokens: 0,
+                    ..prompt
+                },
+                TokenCount {
+                    tokens: 0,
+                    ..completion
+                },
+            )
+        } else {
+            (prompt, completion)
+        }
+    }
+
+    /// The completion's tokens by the route's tokenizer, when it has one and the whole text
+    /// came back; `None`: estimate instead.
+    async fn completion_tokens(
+        &self,
+        shared: &ModelRoutes,
+        route: &Route,
+        text: Option<&str>,
+    ) -> Option<TokenCount> {
+        let text = text.filter(|_| has_tokenizer(route))?;
+        match shared.backends.count_completion(route, text).await {
+            Ok(tokens) => Some(TokenCount {
+                tokens,
+                source: TokenSource::Tokenizer,
+            }),
+            Err(e) => {
+                tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the completion's tokens instead");
+                None
+            }
+        }
+    }
+
     /// A backend's error, with the route's key removed should it appear.
     fn scrubbed(&self, route: &str, backends: &Backends, text: &str) -> String {
         match backends.key_of(route) {
@@ -635,6 +540,186 @@ impl ModelCalls {
             _ => text.to_owned(),
         }
     }
+}
+
+/// The call's messages, checked: known roles, 1 or more, at most [`MAX_TEXT`] bytes of text,
+/// and few short stop sequences.
+fn well_formed(request: &pb::CompleteRequest) -> Result<Vec<ChatMessage>, Refused> {
+    let mut messages = Vec::with_capacity(request.messages.len());
+    let mut size = 0;
+    for (i, m) in request.messages.iter().enumerate() {
+        let role = Role::parse(&m.role).ok_or_else(|| {
+            Refused::new(
+                Status::invalid_argument,
+                format!(
+                    "message {i}: the role is not system, user or assistant ({} bytes given)",
+                    m.role.len()
+                ),
+            )
+        })?;
+        size += m.content.len();
+        messages.push(ChatMessage {
+            role,
+            content: m.content.clone(),
+        });
+    }
+    if messages.is_empty() || size > MAX_TEXT {
+        return Err(Refused::new(
+            Status::invalid_argument,
+            format!("a call needs 1 or more messages and at most {MAX_TEXT} bytes of text"),
+        ));
+    }
+    if request.stop.len() > MAX_STOPS || request.stop.iter().any(|s| s.len() > MAX_STOP_LEN) {
+        return Err(Refused::new(
+            Status::invalid_argument,
+            format!("at most {MAX_STOPS} stop sequences of at most {MAX_STOP_LEN} bytes"),
+        ));
+    }
+    Ok(messages)
+}
+
+/// The refusal of a call no granted route may carry, with what the classifier found.
+fn no_route_refusal(no_route: &NoRoute, force_local: bool) -> Refused {
+    let reasons: Vec<String> = no_route
+        .assessment
+        .findings
+        .iter()
+        .map(|f| f.compact())
+        .collect();
+    Refused {
+        status: Status::permission_denied(no_route.to_string()),
+        reason: no_route.to_string(),
+        meta: vec![
+            ("sensitivity", no_route.assessment.sensitivity.name().into()),
+            ("reasons", reasons.into()),
+            ("force_local", force_local.into()),
+        ],
+    }
+}
+
+/// The `route_decision` entry's metadata for an allowed call: route, sensitivities,
+/// findings (never the text), redactions and the completion cap.
+fn decision_meta(
+    choice: &Choice<'_>,
+    force_local: bool,
+    max_tokens: u32,
+) -> Vec<(&'static str, MetaValue)> {
+    let route = choice.route;
+    let findings: Vec<String> = choice
+        .assessment
+        .findings
+        .iter()
+        .map(|f| f.compact())
+        .collect();
+    vec![
+        ("route", route.name.as_str().into()),
+        (
+            "kind",
+            match route.kind {
+                RouteKind::Local => "local",
+                RouteKind::Cloud => "cloud",
+            }
+            .into(),
+        ),
+        ("model", route.model.as_str().into()),
+        ("sensitivity", choice.assessment.sensitivity.name().into()),
+        ("sent_sensitivity", choice.sent_sensitivity().name().into()),
+        ("reasons", findings.into()),
+        (
+            "redacted_spans",
+            choice
+                .redacted
+                .as_ref()
+                .map_or(0, |r| r.spans as i64)
+                .into(),
+        ),
+        ("force_local", force_local.into()),
+        ("max_tokens", i64::from(max_tokens).into()),
+    ]
+}
+
+/// What came back from a backend, as it was relayed to the agent.
+struct Streamed {
+    /// How the call ended.
+    result: Result<(), BackendError>,
+    /// Bytes of completion text relayed.
+    text_len: usize,
+    /// The text (up to 1 MiB), kept only to estimate a completion the server did not count.
+    text: String,
+    finish: String,
+    /// The server's own counts, when it gave them.
+    prompt: Option<u64>,
+    completion: Option<u64>,
+}
+
+/// Sends `chat` to `route` and relays its reply to `out` as it arrives. A client that stops
+/// reading does not hold the call: after [`CLIENT_IDLE`] the backend's reply is dropped.
+async fn relay_reply(
+    backends: &Backends,
+    route: &Route,
+    chat: &ChatRequest,
+    out: &mpsc::Sender<Result<pb::CompleteEvent, Status>>,
+) -> Streamed {
+    let event = |e: pb::complete_event::Event| pb::CompleteEvent { event: Some(e) };
+    let (items_tx, mut items_rx) = mpsc::channel::<StreamItem>(64);
+    let backend = async {
+        let result = tokio::time::timeout(
+            crate::models::CALL_TIMEOUT,
+            backends.call(route, chat, &items_tx),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(BackendError::Reply {
+                route: route.name.clone(),
+                detail: format!(
+                    "the call took longer than {} s and was given up",
+                    crate::models::CALL_TIMEOUT.as_secs()
+                ),
+            })
+        });
+        drop(items_tx);
+        result
+    };
+    let forward = async {
+        let mut streamed = Streamed {
+            result: Ok(()),
+            text_len: 0,
+            text: String::new(),
+            finish: String::new(),
+            prompt: None,
+            completion: None,
+        };
+        while let Some(item) = items_rx.recv().await {
+            match item {
+                StreamItem::Delta(delta) => {
+                    streamed.text_len += delta.len();
+                    if streamed.text.len() < 1 << 20 {
+                        streamed.text.push_str(&delta);
+                    }
+                    let sent = tokio::time::timeout(
+                        CLIENT_IDLE,
+                        out.send(Ok(event(pb::complete_event::Event::Delta(
+                            pb::CompleteDelta { text: delta },
+                        )))),
+                    )
+                    .await;
+                    if !matches!(sent, Ok(Ok(()))) {
+                        break;
+                    }
+                }
+                StreamItem::Finish(reason) => streamed.finish = reason,
+                StreamItem::Usage { prompt, completion } => {
+                    streamed.prompt = prompt.or(streamed.prompt);
+                    streamed.completion = completion.or(streamed.completion);
+                }
+                StreamItem::Done => {}
+            }
+        }
+        streamed
+    };
+    let (result, mut streamed) = tokio::join!(backend, forward);
+    streamed.result = result;
+    streamed
 }
 
 /// A checked call, ready to send.

@@ -16,17 +16,18 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use tokio::sync::OnceCell;
 use tollgate_audit::Decision;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::delegation::check_within;
-use tollgate_receipt::paths::path_within;
 use tollgate_receipt::{unix_now, SignedReceipt};
-use tollgate_router::config::Secret;
-use tonic::{Code, Status};
+use tonic::Status;
 
-use tollgate_files::beneath::GrantRoot;
+mod authority;
+mod delegate;
+mod pin;
+
+pub use authority::Delegator;
+pub use pin::pin_child_grants;
 
 use super::fs::FsGrant;
 use super::gate::{new_call_id, CallGate, CallMeta, Refusal};
@@ -37,90 +38,11 @@ use crate::records::{RecordsError, RunRecord};
 use crate::status::start_status;
 use crate::wire::run_proto;
 
-/// How long a `DelegateReceipt` call to the authority may take.
-const AUTHORITY_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Most child receipts a run may hold minted and not started.
 const MAX_PENDING: usize = 64;
 
 /// How long `StopChild` waits for the child's teardown.
 const STOP_WAIT: Duration = Duration::from_secs(30);
-
-/// The supervisor's link to the authority for delegation: its id and delegation token.
-pub struct Delegator {
-    authority: String,
-    supervisor_id: String,
-    token: Secret,
-    channel: OnceCell<tonic::transport::Channel>,
-}
-
-impl std::fmt::Debug for Delegator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never the token.
-        f.debug_struct("Delegator")
-            .field("authority", &self.authority)
-            .field("supervisor_id", &self.supervisor_id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Delegator {
-    /// Delegates through the authority at `authority` (a URL) as `supervisor_id`, with the
-    /// delegation token `token` (from `tollgate supervisor add`).
-    pub fn new(authority: String, supervisor_id: String, token: Secret) -> Self {
-        Self {
-            authority,
-            supervisor_id,
-            token,
-            channel: OnceCell::new(),
-        }
-    }
-
-    /// Asks the authority for a child of `parent`; its status passes through unchanged.
-    async fn delegate(
-        &self,
-        parent: &SignedReceipt,
-        child: pb::ChildSpec,
-    ) -> Result<SignedReceipt, Status> {
-        let channel = self
-            .channel
-            .get_or_try_init(|| async {
-                tonic::transport::Endpoint::from_shared(self.authority.clone())
-                    .map(|endpoint| {
-                        endpoint
-                            .connect_timeout(AUTHORITY_TIMEOUT)
-                            .timeout(AUTHORITY_TIMEOUT)
-                            .connect_lazy()
-                    })
-                    .map_err(|e| {
-                        Status::unavailable(format!("bad authority URL {}: {e}", self.authority))
-                    })
-            })
-            .await?
-            .clone();
-        let mut request = tonic::Request::new(pb::DelegateReceiptRequest {
-            supervisor_id: self.supervisor_id.clone(),
-            parent: Some(parent.clone()),
-            child: Some(child),
-        });
-        let mut header: tonic::metadata::MetadataValue<_> =
-            format!("Bearer {}", self.token.expose())
-                .parse()
-                .map_err(|_| {
-                    Status::internal("the delegation token is not a valid header value")
-                })?;
-        // Kept out of any debug output of the request.
-        header.set_sensitive(true);
-        request.metadata_mut().insert("authorization", header);
-        let minted = pb::authority_client::AuthorityClient::new(channel)
-            .delegate_receipt(request)
-            .await?
-            .into_inner();
-        minted
-            .signed
-            .ok_or_else(|| Status::internal("the authority answered without a receipt"))
-    }
-}
 
 /// A delegated run's place in its tree: started through the gateway of the live run
 /// `parent`, with its grants pinned beneath the parent's.
@@ -265,108 +187,6 @@ fn unavailable(reason: &str) -> Refusal {
     Refusal::with(Status::unavailable, reason.to_owned())
 }
 
-/// Pins a child's grants beneath the parent's: each resolved from the parent's outermost
-/// covering pinned grant without following any link, never by path. A mounted child grant
-/// beneath (not at) a parent's writable grant is refused: the parent's agent could move what
-/// is under it between the parent's start and this one (the mount itself is cloned from the
-/// descriptor pinned here).
-pub(crate) fn pin_child_grants(
-    parent: &[FsGrant],
-    child: &pb::Receipt,
-) -> Result<Vec<FsGrant>, (&'static str, String)> {
-    let mut pinned = Vec::with_capacity(child.fs.len());
-    for (i, grant) in child.fs.iter().enumerate() {
-        let covering = || parent.iter().filter(|p| path_within(&grant.path, &p.path));
-        if !grant.mount.is_empty() {
-            if let Some(writable) = covering().find(|p| p.writable && p.path != grant.path) {
-                return Err((
-                    "grant_escapes",
-                    format!(
-                        "fs[{i}].mount: a mounted grant beneath the parent's writable grant {} must be that grant itself, or gateway-only (no mount)",
-                        writable.path
-                    ),
-                ));
-            }
-        }
-        // Resolved from a grant that itself gives the access asked for.
-        let writable = grant.access == pb::FsAccess::Write as i32;
-        let outer = covering()
-            .filter(|p| p.root.is_ok() && (p.writable || !writable))
-            .min_by_key(|p| p.path.len())
-            .ok_or_else(|| {
-                (
-                    "grant_escapes",
-                    format!("fs[{i}] = {}: no pinned parent grant covers it", grant.path),
-                )
-            })?;
-        let rest = grant
-            .path
-            .strip_prefix(&outer.path)
-            .unwrap_or_default()
-            .trim_start_matches('/');
-        let root = match &outer.root {
-            Ok(root) => GrantRoot::from_beneath(root, rest),
-            Err(errno) => Err(*errno),
-        };
-        let escapes =
-            |why: &str| Err(("grant_escapes", format!("fs[{i}] = {}: {why}", grant.path)));
-        match root {
-            Err(Errno::ELOOP) => {
-                return escapes("a symbolic link is on the path (child grants never follow links)")
-            }
-            Err(Errno::EXDEV) => return escapes("the path leaves the parent's grant"),
-            Err(Errno::ENOTDIR) => return escapes(
-                "a component of the path is not a directory (nothing lies beneath a granted file)",
-            ),
-            // Refused before the child's receipt is spent, as a root run's would be.
-            Err(errno) if !grant.mount.is_empty() => {
-                return Err((
-                    "grant_missing",
-                    format!(
-                        "fs[{i}] = {}: the mounted grant cannot be opened ({errno})",
-                        grant.path
-                    ),
-                ))
-            }
-            root => pinned.push(FsGrant {
-                path: grant.path.clone(),
-                writable,
-                root,
-            }),
-        }
-    }
-    Ok(pinned)
-}
-
-/// What a delegation carved from its parent, given back if the child is never usable.
-struct Carved {
-    calls: u64,
-    tokens: Option<u64>,
-    output: Option<u64>,
-}
-
-/// Takes `asked` (0: half of what is left) from a budget counting down; how much, or what
-/// was asked and what is left.
-pub(crate) fn carve_left(left: &AtomicU64, asked: u64) -> Result<u64, (u64, u64)> {
-    let now = left.load(Ordering::SeqCst);
-    let wanted = if asked == 0 { now / 2 } else { asked };
-    if wanted == 0 {
-        return Err((wanted, now));
-    }
-    left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |l| {
-        l.checked_sub(wanted)
-    })
-    .map(|_| wanted)
-    .map_err(|l| (wanted, l))
-}
-
-/// A child minted by the authority and verified here, not yet handed to the agent.
-struct Minted {
-    response: pb::DelegateResponse,
-    signed: SignedReceipt,
-    carved: Carved,
-}
-
 /// The longest agent-given text (subject, stop reason) kept in audit entries and records.
 const MAX_TEXT: usize = 256;
 
@@ -379,68 +199,6 @@ fn clip(text: &str) -> String {
 }
 
 impl Children {
-    /// Tool calls this run may still make or hand on.
-    fn calls_left(&self) -> u64 {
-        self.gate
-            .max_calls
-            .saturating_sub(self.gate.calls.load(Ordering::SeqCst))
-    }
-
-    /// Hands `asked` tool calls on to a child (0: half of what this run has left); how many,
-    /// or why not. They go into the same counter as the run's own calls, so the two together
-    /// never exceed the budget, and one call always stays for starting the child.
-    pub(crate) fn carve_calls(&self, asked: u64) -> Result<u64, Refusal> {
-        let left = self.calls_left();
-        let calls = if asked == 0 {
-            left.saturating_sub(1) / 2
-        } else {
-            asked
-        };
-        let carved = calls > 0
-            && self
-                .gate
-                .calls
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
-                    (made.saturating_add(calls).saturating_add(1) <= self.gate.max_calls)
-                        .then_some(made + calls)
-                })
-                .is_ok();
-        if carved {
-            Ok(calls)
-        } else {
-            Err(Refusal::with(
-                Status::resource_exhausted,
-                format!(
-                    "limits.tool_calls = {calls}: this run has {left} tool calls left to hand on (one stays for starting the child)"
-                ),
-            ))
-        }
-    }
-
-    /// Gives back calls carved for a child that was never usable.
-    pub(crate) fn refund_calls(&self, calls: u64) {
-        let _ = self
-            .gate
-            .calls
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
-                Some(made.saturating_sub(calls))
-            });
-    }
-
-    fn refund(&self, carved: &Carved) {
-        self.refund_calls(carved.calls);
-        if let (Some(left), Some(output)) = (&self.state.output_left, carved.output) {
-            left.fetch_add(output, Ordering::SeqCst);
-        }
-        if let (Some(models), Some(tokens)) = (&self.models, carved.tokens) {
-            models
-                .ledger
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .refund(tokens);
-        }
-    }
-
     fn manager(&self) -> Result<Arc<dyn ChildRuns>, Refusal> {
         self.state
             .control
@@ -462,205 +220,6 @@ impl Children {
                 format!("run {run_id} is not a descendant of this run"),
             ))
         }
-    }
-
-    /// `Gateway.Delegate`. Runs on its own task: a client that hangs up does not skip the
-    /// audit entry or leave budget carved for nothing.
-    pub(crate) async fn delegate(
-        self: &Arc<Self>,
-        request: pb::DelegateRequest,
-    ) -> Result<pb::DelegateResponse, Status> {
-        let started = Instant::now();
-        let call_id = new_call_id();
-        let spec = request.child.unwrap_or_default();
-        let mut meta: CallMeta = vec![("subject", clip(&spec.subject).into())];
-        let outcome = self.delegate_checked(spec, &mut meta).await;
-        if let Ok(minted) = &outcome {
-            if let Some(receipt) = &minted.response.receipt {
-                meta.push(("child_receipt_id", receipt.receipt_id.clone().into()));
-            }
-        }
-        let (decision, reason) = match &outcome {
-            Ok(_) => (Decision::Allow, None),
-            Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
-        };
-        // On disk before the child exists for the agent (it enters `pending` only after).
-        let recorded = tokio::task::block_in_place(|| {
-            self.gate.record_call(
-                "delegate",
-                &call_id,
-                started,
-                &meta,
-                (decision, reason),
-                true,
-            )
-        });
-        match (outcome, recorded) {
-            (Ok(minted), Ok(())) => {
-                if let Some(receipt) = &minted.response.receipt {
-                    self.state
-                        .pending
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(receipt.receipt_id.clone(), (minted.signed, receipt.clone()));
-                }
-                Ok(pb::DelegateResponse {
-                    call_id,
-                    ..minted.response
-                })
-            }
-            // Minted but unaudited: never usable, so its budget comes back.
-            (Ok(minted), Err(status)) => {
-                self.refund(&minted.carved);
-                Err(status)
-            }
-            (Err(refusal), Ok(())) => Err(refusal.into_status(&call_id)),
-            (Err(_), Err(status)) => Err(status),
-        }
-    }
-
-    async fn delegate_checked(
-        &self,
-        mut spec: pb::ChildSpec,
-        meta: &mut CallMeta,
-    ) -> Result<Minted, Refusal> {
-        let made = self.gate.admit("delegate")?;
-        let max_depth = self.gate.receipt.delegate.map_or(0, |d| d.max_depth);
-        if max_depth == 0 {
-            return Err(Refusal::denied(
-                &self.gate.run_id,
-                "delegate needs a delegate grant (missing grant: delegate max_depth >= 1)".into(),
-            ));
-        }
-        self.gate.charge(made)?;
-        let delegator = self
-            .state
-            .control
-            .as_ref()
-            .and_then(|control| control.delegator.clone())
-            .ok_or_else(|| {
-                unavailable(
-                    "this supervisor cannot delegate: it has no delegation token (--delegation-token-file)",
-                )
-            })?;
-        let manager = self.manager()?;
-        let _slot = self.state.hold_slot().ok_or_else(|| {
-            Refusal::with(
-                Status::resource_exhausted,
-                format!("this run already holds {MAX_PENDING} child receipts not started; start some, or wait for them to expire"),
-            )
-        })?;
-        // Carve the budgets: a zero asks for half of what is left.
-        let mut limits = spec.limits.unwrap_or_default();
-        let calls = self.carve_calls(limits.tool_calls)?;
-        let mut carved = Carved {
-            calls,
-            tokens: None,
-            output: None,
-        };
-        // Output too: a tree never relays (or keeps for watchers) more than its root may.
-        if let Some(left) = &self.state.output_left {
-            match carve_left(left, limits.output_bytes) {
-                Ok(output) => carved.output = Some(output),
-                Err((wanted, left)) => {
-                    self.refund(&carved);
-                    return Err(Refusal::with(
-                        Status::resource_exhausted,
-                        format!("limits.output_bytes = {wanted}: this run has {left} bytes of output left to hand on"),
-                    ));
-                }
-            }
-        }
-        let parent_tokens = self.gate.receipt.limits.unwrap_or_default().tokens;
-        if let Some(models) = &self.models {
-            let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
-            let tokens = if limits.tokens == 0 {
-                ledger.remaining() / 2
-            } else {
-                limits.tokens
-            };
-            match ledger.transfer(tokens) {
-                Ok(()) if tokens > 0 => carved.tokens = Some(tokens),
-                _ => {
-                    let left = ledger.remaining();
-                    drop(ledger);
-                    self.refund(&carved);
-                    return Err(Refusal::with(
-                        Status::resource_exhausted,
-                        format!(
-                            "limits.tokens = {tokens}: this run has {left} tokens left to hand on"
-                        ),
-                    ));
-                }
-            }
-        }
-        limits.tool_calls = calls;
-        if let Some(output) = carved.output {
-            limits.output_bytes = output;
-        }
-        limits.tokens = match (carved.tokens, limits.tokens) {
-            (Some(tokens), _) => tokens,
-            // No routes on this supervisor: no run here can spend tokens, so none move.
-            (None, 0) => (parent_tokens / 2).max(1),
-            (None, asked) => asked,
-        };
-        spec.limits = Some(limits);
-        meta.push((
-            "tool_calls",
-            i64::try_from(calls).unwrap_or(i64::MAX).into(),
-        ));
-        meta.push((
-            "tokens",
-            i64::try_from(limits.tokens).unwrap_or(i64::MAX).into(),
-        ));
-        let minted = match delegator.delegate(&self.state.signed, spec).await {
-            Ok(minted) => minted,
-            Err(status) => {
-                self.refund(&carved);
-                return Err(authority_refusal(&self.gate.run_id, status));
-            }
-        };
-        let receipt = match manager.verify_child(&minted, &self.gate.run_id) {
-            Ok(receipt) => receipt,
-            Err(reason) => {
-                self.refund(&carved);
-                return Err(Refusal::with(Status::internal, reason));
-            }
-        };
-        // What was carved is what the child may spend, no more.
-        let got = receipt.limits.unwrap_or_default();
-        if got.tool_calls != calls
-            || got.tokens != limits.tokens
-            || carved
-                .output
-                .is_some_and(|output| got.output_bytes != output)
-        {
-            self.refund(&carved);
-            return Err(Refusal::with(
-                Status::internal,
-                format!(
-                    "the authority's child receipt {} has other budgets than were carved",
-                    receipt.receipt_id
-                ),
-            ));
-        }
-        let tokens_left = self.models.as_ref().map_or(0, |models| {
-            models
-                .ledger
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remaining()
-        });
-        Ok(Minted {
-            response: pb::DelegateResponse {
-                call_id: String::new(),
-                receipt: Some(receipt),
-                tool_calls_left: self.calls_left(),
-                tokens_left,
-            },
-            signed: minted,
-            carved,
-        })
     }
 
     /// `Gateway.StartChild` (blocking: run it on a blocking thread, where a client that hangs
@@ -912,30 +471,9 @@ impl Children {
 /// receipt, and its grants pinned beneath the parent's.
 type CheckedStart = (Arc<dyn ChildRuns>, SignedReceipt, pb::Receipt, Vec<FsGrant>);
 
-/// The refusal an agent gets when the authority did not mint its child. The authority's
-/// refusals (wider grants, depth, expiry) pass through; a refused delegation token is this
-/// supervisor's problem, not the agent's: unavailable, and logged here.
-fn authority_refusal(run_id: &str, status: Status) -> Refusal {
-    let reason = status.message().to_owned();
-    let code = match status.code() {
-        Code::Unauthenticated => {
-            tracing::error!(error = %reason, "the authority refused this supervisor's delegation token");
-            return Refusal::with(
-                Status::unavailable,
-                "delegation is unavailable: the authority refused this supervisor's delegation token (an admin must enrol it again)".into(),
-            );
-        }
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => Code::Unavailable,
-        code => code,
-    };
-    Refusal::new(
-        Status::new(code, format!("receipt {run_id}: {reason}")),
-        reason,
-    )
-}
-
 #[cfg(test)]
 mod tests {
+    use super::delegate::carve_left;
     use super::*;
 
     #[test]
