@@ -90,10 +90,9 @@ impl Authority {
         let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
         let mut audit_config = tollgate_audit::component_config(&config.data_dir, COMPONENT)?;
         audit_config.key = config.audit_key.clone();
-        audit_config.redactor =
-            Some(Arc::new(SecretRedactor::with_defaults().map_err(|e| {
-                AuthorityError::Config(format!("audit redaction: {e}"))
-            })?));
+        let redactor = SecretRedactor::with_defaults()
+            .map_err(|e| AuthorityError::Config(format!("audit redaction: {e}")))?;
+        audit_config.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
         let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
         let supervisors = store.supervisors()?;
