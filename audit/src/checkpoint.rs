@@ -3,7 +3,7 @@
 use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
-use crate::entry::{format_time, is_canonical_time};
+use crate::time::{format_time, is_canonical_time};
 
 /// Domain-separation prefix of every checkpoint signature, so a checkpoint signature can never
 /// pass for a receipt signature (or the reverse) even under the same key.

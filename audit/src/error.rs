@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::verify::VerifyError;
+use crate::problem::VerifyError;
 
 /// Why opening, appending to, reading or configuring an audit log failed.
 #[derive(Debug, thiserror::Error)]

@@ -120,35 +120,47 @@
 //! processes the owning daemon's data-directory lock keeps a second writer out.
 #![forbid(unsafe_code)]
 
+mod bound;
 mod checkpoint;
 mod component;
+mod config;
+mod draft;
 mod entry;
 mod error;
 mod files;
 mod key;
+mod kind;
 mod log;
+mod meta;
+mod problem;
+mod queue;
 mod read;
+mod recovery;
+mod registration;
+mod time;
 mod verify;
+mod writer;
 
+pub use bound::{
+    MAX_ENTRY_BYTES, MAX_FIELD_BYTES, MAX_ID_BYTES, MAX_LIST_ITEMS, TRUNCATION_MARKER,
+};
 pub use checkpoint::CHECKPOINT_SIGNING_DOMAIN;
 pub use component::{
     checkpoint_key_id, checkpoint_key_path, component_config, load_or_create_checkpoint_key,
     log_dir,
 };
-pub use entry::{
-    Decision, Entry, EntryDraft, EntryKind, MetaScalar, MetaValue, Metadata, Redactor,
-    ENTRY_HASH_DOMAIN, GENESIS_HASH, MAX_ENTRY_BYTES, MAX_FIELD_BYTES, MAX_ID_BYTES,
-    MAX_LIST_ITEMS, TRUNCATION_MARKER,
-};
+pub use config::{AuditConfig, Durability, DEFAULT_CHECKPOINT_EVERY, DEFAULT_MAX_FILE_BYTES};
+pub use draft::{EntryDraft, Redactor};
+pub use entry::{Entry, ENTRY_HASH_DOMAIN, GENESIS_HASH};
 pub use error::AuditError;
 pub use files::{ensure_private_dir, PrivateDirError};
 pub use key::{AuditKey, AUDIT_KEY_ENV};
-pub use log::{
-    Appended, AuditConfig, AuditLog, Durability, PendingEntry, DEFAULT_CHECKPOINT_EVERY,
-    DEFAULT_MAX_FILE_BYTES, RECORD_MAX_DELAY,
-};
+pub use kind::{Decision, EntryKind};
+pub use log::{Appended, AuditLog, PendingEntry};
+pub use meta::{MetaScalar, MetaValue, Metadata};
+pub use problem::{Problem, VerifyError};
+pub use queue::RECORD_MAX_DELAY;
 pub use read::{read_entries, AuditReader, EntryFilter};
 pub use verify::{
-    verify_dir, CheckpointTrust, Problem, RecoveredTail, TornTail, VerifyError, VerifyOptions,
-    VerifyReport,
+    verify_dir, CheckpointTrust, RecoveredTail, TornTail, VerifyOptions, VerifyReport,
 };

@@ -1,16 +1,21 @@
 //! Verification of a whole log directory: every line, the chain across files, and every
 //! checkpoint against the entry at its count.
 
+use std::iter::Peekable;
 use std::path::{Path, PathBuf};
 
 use ed25519_dalek::VerifyingKey;
 
 use crate::checkpoint::{parse_pub_file, Checkpoint};
-use crate::entry::{is_canonical_time, Entry, EntryKind, MetaValue, GENESIS_HASH};
+use crate::entry::{Entry, GENESIS_HASH};
 use crate::files::{
     list_log_files, log_file_name, split_lines, Line, CHECKPOINTS_FILE, CHECKPOINT_PUB_FILE,
 };
 use crate::key::AuditKey;
+use crate::kind::EntryKind;
+use crate::meta::MetaValue;
+use crate::problem::{Problem, VerifyError};
+use crate::time::is_canonical_time;
 
 /// How to verify a log.
 #[derive(Debug, Clone, Default)]
@@ -85,178 +90,6 @@ pub struct VerifyReport {
     pub torn_checkpoint: Option<TornTail>,
     /// Torn tails earlier writers recovered, as recorded in `log_recovered` entries.
     pub recovered_tails: Vec<RecoveredTail>,
-}
-
-/// Why a line or file breaks the log.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Problem {
-    /// The line is not an entry (bad JSON, missing or unknown field, float, unknown kind...).
-    #[error("not an audit entry: {detail}")]
-    Unparseable {
-        /// What the parser said.
-        detail: String,
-    },
-    /// The line parses, but its bytes are not the canonical serialization: it was edited.
-    #[error("not canonical ({detail}): the line was edited")]
-    NotCanonical {
-        /// What differs.
-        detail: String,
-    },
-    /// An incomplete or non-JSON line before the end of the log: only the very last line of the
-    /// newest file may be torn by a crash.
-    #[error("incomplete line before the end of the log: only the last line of the newest file may be torn")]
-    TornLine,
-    /// The seq jumps ahead: entries are missing (deleted or moved).
-    #[error("seq gap: expected {expected}, found {found} (entries deleted or reordered)")]
-    SeqGap {
-        /// The seq that should be here.
-        expected: u64,
-        /// The seq found.
-        found: u64,
-    },
-    /// The seq repeats or goes back: an entry was duplicated or moved.
-    #[error("seq repeated or out of order: expected {expected}, found {found} (entries duplicated or reordered)")]
-    SeqRepeated {
-        /// The seq that should be here.
-        expected: u64,
-        /// The seq found.
-        found: u64,
-    },
-    /// `prev_hash` is not the previous entry's hash: an entry before it was changed or replaced.
-    #[error("prev_hash {found} is not the previous entry's hash {expected} (an earlier entry was changed or replaced)")]
-    PrevHashMismatch {
-        /// The previous entry's hash.
-        expected: String,
-        /// The `prev_hash` found.
-        found: String,
-    },
-    /// `hash` does not match the entry's contents under the verifier's key (or lack of one).
-    #[error("{}", hash_mismatch_message(*.keyed, *.plain_sha256))]
-    HashMismatch {
-        /// Whether the verifier used an audit key.
-        keyed: bool,
-        /// With a key: whether the hash is instead a plain SHA-256 of the entry, i.e. it was
-        /// written or re-hashed without the key.
-        plain_sha256: bool,
-    },
-    /// A log file in the numbered sequence is missing.
-    #[error("log file {expected} is missing (files must be numbered from 1 without gaps)")]
-    FileMissing {
-        /// The missing file's name.
-        expected: String,
-    },
-    /// A file does not continue where the previous one ended: files were renamed or replaced.
-    #[error("file starts at seq {found_seq} but the previous file ended at {} (files renamed, reordered or replaced)", .expected_seq - 1)]
-    FileOutOfOrder {
-        /// The seq the file should start with.
-        expected_seq: u64,
-        /// The seq it starts with.
-        found_seq: u64,
-    },
-    /// A checkpoint line cannot be parsed or is not canonical.
-    #[error("bad checkpoint line: {detail}")]
-    CheckpointUnparseable {
-        /// What is wrong.
-        detail: String,
-    },
-    /// A checkpoint's signature does not verify (or its key is unknown).
-    #[error("checkpoint signature is bad: {detail}")]
-    CheckpointSignature {
-        /// What is wrong.
-        detail: String,
-    },
-    /// A checkpoint covers more entries than the log has: the log was truncated.
-    #[error(
-        "checkpoint covers {count} entries but the log has only {entries}: the log was truncated"
-    )]
-    CheckpointBeyondEnd {
-        /// The checkpoint's count.
-        count: u64,
-        /// Entries in the log.
-        entries: u64,
-    },
-    /// The entry at a checkpoint's count is not the one that was signed: the log was truncated
-    /// and appended to, or rewritten.
-    #[error("checkpoint (checkpoints.jsonl line {checkpoint_line}) signed head {signed_head} at entry {count}, but the log has {log_head} there: the log was truncated and appended to, or rewritten")]
-    CheckpointHeadMismatch {
-        /// The checkpoint's count (= the entry's seq).
-        count: u64,
-        /// The checkpoint's line in `checkpoints.jsonl`.
-        checkpoint_line: usize,
-        /// The hash the checkpoint signed.
-        signed_head: String,
-        /// The hash of the entry now at that seq.
-        log_head: String,
-    },
-    /// Checkpoint counts must strictly increase.
-    #[error("checkpoint count {found} does not increase on the previous checkpoint's {previous}")]
-    CheckpointsNotIncreasing {
-        /// The previous checkpoint's count.
-        previous: u64,
-        /// This checkpoint's count.
-        found: u64,
-    },
-}
-
-fn hash_mismatch_message(keyed: bool, plain_sha256: bool) -> &'static str {
-    match (keyed, plain_sha256) {
-        (false, _) => "hash mismatch (if this log is keyed, pass the audit key)",
-        (true, true) => "hash is a plain SHA-256, not an HMAC under the given audit key: the entry was written or re-hashed without the key",
-        (true, false) => "hash mismatch: the entry was changed, or the given audit key is not the one the log was written with",
-    }
-}
-
-/// Why verification failed.
-#[derive(Debug, thiserror::Error)]
-pub enum VerifyError {
-    /// The directory holds no log files.
-    #[error("no audit log in {dir}: no log-NNNNNN.jsonl files")]
-    NoLog {
-        /// The directory.
-        dir: PathBuf,
-    },
-    /// A file cannot be read.
-    #[error("cannot read {path}: {source}")]
-    Read {
-        /// The file or directory.
-        path: PathBuf,
-        /// The I/O failure.
-        source: std::io::Error,
-    },
-    /// There are checkpoints but no key to check them with.
-    #[error("{dir} has checkpoints but no {CHECKPOINT_PUB_FILE}; pass the checkpoint public key")]
-    NoCheckpointKey {
-        /// The directory.
-        dir: PathBuf,
-    },
-    /// `checkpoint.pub` cannot be parsed.
-    #[error("{path}: {detail}; pass the checkpoint public key instead")]
-    CheckpointPub {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        detail: String,
-    },
-    /// The first bad line or file, and why.
-    #[error("{}{}: {problem}", location(file, *line), seq.map(|s| format!(" (entry {s})")).unwrap_or_default())]
-    Broken {
-        /// The file the problem is in.
-        file: PathBuf,
-        /// 1-based line number; 0 when the problem is the file as a whole.
-        line: usize,
-        /// The seq of the entry concerned, when known.
-        seq: Option<u64>,
-        /// What is wrong.
-        problem: Problem,
-    },
-}
-
-fn location(file: &Path, line: usize) -> String {
-    if line == 0 {
-        file.display().to_string()
-    } else {
-        format!("{}:{line}", file.display())
-    }
 }
 
 /// Checks entries one after another against the chain so far.
@@ -431,50 +264,16 @@ pub fn verify_dir(dir: &Path, options: &VerifyOptions) -> Result<VerifyReport, V
                 },
             });
         }
-        let data = std::fs::read(&path).map_err(|source| VerifyError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        let lines = split_lines(&data);
-        for (line_index, line) in lines.iter().enumerate() {
-            let number = line_index + 1;
-            let broken = |seq, problem| VerifyError::Broken {
-                file: path.clone(),
-                line: number,
-                seq,
-                problem,
-            };
-            if line.is_torn() {
-                if index == last_index && number == lines.len() {
-                    torn_tail_found = Some(torn_tail(&path, line));
-                    break;
-                }
-                return Err(broken(None, Problem::TornLine));
-            }
-            let entry = chain
-                .check(line.bytes, index > 1 && line_index == 0)
-                .map_err(|problem| {
-                    let seq = parse_entry(line.bytes).ok().map(|e| e.seq);
-                    broken(seq, problem)
-                })?;
-            if let Some((checkpoint_line, checkpoint)) =
-                next_checkpoint.next_if(|(_, c)| c.count == entry.seq)
-            {
-                if checkpoint.head_hash != entry.hash {
-                    return Err(broken(
-                        Some(entry.seq),
-                        Problem::CheckpointHeadMismatch {
-                            count: checkpoint.count,
-                            checkpoint_line: *checkpoint_line,
-                            signed_head: checkpoint.head_hash.clone(),
-                            log_head: entry.hash.clone(),
-                        },
-                    ));
-                }
-            }
-            if entry.kind == EntryKind::LogRecovered {
-                recovered_tails.push(recovered_tail(&path, &entry));
-            }
+        let torn = verify_file(
+            &path,
+            index > 1,
+            index == last_index,
+            &mut chain,
+            &mut next_checkpoint,
+            &mut recovered_tails,
+        )?;
+        if torn.is_some() {
+            torn_tail_found = torn;
         }
     }
 
@@ -505,6 +304,63 @@ pub fn verify_dir(dir: &Path, options: &VerifyOptions) -> Result<VerifyReport, V
     };
     tracing::debug!(dir = %dir.display(), entries = report.entries, checkpoints = report.checkpoints_checked, "audit log verified");
     Ok(report)
+}
+
+/// Checks one log file line by line onto `chain`, and each checkpoint whose count it reaches;
+/// only the last line of the newest file may be torn (returned, not counted).
+fn verify_file(
+    path: &Path,
+    continues_chain: bool,
+    newest: bool,
+    chain: &mut ChainChecker<'_>,
+    next_checkpoint: &mut Peekable<std::slice::Iter<'_, (usize, Checkpoint)>>,
+    recovered_tails: &mut Vec<RecoveredTail>,
+) -> Result<Option<TornTail>, VerifyError> {
+    let data = std::fs::read(path).map_err(|source| VerifyError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let lines = split_lines(&data);
+    for (line_index, line) in lines.iter().enumerate() {
+        let number = line_index + 1;
+        let broken = |seq, problem| VerifyError::Broken {
+            file: path.to_owned(),
+            line: number,
+            seq,
+            problem,
+        };
+        if line.is_torn() {
+            if newest && number == lines.len() {
+                return Ok(Some(torn_tail(path, line)));
+            }
+            return Err(broken(None, Problem::TornLine));
+        }
+        let entry = chain
+            .check(line.bytes, continues_chain && line_index == 0)
+            .map_err(|problem| {
+                let seq = parse_entry(line.bytes).ok().map(|e| e.seq);
+                broken(seq, problem)
+            })?;
+        if let Some((checkpoint_line, checkpoint)) =
+            next_checkpoint.next_if(|(_, c)| c.count == entry.seq)
+        {
+            if checkpoint.head_hash != entry.hash {
+                return Err(broken(
+                    Some(entry.seq),
+                    Problem::CheckpointHeadMismatch {
+                        count: checkpoint.count,
+                        checkpoint_line: *checkpoint_line,
+                        signed_head: checkpoint.head_hash.clone(),
+                        log_head: entry.hash.clone(),
+                    },
+                ));
+            }
+        }
+        if entry.kind == EntryKind::LogRecovered {
+            recovered_tails.push(recovered_tail(path, &entry));
+        }
+    }
+    Ok(None)
 }
 
 fn recovered_tail(file: &Path, entry: &Entry) -> RecoveredTail {

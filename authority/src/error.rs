@@ -119,7 +119,7 @@ impl AuthorityError {
     }
 }
 
-/// Why one gRPC call failed. Converted to a [`tonic::Status`] in exactly one place.
+/// Why one gRPC call failed. Converted to a [`tonic::Status`] in exactly one place (`status.rs`).
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
     /// No token, or one the authority does not know.
@@ -153,23 +153,6 @@ impl CallError {
         Self::InvalidArgument {
             field: field.into(),
             reason: reason.into(),
-        }
-    }
-}
-
-impl From<CallError> for tonic::Status {
-    fn from(error: CallError) -> Self {
-        let message = error.to_string();
-        match error {
-            CallError::Unauthenticated(_) => Self::unauthenticated(message),
-            CallError::PermissionDenied(_) => Self::permission_denied(message),
-            CallError::InvalidArgument { .. } => Self::invalid_argument(message),
-            CallError::NotFound(_) => Self::not_found(message),
-            CallError::AlreadyExists(_) => Self::already_exists(message),
-            CallError::Internal(inner) => {
-                tracing::error!(error = %inner, "call failed on storage");
-                Self::internal("the authority could not complete the call; see its log")
-            }
         }
     }
 }

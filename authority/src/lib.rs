@@ -19,12 +19,14 @@
 
 pub mod ceiling;
 pub mod config;
+mod entries;
 pub mod error;
 pub mod files;
 pub mod keys;
 pub mod minting;
 pub mod operators;
 pub mod service;
+mod status;
 pub mod store;
 
 use std::future::Future;
@@ -42,6 +44,7 @@ use tollgate_router::SecretRedactor;
 use tollgate_serve::{RequestLimits, ServeLimits};
 
 pub use config::AuthorityConfig;
+pub use entries::COMPONENT;
 pub use error::{AuthorityError, CallError};
 
 use crate::files::{ensure_private_dir, write_atomic, DirLock};
@@ -60,8 +63,6 @@ pub const DATABASE_FILE: &str = "authority.db";
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Name of the bootstrap admin operator.
 pub const BOOTSTRAP_ADMIN: &str = "admin";
-/// This component's name in audit entries.
-pub const COMPONENT: &str = "authority";
 
 /// An opened authority, ready to serve.
 #[derive(Debug)]
@@ -90,10 +91,9 @@ impl Authority {
         let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
         let mut audit_config = tollgate_audit::component_config(&config.data_dir, COMPONENT)?;
         audit_config.key = config.audit_key.clone();
-        audit_config.redactor =
-            Some(Arc::new(SecretRedactor::with_defaults().map_err(|e| {
-                AuthorityError::Config(format!("audit redaction: {e}"))
-            })?));
+        let redactor = SecretRedactor::with_defaults()
+            .map_err(|e| AuthorityError::Config(format!("audit redaction: {e}")))?;
+        audit_config.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
         let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
         let supervisors = store.supervisors()?;

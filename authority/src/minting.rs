@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use tollgate_audit::{AuditLog, EntryDraft};
 use tollgate_proto::v1 as pb;
 
+use crate::entries::{refused, undone_entry};
 use crate::error::{AuthorityError, CallError};
 use crate::store::{Inserted, NewReceipt, Store};
 
@@ -140,10 +141,8 @@ fn commit_batch(batch: Vec<MintJob>, store: &Store, audit: &AuditLog) {
                             "parent receipt {} was revoked",
                             job.receipt.parent_receipt_id
                         ));
-                        let undone = crate::service::undone_entry(
-                            crate::service::refused(job.entry.clone(), &error),
-                            &error.to_string(),
-                        );
+                        let undone =
+                            undone_entry(refused(job.entry.clone(), &error), &error.to_string());
                         if let Err(e) = audit.append(undone) {
                             tracing::error!(error = %e, "could not audit a child not stored");
                         }
@@ -160,7 +159,7 @@ fn commit_batch(batch: Vec<MintJob>, store: &Store, audit: &AuditLog) {
         Err(error) => {
             let message = error.to_string();
             for job in audited {
-                let undone = crate::service::undone_entry(job.entry.clone(), &message);
+                let undone = undone_entry(job.entry.clone(), &message);
                 if let Err(e) = audit.append(undone) {
                     tracing::error!(error = %e, "could not audit a failed mint");
                 }

@@ -99,12 +99,6 @@ impl SecretRedactor {
     }
 }
 
-impl tollgate_audit::Redactor for SecretRedactor {
-    fn redact(&self, text: &str) -> Option<String> {
-        self.redact_secrets(text)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

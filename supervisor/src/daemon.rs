@@ -276,10 +276,9 @@ pub async fn serve(
     let (manager, recovered) = tokio::task::spawn_blocking(move || {
         let mut audit = tollgate_audit::component_config(&settings.data_dir, COMPONENT)?;
         audit.key = audit_key;
-        audit.redactor = Some(Arc::new(
-            tollgate_router::SecretRedactor::with_defaults()
-                .map_err(|e| DaemonError::Config(format!("audit redaction: {e}")))?,
-        ));
+        let redactor = tollgate_router::SecretRedactor::with_defaults()
+            .map_err(|e| DaemonError::Config(format!("audit redaction: {e}")))?;
+        audit.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
         let audit = tollgate_audit::AuditLog::open(audit)?;
         RunManager::open(settings, keys, audit).map_err(DaemonError::from)
     })

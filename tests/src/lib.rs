@@ -38,9 +38,11 @@ pub fn supervisor_audit(data_dir: &Path) -> tollgate_audit::AuditLog {
     std::fs::create_dir_all(data_dir).expect("create the data directory");
     let mut config =
         tollgate_audit::component_config(data_dir, "supervisor").expect("audit config");
-    config.redactor = Some(std::sync::Arc::new(
-        tollgate_router::SecretRedactor::with_defaults().expect("the built-in detectors compile"),
-    ));
+    let redactor =
+        tollgate_router::SecretRedactor::with_defaults().expect("the built-in detectors compile");
+    config.redactor = Some(std::sync::Arc::new(move |text: &str| {
+        redactor.redact_secrets(text)
+    }));
     tollgate_audit::AuditLog::open(config).expect("open the audit log")
 }
 

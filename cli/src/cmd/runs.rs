@@ -7,9 +7,11 @@ use serde_json::json;
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
 
+use crate::args::GlobalArgs;
 use crate::client::{authed, connect_supervisor};
 use crate::error::CliError;
-use crate::{read_input, show, GlobalArgs};
+use crate::files::read_input;
+use crate::show;
 
 fn state_name(state: i32) -> &'static str {
     match pb::RunState::try_from(state) {
@@ -220,69 +222,88 @@ async fn follow(
         match event?.event {
             Some(pb::run_event::Event::Output(chunk)) => {
                 bytes += chunk.data.len();
-                let stderr = chunk.stream == pb::OutputStream::Stderr as i32;
-                if display == Display::Json {
-                    println!(
-                        "{}",
-                        serde_json::json!({
-                            "event": "output",
-                            "stream": if stderr { "stderr" } else { "stdout" },
-                            "text": String::from_utf8_lossy(&chunk.data),
-                        })
-                    );
-                    continue;
-                }
-                clear();
-                // The agent's bytes, unchanged; a closed stdout is not our error to report.
-                let _ = if stderr {
-                    std::io::stderr().write_all(&chunk.data)
-                } else {
-                    std::io::stdout().write_all(&chunk.data)
-                };
-                let _ = std::io::stdout().flush();
+                show_output(&chunk, display);
             }
             Some(pb::run_event::Event::Ended(run)) => {
                 clear();
-                let _ = std::io::stdout().flush();
-                if display == Display::Json {
-                    println!(
-                        "{}",
-                        serde_json::json!({"event": "ended", "run": run_json(&run)})
-                    );
-                }
-                if display == Display::Progress {
-                    say_err!(
-                        "[tollgate] {run_id}: {} after {:.1} s ({})",
-                        state_name(run.state),
-                        started.elapsed().as_secs_f64(),
-                        run.report.as_ref().map_or("", |r| r.reason.as_str())
-                    );
-                }
-                let report = run.report.unwrap_or_default();
-                let exited = run.state == pb::RunState::Exited as i32;
-                return match (report.exit_code, report.signal) {
-                    (Some(0), _) if exited => Ok(()),
-                    (Some(code), _) if exited => Err(CliError::RunEnded {
-                        code: u8::try_from(code).unwrap_or(1),
-                        reason: String::new(),
-                    }),
-                    (_, Some(signal)) if exited => Err(CliError::RunEnded {
-                        code: 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
-                        reason: String::new(),
-                    }),
-                    _ => Err(CliError::RunEnded {
-                        code: 137,
-                        reason: format!(
-                            "run {} ended: {} ({})",
-                            run.run_id,
-                            state_name(run.state),
-                            report.reason
-                        ),
-                    }),
-                };
+                return run_ended(run, run_id, display, started.elapsed());
             }
             None => {}
         }
+    }
+}
+
+/// One chunk of the agent's output, as `display` shows it.
+fn show_output(chunk: &pb::OutputChunk, display: Display) {
+    let stderr = chunk.stream == pb::OutputStream::Stderr as i32;
+    if display == Display::Json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "event": "output",
+                "stream": if stderr { "stderr" } else { "stdout" },
+                "text": String::from_utf8_lossy(&chunk.data),
+            })
+        );
+        return;
+    }
+    if display == Display::Progress {
+        // Clears the status line before the agent's bytes.
+        eprint!("\r\x1b[2K");
+    }
+    // The agent's bytes, unchanged; a closed stdout is not our error to report.
+    let _ = if stderr {
+        std::io::stderr().write_all(&chunk.data)
+    } else {
+        std::io::stdout().write_all(&chunk.data)
+    };
+    let _ = std::io::stdout().flush();
+}
+
+/// The end of a followed run, shown as `display` asks; the result carries the agent's exit
+/// status.
+fn run_ended(
+    run: pb::Run,
+    run_id: &str,
+    display: Display,
+    elapsed: std::time::Duration,
+) -> Result<(), CliError> {
+    let _ = std::io::stdout().flush();
+    if display == Display::Json {
+        println!(
+            "{}",
+            serde_json::json!({"event": "ended", "run": run_json(&run)})
+        );
+    }
+    if display == Display::Progress {
+        say_err!(
+            "[tollgate] {run_id}: {} after {:.1} s ({})",
+            state_name(run.state),
+            elapsed.as_secs_f64(),
+            run.report.as_ref().map_or("", |r| r.reason.as_str())
+        );
+    }
+    let report = run.report.unwrap_or_default();
+    let exited = run.state == pb::RunState::Exited as i32;
+    match (report.exit_code, report.signal) {
+        (Some(0), _) if exited => Ok(()),
+        (Some(code), _) if exited => Err(CliError::RunEnded {
+            code: u8::try_from(code).unwrap_or(1),
+            reason: String::new(),
+        }),
+        (_, Some(signal)) if exited => Err(CliError::RunEnded {
+            code: 128u8.saturating_add(u8::try_from(signal).unwrap_or(0)),
+            reason: String::new(),
+        }),
+        _ => Err(CliError::RunEnded {
+            code: 137,
+            reason: format!(
+                "run {} ended: {} ({})",
+                run.run_id,
+                state_name(run.state),
+                report.reason
+            ),
+        }),
     }
 }
 
@@ -424,26 +445,66 @@ pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), C
         .await?
         .into_inner();
     if json {
-        for run in &tree.runs {
-            let mut line = run_json(run);
-            line["exit_code"] = json!(run.report.as_ref().and_then(|r| r.exit_code));
-            println!("{line}");
-        }
-        for child in &tree.pending {
-            println!(
-                "{}",
-                json!({
-                    "run_id": child.receipt_id,
-                    "parent_run_id": child.parent_run_id,
-                    "subject": child.subject,
-                    "state": "minted",
-                    "expires_at": child.expires_at.map(|t| t.seconds),
-                })
-            );
-        }
+        print_tree_json(&tree);
         return Ok(());
     }
-    let now = tollgate_receipt::unix_now();
+    let mut entries = tree_rows(&tree, tollgate_receipt::unix_now());
+    let depths: Vec<u32> = entries.iter().map(|(d, _)| *d).collect();
+    for ((_, row), prefix) in entries.iter_mut().zip(branch_prefixes(&depths)) {
+        row.prefix = prefix;
+    }
+    let width = entries
+        .iter()
+        .map(|(_, r)| r.prefix.chars().count() + r.run_id.len())
+        .max()
+        .unwrap_or(3)
+        + 2;
+    say!(
+        "{:<width$}{:<16}{:<16}{:<8}EXPIRES",
+        "RUN",
+        "SUBJECT",
+        "STATE",
+        "AGE"
+    );
+    for (_, row) in &entries {
+        let name = format!("{}{}", row.prefix, row.run_id);
+        let pad = width.saturating_sub(name.chars().count());
+        say!(
+            "{name}{:pad$}{:<16}{:<16}{:<8}{}",
+            "",
+            row.subject,
+            row.state,
+            row.age,
+            row.expires
+        );
+    }
+    Ok(())
+}
+
+/// `tollgate tree --json`: one object per run, then one per pending child.
+fn print_tree_json(tree: &pb::RunTree) {
+    for run in &tree.runs {
+        let mut line = run_json(run);
+        line["exit_code"] = json!(run.report.as_ref().and_then(|r| r.exit_code));
+        println!("{line}");
+    }
+    for child in &tree.pending {
+        println!(
+            "{}",
+            json!({
+                "run_id": child.receipt_id,
+                "parent_run_id": child.parent_run_id,
+                "subject": child.subject,
+                "state": "minted",
+                "expires_at": child.expires_at.map(|t| t.seconds),
+            })
+        );
+    }
+}
+
+/// The tree's rows with their depth below the root, each pending child right after its
+/// parent's subtree; prefixes not drawn yet.
+fn tree_rows(tree: &pb::RunTree, now: i64) -> Vec<(u32, TreeRow)> {
     let root_depth = tree.runs.first().map_or(0, |r| r.depth);
     // Pending children are drawn right after their parent's subtree entries.
     let mut entries: Vec<(u32, TreeRow)> = Vec::new();
@@ -500,36 +561,7 @@ pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), C
             ),
         );
     }
-    let depths: Vec<u32> = entries.iter().map(|(d, _)| *d).collect();
-    for ((_, row), prefix) in entries.iter_mut().zip(branch_prefixes(&depths)) {
-        row.prefix = prefix;
-    }
-    let width = entries
-        .iter()
-        .map(|(_, r)| r.prefix.chars().count() + r.run_id.len())
-        .max()
-        .unwrap_or(3)
-        + 2;
-    say!(
-        "{:<width$}{:<16}{:<16}{:<8}EXPIRES",
-        "RUN",
-        "SUBJECT",
-        "STATE",
-        "AGE"
-    );
-    for (_, row) in &entries {
-        let name = format!("{}{}", row.prefix, row.run_id);
-        let pad = width.saturating_sub(name.chars().count());
-        say!(
-            "{name}{:pad$}{:<16}{:<16}{:<8}{}",
-            "",
-            row.subject,
-            row.state,
-            row.age,
-            row.expires
-        );
-    }
-    Ok(())
+    entries
 }
 
 #[cfg(test)]

@@ -13,13 +13,18 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 use tokio_stream::StreamExt as _;
 
-use crate::client::{connect, connect_supervisor, read_token};
-use crate::error::CliError;
-use crate::{authed, mint_with, show, verify_with};
 use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_client::AuthorityClient;
+use tonic::transport::Channel;
+
+use super::audit::{trace, Trust};
+use super::receipts::{mint_with, verify_with};
+use crate::client::{authed, connect, connect_supervisor, read_token};
+use crate::error::CliError;
+use crate::show;
 
 /// The shipped example run spec (also the one docs/run-spec.md explains).
-const SAMPLE_SPEC: &str = include_str!("../../examples/run.toml");
+const SAMPLE_SPEC: &str = include_str!("../../../examples/run.toml");
 
 /// The sample agent: what it may do, and what it may not.
 const SAMPLE_AGENT: &str = r#"echo "agent: running as uid $(id -u) on host $(cat /proc/sys/kernel/hostname)"
@@ -184,11 +189,33 @@ fn audit_trail(dir: &Path, run_id: &str) -> Result<(), CliError> {
         logs[0].display(),
         logs[1].display()
     );
-    crate::audit::trace(run_id, &logs, &crate::audit::Trust::default())
+    trace(run_id, &logs, &Trust::default())
 }
 
 /// The tour up to the run; returns the run's id when the sandbox part ran (as root).
 async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, CliError> {
+    let (authority_addr, token, mut client) = start_authority(dir, daemons).await?;
+    receipt_steps(&mut client, &token).await?;
+    if !nix::unistd::geteuid().is_root() {
+        println!(
+            "\n   The sandbox part of the tour needs root (the supervisor builds namespaces and\n   \
+             cgroups): run `sudo tollgate quickstart` to see an agent run."
+        );
+        return Ok(None);
+    }
+
+    let (supervisor_dir, supervisor_addr) = start_supervisor(dir, &authority_addr, daemons).await?;
+    let (run_id, run) =
+        run_sample_agent(dir, &mut client, &token, &supervisor_dir, &supervisor_addr).await?;
+    teardown_report(run)?;
+    Ok(Some(run_id))
+}
+
+/// Step 1: an authority on a free port; its address, the admin token and a client.
+async fn start_authority(
+    dir: &Path,
+    daemons: &mut Vec<Daemon>,
+) -> Result<(String, String, AuthorityClient<Channel>), CliError> {
     step(1, "Start an authority on a free port");
     let authority_dir = dir.join("authority");
     let authority = start_daemon(
@@ -224,9 +251,14 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         );
     }
 
+    Ok((authority_addr, token, client))
+}
+
+/// Steps 2 to 5: mint, verify, tamper, revoke.
+async fn receipt_steps(client: &mut AuthorityClient<Channel>, token: &str) -> Result<(), CliError> {
     step(2, "Mint a receipt from a run spec (as the admin operator)");
     println!("{}", indent(SAMPLE_SPEC.trim_end()));
-    let minted = mint_with(&mut client, &token, SAMPLE_SPEC, "sample spec").await?;
+    let minted = mint_with(client, token, SAMPLE_SPEC, "sample spec").await?;
     println!(
         "\n   text form ({} chars): {}…",
         minted.text.len(),
@@ -234,7 +266,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
     );
 
     step(3, "Verify it as a supervisor with id \"workstation\" would");
-    let (_, outcome) = verify_with(&mut client, &minted.text, Some("workstation")).await?;
+    let (_, outcome) = verify_with(client, &minted.text, Some("workstation")).await?;
     let verified = outcome?;
     println!("   valid: Ed25519 signature over \"tollgate.receipt.v1\\n\" || receipt bytes");
     println!("{}", indent(&show::receipt_text(&verified)));
@@ -248,10 +280,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         "A"
     };
     tampered.replace_range(middle..=middle, replacement);
-    match verify_with(&mut client, &tampered, Some("workstation"))
-        .await?
-        .1
-    {
+    match verify_with(client, &tampered, Some("workstation")).await?.1 {
         Ok(_) => return Err(CliError::Other("a tampered receipt verified".into())),
         Err(e) => say!("   refused: {e}"),
     }
@@ -260,14 +289,14 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
     let receipt = minted.receipt.clone().unwrap_or_default();
     client
         .revoke_receipt(authed(
-            &token,
+            token,
             pb::RevokeReceiptRequest {
                 receipt_id: receipt.receipt_id.clone(),
                 reason: "quickstart demo".into(),
             },
         )?)
         .await?;
-    match verify_with(&mut client, &minted.text, Some("workstation"))
+    match verify_with(client, &minted.text, Some("workstation"))
         .await?
         .1
     {
@@ -275,14 +304,16 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         Err(e) => say!("   refused: {e}"),
     }
 
-    if !nix::unistd::geteuid().is_root() {
-        println!(
-            "\n   The sandbox part of the tour needs root (the supervisor builds namespaces and\n   \
-             cgroups): run `sudo tollgate quickstart` to see an agent run."
-        );
-        return Ok(None);
-    }
+    Ok(())
+}
 
+/// Step 6: a supervisor (id "workstation") that trusts the authority; its data directory and
+/// address.
+async fn start_supervisor(
+    dir: &Path,
+    authority_addr: &str,
+    daemons: &mut Vec<Daemon>,
+) -> Result<(PathBuf, String), CliError> {
     step(
         6,
         "Start a supervisor (id \"workstation\") that trusts this authority",
@@ -310,6 +341,18 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
     daemons.push(supervisor);
     println!("   listening on {supervisor_addr}; it follows the authority's revocations");
 
+    Ok((supervisor_dir, supervisor_addr))
+}
+
+/// Step 7: mints a receipt for the sample agent and runs it in a sandbox, showing its output;
+/// the run's id and how it ended.
+async fn run_sample_agent(
+    dir: &Path,
+    client: &mut AuthorityClient<Channel>,
+    token: &str,
+    supervisor_dir: &Path,
+    supervisor_addr: &str,
+) -> Result<(String, pb::Run), CliError> {
     step(
         7,
         "Mint a receipt for a small agent and run it in a sandbox",
@@ -349,7 +392,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         ..Default::default()
     };
     let minted = client
-        .mint_receipt(authed(&token, request)?)
+        .mint_receipt(authed(token, request)?)
         .await?
         .into_inner();
     println!(
@@ -358,7 +401,7 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         notes.display()
     );
     let supervisor_token = read_token(&supervisor_dir.join("admin.token"))?;
-    let mut runs = connect_supervisor(&supervisor_addr).await?;
+    let mut runs = connect_supervisor(supervisor_addr).await?;
     let run_id = runs
         .start_run(authed(
             &supervisor_token,
@@ -394,6 +437,11 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
     }
     let run = ended.ok_or_else(|| CliError::Other("the run's stream ended early".into()))?;
 
+    Ok((run_id, run))
+}
+
+/// Step 8: the teardown report; an error if the teardown left anything behind.
+fn teardown_report(run: pb::Run) -> Result<(), CliError> {
     step(8, "The teardown report");
     let report = run.report.unwrap_or_default();
     println!(
@@ -417,5 +465,5 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
             report.cleanup_errors.join("; ")
         )));
     }
-    Ok(Some(run_id))
+    Ok(())
 }

@@ -10,7 +10,8 @@ use tollgate_audit::{
     VerifyError, VerifyOptions, VerifyReport,
 };
 
-use crate::CliError;
+use crate::args::{AuditCommand, AuditTrustArgs};
+use crate::error::CliError;
 
 /// How to check logs: the audit key (HMAC) and the trusted checkpoint key.
 #[derive(Debug, Clone, Default)]
@@ -33,6 +34,39 @@ impl Trust {
             key,
             trusted_checkpoint_key,
         })
+    }
+}
+
+impl From<&AuditTrustArgs> for Trust {
+    fn from(args: &AuditTrustArgs) -> Self {
+        Self {
+            key_file: args.key_file.clone(),
+            checkpoint_key: args.checkpoint_key.clone(),
+        }
+    }
+}
+
+/// `tollgate audit verify|query|export`.
+pub(crate) fn audit_command(command: AuditCommand) -> Result<(), CliError> {
+    match command {
+        AuditCommand::Verify { logs, trust, json } => verify(&logs, &(&trust).into(), json),
+        AuditCommand::Query {
+            logs,
+            run,
+            receipt,
+            since,
+            json,
+        } => {
+            let filter = EntryFilter {
+                run_id: run,
+                receipt_id: receipt,
+                since: since.as_deref().map(parse_since).transpose()?,
+            };
+            query(&logs, &filter, json)
+        }
+        AuditCommand::Export { logs, since } => {
+            export(&logs, since.as_deref().map(parse_since).transpose()?)
+        }
     }
 }
 

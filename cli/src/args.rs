@@ -1,0 +1,430 @@
+//! The command line as clap reads it: global options, commands and their arguments. Their doc
+//! comments are the `--help` text.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::{TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
+
+/// Operate Tollgate: mint and revoke signed run receipts, run them in sandboxes, follow and
+/// stop runs, read the audit trail.
+///
+/// Receipt, operator and supervisor-enrolment commands (mint, receipt, receipts, revoke,
+/// operator, supervisor, keys) talk to the authority: --authority or TOLLGATE_AUTHORITY (host:port, or the path of an authority.addr
+/// file). Run commands (run, ps, watch, tree, inspect, stop) talk to the supervisor: --supervisor or
+/// TOLLGATE_SUPERVISOR. The bearer token of the daemon a command talks to comes from
+/// --token-file or TOLLGATE_TOKEN_FILE (or the token itself in TOLLGATE_TOKEN). Audit commands
+/// (audit, trace, calls) and restore read the files themselves; classify runs locally.
+///
+/// Errors are one line on stderr with a non-zero exit: 1 invalid receipt or broken audit log,
+/// 2 usage, 65 bad request, 66 missing input, 69 daemon unreachable, 73 cannot write,
+/// 77 not authenticated or not allowed, 125 a run could not start; `run` and `watch` exit with
+/// the agent's own code (128+N when a signal ended it).
+///
+/// New here? Run `tollgate quickstart`: it starts a throwaway authority and (as root) a
+/// supervisor, mints, verifies and revokes a receipt, runs an agent in a sandbox and shows the
+/// audit trail, explaining each step.
+#[derive(Debug, Parser)]
+#[command(name = "tollgate", version, about, long_about)]
+pub struct Cli {
+    /// Options shared by every command.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Connection options.
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Authority address: host:port, http://host:port, or the path of an authority.addr file.
+    #[arg(long, global = true, env = "TOLLGATE_AUTHORITY", default_value = DEFAULT_AUTHORITY)]
+    pub authority: String,
+    /// Supervisor address: host:port, http://host:port, or the path of a supervisor.addr file.
+    #[arg(long, global = true, env = "TOLLGATE_SUPERVISOR", default_value = DEFAULT_SUPERVISOR)]
+    pub supervisor: String,
+    /// File holding the bearer token of the daemon the command talks to (the authority's or
+    /// the supervisor's <data dir>/admin.token).
+    #[arg(long, global = true, env = "TOLLGATE_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// The operator's bearer token itself (prefer --token-file: environments leak).
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_TOKEN",
+        hide_env_values = true,
+        hide = true
+    )]
+    pub token: Option<String>,
+}
+
+/// Commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Mint a receipt from a TOML run spec; print its tgr1. text or write it to --out.
+    ///
+    /// The spec names subject, ttl, audience, [agent], [limits], [[fs]], [exec], [[routes]]
+    /// and [delegate] (see docs/run-spec.md). The authority refuses anything above your
+    /// operator ceiling and names the grant.
+    Mint {
+        /// The run spec (TOML); "-" reads stdin.
+        #[arg(long, value_name = "FILE")]
+        spec: PathBuf,
+        /// Write the receipt's text form here (mode 0600) instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+        /// Print the minted receipt as JSON (with its text form) instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Inspect receipts.
+    #[command(subcommand)]
+    Receipt(ReceiptCommand),
+    /// List your receipts (admins: everyone's), newest first.
+    Receipts {
+        /// Include expired receipts.
+        #[arg(long)]
+        all: bool,
+        /// Only this owner's receipts (admins only).
+        #[arg(long)]
+        owner: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a receipt: supervisors following the authority stop honouring it at once.
+    Revoke {
+        /// The receipt id.
+        receipt_id: String,
+        /// Why (recorded and streamed to supervisors).
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Manage operators (admin token needed).
+    #[command(subcommand)]
+    Operator(OperatorCommand),
+    /// Enrol supervisors for delegation, or remove them (admin token needed).
+    #[command(subcommand)]
+    Supervisor(SupervisorCommand),
+    /// Show the authority's public key set, or rotate the signing key.
+    Keys {
+        /// `rotate` starts signing with a new key (admin); omit to list keys.
+        #[command(subcommand)]
+        action: Option<KeysCommand>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a receipt on the supervisor: stream the agent's output and exit with its exit code
+    /// (125 when the run could not start, with the reason on stderr; 128+N when killed by
+    /// signal N, e.g. when stopped or expired).
+    Run {
+        /// File with the receipt's tgr1. text; "-" reads stdin.
+        #[arg(long, value_name = "FILE")]
+        receipt: PathBuf,
+        /// The agent command, for receipts that do not pin one.
+        #[arg(last = true, value_name = "ARGV")]
+        argv: Vec<String>,
+    },
+    /// List runs on the supervisor (live ones; --all for every run).
+    Ps {
+        /// Include ended runs.
+        #[arg(long)]
+        all: bool,
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow a run: its output as it comes, a live status line (elapsed time, output so far,
+    /// state) on a terminal, then its end; exits with the agent's exit code, like `run`.
+    ///
+    /// Attach to any live run (or an ended one: its end is shown at once). Interrupting with
+    /// Ctrl-C detaches; the run goes on (stop it with `tollgate stop`).
+    Watch {
+        /// The run id.
+        run_id: String,
+        /// One JSON object per event (`output` with stream and text, then `ended` with the run).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a shell completion script: `tollgate completions bash > /etc/bash_completion.d/tollgate`,
+    /// `tollgate completions zsh > "${fpath[1]}/_tollgate"`, `tollgate completions fish >
+    /// ~/.config/fish/completions/tollgate.fish`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Show a run and every run it delegated, as a tree with each one's state and age.
+    ///
+    /// Children, grandchildren and so on, each with its state, age and expiry; child receipts
+    /// minted but not started show as `minted`. Exits 66 when the run is unknown.
+    ///
+    /// A child run ends as `parent_ended` when its parent ends (stopped, revoked, expired
+    /// or exited): a delegated run never outlives the run that started it.
+    Tree {
+        /// The run at the root of the tree (any run).
+        run_id: String,
+        /// One JSON object per run (run_id, parent_run_id, depth, subject, state,
+        /// created_at, ended_at, expires_at, exit_code); pending children have state
+        /// "minted".
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one run: state and, once ended, its teardown report.
+    Inspect {
+        /// The run id.
+        run_id: String,
+        /// JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a live run; prints its teardown report.
+    Stop {
+        /// The run id.
+        run_id: String,
+        /// Recorded in the teardown report.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// A run's gateway calls with their decisions, in order, from the supervisor's audit log
+    /// (time, call id, tool, decision, path, and why a call was refused).
+    Calls {
+        /// The run id.
+        run_id: String,
+        /// The supervisor's audit log directory (<data dir>/audit), or several.
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// One JSON object per call.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a file back as it was before one of a run's gateway calls changed it.
+    ///
+    /// Every allowed fs.write and fs.delete keeps the file's previous state (its exact bytes,
+    /// owner and mode, or that it did not exist) under <supervisor data dir>/snapshots/RUN/
+    /// before the change. Restoring writes it back atomically — or removes the file when the
+    /// call had created it — resolving the path beneath its grant as the gateway did, so a
+    /// link planted since cannot redirect it. Find call ids with `tollgate calls RUN`. Run it
+    /// as root on the supervisor's host; the supervisor need not be running.
+    Restore {
+        /// The run id.
+        run_id: String,
+        /// The call id (from `tollgate calls RUN`).
+        call_id: String,
+        /// The supervisor's data directory (its --data-dir).
+        #[arg(long, value_name = "DIR")]
+        data_dir: PathBuf,
+        /// One JSON object: path, removed, size.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Say how sensitive a text is, as the router sees it: the highest sensitivity (low,
+    /// medium, high) and the reasons — detector and byte span, never the matched text.
+    ///
+    /// Secrets and credentials are high; personal data and internal hosts medium. Runs
+    /// locally; nothing is sent anywhere.
+    Classify {
+        /// The text; "-" reads stdin (or use --file).
+        #[arg(
+            value_name = "TEXT|-",
+            required_unless_present = "file",
+            conflicts_with = "file"
+        )]
+        text: Option<String>,
+        /// Classify this file's contents instead.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// One JSON object: sensitivity and reasons.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check and read audit logs (each daemon's <data dir>/audit), from the files themselves.
+    #[command(subcommand)]
+    Audit(AuditCommand),
+    /// The story of one run from mint to teardown, in order, from the audit logs given
+    /// (typically the authority's and the supervisor's), after checking each is intact.
+    ///
+    /// Exits 1 when a log does not verify (the story is still printed), 66 when no entry
+    /// names the run.
+    Trace {
+        /// The run id (= its receipt id).
+        run_id: String,
+        /// Audit log directories, e.g. /var/lib/tollgate/authority/audit
+        /// /var/lib/tollgate/supervisor/audit.
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// How to check the logs.
+        #[command(flatten)]
+        trust: AuditTrustArgs,
+    },
+    /// Start a throwaway authority and (as root) a supervisor, mint, verify and revoke a
+    /// receipt, run an agent in a sandbox, and explain each step.
+    Quickstart {
+        /// Keep the temporary data directory (its path is printed).
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+/// How audit logs are checked.
+#[derive(Debug, Args)]
+pub struct AuditTrustArgs {
+    /// The audit key the daemons were given (HMAC hashes); without it TOLLGATE_AUDIT_KEY is
+    /// used when set, and a keyed log then fails at its first entry.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_AUDIT_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+    /// The Ed25519 public key that signs the log's checkpoints (64 hex digits, or a copy of
+    /// <data dir>/audit/checkpoint.pub kept elsewhere). Without it the checkpoint.pub beside
+    /// the log is used, which proves consistency but not who wrote the log.
+    #[arg(long, value_name = "HEX|FILE")]
+    pub checkpoint_key: Option<String>,
+}
+
+/// `tollgate audit ...`
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Verify audit logs: exit 0 only if each is intact (every entry canonical and chained,
+    /// every checkpoint signed and matching); otherwise print the first bad entry of each
+    /// broken log and why, and exit 1.
+    Verify {
+        /// Audit log directories (<data dir>/audit).
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// How to check them.
+        #[command(flatten)]
+        trust: AuditTrustArgs,
+        /// One JSON object per log.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the entries that match, from every log given, in time order.
+    Query {
+        /// Audit log directories (<data dir>/audit).
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// Only entries of this run.
+        #[arg(long, value_name = "ID")]
+        run: Option<String>,
+        /// Only entries of this receipt.
+        #[arg(long, value_name = "ID")]
+        receipt: Option<String>,
+        /// Only entries since this time: RFC 3339 (2026-11-30T10:00:00Z) or an age (2h).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+        /// The entries as stored (canonical JSON lines).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every entry as stored (canonical JSON, hashes included), one per line, in time order:
+    /// NDJSON for SIEM ingestion.
+    Export {
+        /// Audit log directories (<data dir>/audit).
+        #[arg(required = true, value_name = "LOG_DIR")]
+        logs: Vec<PathBuf>,
+        /// Only entries since this time: RFC 3339 or an age (2h).
+        #[arg(long, value_name = "TIME")]
+        since: Option<String>,
+    },
+}
+
+/// `tollgate receipt ...`
+#[derive(Debug, Subcommand)]
+pub enum ReceiptCommand {
+    /// Decode a receipt and verify it against the authority's key set and revocations.
+    ///
+    /// Exits 0 when valid, 1 when not (the reason is printed: bad signature, unknown key,
+    /// malformed, not yet valid, expired, wrong audience or revoked).
+    Show {
+        /// File with the tgr1. text form; "-" reads stdin.
+        file: PathBuf,
+        /// Also require this supervisor id in the audience.
+        #[arg(long, value_name = "ID")]
+        audience: Option<String>,
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `tollgate operator ...`
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    /// Create an operator with a ceiling; prints its token once.
+    Add {
+        /// Operator name: letters, digits, '.', '_', '-', '@'.
+        name: String,
+        /// Ceiling file (TOML): max_ttl, audience, exec, max_delegate_depth, [[fs]],
+        /// [[routes]], [limits] (see docs/authority.md).
+        #[arg(long, value_name = "FILE")]
+        ceiling: PathBuf,
+        /// Make it an admin (may add operators and rotate keys).
+        #[arg(long)]
+        admin: bool,
+        /// Write the token here (mode 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        token_out: Option<PathBuf>,
+    },
+    /// List operators and their ceilings.
+    List {
+        /// JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `tollgate supervisor ...`
+#[derive(Debug, Subcommand)]
+pub enum SupervisorCommand {
+    /// Enrol a supervisor for delegation and print its delegation token once.
+    ///
+    /// A run whose receipt may delegate (`[delegate] max_depth >= 1`) asks its supervisor for
+    /// narrower child receipts; the supervisor asks the authority with this token (give it to
+    /// the supervisor with --delegation-token-file, mode 0600, root only). The token
+    /// authenticates only that request, only for receipts whose audience names ID, and only
+    /// for children within their parent: it is not an operator token. The authority keeps
+    /// only its SHA-256, so keep the output: enrolling the same ID again is refused (exit 73).
+    ///
+    /// Example: tollgate --token-file /var/lib/tollgate/authority/admin.token supervisor add
+    /// workstation --token-out /etc/tollgate/delegation.token
+    Add {
+        /// The supervisor's id, as in its --id and in receipt audiences: 1-64 letters, digits,
+        /// '.', '_', '-', '@'.
+        #[arg(value_name = "ID")]
+        supervisor_id: String,
+        /// Write the token here (mode 0600) instead of printing it.
+        #[arg(long, value_name = "FILE")]
+        token_out: Option<PathBuf>,
+    },
+    /// Remove an enrolled supervisor: its delegation token stops working at once.
+    ///
+    /// Runs on that supervisor can no longer delegate; children already minted are untouched
+    /// (revoke them as usual). To rotate a token, remove the supervisor and add it again.
+    /// Exit 66: not enrolled; 77: not an admin token.
+    Remove {
+        /// The supervisor's id.
+        #[arg(value_name = "ID")]
+        supervisor_id: String,
+    },
+}
+
+/// `tollgate keys ...`
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Generate a new signing key; the old one stays verifiable until its receipts expire.
+    Rotate,
+}
+
+impl GlobalArgs {
+    pub(crate) fn tokens(&self) -> TokenSource {
+        TokenSource {
+            file: self.token_file.clone(),
+            value: self.token.clone(),
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! One module per command group, as mini-redis keeps its `cmd/`: receipts, operators,
+//! supervisors and keys talk to the authority; runs to the supervisor; audit reads log files;
+//! local runs nothing remote; quickstart tours throwaway daemons.
+
+pub mod audit;
+pub(crate) mod keys;
+pub(crate) mod local;
+pub(crate) mod operators;
+pub(crate) mod quickstart;
+pub(crate) mod receipts;
+pub(crate) mod runs;
+pub(crate) mod supervisors;

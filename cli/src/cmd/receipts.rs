@@ -1,0 +1,288 @@
+//! Receipt commands against the authority: `mint`, `receipt show`, `receipts`, `revoke`, and
+//! the minting and verifying the quickstart shares.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use prost::Message as _;
+use serde_json::json;
+use tokio_stream::StreamExt as _;
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_client::AuthorityClient;
+use tollgate_receipt::spec::RunSpec;
+use tollgate_receipt::{
+    from_text, unix_now, KeySet, Receipt, ReceiptVerifier, VerifyContext, VerifyError,
+};
+use tonic::transport::Channel;
+
+use crate::args::GlobalArgs;
+use crate::client::{authed, connect};
+use crate::error::CliError;
+use crate::files::{read_input, write_private};
+use crate::show;
+
+/// Mints from a spec file with an already-connected client.
+pub async fn mint_with(
+    client: &mut AuthorityClient<Channel>,
+    token: &str,
+    spec_text: &str,
+    spec_name: &str,
+) -> Result<pb::MintReceiptResponse, CliError> {
+    let request = RunSpec::parse(spec_text)
+        .and_then(|spec| spec.to_request())
+        .map_err(|e| CliError::Input(format!("{spec_name}: {e}")))?;
+    Ok(client
+        .mint_receipt(authed(token, request)?)
+        .await?
+        .into_inner())
+}
+
+/// `tollgate mint`: mints from a run spec; prints the text form or writes it to `out`.
+pub(crate) async fn mint(
+    global: &GlobalArgs,
+    spec: &Path,
+    out: Option<&Path>,
+    json: bool,
+) -> Result<(), CliError> {
+    let text = read_input(spec)?;
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let minted = mint_with(&mut client, &token, &text, &spec.display().to_string()).await?;
+    let receipt = minted.receipt.clone().unwrap_or_default();
+    if let Some(out) = out {
+        write_private(out, &format!("{}\n", minted.text))?;
+        say_err!(
+            "minted {} for {:?}, expires {}; written to {}",
+            receipt.receipt_id,
+            receipt.subject,
+            show::time_text(receipt.expires_at.as_ref()),
+            out.display()
+        );
+    }
+    if json {
+        let mut value = show::receipt_json(&receipt);
+        value["text"] = json!(minted.text);
+        println!("{value}");
+    } else if out.is_none() {
+        println!("{}", minted.text);
+    }
+    Ok(())
+}
+
+/// Fetches the key set and every current revocation (the stream's initial snapshot).
+pub async fn fetch_trust(
+    client: &mut AuthorityClient<Channel>,
+) -> Result<(KeySet, HashSet<String>), CliError> {
+    let set = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await?
+        .into_inner();
+    let keys = KeySet::from_proto(&set)
+        .map_err(|e| CliError::Other(format!("the authority's key set is unusable: {e}")))?;
+    let mut stream = client
+        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .await?
+        .into_inner();
+    let mut revoked = HashSet::new();
+    while let Some(event) = stream.next().await {
+        match event?.event {
+            Some(pb::revocation_event::Event::Revoked(r)) => {
+                revoked.insert(r.receipt_id);
+            }
+            Some(pb::revocation_event::Event::CaughtUp(_)) => break,
+            None => {}
+        }
+    }
+    Ok((keys, revoked))
+}
+
+/// Verifies receipt text against the authority's current keys and revocations.
+pub async fn verify_with(
+    client: &mut AuthorityClient<Channel>,
+    text: &str,
+    audience: Option<&str>,
+) -> Result<(Option<Receipt>, Result<Receipt, VerifyError>), CliError> {
+    let signed = match from_text(text) {
+        Ok(signed) => signed,
+        Err(e) => return Ok((None, Err(e))),
+    };
+    // Decoded without trust, only to show what the receipt claims when it fails.
+    let claimed = Receipt::decode(signed.receipt.as_slice()).ok();
+    let (keys, revoked) = fetch_trust(client).await?;
+    let outcome = ReceiptVerifier::new(keys).verify(
+        &signed,
+        &VerifyContext {
+            now: unix_now(),
+            audience,
+            revocations: &revoked,
+        },
+    );
+    Ok((claimed, outcome))
+}
+
+/// `tollgate receipt show`: verifies a receipt against the authority's keys and revocations.
+pub(crate) async fn show_receipt(
+    global: &GlobalArgs,
+    file: &Path,
+    audience: Option<&str>,
+    json: bool,
+) -> Result<(), CliError> {
+    let text = read_input(file)?;
+    let mut client = connect(&global.authority).await?;
+    let (claimed, outcome) = verify_with(&mut client, &text, audience).await?;
+    let shown = outcome.as_ref().ok().cloned().or(claimed);
+    if json {
+        let (valid, failure, reason) = match &outcome {
+            Ok(_) => (true, None, None),
+            Err(e) => (false, Some(e.failure().code()), Some(e.to_string())),
+        };
+        println!(
+            "{}",
+            json!({
+                "valid": valid,
+                "failure": failure,
+                "reason": reason,
+                "receipt": shown.as_ref().map(show::receipt_json),
+            })
+        );
+    } else {
+        let status = match &outcome {
+            Ok(_) => "valid (signature, validity window and revocation checked)".to_owned(),
+            Err(e) => format!("INVALID: {e}"),
+        };
+        say!("{:<11}{status}", "status");
+        if let Some(receipt) = &shown {
+            for line in show::receipt_lines(receipt) {
+                say!("{line}");
+            }
+        }
+    }
+    outcome.map(|_| ()).map_err(CliError::InvalidReceipt)
+}
+
+/// `tollgate receipts`: pages through the receipts the token may see.
+pub(crate) async fn list_receipts(
+    global: &GlobalArgs,
+    all: bool,
+    owner: Option<String>,
+    limit: u32,
+    json: bool,
+) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let mut page_token = String::new();
+    let mut shown = 0u32;
+    if !json {
+        say!(
+            "{:<37}{:<14}{:<20}{:<22}{:<9}{:<6}PARENT",
+            "RECEIPT",
+            "OWNER",
+            "SUBJECT",
+            "EXPIRES",
+            "STATE",
+            "DEPTH"
+        );
+    }
+    while shown < limit {
+        let page = client
+            .list_receipts(authed(
+                &token,
+                pb::ListReceiptsRequest {
+                    owner: owner.clone().unwrap_or_default(),
+                    limit: (limit - shown).min(1000),
+                    page_token: page_token.clone(),
+                    include_expired: all,
+                },
+            )?)
+            .await?
+            .into_inner();
+        for r in &page.receipts {
+            shown += 1;
+            let expired = r
+                .expires_at
+                .as_ref()
+                .is_some_and(|t| t.seconds <= unix_now());
+            let state = if r.revoked {
+                "revoked"
+            } else if expired {
+                "expired"
+            } else {
+                "valid"
+            };
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "receipt_id": r.receipt_id, "owner": r.owner, "subject": r.subject,
+                        "audience": r.audience,
+                        "issued_at": r.issued_at.map(|t| t.seconds),
+                        "expires_at": r.expires_at.map(|t| t.seconds),
+                        "state": state,
+                        "parent_receipt_id": r.parent_receipt_id,
+                        "depth": r.depth,
+                    })
+                );
+            } else {
+                say!(
+                    "{:<37}{:<14}{:<20}{:<22}{state:<9}{:<6}{}",
+                    r.receipt_id,
+                    r.owner,
+                    r.subject,
+                    show::time_text(r.expires_at.as_ref()),
+                    r.depth,
+                    if r.parent_receipt_id.is_empty() {
+                        "-"
+                    } else {
+                        &r.parent_receipt_id
+                    }
+                );
+            }
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    Ok(())
+}
+
+/// `tollgate revoke`: revokes a receipt (and, by the authority, its descendants).
+pub(crate) async fn revoke(
+    global: &GlobalArgs,
+    receipt_id: String,
+    reason: String,
+) -> Result<(), CliError> {
+    let token = global.tokens().token()?;
+    let mut client = connect(&global.authority).await?;
+    let response = client
+        .revoke_receipt(authed(
+            &token,
+            pb::RevokeReceiptRequest { receipt_id, reason },
+        )?)
+        .await?
+        .into_inner();
+    let revocation = response.revocation.unwrap_or_default();
+    if response.already_revoked {
+        say!(
+            "{} was already revoked at {} by {}",
+            revocation.receipt_id,
+            show::time_text(revocation.revoked_at.as_ref()),
+            revocation.revoked_by
+        );
+    } else {
+        say!(
+            "revoked {} (revocation #{})",
+            revocation.receipt_id,
+            revocation.seq
+        );
+    }
+    // Revocation covers the receipt's delegated descendants.
+    if !response.cascaded.is_empty() {
+        say!(
+            "also revoked {} descendant receipt(s): {}",
+            response.cascaded.len(),
+            response.cascaded.join(", ")
+        );
+    }
+    Ok(())
+}
