@@ -38,10 +38,10 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
+use tollgate_daemon::{RequestLimits, ServeLimits};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
 use tollgate_router::SecretRedactor;
-use tollgate_serve::{RequestLimits, ServeLimits};
 
 pub use config::AuthorityConfig;
 pub use entries::COMPONENT;
@@ -192,7 +192,7 @@ impl Authority {
             .add_service(reflection)
             .add_service(AuthorityServer::new(service))
             .serve_with_incoming_shutdown(
-                tollgate_serve::incoming(listener, bounds.connections),
+                tollgate_daemon::incoming(listener, bounds.connections),
                 signal,
             );
         // Graceful shutdown waits for clients to close their connections; a client that

@@ -13,11 +13,11 @@ use rand_core::RngCore as _;
 use sha2::Digest as _;
 use tokio::net::TcpListener;
 use tokio_stream::StreamExt as _;
+use tollgate_daemon::{RequestLimits, ServeLimits};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_proto::v1::supervisor_server::SupervisorServer;
 use tollgate_receipt::{public_key_from_bytes, KeySet};
-use tollgate_serve::{RequestLimits, ServeLimits};
 
 use crate::cgroup::CgroupMode;
 use crate::runs::{RunManager, RunSettings};
@@ -397,7 +397,7 @@ pub async fn serve(
         let _ = stop_tx.send(true);
     };
     let bounds = ServeLimits::DAEMON;
-    let incoming = tollgate_serve::incoming(listener, bounds.connections);
+    let incoming = tollgate_daemon::incoming(listener, bounds.connections);
     let server = bounds
         .server()
         .layer(requests)

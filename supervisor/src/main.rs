@@ -129,9 +129,9 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let flags = Flags::parse();
-    // Connections are bounded per listener (tollgate_serve), not by a low descriptor limit
+    // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
-    if let Err(e) = tollgate_serve::raise_open_files_limit() {
+    if let Err(e) = tollgate_daemon::raise_open_files_limit() {
         tracing::warn!(error = %e, "could not raise the open-files limit");
     }
     if !nix::unistd::geteuid().is_root() {

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
+use tollgate_daemon::{RequestLimits, ServeLimits};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::call_tool_request::Tool;
 use tollgate_proto::v1::gateway_server::Gateway;
-use tollgate_serve::{RequestLimits, ServeLimits};
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
@@ -275,7 +275,7 @@ pub fn serve(
             }
         };
         // What the run's agent can make the supervisor hold is bounded here: connections,
-        // streams, request bytes and time (see `tollgate_serve`).
+        // streams, request bytes and time (see `tollgate_daemon`).
         let bounds = ServeLimits::GATEWAY;
         let served = bounds
             .server()
@@ -286,7 +286,7 @@ pub fn serve(
                     .max_decoding_message_size(MAX_WRITE + (64 << 10)),
             )
             .serve_with_incoming_shutdown(
-                tollgate_serve::incoming(listener, bounds.connections),
+                tollgate_daemon::incoming(listener, bounds.connections),
                 async {
                     let _ = stopped.await;
                 },

@@ -1,0 +1,22 @@
+//! What both Tollgate daemons (the authority and the supervisor) do the same way, in one
+//! place: bounded gRPC serving ([`serve`]), the data directory's lock and atomic private
+//! files ([`files`]), bearer tokens ([`token`]), secrets that never print ([`Secret`]), the
+//! shutdown signal ([`shutdown`]) and blocking work off the async threads ([`blocking`]).
+#![forbid(unsafe_code)]
+
+pub mod files;
+pub mod secret;
+pub mod serve;
+pub mod shutdown;
+pub mod token;
+
+pub use secret::Secret;
+pub use serve::{incoming, raise_open_files_limit, ConnectionLimits, RequestLimits, ServeLimits};
+
+/// Runs blocking work (storage, file system) on tokio's blocking threads; `Err` only when the
+/// work panicked.
+pub async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, tokio::task::JoinError> {
+    tokio::task::spawn_blocking(work).await
+}
