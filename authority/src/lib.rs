@@ -36,9 +36,9 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
+use tollgate_classify::SecretRedactor;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
-use tollgate_router::SecretRedactor;
 use tollgate_serve::{RequestLimits, ServeLimits};
 
 pub use config::AuthorityConfig;
@@ -62,6 +62,16 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub const BOOTSTRAP_ADMIN: &str = "admin";
 /// This component's name in audit entries.
 pub const COMPONENT: &str = "authority";
+
+/// The audit crate's `Redactor` over the classifier crate's `SecretRedactor`: an adapter until
+/// the audit log takes a plain closure (issue 14).
+struct AuditRedactor(SecretRedactor);
+
+impl tollgate_audit::Redactor for AuditRedactor {
+    fn redact(&self, text: &str) -> Option<String> {
+        self.0.redact(text)
+    }
+}
 
 /// An opened authority, ready to serve.
 #[derive(Debug)]
@@ -90,10 +100,10 @@ impl Authority {
         let keys = Arc::new(KeyRing::load(config.data_dir.join("keys"), &store)?);
         let mut audit_config = tollgate_audit::component_config(&config.data_dir, COMPONENT)?;
         audit_config.key = config.audit_key.clone();
-        audit_config.redactor =
-            Some(Arc::new(SecretRedactor::with_defaults().map_err(|e| {
-                AuthorityError::Config(format!("audit redaction: {e}"))
-            })?));
+        audit_config.redactor = Some(Arc::new(AuditRedactor(
+            SecretRedactor::with_defaults()
+                .map_err(|e| AuthorityError::Config(format!("audit redaction: {e}")))?,
+        )));
         let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
         let supervisors = store.supervisors()?;

@@ -253,6 +253,16 @@ fn admin_token(data_dir: &Path) -> Result<[u8; 32], DaemonError> {
     Ok(sha2::Sha256::digest(token.as_bytes()).into())
 }
 
+/// The audit crate's `Redactor` over the classifier's `SecretRedactor`: an adapter until the
+/// audit log takes a plain closure (issue 14).
+struct AuditRedactor(tollgate_router::SecretRedactor);
+
+impl tollgate_audit::Redactor for AuditRedactor {
+    fn redact(&self, text: &str) -> Option<String> {
+        self.0.redact(text)
+    }
+}
+
 /// The whole daemon: trust, recovery, bind, readiness file, serve until `shutdown`, tear down
 /// every live run, remove the readiness file.
 pub async fn serve(
@@ -275,10 +285,10 @@ pub async fn serve(
     let (manager, recovered) = tokio::task::spawn_blocking(move || {
         let mut audit = tollgate_audit::component_config(&settings.data_dir, COMPONENT)?;
         audit.key = audit_key;
-        audit.redactor = Some(Arc::new(
+        audit.redactor = Some(Arc::new(AuditRedactor(
             tollgate_router::SecretRedactor::with_defaults()
                 .map_err(|e| DaemonError::Config(format!("audit redaction: {e}")))?,
-        ));
+        )));
         let audit = tollgate_audit::AuditLog::open(audit)?;
         RunManager::open(settings, keys, audit).map_err(DaemonError::from)
     })

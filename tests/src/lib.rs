@@ -32,15 +32,25 @@ pub fn require_root() -> bool {
     false
 }
 
+/// The audit crate's `Redactor` over the classifier's `SecretRedactor`, as the daemons use it:
+/// an adapter until the audit log takes a plain closure (issue 14).
+pub struct AuditRedactor(pub tollgate_router::SecretRedactor);
+
+impl tollgate_audit::Redactor for AuditRedactor {
+    fn redact(&self, text: &str) -> Option<String> {
+        self.0.redact(text)
+    }
+}
+
 /// Opens the supervisor's audit log under `data_dir` (created if missing), as the daemon
 /// would, for tests and benchmarks that drive a `RunManager` in-process.
 pub fn supervisor_audit(data_dir: &Path) -> tollgate_audit::AuditLog {
     std::fs::create_dir_all(data_dir).expect("create the data directory");
     let mut config =
         tollgate_audit::component_config(data_dir, "supervisor").expect("audit config");
-    config.redactor = Some(std::sync::Arc::new(
+    config.redactor = Some(std::sync::Arc::new(AuditRedactor(
         tollgate_router::SecretRedactor::with_defaults().expect("the built-in detectors compile"),
-    ));
+    )));
     tollgate_audit::AuditLog::open(config).expect("open the audit log")
 }
 

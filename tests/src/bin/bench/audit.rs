@@ -24,7 +24,9 @@ fn draft(i: u64) -> EntryDraft {
 fn open(dir: &std::path::Path) -> anyhow::Result<AuditLog> {
     let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
     let mut config = AuditConfig::new(dir, "supervisor", key, "bench");
-    config.redactor = Some(Arc::new(tollgate_router::SecretRedactor::with_defaults()?));
+    config.redactor = Some(Arc::new(tollgate_tests::AuditRedactor(
+        tollgate_router::SecretRedactor::with_defaults()?,
+    )));
     Ok(AuditLog::open(config)?)
 }
 

@@ -179,7 +179,9 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
     std::fs::write(&file, vec![7u8; 4096])?;
     let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
     let mut config = AuditConfig::new(dir.path().join("audit"), "supervisor", key, "bench");
-    config.redactor = Some(Arc::new(tollgate_router::SecretRedactor::with_defaults()?));
+    config.redactor = Some(Arc::new(tollgate_tests::AuditRedactor(
+        tollgate_router::SecretRedactor::with_defaults()?,
+    )));
     let audit = AuditLog::open(config)?;
     let run = Arc::new(RunGateway {
         run_id: "01900000-0000-7000-8000-00000000beef".into(),
