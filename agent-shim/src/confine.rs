@@ -14,8 +14,7 @@ use landlock::{
 };
 use nix::unistd::{setresgid, setresuid, Gid, Uid};
 use seccompiler::{BpfProgram, TargetArch};
-
-use crate::plan::LandlockPlan;
+use tollgate_shim_protocol::plan::LandlockPlan;
 
 /// The Landlock ABI the sandbox requires: read, write and execute rights, plus REFER (v2)
 /// and TRUNCATE (v3), so a rename or truncate cannot reach outside the write list.

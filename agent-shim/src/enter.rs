@@ -24,8 +24,9 @@ use nix::sched::{setns, CloneFlags};
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
-
-use crate::protocol::{AgentExit, EnterOutcome, EnterRequest, CONTROL_FD, PID_ONE_FD};
+use tollgate_shim_protocol::protocol::{
+    AgentExit, EnterOutcome, EnterRequest, CONTROL_FD, PID_ONE_FD,
+};
 
 /// The sandbox's namespaces the command joins (its user namespace is the host's: the command
 /// gets its own, as the agent did).

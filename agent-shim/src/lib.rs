@@ -2,7 +2,7 @@
 //! it, and is the sandbox's pid 1.
 //!
 //! The supervisor starts the shim inside the sandbox's cgroup, with the control socket on fd 3
-//! ([`protocol::CONTROL_FD`]), often ahead of need: everything that does not depend on the
+//! ([`CONTROL_FD`]), often ahead of need: everything that does not depend on the
 //! plan happens before the plan arrives, and the supervisor applies the run's limits to the
 //! cgroup before it sends the plan. Then, in three processes:
 //!
@@ -28,8 +28,6 @@ pub mod child;
 pub mod confine;
 mod enter;
 pub mod models;
-pub mod plan;
-pub mod protocol;
 pub mod setup;
 pub mod tool;
 
@@ -44,9 +42,8 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
-
-use crate::plan::SandboxPlan;
-use crate::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD};
+use tollgate_shim_protocol::plan::{self, SandboxPlan};
+use tollgate_shim_protocol::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD};
 
 /// Exit status of the shim when the sandbox could not be built.
 pub const EXIT_SETUP_FAILED: i32 = 125;

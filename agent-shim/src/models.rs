@@ -22,8 +22,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
-
-use crate::plan::{GATEWAY_IN_SANDBOX, MODELS_PORT};
+use tollgate_shim_protocol::plan::{GATEWAY_IN_SANDBOX, MODELS_PORT};
 
 /// Largest request body read.
 const MAX_REQUEST: usize = 8 << 20;

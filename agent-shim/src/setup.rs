@@ -20,8 +20,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root, sethostname};
-
-use crate::plan::{SandboxBase, SandboxPlan};
+use tollgate_shim_protocol::plan::{SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX};
 
 /// A step of building the sandbox failed.
 #[derive(Debug, thiserror::Error)]
@@ -309,7 +308,7 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
         // exec is decided by the bind's own mount flags, and Landlock allows it by path.
         bind(
             shim,
-            &inside(root, Path::new(crate::plan::SHIM_IN_SANDBOX)),
+            &inside(root, Path::new(SHIM_IN_SANDBOX)),
             Restrict {
                 read_only: true,
                 devices: false,
@@ -430,7 +429,7 @@ pub fn finish_root(
         // inode (it is the run's host id's, 0600), not a writable mount.
         bind(
             socket,
-            &inside(root, Path::new(crate::plan::GATEWAY_IN_SANDBOX)),
+            &inside(root, Path::new(GATEWAY_IN_SANDBOX)),
             Restrict {
                 read_only: true,
                 devices: false,

@@ -9,10 +9,9 @@
 use std::io::Write as _;
 
 use tollgate_proto::v1;
+use tollgate_shim_protocol::plan::{GATEWAY_IN_SANDBOX, MAX_WRITE_BYTES};
 use v1::call_tool_request::Tool;
 use v1::call_tool_response::Result as ToolResult;
-
-use crate::plan::{GATEWAY_IN_SANDBOX, MAX_WRITE_BYTES};
 
 /// Exit status: the gateway refused the call.
 pub const EXIT_REFUSED: i32 = 1;

@@ -29,7 +29,6 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, FileStat, Mode, SFlag};
-use tollgate_agent_shim::protocol::AgentExit;
 use tollgate_audit::{AuditLog, Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::call_tool_request::Tool;
@@ -38,6 +37,7 @@ use tollgate_proto::v1::gateway_server::Gateway;
 use tollgate_receipt::paths::{is_normal_absolute, path_within};
 use tollgate_receipt::unix_now;
 use tollgate_serve::{RequestLimits, ServeLimits};
+use tollgate_shim_protocol::protocol::AgentExit;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
@@ -53,7 +53,7 @@ pub const MAX_READ: u64 = 1 << 20;
 /// Most entries one `fs.list` returns.
 pub const MAX_LIST: usize = 10_000;
 /// Most bytes one `fs.write` carries (one atomic change).
-pub const MAX_WRITE: usize = tollgate_agent_shim::plan::MAX_WRITE_BYTES;
+pub const MAX_WRITE: usize = tollgate_shim_protocol::plan::MAX_WRITE_BYTES;
 /// Most bytes of stdin one `exec` carries.
 pub const MAX_STDIN: usize = (4 << 20) - 4096;
 /// Longest path (a host path, a `cwd`, a mount target, a workdir) an agent may send:

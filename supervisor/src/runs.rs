@@ -18,9 +18,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
 use prost::Message as _;
-use tollgate_agent_shim::plan::SandboxPlan;
-use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError};
+use tollgate_shim_protocol::plan::SandboxPlan;
+use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, CgroupError, CgroupLimits, RunCgroup};

@@ -83,3 +83,21 @@ fn the_authority_and_audit_link_no_model_routing() {
         );
     }
 }
+
+/// The supervisor shares only the plan and the control-socket messages with the shim (the
+/// protocol crate); it runs `tollgate-shim` as a binary and links none of its sandboxing code.
+#[test]
+fn the_supervisor_links_only_the_shim_protocol() {
+    let tree = normal_dependencies("tollgate-supervisor");
+    assert!(
+        tree.lines()
+            .any(|line| line.starts_with("tollgate-shim-protocol ")),
+        "{tree}"
+    );
+    assert!(
+        !tree
+            .lines()
+            .any(|line| line.starts_with("tollgate-agent-shim ")),
+        "tollgate-supervisor links tollgate-agent-shim"
+    );
+}
