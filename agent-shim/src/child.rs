@@ -13,7 +13,7 @@ use serde::Deserialize;
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1;
 
-use crate::tool::{refused, with_gateway, EXIT_UNAVAILABLE, EXIT_USAGE};
+use crate::tool::{refused, with_gateway, GatewayClient, EXIT_UNAVAILABLE, EXIT_USAGE};
 
 const USAGE: &str = "usage: tollgate-shim child delegate < SPEC.json   (prints the child receipt's id)\n       \
                      tollgate-shim child start ID [-- ARGV...]      (prints the child run's id)\n       \
@@ -250,27 +250,7 @@ pub fn main(args: &[String]) -> i32 {
     };
     with_gateway(|mut client| async move {
         match verb {
-            Verb::Delegate => {
-                let request = v1::DelegateRequest { child: spec };
-                match client.delegate(request).await {
-                    Ok(response) => {
-                        let response = response.into_inner();
-                        let receipt = response.receipt.unwrap_or_default();
-                        println!("{}", receipt.receipt_id);
-                        eprintln!(
-                            "tollgate-shim: child receipt {} ({}), depth {}, expires at unix {}; this run has {} tool calls and {} tokens left",
-                            receipt.receipt_id,
-                            receipt.subject,
-                            receipt.depth,
-                            receipt.expires_at.map_or(0, |t| t.seconds),
-                            response.tool_calls_left,
-                            response.tokens_left
-                        );
-                        0
-                    }
-                    Err(status) => refused(status),
-                }
-            }
+            Verb::Delegate => delegate(&mut client, spec).await,
             Verb::Start { id, argv } => {
                 let request = v1::StartChildRequest {
                     receipt_id: id,
@@ -284,92 +264,8 @@ pub fn main(args: &[String]) -> i32 {
                     Err(status) => refused(status),
                 }
             }
-            Verb::List { json } => match client.list_children(v1::ListChildrenRequest {}).await {
-                Ok(tree) => {
-                    let tree = tree.into_inner();
-                    for run in &tree.runs {
-                        let exit = run.report.as_ref().and_then(|r| r.exit_code);
-                        if json {
-                            println!(
-                                "{}",
-                                serde_json::json!({
-                                    "run_id": run.run_id,
-                                    "parent_run_id": run.parent_run_id,
-                                    "depth": run.depth,
-                                    "subject": run.subject,
-                                    "state": state_name(run.state),
-                                    "exit_code": exit,
-                                })
-                            );
-                        } else {
-                            println!(
-                                "{}\t{}\t{}\t{}\t{}",
-                                run.run_id,
-                                run.depth,
-                                run.subject,
-                                state_name(run.state),
-                                exit.map_or("-".into(), |c| c.to_string())
-                            );
-                        }
-                    }
-                    for child in &tree.pending {
-                        if json {
-                            println!(
-                                "{}",
-                                serde_json::json!({
-                                    "run_id": child.receipt_id,
-                                    "parent_run_id": child.parent_run_id,
-                                    "subject": child.subject,
-                                    "state": "minted",
-                                })
-                            );
-                        } else {
-                            println!("{}\t-\t{}\tminted\t-", child.receipt_id, child.subject);
-                        }
-                    }
-                    0
-                }
-                Err(status) => refused(status),
-            },
-            Verb::Watch { id } => {
-                let request = v1::WatchChildRequest { run_id: id };
-                let mut stream = match client.watch_child(request).await {
-                    Ok(stream) => stream.into_inner(),
-                    Err(status) => return refused(status),
-                };
-                while let Some(event) = stream.next().await {
-                    match event.map(|e| e.event) {
-                        Ok(Some(v1::run_event::Event::Output(chunk))) => {
-                            if chunk.stream == v1::OutputStream::Stderr as i32 {
-                                let _ = std::io::stderr().lock().write_all(&chunk.data);
-                            } else {
-                                let _ = std::io::stdout().lock().write_all(&chunk.data);
-                            }
-                        }
-                        Ok(Some(v1::run_event::Event::Ended(run))) => {
-                            let report = run.report.unwrap_or_default();
-                            let exited = run.state == v1::RunState::Exited as i32;
-                            return match (report.exit_code, report.signal) {
-                                (Some(code), _) if exited => code,
-                                (_, Some(signal)) if exited => 128 + signal,
-                                _ => {
-                                    eprintln!(
-                                        "tollgate-shim: child {} ended: {} ({})",
-                                        run.run_id,
-                                        state_name(run.state),
-                                        report.reason
-                                    );
-                                    137
-                                }
-                            };
-                        }
-                        Ok(None) => {}
-                        Err(status) => return refused(status),
-                    }
-                }
-                eprintln!("tollgate-shim: the watch ended before the child did");
-                EXIT_UNAVAILABLE
-            }
+            Verb::List { json } => list(&mut client, json).await,
+            Verb::Watch { id } => watch(&mut client, id).await,
             Verb::Stop { id, reason } => {
                 let request = v1::StopChildRequest { run_id: id, reason };
                 match client.stop_child(request).await {
@@ -383,6 +279,121 @@ pub fn main(args: &[String]) -> i32 {
             }
         }
     })
+}
+
+/// `delegate`: asks the gateway for a child receipt; prints its id.
+async fn delegate(client: &mut GatewayClient, spec: Option<v1::ChildSpec>) -> i32 {
+    let request = v1::DelegateRequest { child: spec };
+    match client.delegate(request).await {
+        Ok(response) => {
+            let response = response.into_inner();
+            let receipt = response.receipt.unwrap_or_default();
+            println!("{}", receipt.receipt_id);
+            eprintln!(
+                "tollgate-shim: child receipt {} ({}), depth {}, expires at unix {}; this run has {} tool calls and {} tokens left",
+                receipt.receipt_id,
+                receipt.subject,
+                receipt.depth,
+                receipt.expires_at.map_or(0, |t| t.seconds),
+                response.tool_calls_left,
+                response.tokens_left
+            );
+            0
+        }
+        Err(status) => refused(status),
+    }
+}
+
+/// `list`: this run's children, minted and started, one line (or JSON object) each.
+async fn list(client: &mut GatewayClient, json: bool) -> i32 {
+    match client.list_children(v1::ListChildrenRequest {}).await {
+        Ok(tree) => {
+            let tree = tree.into_inner();
+            for run in &tree.runs {
+                let exit = run.report.as_ref().and_then(|r| r.exit_code);
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "run_id": run.run_id,
+                            "parent_run_id": run.parent_run_id,
+                            "depth": run.depth,
+                            "subject": run.subject,
+                            "state": state_name(run.state),
+                            "exit_code": exit,
+                        })
+                    );
+                } else {
+                    println!(
+                        "{}\t{}\t{}\t{}\t{}",
+                        run.run_id,
+                        run.depth,
+                        run.subject,
+                        state_name(run.state),
+                        exit.map_or("-".into(), |c| c.to_string())
+                    );
+                }
+            }
+            for child in &tree.pending {
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "run_id": child.receipt_id,
+                            "parent_run_id": child.parent_run_id,
+                            "subject": child.subject,
+                            "state": "minted",
+                        })
+                    );
+                } else {
+                    println!("{}\t-\t{}\tminted\t-", child.receipt_id, child.subject);
+                }
+            }
+            0
+        }
+        Err(status) => refused(status),
+    }
+}
+
+/// `watch`: relays a child's output until it ends; its exit code.
+async fn watch(client: &mut GatewayClient, id: String) -> i32 {
+    let request = v1::WatchChildRequest { run_id: id };
+    let mut stream = match client.watch_child(request).await {
+        Ok(stream) => stream.into_inner(),
+        Err(status) => return refused(status),
+    };
+    while let Some(event) = stream.next().await {
+        match event.map(|e| e.event) {
+            Ok(Some(v1::run_event::Event::Output(chunk))) => {
+                if chunk.stream == v1::OutputStream::Stderr as i32 {
+                    let _ = std::io::stderr().lock().write_all(&chunk.data);
+                } else {
+                    let _ = std::io::stdout().lock().write_all(&chunk.data);
+                }
+            }
+            Ok(Some(v1::run_event::Event::Ended(run))) => {
+                let report = run.report.unwrap_or_default();
+                let exited = run.state == v1::RunState::Exited as i32;
+                return match (report.exit_code, report.signal) {
+                    (Some(code), _) if exited => code,
+                    (_, Some(signal)) if exited => 128 + signal,
+                    _ => {
+                        eprintln!(
+                            "tollgate-shim: child {} ended: {} ({})",
+                            run.run_id,
+                            state_name(run.state),
+                            report.reason
+                        );
+                        137
+                    }
+                };
+            }
+            Ok(None) => {}
+            Err(status) => return refused(status),
+        }
+    }
+    eprintln!("tollgate-shim: the watch ended before the child did");
+    EXIT_UNAVAILABLE
 }
 
 #[cfg(test)]

@@ -24,8 +24,9 @@ use nix::sched::{setns, CloneFlags};
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitStatus};
-
-use crate::protocol::{AgentExit, EnterOutcome, EnterRequest, CONTROL_FD, PID_ONE_FD};
+use tollgate_shim_protocol::protocol::{
+    AgentExit, EnterOutcome, EnterRequest, CONTROL_FD, PID_ONE_FD,
+};
 
 /// The sandbox's namespaces the command joins (its user namespace is the host's: the command
 /// gets its own, as the agent did).
@@ -67,7 +68,7 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     let seccomp = crate::confine::SeccompPrograms::compile().map_err(|e| e.to_string())?;
     // Host /proc, held across the mount namespace change: the command's host pid (what fork
     // returns here) is how its id map is written.
-    let host_proc = crate::open_proc()?;
+    let host_proc = crate::agent::open_proc()?;
     // SAFETY: the supervisor placed a pidfd of the sandbox's pid 1 on PID_ONE_FD; we take
     // ownership of it exactly once, here.
     #[allow(unsafe_code)]
@@ -81,7 +82,7 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     // Inherited by the command; the helper itself only waits.
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)
         .map_err(|e| format!("setting the CPU-time limit: {e}"))?;
-    let (child, _) = crate::start_agent(&request.plan, &seccomp, &host_proc)?;
+    let (child, _) = crate::agent::start_agent(&request.plan, &seccomp, &host_proc)?;
     // No threads here: a process that joined another pid namespace cannot create them. The
     // command stays unreaped (its pid, and so its group's number, reserved) until after its
     // group is signalled, so a kill never reaches a recycled pid.

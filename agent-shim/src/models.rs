@@ -22,8 +22,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
-
-use crate::plan::{GATEWAY_IN_SANDBOX, MODELS_PORT};
+use tollgate_shim_protocol::plan::{GATEWAY_IN_SANDBOX, MODELS_PORT};
 
 /// Largest request body read.
 const MAX_REQUEST: usize = 8 << 20;
@@ -364,126 +363,184 @@ async fn complete(
         }
     };
     if !stream {
-        let (mut text, mut done) = (String::new(), pb::CompleteDone::default());
-        while let Some(event) = events.next().await {
-            match event {
-                Ok(pb::CompleteEvent {
-                    event: Some(pb::complete_event::Event::Delta(delta)),
-                }) => text.push_str(&delta.text),
-                Ok(pb::CompleteEvent {
-                    event: Some(pb::complete_event::Event::Done(d)),
-                }) => done = d,
-                Ok(_) => {}
-                Err(status) => return refused(api, &status),
-            }
+        return whole_reply(api, &started, events).await;
+    }
+    let format = StreamFormat {
+        api,
+        id: started.call_id.clone(),
+        model: started.route.clone(),
+        created: unix_now(),
+        include_usage,
+    };
+    streamed_reply(format, events)
+}
+
+/// The reply to a call that did not ask to stream: the whole completion in one JSON body.
+async fn whole_reply(
+    api: Api,
+    started: &pb::CompleteStarted,
+    mut events: tonic::Streaming<pb::CompleteEvent>,
+) -> Response<Body> {
+    let (mut text, mut done) = (String::new(), pb::CompleteDone::default());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(pb::CompleteEvent {
+                event: Some(pb::complete_event::Event::Delta(delta)),
+            }) => text.push_str(&delta.text),
+            Ok(pb::CompleteEvent {
+                event: Some(pb::complete_event::Event::Done(d)),
+            }) => done = d,
+            Ok(_) => {}
+            Err(status) => return refused(api, &status),
         }
+    }
+    let (prompt, completion) = (
+        done.prompt.map_or(0, |c| c.tokens),
+        done.completion.map_or(0, |c| c.tokens),
+    );
+    let body = match api {
+        Api::OpenAi => json!({
+            "id": format!("chatcmpl-{}", started.call_id),
+            "object": "chat.completion",
+            "created": unix_now(),
+            "model": started.route,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": if done.finish_reason.is_empty() { "stop" } else { done.finish_reason.as_str() }}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }),
+        Api::Anthropic => json!({
+            "id": format!("msg_{}", started.call_id),
+            "type": "message",
+            "role": "assistant",
+            "model": started.route,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": stop_reason(&done.finish_reason),
+            "stop_sequence": null,
+            "usage": {"input_tokens": prompt, "output_tokens": completion},
+        }),
+    };
+    json_response(StatusCode::OK, &body)
+}
+
+/// The server-sent events of one streamed reply, in the caller's API's format.
+struct StreamFormat {
+    api: Api,
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl StreamFormat {
+    /// An OpenAI chunk carrying `delta`.
+    fn chunk(&self, delta: Value, finish: Value) -> String {
+        let (id, created, model) = (&self.id, self.created, &self.model);
+        format!(
+            "data: {}\n\n",
+            json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        )
+    }
+
+    /// A named Anthropic event.
+    fn event(name: &str, data: Value) -> String {
+        format!("event: {name}\ndata: {data}\n\n")
+    }
+
+    /// What opens the stream, before any text.
+    fn opening(&self) -> String {
+        let (id, model) = (&self.id, &self.model);
+        match self.api {
+            Api::OpenAi => self.chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            Api::Anthropic => [
+                Self::event("message_start", json!({"type": "message_start", "message": {"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}}})),
+                Self::event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+            ]
+            .concat(),
+        }
+    }
+
+    /// A piece of the completion.
+    fn delta(&self, delta: &pb::CompleteDelta) -> String {
+        match self.api {
+            Api::OpenAi => self.chunk(json!({"content": delta.text}), Value::Null),
+            Api::Anthropic => Self::event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta.text}}),
+            ),
+        }
+    }
+
+    /// The end of the stream: why it finished and the counts.
+    fn done(&self, done: &pb::CompleteDone) -> String {
+        let (id, created, model) = (&self.id, self.created, &self.model);
         let (prompt, completion) = (
             done.prompt.map_or(0, |c| c.tokens),
             done.completion.map_or(0, |c| c.tokens),
         );
-        let body = match api {
-            Api::OpenAi => json!({
-                "id": format!("chatcmpl-{}", started.call_id),
-                "object": "chat.completion",
-                "created": unix_now(),
-                "model": started.route,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": if done.finish_reason.is_empty() { "stop" } else { done.finish_reason.as_str() }}],
-                "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-            }),
-            Api::Anthropic => json!({
-                "id": format!("msg_{}", started.call_id),
-                "type": "message",
-                "role": "assistant",
-                "model": started.route,
-                "content": [{"type": "text", "text": text}],
-                "stop_reason": stop_reason(&done.finish_reason),
-                "stop_sequence": null,
-                "usage": {"input_tokens": prompt, "output_tokens": completion},
-            }),
+        let finish = if done.finish_reason.is_empty() {
+            "stop".to_owned()
+        } else {
+            done.finish_reason.clone()
         };
-        return json_response(StatusCode::OK, &body);
+        match self.api {
+            Api::OpenAi => {
+                let mut text = self.chunk(json!({}), json!(finish));
+                if self.include_usage {
+                    text.push_str(&format!(
+                        "data: {}\n\n",
+                        json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
+                    ));
+                }
+                text.push_str("data: [DONE]\n\n");
+                text
+            }
+            Api::Anthropic => [
+                Self::event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                Self::event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&finish), "stop_sequence": null}, "usage": {"input_tokens": prompt, "output_tokens": completion}})),
+                Self::event("message_stop", json!({"type": "message_stop"})),
+            ]
+            .concat(),
+        }
     }
+
+    /// The call failed after it started.
+    fn error(&self, status: &tonic::Status) -> String {
+        match self.api {
+            Api::OpenAi => format!(
+                "data: {}\n\n",
+                json!({"error": {"message": status.message(), "type": "tollgate_backend_error"}})
+            ),
+            Api::Anthropic => Self::event(
+                "error",
+                json!({"type": "error", "error": {"type": "api_error", "message": status.message()}}),
+            ),
+        }
+    }
+}
+
+/// The reply to a streaming call: server-sent events relayed from the gateway's as they come.
+fn streamed_reply(
+    format: StreamFormat,
+    mut events: tonic::Streaming<pb::CompleteEvent>,
+) -> Response<Body> {
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(32);
     tokio::spawn(async move {
         let send = |text: String| {
             let tx = tx.clone();
             async move { tx.send(Ok(Frame::data(Bytes::from(text)))).await.is_ok() }
         };
-        let id = started.call_id.clone();
-        let model = started.route.clone();
-        let created = unix_now();
-        let chunk = |delta: Value, finish: Value| {
-            format!(
-                "data: {}\n\n",
-                json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created, "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
-            )
-        };
-        let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
-        let opening = match api {
-            Api::OpenAi => chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-            Api::Anthropic => [
-                event("message_start", json!({"type": "message_start", "message": {"id": format!("msg_{id}"), "type": "message", "role": "assistant", "model": model, "content": [], "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 0, "output_tokens": 0}}})),
-                event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-            ]
-            .concat(),
-        };
-        if !send(opening).await {
+        if !send(format.opening()).await {
             return;
         }
         while let Some(item) = events.next().await {
             let text = match item {
                 Ok(pb::CompleteEvent {
                     event: Some(pb::complete_event::Event::Delta(delta)),
-                }) => match api {
-                    Api::OpenAi => chunk(json!({"content": delta.text}), Value::Null),
-                    Api::Anthropic => event(
-                        "content_block_delta",
-                        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta.text}}),
-                    ),
-                },
+                }) => format.delta(&delta),
                 Ok(pb::CompleteEvent {
                     event: Some(pb::complete_event::Event::Done(done)),
-                }) => {
-                    let (prompt, completion) = (
-                        done.prompt.map_or(0, |c| c.tokens),
-                        done.completion.map_or(0, |c| c.tokens),
-                    );
-                    let finish = if done.finish_reason.is_empty() {
-                        "stop".to_owned()
-                    } else {
-                        done.finish_reason.clone()
-                    };
-                    match api {
-                        Api::OpenAi => {
-                            let mut text = chunk(json!({}), json!(finish));
-                            if include_usage {
-                                text.push_str(&format!(
-                                    "data: {}\n\n",
-                                    json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk", "created": created, "model": model, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}})
-                                ));
-                            }
-                            text.push_str("data: [DONE]\n\n");
-                            text
-                        }
-                        Api::Anthropic => [
-                            event("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                            event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&finish), "stop_sequence": null}, "usage": {"input_tokens": prompt, "output_tokens": completion}})),
-                            event("message_stop", json!({"type": "message_stop"})),
-                        ]
-                        .concat(),
-                    }
-                }
+                }) => format.done(&done),
                 Ok(_) => continue,
-                Err(status) => match api {
-                    Api::OpenAi => format!(
-                        "data: {}\n\n",
-                        json!({"error": {"message": status.message(), "type": "tollgate_backend_error"}})
-                    ),
-                    Api::Anthropic => event(
-                        "error",
-                        json!({"type": "error", "error": {"type": "api_error", "message": status.message()}}),
-                    ),
-                },
+                Err(status) => format.error(&status),
             };
             if !send(text).await {
                 return;

@@ -20,8 +20,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root, sethostname};
-
-use crate::plan::{SandboxBase, SandboxPlan};
+use tollgate_shim_protocol::plan::{SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX};
 
 /// A step of building the sandbox failed.
 #[derive(Debug, thiserror::Error)]
@@ -274,7 +273,45 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
         "mode=0755,size=1m",
     )?;
 
-    for path in &base.system_paths {
+    show_system_paths(root, &base.system_paths)?;
+
+    if let Some(shim) = &base.shim_binary {
+        // Executable (the system paths are too; everything the agent can write is noexec):
+        // exec is decided by the bind's own mount flags, and Landlock allows it by path.
+        bind(
+            shim,
+            &inside(root, Path::new(SHIM_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: false,
+            },
+        )?;
+    }
+
+    let proc_dir = inside(root, Path::new("/proc"));
+    create_dir(&proc_dir)?;
+    mount_fs(
+        "proc",
+        &proc_dir,
+        "proc",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "",
+    )?;
+    mask_host_views(root)?;
+
+    minimal_dev(root)?;
+
+    // The network and uts namespaces are the sandbox's own: set them up now too.
+    sethostname(&base.hostname).map_err(SetupError::Hostname)?;
+    loopback_up().map_err(SetupError::Loopback)?;
+    Ok(())
+}
+
+/// Shows each host system path at the same place under `root`, read-only; a symlink (as on
+/// merged-/usr systems) is recreated as a symlink.
+fn show_system_paths(root: &Path, system_paths: &[PathBuf]) -> Result<(), SetupError> {
+    for path in system_paths {
         let target = inside(root, path);
         match fs::symlink_metadata(path) {
             Ok(meta) if meta.file_type().is_symlink() => {
@@ -303,32 +340,12 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
             Err(_) => {}
         }
     }
+    Ok(())
+}
 
-    if let Some(shim) = &base.shim_binary {
-        // Executable (the system paths are too; everything the agent can write is noexec):
-        // exec is decided by the bind's own mount flags, and Landlock allows it by path.
-        bind(
-            shim,
-            &inside(root, Path::new(crate::plan::SHIM_IN_SANDBOX)),
-            Restrict {
-                read_only: true,
-                devices: false,
-                no_exec: false,
-            },
-        )?;
-    }
-
-    let proc_dir = inside(root, Path::new("/proc"));
-    create_dir(&proc_dir)?;
-    mount_fs(
-        "proc",
-        &proc_dir,
-        "proc",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        "",
-    )?;
-    mask_host_views(root)?;
-
+/// A minimal `/dev` under `root`: a small tmpfs with the host's [`DEVICES`] bound in and
+/// the `fd`/`stdin`/`stdout`/`stderr` links, then made read-only.
+fn minimal_dev(root: &Path) -> Result<(), SetupError> {
     let dev = inside(root, Path::new("/dev"));
     create_dir(&dev)?;
     mount_fs(
@@ -371,10 +388,6 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
             no_exec: true,
         },
     )?;
-
-    // The network and uts namespaces are the sandbox's own: set them up now too.
-    sethostname(&base.hostname).map_err(SetupError::Hostname)?;
-    loopback_up().map_err(SetupError::Loopback)?;
     Ok(())
 }
 
@@ -430,7 +443,7 @@ pub fn finish_root(
         // inode (it is the run's host id's, 0600), not a writable mount.
         bind(
             socket,
-            &inside(root, Path::new(crate::plan::GATEWAY_IN_SANDBOX)),
+            &inside(root, Path::new(GATEWAY_IN_SANDBOX)),
             Restrict {
                 read_only: true,
                 devices: false,

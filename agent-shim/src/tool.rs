@@ -9,10 +9,9 @@
 use std::io::Write as _;
 
 use tollgate_proto::v1;
+use tollgate_shim_protocol::plan::{GATEWAY_IN_SANDBOX, MAX_WRITE_BYTES};
 use v1::call_tool_request::Tool;
 use v1::call_tool_response::Result as ToolResult;
-
-use crate::plan::{GATEWAY_IN_SANDBOX, MAX_WRITE_BYTES};
 
 /// Exit status: the gateway refused the call.
 pub const EXIT_REFUSED: i32 = 1;
@@ -166,13 +165,6 @@ pub fn main(args: &[String]) -> i32 {
     let Some(options) = parse(&verb, &args[1..]) else {
         return usage();
     };
-    let Options {
-        path,
-        mut offset,
-        length,
-        json,
-        ..
-    } = options;
     // Data to write comes from stdin, read before connecting.
     let mut input = Vec::new();
     if verb == "write" || (verb == "exec" && options.stdin) {
@@ -183,122 +175,143 @@ pub fn main(args: &[String]) -> i32 {
         }
     }
     with_gateway(|mut client| async move {
-        let call = |tool: Tool| v1::CallToolRequest { tool: Some(tool) };
         match verb.as_str() {
-            "read" => {
-                // Read on until EOF (or `length`): each chunk is one call, within the budget.
-                let mut stdout = std::io::stdout().lock();
-                let mut left = length;
-                loop {
-                    let request = call(Tool::FsRead(v1::FsReadRequest {
-                        path: path.clone(),
-                        offset,
-                        length: left,
-                    }));
-                    let data = match client.call_tool(request).await {
-                        Ok(response) => match response.into_inner().result {
-                            Some(ToolResult::FsRead(data)) => data,
-                            _ => return EXIT_REFUSED,
-                        },
-                        Err(status) => return refused(status),
-                    };
-                    if stdout.write_all(&data.data).is_err() {
-                        return EXIT_REFUSED;
-                    }
-                    offset += data.data.len() as u64;
-                    if length > 0 {
-                        left = left.saturating_sub(data.data.len() as u64);
-                    }
-                    if data.eof || data.data.is_empty() || (length > 0 && left == 0) {
-                        return 0;
-                    }
-                }
-            }
-            "list" | "stat" => {
-                let tool = if verb == "list" {
-                    Tool::FsList(v1::FsListRequest { path })
-                } else {
-                    Tool::FsStat(v1::FsStatRequest { path })
-                };
-                let entries = match client.call_tool(call(tool)).await {
-                    Ok(response) => match response.into_inner().result {
-                        Some(ToolResult::FsList(list)) => list.entries,
-                        Some(ToolResult::FsStat(stat)) => stat.info.into_iter().collect(),
-                        _ => return EXIT_REFUSED,
-                    },
-                    Err(status) => return refused(status),
-                };
-                for info in entries {
-                    let kind = kind_name(info.kind);
-                    if json {
-                        println!(
-                            "{}",
-                            serde_json::json!({
-                                "name": info.name, "kind": kind, "size": info.size, "mode": info.mode
-                            })
-                        );
-                    } else {
-                        println!("{kind}\t{}\t{:o}\t{}", info.size, info.mode, info.name);
-                    }
-                }
-                0
-            }
-            "write" => {
-                // One call: one atomic change (appending builds larger files).
-                if input.len() > MAX_WRITE_BYTES {
-                    eprintln!(
-                        "tollgate-shim: {} bytes on stdin; one write carries at most {MAX_WRITE_BYTES} \
-                         (write the rest with --append, or use a writable mount)",
-                        input.len()
-                    );
-                    return EXIT_USAGE;
-                }
-                let request = call(Tool::FsWrite(v1::FsWriteRequest {
-                    path,
-                    data: input,
-                    mode: options.mode,
-                }));
-                match client.call_tool(request).await {
-                    Ok(_) => 0,
-                    Err(status) => refused(status),
-                }
-            }
+            "read" => read(&mut client, options).await,
+            "list" | "stat" => list_or_stat(&mut client, &verb, options).await,
+            "write" => write(&mut client, options, input).await,
             "delete" => {
-                let request = call(Tool::FsDelete(v1::FsDeleteRequest { path }));
+                let request = call(Tool::FsDelete(v1::FsDeleteRequest { path: options.path }));
                 match client.call_tool(request).await {
                     Ok(_) => 0,
                     Err(status) => refused(status),
                 }
             }
-            "exec" => {
-                let request = call(Tool::Exec(v1::ExecRequest {
-                    argv: options.argv,
-                    stdin: input,
-                    cwd: options.cwd,
-                    timeout_ms: options.timeout_ms,
-                }));
-                let ran = match client.call_tool(request).await {
-                    Ok(response) => match response.into_inner().result {
-                        Some(ToolResult::Exec(ran)) => ran,
-                        _ => return EXIT_REFUSED,
-                    },
-                    Err(status) => return refused(status),
-                };
-                let _ = std::io::stdout().lock().write_all(&ran.stdout);
-                let _ = std::io::stderr().lock().write_all(&ran.stderr);
-                if ran.truncated {
-                    eprintln!("tollgate-shim: output beyond the gateway's cap was dropped");
-                }
-                if ran.timed_out {
-                    eprintln!("tollgate-shim: the command was stopped at its time limit");
-                }
-                match (ran.exit_code, ran.signal) {
-                    (Some(code), _) => code,
-                    (None, Some(signal)) => 128 + signal,
-                    _ => EXIT_REFUSED,
-                }
-            }
+            "exec" => exec(&mut client, options, input).await,
             _ => usage(),
         }
     })
+}
+
+/// One gateway call for `tool`.
+fn call(tool: Tool) -> v1::CallToolRequest {
+    v1::CallToolRequest { tool: Some(tool) }
+}
+
+/// `read`: reads on until EOF (or `--length`), each chunk one call, within the budget.
+async fn read(client: &mut GatewayClient, options: Options) -> i32 {
+    let Options {
+        path,
+        mut offset,
+        length,
+        ..
+    } = options;
+    let mut stdout = std::io::stdout().lock();
+    let mut left = length;
+    loop {
+        let request = call(Tool::FsRead(v1::FsReadRequest {
+            path: path.clone(),
+            offset,
+            length: left,
+        }));
+        let data = match client.call_tool(request).await {
+            Ok(response) => match response.into_inner().result {
+                Some(ToolResult::FsRead(data)) => data,
+                _ => return EXIT_REFUSED,
+            },
+            Err(status) => return refused(status),
+        };
+        if stdout.write_all(&data.data).is_err() {
+            return EXIT_REFUSED;
+        }
+        offset += data.data.len() as u64;
+        if length > 0 {
+            left = left.saturating_sub(data.data.len() as u64);
+        }
+        if data.eof || data.data.is_empty() || (length > 0 && left == 0) {
+            return 0;
+        }
+    }
+}
+
+/// `list` and `stat`: one line per entry, tab-separated or (`--json`) a JSON object.
+async fn list_or_stat(client: &mut GatewayClient, verb: &str, options: Options) -> i32 {
+    let Options { path, json, .. } = options;
+    let tool = if verb == "list" {
+        Tool::FsList(v1::FsListRequest { path })
+    } else {
+        Tool::FsStat(v1::FsStatRequest { path })
+    };
+    let entries = match client.call_tool(call(tool)).await {
+        Ok(response) => match response.into_inner().result {
+            Some(ToolResult::FsList(list)) => list.entries,
+            Some(ToolResult::FsStat(stat)) => stat.info.into_iter().collect(),
+            _ => return EXIT_REFUSED,
+        },
+        Err(status) => return refused(status),
+    };
+    for info in entries {
+        let kind = kind_name(info.kind);
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "name": info.name, "kind": kind, "size": info.size, "mode": info.mode
+                })
+            );
+        } else {
+            println!("{kind}\t{}\t{:o}\t{}", info.size, info.mode, info.name);
+        }
+    }
+    0
+}
+
+/// `write`: one call, one atomic change (appending builds larger files).
+async fn write(client: &mut GatewayClient, options: Options, input: Vec<u8>) -> i32 {
+    if input.len() > MAX_WRITE_BYTES {
+        eprintln!(
+            "tollgate-shim: {} bytes on stdin; one write carries at most {MAX_WRITE_BYTES} \
+             (write the rest with --append, or use a writable mount)",
+            input.len()
+        );
+        return EXIT_USAGE;
+    }
+    let request = call(Tool::FsWrite(v1::FsWriteRequest {
+        path: options.path,
+        data: input,
+        mode: options.mode,
+    }));
+    match client.call_tool(request).await {
+        Ok(_) => 0,
+        Err(status) => refused(status),
+    }
+}
+
+/// `exec`: runs the command in this sandbox, relays its output and exits with its status.
+async fn exec(client: &mut GatewayClient, options: Options, input: Vec<u8>) -> i32 {
+    let request = call(Tool::Exec(v1::ExecRequest {
+        argv: options.argv,
+        stdin: input,
+        cwd: options.cwd,
+        timeout_ms: options.timeout_ms,
+    }));
+    let ran = match client.call_tool(request).await {
+        Ok(response) => match response.into_inner().result {
+            Some(ToolResult::Exec(ran)) => ran,
+            _ => return EXIT_REFUSED,
+        },
+        Err(status) => return refused(status),
+    };
+    let _ = std::io::stdout().lock().write_all(&ran.stdout);
+    let _ = std::io::stderr().lock().write_all(&ran.stderr);
+    if ran.truncated {
+        eprintln!("tollgate-shim: output beyond the gateway's cap was dropped");
+    }
+    if ran.timed_out {
+        eprintln!("tollgate-shim: the command was stopped at its time limit");
+    }
+    match (ran.exit_code, ran.signal) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        _ => EXIT_REFUSED,
+    }
 }

@@ -38,10 +38,10 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
+use tollgate_classify::SecretRedactor;
 use tollgate_daemon::{RequestLimits, ServeLimits};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
-use tollgate_router::SecretRedactor;
 
 pub use config::AuthorityConfig;
 pub use entries::COMPONENT;
@@ -93,7 +93,7 @@ impl Authority {
         audit_config.key = config.audit_key.clone();
         let redactor = SecretRedactor::with_defaults()
             .map_err(|e| AuthorityError::Config(format!("audit redaction: {e}")))?;
-        audit_config.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
+        audit_config.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
         let audit = AuditLog::open(audit_config)?;
         let mut operators = store.operators()?;
         let supervisors = store.supervisors()?;

@@ -306,6 +306,161 @@ struct RawRoute {
     redact: bool,
 }
 
+/// The error for `field` of the routes file `file`.
+fn invalid(file: &str, field: String, detail: String) -> RoutesError {
+    RoutesError::Invalid {
+        file: file.to_owned(),
+        field,
+        detail,
+    }
+}
+
+impl RawPolicy {
+    /// The policy with its defaults filled in, checked.
+    fn check(self, file: &str) -> Result<Policy, RoutesError> {
+        let defaults = Policy::default();
+        let policy = Policy {
+            force_local: self.force_local.unwrap_or(defaults.force_local),
+            max_tokens_default: self
+                .max_tokens_default
+                .unwrap_or(defaults.max_tokens_default),
+            max_tokens_limit: self.max_tokens_limit.unwrap_or(defaults.max_tokens_limit),
+        };
+        if policy.max_tokens_default == 0 || policy.max_tokens_default > policy.max_tokens_limit {
+            return Err(invalid(
+                file,
+                "policy.max_tokens_default".into(),
+                format!(
+                    "{} must be between 1 and max_tokens_limit ({})",
+                    policy.max_tokens_default, policy.max_tokens_limit
+                ),
+            ));
+        }
+        Ok(policy)
+    }
+}
+
+impl RawRoute {
+    /// The route this entry describes, checked on its own and against the routes before it
+    /// (`earlier`).
+    fn check(self, file: &str, earlier: &[Route]) -> Result<Route, RoutesError> {
+        let field = |name: &str| format!("route {:?}.{name}", self.name);
+        if !valid_name(&self.name) || RESERVED_ROUTE_NAMES.contains(&self.name.as_str()) {
+            return Err(invalid(
+                file,
+                field("name"),
+                "use 1-64 of a-z 0-9 _ . - (\"auto\" and \"*\" are reserved)".into(),
+            ));
+        }
+        if earlier.iter().any(|r| r.name == self.name) {
+            return Err(invalid(file, field("name"), "defined twice".into()));
+        }
+        let (api, endpoint) = self.transport(file, &field)?;
+        if self.model.trim().is_empty() {
+            return Err(invalid(
+                file,
+                field("model"),
+                "name the model to ask for".into(),
+            ));
+        }
+        let key = self
+            .key_secret
+            .as_deref()
+            .map(parse_key)
+            .transpose()
+            .map_err(|detail| invalid(file, field("key_secret"), detail))?;
+        if self.kind == RouteKind::Cloud && key.is_none() {
+            return Err(invalid(
+                file,
+                field("key_secret"),
+                "a cloud route needs its key: key_secret = \"env:VARIABLE\" or \"file:/path\""
+                    .into(),
+            ));
+        }
+        let max_sensitivity = match self.max_sensitivity.as_deref() {
+            None => None,
+            Some("low") => Some(Sensitivity::Low),
+            Some("medium") => Some(Sensitivity::Medium),
+            Some("high") => Some(Sensitivity::High),
+            Some(other) => {
+                return Err(invalid(
+                    file,
+                    field("max_sensitivity"),
+                    format!("{other:?}: use low, medium or high"),
+                ))
+            }
+        };
+        Ok(Route {
+            name: self.name,
+            kind: self.kind,
+            api,
+            preset: self.preset,
+            endpoint,
+            model: self.model,
+            key,
+            max_sensitivity,
+            redact: self.redact,
+        })
+    }
+
+    /// The API and endpoint of this entry, checked against its kind and preset: a local
+    /// route stays on this host, a cloud route uses TLS (or a loopback proxy) and no preset.
+    fn transport(
+        &self,
+        file: &str,
+        field: &dyn Fn(&str) -> String,
+    ) -> Result<(Api, Endpoint), RoutesError> {
+        let api = match (self.api, self.preset) {
+            (Some(api), None) => api,
+            (None, Some(_)) => Api::Openai,
+            _ => {
+                return Err(invalid(
+                    file,
+                    field("api"),
+                    "give exactly one of api (openai, anthropic) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
+                ))
+            }
+        };
+        let endpoint = parse_endpoint(&self.endpoint)
+            .map_err(|detail| invalid(file, field("endpoint"), detail))?;
+        match self.kind {
+            RouteKind::Local if !endpoint.is_loopback() => {
+                return Err(invalid(
+                    file,
+                    field("endpoint"),
+                    format!("{endpoint} is not on this host: a local route's endpoint is a loopback IP (127.0.0.1, [::1]) or a unix: socket"),
+                ))
+            }
+            RouteKind::Cloud => match &endpoint {
+                Endpoint::Http { tls: false, .. } if !endpoint.is_loopback() => {
+                    return Err(invalid(
+                        file,
+                        field("endpoint"),
+                        format!("{endpoint}: a cloud route uses https:// (plain http only to a loopback proxy)"),
+                    ))
+                }
+                Endpoint::Unix(_) => {
+                    return Err(invalid(
+                        file,
+                        field("kind"),
+                        "a unix: socket is on this host: make the route local".into(),
+                    ))
+                }
+                _ => {}
+            },
+            RouteKind::Local => {}
+        }
+        if self.kind == RouteKind::Cloud && self.preset.is_some() {
+            return Err(invalid(
+                file,
+                field("preset"),
+                "presets name local servers; a cloud route gives api".into(),
+            ));
+        }
+        Ok((api, endpoint))
+    }
+}
+
 fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
     if let Some(path) = text.strip_prefix("unix:") {
         let path = Path::new(path);
@@ -404,125 +559,11 @@ impl Routes {
             file: file.to_owned(),
             detail: e.message().to_owned(),
         })?;
-        let invalid = |field: String, detail: String| RoutesError::Invalid {
-            file: file.to_owned(),
-            field,
-            detail,
-        };
-        let defaults = Policy::default();
-        let policy = Policy {
-            force_local: raw.policy.force_local.unwrap_or(defaults.force_local),
-            max_tokens_default: raw
-                .policy
-                .max_tokens_default
-                .unwrap_or(defaults.max_tokens_default),
-            max_tokens_limit: raw
-                .policy
-                .max_tokens_limit
-                .unwrap_or(defaults.max_tokens_limit),
-        };
-        if policy.max_tokens_default == 0 || policy.max_tokens_default > policy.max_tokens_limit {
-            return Err(invalid(
-                "policy.max_tokens_default".into(),
-                format!(
-                    "{} must be between 1 and max_tokens_limit ({})",
-                    policy.max_tokens_default, policy.max_tokens_limit
-                ),
-            ));
-        }
+        let policy = raw.policy.check(file)?;
         let mut routes: Vec<Route> = Vec::new();
         for raw in raw.route {
-            let field = |name: &str| format!("route {:?}.{name}", raw.name);
-            if !valid_name(&raw.name) || RESERVED_ROUTE_NAMES.contains(&raw.name.as_str()) {
-                return Err(invalid(
-                    field("name"),
-                    "use 1-64 of a-z 0-9 _ . - (\"auto\" and \"*\" are reserved)".into(),
-                ));
-            }
-            if routes.iter().any(|r| r.name == raw.name) {
-                return Err(invalid(field("name"), "defined twice".into()));
-            }
-            let api = match (raw.api, raw.preset) {
-                (Some(api), None) => api,
-                (None, Some(_)) => Api::Openai,
-                _ => {
-                    return Err(invalid(
-                        field("api"),
-                        "give exactly one of api (openai, anthropic) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
-                    ))
-                }
-            };
-            let endpoint = parse_endpoint(&raw.endpoint)
-                .map_err(|detail| invalid(field("endpoint"), detail))?;
-            match raw.kind {
-                RouteKind::Local if !endpoint.is_loopback() => {
-                    return Err(invalid(
-                        field("endpoint"),
-                        format!("{endpoint} is not on this host: a local route's endpoint is a loopback IP (127.0.0.1, [::1]) or a unix: socket"),
-                    ))
-                }
-                RouteKind::Cloud => match &endpoint {
-                    Endpoint::Http { tls: false, .. } if !endpoint.is_loopback() => {
-                        return Err(invalid(
-                            field("endpoint"),
-                            format!("{endpoint}: a cloud route uses https:// (plain http only to a loopback proxy)"),
-                        ))
-                    }
-                    Endpoint::Unix(_) => {
-                        return Err(invalid(
-                            field("kind"),
-                            "a unix: socket is on this host: make the route local".into(),
-                        ))
-                    }
-                    _ => {}
-                },
-                RouteKind::Local => {}
-            }
-            if raw.kind == RouteKind::Cloud && raw.preset.is_some() {
-                return Err(invalid(
-                    field("preset"),
-                    "presets name local servers; a cloud route gives api".into(),
-                ));
-            }
-            if raw.model.trim().is_empty() {
-                return Err(invalid(field("model"), "name the model to ask for".into()));
-            }
-            let key = raw
-                .key_secret
-                .as_deref()
-                .map(parse_key)
-                .transpose()
-                .map_err(|detail| invalid(field("key_secret"), detail))?;
-            if raw.kind == RouteKind::Cloud && key.is_none() {
-                return Err(invalid(
-                    field("key_secret"),
-                    "a cloud route needs its key: key_secret = \"env:VARIABLE\" or \"file:/path\""
-                        .into(),
-                ));
-            }
-            let max_sensitivity = match raw.max_sensitivity.as_deref() {
-                None => None,
-                Some("low") => Some(Sensitivity::Low),
-                Some("medium") => Some(Sensitivity::Medium),
-                Some("high") => Some(Sensitivity::High),
-                Some(other) => {
-                    return Err(invalid(
-                        field("max_sensitivity"),
-                        format!("{other:?}: use low, medium or high"),
-                    ))
-                }
-            };
-            routes.push(Route {
-                name: raw.name,
-                kind: raw.kind,
-                api,
-                preset: raw.preset,
-                endpoint,
-                model: raw.model,
-                key,
-                max_sensitivity,
-                redact: raw.redact,
-            });
+            let route = raw.check(file, &routes)?;
+            routes.push(route);
         }
         Ok(Self { policy, routes })
     }

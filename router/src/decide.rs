@@ -21,6 +21,17 @@ use tollgate_proto::v1 as pb;
 use crate::config::{Route, RouteKind, Routes};
 use crate::{Classification, Classifier, Sensitivity};
 
+/// A grant's `max_sensitivity` from the protocol enum; `None` for UNSPECIFIED or unknown
+/// values. Here rather than on [`Sensitivity`], which knows nothing of the wire protocol.
+fn sensitivity_from_proto(value: i32) -> Option<Sensitivity> {
+    match pb::Sensitivity::try_from(value) {
+        Ok(pb::Sensitivity::Low) => Some(Sensitivity::Low),
+        Ok(pb::Sensitivity::Medium) => Some(Sensitivity::Medium),
+        Ok(pb::Sensitivity::High) => Some(Sensitivity::High),
+        _ => None,
+    }
+}
+
 /// The route a call asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requested {
@@ -247,7 +258,7 @@ pub fn decide<'a>(
             ));
             continue;
         }
-        let Some(granted) = Sensitivity::from_proto(grant.max_sensitivity) else {
+        let Some(granted) = sensitivity_from_proto(grant.max_sensitivity) else {
             refused.push((
                 name.to_owned(),
                 "the grant names no sensitivity, so it carries nothing".to_owned(),

@@ -278,7 +278,7 @@ pub async fn serve(
         audit.key = audit_key;
         let redactor = tollgate_router::SecretRedactor::with_defaults()
             .map_err(|e| DaemonError::Config(format!("audit redaction: {e}")))?;
-        audit.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
+        audit.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
         let audit = tollgate_audit::AuditLog::open(audit)?;
         RunManager::open(settings, keys, audit).map_err(DaemonError::from)
     })

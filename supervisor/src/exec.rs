@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
-use tollgate_agent_shim::plan::{AgentCommand, SandboxPlan};
-use tollgate_agent_shim::protocol::{AgentExit, EnterOutcome, EnterRequest};
+use tollgate_shim_protocol::plan::{AgentCommand, SandboxPlan};
+use tollgate_shim_protocol::protocol::{AgentExit, EnterOutcome, EnterRequest};
 
 use crate::sandbox::in_cgroup_with_control;
 

@@ -11,12 +11,12 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use tollgate_agent_shim::plan::{
+use tollgate_proto::v1 as pb;
+use tollgate_shim_protocol::plan::{
     AgentCommand, Bind, LandlockPlan, ModelsEndpoint, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX,
     MODELS_PORT, SHIM_IN_SANDBOX,
 };
-use tollgate_agent_shim::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD};
-use tollgate_proto::v1 as pb;
+use tollgate_shim_protocol::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD};
 
 use crate::cgroup::RunCgroup;
 

@@ -22,7 +22,7 @@ use std::time::Duration;
 use crate::cgroup::{CgroupLimits, RunCgroup};
 use crate::error::StartError;
 use crate::sandbox::IdleShim;
-use tollgate_agent_shim::plan::SandboxBase;
+use tollgate_shim_protocol::plan::SandboxBase;
 
 /// How long discarding a sandbox waits for its cgroup to empty.
 const DISCARD_DEADLINE: Duration = Duration::from_secs(5);

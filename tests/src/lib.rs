@@ -40,9 +40,7 @@ pub fn supervisor_audit(data_dir: &Path) -> tollgate_audit::AuditLog {
         tollgate_audit::component_config(data_dir, "supervisor").expect("audit config");
     let redactor =
         tollgate_router::SecretRedactor::with_defaults().expect("the built-in detectors compile");
-    config.redactor = Some(std::sync::Arc::new(move |text: &str| {
-        redactor.redact_secrets(text)
-    }));
+    config.redactor = Some(std::sync::Arc::new(move |text: &str| redactor.redact(text)));
     tollgate_audit::AuditLog::open(config).expect("open the audit log")
 }
 

@@ -81,7 +81,7 @@ fn assert_no_secret_in(files: &[(PathBuf, Vec<u8>)], cases: &[(String, Vec<Strin
 /// The secrets of the router's corpus: from every true case made only of high-sensitivity
 /// detectors, the spans the classifier reports (the secret values themselves).
 fn corpus_secrets() -> Vec<(String, Vec<String>)> {
-    let corpus = include_str!("../../router/corpus/cases.txt");
+    let corpus = include_str!("../../router/classify/corpus/cases.txt");
     let classifier = Classifier::new(&ClassifierConfig::default()).unwrap();
     let high: Vec<&str> = Classifier::builtin_detectors()
         .filter(|(_, sensitivity)| *sensitivity == Sensitivity::High)

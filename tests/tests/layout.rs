@@ -38,3 +38,66 @@ fn the_cli_links_no_sandbox_or_storage_code() {
         );
     }
 }
+
+/// The normal (non-dev, non-build) dependencies of `package`, one crate per line, each line
+/// starting with the crate's name and a space.
+fn normal_dependencies(package: &str) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tree = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            package,
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree runs");
+    assert!(tree.status.success(), "{tree:?}");
+    String::from_utf8_lossy(&tree.stdout).into_owned()
+}
+
+/// The authority and the audit log redact secrets with the classifier crate alone: neither
+/// links model routing.
+#[test]
+fn the_authority_and_audit_link_no_model_routing() {
+    let authority = normal_dependencies("tollgate-authority");
+    assert!(
+        authority
+            .lines()
+            .any(|line| line.starts_with("tollgate-classify ")),
+        "{authority}"
+    );
+    for package in ["tollgate-authority", "tollgate-audit"] {
+        let tree = normal_dependencies(package);
+        assert!(
+            !tree
+                .lines()
+                .any(|line| line.starts_with("tollgate-router ")),
+            "{package} links tollgate-router"
+        );
+    }
+}
+
+/// The supervisor shares only the plan and the control-socket messages with the shim (the
+/// protocol crate); it runs `tollgate-shim` as a binary and links none of its sandboxing code.
+#[test]
+fn the_supervisor_links_only_the_shim_protocol() {
+    let tree = normal_dependencies("tollgate-supervisor");
+    assert!(
+        tree.lines()
+            .any(|line| line.starts_with("tollgate-shim-protocol ")),
+        "{tree}"
+    );
+    assert!(
+        !tree
+            .lines()
+            .any(|line| line.starts_with("tollgate-agent-shim ")),
+        "tollgate-supervisor links tollgate-agent-shim"
+    );
+}

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_proto::v1 as pb;
+use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 use tollgate_supervisor::beneath::{detached_mount, GrantRoot};
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::sandbox::{

@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tollgate_agent_shim::protocol::AgentExit;
 use tollgate_audit::MetaValue;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::call_tool_response::Result as ToolResult;
 use tollgate_receipt::paths::is_normal_absolute;
+use tollgate_shim_protocol::protocol::AgentExit;
 use tonic::Status;
 
 use super::gate::{new_call_id, CallGate, CallMeta, Refusal, Step};

@@ -9,7 +9,7 @@ pub const MAX_READ: u64 = 1 << 20;
 /// Most entries one `fs.list` returns.
 pub const MAX_LIST: usize = 10_000;
 /// Most bytes one `fs.write` carries (one atomic change).
-pub const MAX_WRITE: usize = tollgate_agent_shim::plan::MAX_WRITE_BYTES;
+pub const MAX_WRITE: usize = tollgate_shim_protocol::plan::MAX_WRITE_BYTES;
 /// Most bytes of stdin one `exec` carries.
 pub const MAX_STDIN: usize = (4 << 20) - 4096;
 /// Longest path (a host path, a `cwd`, a mount target, a workdir) an agent may send:

@@ -8,9 +8,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tollgate_agent_shim::plan::SandboxPlan;
-use tollgate_agent_shim::protocol::{AgentExit, FromShim};
 use tollgate_receipt::SignedReceipt;
+use tollgate_shim_protocol::plan::SandboxPlan;
+use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use crate::cgroup::{CgroupLimits, RunCgroup};
 use crate::error::StartError;

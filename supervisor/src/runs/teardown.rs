@@ -3,8 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
-use tollgate_agent_shim::protocol::AgentExit;
 use tollgate_receipt::unix_now;
+use tollgate_shim_protocol::protocol::AgentExit;
 
 use crate::records::{RunState, TeardownReport};
 use crate::sandbox::RunDirs;

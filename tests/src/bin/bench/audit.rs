@@ -25,7 +25,7 @@ fn open(dir: &std::path::Path) -> anyhow::Result<AuditLog> {
     let key = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
     let mut config = AuditConfig::new(dir, "supervisor", key, "bench");
     let redactor = tollgate_router::SecretRedactor::with_defaults()?;
-    config.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
+    config.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
     Ok(AuditLog::open(config)?)
 }
 

@@ -180,7 +180,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
     let key = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
     let mut config = AuditConfig::new(dir.path().join("audit"), "supervisor", key, "bench");
     let redactor = tollgate_router::SecretRedactor::with_defaults()?;
-    config.redactor = Some(Arc::new(move |text: &str| redactor.redact_secrets(text)));
+    config.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
     let audit = AuditLog::open(config)?;
     let run = Arc::new(RunGateway::new(RunGatewayConfig {
         run_id: "01900000-0000-7000-8000-00000000beef".into(),

@@ -1,4 +1,4 @@
-//! Classifier throughput: `cargo run --release -p tollgate-router --example classify_throughput`.
+//! Classifier throughput: `cargo run --release -p tollgate-classify --example classify_throughput`.
 //!
 //! Times `Classifier::classify` over 1 MiB of `bench::mixed_text` (and a few harder inputs)
 //! and prints the median of several runs in MB/s (10^6 bytes per second). An argument keeps
@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use tollgate_router::{bench, Classifier, ClassifierConfig};
+use tollgate_classify::{bench, Classifier, ClassifierConfig};
 
 fn median_mb_s(classifier: &Classifier, text: &str, runs: usize) -> (f64, usize) {
     let mut rates = Vec::with_capacity(runs);

@@ -109,7 +109,7 @@ pub struct SandboxPlan {
     #[serde(default)]
     pub models: Option<ModelsEndpoint>,
     /// `RLIMIT_NOFILE` (soft and hard) of the agent and of every command the gateway execs:
-    /// the receipt's `limits.files`; 0 means [`tollgate_proto::DEFAULT_FILES`].
+    /// the receipt's `limits.files`; 0 means `tollgate_proto::DEFAULT_FILES`.
     #[serde(default)]
     pub files: u32,
 }

@@ -1,6 +1,6 @@
 //! Classifier behaviour beyond the corpus: configuration, custom patterns, errors, redaction.
 
-use tollgate_router::{
+use tollgate_classify::{
     Classifier, ClassifierConfig, ConfigError, CustomPattern, Sensitivity,
     DEFAULT_INTERNAL_SUFFIXES,
 };

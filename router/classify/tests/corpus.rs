@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tollgate_router::{Classifier, ClassifierConfig};
+use tollgate_classify::{Classifier, ClassifierConfig};
 
 const CORPUS: &str = include_str!("../corpus/cases.txt");
 
@@ -272,7 +272,7 @@ fn redaction_removes_every_detected_span() {
 fn spans_are_ordered_disjoint_and_on_char_boundaries() {
     let classifier = classifier();
     let mut texts: Vec<String> = cases().into_iter().map(|c| c.text).collect();
-    texts.push(tollgate_router::bench::mixed_text(64 * 1024, 7));
+    texts.push(tollgate_classify::bench::mixed_text(64 * 1024, 7));
     texts.push("Grüße jane.doe@acme-corp.io — 東京 10.0.0.1 café ghp_FAKEu8jzPde0IgxLd6GncfBAepfJBd0Kh8oO ✓".into());
     for text in &texts {
         let reasons = classifier.classify(text).reasons;

@@ -63,8 +63,9 @@ impl SecretRedactor {
         spans
     }
 
-    /// `text` with its secrets replaced, or `None` when it holds none.
-    pub fn redact_secrets(&self, text: &str) -> Option<String> {
+    /// `text` with its secrets replaced, or `None` when it holds none: the shape of redactor
+    /// the audit log takes (`Fn(&str) -> Option<String>`).
+    pub fn redact(&self, text: &str) -> Option<String> {
         let found = self.classifier.classify(text);
         let mut spans: Vec<(Range<usize>, String)> = found
             .reasons
@@ -108,17 +109,14 @@ mod tests {
         let redactor = SecretRedactor::with_defaults().unwrap();
         let token = format!("ghp_{}", "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8");
         let path = format!("/home/alice/.config/{token}/notes.txt");
-        let redacted = redactor.redact_secrets(&path).expect("the token is found");
+        let redacted = redactor.redact(&path).expect("the token is found");
         assert!(!redacted.contains(&token), "{redacted}");
         assert!(redacted.starts_with("/home/alice/"), "{redacted}");
         assert!(redacted.contains("[REDACTED:"), "{redacted}");
+        assert_eq!(redactor.redact("operator alice@corp.example.org"), None);
+        assert_eq!(redactor.redact("/usr/bin/python3"), None);
         assert_eq!(
-            redactor.redact_secrets("operator alice@corp.example.org"),
-            None
-        );
-        assert_eq!(redactor.redact_secrets("/usr/bin/python3"), None);
-        assert_eq!(
-            redactor.redact_secrets("tollgate/sandbox-0190a1b2c3d4e5f60718293a4b5c6d7e"),
+            redactor.redact("tollgate/sandbox-0190a1b2c3d4e5f60718293a4b5c6d7e"),
             None
         );
     }
@@ -144,7 +142,7 @@ mod tests {
                 "tgt_Qm9vb2Jvb2Jvb2Jvb2Jvb2Jvb2Jvb2Jvb2Jvb28",
             ),
         ] {
-            let redacted = redactor.redact_secrets(&text).unwrap_or_default();
+            let redacted = redactor.redact(&text).unwrap_or_default();
             assert!(!redacted.contains(secret), "{text:?} -> {redacted:?}");
             assert!(redacted.contains("[REDACTED:"), "{text:?} -> {redacted:?}");
         }
@@ -154,7 +152,7 @@ mod tests {
             "token bucket overflow",
             "the key rotation finished",
         ] {
-            assert_eq!(redactor.redact_secrets(text), None, "{text}");
+            assert_eq!(redactor.redact(text), None, "{text}");
         }
     }
 }

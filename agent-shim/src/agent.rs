@@ -1,0 +1,186 @@
+//! Starting one confined process in a sandbox: the agent, the model endpoint beside it, and
+//! each command `tollgate-shim enter` runs. A fork, a new user namespace whose id map the
+//! parent writes, then every step of [`confine`](crate::confine), then exec.
+//!
+//! A leaf below the crate root and `enter`, so both start processes the same way without
+//! reaching into each other.
+
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+
+use nix::sched::{unshare, CloneFlags};
+use nix::sys::signal::SigSet;
+use nix::sys::wait::waitpid;
+use nix::unistd::{fork, ForkResult, Pid};
+use tollgate_shim_protocol::plan::SandboxPlan;
+
+use crate::confine;
+
+/// Exit status of the shim when the sandbox could not be built.
+pub const EXIT_SETUP_FAILED: i32 = 125;
+
+/// This pid namespace's `/proc`, held open: fork returns pids as they are in it.
+pub(crate) fn open_proc() -> Result<OwnedFd, String> {
+    nix::fcntl::open(
+        "/proc",
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| format!("opening /proc: {e}"))
+}
+
+/// Forks the agent, maps its ids (through `proc_dir`, the /proc of the pid namespace the
+/// caller is in), and waits until it has executed (or failed). Returns its pid and the
+/// Landlock ABI it runs under.
+pub(crate) fn start_agent(
+    plan: &SandboxPlan,
+    seccomp: &confine::SeccompPrograms,
+    proc_dir: &OwnedFd,
+) -> Result<(Pid, u32), String> {
+    use nix::fcntl::OFlag;
+    // Both ends close on exec: EOF on the report pipe means the agent's exec succeeded.
+    let (report_read, report_write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let (go_read, go_write) =
+        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    // SAFETY: single-threaded process; the child only runs ordinary Rust code and execs.
+    #[allow(unsafe_code)]
+    let forked = unsafe { fork() };
+    match forked {
+        Ok(ForkResult::Child) => {
+            drop(report_read);
+            drop(go_write);
+            let reason = agent_child(plan, seccomp, &report_write, go_read);
+            let _ = nix::unistd::write(&report_write, reason.as_bytes());
+            std::process::exit(EXIT_SETUP_FAILED)
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(report_write);
+            drop(go_read);
+            // The child reports back after entering its user namespace; we map its ids.
+            let mut byte = [0u8; 1];
+            let got = nix::unistd::read(&report_read, &mut byte).map_err(|e| e.to_string())?;
+            if got != 1 || byte[0] != READY {
+                let rest = read_all(&report_read);
+                return Err(format!(
+                    "the agent process failed before its user namespace: {}{rest}",
+                    String::from_utf8_lossy(&byte[..got])
+                ));
+            }
+            let map = format!("{} {} 1\n", plan.inner_id, plan.host_id);
+            for file in ["uid_map", "gid_map"] {
+                write_proc_file(proc_dir, &format!("{child}/{file}"), map.as_bytes())
+                    .map_err(|e| format!("writing the agent's {file}: {e}"))?;
+            }
+            nix::unistd::write(&go_write, &[READY]).map_err(|e| e.to_string())?;
+            let failure = read_all(&report_read);
+            if failure.is_empty() {
+                Ok((child, confine::REQUIRED_LANDLOCK_ABI as u32))
+            } else {
+                let _ = waitpid(child, None);
+                Err(failure)
+            }
+        }
+        Err(e) => Err(format!("forking the agent: {e}")),
+    }
+}
+
+fn write_proc_file(proc_dir: &OwnedFd, path: &str, bytes: &[u8]) -> nix::Result<()> {
+    let fd = nix::fcntl::openat(
+        proc_dir,
+        path,
+        nix::fcntl::OFlag::O_WRONLY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )?;
+    if nix::unistd::write(&fd, bytes)? == bytes.len() {
+        Ok(())
+    } else {
+        Err(nix::errno::Errno::EIO)
+    }
+}
+
+/// Byte the agent process sends once it is in its user namespace, and pid 1 sends back once
+/// the ids are mapped.
+const READY: u8 = 1;
+
+fn read_all(fd: &OwnedFd) -> String {
+    let mut text = Vec::new();
+    let mut buffer = [0u8; 512];
+    while let Ok(n) = nix::unistd::read(fd, &mut buffer) {
+        if n == 0 {
+            break;
+        }
+        text.extend_from_slice(&buffer[..n]);
+    }
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// Sets the receipt's open-file limit, soft and hard, so an agent (or an exec'd command) can
+/// hold no more descriptors, gateway connections included, than its receipt says. Called while
+/// still real root in the host's user namespace: raising the hard limit above what the
+/// supervisor passed down needs `CAP_SYS_RESOURCE` there, which the new user namespace lacks.
+fn limit_open_files(files: u32) -> Result<(), String> {
+    let files = u64::from(tollgate_proto::effective_files(files));
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, files, files)
+        .map_err(|e| format!("setting the open-file limit to {files}: {e}"))
+}
+
+/// The agent side: returns only on failure (with the reason). On success it executes the
+/// agent, which closes the report pipe.
+fn agent_child(
+    plan: &SandboxPlan,
+    seccomp: &confine::SeccompPrograms,
+    report: &OwnedFd,
+    go: OwnedFd,
+) -> String {
+    let step = || -> Result<(), String> {
+        nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+        limit_open_files(plan.files)?;
+        // Restore the default signal mask pid 1 set up for itself.
+        SigSet::all().thread_unblock().map_err(|e| e.to_string())?;
+        confine::clear_groups().map_err(|e| e.to_string())?;
+        unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("new user namespace: {e}"))?;
+        nix::unistd::write(report, &[READY]).map_err(|e| e.to_string())?;
+        // While pid 1 writes the id map: build the Landlock ruleset (it opens the allowed
+        // paths and reads the executables' headers; enforcing it comes after no_new_privs).
+        let landlock = confine::prepare_landlock(&plan.landlock).map_err(|e| e.to_string())?;
+        let mut byte = [0u8; 1];
+        if nix::unistd::read(&go, &mut byte).map_err(|e| e.to_string())? != 1 {
+            return Err("pid 1 did not map the agent's ids".into());
+        }
+        confine::drop_bounding_set().map_err(|e| e.to_string())?;
+        confine::become_agent(plan.inner_id).map_err(|e| e.to_string())?;
+        confine::no_new_privs().map_err(|e| e.to_string())?;
+        confine::no_core_dumps().map_err(|e| e.to_string())?;
+        landlock.enforce().map_err(|e| e.to_string())?;
+        seccomp.install().map_err(|e| e.to_string())?;
+        std::env::set_current_dir(&plan.agent.cwd)
+            .map_err(|e| format!("cwd {}: {e}", plan.agent.cwd.display()))?;
+        Ok(())
+    };
+    if let Err(reason) = step() {
+        return reason;
+    }
+    drop(go);
+    // Every inherited fd above stderr closes at exec; the report pipe is one of them.
+    if let Err(e) = confine::mark_fds_cloexec_from(3) {
+        return e.to_string();
+    }
+    let to_c = |s: &str| CString::new(s.as_bytes()).map_err(|_| format!("{s:?} contains NUL"));
+    let argv: Result<Vec<CString>, String> = plan.agent.argv.iter().map(|a| to_c(a)).collect();
+    let env: Result<Vec<CString>, String> = plan
+        .agent
+        .env
+        .iter()
+        .map(|(k, v)| to_c(&format!("{k}={v}")))
+        .collect();
+    let (argv, env) = match (argv, env) {
+        (Ok(argv), Ok(env)) if !argv.is_empty() => (argv, env),
+        (Err(e), _) | (_, Err(e)) => return e,
+        _ => return "empty argv".into(),
+    };
+    match nix::unistd::execve(&argv[0], &argv, &env) {
+        Err(e) => format!("exec {}: {e}", plan.agent.argv[0]),
+        Ok(never) => match never {},
+    }
+}
