@@ -89,6 +89,85 @@ pub fn write_readiness(path: &Path, address: &str) -> io::Result<()> {
     write_atomic(path, format!("{address}\n").as_bytes(), 0o644)
 }
 
+/// Why a secret file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    /// It could not be opened (a link is refused: never followed).
+    #[error("{path}: {source} (a secret file is a regular file, not a link)")]
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+    /// It could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The failure.
+        source: io::Error,
+    },
+    /// It is not a regular file.
+    #[error("{path} is not a regular file")]
+    NotAFile {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Someone but root could read or change it.
+    #[error("{path} must be owned by root with mode 0600 or stricter (chown root {path}; chmod 600 {path})")]
+    NotPrivate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// It holds nothing.
+    #[error("{path} is empty")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// Reads a secret (a token) from a file only root can read: a regular file owned by root
+/// with no group or other permissions, checked and read through one descriptor that never
+/// followed a link; trailing whitespace is dropped and an empty secret is refused.
+pub fn read_secret_file(path: &Path) -> Result<crate::Secret, SecretFileError> {
+    use std::io::Read as _;
+    use std::os::unix::fs::MetadataExt as _;
+    let mut file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .map_err(|source| SecretFileError::Open {
+            path: path.to_owned(),
+            source,
+        })?;
+    let read_error = |source| SecretFileError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = file.metadata().map_err(read_error)?;
+    if !meta.is_file() {
+        return Err(SecretFileError::NotAFile {
+            path: path.to_owned(),
+        });
+    }
+    if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
+        return Err(SecretFileError::NotPrivate {
+            path: path.to_owned(),
+        });
+    }
+    let mut text = zeroize::Zeroizing::new(String::new());
+    file.read_to_string(&mut text).map_err(read_error)?;
+    let trimmed = text.trim_end();
+    if trimmed.is_empty() {
+        return Err(SecretFileError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(crate::Secret::new(trimmed.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,6 +180,33 @@ mod tests {
         assert!(matches!(second, LockError::InUse { .. }), "{second}");
         drop(first);
         DataDirLock::acquire(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn secret_files_must_be_root_only_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("token");
+        write_atomic(&path, b"tgt_abc\n", 0o600).unwrap();
+        let uid_is_root = nix::unistd::geteuid().is_root();
+        match read_secret_file(&path) {
+            Ok(secret) => {
+                assert!(uid_is_root);
+                assert_eq!(secret.expose(), "tgt_abc");
+            }
+            Err(e) => assert!(!uid_is_root && matches!(e, SecretFileError::NotPrivate { .. })),
+        }
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let open = read_secret_file(&path).unwrap_err();
+        assert!(matches!(open, SecretFileError::NotPrivate { .. }), "{open}");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        let linked = read_secret_file(&link).unwrap_err();
+        assert!(matches!(linked, SecretFileError::Open { .. }), "{linked}");
+        write_atomic(&path, b"\n", 0o600).unwrap();
+        if uid_is_root {
+            let empty = read_secret_file(&path).unwrap_err();
+            assert!(matches!(empty, SecretFileError::Empty { .. }), "{empty}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use tollgate_supervisor::daemon::{serve, SupervisorConfig, Trust};
+use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, Trust};
 use tollgate_supervisor::runs::RunSettings;
 
 /// Run AI agents in sandboxes built from signed Tollgate receipts (must run as root).
@@ -134,11 +134,24 @@ async fn main() -> ExitCode {
     if let Err(e) = tollgate_daemon::raise_open_files_limit() {
         tracing::warn!(error = %e, "could not raise the open-files limit");
     }
+    let served = match configure(flags).await {
+        Ok(config) => serve(config, tollgate_daemon::shutdown::signal()).await,
+        Err(error) => Err(error),
+    };
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("tollgate-supervisor: error: {error}");
+            ExitCode::from(error.exit_code())
+        }
+    }
+}
+
+/// The daemon's configuration from its flags: root, the shim, the audit key, the model
+/// routes (every local one probed), the delegation token.
+async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!(
-            "tollgate-supervisor: error: must run as root (it builds namespaces and cgroups)"
-        );
-        return ExitCode::from(77);
+        return Err(DaemonError::NotRoot);
     }
     let shim = flags.shim.unwrap_or_else(|| {
         std::env::current_exe()
@@ -147,59 +160,36 @@ async fn main() -> ExitCode {
             .unwrap_or_else(|| PathBuf::from("tollgate-shim"))
     });
     if !shim.is_file() {
-        eprintln!(
-            "tollgate-supervisor: error: shim {} not found; pass --shim PATH",
-            shim.display()
-        );
-        return ExitCode::from(78);
+        return Err(DaemonError::ShimMissing(shim));
     }
-    let audit_key = match tollgate_audit::AuditKey::configured(flags.audit_key_file.as_deref()) {
-        Ok(key) => key,
-        Err(e) => {
-            eprintln!("tollgate-supervisor: error: {e}");
-            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1));
-        }
-    };
-    let models = match flags.routes.as_deref().map(load_routes).transpose() {
-        Ok(models) => models,
-        Err(e) => {
-            eprintln!("tollgate-supervisor: error: routes: {e}");
-            return ExitCode::from(78);
-        }
-    };
+    let audit_key = tollgate_audit::AuditKey::configured(flags.audit_key_file.as_deref())
+        .map_err(DaemonError::AuditKey)?;
+    let models = flags
+        .routes
+        .as_deref()
+        .map(load_routes)
+        .transpose()
+        .map_err(DaemonError::Routes)?;
     if let Some(models) = &models {
         let timeout = Duration::from_secs(flags.route_probe_timeout);
         if let Err(e) = models.backends.probe_local(&models.routes, timeout).await {
-            eprintln!("tollgate-supervisor: error: routes: {e}");
-            return ExitCode::from(78);
+            return Err(DaemonError::Routes(e.to_string()));
         }
         tracing::info!(
             routes = models.routes.routes.len(),
             "model routes loaded; every local route's server answered its probe"
         );
     }
-    let delegation_token = match &flags.delegation_token_file {
-        Some(path) => match tollgate_router::config::KeySource::File(path.clone()).load() {
-            Ok(token) if token.expose().starts_with("tgt_") => Some(token),
-            Ok(_) => {
-                eprintln!(
-                    "tollgate-supervisor: error: --delegation-token-file {}: not a delegation token (they start with tgt_; make one with `tollgate supervisor add ID --token-out FILE`)",
-                    path.display()
-                );
-                return ExitCode::from(78);
-            }
-            Err(e) => {
-                eprintln!("tollgate-supervisor: error: --delegation-token-file: {e}");
-                return ExitCode::from(78);
-            }
-        },
-        None => None,
-    };
+    let delegation_token = flags
+        .delegation_token_file
+        .as_deref()
+        .map(delegation_token)
+        .transpose()?;
     let listen = match flags.listen.strip_prefix(':') {
         Some(port) => format!("127.0.0.1:{port}"),
         None => flags.listen,
     };
-    let config = SupervisorConfig {
+    Ok(SupervisorConfig {
         runs: RunSettings {
             data_dir: flags.data_dir,
             supervisor_id: flags.id,
@@ -222,36 +212,18 @@ async fn main() -> ExitCode {
         audit_key,
         models,
         delegation_token,
-    };
-    match serve(config, shutdown_signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("tollgate-supervisor: error: {error}");
-            ExitCode::from(error.exit_code())
-        }
-    }
+    })
 }
 
-/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called (before
-/// the daemon writes its readiness file), not when the future is first polled: a signal that
-/// arrives right after readiness must stop the daemon cleanly, not kill it.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let terminate = signal(SignalKind::terminate());
-    let interrupt = signal(SignalKind::interrupt());
-    async move {
-        match (terminate, interrupt) {
-            (Ok(mut terminate), Ok(mut interrupt)) => {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = interrupt.recv() => {}
-                }
-            }
-            (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
-                only.recv().await;
-            }
-            // No handler could be installed: the signals keep their default action.
-            (Err(_), Err(_)) => std::future::pending().await,
-        }
+/// Reads the delegation token: a root-only file holding a `tgt_` token.
+fn delegation_token(path: &std::path::Path) -> Result<tollgate_daemon::Secret, DaemonError> {
+    let token = tollgate_daemon::files::read_secret_file(path)
+        .map_err(|e| DaemonError::DelegationToken(e.to_string()))?;
+    if !tollgate_daemon::token::looks_like_token(token.expose()) {
+        return Err(DaemonError::DelegationToken(format!(
+            "{}: not a delegation token (they start with tgt_; make one with `tollgate supervisor add ID --token-out FILE`)",
+            path.display()
+        )));
     }
+    Ok(token)
 }

@@ -28,28 +28,22 @@ impl TokenCheck {
     /// Ok when the request carries the token.
     #[allow(clippy::result_large_err)]
     pub fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        use sha2::Digest as _;
-        let header = request
-            .metadata()
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                Status::unauthenticated(
-                    "missing \"authorization: Bearer <token>\"; the supervisor's token is <data-dir>/admin.token",
-                )
-            })?;
-        let token = header
-            .split_once(' ')
-            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim())
-            .ok_or_else(|| Status::unauthenticated("authorization must be \"Bearer <token>\""))?;
-        let hash: [u8; 32] = sha2::Sha256::digest(token.as_bytes()).into();
-        // Compare every byte so timing does not reveal how much of a guess was right.
-        let differs = hash
-            .iter()
-            .zip(self.hash.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-        if differs == 0 {
+        self.check_metadata(request.metadata())
+    }
+
+    /// Ok when `metadata` carries the token (checked on the headers, before any body).
+    #[allow(clippy::result_large_err)]
+    pub fn check_metadata(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
+        use tollgate_daemon::token::{bearer, matches, BearerError};
+        let token = bearer(metadata).map_err(|e| match e {
+            BearerError::Missing => Status::unauthenticated(
+                "missing \"authorization: Bearer <token>\"; the supervisor's token is <data-dir>/admin.token",
+            ),
+            BearerError::Malformed => {
+                Status::unauthenticated("authorization must be \"Bearer <token>\"")
+            }
+        })?;
+        if matches(token, &self.hash) {
             Ok(())
         } else {
             Err(Status::unauthenticated("unknown token"))

@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
+use tollgate_daemon::Secret;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::SignedReceipt;
-use tollgate_router::config::Secret;
 use tonic::{Code, Status};
 
 use crate::gateway::gate::Refusal;

@@ -1,0 +1,111 @@
+//! What a supervisor is started with: its settings, where its trust comes from, and the
+//! pinned key file for hosts without an authority link.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tollgate_daemon::Secret;
+use tollgate_receipt::{public_key_from_bytes, KeySet};
+
+use super::error::DaemonError;
+use crate::runs::RunSettings;
+
+/// Readiness file name.
+pub const ADDR_FILE: &str = "supervisor.addr";
+/// Admin token file name.
+pub const TOKEN_FILE: &str = "admin.token";
+
+/// Where the supervisor's trusted keys come from.
+#[derive(Debug, Clone)]
+pub enum Trust {
+    /// Fetch the key set from this authority and follow its revocations.
+    Authority(String),
+    /// A pinned key file (the JSON `tollgate keys --json` prints), for hosts without an
+    /// authority link.
+    KeyFile(PathBuf),
+}
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// The run manager's settings (data dir, id, shim, cgroup parent, host ids, skew).
+    pub runs: RunSettings,
+    /// Listen address.
+    pub listen: String,
+    /// Trust source.
+    pub trust: Trust,
+    /// Key for HMAC audit hashes; none: plain SHA-256.
+    pub audit_key: Option<tollgate_audit::AuditKey>,
+    /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
+    pub models: Option<Arc<crate::gateway::ModelRoutes>>,
+    /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
+    /// cannot delegate.
+    pub delegation_token: Option<Secret>,
+}
+
+/// Reads a pinned key file: `{"keys": [{"key_id": "...", "public_key_hex": "..."}]}`.
+pub fn read_key_file(path: &Path) -> Result<KeySet, DaemonError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        DaemonError::KeyFile(format!("cannot read --trust-keys {}: {e}", path.display()))
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| DaemonError::KeyFile(format!("{}: not JSON: {e}", path.display())))?;
+    let mut keys = KeySet::new();
+    for entry in json["keys"].as_array().into_iter().flatten() {
+        let bad = |what: &str| DaemonError::KeyFile(format!("{}: {what}", path.display()));
+        let hex_key = entry["public_key_hex"]
+            .as_str()
+            .ok_or_else(|| bad("a key lacks public_key_hex"))?;
+        let bytes = hex::decode(hex_key).map_err(|_| bad("public_key_hex is not hex"))?;
+        let key = public_key_from_bytes(&bytes).map_err(|e| bad(&e.to_string()))?;
+        let id = keys.insert(key);
+        if let Some(listed) = entry["key_id"].as_str() {
+            if listed != id {
+                return Err(bad(&format!(
+                    "key_id {listed} does not match its key ({id})"
+                )));
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Err(DaemonError::KeyFile(format!(
+            "{}: no keys; write it with `tollgate keys --json > FILE`",
+            path.display()
+        )));
+    }
+    Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_key_files_are_checked() {
+        let dir = std::env::temp_dir().join(format!("tollgate-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let signer = tollgate_receipt::ReceiptSigner::generate();
+        let file = dir.join("keys.json");
+        let entry = |id: &str| {
+            serde_json::json!({"issuer": "a", "keys": [{
+                "key_id": id,
+                "public_key_hex": hex::encode(signer.public_key().as_bytes()),
+            }]})
+            .to_string()
+        };
+        std::fs::write(&file, entry(signer.key_id())).unwrap();
+        let keys = read_key_file(&file).unwrap();
+        assert!(keys.get(signer.key_id()).is_some());
+        std::fs::write(&file, entry("0000000000000000")).unwrap();
+        assert!(read_key_file(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("does not match"));
+        std::fs::write(&file, "{\"keys\": []}").unwrap();
+        assert!(read_key_file(&file)
+            .unwrap_err()
+            .to_string()
+            .contains("no keys"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

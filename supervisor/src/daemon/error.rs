@@ -1,0 +1,112 @@
+//! Why the supervisor daemon could not start or stopped: one typed error, each variant with
+//! its exit code (sysexits), mapped in exactly one place.
+
+use std::path::PathBuf;
+
+/// A fatal daemon error, with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// Not started as root.
+    #[error("must run as root (it builds namespaces and cgroups)")]
+    NotRoot,
+    /// The shim binary is not where it was looked for.
+    #[error("shim {} not found; pass --shim PATH", .0.display())]
+    ShimMissing(PathBuf),
+    /// The audit key (`--audit-key-file`, `TOLLGATE_AUDIT_KEY`) could not be read.
+    #[error("{0}")]
+    AuditKey(tollgate_audit::AuditError),
+    /// The routes file, a route's key, or a local route's probe failed.
+    #[error("routes: {0}")]
+    Routes(String),
+    /// The delegation token file is unusable.
+    #[error("--delegation-token-file: {0}")]
+    DelegationToken(String),
+    /// The data directory cannot be created, or other users can enter it.
+    #[error("data directory: {0}")]
+    DataDir(tollgate_audit::PrivateDirError),
+    /// Another process holds the data directory.
+    #[error("{0}")]
+    DataDirInUse(#[from] tollgate_daemon::files::LockError),
+    /// The pinned key file (`--trust-keys`) is unreadable or wrong.
+    #[error("{0}")]
+    KeyFile(String),
+    /// The admin token could not be read or created.
+    #[error("cannot {action} {path}: {source}")]
+    AdminToken {
+        /// `read` or `write`.
+        action: &'static str,
+        /// `<data-dir>/admin.token`.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The authority could not be reached for the key set, or its revocations.
+    #[error("cannot fetch the key set from the authority at {url}: {detail}; is it running? (or use --trust-keys FILE)")]
+    Authority {
+        /// Its URL.
+        url: String,
+        /// The last error.
+        detail: String,
+    },
+    /// A delegation token without an authority to ask.
+    #[error("--delegation-token-file needs --authority (delegation asks the authority)")]
+    DelegationNeedsAuthority,
+    /// The audit log's redaction could not be set up.
+    #[error("audit redaction: {0}")]
+    Redaction(String),
+    /// Opening the run manager failed (database, recovery sweep).
+    #[error("{0}")]
+    Runs(#[from] crate::error::StartError),
+    /// The audit log could not be opened.
+    #[error("audit log: {0}")]
+    Audit(#[from] tollgate_audit::AuditError),
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The readiness file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Readiness {
+        /// `<data-dir>/supervisor.addr`.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("{0}")]
+    Serve(#[from] tonic::transport::Error),
+    /// The reflection service could not be built.
+    #[error("reflection: {0}")]
+    Reflection(String),
+    /// Blocking work panicked.
+    #[error("internal task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl DaemonError {
+    /// sysexits-style exit code.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::NotRoot => 77, // EX_NOPERM
+            Self::AuditKey(e) => u8::try_from(e.exit_code()).unwrap_or(78),
+            Self::ShimMissing(_) | Self::Routes(_) | Self::DelegationToken(_) => 78,
+            Self::KeyFile(_)
+            | Self::AdminToken { .. }
+            | Self::DelegationNeedsAuthority
+            | Self::Redaction(_) => 78, // EX_CONFIG
+            Self::DataDir(_) => 73,      // EX_CANTCREAT
+            Self::DataDirInUse(_) => 75, // EX_TEMPFAIL
+            Self::Authority { .. }
+            | Self::Listen { .. }
+            | Self::Readiness { .. }
+            | Self::Serve(_)
+            | Self::Reflection(_) => 69, // EX_UNAVAILABLE
+            Self::Runs(_) | Self::Task(_) => 70, // EX_SOFTWARE
+            Self::Audit(e) => u8::try_from(e.exit_code()).unwrap_or(70),
+        }
+    }
+}

@@ -1,0 +1,293 @@
+//! The `tollgate-supervisor` daemon, in the same shape as the authority's:
+//! [`Supervisor::open`] (blocking: the data directory, its lock, the admin token, the audit
+//! log and the run manager with its crash recovery), [`Supervisor::run`] (serves on a bound
+//! listener until `shutdown`, then tears every run down), and [`serve`] (trust, open, bind,
+//! the readiness file, run) for `main.rs`. Tests start the real binary on port 0 and wait
+//! for its readiness file.
+
+mod config;
+mod error;
+mod trust;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tollgate_daemon::files::{write_atomic, write_readiness, DataDirLock};
+use tollgate_daemon::{RequestLimits, ServeLimits};
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::supervisor_server::SupervisorServer;
+use tollgate_receipt::KeySet;
+
+pub use config::{read_key_file, SupervisorConfig, Trust, ADDR_FILE, TOKEN_FILE};
+pub use error::DaemonError;
+
+use crate::cgroup::CgroupMode;
+use crate::runs::RunManager;
+use crate::service::{SupervisorService, TokenCheck};
+use crate::COMPONENT;
+
+/// The supervisor's one call anyone may make without a token.
+const PUBLIC_CALL: &str = "/tollgate.v1.Supervisor/GetSupervisorInfo";
+
+/// How long a restarted supervisor waits for the authority's revocation stream to catch up
+/// before it refuses to start.
+const CATCH_UP: Duration = Duration::from_secs(15);
+
+/// An opened supervisor, ready to serve.
+#[derive(Debug)]
+pub struct Supervisor {
+    _lock: DataDirLock,
+    config: SupervisorConfig,
+    manager: Arc<RunManager>,
+    token_hash: [u8; 32],
+    key_ids: Vec<String>,
+    /// The last revocation applied (kept current by the authority link).
+    last_revocation_seq: Arc<AtomicU64>,
+}
+
+impl Supervisor {
+    /// Opens the data directory (0700, locked for this process), reads or creates the admin
+    /// token, opens the audit log and the run manager trusting `keys` (runs left by a crash
+    /// are marked lost and their cgroups swept), and gives it the model routes and the
+    /// delegation link. Blocking.
+    pub fn open(config: SupervisorConfig, keys: KeySet) -> Result<Self, DaemonError> {
+        let data_dir = config.runs.data_dir.clone();
+        // Receipts, run records and the audit log are in it: 0700, or refused with the chmod.
+        tollgate_audit::ensure_private_dir(&data_dir).map_err(DaemonError::DataDir)?;
+        let lock = DataDirLock::acquire(&data_dir)?;
+        let token_hash = admin_token(&data_dir)?;
+        let key_ids = keys.key_ids().map(str::to_owned).collect();
+        let mut audit = tollgate_audit::component_config(&data_dir, COMPONENT)?;
+        audit.key = config.audit_key.clone();
+        let redactor = tollgate_router::SecretRedactor::with_defaults()
+            .map_err(|e| DaemonError::Redaction(e.to_string()))?;
+        audit.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
+        let audit = tollgate_audit::AuditLog::open(audit)?;
+        let (manager, recovered) = RunManager::open(config.runs.clone(), keys, audit)?;
+        if !recovered.is_empty() {
+            tracing::warn!(
+                count = recovered.len(),
+                "runs from before a crash were marked lost"
+            );
+        }
+        if let Some(models) = &config.models {
+            manager.set_model_routes(models.clone());
+        }
+        match (&config.trust, &config.delegation_token) {
+            (Trust::Authority(url), Some(token)) => {
+                manager.set_delegator(Arc::new(crate::gateway::Delegator::new(
+                    url.clone(),
+                    config.runs.supervisor_id.clone(),
+                    token.clone(),
+                )));
+            }
+            (Trust::KeyFile(_), Some(_)) => return Err(DaemonError::DelegationNeedsAuthority),
+            (_, None) => {}
+        }
+        Ok(Self {
+            _lock: lock,
+            config,
+            manager,
+            token_hash,
+            key_ids,
+            last_revocation_seq: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// The run manager.
+    pub fn manager(&self) -> &Arc<RunManager> {
+        &self.manager
+    }
+
+    /// Follows the authority of a [`Trust::Authority`] supervisor (key set, revocations) and
+    /// waits until every revocation that exists is known: a restarted supervisor must not
+    /// admit a receipt revoked while it was down. A key-file supervisor returns at once.
+    pub async fn follow_authority(&self) -> Result<(), DaemonError> {
+        let Trust::Authority(url) = &self.config.trust else {
+            return Ok(());
+        };
+        let (caught_up_tx, mut caught_up) = tokio::sync::watch::channel(false);
+        tokio::spawn(trust::follow_authority(
+            url.clone(),
+            self.manager.clone(),
+            self.last_revocation_seq.clone(),
+            caught_up_tx,
+        ));
+        let waited =
+            tokio::time::timeout(CATCH_UP, caught_up.wait_for(|caught_up| *caught_up)).await;
+        if matches!(waited, Ok(Ok(_))) {
+            Ok(())
+        } else {
+            Err(DaemonError::Authority {
+                url: url.clone(),
+                detail: "the revocation stream did not catch up within 15 s".into(),
+            })
+        }
+    }
+
+    /// Serves the supervisor's API (with health and reflection) on `listener` until
+    /// `shutdown` completes; then tears down every live run (which also ends every
+    /// `WatchRun` stream), gives the server a short grace, and removes the emptied parent
+    /// cgroup. No run outlives this, whatever ended the server.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), DaemonError> {
+        let service = SupervisorService::new(
+            self.manager.clone(),
+            TokenCheck::new(self.token_hash),
+            self.info(),
+            self.last_revocation_seq.clone(),
+        );
+        let (health_reporter, health_service) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<SupervisorServer<SupervisorService>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tollgate_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let teardown_manager = self.manager.clone();
+        let signal = async move {
+            shutdown.await;
+            // Tear the runs down first: that also ends every WatchRun stream, so the server's
+            // graceful shutdown does not wait on them.
+            tracing::info!("shutting down: tearing down live runs");
+            let _ = tokio::task::spawn_blocking(move || teardown_manager.shutdown()).await;
+            let _ = stop_tx.send(true);
+        };
+        let bounds = ServeLimits::DAEMON;
+        let incoming = tollgate_daemon::incoming(listener, bounds.connections);
+        let server = bounds
+            .server()
+            .layer(request_limits(self.token_hash))
+            .add_service(health_service)
+            .add_service(reflection)
+            .add_service(SupervisorServer::new(service))
+            .serve_with_incoming_shutdown(incoming, signal);
+        let grace = async move {
+            let _ = stop_rx.wait_for(|stop| *stop).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        };
+        let served = tokio::select! {
+            served = server => served.map_err(DaemonError::from),
+            () = grace => Ok(()),
+        };
+        let parent = self.config.runs.cgroup_parent.clone();
+        let manager = self.manager.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            manager.shutdown();
+            if let Err(e) = crate::cgroup::sweep(&parent, true) {
+                tracing::warn!(error = %e, "could not remove the parent cgroup");
+            }
+        })
+        .await;
+        served
+    }
+
+    /// What `GetSupervisorInfo` answers.
+    fn info(&self) -> pb::SupervisorInfo {
+        pb::SupervisorInfo {
+            supervisor_id: self.config.runs.supervisor_id.clone(),
+            trusted_key_ids: self.key_ids.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            last_revocation_seq: 0,
+            cgroup_mode: match CgroupMode::detect() {
+                CgroupMode::Unified => "unified",
+                CgroupMode::Legacy => "legacy",
+                CgroupMode::Hybrid => "hybrid",
+            }
+            .into(),
+        }
+    }
+}
+
+/// The supervisor API's request bounds. The token is checked on the headers, before any body
+/// is read: an unauthenticated peer cannot make the daemon hold a request (health,
+/// reflection and `GetSupervisorInfo` stay open; the public call's request is empty).
+fn request_limits(token_hash: [u8; 32]) -> RequestLimits {
+    let header_check = TokenCheck::new(token_hash);
+    RequestLimits::builder(64 << 10, 16 << 20, Duration::from_secs(30))
+        .cap("/tollgate.v1.Supervisor/StartRun", 256 << 10)
+        .cap(PUBLIC_CALL, 1 << 10)
+        .check(move |path, headers| {
+            if !path.starts_with("/tollgate.v1.Supervisor/") || path == PUBLIC_CALL {
+                return Ok(());
+            }
+            header_check
+                .check_metadata(&tonic::metadata::MetadataMap::from_headers(headers.clone()))
+        })
+        .build()
+}
+
+/// Reads or (on first start) creates the admin token (0600); returns its hash.
+fn admin_token(data_dir: &Path) -> Result<[u8; 32], DaemonError> {
+    let path = data_dir.join(TOKEN_FILE);
+    let error = |action, source| DaemonError::AdminToken {
+        action,
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(tollgate_daemon::token::hash(text.trim())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = tollgate_daemon::token::generate();
+            write_atomic(&path, format!("{}\n", token.expose()).as_bytes(), 0o600)
+                .map_err(|e| error("write", e))?;
+            Ok(tollgate_daemon::token::hash(token.expose()))
+        }
+        Err(e) => Err(error("read", e)),
+    }
+}
+
+/// The whole daemon: trust (the key file, or the authority's key set), open, follow the
+/// authority's revocations until caught up, bind, write the readiness file
+/// (`<data-dir>/supervisor.addr`, atomically), serve until `shutdown`, remove the readiness
+/// file.
+pub async fn serve(
+    config: SupervisorConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let addr_path = config.runs.data_dir.join(ADDR_FILE);
+    // Never mistaken for readiness while trust is fetched (a crash may have left one).
+    let _ = std::fs::remove_file(&addr_path);
+    let keys = match &config.trust {
+        Trust::KeyFile(path) => read_key_file(path)?,
+        Trust::Authority(url) => trust::initial_keys(url).await?,
+    };
+    let listen = config.listen.clone();
+    let supervisor = tokio::task::spawn_blocking(move || Supervisor::open(config, keys)).await??;
+    // We hold the directory lock now, so any address file is a stale one from a crashed
+    // run: it must never be mistaken for readiness.
+    let _ = std::fs::remove_file(&addr_path);
+    supervisor.follow_authority().await?;
+    let listener = TcpListener::bind(&listen)
+        .await
+        .map_err(|source| DaemonError::Listen {
+            addr: listen.clone(),
+            source,
+        })?;
+    let bound: SocketAddr = listener
+        .local_addr()
+        .map_err(|source| DaemonError::Listen {
+            addr: listen,
+            source,
+        })?;
+    // The socket is listening, so connections queue from here on: the daemon is ready.
+    write_readiness(&addr_path, &bound.to_string()).map_err(|source| DaemonError::Readiness {
+        path: addr_path.clone(),
+        source,
+    })?;
+    tracing::info!(addr = %bound, id = %supervisor.config.runs.supervisor_id, "supervisor listening");
+    let result = supervisor.run(listener, shutdown).await;
+    let _ = std::fs::remove_file(&addr_path);
+    result
+}

@@ -1,0 +1,95 @@
+//! The supervisor's link to the authority: the key set at start (retried with back-off)
+//! and the revocation stream it follows for as long as it runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_stream::StreamExt as _;
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_client::AuthorityClient;
+use tollgate_receipt::KeySet;
+
+use super::error::DaemonError;
+use crate::runs::RunManager;
+
+async fn fetch_keys(url: &str) -> Result<KeySet, String> {
+    let mut client = AuthorityClient::connect(url.to_owned())
+        .await
+        .map_err(|e| e.to_string())?;
+    let set = client
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .map_err(|e| e.message().to_owned())?
+        .into_inner();
+    KeySet::from_proto(&set).map_err(|e| e.to_string())
+}
+
+/// Fetches the key set, retrying with backoff for up to ~15 s.
+pub(super) async fn initial_keys(url: &str) -> Result<KeySet, DaemonError> {
+    let mut pause = Duration::from_millis(100);
+    let mut last = String::new();
+    for _ in 0..8 {
+        match fetch_keys(url).await {
+            Ok(keys) => return Ok(keys),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(4));
+    }
+    Err(DaemonError::Authority {
+        url: url.to_owned(),
+        detail: last,
+    })
+}
+
+/// Follows the authority's revocations forever, reconnecting with backoff; refreshes the key
+/// set on every reconnect (a rotation adds keys).
+pub(super) async fn follow_authority(
+    url: String,
+    manager: Arc<RunManager>,
+    last_seq: Arc<std::sync::atomic::AtomicU64>,
+    caught_up: tokio::sync::watch::Sender<bool>,
+) {
+    let mut after = 0u64;
+    let mut pause = Duration::from_millis(200);
+    loop {
+        if let Ok(keys) = fetch_keys(&url).await {
+            manager.set_keys(keys);
+        }
+        let stream = async {
+            let mut client = AuthorityClient::connect(url.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut stream = client
+                .watch_revocations(pb::WatchRevocationsRequest { after_seq: after })
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner();
+            while let Some(event) = stream.next().await {
+                match event.map_err(|e| e.to_string())?.event {
+                    Some(pb::revocation_event::Event::Revoked(revocation)) => {
+                        after = after.max(revocation.seq);
+                        tracing::info!(receipt_id = %revocation.receipt_id, "revocation received");
+                        let manager = manager.clone();
+                        let id = revocation.receipt_id;
+                        // Recorded before the seq is published, so a client that sees the
+                        // seq can rely on the refusal.
+                        let _ = tokio::task::spawn_blocking(move || manager.revoke(&id)).await;
+                        last_seq.fetch_max(after, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Some(pb::revocation_event::Event::CaughtUp(_)) => {
+                        let _ = caught_up.send(true);
+                    }
+                    None => {}
+                }
+            }
+            Ok::<(), String>(())
+        };
+        match stream.await {
+            Ok(()) => tracing::warn!("the authority closed the revocation stream; reconnecting"),
+            Err(e) => tracing::warn!(error = %e, "revocation stream lost; reconnecting"),
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
