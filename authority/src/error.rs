@@ -1,6 +1,9 @@
 //! Errors of the authority, with one explicit mapping to gRPC status codes and exit codes.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use tollgate_daemon::files::LockError;
+use tollgate_daemon::token::BearerError;
 
 /// Failures that stop the daemon or a storage operation.
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +120,31 @@ impl AuthorityError {
             Self::Audit(e) => e.exit_code(),
         }
     }
+
+    /// Wraps a failed write of `path` (token, address, key).
+    pub(crate) fn write_file(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| Self::WriteFile {
+            path: path.to_owned(),
+            source,
+        }
+    }
+
+    /// Wraps blocking work that panicked or was cancelled.
+    pub(crate) fn task(error: tokio::task::JoinError) -> Self {
+        Self::Task(error.to_string())
+    }
+}
+
+/// The data directory's lock, in the authority's words: another holder is
+/// [`AuthorityError::DataDirInUse`] (exit 75), a lock file that cannot be opened a
+/// [`AuthorityError::WriteFile`] (exit 73).
+impl From<LockError> for AuthorityError {
+    fn from(error: LockError) -> Self {
+        match error {
+            LockError::InUse { dir } => Self::DataDirInUse { path: dir },
+            LockError::Open { path, source } => Self::WriteFile { path, source },
+        }
+    }
 }
 
 /// Why one gRPC call failed. Converted to a [`tonic::Status`] in exactly one place (`status.rs`).
@@ -147,6 +175,16 @@ pub enum CallError {
     Internal(#[from] AuthorityError),
 }
 
+/// A request without a usable bearer token, told what to send.
+impl From<BearerError> for CallError {
+    fn from(error: BearerError) -> Self {
+        Self::Unauthenticated(match error {
+            BearerError::Missing => "missing \"authorization: Bearer <token>\" metadata; pass an operator token (or, for DelegateReceipt, a supervisor's delegation token)".into(),
+            BearerError::Malformed => "authorization metadata must be \"Bearer <token>\"".into(),
+        })
+    }
+}
+
 impl CallError {
     /// Shorthand for [`CallError::InvalidArgument`].
     pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
@@ -154,5 +192,31 @@ impl CallError {
             field: field.into(),
             reason: reason.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shared_crates_errors_keep_the_authoritys_words_and_exit_codes() {
+        let missing = CallError::from(BearerError::Missing).to_string();
+        assert!(missing.contains("pass an operator token"), "{missing}");
+        let in_use = AuthorityError::from(LockError::InUse {
+            dir: "/data".into(),
+        });
+        assert_eq!(in_use.exit_code(), 75);
+        assert!(
+            in_use
+                .to_string()
+                .contains("in use by another tollgate-authority (lock held on /data/lock)"),
+            "{in_use}"
+        );
+        let open = AuthorityError::from(LockError::Open {
+            path: "/data/lock".into(),
+            source: std::io::ErrorKind::PermissionDenied.into(),
+        });
+        assert_eq!(open.exit_code(), 73);
     }
 }

@@ -7,12 +7,13 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use tollgate_daemon::files::write_atomic;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::{unix_now, ReceiptSigner};
 use zeroize::Zeroizing;
 
 use crate::error::AuthorityError;
-use crate::files::{ensure_private_dir, write_atomic};
+use crate::files::ensure_private_dir;
 use crate::store::Store;
 
 /// The active signing key, replaceable by rotation.
@@ -54,7 +55,8 @@ fn read_key(dir: &Path, key_id: &str) -> Result<ReceiptSigner, AuthorityError> {
 
 fn write_key(dir: &Path, signer: &ReceiptSigner) -> Result<(), AuthorityError> {
     let text = Zeroizing::new(format!("{}\n", hex::encode(signer.seed().as_slice())));
-    write_atomic(&key_path(dir, signer.key_id()), text.as_bytes(), 0o600)
+    let path = key_path(dir, signer.key_id());
+    write_atomic(&path, text.as_bytes(), 0o600).map_err(AuthorityError::write_file(&path))
 }
 
 /// Removes `*.key` files other than the active key's: private keys that will never sign again

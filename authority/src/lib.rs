@@ -39,17 +39,19 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch};
 use tollgate_audit::{AuditLog, EntryDraft, EntryKind};
 use tollgate_classify::SecretRedactor;
-use tollgate_daemon::{RequestLimits, ServeLimits};
+use tollgate_daemon::files::{write_atomic, write_readiness, DataDirLock};
+use tollgate_daemon::{token, RequestLimits, ServeLimits};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::AuthorityServer;
+use zeroize::Zeroizing;
 
 pub use config::AuthorityConfig;
 pub use entries::COMPONENT;
 pub use error::{AuthorityError, CallError};
 
-use crate::files::{ensure_private_dir, write_atomic, DirLock};
+use crate::files::ensure_private_dir;
 use crate::keys::KeyRing;
-use crate::operators::{generate_token, token_hash, OperatorRegistry, SupervisorRegistry};
+use crate::operators::{OperatorRegistry, SupervisorRegistry};
 use crate::service::AuthorityService;
 use crate::store::{Operator, Store};
 
@@ -67,7 +69,7 @@ pub const BOOTSTRAP_ADMIN: &str = "admin";
 /// An opened authority, ready to serve.
 #[derive(Debug)]
 pub struct Authority {
-    _lock: DirLock,
+    _lock: DataDirLock,
     audit: AuditLog,
     config: AuthorityConfig,
     store: Arc<Store>,
@@ -82,7 +84,7 @@ impl Authority {
     /// Blocking.
     pub fn open(config: AuthorityConfig) -> Result<Self, AuthorityError> {
         ensure_private_dir(&config.data_dir)?;
-        let lock = DirLock::acquire(&config.data_dir)?;
+        let lock = DataDirLock::acquire(&config.data_dir)?;
         let database = config.data_dir.join(DATABASE_FILE);
         if !database.exists() && was_initialised(&config.data_dir) {
             return Err(AuthorityError::DatabaseMissing { path: database });
@@ -213,12 +215,12 @@ impl Authority {
         };
         // A clean stop ends the log with an entry and a signed checkpoint.
         let audit = self.audit;
-        let closed = tokio::task::spawn_blocking(move || {
+        let closed = tollgate_daemon::blocking(move || {
             audit.append(EntryDraft::new(COMPONENT, EntryKind::ComponentStopped))?;
             audit.close()
         })
         .await
-        .map_err(|e| AuthorityError::Task(e.to_string()))?;
+        .map_err(AuthorityError::task)?;
         served?;
         closed?;
         Ok(())
@@ -251,7 +253,8 @@ fn request_limits(
                 return Ok(());
             }
             let metadata = tonic::metadata::MetadataMap::from_headers(headers.clone());
-            let token = operators::bearer_token(&metadata).map_err(tonic::Status::from)?;
+            let token =
+                token::bearer(&metadata).map_err(|e| tonic::Status::from(CallError::from(e)))?;
             if operators.by_token(token).is_some() || supervisors.by_token(token).is_some() {
                 Ok(())
             } else {
@@ -277,14 +280,12 @@ fn bootstrap_admin(
     config: &AuthorityConfig,
     store: &Store,
 ) -> Result<([u8; 32], Operator), AuthorityError> {
-    let token = generate_token();
+    let token = token::generate();
     // Token file first: if we crash before the database insert, the next start simply makes
     // a new token; the reverse order could leave an admin nobody can authenticate as.
-    write_atomic(
-        &config.data_dir.join(ADMIN_TOKEN_FILE),
-        format!("{token}\n").as_bytes(),
-        0o600,
-    )?;
+    let path = config.data_dir.join(ADMIN_TOKEN_FILE);
+    let line = Zeroizing::new(format!("{}\n", token.expose()));
+    write_atomic(&path, line.as_bytes(), 0o600).map_err(AuthorityError::write_file(&path))?;
     let operator = Operator {
         name: BOOTSTRAP_ADMIN.into(),
         admin: true,
@@ -307,9 +308,9 @@ fn bootstrap_admin(
         created_at: tollgate_receipt::unix_now(),
         created_by: String::new(),
     };
-    let hash = token_hash(&token);
+    let hash = token::hash(token.expose());
     store.insert_operator(&hash, &operator)?;
-    tracing::info!(path = %config.data_dir.join(ADMIN_TOKEN_FILE).display(), "created bootstrap admin token");
+    tracing::info!(path = %path.display(), "created bootstrap admin token");
     Ok((hash, operator))
 }
 
@@ -325,20 +326,15 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), AuthorityError> {
     let addr_path = addr_file(&config.data_dir);
-    let opened = tokio::task::spawn_blocking(move || Authority::open(config))
+    let opened = tollgate_daemon::blocking(move || Authority::open(config))
         .await
-        .map_err(|e| AuthorityError::Task(e.to_string()))??;
+        .map_err(AuthorityError::task)??;
     // We hold the directory lock now, so any address file is a stale one from a crashed
     // run: it must never be mistaken for readiness.
     match std::fs::remove_file(&addr_path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(source) => {
-            return Err(AuthorityError::WriteFile {
-                path: addr_path,
-                source,
-            })
-        }
+        Err(source) => return Err(AuthorityError::write_file(&addr_path)(source)),
     }
     let listen = opened.config.listen.clone();
     let listener = TcpListener::bind(&listen)
@@ -354,7 +350,8 @@ pub async fn serve(
             source,
         })?;
     // The socket is listening, so connections queue from here on: the daemon is ready.
-    write_atomic(&addr_path, format!("{bound}\n").as_bytes(), 0o644)?;
+    write_readiness(&addr_path, &bound.to_string())
+        .map_err(AuthorityError::write_file(&addr_path))?;
     tracing::info!(addr = %bound, "authority listening");
     let result = opened.run(listener, shutdown).await;
     let _ = std::fs::remove_file(&addr_path);

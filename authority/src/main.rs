@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use tollgate_audit::AuditKey;
-use tollgate_authority::{serve, AuthorityConfig};
+use tollgate_authority::{serve, AuthorityConfig, AuthorityError};
 
 /// Mint, revoke and publish Ed25519-signed Tollgate run receipts over gRPC.
 ///
@@ -49,22 +49,7 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let flags = Flags::parse();
-    // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
-    // that one busy client could exhaust for everyone.
-    if let Err(e) = tollgate_daemon::raise_open_files_limit() {
-        tracing::warn!(error = %e, "could not raise the open-files limit");
-    }
-    let loaded = AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)
-        .and_then(|mut config| {
-            config.audit_key = AuditKey::configured(flags.audit_key_file.as_deref())?;
-            Ok(config)
-        });
-    let result = match loaded {
-        Ok(config) => serve(config, shutdown_signal()).await,
-        Err(e) => Err(e),
-    };
-    match result {
+    match run(Flags::parse()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tollgate-authority: error: {error}");
@@ -73,26 +58,14 @@ async fn main() -> ExitCode {
     }
 }
 
-/// Completes on SIGINT or SIGTERM. The handlers are installed when this is called (before
-/// the daemon writes its readiness file), not when the future is first polled: a signal that
-/// arrives right after readiness must stop the daemon cleanly, not kill it.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let terminate = signal(SignalKind::terminate());
-    let interrupt = signal(SignalKind::interrupt());
-    async move {
-        match (terminate, interrupt) {
-            (Ok(mut terminate), Ok(mut interrupt)) => {
-                tokio::select! {
-                    _ = terminate.recv() => {}
-                    _ = interrupt.recv() => {}
-                }
-            }
-            (Ok(mut only), Err(_)) | (Err(_), Ok(mut only)) => {
-                only.recv().await;
-            }
-            // No handler could be installed: the signals keep their default action.
-            (Err(_), Err(_)) => std::future::pending().await,
-        }
+/// Resolves the configuration from the flags and serves until SIGINT or SIGTERM.
+async fn run(flags: Flags) -> Result<(), AuthorityError> {
+    // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
+    // that one busy client could exhaust for everyone.
+    if let Err(e) = tollgate_daemon::raise_open_files_limit() {
+        tracing::warn!(error = %e, "could not raise the open-files limit");
     }
+    let mut config = AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)?;
+    config.audit_key = AuditKey::configured(flags.audit_key_file.as_deref())?;
+    serve(config, tollgate_daemon::shutdown::signal()).await
 }

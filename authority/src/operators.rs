@@ -1,36 +1,15 @@
-//! Operator and supervisor identities and bearer-token authentication.
+//! Operator and supervisor identities, found by the hash of their bearer token.
 //!
-//! Tokens are 32 random bytes (`tgt_` + base64url); only their SHA-256 is stored. A hash of a
-//! high-entropy token is as strong as a slow password hash here and lets a lookup be one map
-//! access per call.
+//! Tokens are `tollgate_daemon::token`s (32 random bytes, `tgt_` + base64url); only their
+//! SHA-256 is stored. A hash of a high-entropy token is as strong as a slow password hash here
+//! and lets a lookup be one map access per call.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use base64::Engine as _;
-use rand_core::RngCore as _;
-use sha2::{Digest as _, Sha256};
-use tonic::metadata::MetadataMap;
+use tollgate_daemon::token;
 
-use crate::error::CallError;
 use crate::store::{Operator, Supervisor};
-
-/// Prefix of every operator token, so scanners (and the router) can recognise one.
-pub const TOKEN_PREFIX: &str = "tgt_";
-
-/// A fresh token.
-pub fn generate_token() -> String {
-    let mut bytes = [0u8; 32];
-    rand_core::OsRng.fill_bytes(&mut bytes);
-    let mut token = String::from(TOKEN_PREFIX);
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode_string(bytes, &mut token);
-    token
-}
-
-/// The stored form of a token.
-pub fn token_hash(token: &str) -> [u8; 32] {
-    Sha256::digest(token.as_bytes()).into()
-}
 
 /// Whether `name` is a valid operator name.
 pub fn valid_operator_name(name: &str) -> bool {
@@ -44,27 +23,6 @@ pub fn valid_operator_name(name: &str) -> bool {
 /// in audit entries and messages, so no spaces or control characters).
 pub fn valid_supervisor_id(id: &str) -> bool {
     valid_operator_name(id)
-}
-
-/// The token in the request's `authorization: Bearer <token>` metadata.
-pub fn bearer_token(metadata: &MetadataMap) -> Result<&str, CallError> {
-    let header = metadata.get("authorization").ok_or_else(|| {
-        CallError::Unauthenticated(
-            "missing \"authorization: Bearer <token>\" metadata; pass an operator token (or, for DelegateReceipt, a supervisor's delegation token)".into(),
-        )
-    })?;
-    header
-        .to_str()
-        .ok()
-        // The scheme name is case-insensitive (RFC 9110).
-        .and_then(|value| {
-            let (scheme, token) = value.split_once(' ')?;
-            scheme.eq_ignore_ascii_case("bearer").then_some(token)
-        })
-        .map(str::trim)
-        .ok_or_else(|| {
-            CallError::Unauthenticated("authorization metadata must be \"Bearer <token>\"".into())
-        })
 }
 
 /// Known operators by token hash.
@@ -98,7 +56,7 @@ impl OperatorRegistry {
         self.by_hash
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&token_hash(token))
+            .get(&token::hash(token))
             .cloned()
     }
 }
@@ -152,7 +110,7 @@ impl SupervisorRegistry {
         self.by_hash
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&token_hash(token))
+            .get(&token::hash(token))
             .cloned()
     }
 }
@@ -162,12 +120,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_unique_prefixed_and_hashed() {
-        let a = generate_token();
-        let b = generate_token();
-        assert_ne!(a, b);
-        assert!(a.starts_with(TOKEN_PREFIX) && a.len() == 4 + 43);
-        assert_ne!(token_hash(&a), token_hash(&b));
+    fn a_token_finds_its_holder_by_hash() {
+        let token = token::generate();
+        let operators = OperatorRegistry::default();
+        let operator = Operator {
+            name: "ci".into(),
+            admin: false,
+            ceiling: Default::default(),
+            created_at: 0,
+            created_by: "admin".into(),
+        };
+        operators.insert(token::hash(token.expose()), operator);
+        assert_eq!(operators.by_token(token.expose()).unwrap().name, "ci");
+        assert!(operators.by_token(token::generate().expose()).is_none());
     }
 
     #[test]

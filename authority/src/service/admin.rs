@@ -1,6 +1,7 @@
 //! Operators and signing keys: adding and listing operators, rotating the key.
 
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
+use tollgate_daemon::token;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::{timestamp_from_unix, unix_now};
 use tonic::Request;
@@ -9,7 +10,7 @@ use super::state::{blocking, AuthorityService, Refusal};
 use crate::ceiling::validate_ceiling;
 use crate::entries::{clip, COMPONENT};
 use crate::error::CallError;
-use crate::operators::{generate_token, token_hash, valid_operator_name};
+use crate::operators::valid_operator_name;
 use crate::store::Operator;
 
 /// What a refused `AddOperator` asked for, by whom.
@@ -53,8 +54,8 @@ impl AuthorityService {
             .ceiling
             .ok_or_else(|| CallError::invalid("ceiling", "is required"))?;
         validate_ceiling(&ceiling)?;
-        let token = generate_token();
-        let hash = token_hash(&token);
+        let token = token::generate();
+        let hash = token::hash(token.expose());
         let operator = Operator {
             name: request.name.clone(),
             admin: request.admin,
@@ -84,7 +85,7 @@ impl AuthorityService {
         tracing::info!(operator = %request.name, admin = request.admin, by = %admin.name, "added operator");
         Ok(pb::AddOperatorResponse {
             name: request.name,
-            token,
+            token: token.expose().to_owned(),
         })
     }
 

@@ -3,18 +3,18 @@
 
 use std::sync::Arc;
 
+use tollgate_daemon::token::bearer;
 use tonic::metadata::MetadataMap;
 
 use super::state::AuthorityService;
 use crate::error::CallError;
-use crate::operators::bearer_token;
 use crate::store::{Operator, Supervisor};
 
 impl AuthorityService {
     /// Who is calling, if its token is valid (for auditing refused calls): an operator's
     /// name, or `supervisor:<id>` for a delegation token.
     pub(super) fn caller(&self, request_metadata: &MetadataMap) -> String {
-        let Ok(token) = bearer_token(request_metadata) else {
+        let Ok(token) = bearer(request_metadata) else {
             return "(unauthenticated)".into();
         };
         if let Some(operator) = self.operators.by_token(token) {
@@ -29,7 +29,7 @@ impl AuthorityService {
     /// The operator calling. A supervisor's delegation token is not an operator's, and is
     /// told so (`UNAUTHENTICATED`): it authenticates only `DelegateReceipt`.
     pub(super) fn operator(&self, metadata: &MetadataMap) -> Result<Arc<Operator>, CallError> {
-        let token = bearer_token(metadata)?;
+        let token = bearer(metadata)?;
         if let Some(operator) = self.operators.by_token(token) {
             return Ok(operator);
         }
@@ -59,7 +59,7 @@ impl AuthorityService {
     /// The supervisor calling `DelegateReceipt`, by its delegation token. An operator token
     /// is refused (`PERMISSION_DENIED`): operators mint with `MintReceipt`.
     pub(super) fn supervisor(&self, metadata: &MetadataMap) -> Result<Arc<Supervisor>, CallError> {
-        let token = bearer_token(metadata)?;
+        let token = bearer(metadata)?;
         if let Some(supervisor) = self.supervisors.by_token(token) {
             return Ok(supervisor);
         }

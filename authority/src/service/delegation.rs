@@ -3,6 +3,7 @@
 
 use prost::Message as _;
 use tollgate_audit::{Decision, EntryDraft, EntryKind, MetaValue};
+use tollgate_daemon::token;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::delegation::check_within;
 use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
@@ -13,7 +14,7 @@ use super::state::{blocking, AuthorityService, Refusal};
 use crate::ceiling::validate_mint;
 use crate::entries::{clip, minted_entry, COMPONENT, MAX_FIELD};
 use crate::error::CallError;
-use crate::operators::{generate_token, token_hash, valid_supervisor_id};
+use crate::operators::valid_supervisor_id;
 use crate::store::Supervisor;
 
 /// A child's limits: each one the child leaves at 0 takes the parent's value.
@@ -306,8 +307,8 @@ impl AuthorityService {
             ))
             .into());
         }
-        let token = generate_token();
-        let hash = token_hash(&token);
+        let token = token::generate();
+        let hash = token::hash(token.expose());
         let supervisor = Supervisor {
             supervisor_id: supervisor_id.clone(),
             created_at: unix_now(),
@@ -334,7 +335,7 @@ impl AuthorityService {
         tracing::info!(supervisor_id = %supervisor_id, by = %admin.name, "enrolled supervisor");
         Ok(pb::AddSupervisorResponse {
             supervisor_id,
-            token,
+            token: token.expose().to_owned(),
         })
     }
 

@@ -31,15 +31,16 @@ pub struct AuthorityService {
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 
-/// Runs blocking storage work off the async threads.
+/// Runs blocking storage work off the async threads (`tollgate_daemon::blocking`), as a call's
+/// error.
 pub(super) async fn blocking<T, F>(work: F) -> Result<T, CallError>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T, AuthorityError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(work)
+    tollgate_daemon::blocking(work)
         .await
-        .map_err(|e| CallError::Internal(AuthorityError::Task(e.to_string())))?
+        .map_err(AuthorityError::task)?
         .map_err(CallError::from)
 }
 
@@ -88,7 +89,7 @@ impl AuthorityService {
         F: FnOnce() -> Result<T, CallError> + Send + 'static,
     {
         let audit = self.audit.clone();
-        tokio::task::spawn_blocking(move || {
+        tollgate_daemon::blocking(move || {
             audit
                 .append(entry.clone())
                 .map_err(|e| Refusal::Audited(CallError::Internal(e.into())))?;
@@ -102,7 +103,7 @@ impl AuthorityService {
             })
         })
         .await
-        .map_err(|e| Refusal::Audited(CallError::Internal(AuthorityError::Task(e.to_string()))))?
+        .map_err(|e| Refusal::Audited(AuthorityError::task(e).into()))?
     }
 
     /// Finishes a call: a refusal decided before anything was done is audited here (what was
