@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tollgate_router_backends::ModelRoutes;
 use tollgate_supervisor::daemon::{serve, SupervisorConfig, Trust};
 use tollgate_supervisor::runs::RunSettings;
 
@@ -100,25 +101,6 @@ struct Flags {
     delegation_token_file: Option<PathBuf>,
 }
 
-/// Reads the routes file and loads its keys: one line saying what is wrong on failure.
-fn load_routes(
-    path: &std::path::Path,
-) -> Result<std::sync::Arc<tollgate_supervisor::gateway::ModelRoutes>, String> {
-    let routes = tollgate_router::config::Routes::load(path).map_err(|e| e.to_string())?;
-    let backends =
-        tollgate_supervisor::models::Backends::new(&routes).map_err(|e| e.to_string())?;
-    let classifier =
-        tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
-            .map_err(|e| format!("the classifier: {e}"))?;
-    Ok(std::sync::Arc::new(
-        tollgate_supervisor::gateway::ModelRoutes {
-            routes,
-            backends,
-            classifier,
-        },
-    ))
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -160,19 +142,18 @@ async fn main() -> ExitCode {
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(1));
         }
     };
-    let models = match flags.routes.as_deref().map(load_routes).transpose() {
-        Ok(models) => models,
-        Err(e) => {
-            eprintln!("tollgate-supervisor: error: routes: {e}");
-            return ExitCode::from(78);
-        }
+    let timeout = Duration::from_secs(flags.route_probe_timeout);
+    let models = match flags.routes.as_deref() {
+        Some(path) => match ModelRoutes::load(path, timeout).await {
+            Ok(models) => Some(std::sync::Arc::new(models)),
+            Err(e) => {
+                eprintln!("tollgate-supervisor: error: routes: {e}");
+                return ExitCode::from(78);
+            }
+        },
+        None => None,
     };
     if let Some(models) = &models {
-        let timeout = Duration::from_secs(flags.route_probe_timeout);
-        if let Err(e) = models.backends.probe_local(&models.routes, timeout).await {
-            eprintln!("tollgate-supervisor: error: routes: {e}");
-            return ExitCode::from(78);
-        }
         tracing::info!(
             routes = models.routes.routes.len(),
             "model routes loaded; every local route's server answered its probe"
