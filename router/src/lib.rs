@@ -6,8 +6,8 @@
 //! (crate `tollgate_classify`, re-exported here). [`config`] reads the supervisor's routes
 //! file; [`decide`] picks the route for a call (a named one, or `auto`); [`wire`] builds
 //! requests and reads replies of the OpenAI and Anthropic APIs; [`sse`] reads server-sent
-//! events; [`tokens`] keeps a run's token budget. The supervisor does the I/O
-//! (`tollgate_supervisor::models`).
+//! events; [`tokens`] keeps a run's token budget. The I/O is `tollgate_router_backends`'s
+//! (the backends and loading the routes) and the supervisor's (each run's calls).
 #![forbid(unsafe_code)]
 
 pub mod config;

@@ -16,7 +16,6 @@ pub mod error;
 pub mod exec;
 pub mod gateway;
 pub mod hub;
-pub mod models;
 pub mod records;
 pub mod runs;
 pub mod sandbox;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use tollgate_router_backends::ModelRoutes;
 use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, Trust};
 use tollgate_supervisor::runs::RunSettings;
 
@@ -100,25 +101,6 @@ struct Flags {
     delegation_token_file: Option<PathBuf>,
 }
 
-/// Reads the routes file and loads its keys: one line saying what is wrong on failure.
-fn load_routes(
-    path: &std::path::Path,
-) -> Result<std::sync::Arc<tollgate_supervisor::gateway::ModelRoutes>, String> {
-    let routes = tollgate_router::config::Routes::load(path).map_err(|e| e.to_string())?;
-    let backends =
-        tollgate_supervisor::models::Backends::new(&routes).map_err(|e| e.to_string())?;
-    let classifier =
-        tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
-            .map_err(|e| format!("the classifier: {e}"))?;
-    Ok(std::sync::Arc::new(
-        tollgate_supervisor::gateway::ModelRoutes {
-            routes,
-            backends,
-            classifier,
-        },
-    ))
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -164,17 +146,12 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     }
     let audit_key = tollgate_audit::AuditKey::configured(flags.audit_key_file.as_deref())
         .map_err(DaemonError::AuditKey)?;
-    let models = flags
-        .routes
-        .as_deref()
-        .map(load_routes)
-        .transpose()
-        .map_err(DaemonError::Routes)?;
+    let timeout = Duration::from_secs(flags.route_probe_timeout);
+    let models = match flags.routes.as_deref() {
+        Some(path) => Some(std::sync::Arc::new(ModelRoutes::load(path, timeout).await?)),
+        None => None,
+    };
     if let Some(models) = &models {
-        let timeout = Duration::from_secs(flags.route_probe_timeout);
-        if let Err(e) = models.backends.probe_local(&models.routes, timeout).await {
-            return Err(DaemonError::Routes(e.to_string()));
-        }
         tracing::info!(
             routes = models.routes.routes.len(),
             "model routes loaded; every local route's server answered its probe"

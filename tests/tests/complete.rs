@@ -13,8 +13,9 @@ use std::sync::Arc;
 use tokio_stream::StreamExt as _;
 use tollgate_audit::{AuditConfig, AuditLog};
 use tollgate_proto::v1 as pb;
+use tollgate_router_backends::ModelRoutes;
+use tollgate_supervisor::gateway::RunModels;
 use tollgate_supervisor::gateway::{self, RunGateway, RunGatewayConfig};
-use tollgate_supervisor::gateway::{ModelRoutes, RunModels};
 use tollgate_supervisor::snapshot::SnapshotStore;
 use tollgate_tests::fake_models::{FakeBackend, Script, Tokenizer};
 
@@ -106,7 +107,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
     std::env::set_var(CLOUD_KEY_ENV, cloud_key());
     let routes = tollgate_router::config::Routes::parse(&routes, "routes.toml").unwrap();
     let shared = Arc::new(ModelRoutes {
-        backends: tollgate_supervisor::models::Backends::new(&routes).unwrap(),
+        backends: tollgate_router_backends::Backends::new(&routes).unwrap(),
         routes,
         classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
     });

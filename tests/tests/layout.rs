@@ -101,3 +101,65 @@ fn the_supervisor_links_only_the_shim_protocol() {
         "tollgate-supervisor links tollgate-agent-shim"
     );
 }
+
+/// The crates in `package`'s normal dependencies that depend on `crate_name` directly, one
+/// per line, each starting with its name and a space.
+fn direct_dependents(package: &str, crate_name: &str) -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let tree = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "tree",
+            "--locked",
+            "--offline",
+            "-p",
+            package,
+            "-e",
+            "normal",
+            "-i",
+            crate_name,
+            "--depth",
+            "1",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .expect("cargo tree runs");
+    assert!(tree.status.success(), "{tree:?}");
+    // The first line is the crate itself; the rest depend on it.
+    String::from_utf8_lossy(&tree.stdout)
+        .lines()
+        .skip(1)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Model routes have one owner for their I/O: the supervisor reaches the HTTP client (hyper
+/// with rustls and the Web PKI roots) only through `tollgate-router-backends`, and the router
+/// itself (decisions, routes file, wire formats) links no HTTP client.
+#[test]
+fn the_supervisor_reaches_model_backends_only_through_the_router() {
+    for crate_name in ["hyper-rustls", "webpki-roots"] {
+        let dependents = direct_dependents("tollgate-supervisor", crate_name);
+        assert!(
+            dependents
+                .iter()
+                .all(|line| line.starts_with("tollgate-router-backends ")
+                    || line.starts_with("hyper-rustls ")),
+            "{crate_name} is reached by {dependents:?}"
+        );
+        assert!(
+            dependents
+                .iter()
+                .any(|line| line.starts_with("tollgate-router-backends ")),
+            "{dependents:?}"
+        );
+    }
+    let router = normal_dependencies("tollgate-router");
+    for crate_name in ["hyper-rustls ", "rustls ", "webpki-roots "] {
+        assert!(
+            !router.lines().any(|line| line.starts_with(crate_name)),
+            "tollgate-router links {crate_name}"
+        );
+    }
+}

@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use tollgate_router::config::Routes;
-use tollgate_supervisor::models::Backends;
+use tollgate_router_backends::Backends;
 use tollgate_tests::fake_models::{FakeBackend, Script};
 
 /// Deadline short enough for tests, long enough for a few 500 ms retries.

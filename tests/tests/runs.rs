@@ -710,8 +710,8 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
     )
     .unwrap();
     fx.manager
-        .set_model_routes(Arc::new(tollgate_supervisor::gateway::ModelRoutes {
-            backends: tollgate_supervisor::models::Backends::new(&routes).unwrap(),
+        .set_model_routes(Arc::new(tollgate_router_backends::ModelRoutes {
+            backends: tollgate_router_backends::Backends::new(&routes).unwrap(),
             routes,
             classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
         }));

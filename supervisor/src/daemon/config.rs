@@ -37,7 +37,7 @@ pub struct SupervisorConfig {
     /// Key for HMAC audit hashes; none: plain SHA-256.
     pub audit_key: Option<tollgate_audit::AuditKey>,
     /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
-    pub models: Option<Arc<crate::gateway::ModelRoutes>>,
+    pub models: Option<Arc<tollgate_router_backends::ModelRoutes>>,
     /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
     /// cannot delegate.
     pub delegation_token: Option<Secret>,

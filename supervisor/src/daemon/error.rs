@@ -15,9 +15,9 @@ pub enum DaemonError {
     /// The audit key (`--audit-key-file`, `TOLLGATE_AUDIT_KEY`) could not be read.
     #[error("{0}")]
     AuditKey(tollgate_audit::AuditError),
-    /// The routes file, a route's key, or a local route's probe failed.
+    /// The routes file, a route's key, the classifier, or a local route's probe failed.
     #[error("routes: {0}")]
-    Routes(String),
+    Routes(#[from] tollgate_router_backends::LoadError),
     /// The delegation token file is unusable.
     #[error("--delegation-token-file: {0}")]
     DelegationToken(String),

@@ -41,7 +41,7 @@ pub use children::{ChildControl, ChildOf, ChildRuns, ChildState, Delegator};
 pub use fs::FsGrant;
 pub use gate::{audit_quota, CallGate, MAX_AUDIT_QUOTA, MIN_AUDIT_QUOTA, SUMMARY_WINDOW};
 pub use input::{MAX_LIST, MAX_PATH, MAX_READ, MAX_STDIN, MAX_WRITE};
-pub use models::{ModelRoutes, RunModels};
+pub use models::RunModels;
 pub use run::{RunGateway, RunGatewayConfig};
 pub use service::{
     serve, GatewayError, GatewayHandle, GatewayService, GATEWAY_BODY_DEADLINE, GATEWAY_IN_FLIGHT,

@@ -19,17 +19,17 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tollgate_audit::{Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
-use tollgate_router::config::{Route, RouteKind, Routes};
+use tollgate_router::config::{Route, RouteKind};
 use tollgate_router::decide::{decide, Choice, NoRoute, Requested};
 use tollgate_router::tokens::{
     estimate_completion, estimate_prompt, Ledger, TokenCount, TokenSource,
 };
 use tollgate_router::wire::{ChatMessage, ChatRequest, Role, StreamItem};
-use tollgate_router::{Classifier, Sensitivity};
+use tollgate_router::Sensitivity;
+use tollgate_router_backends::{has_tokenizer, BackendError, Backends, ModelRoutes, CALL_TIMEOUT};
 use tonic::Status;
 
 use super::gate::{new_call_id, CallGate, Refusal};
-use crate::models::{has_tokenizer, BackendError, Backends};
 use crate::COMPONENT;
 
 /// How long a client may leave the stream unread before the call is dropped.
@@ -39,17 +39,6 @@ const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
 pub const MAX_IN_FLIGHT: usize = 4;
 /// Most bytes of message text in one call.
 pub const MAX_TEXT: usize = 4 << 20;
-
-/// A supervisor's model routes: shared by every run.
-#[derive(Debug)]
-pub struct ModelRoutes {
-    /// The routes and policy.
-    pub routes: Routes,
-    /// Their backends, keys loaded.
-    pub backends: Backends,
-    /// The classifier that judges each call's text.
-    pub classifier: Classifier,
-}
 
 /// One run's model calls: its budget and what is in flight.
 #[derive(Debug)]
@@ -663,20 +652,17 @@ async fn relay_reply(
     let event = |e: pb::complete_event::Event| pb::CompleteEvent { event: Some(e) };
     let (items_tx, mut items_rx) = mpsc::channel::<StreamItem>(64);
     let backend = async {
-        let result = tokio::time::timeout(
-            crate::models::CALL_TIMEOUT,
-            backends.call(route, chat, &items_tx),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(BackendError::Reply {
-                route: route.name.clone(),
-                detail: format!(
-                    "the call took longer than {} s and was given up",
-                    crate::models::CALL_TIMEOUT.as_secs()
-                ),
-            })
-        });
+        let result = tokio::time::timeout(CALL_TIMEOUT, backends.call(route, chat, &items_tx))
+            .await
+            .unwrap_or_else(|_| {
+                Err(BackendError::Reply {
+                    route: route.name.clone(),
+                    detail: format!(
+                        "the call took longer than {} s and was given up",
+                        CALL_TIMEOUT.as_secs()
+                    ),
+                })
+            });
         drop(items_tx);
         result
     };

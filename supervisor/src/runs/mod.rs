@@ -15,11 +15,12 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tollgate_receipt::{unix_now, KeySet, SignedReceipt};
+use tollgate_router_backends::ModelRoutes;
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{sweep, RunCgroup};
 use crate::error::StartError;
-use crate::gateway::{ChildOf, ChildRuns, Delegator, GatewayHandle, ModelRoutes, RunGateway};
+use crate::gateway::{ChildOf, ChildRuns, Delegator, GatewayHandle, RunGateway};
 use crate::hub::RunHub;
 use crate::records::{RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
 use crate::sandbox::{create_mount_point, sandbox_base, SandboxError};

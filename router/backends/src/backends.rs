@@ -1,4 +1,4 @@
-//! Calls to model backends: the supervisor's side of its model routes.
+//! Calls to model backends: the I/O of a supervisor's model routes.
 //!
 //! Every request is built from scratch by the router's wire module (nothing the agent sent
 //! is passed through: no header, no unknown field), carries the route's key only in the
