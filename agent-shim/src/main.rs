@@ -1,6 +1,7 @@
 //! `tollgate-shim`: started by the supervisor as a sandbox's pid 1 (no arguments; the plan
 //! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
 //! and `tollgate-shim child` for delegation).
+#![forbid(unsafe_code)]
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

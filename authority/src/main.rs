@@ -1,4 +1,5 @@
 //! `tollgate-authority`: the receipt-minting daemon. Parses flags and hands over to the library.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

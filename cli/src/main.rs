@@ -1,4 +1,5 @@
 //! `tollgate`: the operator CLI. Parses flags and hands over to the library.
+#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 

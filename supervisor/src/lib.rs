@@ -2,8 +2,8 @@
 //! admission, the first step of every run; sandboxing, the daemon and teardown arrive with
 //! the supervisor issue.
 
-// Audited `unsafe` blocks (the pre-exec hook and pidfd_open in `sandbox`) are allowed where
-// they stand, each with its `// SAFETY:` line.
+// Three audited `unsafe` blocks are allowed where they stand, each with its `// SAFETY:`
+// line, all in `sandbox`: the pre-exec hook, pidfd_open, and owning the descriptor it returns.
 #![deny(unsafe_code)]
 
 pub mod admission;

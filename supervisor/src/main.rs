@@ -1,5 +1,6 @@
 //! `tollgate-supervisor`: the root daemon that runs one sandbox per receipt. Parses flags and
 //! hands over to the library.
+#![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 use std::process::ExitCode;

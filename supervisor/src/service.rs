@@ -34,15 +34,8 @@ impl TokenCheck {
     /// Ok when `metadata` carries the token (checked on the headers, before any body).
     #[allow(clippy::result_large_err)]
     pub fn check_metadata(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-        use tollgate_daemon::token::{bearer, matches, BearerError};
-        let token = bearer(metadata).map_err(|e| match e {
-            BearerError::Missing => Status::unauthenticated(
-                "missing \"authorization: Bearer <token>\"; the supervisor's token is <data-dir>/admin.token",
-            ),
-            BearerError::Malformed => {
-                Status::unauthenticated("authorization must be \"Bearer <token>\"")
-            }
-        })?;
+        use tollgate_daemon::token::{bearer, matches};
+        let token = bearer(metadata).map_err(crate::status::no_token)?;
         if matches(token, &self.hash) {
             Ok(())
         } else {
@@ -83,7 +76,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, Status> {
     tokio::task::spawn_blocking(work)
         .await
-        .map_err(|e| Status::internal(format!("worker failed: {e}")))
+        .map_err(|e| crate::status::internal("a worker", &e))
 }
 
 #[tonic::async_trait]
@@ -136,8 +129,8 @@ impl Supervisor for SupervisorService {
         let id = run_id.clone();
         let record = blocking(move || manager.get(&id))
             .await?
-            .map_err(|e| Status::internal(e.to_string()))?
-            .ok_or_else(|| Status::not_found(format!("no run {run_id}")))?;
+            .map_err(|e| crate::status::internal("the run store", &e))?
+            .ok_or_else(|| crate::status::no_run(&run_id))?;
         Ok(Response::new(run_proto(&record)))
     }
 
@@ -149,7 +142,7 @@ impl Supervisor for SupervisorService {
         let manager = self.manager.clone();
         let runs = blocking(move || manager.list())
             .await?
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| crate::status::internal("the run store", &e))?;
         Ok(Response::new(pb::ListRunsResponse {
             runs: runs.iter().map(run_proto).collect(),
         }))
@@ -174,7 +167,7 @@ impl Supervisor for SupervisorService {
             manager.wait(&id, Duration::from_secs(30))
         })
         .await?
-        .ok_or_else(|| Status::not_found(format!("no run {run_id}")))?;
+        .ok_or_else(|| crate::status::no_run(&run_id))?;
         Ok(Response::new(pb::StopRunResponse {
             run: Some(run_proto(&record)),
         }))
@@ -190,9 +183,9 @@ impl Supervisor for SupervisorService {
         let id = run_id.clone();
         let tree = blocking(move || manager.tree(&id))
             .await?
-            .map_err(|e| Status::internal(e.to_string()))?;
+            .map_err(|e| crate::status::internal("the run store", &e))?;
         if tree.runs.is_empty() {
-            return Err(Status::not_found(format!("no run {run_id}")));
+            return Err(crate::status::no_run(&run_id));
         }
         Ok(Response::new(tree))
     }
@@ -213,8 +206,8 @@ impl Supervisor for SupervisorService {
                 let id = run_id.clone();
                 let record = blocking(move || manager.get(&id))
                     .await?
-                    .map_err(|e| Status::internal(e.to_string()))?
-                    .ok_or_else(|| Status::not_found(format!("no run {run_id}")))?;
+                    .map_err(|e| crate::status::internal("the run store", &e))?
+                    .ok_or_else(|| crate::status::no_run(&run_id))?;
                 let ended = pb::RunEvent {
                     event: Some(pb::run_event::Event::Ended(run_proto(&record))),
                 };

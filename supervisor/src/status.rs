@@ -1,4 +1,7 @@
-//! The one place the supervisor's errors become gRPC statuses.
+//! The one place the supervisor's errors become gRPC statuses. What a client can act on
+//! (a refused receipt, a bad argv, a full host) is said in one line; an internal failure
+//! (storage, the audit log, a cgroup, the shim's plumbing) is logged here with everything and
+//! a fresh error id, and the client gets only what failed and that id.
 
 use tollgate_receipt::VerifyFailure;
 use tonic::Status;
@@ -36,9 +39,60 @@ pub fn start_status(error: &StartError) -> Status {
         StartError::Delegated { code, .. } => {
             Status::permission_denied(format!("receipt refused ({code}): {message}"))
         }
+        // The shim's report of a step the receipt asked for (a mount, the agent's exec): the
+        // operator needs it to fix the receipt, and it holds nothing the receipt does not.
+        StartError::Sandbox(SandboxError::Setup(_)) => Status::internal(message),
         StartError::Sandbox(_)
         | StartError::Cgroup(_)
         | StartError::Records(_)
-        | StartError::Audit(_) => Status::internal(message),
+        | StartError::Audit(_) => internal("starting the run", error),
+    }
+}
+
+/// A request without a usable admin token.
+pub fn no_token(error: tollgate_daemon::token::BearerError) -> Status {
+    match error {
+        tollgate_daemon::token::BearerError::Missing => Status::unauthenticated(
+            "missing \"authorization: Bearer <token>\"; the supervisor's token is <data-dir>/admin.token",
+        ),
+        tollgate_daemon::token::BearerError::Malformed => {
+            Status::unauthenticated("authorization must be \"Bearer <token>\"")
+        }
+    }
+}
+
+/// A run id this supervisor has no record of.
+pub fn no_run(run_id: &str) -> Status {
+    Status::not_found(format!("no run {run_id}"))
+}
+
+/// An internal failure: logged with everything under a fresh error id; the client gets only
+/// `what` failed and the id to quote.
+pub fn internal(what: &str, error: &dyn std::fmt::Display) -> Status {
+    let id = uuid::Uuid::now_v7().hyphenated().to_string();
+    tracing::error!(error_id = %id, what, error = %error, "internal error");
+    Status::internal(format!(
+        "{what} failed inside the supervisor (error id {id}; the supervisor's log has the details)"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_failures_reach_the_client_as_an_id_only() {
+        let error = StartError::Sandbox(SandboxError::RunDir {
+            path: "/var/lib/tollgate/runs/secret-host-path".into(),
+            source: std::io::Error::other("disk on fire"),
+        });
+        let status = start_status(&error);
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(status.message().contains("error id "), "{status:?}");
+        assert!(!status.message().contains("secret-host-path"), "{status:?}");
+        assert!(!status.message().contains("disk on fire"), "{status:?}");
+        let refused = start_status(&StartError::NoHostId(1..2));
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(refused.message().contains("no free sandbox host id"));
     }
 }

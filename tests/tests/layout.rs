@@ -163,3 +163,69 @@ fn the_supervisor_reaches_model_backends_only_through_the_router() {
         );
     }
 }
+
+/// Runs `scripts/check-module-cycles` on `root`.
+fn check_module_cycles(root: &std::path::Path) -> std::process::Output {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("scripts/check-module-cycles");
+    Command::new("python3")
+        .arg(script)
+        .arg(root)
+        .output()
+        .expect("python3 runs scripts/check-module-cycles")
+}
+
+/// A crate whose modules `lib.rs` declares as `files` (name, text).
+fn fixture(files: &[(&str, &str)]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("demo/src")).unwrap();
+    std::fs::write(
+        dir.path().join("demo/Cargo.toml"),
+        "[package]\nname = \"demo\"\n",
+    )
+    .unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join("demo/src").join(name), text).unwrap();
+    }
+    dir
+}
+
+/// The cycle check sees a cycle through `crate::`, `super::` and a child module's own name,
+/// sees through `pub use` re-exports, and passes one-way modules.
+#[test]
+fn the_module_cycle_check_finds_cycles_and_passes_one_way_modules() {
+    let cyclic = fixture(&[
+        ("lib.rs", "mod gate;\nmod fs;\npub use fs::Tools;\n"),
+        ("gate.rs", "use crate::Tools;\npub struct Gate(Tools);\n"),
+        (
+            "fs.rs",
+            "use super::gate::Gate;\npub struct Tools;\nfn f(_: Gate) {}\n",
+        ),
+    ]);
+    let found = check_module_cycles(cyclic.path());
+    let out = String::from_utf8_lossy(&found.stdout);
+    assert_eq!(found.status.code(), Some(1), "{out}");
+    assert!(out.contains("crate::gate -> crate::fs"), "{out}");
+    assert!(out.contains("crate::fs -> crate::gate"), "{out}");
+
+    let one_way = fixture(&[
+        ("lib.rs", "mod gate;\nmod fs;\npub use fs::Tools;\n"),
+        (
+            "gate.rs",
+            "pub struct Gate;\n#[cfg(test)]\nmod tests {\n    use crate::fs::Tools;\n}\n",
+        ),
+        ("fs.rs", "use super::gate::Gate;\npub struct Tools(Gate);\n"),
+    ]);
+    let passed = check_module_cycles(one_way.path());
+    assert!(passed.status.success(), "{passed:?}");
+
+    // And the repository itself, as CI checks it.
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let ours = check_module_cycles(&repo);
+    assert!(
+        ours.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ours.stdout)
+    );
+}

@@ -95,7 +95,7 @@ impl ExecTools {
         let run = self.clone();
         tokio::spawn(async move { run.to_the_end(request).await })
             .await
-            .unwrap_or_else(|e| Err(Status::internal(format!("exec failed: {e}"))))
+            .unwrap_or_else(|e| Err(crate::status::internal("exec", &e)))
     }
 
     /// [`ExecTools::call`]'s work.
@@ -153,7 +153,10 @@ impl ExecTools {
                     Err(e @ ExecError::NotStarted(_)) => {
                         Err(Refusal::with(Status::failed_precondition, e.to_string()))
                     }
-                    Err(e) => Err(Refusal::with(Status::internal, e.to_string()).ran()),
+                    // Why is in the audit entry and the log; the agent gets an error id.
+                    Err(e) => {
+                        Err(Refusal::new(crate::status::internal("exec", &e), e.to_string()).ran())
+                    }
                 }
             }
         };

@@ -112,7 +112,7 @@ impl Gateway for GatewayService {
         let request = request.into_inner();
         tokio::spawn(async move { run.delegate(request).await })
             .await
-            .map_err(|e| Status::internal(format!("delegate failed: {e}")))?
+            .map_err(|e| crate::status::internal("delegate", &e))?
             .map(Response::new)
     }
 
@@ -126,7 +126,7 @@ impl Gateway for GatewayService {
         let request = request.into_inner();
         tokio::task::spawn_blocking(move || run.start_child(request))
             .await
-            .map_err(|e| Status::internal(format!("child.start failed: {e}")))?
+            .map_err(|e| crate::status::internal("child.start", &e))?
             .map(Response::new)
     }
 
@@ -164,7 +164,7 @@ impl Gateway for GatewayService {
         let request = request.into_inner();
         tokio::task::spawn_blocking(move || run.stop_child(request))
             .await
-            .map_err(|e| Status::internal(format!("child.stop failed: {e}")))?
+            .map_err(|e| crate::status::internal("child.stop", &e))?
             .map(Response::new)
     }
 }

@@ -209,9 +209,12 @@ impl Children {
 
     /// Whether `run_id` is a descendant of this run (its subtree, not itself).
     fn descendant(&self, manager: &dyn ChildRuns, run_id: &str) -> Result<(), Refusal> {
-        let tree = manager
-            .subtree(&self.gate.run_id)
-            .map_err(|e| Refusal::with(Status::internal, e.to_string()))?;
+        let tree = manager.subtree(&self.gate.run_id).map_err(|e| {
+            Refusal::new(
+                crate::status::internal("the run store", &e),
+                "the run store failed".into(),
+            )
+        })?;
         if run_id != self.gate.run_id && tree.iter().any(|run| run.run_id == run_id) {
             Ok(())
         } else {
@@ -343,9 +346,12 @@ impl Children {
         let run = self.clone();
         self.read_only_call("child.list", vec![], move || {
             let manager = run.manager()?;
-            manager
-                .tree(&run.gate.run_id)
-                .map_err(|e| Refusal::with(Status::internal, e.to_string()))
+            manager.tree(&run.gate.run_id).map_err(|e| {
+                Refusal::new(
+                    crate::status::internal("the run store", &e),
+                    "the run store failed".into(),
+                )
+            })
         })
         .await
     }
@@ -371,7 +377,12 @@ impl Children {
                 None => {
                     let record = manager
                         .get(&run_id)
-                        .map_err(|e| Refusal::with(Status::internal, e.to_string()))?
+                        .map_err(|e| {
+                            Refusal::new(
+                                crate::status::internal("the run store", &e),
+                                "the run store failed".into(),
+                            )
+                        })?
                         .ok_or_else(|| {
                             Refusal::with(Status::not_found, format!("no run {run_id}"))
                         })?;
@@ -456,7 +467,12 @@ impl Children {
             work()
         })
         .await
-        .unwrap_or_else(|e| Err(Refusal::with(Status::internal, e.to_string())));
+        .unwrap_or_else(|e| {
+            Err(Refusal::new(
+                crate::status::internal("a worker", &e),
+                "a worker failed".into(),
+            ))
+        });
         let (decision, reason) = match &outcome {
             Ok(_) => (Decision::Allow, None),
             Err(refusal) => (refusal.decision(), Some(refusal.reason.as_str())),
