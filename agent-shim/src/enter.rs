@@ -45,7 +45,7 @@ fn reply(control: &mut UnixStream, outcome: &EnterOutcome) {
 }
 
 /// Entry point of `tollgate-shim enter`. Never returns.
-pub fn run() -> ! {
+pub(crate) fn run() -> ! {
     // SAFETY: the supervisor placed the request socket on CONTROL_FD; we take ownership of
     // it exactly once, here.
     #[allow(unsafe_code)]

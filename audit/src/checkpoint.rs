@@ -34,7 +34,7 @@ pub(crate) fn signing_message(component: &str, count: u64, head_hash: &str) -> V
 
 impl Checkpoint {
     /// Signs (count, head) now.
-    pub fn sign(
+    pub(crate) fn sign(
         key: &SigningKey,
         key_id: &str,
         component: &str,
@@ -53,14 +53,14 @@ impl Checkpoint {
     }
 
     /// The canonical line with its newline.
-    pub fn to_line(&self) -> Vec<u8> {
+    pub(crate) fn to_line(&self) -> Vec<u8> {
         let mut line = serde_json::to_vec(self).unwrap_or_default();
         line.push(b'\n');
         line
     }
 
     /// Parses a line (without newline), requiring the canonical bytes.
-    pub fn parse(bytes: &[u8]) -> Result<Self, String> {
+    pub(crate) fn parse(bytes: &[u8]) -> Result<Self, String> {
         let checkpoint: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if checkpoint.to_line().strip_suffix(b"\n") != Some(bytes) {
             return Err("bytes differ from the canonical serialization".into());
@@ -82,7 +82,7 @@ impl Checkpoint {
     }
 
     /// Checks the signature strictly under `key`.
-    pub fn verify(&self, key: &VerifyingKey) -> Result<(), String> {
+    pub(crate) fn verify(&self, key: &VerifyingKey) -> Result<(), String> {
         let bytes: [u8; 64] = hex::decode(&self.signature)
             .ok()
             .and_then(|b| b.try_into().ok())

@@ -184,12 +184,12 @@ pub(crate) struct Line<'a> {
 impl Line<'_> {
     /// A torn line: incomplete, or not JSON at all. Either is what an interrupted write leaves;
     /// anything that is JSON but not a valid entry is treated as tampering instead.
-    pub fn is_torn(&self) -> bool {
+    pub(crate) fn is_torn(&self) -> bool {
         !self.terminated || serde_json::from_slice::<serde::de::IgnoredAny>(self.bytes).is_err()
     }
 
     /// Length on disk, newline included.
-    pub fn len_on_disk(&self) -> u64 {
+    pub(crate) fn len_on_disk(&self) -> u64 {
         self.bytes.len() as u64 + u64::from(self.terminated)
     }
 }

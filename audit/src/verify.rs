@@ -103,7 +103,7 @@ pub(crate) struct ChainChecker<'k> {
 
 impl<'k> ChainChecker<'k> {
     /// A checker expecting `head_seq + 1` next, chained to `head_hash`.
-    pub fn new(key: Option<&'k AuditKey>, head_seq: u64, head_hash: String) -> Self {
+    pub(crate) fn new(key: Option<&'k AuditKey>, head_seq: u64, head_hash: String) -> Self {
         Self {
             key,
             head_seq,
@@ -113,7 +113,7 @@ impl<'k> ChainChecker<'k> {
 
     /// Checks one complete line; `file_start` is true for the first line of a file after the
     /// first. On success the line becomes the head.
-    pub fn check(&mut self, bytes: &[u8], file_start: bool) -> Result<Entry, Problem> {
+    pub(crate) fn check(&mut self, bytes: &[u8], file_start: bool) -> Result<Entry, Problem> {
         let entry = parse_entry(bytes)?;
         let expected = self.head_seq + 1;
         if entry.seq != expected {

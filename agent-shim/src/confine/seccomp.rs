@@ -187,26 +187,26 @@ impl SeccompPrograms {
 
 /// Classic BPF opcodes and seccomp return values used by [`syscall_program`].
 mod bpf {
-    pub const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
-    pub const JA: u16 = 0x05; // BPF_JMP | BPF_JA
-    pub const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
-    pub const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
-    pub const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
-    pub const RET_K: u16 = 0x06; // BPF_RET | BPF_K
-    pub const RET_ALLOW: u32 = 0x7fff_0000;
-    pub const RET_ERRNO: u32 = 0x0005_0000;
-    pub const RET_KILL_PROCESS: u32 = 0x8000_0000;
+    pub(super) const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    pub(super) const JA: u16 = 0x05; // BPF_JMP | BPF_JA
+    pub(super) const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    pub(super) const JGE_K: u16 = 0x35; // BPF_JMP | BPF_JGE | BPF_K
+    pub(super) const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+    pub(super) const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    pub(super) const RET_ALLOW: u32 = 0x7fff_0000;
+    pub(super) const RET_ERRNO: u32 = 0x0005_0000;
+    pub(super) const RET_KILL_PROCESS: u32 = 0x8000_0000;
     /// Offsets in `struct seccomp_data`.
-    pub const NR: u32 = 0;
-    pub const ARCH: u32 = 4;
+    pub(super) const NR: u32 = 0;
+    pub(super) const ARCH: u32 = 4;
     /// The low 32 bits of argument `index` (both supported architectures are little-endian).
-    pub const fn arg_low(index: u8) -> u32 {
+    pub(super) const fn arg_low(index: u8) -> u32 {
         16 + 8 * index as u32
     }
     /// Numbers with this bit set are x32 system calls.
-    pub const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    pub(super) const X32_SYSCALL_BIT: u32 = 0x4000_0000;
     #[cfg(target_arch = "x86_64")]
-    pub const AUDIT_ARCH: u32 = 0xc000_003e;
+    pub(super) const AUDIT_ARCH: u32 = 0xc000_003e;
     #[cfg(target_arch = "aarch64")]
     pub const AUDIT_ARCH: u32 = 0xc000_00b7;
 }

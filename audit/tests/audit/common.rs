@@ -11,18 +11,18 @@ use tollgate_audit::{
     VerifyOptions, VerifyReport,
 };
 
-pub const KEY: [u8; 32] = [0x42; 32];
-pub const KEY_ID: &str = "cp-test";
+pub(crate) const KEY: [u8; 32] = [0x42; 32];
+pub(crate) const KEY_ID: &str = "cp-test";
 
-pub fn signing_key() -> SigningKey {
+pub(crate) fn signing_key() -> SigningKey {
     SigningKey::from_bytes(&[7u8; 32])
 }
 
-pub fn audit_key() -> AuditKey {
+pub(crate) fn audit_key() -> AuditKey {
     AuditKey::from_bytes(KEY.to_vec()).unwrap()
 }
 
-pub fn config(dir: &Path, keyed: bool) -> AuditConfig {
+pub(crate) fn config(dir: &Path, keyed: bool) -> AuditConfig {
     let mut config = AuditConfig::new(dir, "authority", signing_key(), KEY_ID);
     if keyed {
         config.key = Some(audit_key());
@@ -30,14 +30,14 @@ pub fn config(dir: &Path, keyed: bool) -> AuditConfig {
     config
 }
 
-pub fn options(keyed: bool) -> VerifyOptions {
+pub(crate) fn options(keyed: bool) -> VerifyOptions {
     VerifyOptions {
         key: keyed.then(audit_key),
         trusted_checkpoint_key: None,
     }
 }
 
-pub fn draft(i: u64) -> EntryDraft {
+pub(crate) fn draft(i: u64) -> EntryDraft {
     EntryDraft::new("authority", EntryKind::ToolCall)
         .receipt(format!("receipt-{}", i % 2))
         .run(format!("run-{}", i % 3))
@@ -53,7 +53,13 @@ pub fn draft(i: u64) -> EntryDraft {
 }
 
 /// Writes `count` entries with the given checkpoint interval and file size, then closes.
-pub fn write_log(dir: &Path, keyed: bool, count: u64, checkpoint_every: u64, max_file_bytes: u64) {
+pub(crate) fn write_log(
+    dir: &Path,
+    keyed: bool,
+    count: u64,
+    checkpoint_every: u64,
+    max_file_bytes: u64,
+) {
     let mut config = config(dir, keyed);
     config.checkpoint_every = checkpoint_every;
     config.max_file_bytes = max_file_bytes;
@@ -64,16 +70,16 @@ pub fn write_log(dir: &Path, keyed: bool, count: u64, checkpoint_every: u64, max
     log.close().unwrap();
 }
 
-pub fn log_path(dir: &Path, index: u64) -> PathBuf {
+pub(crate) fn log_path(dir: &Path, index: u64) -> PathBuf {
     dir.join(format!("log-{index:06}.jsonl"))
 }
 
-pub fn read_lines(path: &Path) -> Vec<String> {
+pub(crate) fn read_lines(path: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(path).unwrap();
     text.lines().map(str::to_owned).collect()
 }
 
-pub fn write_lines(path: &Path, lines: &[String]) {
+pub(crate) fn write_lines(path: &Path, lines: &[String]) {
     let mut text = lines.join("\n");
     if !lines.is_empty() {
         text.push('\n');
@@ -88,7 +94,7 @@ fn split_hash(line: &str) -> (&str, &str) {
 
 /// The hash of a line's body by the documented rule: SHA-256 or HMAC-SHA-256 over
 /// `"tollgate-audit-entry-v1\n" || body`, where body is the line without its hash field.
-pub fn hash_line(line: &str, key: Option<&[u8]>) -> String {
+pub(crate) fn hash_line(line: &str, key: Option<&[u8]>) -> String {
     let (before, _) = split_hash(line);
     let body = format!("{before}}}");
     match key {
@@ -107,25 +113,25 @@ pub fn hash_line(line: &str, key: Option<&[u8]>) -> String {
     }
 }
 
-pub fn hash_of(line: &str) -> String {
+pub(crate) fn hash_of(line: &str) -> String {
     let (_, tail) = split_hash(line);
     tail[",\"hash\":\"".len()..tail.len() - 2].to_owned()
 }
 
 /// `line` with its hash recomputed under `key`.
-pub fn rehash(line: &str, key: Option<&[u8]>) -> String {
+pub(crate) fn rehash(line: &str, key: Option<&[u8]>) -> String {
     let (before, _) = split_hash(line);
     format!("{before},\"hash\":\"{}\"}}", hash_line(line, key))
 }
 
 /// `line` with its prev_hash replaced.
-pub fn with_prev(line: &str, prev: &str) -> String {
+pub(crate) fn with_prev(line: &str, prev: &str) -> String {
     let at = line.find(",\"prev_hash\":\"").unwrap() + ",\"prev_hash\":\"".len();
     format!("{}{prev}{}", &line[..at], &line[at + 64..])
 }
 
 /// Re-links and re-hashes `lines[from..]` under `key`, as a forger would.
-pub fn rechain(lines: &mut [String], from: usize, key: Option<&[u8]>) {
+pub(crate) fn rechain(lines: &mut [String], from: usize, key: Option<&[u8]>) {
     for i in from..lines.len() {
         if i > 0 {
             let prev = hash_of(&lines[i - 1]);
@@ -137,7 +143,7 @@ pub fn rechain(lines: &mut [String], from: usize, key: Option<&[u8]>) {
 
 /// Asserts verification fails at `file` (name) / `line` / `seq` with a problem matching `check`.
 #[track_caller]
-pub fn assert_broken(
+pub(crate) fn assert_broken(
     result: Result<VerifyReport, VerifyError>,
     file: &str,
     line: usize,

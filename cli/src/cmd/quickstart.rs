@@ -140,7 +140,7 @@ fn indent(text: &str) -> String {
 }
 
 /// Runs the tour.
-pub async fn run(keep: bool) -> Result<(), CliError> {
+pub(crate) async fn run(keep: bool) -> Result<(), CliError> {
     let dir = tempfile::Builder::new()
         .prefix("tollgate-quickstart-")
         .tempdir()

@@ -39,7 +39,7 @@ fn is_live(run: &pb::Run) -> bool {
 }
 
 /// A run as JSON.
-pub fn run_json(run: &pb::Run) -> serde_json::Value {
+pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
     json!({
         "run_id": run.run_id,
         "owner": run.owner,
@@ -128,7 +128,11 @@ fn run_lines(run: &pb::Run) -> Vec<String> {
 }
 
 /// `tollgate run`.
-pub async fn run(global: &GlobalArgs, receipt: &Path, argv: Vec<String>) -> Result<(), CliError> {
+pub(crate) async fn run(
+    global: &GlobalArgs,
+    receipt: &Path,
+    argv: Vec<String>,
+) -> Result<(), CliError> {
     let not_started = |e: CliError| CliError::RunNotStarted(e.to_string());
     let text = read_input(receipt).map_err(not_started)?;
     let token = global.tokens().token().map_err(not_started)?;
@@ -161,7 +165,7 @@ enum Display {
 }
 
 /// `tollgate watch RUN`.
-pub async fn watch(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
+pub(crate) async fn watch(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     use std::io::IsTerminal as _;
     let token = global.tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
@@ -308,7 +312,7 @@ fn run_ended(
 }
 
 /// `tollgate ps`.
-pub async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(), CliError> {
+pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(), CliError> {
     let token = global.tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let runs = client
@@ -343,7 +347,7 @@ pub async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(), CliErr
 }
 
 /// `tollgate inspect`.
-pub async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
+pub(crate) async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     let token = global.tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let run = client
@@ -366,7 +370,11 @@ pub async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Result<()
 }
 
 /// `tollgate stop`.
-pub async fn stop(global: &GlobalArgs, run_id: String, reason: String) -> Result<(), CliError> {
+pub(crate) async fn stop(
+    global: &GlobalArgs,
+    run_id: String,
+    reason: String,
+) -> Result<(), CliError> {
     let token = global.tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let stopped = client
@@ -432,7 +440,7 @@ fn branch_prefixes(depths: &[u32]) -> Vec<String> {
 }
 
 /// `tollgate tree`.
-pub async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
+pub(crate) async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     let token = global.tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let tree = client

@@ -328,10 +328,10 @@ pub fn raise_open_files_limit() -> io::Result<u64> {
 /// The errno values the accept loop backs off on (no libc dependency for four numbers; the
 /// same on every Linux architecture).
 mod libc_errno {
-    pub const ENOMEM: i32 = 12;
-    pub const ENFILE: i32 = 23;
-    pub const EMFILE: i32 = 24;
-    pub const ENOBUFS: i32 = 105;
+    pub(super) const ENOMEM: i32 = 12;
+    pub(super) const ENFILE: i32 = 23;
+    pub(super) const EMFILE: i32 = 24;
+    pub(super) const ENOBUFS: i32 = 105;
 }
 
 #[cfg(test)]

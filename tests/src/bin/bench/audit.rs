@@ -72,7 +72,7 @@ fn raw_rate(count: u64) -> anyhow::Result<f64> {
 }
 
 /// Runs the benchmark and prints the table (each figure the median of `samples`).
-pub fn bench(count: u64, samples: usize) -> anyhow::Result<()> {
+pub(crate) fn bench(count: u64, samples: usize) -> anyhow::Result<()> {
     let median = |mut values: Vec<f64>| {
         values.sort_by(f64::total_cmp);
         values[values.len() / 2]

@@ -18,7 +18,7 @@ fn python() -> PathBuf {
 }
 
 /// Runs the benchmark and prints the table.
-pub fn bench(bytes: usize, samples: usize) -> anyhow::Result<()> {
+pub(crate) fn bench(bytes: usize, samples: usize) -> anyhow::Result<()> {
     let text = tollgate_router::bench::mixed_text(bytes, 7);
     let classifier = Classifier::new(&ClassifierConfig::default())?;
     let mut rates = Vec::new();

@@ -23,7 +23,7 @@ fn percentiles(mut samples: Vec<Duration>) -> (f64, f64) {
 }
 
 /// Runs the benchmark and prints the table.
-pub fn bench(calls: usize) -> anyhow::Result<()> {
+pub(crate) fn bench(calls: usize) -> anyhow::Result<()> {
     anyhow::ensure!(
         nix::unistd::geteuid().is_root(),
         "run as root: the gateway serves only its run's host id, here root"
@@ -364,7 +364,7 @@ fn execs(calls: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
 
 /// `tollgate-bench exec-client`: becomes the owner of the run's gateway socket (its host id),
 /// times `calls` exec calls of /bin/true and prints each round trip in nanoseconds.
-pub fn exec_client(socket: &std::path::Path, calls: usize) -> anyhow::Result<()> {
+pub(crate) fn exec_client(socket: &std::path::Path, calls: usize) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt as _;
     let owner = std::fs::metadata(socket)?.uid();
     // Connected by a relative path from its directory: the parents of a temporary data

@@ -188,7 +188,7 @@ impl Drop for Tollgate {
 }
 
 /// Runs the benchmark and prints the table.
-pub fn bench(runs: usize) -> anyhow::Result<()> {
+pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
     // The default: one sandbox prepared ahead, refilled in the background after each start.
     let tollgate = Tollgate::new(1, 2_900_000)?;
     // No sandbox prepared ahead: what a start costs in a burst that drains the pool.
