@@ -1,7 +1,7 @@
 //! Tollgate run receipts: signing, verification and the `tgr1.` text form.
 //!
-//! This crate implements the contract in DESIGN.md so that every Tollgate component (and any
-//! reader of this code porting it to another language) agrees on one rule:
+//! This crate implements the contract in docs/receipts.md so that every Tollgate component
+//! (and any reader of this code porting it to another language) agrees on one rule:
 //!
 //! * `signature = Ed25519(private_key, "tollgate.receipt.v1\n" || receipt_bytes)`, where
 //!   `receipt_bytes` is the exact protobuf encoding carried in [`SignedReceipt::receipt`];

@@ -1,6 +1,12 @@
-//! The supervisor turns one receipt into one sandbox. This crate starts with receipt
-//! admission, the first step of every run; sandboxing, the daemon and teardown arrive with
-//! the supervisor issue.
+//! The supervisor turns one receipt into one sandbox and is the only gateway out of it.
+//!
+//! Dependencies between its modules run one way (docs/architecture.md):
+//!
+//! 1. leaves: [`error`], [`status`], [`wire`], [`records`], [`cgroup`], [`sandbox`],
+//!    [`exec`], [`hub`], [`admission`], [`warm`];
+//! 2. [`gateway`]: the call gate and one handler per tool family, on each run's socket;
+//! 3. [`runs`]: the lifecycle (admit, start, teardown) over the leaves and the gateway;
+//! 4. [`service`] (the gRPC API) and [`daemon`] (`Supervisor::open` / `run` / `serve`).
 
 // Three audited `unsafe` blocks are allowed where they stand, each with its `// SAFETY:`
 // line, all in `sandbox`: the pre-exec hook, pidfd_open, and owning the descriptor it returns.
