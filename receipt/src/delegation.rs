@@ -57,11 +57,28 @@ fn sensitivity_name(sensitivity: i32) -> &'static str {
 
 /// Whether `child` is within `parent` (see the module docs); the first grant that is not.
 pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wider> {
-    let wider = |grant: String, detail: String| Wider {
-        parent_id: parent.receipt_id.clone(),
-        grant,
-        detail,
-    };
+    let checks = [
+        check_fs,
+        check_exec,
+        check_exec_sources,
+        check_routes,
+        check_limits,
+        check_window,
+        check_depth,
+    ];
+    for check in checks {
+        check(parent, child).map_err(|(grant, detail)| Wider {
+            parent_id: parent.receipt_id.clone(),
+            grant,
+            detail,
+        })?;
+    }
+    Ok(())
+}
+
+/// Every fs grant lies beneath one of the parent's, with no more access, and is mounted only
+/// where the parent's is.
+fn check_fs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, grant) in child.fs.iter().enumerate() {
         let name = format!("fs[{i}] = {} ({})", grant.path, access_name(grant.access));
         let covering: Vec<&pb::FsGrant> = parent
@@ -70,7 +87,7 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
             .filter(|p| path_within(&grant.path, &p.path))
             .collect();
         if covering.is_empty() {
-            return Err(wider(name, "no parent fs grant covers it".into()));
+            return Err((name, "no parent fs grant covers it".into()));
         }
         // Unspecified access never counts as granted.
         let enough = covering
@@ -83,7 +100,7 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
                 .map_or_else(String::new, |p| {
                     format!("{} is granted {}", p.path, access_name(p.access))
                 });
-            return Err(wider(name, best));
+            return Err((name, best));
         }
         // A mount gives the agent the kernel's direct access, past the gateway's per-call
         // checks, counts and audit: only a parent that has it itself may hand it on.
@@ -91,7 +108,7 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
             .iter()
             .any(|p| !p.mount.is_empty() && p.access >= grant.access);
         if !grant.mount.is_empty() && !mounted {
-            return Err(wider(
+            return Err((
                 format!("fs[{i}].mount = {}", grant.mount),
                 format!(
                     "the parent reaches {} through the gateway only (no mount)",
@@ -100,14 +117,25 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
             ));
         }
     }
+    Ok(())
+}
+
+/// Every program is in the parent's exec list.
+fn check_exec(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, program) in child.exec.iter().enumerate() {
         if !parent.exec.iter().any(|p| p == program) {
-            return Err(wider(
+            return Err((
                 format!("exec[{i}] = {program}"),
                 "not in its exec list".into(),
             ));
         }
     }
+    Ok(())
+}
+
+/// A mount that covers a granted program comes from the same source as the parent's: the
+/// child runs the program the parent was granted, not another file at that path.
+fn check_exec_sources(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, grant) in child.fs.iter().enumerate() {
         if grant.mount.is_empty() {
             continue;
@@ -121,23 +149,28 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
                 .iter()
                 .any(|p| p.path == grant.path && p.mount == grant.mount);
             if !same {
-                return Err(wider(
+                return Err((
                     format!("fs[{i}].mount = {}", grant.mount),
                     format!("it covers exec {program}, which the parent runs from another source"),
                 ));
             }
         }
     }
+    Ok(())
+}
+
+/// Every route is the parent's, for text no more sensitive.
+fn check_routes(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, route) in child.routes.iter().enumerate() {
         let name = format!("routes[{i}] = {}", route.name);
         match parent.routes.iter().find(|p| p.name == route.name) {
-            None => return Err(wider(name, "route not granted".into())),
+            None => return Err((name, "route not granted".into())),
             Some(p)
                 if p.max_sensitivity < route.max_sensitivity
                     || p.max_sensitivity == 0
                     || route.max_sensitivity == 0 =>
             {
-                return Err(wider(
+                return Err((
                     format!("{name} up to {}", sensitivity_name(route.max_sensitivity)),
                     format!(
                         "{} is granted up to {}",
@@ -149,6 +182,11 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
             Some(_) => {}
         }
     }
+    Ok(())
+}
+
+/// No limit is above the parent's.
+fn check_limits(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     let (p, c) = (
         parent.limits.unwrap_or_default(),
         child.limits.unwrap_or_default(),
@@ -174,19 +212,24 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
     ];
     for (name, child_value, parent_value) in limits {
         if child_value > parent_value {
-            return Err(wider(
+            return Err((
                 format!("limits.{name} = {child_value}"),
                 format!("{parent_value}"),
             ));
         }
     }
+    Ok(())
+}
+
+/// Valid no earlier and no longer than the parent.
+fn check_window(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     let start = |r: &pb::Receipt| {
         r.not_before
             .as_ref()
             .map_or((0, 0), |t| (t.seconds, t.nanos))
     };
     if start(child) < start(parent) {
-        return Err(wider(
+        return Err((
             format!("not_before = unix {}", start(child).0),
             format!("it is valid from unix {}", start(parent).0),
         ));
@@ -198,21 +241,26 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
             .map_or((0, 0), |t| (t.seconds, t.nanos))
     };
     if expiry_ns(child) > expiry_ns(parent) {
-        return Err(wider(
+        return Err((
             format!("expires_at = unix {}", expiry(child)),
             format!("it expires at unix {}", expiry(parent)),
         ));
     }
+    Ok(())
+}
+
+/// The parent may delegate, and the child fewer levels than it.
+fn check_depth(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     let parent_depth = parent.delegate.as_ref().map_or(0, |d| d.max_depth);
     if parent_depth == 0 {
-        return Err(wider(
+        return Err((
             "a child receipt".into(),
             "delegate.max_depth = 0: it may not delegate".into(),
         ));
     }
     let child_depth = child.delegate.as_ref().map_or(0, |d| d.max_depth);
     if child_depth > parent_depth - 1 {
-        return Err(wider(
+        return Err((
             format!("delegate.max_depth = {child_depth}"),
             format!(
                 "its children may delegate at most {} levels",

@@ -213,43 +213,8 @@ pub fn plan_for(
             .filter(|b| b.writable)
             .map(|b| b.target.clone()),
     );
-    let mut env: Vec<(String, String)> = vec![
-        (
-            "PATH".into(),
-            "/run/tollgate/bin:/usr/local/bin:/usr/bin:/bin".into(),
-        ),
-        (
-            "TOLLGATE_GATEWAY".into(),
-            format!("unix:{GATEWAY_IN_SANDBOX}"),
-        ),
-        ("HOME".into(), "/work".into()),
-        ("TMPDIR".into(), "/tmp".into()),
-        ("LANG".into(), "C.UTF-8".into()),
-        ("TOLLGATE_RUN_ID".into(), receipt.receipt_id.clone()),
-    ];
-    // With a model route granted, the official SDKs find the sandbox's own endpoint; the
-    // keys are placeholders it ignores (the SDKs refuse to start without one).
     let models = (!receipt.routes.is_empty()).then_some(ModelsEndpoint { port: MODELS_PORT });
-    if models.is_some() {
-        let base = format!("http://127.0.0.1:{MODELS_PORT}");
-        env.extend([
-            ("OPENAI_BASE_URL".into(), format!("{base}/v1")),
-            ("OPENAI_API_KEY".into(), "tollgate".into()),
-            ("ANTHROPIC_BASE_URL".into(), base.clone()),
-            ("ANTHROPIC_API_KEY".into(), "tollgate".into()),
-            ("TOLLGATE_MODELS".into(), base),
-        ]);
-    }
-    if let Some(agent) = pinned {
-        let mut extra: Vec<_> = agent
-            .env
-            .iter()
-            .filter(|(k, _)| !env.iter().any(|(set, _)| set == *k))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        extra.sort();
-        env.extend(extra);
-    }
+    let env = agent_env(receipt, models.is_some());
     let cwd = pinned
         .map(|a| a.workdir.clone())
         .filter(|w| !w.is_empty())
@@ -283,6 +248,48 @@ pub fn plan_for(
         gateway_socket: None,
         host_id,
     })
+}
+
+/// The agent's environment: Tollgate's own variables (the gateway, the run id, the model
+/// endpoint when a route is granted), then the receipt's, which never override them.
+fn agent_env(receipt: &pb::Receipt, models: bool) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = vec![
+        (
+            "PATH".into(),
+            "/run/tollgate/bin:/usr/local/bin:/usr/bin:/bin".into(),
+        ),
+        (
+            "TOLLGATE_GATEWAY".into(),
+            format!("unix:{GATEWAY_IN_SANDBOX}"),
+        ),
+        ("HOME".into(), "/work".into()),
+        ("TMPDIR".into(), "/tmp".into()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("TOLLGATE_RUN_ID".into(), receipt.receipt_id.clone()),
+    ];
+    // With a model route granted, the official SDKs find the sandbox's own endpoint; the
+    // keys are placeholders it ignores (the SDKs refuse to start without one).
+    if models {
+        let base = format!("http://127.0.0.1:{MODELS_PORT}");
+        env.extend([
+            ("OPENAI_BASE_URL".into(), format!("{base}/v1")),
+            ("OPENAI_API_KEY".into(), "tollgate".into()),
+            ("ANTHROPIC_BASE_URL".into(), base.clone()),
+            ("ANTHROPIC_API_KEY".into(), "tollgate".into()),
+            ("TOLLGATE_MODELS".into(), base),
+        ]);
+    }
+    if let Some(agent) = receipt.agent.as_ref() {
+        let mut extra: Vec<_> = agent
+            .env
+            .iter()
+            .filter(|(k, _)| !env.iter().any(|(set, _)| set == *k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        extra.sort();
+        env.extend(extra);
+    }
+    env
 }
 
 /// A `tollgate-shim` that has not been given its plan yet. It was started inside its
