@@ -40,6 +40,25 @@ impl GatewayService {
         })
     }
 
+    /// The request of the run's own sandbox, its fields within their bounds: every call with
+    /// a body passes here first.
+    fn admitted<T: AgentInput>(&self, tool: &str, request: Request<T>) -> Result<T, Status> {
+        self.check_peer(&request)?;
+        self.bounded(tool, request.get_ref())?;
+        Ok(request.into_inner())
+    }
+
+    /// Runs `work` on a blocking thread, where a client that hangs up cannot cancel it.
+    async fn on_blocking_thread<R: Send + 'static>(
+        tool: &str,
+        work: impl FnOnce() -> Result<R, Status> + Send + 'static,
+    ) -> Result<Response<R>, Status> {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|e| crate::status::internal(tool, &e))?
+            .map(Response::new)
+    }
+
     fn check_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
         let uid = request
             .extensions()
@@ -75,25 +94,16 @@ impl Gateway for GatewayService {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<Self::CompleteStream>, Status> {
-        self.check_peer(&request)?;
-        self.bounded("model.complete", request.get_ref())?;
-        self.run
-            .models
-            .complete(request.into_inner())
-            .await
-            .map(Response::new)
+        let request = self.admitted("model.complete", request)?;
+        self.run.models.complete(request).await.map(Response::new)
     }
 
     async fn call_tool(
         &self,
         request: Request<pb::CallToolRequest>,
     ) -> Result<Response<pb::CallToolResponse>, Status> {
-        self.check_peer(&request)?;
-        self.bounded(
-            tool_name(request.get_ref().tool.as_ref()),
-            request.get_ref(),
-        )?;
-        let tool = request.into_inner().tool;
+        let name = tool_name(request.get_ref().tool.as_ref());
+        let tool = self.admitted(name, request)?.tool;
         if let Some(Tool::Exec(request)) = tool {
             return self.run.exec.call(request).await.map(Response::new);
         }
@@ -105,11 +115,9 @@ impl Gateway for GatewayService {
         &self,
         request: Request<pb::DelegateRequest>,
     ) -> Result<Response<pb::DelegateResponse>, Status> {
-        self.check_peer(&request)?;
-        self.bounded("delegate", request.get_ref())?;
+        let request = self.admitted("delegate", request)?;
         // Its own task: a client that hangs up does not cut the call short.
         let run = self.run.children.clone();
-        let request = request.into_inner();
         tokio::spawn(async move { run.delegate(request).await })
             .await
             .map_err(|e| crate::status::internal("delegate", &e))?
@@ -120,14 +128,9 @@ impl Gateway for GatewayService {
         &self,
         request: Request<pb::StartChildRequest>,
     ) -> Result<Response<pb::StartChildResponse>, Status> {
-        self.check_peer(&request)?;
-        self.bounded("child.start", request.get_ref())?;
+        let request = self.admitted("child.start", request)?;
         let run = self.run.children.clone();
-        let request = request.into_inner();
-        tokio::task::spawn_blocking(move || run.start_child(request))
-            .await
-            .map_err(|e| crate::status::internal("child.start", &e))?
-            .map(Response::new)
+        Self::on_blocking_thread("child.start", move || run.start_child(request)).await
     }
 
     async fn list_children(
@@ -144,13 +147,8 @@ impl Gateway for GatewayService {
         &self,
         request: Request<pb::WatchChildRequest>,
     ) -> Result<Response<Self::WatchChildStream>, Status> {
-        self.check_peer(&request)?;
-        self.bounded("child.watch", request.get_ref())?;
-        let (history, live) = self
-            .run
-            .children
-            .watch_child(request.into_inner().run_id)
-            .await?;
+        let request = self.admitted("child.watch", request)?;
+        let (history, live) = self.run.children.watch_child(request.run_id).await?;
         Ok(Response::new(event_stream(history, live)))
     }
 
@@ -158,14 +156,9 @@ impl Gateway for GatewayService {
         &self,
         request: Request<pb::StopChildRequest>,
     ) -> Result<Response<pb::StopChildResponse>, Status> {
-        self.check_peer(&request)?;
-        self.bounded("child.stop", request.get_ref())?;
+        let request = self.admitted("child.stop", request)?;
         let run = self.run.children.clone();
-        let request = request.into_inner();
-        tokio::task::spawn_blocking(move || run.stop_child(request))
-            .await
-            .map_err(|e| crate::status::internal("child.stop", &e))?
-            .map(Response::new)
+        Self::on_blocking_thread("child.stop", move || run.stop_child(request)).await
     }
 }
 
