@@ -1,6 +1,6 @@
 //! The supervisor's model routes (`tollgate-supervisor --routes FILE`): where each route
 //! leads, whether it is local or cloud, which model it serves and where its key comes from.
-//! Parsing and validation are pure; [`KeySource::load`] is the only step that reads the
+//! Parsing and validation are pure; `tollgate_router_backends`' key loading is the only step that reads the
 //! environment or a file.
 //!
 //! ```toml
@@ -32,7 +32,6 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use zeroize::Zeroizing;
 
 use crate::Sensitivity;
 
@@ -138,7 +137,7 @@ impl Endpoint {
     }
 }
 
-/// Where a route's key comes from; the value itself is read only by [`KeySource::load`].
+/// Where a route's key comes from; the value itself is read only by `tollgate_router_backends`' key loading.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// The supervisor's environment variable of this name.
@@ -153,71 +152,6 @@ impl fmt::Display for KeySource {
             Self::Env(name) => write!(f, "env:{name}"),
             Self::File(path) => write!(f, "file:{}", path.display()),
         }
-    }
-}
-
-/// A route's key. Never printed: `Debug` shows `[secret]`. Zeroed when dropped.
-#[derive(Clone)]
-pub struct Secret(Zeroizing<String>);
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("[secret]")
-    }
-}
-
-impl Secret {
-    /// The key, for the request header that carries it (and for scrubbing it from backend
-    /// errors). Never log it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl KeySource {
-    /// Reads the key. A file must be a regular file owned by root with no group or other
-    /// permissions; an empty key is refused.
-    pub fn load(&self) -> Result<Secret, String> {
-        let value = match self {
-            Self::Env(name) => std::env::var(name)
-                .map_err(|_| format!("environment variable {name} is not set (or not UTF-8)"))?,
-            Self::File(path) => {
-                use std::io::Read as _;
-                use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-                // Checked and read through one descriptor, never following a link.
-                let mut file = std::fs::OpenOptions::new()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(path)
-                    .map_err(|e| {
-                        format!(
-                            "{}: {e} (a key file is a regular file, not a link)",
-                            path.display()
-                        )
-                    })?;
-                let meta = file
-                    .metadata()
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                if !meta.is_file() {
-                    return Err(format!("{} is not a regular file", path.display()));
-                }
-                if meta.uid() != 0 || meta.mode() & 0o077 != 0 {
-                    return Err(format!(
-                        "{} must be owned by root with mode 0600 or stricter (chown root {0}; chmod 600 {0})",
-                        path.display()
-                    ));
-                }
-                let mut text = String::new();
-                file.read_to_string(&mut text)
-                    .map_err(|e| format!("{}: {e}", path.display()))?;
-                text
-            }
-        };
-        let trimmed = value.trim_end();
-        if trimmed.is_empty() {
-            return Err(format!("{self} is empty"));
-        }
-        Ok(Secret(Zeroizing::new(trimmed.to_owned())))
     }
 }
 
@@ -669,38 +603,5 @@ mod tests {
             assert!(message.contains(needle), "{needle:?} not in {message:?}");
             assert!(message.starts_with("routes.toml: "), "{message}");
         }
-    }
-
-    #[test]
-    fn keys_come_from_where_the_file_says_and_never_print() {
-        let name = "TOLLGATE_ROUTER_TEST_KEY";
-        assert!(KeySource::Env(name.into())
-            .load()
-            .unwrap_err()
-            .contains("not set"));
-        let dir = std::env::temp_dir().join(format!("tollgate-key-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("key");
-        std::fs::write(&file, "sk-test-value\n").unwrap();
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let loose = KeySource::File(file.clone()).load();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let strict = KeySource::File(file.clone()).load();
-        std::fs::remove_dir_all(&dir).unwrap();
-        if nix_is_root() {
-            assert!(loose.unwrap_err().contains("mode 0600"));
-            let secret = strict.unwrap();
-            assert_eq!(secret.expose(), "sk-test-value");
-            assert_eq!(format!("{secret:?}"), "[secret]");
-        } else {
-            assert!(strict.unwrap_err().contains("owned by root"));
-        }
-    }
-
-    fn nix_is_root() -> bool {
-        std::fs::metadata("/proc/self")
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-            .unwrap_or(false)
     }
 }

@@ -23,7 +23,8 @@ use hyper_util::client::legacy::Client;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tollgate_router::config::{Api, Endpoint, Preset, Route, RouteKind, Routes, Secret};
+use tollgate_daemon::Secret;
+use tollgate_router::config::{Api, Endpoint, KeySource, Preset, Route, RouteKind, Routes};
 use tollgate_router::sse::SseParser;
 use tollgate_router::wire::{self, ChatMessage, ChatRequest, Role, StreamItem};
 
@@ -162,6 +163,25 @@ impl std::fmt::Debug for Backends {
     }
 }
 
+/// Reads a route's key: an environment variable of the supervisor, or a file only root can
+/// read (see `tollgate_daemon::files::read_secret_file`); an empty key is refused.
+pub fn load_key(source: &KeySource) -> Result<Secret, String> {
+    match source {
+        KeySource::Env(name) => {
+            let value = std::env::var(name)
+                .map_err(|_| format!("environment variable {name} is not set (or not UTF-8)"))?;
+            let trimmed = value.trim_end();
+            if trimmed.is_empty() {
+                return Err(format!("{source} is empty"));
+            }
+            Ok(Secret::new(trimmed.to_owned()))
+        }
+        KeySource::File(path) => {
+            tollgate_daemon::files::read_secret_file(path).map_err(|e| e.to_string())
+        }
+    }
+}
+
 impl Backends {
     /// Loads every route's key (from the supervisor's environment or a root-only file) and
     /// sets up the client.
@@ -169,7 +189,7 @@ impl Backends {
         let mut keys = HashMap::new();
         for route in &routes.routes {
             if let Some(source) = &route.key {
-                let secret = source.load().map_err(|detail| KeyError {
+                let secret = load_key(source).map_err(|detail| KeyError {
                     route: route.name.clone(),
                     source_name: source.to_string(),
                     detail,
@@ -776,4 +796,35 @@ where
         }
     }
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_from_where_the_file_says_and_never_print() {
+        let name = "TOLLGATE_ROUTER_TEST_KEY";
+        assert!(load_key(&KeySource::Env(name.into()))
+            .unwrap_err()
+            .contains("not set"));
+        let dir = std::env::temp_dir().join(format!("tollgate-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("key");
+        std::fs::write(&file, "sk-test-value\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let loose = load_key(&KeySource::File(file.clone()));
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let strict = load_key(&KeySource::File(file.clone()));
+        std::fs::remove_dir_all(&dir).unwrap();
+        if nix::unistd::geteuid().is_root() {
+            assert!(loose.unwrap_err().contains("mode 0600"));
+            let secret = strict.unwrap();
+            assert_eq!(secret.expose(), "sk-test-value");
+            assert_eq!(format!("{secret:?}"), "[secret]");
+        } else {
+            assert!(strict.unwrap_err().contains("owned by root"));
+        }
+    }
 }
