@@ -2,10 +2,9 @@
 
 use std::process::Command;
 
-/// `tollgate`, the operator's CLI, links no sandbox or storage code: restoring a snapshot
-/// needs only the files crate.
-#[test]
-fn the_cli_links_no_sandbox_or_storage_code() {
+/// `cargo tree -p package -e normal --prefix none` with `extra` arguments: the crates one
+/// per line, each line starting with the crate's name and a space.
+fn cargo_tree(package: &str, extra: &[&str]) -> String {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let tree = Command::new(cargo)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -14,16 +13,23 @@ fn the_cli_links_no_sandbox_or_storage_code() {
             "--locked",
             "--offline",
             "-p",
-            "tollgate-cli",
+            package,
             "-e",
             "normal",
-            "--prefix",
-            "none",
         ])
+        .args(extra)
+        .args(["--prefix", "none"])
         .output()
         .expect("cargo tree runs");
     assert!(tree.status.success(), "{tree:?}");
-    let tree = String::from_utf8_lossy(&tree.stdout);
+    String::from_utf8_lossy(&tree.stdout).into_owned()
+}
+
+/// `tollgate`, the operator's CLI, links no sandbox or storage code: restoring a snapshot
+/// needs only the files crate.
+#[test]
+fn the_cli_links_no_sandbox_or_storage_code() {
+    let tree = normal_dependencies("tollgate-cli");
     assert!(tree.contains("tollgate-files"), "{tree}");
     for crate_name in [
         "tollgate-supervisor ",
@@ -42,24 +48,7 @@ fn the_cli_links_no_sandbox_or_storage_code() {
 /// The normal (non-dev, non-build) dependencies of `package`, one crate per line, each line
 /// starting with the crate's name and a space.
 fn normal_dependencies(package: &str) -> String {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let tree = Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            package,
-            "-e",
-            "normal",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .expect("cargo tree runs");
-    assert!(tree.status.success(), "{tree:?}");
-    String::from_utf8_lossy(&tree.stdout).into_owned()
+    cargo_tree(package, &[])
 }
 
 /// The authority and the audit log redact secrets with the classifier crate alone: neither
@@ -105,29 +94,8 @@ fn the_supervisor_links_only_the_shim_protocol() {
 /// The crates in `package`'s normal dependencies that depend on `crate_name` directly, one
 /// per line, each starting with its name and a space.
 fn direct_dependents(package: &str, crate_name: &str) -> Vec<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let tree = Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "-p",
-            package,
-            "-e",
-            "normal",
-            "-i",
-            crate_name,
-            "--depth",
-            "1",
-            "--prefix",
-            "none",
-        ])
-        .output()
-        .expect("cargo tree runs");
-    assert!(tree.status.success(), "{tree:?}");
     // The first line is the crate itself; the rest depend on it.
-    String::from_utf8_lossy(&tree.stdout)
+    cargo_tree(package, &["-i", crate_name, "--depth", "1"])
         .lines()
         .skip(1)
         .map(str::to_owned)
