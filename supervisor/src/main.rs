@@ -55,10 +55,21 @@ struct Flags {
     /// The tollgate-shim binary [default: next to this binary].
     #[arg(long, value_name = "PATH")]
     shim: Option<PathBuf>,
-    /// Parent cgroup of every run.
+    /// Parent cgroup of every run: this supervisor's alone (it sweeps it at start), so
+    /// supervisors sharing a host need different ones.
     #[arg(long, value_name = "NAME", default_value = "tollgate")]
     cgroup_parent: String,
-    /// First host uid/gid handed to sandboxes (one per live run).
+    /// Where live supervisors register their cgroup parent and host-id range, so that two
+    /// on one host never share either (the second refuses to start, naming the first).
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "TOLLGATE_RUN_DIR",
+        default_value = tollgate_supervisor::daemon::host::DEFAULT_RUN_DIR
+    )]
+    run_dir: PathBuf,
+    /// First host uid/gid handed to sandboxes (one per live run). Supervisors sharing a host
+    /// need ranges that do not overlap.
     #[arg(long, value_name = "ID", default_value_t = 2_000_000)]
     host_id_base: u32,
     /// How many host ids (and so live runs) are available.
@@ -178,6 +189,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
             warm_sandboxes: flags.warm_sandboxes,
         },
         listen,
+        run_dir: flags.run_dir,
         trust: match (flags.authority, flags.trust_keys) {
             (Some(url), _) => Trust::Authority(if url.contains("://") {
                 url

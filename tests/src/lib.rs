@@ -563,6 +563,11 @@ impl Drop for SupervisorProcess {
         if !self.cgroup_parent.is_empty() {
             let _ = tollgate_supervisor::cgroup::sweep(&self.cgroup_parent, true);
         }
+        // Killed, it could not remove its host registration itself.
+        let _ = std::fs::remove_file(tollgate_supervisor::daemon::host::registration_path(
+            Path::new(tollgate_supervisor::daemon::host::DEFAULT_RUN_DIR),
+            &self.data_dir,
+        ));
     }
 }
 

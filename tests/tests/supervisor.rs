@@ -329,3 +329,125 @@ async fn revocation_stop_shutdown_and_crash_leave_nothing() {
     assert!(run.report.unwrap().cleanup_errors.is_empty());
     assert!(leftovers(&data_dir, &parent).is_empty());
 }
+
+/// Runs a second `tollgate-supervisor` beside `first`, on its own data directory, with these
+/// extra flags; its exit status and stderr (it must not start).
+fn second_supervisor(dir: &std::path::Path, authority: &str, flags: &[&str]) -> (i32, String) {
+    let data = dir.join("second");
+    tollgate_tests::private_dir(&data);
+    let mut child = Command::new(bin_path("tollgate-supervisor"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--id", "second", "--listen", "127.0.0.1:0"])
+        .args(["--authority", authority, "--clock-skew", "0"])
+        .args(flags)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // One that wrongly starts would serve forever: it gets 20 s to refuse.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the second supervisor started beside the first");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Two supervisors on one host never share a cgroup parent (a supervisor sweeps its own at
+/// start) or host ids (its sandboxes' uids): the second is refused in one line naming the
+/// first, and the first's live run is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_supervisor_is_refused_the_first_ones_cgroup_parent_and_host_ids() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let first = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "claimed",
+        202_300,
+    );
+    let mut client = first.client().await;
+    let (text, id) = mint(&authority, spec("sleep 3232", 120)).await;
+    client
+        .start_run(authed(
+            &first.token(),
+            pb::StartRunRequest {
+                receipt: text,
+                argv: vec![],
+            },
+        ))
+        .await
+        .unwrap();
+    wait_state(&first, &id, pb::RunState::Running).await;
+
+    let (code, stderr) = second_supervisor(
+        dir.path(),
+        authority.addr(),
+        &[
+            "--cgroup-parent",
+            &first.cgroup_parent,
+            "--host-id-base",
+            "202400",
+            "--host-id-count",
+            "64",
+        ],
+    );
+    assert_eq!(code, 75, "{stderr}");
+    assert!(
+        stderr.contains(&format!("cgroup parent {} is in use", first.cgroup_parent))
+            && stderr.contains(&first.data_dir().display().to_string()),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+
+    let other_parent = format!("{}-other", first.cgroup_parent);
+    let (code, stderr) = second_supervisor(
+        dir.path(),
+        authority.addr(),
+        &[
+            "--cgroup-parent",
+            &other_parent,
+            "--host-id-base",
+            "202330",
+            "--host-id-count",
+            "64",
+        ],
+    );
+    assert_eq!(code, 75, "{stderr}");
+    assert!(
+        stderr.contains("host ids 202330..202394 overlap 202300..202364"),
+        "{stderr}"
+    );
+    let _ = tollgate_supervisor::cgroup::sweep(&other_parent, true);
+
+    // Untouched: still running, and stoppable as usual.
+    let run = wait_state(&first, &id, pb::RunState::Running).await;
+    assert_eq!(run.run_id, id);
+    let stopped = client
+        .stop_run(authed(
+            &first.token(),
+            pb::StopRunRequest {
+                run_id: id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .run
+        .unwrap();
+    assert_eq!(stopped.state, pb::RunState::Stopped as i32);
+    assert!(leftovers(first.data_dir(), &first.cgroup_parent).is_empty());
+}

@@ -332,6 +332,12 @@ async fn start_supervisor(
             authority_addr.as_ref(),
             "--cgroup-parent".as_ref(),
             format!("tollgate-quickstart-{}", std::process::id()).as_ref(),
+            // Its own host ids, below the default range, so it runs beside a supervisor
+            // already on this host (supervisors never share host ids).
+            "--host-id-base".as_ref(),
+            quickstart_host_ids().to_string().as_ref(),
+            "--host-id-count".as_ref(),
+            "64".as_ref(),
         ],
         &supervisor_dir.join("supervisor.addr"),
         &dir.join("supervisor.log"),
@@ -342,6 +348,12 @@ async fn start_supervisor(
     println!("   listening on {supervisor_addr}; it follows the authority's revocations");
 
     Ok((supervisor_dir, supervisor_addr))
+}
+
+/// The first of quickstart's 64 host ids: a band of its own below the supervisor's default
+/// range (2 000 000), chosen by process id so two quickstarts rarely meet.
+fn quickstart_host_ids() -> u32 {
+    1_000_000 + (std::process::id() % 15_000) * 64
 }
 
 /// Step 7: mints a receipt for the sample agent and runs it in a sandbox, showing its output;

@@ -32,6 +32,9 @@ pub struct SupervisorConfig {
     pub runs: RunSettings,
     /// Listen address.
     pub listen: String,
+    /// Where live supervisors register their cgroup parent and host ids
+    /// (`/run/tollgate`).
+    pub run_dir: PathBuf,
     /// Trust source.
     pub trust: Trust,
     /// Key for HMAC audit hashes; none: plain SHA-256.

@@ -27,6 +27,9 @@ pub enum DaemonError {
     /// Another process holds the data directory.
     #[error("{0}")]
     DataDirInUse(#[from] tollgate_daemon::files::LockError),
+    /// Another live supervisor holds this one's cgroup parent or host ids.
+    #[error("{0}")]
+    HostClaim(#[from] super::host::ClaimError),
     /// The pinned key file (`--trust-keys`) is unreadable or wrong.
     #[error("{0}")]
     KeyFile(String),
@@ -100,6 +103,8 @@ impl DaemonError {
             | Self::Redaction(_) => 78, // EX_CONFIG
             Self::DataDir(_) => 73,      // EX_CANTCREAT
             Self::DataDirInUse(_) => 75, // EX_TEMPFAIL
+            Self::HostClaim(super::host::ClaimError::Io { .. }) => 73,
+            Self::HostClaim(_) => 75,
             Self::Authority { .. }
             | Self::Listen { .. }
             | Self::Readiness { .. }

@@ -1,5 +1,6 @@
 //! The `tollgate-supervisor` daemon, in the same shape as the authority's:
-//! [`Supervisor::open`] (blocking: the data directory, its lock, the admin token, the audit
+//! [`Supervisor::open`] (blocking: the data directory, its lock, its claim on the host's
+//! cgroup parent and host ids ([`host`]), the admin token, the audit
 //! log and the run manager with its crash recovery), [`Supervisor::run`] (serves on a bound
 //! listener until `shutdown`, then tears every run down), and [`serve`] (trust, open, bind,
 //! the readiness file, run) for `main.rs`. Tests start the real binary on port 0 and wait
@@ -7,6 +8,7 @@
 
 mod config;
 mod error;
+pub mod host;
 mod trust;
 
 use std::future::Future;
@@ -42,6 +44,7 @@ const CATCH_UP: Duration = Duration::from_secs(15);
 #[derive(Debug)]
 pub struct Supervisor {
     _lock: DataDirLock,
+    _claim: host::HostRegistration,
     config: SupervisorConfig,
     manager: Arc<RunManager>,
     token_hash: [u8; 32],
@@ -60,6 +63,17 @@ impl Supervisor {
         // Receipts, run records and the audit log are in it: 0700, or refused with the chmod.
         tollgate_audit::ensure_private_dir(&data_dir).map_err(DaemonError::DataDir)?;
         let lock = DataDirLock::acquire(&data_dir)?;
+        // Before the run manager sweeps the parent: it must be this supervisor's alone.
+        let claim = host::HostRegistration::register(
+            &config.run_dir,
+            &host::Claim {
+                id: config.runs.supervisor_id.clone(),
+                data_dir: data_dir.clone(),
+                pid: std::process::id(),
+                cgroup_parent: config.runs.cgroup_parent.clone(),
+                host_ids: config.runs.host_ids.clone(),
+            },
+        )?;
         let token_hash = admin_token(&data_dir)?;
         let key_ids = keys.key_ids().map(str::to_owned).collect();
         let mut audit = tollgate_audit::component_config(&data_dir, COMPONENT)?;
@@ -91,6 +105,7 @@ impl Supervisor {
         }
         Ok(Self {
             _lock: lock,
+            _claim: claim,
             config,
             manager,
             token_hash,
