@@ -170,6 +170,7 @@ impl Authority {
             supervisors,
             audit: self.audit.clone(),
             revocations,
+            key_set_version: watch::channel(0).0,
             shutdown: stop_rx,
         };
         let (health_reporter, health_service) = tonic_health::server::health_reporter();

@@ -507,6 +507,7 @@ async fn late_watcher_gets_current_revocations_then_live_ones() {
                 assert_eq!(c.last_seq, 2);
                 break;
             }
+            pb::revocation_event::Event::KeySetChanged(_) => panic!("no key was rotated"),
         }
     }
     assert_eq!(seen, ids[..2].to_vec());

@@ -1019,3 +1019,53 @@ fn restart_after_a_crash_sweeps_what_was_left() {
     manager.shutdown();
     let _ = sweep(&parent, true);
 }
+
+/// A receipt signed by a key the supervisor does not know yet (the authority rotated) gets
+/// one fresh look at the key set before it is refused; fetches for unknown keys are held to
+/// one a second, so receipts with made-up key ids cannot make it hammer the authority.
+#[test]
+fn an_unknown_key_refreshes_the_key_set_once_before_refusing() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("key-refresh", 201_250);
+    let rotated = ReceiptSigner::generate();
+    let fetches = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (counted, old, new) = (
+        fetches.clone(),
+        fx.signer.public_key(),
+        rotated.public_key(),
+    );
+    let last = Mutex::new(None::<Instant>);
+    fx.manager.set_key_refresh(Arc::new(move || {
+        // As the daemon's: at most one fetch a second.
+        let mut last = last.lock().unwrap();
+        if last.is_some_and(|at: Instant| at.elapsed() < Duration::from_secs(1)) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut keys = KeySet::new();
+        keys.insert(old);
+        keys.insert(new);
+        Some(keys)
+    }));
+    let run = fx
+        .start(&rotated.sign(&mut fx.receipt("exit 0", 60)))
+        .expect("admitted after one refresh");
+    assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Known now: no further fetch.
+    fx.start(&rotated.sign(&mut fx.receipt("exit 0", 60)))
+        .unwrap();
+    assert_eq!(fetches.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Still unknown after the refresh: refused, and a burst of them fetches nothing more.
+    for _ in 0..20 {
+        let forged = ReceiptSigner::generate().sign(&mut fx.receipt("exit 0", 60));
+        match fx.start(&forged) {
+            Err(StartError::Receipt(e)) => assert_eq!(e.failure(), VerifyFailure::UnknownKey),
+            other => panic!("expected unknown_key, got {other:?}"),
+        }
+    }
+    assert!(fetches.load(std::sync::atomic::Ordering::SeqCst) <= 2);
+    fx.manager.wait(&run, Duration::from_secs(10));
+}

@@ -451,3 +451,54 @@ async fn a_second_supervisor_is_refused_the_first_ones_cgroup_parent_and_host_id
     assert_eq!(stopped.state, pb::RunState::Stopped as i32);
     assert!(leftovers(first.data_dir(), &first.cgroup_parent).is_empty());
 }
+
+/// After `keys rotate`, a receipt signed by the new key starts at once on a supervisor that
+/// follows the authority (the key-set change is announced on its revocation stream, and an
+/// unknown key makes it fetch the key set before refusing); one minted before the rotation
+/// still starts too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_of_a_rotated_in_key_starts_within_a_second() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "rotation",
+        202_500,
+    );
+    let mut client = supervisor.client().await;
+    let start = |text: String| {
+        authed(
+            &supervisor.token(),
+            pb::StartRunRequest {
+                receipt: text,
+                argv: vec![],
+            },
+        )
+    };
+    let (before, before_id) = mint(&authority, spec("exit 0", 120)).await;
+    let rotated = authority
+        .client()
+        .await
+        .rotate_key(authed(&authority.admin_token(), pb::RotateKeyRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let rotated_at = Instant::now();
+    let (after, after_id) = mint(&authority, spec("exit 0", 120)).await;
+    let started = client.start_run(start(after)).await;
+    let took = rotated_at.elapsed();
+    assert!(started.is_ok(), "refused after rotation: {started:?}");
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    let active = rotated.active.unwrap().key_id;
+    let verified = tollgate_receipt::from_text(&mint(&authority, spec("exit 0", 60)).await.0)
+        .unwrap()
+        .key_id;
+    assert_eq!(verified, active, "new receipts are signed by the new key");
+    wait_state(&supervisor, &after_id, pb::RunState::Exited).await;
+    client.start_run(start(before)).await.unwrap();
+    wait_state(&supervisor, &before_id, pb::RunState::Exited).await;
+}

@@ -127,6 +127,8 @@ impl AuthorityService {
             })
             .await?;
         tracing::info!(by = %admin.name, new_key_id = %active, "key rotation requested");
+        // Every following supervisor hears of the new key now, not at its next reconnect.
+        self.key_set_version.send_modify(|version| *version += 1);
         let find = |id: &str| {
             records
                 .iter()

@@ -14,6 +14,7 @@ use super::receipts::{check_owner, check_receipt_id};
 use super::state::{blocking, AuthorityService, Refusal};
 use crate::entries::{clip, refused, undone_entry, COMPONENT, MAX_REASON};
 use crate::error::CallError;
+use crate::keys::key_set;
 use crate::store::{RevokedTree, Store};
 
 /// The stream `WatchRevocations` answers with.
@@ -163,6 +164,8 @@ impl AuthorityService {
         // Subscribe before reading the snapshot so nothing revoked in between is missed;
         // duplicates are dropped by seq.
         let mut live = self.revocations.subscribe();
+        let mut key_sets = self.key_set_version.subscribe();
+        let issuer = self.config.issuer.clone();
         let store = self.store.clone();
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
@@ -196,6 +199,27 @@ impl AuthorityService {
                 let pending = tokio::select! {
                     _ = stopped(&mut shutdown) => return,
                     _ = tx.closed() => return,
+                    changed = key_sets.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                        let (store, issuer) = (store.clone(), issuer.clone());
+                        let event = match blocking(move || key_set(&store, &issuer, unix_now())).await {
+                            Ok(key_set) => pb::RevocationEvent {
+                                event: Some(pb::revocation_event::Event::KeySetChanged(
+                                    pb::KeySetChanged { key_set: Some(key_set) },
+                                )),
+                            },
+                            Err(e) => {
+                                let _ = tx.send(Err(Status::from(e))).await;
+                                return;
+                            }
+                        };
+                        if tx.send(Ok(event)).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                     message = live.recv() => match message {
                         // The next one in order: send it as it is.
                         Ok(revocation) if revocation.seq == last + 1 => vec![revocation],

@@ -28,6 +28,8 @@ pub struct AuthorityService {
     pub(crate) audit: AuditLog,
     pub(crate) minting: MintCommitter,
     pub(crate) revocations: broadcast::Sender<pb::Revocation>,
+    /// Bumped on every key-set change; each revocation stream announces it.
+    pub(crate) key_set_version: watch::Sender<u64>,
     pub(crate) shutdown: watch::Receiver<bool>,
 }
 

@@ -90,7 +90,8 @@ pub async fn fetch_trust(
                 revoked.insert(r.receipt_id);
             }
             Some(pb::revocation_event::Event::CaughtUp(_)) => break,
-            None => {}
+            // Only revocations come before the marker; the key set was fetched above.
+            Some(pb::revocation_event::Event::KeySetChanged(_)) | None => {}
         }
     }
     Ok((keys, revoked))

@@ -92,6 +92,12 @@ impl Supervisor {
         if let Some(models) = &config.models {
             manager.set_model_routes(models.clone());
         }
+        // Opened on a blocking thread of the daemon's runtime: its handle serves the fetches.
+        if let (Trust::Authority(url), Ok(runtime)) =
+            (&config.trust, tokio::runtime::Handle::try_current())
+        {
+            manager.set_key_refresh(trust::key_refresh(url.clone(), runtime));
+        }
         match (&config.trust, &config.delegation_token) {
             (Trust::Authority(url), Some(token)) => {
                 manager.set_delegator(Arc::new(crate::gateway::Delegator::new(

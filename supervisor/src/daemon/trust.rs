@@ -1,8 +1,8 @@
 //! The supervisor's link to the authority: the key set at start (retried with back-off)
 //! and the revocation stream it follows for as long as it runs.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
@@ -10,7 +10,7 @@ use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_receipt::KeySet;
 
 use super::error::DaemonError;
-use crate::runs::RunManager;
+use crate::runs::{KeyRefresh, RunManager};
 
 async fn fetch_keys(url: &str) -> Result<KeySet, String> {
     let mut client = AuthorityClient::connect(url.to_owned())
@@ -22,6 +22,44 @@ async fn fetch_keys(url: &str) -> Result<KeySet, String> {
         .map_err(|e| e.message().to_owned())?
         .into_inner();
     KeySet::from_proto(&set).map_err(|e| e.to_string())
+}
+
+/// Least time between two fetches of the key set for receipts signed by unknown keys: a
+/// flood of receipts with made-up key ids costs the authority at most one call a second.
+const MIN_REFRESH: Duration = Duration::from_secs(1);
+
+/// How long such a fetch may take before the receipt is refused as it stands.
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A [`KeyRefresh`] over the authority at `url`: one fetch in flight (others wait for it and
+/// then use its result), at most one per [`MIN_REFRESH`]. Called from blocking threads and
+/// from the gateway's async tasks alike.
+pub(super) fn key_refresh(url: String, runtime: tokio::runtime::Handle) -> KeyRefresh {
+    let last = Mutex::new(None::<Instant>);
+    Arc::new(move || {
+        let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|at| at.elapsed() < MIN_REFRESH) {
+            return None;
+        }
+        *last = Some(Instant::now());
+        let fetch = tokio::time::timeout(REFRESH_TIMEOUT, fetch_keys(&url));
+        let fetched = match tokio::runtime::Handle::try_current() {
+            // On a runtime's thread: let it move its other work away while this waits.
+            Ok(_) => tokio::task::block_in_place(|| runtime.block_on(fetch)),
+            Err(_) => runtime.block_on(fetch),
+        };
+        match fetched {
+            Ok(Ok(keys)) => Some(keys),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not refresh the key set");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("the authority did not send its key set in time");
+                None
+            }
+        }
+    })
 }
 
 /// Fetches the key set, retrying with backoff for up to ~15 s.
@@ -76,6 +114,15 @@ pub(super) async fn follow_authority(
                         // seq can rely on the refusal.
                         let _ = tokio::task::spawn_blocking(move || manager.revoke(&id)).await;
                         last_seq.fetch_max(after, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Some(pb::revocation_event::Event::KeySetChanged(changed)) => {
+                        match changed.key_set.as_ref().map(KeySet::from_proto) {
+                            Some(Ok(keys)) => {
+                                tracing::info!(keys = keys.key_ids().count(), "the authority's key set changed");
+                                manager.set_keys(keys);
+                            }
+                            _ => tracing::warn!("the authority announced a key set this supervisor cannot read; keeping the one it has"),
+                        }
                     }
                     Some(pb::revocation_event::Event::CaughtUp(_)) => {
                         let _ = caught_up.send(true);

@@ -140,11 +140,7 @@ impl RunManager {
         tree: Option<(&str, &tollgate_proto::v1::Limits)>,
     ) -> Result<(tollgate_proto::v1::Receipt, u32, Option<Vec<FsGrant>>), StartError> {
         let parent = tree.map(|(parent, _)| parent);
-        let receipt = self
-            .admission
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .admit(signed, unix_now())?;
+        let receipt = self.verify(signed)?;
         check_place(&receipt, parent)?;
         check_command(&receipt, argv)?;
         check_unexpired(&receipt)?;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use tollgate_receipt::{unix_now, KeySet, SignedReceipt};
+use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError, VerifyFailure};
 use tollgate_router_backends::ModelRoutes;
 
 use crate::admission::ReceiptAdmission;
@@ -31,6 +31,10 @@ use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 mod admit;
 mod start;
 mod teardown;
+
+/// Fetches the authority's key set now, or `None` (not fetched: too soon after the last
+/// fetch, or the authority did not answer). Blocking.
+pub type KeyRefresh = Arc<dyn Fn() -> Option<KeySet> + Send + Sync>;
 
 /// How long teardown waits for a cgroup to empty after killing it.
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
@@ -136,6 +140,9 @@ pub struct RunManager {
     models: OnceLock<Arc<ModelRoutes>>,
     /// The authority link for delegation, when this supervisor has a delegation token.
     delegator: OnceLock<Arc<Delegator>>,
+    /// Fetches the authority's key set now (rate-limited), when this supervisor follows one:
+    /// asked before refusing a receipt signed by a key it does not know yet.
+    key_refresh: OnceLock<KeyRefresh>,
     /// Every run's output and end, for WatchRun and WatchChild.
     hub: Arc<RunHub>,
     /// Live children by id: their parent and what they hold of its limits (taken at
@@ -257,6 +264,7 @@ impl RunManager {
             gateway_runtime: Some(gateway_runtime),
             models: OnceLock::new(),
             delegator: OnceLock::new(),
+            key_refresh: OnceLock::new(),
             hub: Arc::default(),
             child_holds: Mutex::new(HashMap::new()),
             settings,
@@ -272,7 +280,49 @@ impl RunManager {
         Ok((manager, recovered))
     }
 
-    /// Replaces the trusted keys (after fetching the authority's key set again).
+    /// Gives admission a way to fetch the key set when a receipt names an unknown key (once;
+    /// later calls are ignored).
+    pub fn set_key_refresh(&self, refresh: KeyRefresh) {
+        let _ = self.key_refresh.set(refresh);
+    }
+
+    /// Verifies `signed` now: signature, window, audience, revocation. A receipt signed by
+    /// a key this supervisor does not know (the authority rotated since it last fetched the
+    /// key set) gets one fresh look at the key set before it is refused.
+    pub(crate) fn verify(
+        &self,
+        signed: &SignedReceipt,
+    ) -> Result<tollgate_proto::v1::Receipt, VerifyError> {
+        let admit = || {
+            self.admission
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .admit(signed, unix_now())
+        };
+        match admit() {
+            Err(e) if e.failure() == VerifyFailure::UnknownKey && self.refresh_keys() => admit(),
+            verified => verified,
+        }
+    }
+
+    /// Refreshes the key set from the authority; whether it may have changed (this call
+    /// fetched it, or another did a moment ago).
+    fn refresh_keys(&self) -> bool {
+        let Some(refresh) = self.key_refresh.get() else {
+            return false;
+        };
+        if let Some(keys) = refresh() {
+            tracing::info!(
+                keys = keys.key_ids().count(),
+                "key set refreshed for a receipt signed by a key not known yet"
+            );
+            self.set_keys(keys);
+        }
+        true
+    }
+
+    /// Replaces the trusted keys (after fetching the authority's key set again; revocations
+    /// are kept).
     pub fn set_keys(&self, keys: KeySet) {
         let mut admission = self.admission.write().unwrap_or_else(|p| p.into_inner());
         let mut fresh = ReceiptAdmission::new(
@@ -373,10 +423,7 @@ impl RunManager {
         parent: &str,
     ) -> Result<tollgate_proto::v1::Receipt, String> {
         let receipt = self
-            .admission
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .admit(signed, unix_now())
+            .verify(signed)
             .map_err(|e| format!("the authority's child receipt does not verify here: {e}"))?;
         if receipt.parent_receipt_id != parent || receipt.depth == 0 {
             return Err(format!(
