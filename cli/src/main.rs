@@ -1,12 +1,28 @@
 //! `tollgate`: the operator CLI. Parses flags and hands over to the library.
-#![forbid(unsafe_code)]
+// One audited `unsafe` block: restoring SIGPIPE's default action, below.
+#![deny(unsafe_code)]
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // First, while this is the only thread.
+    end_quietly_on_a_closed_pipe();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("tollgate: error: cannot start the async runtime: {e}");
+            return ExitCode::from(70);
+        }
+    };
+    runtime.block_on(run())
+}
+
+async fn run() -> ExitCode {
     let cli = tollgate_cli::Cli::parse();
     match tollgate_cli::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -23,4 +39,20 @@ async fn main() -> ExitCode {
             ExitCode::from(error.exit_code())
         }
     }
+}
+
+/// Rust starts programs with SIGPIPE ignored, which turns every write to a closed pipe
+/// (`tollgate ps --all | head`) into an error each print would have to handle (and
+/// `println!` panics on). A command-line tool should stop quietly instead, as every Unix
+/// filter does: SIGPIPE's default action.
+#[allow(unsafe_code)]
+fn end_quietly_on_a_closed_pipe() {
+    // SAFETY: called first in `main`, before any other thread exists; SIG_DFL installs no
+    // handler code of ours, so no async-signal-safety rule applies.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
 }

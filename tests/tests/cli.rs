@@ -447,3 +447,29 @@ fn completions_cover_every_shell_and_command() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// Output cut short by its reader (`tollgate completions bash | head`) ends the CLI quietly,
+/// as any Unix filter: no panic, no error line, SIGPIPE's own status.
+#[test]
+fn a_closed_pipe_ends_the_cli_quietly() {
+    use std::io::Read as _;
+    use std::os::unix::process::ExitStatusExt as _;
+    let mut child = Command::new(bin_path("tollgate"))
+        .args(["completions", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The script is larger than a pipe's buffer, so the CLI is still writing when its reader
+    // goes away.
+    let mut start = [0u8; 16];
+    child.stdout.take().unwrap().read_exact(&mut start).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.is_empty(), "{stderr}");
+    assert!(
+        output.status.success() || output.status.signal() == Some(13),
+        "{:?}",
+        output.status
+    );
+}
