@@ -17,20 +17,7 @@ pub const DEFAULT_SUPERVISOR: &str = "127.0.0.1:7701";
 /// Turns `host:port`, `http://host:port` or the path of a daemon's `.addr` readiness file
 /// into a URL.
 pub fn authority_url(addr: &str) -> Result<String, CliError> {
-    let addr = addr.trim();
-    let addr = if addr.starts_with('/') || addr.starts_with("./") || addr.ends_with(".addr") {
-        std::fs::read_to_string(addr)
-            .map_err(|e| CliError::Input(format!("cannot read address file {addr}: {e}")))?
-            .trim()
-            .to_owned()
-    } else {
-        addr.to_owned()
-    };
-    if addr.starts_with("http://") || addr.starts_with("https://") {
-        Ok(addr)
-    } else {
-        Ok(format!("http://{addr}"))
-    }
+    tollgate_daemon::address::url(addr).map_err(CliError::Input)
 }
 
 /// Connects to the authority (5 s timeout).

@@ -38,10 +38,11 @@ struct Flags {
     /// Address to listen on; port 0 picks a free port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7701")]
     listen: String,
-    /// Authority URL: fetch its key set and follow its revocations (reconnecting).
+    /// The authority (host:port, a URL, or the path of its authority.addr readiness file):
+    /// fetch its key set and follow its revocations (reconnecting).
     #[arg(
         long,
-        value_name = "URL",
+        value_name = "ADDR",
         conflicts_with = "trust_keys",
         required_unless_present = "trust_keys"
     )]
@@ -191,11 +192,9 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
         listen,
         run_dir: flags.run_dir,
         trust: match (flags.authority, flags.trust_keys) {
-            (Some(url), _) => Trust::Authority(if url.contains("://") {
-                url
-            } else {
-                format!("http://{url}")
-            }),
+            (Some(addr), _) => Trust::Authority(
+                tollgate_daemon::address::url(&addr).map_err(DaemonError::AuthorityAddress)?,
+            ),
             (None, Some(path)) => Trust::KeyFile(path),
             (None, None) => unreachable!("clap requires one of them"),
         },

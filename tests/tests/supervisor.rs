@@ -453,7 +453,7 @@ async fn a_second_supervisor_is_refused_the_first_ones_cgroup_parent_and_host_id
 }
 
 /// After `keys rotate`, a receipt signed by the new key starts at once on a supervisor that
-/// follows the authority (the key-set change is announced on its revocation stream, and an
+/// follows the authority (here named by its `authority.addr` readiness file) (the key-set change is announced on its revocation stream, and an
 /// unknown key makes it fetch the key set before refusing); one minted before the rotation
 /// still starts too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -463,9 +463,11 @@ async fn a_receipt_of_a_rotated_in_key_starts_within_a_second() {
     }
     let dir = tempfile::tempdir().unwrap();
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    // Given the authority's readiness file, as every client may be.
+    let readiness = dir.path().join("authority/authority.addr");
     let supervisor = SupervisorProcess::start(
         &dir.path().join("supervisor"),
-        authority.addr(),
+        &readiness.display().to_string(),
         "rotation",
         202_500,
     );

@@ -30,6 +30,9 @@ pub enum DaemonError {
     /// Another live supervisor holds this one's cgroup parent or host ids.
     #[error("{0}")]
     HostClaim(#[from] super::host::ClaimError),
+    /// `--authority` names a readiness file that cannot be read.
+    #[error("--authority: {0}")]
+    AuthorityAddress(String),
     /// The pinned key file (`--trust-keys`) is unreadable or wrong.
     #[error("{0}")]
     KeyFile(String),
@@ -98,6 +101,7 @@ impl DaemonError {
             Self::AuditKey(e) => u8::try_from(e.exit_code()).unwrap_or(78),
             Self::ShimMissing(_) | Self::Routes(_) | Self::DelegationToken(_) => 78,
             Self::KeyFile(_)
+            | Self::AuthorityAddress(_)
             | Self::AdminToken { .. }
             | Self::DelegationNeedsAuthority
             | Self::Redaction(_) => 78, // EX_CONFIG
