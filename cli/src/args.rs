@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::{TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
+use crate::client::{Daemon, TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
 
 /// Operate Tollgate: mint and revoke signed run receipts, run them in sandboxes, follow and
 /// stop runs, read the audit trail.
@@ -49,6 +49,23 @@ pub struct GlobalArgs {
     /// the supervisor's <data dir>/admin.token).
     #[arg(long, global = true, env = "TOLLGATE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// The token file for authority commands only (wins over --token-file there): set both
+    /// daemons' tokens once and run either kind of command.
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_AUTHORITY_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub authority_token_file: Option<PathBuf>,
+    /// The token file for supervisor commands only (wins over --token-file there).
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_SUPERVISOR_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub supervisor_token_file: Option<PathBuf>,
     /// The operator's bearer token itself (prefer --token-file: environments leak).
     #[arg(
         long,
@@ -421,10 +438,27 @@ pub enum KeysCommand {
 }
 
 impl GlobalArgs {
+    /// Where an authority command's token comes from.
     pub(crate) fn tokens(&self) -> TokenSource {
         TokenSource {
-            file: self.token_file.clone(),
+            file: self
+                .authority_token_file
+                .clone()
+                .or_else(|| self.token_file.clone()),
             value: self.token.clone(),
+            daemon: Daemon::Authority,
+        }
+    }
+
+    /// Where a supervisor command's token comes from.
+    pub(crate) fn supervisor_tokens(&self) -> TokenSource {
+        TokenSource {
+            file: self
+                .supervisor_token_file
+                .clone()
+                .or_else(|| self.token_file.clone()),
+            value: self.token.clone(),
+            daemon: Daemon::Supervisor,
         }
     }
 }

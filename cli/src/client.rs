@@ -53,13 +53,25 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// Which daemon a command talks to (whose token it needs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Daemon {
+    /// The authority.
+    #[default]
+    Authority,
+    /// The supervisor.
+    Supervisor,
+}
+
 /// Where the operator token comes from.
 #[derive(Debug, Clone, Default)]
 pub struct TokenSource {
-    /// `--token-file`.
+    /// `--authority-token-file` / `--supervisor-token-file`, else `--token-file`.
     pub file: Option<PathBuf>,
     /// `TOLLGATE_TOKEN`.
     pub value: Option<String>,
+    /// Whose token it is.
+    pub daemon: Daemon,
 }
 
 impl TokenSource {
@@ -70,7 +82,7 @@ impl TokenSource {
         }
         match &self.value {
             Some(token) if !token.trim().is_empty() => Ok(token.trim().to_owned()),
-            _ => Err(CliError::NoToken),
+            _ => Err(CliError::NoToken(self.daemon)),
         }
     }
 }

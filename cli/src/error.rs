@@ -29,9 +29,9 @@ pub enum CliError {
     /// A receipt failed verification.
     #[error("receipt is not valid: {0}")]
     InvalidReceipt(#[from] tollgate_receipt::VerifyError),
-    /// No token was given.
-    #[error("no operator token: pass --token-file PATH or set TOLLGATE_TOKEN (the admin token is <authority data dir>/admin.token)")]
-    NoToken,
+    /// No token was given for the daemon a command talks to.
+    #[error("{}", no_token(.0))]
+    NoToken(crate::client::Daemon),
     /// Writing output failed.
     #[error("cannot write {path}: {detail}")]
     Output {
@@ -92,7 +92,7 @@ impl CliError {
         match self {
             Self::Input(_) => 66,           // EX_NOINPUT
             Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
-            Self::NoToken => 77,            // EX_NOPERM
+            Self::NoToken(_) => 77,         // EX_NOPERM
             Self::InvalidReceipt(_) | Self::AuditBroken(_) => 1,
             Self::RunNotStarted(_) => 125,
             Self::RunEnded { code, .. } => *code,
@@ -115,5 +115,13 @@ impl CliError {
                 _ => 70,
             },
         }
+    }
+}
+
+/// What to pass when no token was given, for the daemon that needs it.
+fn no_token(daemon: &crate::client::Daemon) -> &'static str {
+    match daemon {
+        crate::client::Daemon::Authority => "no operator token: pass --token-file PATH or set TOLLGATE_AUTHORITY_TOKEN_FILE (the admin token is <authority data dir>/admin.token)",
+        crate::client::Daemon::Supervisor => "no supervisor token: pass --token-file PATH or set TOLLGATE_SUPERVISOR_TOKEN_FILE (the token is <supervisor data dir>/admin.token)",
     }
 }

@@ -39,7 +39,7 @@ impl TokenCheck {
         if matches(token, &self.hash) {
             Ok(())
         } else {
-            Err(Status::unauthenticated("unknown token"))
+            Err(crate::status::wrong_token())
         }
     }
 }

@@ -61,6 +61,13 @@ pub fn no_token(error: tollgate_daemon::token::BearerError) -> Status {
     }
 }
 
+/// A token that is not this supervisor's (an authority's or an operator's, say).
+pub fn wrong_token() -> Status {
+    Status::unauthenticated(
+        "unknown token for this supervisor: it accepts only its own admin token, <supervisor data dir>/admin.token (an authority's token is not valid here)",
+    )
+}
+
 /// A run id this supervisor has no record of.
 pub fn no_run(run_id: &str) -> Status {
     Status::not_found(format!("no run {run_id}"))

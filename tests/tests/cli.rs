@@ -11,6 +11,8 @@ fn tollgate(authority: &AuthorityProcess, token: Option<&Path>, args: &[&str]) -
     command
         .env_remove("TOLLGATE_TOKEN")
         .env_remove("TOLLGATE_TOKEN_FILE")
+        .env_remove("TOLLGATE_AUTHORITY_TOKEN_FILE")
+        .env_remove("TOLLGATE_SUPERVISOR_TOKEN_FILE")
         .args(["--authority", authority.addr()]);
     if let Some(token) = token {
         command.arg("--token-file").arg(token);

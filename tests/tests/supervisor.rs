@@ -504,3 +504,65 @@ async fn a_receipt_of_a_rotated_in_key_starts_within_a_second() {
     client.start_run(start(before)).await.unwrap();
     wait_state(&supervisor, &before_id, pb::RunState::Exited).await;
 }
+
+/// Supervisor commands take the supervisor's token from `TOLLGATE_SUPERVISOR_TOKEN_FILE`
+/// (beside an authority token in `--token-file`), and a missing or wrong token is refused in
+/// one line that names the supervisor and where its token is, not the authority's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn supervisor_commands_find_and_name_the_supervisors_token() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "tokens",
+        202_800,
+    );
+    let authority_token = dir.path().join("authority.token");
+    std::fs::write(&authority_token, authority.admin_token()).unwrap();
+    let ps = |env: Option<&std::path::Path>, token_file: Option<&std::path::Path>| {
+        let mut command = Command::new(bin_path("tollgate"));
+        command
+            .env_remove("TOLLGATE_TOKEN")
+            .env_remove("TOLLGATE_TOKEN_FILE")
+            .env_remove("TOLLGATE_AUTHORITY_TOKEN_FILE")
+            .env_remove("TOLLGATE_SUPERVISOR_TOKEN_FILE")
+            .args(["--supervisor", supervisor.addr(), "ps"]);
+        if let Some(file) = env {
+            command.env("TOLLGATE_SUPERVISOR_TOKEN_FILE", file);
+        }
+        if let Some(file) = token_file {
+            command.arg("--token-file").arg(file);
+        }
+        command.output().unwrap()
+    };
+    let one_line = |output: &std::process::Output| {
+        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        stderr
+    };
+
+    let none = ps(None, None);
+    assert_eq!(none.status.code(), Some(77));
+    let stderr = one_line(&none);
+    assert!(
+        stderr.contains("no supervisor token") && stderr.contains("TOLLGATE_SUPERVISOR_TOKEN_FILE"),
+        "{stderr}"
+    );
+
+    let wrong = ps(None, Some(&authority_token));
+    assert_eq!(wrong.status.code(), Some(77));
+    let stderr = one_line(&wrong);
+    assert!(
+        stderr.contains("unknown token for this supervisor")
+            && stderr.contains("<supervisor data dir>/admin.token"),
+        "{stderr}"
+    );
+
+    // Both tokens set once: the supervisor's variable wins for supervisor commands.
+    let both = ps(Some(&supervisor.token_file()), Some(&authority_token));
+    assert!(both.status.success(), "{both:?}");
+}

@@ -135,7 +135,7 @@ pub(crate) async fn run(
 ) -> Result<(), CliError> {
     let not_started = |e: CliError| CliError::RunNotStarted(e.to_string());
     let text = read_input(receipt).map_err(not_started)?;
-    let token = global.tokens().token().map_err(not_started)?;
+    let token = global.supervisor_tokens().token().map_err(not_started)?;
     let mut client = connect_supervisor(&global.supervisor)
         .await
         .map_err(not_started)?;
@@ -167,7 +167,7 @@ enum Display {
 /// `tollgate watch RUN`.
 pub(crate) async fn watch(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     use std::io::IsTerminal as _;
-    let token = global.tokens().token()?;
+    let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let display = if json {
         Display::Json
@@ -313,7 +313,7 @@ fn run_ended(
 
 /// `tollgate ps`.
 pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(), CliError> {
-    let token = global.tokens().token()?;
+    let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let runs = client
         .list_runs(authed(&token, pb::ListRunsRequest {})?)
@@ -348,7 +348,7 @@ pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(),
 
 /// `tollgate inspect`.
 pub(crate) async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
-    let token = global.tokens().token()?;
+    let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let run = client
         .get_run(authed(
@@ -375,7 +375,7 @@ pub(crate) async fn stop(
     run_id: String,
     reason: String,
 ) -> Result<(), CliError> {
-    let token = global.tokens().token()?;
+    let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let stopped = client
         .stop_run(authed(&token, pb::StopRunRequest { run_id, reason })?)
@@ -441,7 +441,7 @@ fn branch_prefixes(depths: &[u32]) -> Vec<String> {
 
 /// `tollgate tree`.
 pub(crate) async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
-    let token = global.tokens().token()?;
+    let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
     let tree = client
         .get_run_tree(authed(
