@@ -177,11 +177,9 @@ impl Authority {
         health_reporter
             .set_serving::<AuthorityServer<AuthorityService>>()
             .await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(tollgate_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| AuthorityError::Config(format!("reflection: {e}")))?;
+        let (reflection, reflection_v1alpha) =
+            tollgate_daemon::reflection::services("tollgate.v1.Authority")
+                .map_err(|e| AuthorityError::Config(format!("reflection: {e}")))?;
         let signal = async move {
             shutdown.await;
             tracing::info!("shutting down");
@@ -193,6 +191,7 @@ impl Authority {
             .layer(requests)
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(AuthorityServer::new(service))
             .serve_with_incoming_shutdown(
                 tollgate_daemon::incoming(listener, bounds.connections),

@@ -7,6 +7,7 @@
 
 pub mod address;
 pub mod files;
+pub mod reflection;
 pub mod secret;
 pub mod serve;
 pub mod shutdown;

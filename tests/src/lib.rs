@@ -588,3 +588,57 @@ pub fn daemons(
     );
     (dir, authority, supervisor)
 }
+
+/// The services a daemon's reflection lists, over `grpc.reflection.v1` and `v1alpha`
+/// (sorted).
+pub async fn reflected_services(channel: Channel) -> (Vec<String>, Vec<String>) {
+    use tokio_stream::StreamExt as _;
+    use tonic_reflection::pb::{v1, v1alpha};
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let reply = client
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .expect("reflection v1")
+        .into_inner()
+        .next()
+        .await
+        .expect("a v1 reply")
+        .expect("v1 reply");
+    let Some(v1::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("unexpected v1 reflection reply");
+    };
+    let mut v1_names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    v1_names.sort();
+    let mut client = v1alpha::server_reflection_client::ServerReflectionClient::new(channel);
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let reply = client
+        .server_reflection_info(tokio_stream::iter(vec![request]))
+        .await
+        .expect("reflection v1alpha")
+        .into_inner()
+        .next()
+        .await
+        .expect("a v1alpha reply")
+        .expect("v1alpha reply");
+    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        reply.message_response
+    else {
+        panic!("unexpected v1alpha reflection reply");
+    };
+    let mut v1alpha_names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    v1alpha_names.sort();
+    (v1_names, v1alpha_names)
+}

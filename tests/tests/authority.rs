@@ -677,32 +677,19 @@ async fn health_and_reflection_are_served() {
         tonic_health::pb::health_check_response::ServingStatus::Serving as i32
     );
 
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    let mut reflection = ServerReflectionClient::new(channel);
-    let request = tonic_reflection::pb::v1::ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut replies = reflection
-        .server_reflection_info(tokio_stream::iter(vec![request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let reply = replies.next().await.unwrap().unwrap();
-    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
-        panic!("unexpected reflection reply");
-    };
-    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
-    assert!(
-        names.contains(&"tollgate.v1.Authority".to_owned()),
-        "{names:?}"
-    );
-    assert!(
-        names.contains(&"grpc.health.v1.Health".to_owned()),
-        "{names:?}"
-    );
+    let (v1, v1alpha) = tollgate_tests::reflected_services(channel).await;
+    for names in [v1, v1alpha] {
+        assert_eq!(
+            names,
+            [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+                "tollgate.v1.Authority",
+            ],
+            "only what the authority serves"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

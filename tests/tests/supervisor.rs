@@ -565,4 +565,23 @@ async fn supervisor_commands_find_and_name_the_supervisors_token() {
     // Both tokens set once: the supervisor's variable wins for supervisor commands.
     let both = ps(Some(&supervisor.token_file()), Some(&authority_token));
     assert!(both.status.success(), "{both:?}");
+
+    // Tools find it by reflection, v1 or v1alpha, listing only what it serves.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", supervisor.addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let (v1, v1alpha) = tollgate_tests::reflected_services(channel).await;
+    for names in [v1, v1alpha] {
+        assert_eq!(
+            names,
+            [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+                "tollgate.v1.Supervisor",
+            ]
+        );
+    }
 }

@@ -170,11 +170,9 @@ impl Supervisor {
         health_reporter
             .set_serving::<SupervisorServer<SupervisorService>>()
             .await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(tollgate_proto::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+        let (reflection, reflection_v1alpha) =
+            tollgate_daemon::reflection::services("tollgate.v1.Supervisor")
+                .map_err(|e| DaemonError::Reflection(e.to_string()))?;
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let teardown_manager = self.manager.clone();
         let signal = async move {
@@ -192,6 +190,7 @@ impl Supervisor {
             .layer(request_limits(self.token_hash))
             .add_service(health_service)
             .add_service(reflection)
+            .add_service(reflection_v1alpha)
             .add_service(SupervisorServer::new(service))
             .serve_with_incoming_shutdown(incoming, signal);
         let grace = async move {
