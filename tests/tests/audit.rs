@@ -372,6 +372,16 @@ async fn a_run_is_traced_from_mint_to_teardown_and_edits_are_caught() {
     assert!(created < positions[2], "{story}");
     assert!(positions[1] > admitted, "{story}");
     assert!(story.contains("teardown recorded"), "{story}");
+    // Times are dates a reader can read, not Unix seconds.
+    let minted = story
+        .lines()
+        .find(|line| line.contains("receipt minted by"))
+        .unwrap();
+    assert!(
+        minted.contains("expires 20") && minted.contains('T'),
+        "{minted}"
+    );
+    assert!(!minted.contains("unix"), "{minted}");
 
     let export = tollgate(&["audit", "export", logs[0], logs[1]]);
     let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&export.stdout)

@@ -338,28 +338,36 @@ pub fn export(dirs: &[PathBuf], since: Option<SystemTime>) -> Result<(), CliErro
 /// One step of a run's story, in words.
 fn story_line(entry: &Entry) -> String {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
+    // Unix seconds in the entry, a date for the reader.
+    let expires = || match entry.metadata.get("expires_at") {
+        Some(MetaValue::Int(seconds)) => crate::show::time_text(Some(&prost_types::Timestamp {
+            seconds: *seconds,
+            nanos: 0,
+        })),
+        _ => meta("expires_at"),
+    };
     let reason = entry.reason.clone().unwrap_or_default();
     match entry.kind {
         EntryKind::ReceiptMinted if entry.metadata.contains_key("delegated_by") => format!(
-            "child receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires at unix {}), delegated by supervisor {} from parent receipt {} (depth {})",
+            "child receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires {}), delegated by supervisor {} from parent receipt {} (depth {})",
             meta("issuer"),
             meta("owner"),
             meta("subject"),
             meta("audience"),
             meta("key_id"),
-            meta("expires_at"),
+            expires(),
             meta("delegated_by"),
             meta("parent_receipt_id"),
             meta("depth")
         ),
         EntryKind::ReceiptMinted => format!(
-            "receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires at unix {})",
+            "receipt minted by {} for operator {} (subject {}, audience {}, signed by key {}, expires {})",
             meta("issuer"),
             meta("owner"),
             meta("subject"),
             meta("audience"),
             meta("key_id"),
-            meta("expires_at")
+            expires()
         ),
         EntryKind::ReceiptRevoked if entry.decision == Some(tollgate_audit::Decision::Deny) => {
             format!("revocation by {} refused: {reason}", meta("by"))
