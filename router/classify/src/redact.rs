@@ -34,6 +34,13 @@ pub struct SecretRedactor {
     extras: meta::Regex,
 }
 
+/// Whether `value` is a Tollgate key id: 16 lowercase hex digits (the first 8 bytes of the
+/// SHA-256 of a public key), perhaps followed by punctuation.
+fn is_key_id(value: &str) -> bool {
+    let id = value.trim_end_matches([':', '.', ',', ')', ';']);
+    id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 impl SecretRedactor {
     /// A redactor over `classifier`.
     pub fn new(classifier: Classifier) -> Self {
@@ -53,7 +60,15 @@ impl SecretRedactor {
         for caps in self.extras.captures_iter(text) {
             if let Some(value) = caps.get_group_by_name("value") {
                 // A credential has a digit; `sort_key = timestamp` or `token bucket` do not.
-                if text[value.range()].bytes().any(|b| b.is_ascii_digit()) {
+                // A Tollgate key id in prose (`signing key 0a1b…`, not `key: …`) names a
+                // *public* key: keep it, or the audit could not say which key signed or was
+                // refused.
+                let value_text = &text[value.range()];
+                let assigned = text[..value.start]
+                    .trim_end_matches([' ', '\t', '"', '\''])
+                    .ends_with([':', '=']);
+                let key_id = !assigned && is_key_id(value_text);
+                if value_text.bytes().any(|b| b.is_ascii_digit()) && !key_id {
                     spans.push((value.range(), "named_credential"));
                 }
             } else if let Some(token) = caps.get_group_by_name("token") {
@@ -115,6 +130,16 @@ mod tests {
         assert!(redacted.contains("[REDACTED:"), "{redacted}");
         assert_eq!(redactor.redact("operator alice@corp.example.org"), None);
         assert_eq!(redactor.redact("/usr/bin/python3"), None);
+        // Public key ids are not credentials; a key's value is.
+        assert_eq!(
+            redactor.redact(
+                "unknown signing key 0a1b2c3d4e5f6071: not in the trusted key set (fetch the authority's current key set)"
+            ),
+            None
+        );
+        assert!(redactor
+            .redact("signing key 0a1b2c3d4e5f60718293a4b5c6d7e8f9")
+            .is_some());
         assert_eq!(
             redactor.redact("tollgate/sandbox-0190a1b2c3d4e5f60718293a4b5c6d7e"),
             None
