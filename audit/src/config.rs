@@ -14,6 +14,9 @@ pub const DEFAULT_MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
 
 /// Default number of entries between checkpoints.
 pub const DEFAULT_CHECKPOINT_EVERY: u64 = 1000;
+/// Longest a durable entry waits for a checkpoint to cover it, however few entries follow: a
+/// crash never loses truncation detection for more than this window.
+pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 /// When [`AuditLog::append`](crate::AuditLog::append) returns, relative to the entry reaching the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Durability {
@@ -51,11 +54,14 @@ pub struct AuditConfig {
     pub max_file_bytes: u64,
     /// A checkpoint is written once this many entries have been appended since the last one.
     pub checkpoint_every: u64,
+    /// ... or once the oldest entry no checkpoint covers is this old, whichever comes first.
+    pub checkpoint_interval: Duration,
 }
 
 impl AuditConfig {
     /// A configuration with defaults: no audit key, no redactor, [`Durability::EveryEntry`],
-    /// [`DEFAULT_MAX_FILE_BYTES`] and [`DEFAULT_CHECKPOINT_EVERY`].
+    /// [`DEFAULT_MAX_FILE_BYTES`], [`DEFAULT_CHECKPOINT_EVERY`] and
+    /// [`DEFAULT_CHECKPOINT_INTERVAL`].
     pub fn new(
         dir: impl Into<PathBuf>,
         component: impl Into<String>,
@@ -72,6 +78,7 @@ impl AuditConfig {
             durability: Durability::EveryEntry,
             max_file_bytes: DEFAULT_MAX_FILE_BYTES,
             checkpoint_every: DEFAULT_CHECKPOINT_EVERY,
+            checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
         }
     }
 
@@ -110,6 +117,7 @@ impl std::fmt::Debug for AuditConfig {
             .field("durability", &self.durability)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("checkpoint_every", &self.checkpoint_every)
+            .field("checkpoint_interval", &self.checkpoint_interval)
             .finish_non_exhaustive()
     }
 }

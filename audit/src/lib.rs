@@ -64,8 +64,10 @@
 //! # Checkpoints
 //!
 //! Once `checkpoint_every` entries (default 1000) have been appended since the last checkpoint
-//! (at the next fsync, so counts need not be exact multiples), and at [`AuditLog::close`], a line
-//! is appended to `checkpoints.jsonl` and fsynced:
+//! (at the next fsync, so counts need not be exact multiples), once the oldest entry no
+//! checkpoint covers is `checkpoint_interval` old (default 10 s; so a crash loses truncation
+//! detection for at most that window, however quiet the log), and at [`AuditLog::close`], a
+//! line is appended to `checkpoints.jsonl` and fsynced:
 //!
 //! ```json
 //! {"count":1000,"head_hash":"…","time":"…","component":"authority","key_id":"…","signature":"…"}
@@ -149,7 +151,10 @@ pub use component::{
     checkpoint_key_id, checkpoint_key_path, component_config, load_or_create_checkpoint_key,
     log_dir,
 };
-pub use config::{AuditConfig, Durability, DEFAULT_CHECKPOINT_EVERY, DEFAULT_MAX_FILE_BYTES};
+pub use config::{
+    AuditConfig, Durability, DEFAULT_CHECKPOINT_EVERY, DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_MAX_FILE_BYTES,
+};
 pub use draft::{EntryDraft, Redactor};
 pub use entry::{Entry, ENTRY_HASH_DOMAIN, GENESIS_HASH};
 pub use error::AuditError;

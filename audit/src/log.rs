@@ -151,6 +151,8 @@ impl AuditLog {
             checkpoints_size,
             max_file_bytes: config.max_file_bytes,
             checkpoint_every: config.checkpoint_every,
+            checkpoint_interval: config.checkpoint_interval,
+            uncovered_since: (scan.head_seq > scan.last_checkpoint).then(std::time::Instant::now),
             last_checkpoint: scan.last_checkpoint,
             head_seq: scan.head_seq,
             head_hash: scan.head_hash.clone(),

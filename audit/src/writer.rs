@@ -52,6 +52,9 @@ pub(crate) struct Writer {
     pub(crate) checkpoints_size: u64,
     pub(crate) max_file_bytes: u64,
     pub(crate) checkpoint_every: u64,
+    pub(crate) checkpoint_interval: Duration,
+    /// When the oldest durable entry no checkpoint covers became durable.
+    pub(crate) uncovered_since: Option<Instant>,
     pub(crate) last_checkpoint: u64,
     pub(crate) head_seq: u64,
     pub(crate) head_hash: String,
@@ -98,7 +101,18 @@ impl Writer {
                         Err(RecvTimeoutError::Disconnected) => None,
                     }
                 }
-                _ => rx.recv().ok(),
+                // Idle, everything durable: wake for a checkpoint that is due.
+                _ => match self.checkpoint_wait() {
+                    Some(left) => match rx.recv_timeout(left) {
+                        Ok(command) => Some(command),
+                        Err(RecvTimeoutError::Timeout) => {
+                            self.checkpoint_now();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => None,
+                    },
+                    None => rx.recv().ok(),
+                },
             };
             let Some(first) = first else {
                 // Every handle is gone without a close (only if sending Close failed).
@@ -480,14 +494,32 @@ impl Writer {
                 let _ = ack.send(Ok(()));
             }
         }
-        if self.head_seq.saturating_sub(self.last_checkpoint) >= self.checkpoint_every {
-            // A checkpoint is derived data: one that cannot be written now is written at a
-            // later fsync.
-            if let Err(detail) = self.checkpoint() {
+        if self.head_seq > self.last_checkpoint {
+            self.uncovered_since.get_or_insert_with(Instant::now);
+        }
+        let by_count = self.head_seq.saturating_sub(self.last_checkpoint) >= self.checkpoint_every;
+        if by_count || self.checkpoint_wait() == Some(Duration::ZERO) {
+            self.checkpoint_now();
+        }
+        Ok(())
+    }
+
+    /// How long until durable entries no checkpoint covers must be covered; `None` when every
+    /// durable entry is.
+    fn checkpoint_wait(&self) -> Option<Duration> {
+        let since = self.uncovered_since?;
+        Some(self.checkpoint_interval.saturating_sub(since.elapsed()))
+    }
+
+    /// Writes a checkpoint of the durable head. A checkpoint is derived data: one that cannot
+    /// be written now is written later.
+    fn checkpoint_now(&mut self) {
+        match self.checkpoint() {
+            Ok(()) => self.uncovered_since = None,
+            Err(detail) => {
                 tracing::warn!(dir = %self.dir.display(), error = %detail, "checkpoint not written; retrying later");
             }
         }
-        Ok(())
     }
 
     /// Fsyncs what was written; if that fails, stalls (the unsynced entries are taken back).

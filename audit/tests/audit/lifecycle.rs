@@ -3,7 +3,7 @@
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use tollgate_audit::{
     read_entries, verify_dir, AuditError, AuditLog, CheckpointTrust, Durability, EntryDraft,
@@ -329,9 +329,9 @@ fn batched_durability_returns_early_and_flush_makes_it_durable() {
     assert_eq!(read_lines(&log_path(dir.path(), 1)).len(), 100);
     log.append(draft(101)).unwrap();
     // The writer fsyncs on its own within max_delay.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(5);
     while read_lines(&log_path(dir.path(), 1)).len() < 101 {
-        assert!(std::time::Instant::now() < deadline);
+        assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(5));
     }
     log.close().unwrap();
@@ -570,12 +570,48 @@ fn recorded_entries_join_the_chain_and_reach_the_file_without_a_flush() {
     let third = log.record(draft(3)).unwrap();
     assert_eq!((first.seq, second.seq, third.seq), (1, 2, 3));
     // The last one is written (and fsynced) within the bound, with nothing else to carry it.
-    let deadline = std::time::Instant::now() + tollgate_audit::RECORD_MAX_DELAY * 50;
+    let deadline = Instant::now() + tollgate_audit::RECORD_MAX_DELAY * 50;
     while read_lines(&log_path(dir.path(), 1)).len() < 3 {
-        assert!(std::time::Instant::now() < deadline, "never written");
+        assert!(Instant::now() < deadline, "never written");
         std::thread::sleep(Duration::from_millis(2));
     }
     log.close().unwrap();
     let report = verify_dir(dir.path(), &options(true)).unwrap();
     assert_eq!(report.entries, 3);
+}
+
+/// A quiet log is checkpointed within `checkpoint_interval` of its last durable entry, not
+/// only every `checkpoint_every` entries: a crash then loses truncation detection for at most
+/// that window.
+#[test]
+fn a_quiet_log_is_checkpointed_on_time_without_closing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), true);
+    config.checkpoint_interval = Duration::from_millis(200);
+    let log = AuditLog::open(config).unwrap();
+    for i in 1..=3 {
+        log.append(draft(i)).unwrap();
+    }
+    let checkpoints = dir.path().join("checkpoints.jsonl");
+    let count = || {
+        fs::read_to_string(&checkpoints)
+            .unwrap_or_default()
+            .lines()
+            .filter(|line| line.contains("\"count\":3"))
+            .count()
+    };
+    assert_eq!(count(), 0, "not before the interval");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint within the interval"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Nothing new: no more checkpoints.
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = fs::read_to_string(&checkpoints).unwrap().lines().count();
+    assert_eq!(lines, 1, "one checkpoint for one quiet stretch");
+    log.close().unwrap();
 }
