@@ -170,3 +170,22 @@ pub fn key_json(k: &pb::PublicKey) -> Value {
         "verify_until": seconds(k.verify_until.as_ref()),
     })
 }
+
+/// A run state as the CLI prints it.
+pub(crate) fn run_state_name(state: i32) -> &'static str {
+    match pb::RunState::try_from(state) {
+        Ok(pb::RunState::Starting) => "starting",
+        Ok(pb::RunState::Running) => "running",
+        Ok(pb::RunState::Exited) => "exited",
+        Ok(pb::RunState::Failed) => "failed",
+        Ok(pb::RunState::Stopped) => "stopped",
+        Ok(pb::RunState::Expired) => "expired",
+        Ok(pb::RunState::Revoked) => "revoked",
+        Ok(pb::RunState::LimitExceeded) => "limit_exceeded",
+        Ok(pb::RunState::ShimDied) => "shim_died",
+        Ok(pb::RunState::SupervisorShutdown) => "supervisor_shutdown",
+        Ok(pb::RunState::Lost) => "lost",
+        Ok(pb::RunState::ParentEnded) => "parent_ended",
+        _ => "unknown",
+    }
+}

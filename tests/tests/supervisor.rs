@@ -106,6 +106,35 @@ async fn tollgate_run_streams_output_and_exits_with_the_agents_code() {
         "{stderr}"
     );
 
+    // `receipt show` asks the supervisor too: a spent receipt is never shown as startable.
+    let shown = tollgate(&[
+        "--authority",
+        authority.addr(),
+        "receipt",
+        "show",
+        receipt.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        stdout.contains(&format!("SPENT: it started run {run_id} (exited)")),
+        "{shown:?}"
+    );
+    let (fresh, _) = mint(&authority, spec("exit 0", 60)).await;
+    let fresh_file = dir.path().join("fresh.tgr");
+    std::fs::write(&fresh_file, &fresh).unwrap();
+    let shown = tollgate(&[
+        "--authority",
+        authority.addr(),
+        "receipt",
+        "show",
+        fresh_file.to_str().unwrap(),
+        "--json",
+    ]);
+    let json: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!(json["valid"], true, "{json}");
+    assert_eq!(json["use_checked"], true, "{json}");
+    assert!(json["spent"].is_null(), "{json}");
+
     // `watch` of an ended run shows its end at once, with the agent's exit code.
     let watched = tollgate(&["watch", &run_id, "--json"]);
     assert_eq!(watched.status.code(), Some(9), "{watched:?}");

@@ -16,7 +16,7 @@ use tollgate_receipt::{
 use tonic::transport::Channel;
 
 use crate::args::GlobalArgs;
-use crate::client::{authed, connect};
+use crate::client::{authed, connect, connect_supervisor};
 use crate::error::CliError;
 use crate::files::{read_input, write_private};
 use crate::show;
@@ -132,10 +132,27 @@ pub(crate) async fn show_receipt(
     let mut client = connect(&global.authority).await?;
     let (claimed, outcome) = verify_with(&mut client, &text, audience).await?;
     let shown = outcome.as_ref().ok().cloned().or(claimed);
+    // A receipt starts one run, ever: ask the supervisor whether this one has (when it can be
+    // asked), so a spent receipt is never shown as one that could still start.
+    let used = match &outcome {
+        Ok(receipt) => run_of(global, &receipt.receipt_id).await,
+        Err(_) => Use::Unchecked,
+    };
     if json {
         let (valid, failure, reason) = match &outcome {
             Ok(_) => (true, None, None),
             Err(e) => (false, Some(e.failure().code()), Some(e.to_string())),
+        };
+        let (use_checked, spent) = match &used {
+            Use::Unchecked => (false, None),
+            Use::Unused => (true, None),
+            Use::Spent(run) => (
+                true,
+                Some(json!({
+                    "run_id": run.run_id,
+                    "state": show::run_state_name(run.state),
+                })),
+            ),
         };
         println!(
             "{}",
@@ -143,13 +160,21 @@ pub(crate) async fn show_receipt(
                 "valid": valid,
                 "failure": failure,
                 "reason": reason,
+                "use_checked": use_checked,
+                "spent": spent,
                 "receipt": shown.as_ref().map(show::receipt_json),
             })
         );
     } else {
-        let status = match &outcome {
-            Ok(_) => "valid (signature, validity window and revocation checked)".to_owned(),
-            Err(e) => format!("INVALID: {e}"),
+        let status = match (&outcome, &used) {
+            (Ok(_), Use::Spent(run)) => format!(
+                "SPENT: it started run {} ({}); a receipt starts one run, ever (signature, validity window and revocation checked)",
+                run.run_id,
+                show::run_state_name(run.state)
+            ),
+            (Ok(_), Use::Unused) => "valid and unused (signature, validity window and revocation checked; the supervisor has not started it)".to_owned(),
+            (Ok(_), Use::Unchecked) => "valid (signature, validity window and revocation checked; not checked: whether a supervisor has started it)".to_owned(),
+            (Err(e), _) => format!("INVALID: {e}"),
         };
         say!("{:<11}{status}", "status");
         if let Some(receipt) = &shown {
@@ -159,6 +184,38 @@ pub(crate) async fn show_receipt(
         }
     }
     outcome.map(|_| ()).map_err(CliError::InvalidReceipt)
+}
+
+/// Whether the supervisor has started a receipt's run.
+enum Use {
+    /// The supervisor could not be asked (no supervisor token, or not reachable).
+    Unchecked,
+    /// It has no run of this receipt.
+    Unused,
+    /// It started this run.
+    Spent(Box<pb::Run>),
+}
+
+/// Asks the supervisor (`--supervisor`, with the supervisor's token) for the run of
+/// `receipt_id`; anything short of an answer is [`Use::Unchecked`].
+async fn run_of(global: &GlobalArgs, receipt_id: &str) -> Use {
+    let Ok(token) = global.supervisor_tokens().token() else {
+        return Use::Unchecked;
+    };
+    let Ok(mut client) = connect_supervisor(&global.supervisor).await else {
+        return Use::Unchecked;
+    };
+    let request = pb::GetRunRequest {
+        run_id: receipt_id.to_owned(),
+    };
+    let Ok(request) = authed(&token, request) else {
+        return Use::Unchecked;
+    };
+    match client.get_run(request).await {
+        Ok(run) => Use::Spent(Box::new(run.into_inner())),
+        Err(status) if status.code() == tonic::Code::NotFound => Use::Unused,
+        Err(_) => Use::Unchecked,
+    }
 }
 
 /// `tollgate receipts`: pages through the receipts the token may see.

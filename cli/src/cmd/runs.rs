@@ -13,24 +13,6 @@ use crate::error::CliError;
 use crate::files::read_input;
 use crate::show;
 
-fn state_name(state: i32) -> &'static str {
-    match pb::RunState::try_from(state) {
-        Ok(pb::RunState::Starting) => "starting",
-        Ok(pb::RunState::Running) => "running",
-        Ok(pb::RunState::Exited) => "exited",
-        Ok(pb::RunState::Failed) => "failed",
-        Ok(pb::RunState::Stopped) => "stopped",
-        Ok(pb::RunState::Expired) => "expired",
-        Ok(pb::RunState::Revoked) => "revoked",
-        Ok(pb::RunState::LimitExceeded) => "limit_exceeded",
-        Ok(pb::RunState::ShimDied) => "shim_died",
-        Ok(pb::RunState::SupervisorShutdown) => "supervisor_shutdown",
-        Ok(pb::RunState::Lost) => "lost",
-        Ok(pb::RunState::ParentEnded) => "parent_ended",
-        _ => "unknown",
-    }
-}
-
 fn is_live(run: &pb::Run) -> bool {
     matches!(
         pb::RunState::try_from(run.state),
@@ -44,7 +26,7 @@ pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
         "run_id": run.run_id,
         "owner": run.owner,
         "subject": run.subject,
-        "state": state_name(run.state),
+        "state": show::run_state_name(run.state),
         "created_at": run.created_at.map(|t| t.seconds),
         "ended_at": run.ended_at.map(|t| t.seconds),
         "expires_at": run.expires_at.map(|t| t.seconds),
@@ -69,7 +51,7 @@ pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
 fn run_lines(run: &pb::Run) -> Vec<String> {
     let mut lines = vec![
         format!("{:<11}{}", "run", run.run_id),
-        format!("{:<11}{}", "state", state_name(run.state)),
+        format!("{:<11}{}", "state", show::run_state_name(run.state)),
         format!("{:<11}{} (owner {})", "subject", run.subject, run.owner),
         format!(
             "{:<11}{}",
@@ -282,7 +264,7 @@ fn run_ended(
     if display == Display::Progress {
         say_err!(
             "[tollgate] {run_id}: {} after {:.1} s ({})",
-            state_name(run.state),
+            show::run_state_name(run.state),
             elapsed.as_secs_f64(),
             run.report.as_ref().map_or("", |r| r.reason.as_str())
         );
@@ -304,7 +286,7 @@ fn run_ended(
             reason: format!(
                 "run {} ended: {} ({})",
                 run.run_id,
-                state_name(run.state),
+                show::run_state_name(run.state),
                 report.reason
             ),
         }),
@@ -336,7 +318,7 @@ pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(),
             say!(
                 "{:<38}{:<18}{:<20}{:<22}{}",
                 run.run_id,
-                state_name(run.state),
+                show::run_state_name(run.state),
                 run.subject,
                 show::time_text(run.created_at.as_ref()),
                 run.report.as_ref().map(|r| r.reason.as_str()).unwrap_or("")
@@ -520,7 +502,7 @@ fn tree_rows(tree: &pb::RunTree, now: i64) -> Vec<(u32, TreeRow)> {
         let depth = run.depth.saturating_sub(root_depth);
         let state = match run.report.as_ref().and_then(|r| r.exit_code) {
             Some(code) if run.state == pb::RunState::Exited as i32 => format!("exited ({code})"),
-            _ => state_name(run.state).to_owned(),
+            _ => show::run_state_name(run.state).to_owned(),
         };
         let end = run.ended_at.map_or(now, |t| t.seconds);
         entries.push((
