@@ -97,7 +97,7 @@ pub struct TeardownReport {
     pub peak_memory_bytes: Option<u64>,
     /// The last gateway tool call (filled once the gateway exists).
     pub last_tool_call_id: Option<String>,
-    /// Model routes used (filled once the router exists).
+    /// Model routes the run used (those of `route_usage`).
     pub routes_used: Vec<String>,
     /// Whether relayed output hit the receipt's output limit.
     pub output_truncated: bool,
@@ -109,6 +109,22 @@ pub struct TeardownReport {
     /// The sandbox's cgroup, relative to each hierarchy's root (none when it had none).
     #[serde(default)]
     pub cgroup: Option<String>,
+    /// What the run spent on each model route it used.
+    #[serde(default)]
+    pub route_usage: Vec<RouteUsage>,
+}
+
+/// One model route's use by one run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouteUsage {
+    /// The route's name.
+    pub route: String,
+    /// Model calls that went out on it.
+    pub calls: u64,
+    /// Prompt tokens charged.
+    pub prompt_tokens: u64,
+    /// Completion tokens charged.
+    pub completion_tokens: u64,
 }
 
 /// One run as recorded.

@@ -131,7 +131,7 @@ impl Supervisor for SupervisorService {
             .await?
             .map_err(|e| crate::status::internal("the run store", &e))?
             .ok_or_else(|| crate::status::no_run(&run_id))?;
-        Ok(Response::new(run_proto(&record)))
+        Ok(Response::new(self.manager.run_view(&record)))
     }
 
     async fn list_runs(
@@ -144,7 +144,7 @@ impl Supervisor for SupervisorService {
             .await?
             .map_err(|e| crate::status::internal("the run store", &e))?;
         Ok(Response::new(pb::ListRunsResponse {
-            runs: runs.iter().map(run_proto).collect(),
+            runs: runs.iter().map(|run| self.manager.run_view(run)).collect(),
         }))
     }
 

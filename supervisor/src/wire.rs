@@ -9,7 +9,7 @@ use tollgate_proto::v1 as pb;
 use tollgate_receipt::timestamp_from_unix;
 use tonic::Status;
 
-use crate::records::{RunRecord, RunState};
+use crate::records::{RouteUsage, RunRecord, RunState};
 
 /// A stream of run events (WatchRun, WatchChild).
 pub type RunEventStream = Pin<Box<dyn Stream<Item = Result<pb::RunEvent, Status>> + Send>>;
@@ -49,12 +49,28 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
             peak_memory_bytes: r.peak_memory_bytes,
             last_tool_call_id: r.last_tool_call_id.clone().unwrap_or_default(),
             routes_used: r.routes_used.clone(),
+            route_usage: r.route_usage.iter().map(usage_proto).collect(),
             output_truncated: r.output_truncated,
             cleanup_errors: r.cleanup_errors.clone(),
             landlock_abi: r.landlock_abi.unwrap_or(0),
         }),
         parent_run_id: record.parent_run_id.clone().unwrap_or_default(),
         depth: record.depth,
+        model_usage: record
+            .report
+            .as_ref()
+            .map(|r| r.route_usage.iter().map(usage_proto).collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// The protocol form of one route's use.
+pub fn usage_proto(usage: &RouteUsage) -> pb::RouteUsage {
+    pb::RouteUsage {
+        route: usage.route.clone(),
+        calls: usage.calls,
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
     }
 }
 

@@ -265,6 +265,29 @@ async fn a_secret_stays_local_and_low_text_may_go_to_the_cloud() {
     ] {
         assert!(!log.contains(&never), "{never} is in the audit log");
     }
+    // `tollgate calls` lists the model calls: route, decision, tokens.
+    s.audit.flush().unwrap();
+    let listed = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["calls", RUN_ID, s.audit_dir.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let routes: Vec<&str> = rows
+        .iter()
+        .filter(|row| row["tool"] == "model.complete")
+        .map(|row| row["route"].as_str().unwrap())
+        .collect();
+    assert_eq!(routes, ["local", "claude", "local"], "{rows:?}");
+    assert!(
+        rows.iter()
+            .filter(|row| row["tool"] == "model.complete")
+            .all(|row| row["decision"] == "allow" && row["prompt_tokens"].is_string()),
+        "{rows:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

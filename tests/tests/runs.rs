@@ -776,6 +776,23 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
     };
     let (local_seen, cloud_seen) = (chats(&local), chats(&cloud));
     assert_eq!((local_seen.len(), cloud_seen.len()), (1, 4), "{output}");
+    // The teardown report says which routes the run used and what each cost.
+    let report = record.report.as_ref().unwrap();
+    assert_eq!(report.routes_used, ["claude", "local"]);
+    let calls: Vec<(&str, u64)> = report
+        .route_usage
+        .iter()
+        .map(|u| (u.route.as_str(), u.calls))
+        .collect();
+    assert_eq!(calls, [("claude", 4), ("local", 1)]);
+    assert!(report
+        .route_usage
+        .iter()
+        .all(|u| u.prompt_tokens > 0 && u.completion_tokens > 0));
+    // And clients see it on the run (GetRun, ps --json, inspect).
+    let view = fx.manager.run_view(&record);
+    assert_eq!(view.model_usage.len(), 2);
+    assert_eq!(view.report.unwrap().route_usage.len(), 2);
     assert!(local_seen[0].body.contains("ghp_"));
     assert!(cloud_seen.iter().all(|r| !r.body.contains("ghp_")));
     assert!(cloud_seen

@@ -499,7 +499,66 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
     Ok(())
 }
 
-/// `tollgate calls RUN LOG_DIR...`: a run's gateway calls with their decisions, in order.
+/// One model call of `calls`: its decision, route and sensitivity; once it went out, its
+/// tokens (from the call's `done` entry).
+fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
+    let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
+    let done_meta = |key: &str| {
+        done.and_then(|d| d.metadata.get(key))
+            .map(meta_text)
+            .unwrap_or_default()
+    };
+    let decision = entry.decision.map_or("-", |d| d.as_str());
+    let route = if entry.decision == Some(tollgate_audit::Decision::Allow) {
+        meta("route")
+    } else {
+        meta("requested")
+    };
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "time": entry.time,
+                "call_id": entry.call_id,
+                "tool": "model.complete",
+                "route": route,
+                "decision": decision,
+                "reason": entry.reason,
+                "sensitivity": entry.metadata.get("sensitivity").map(meta_text),
+                "prompt_tokens": done.and_then(|d| d.metadata.get("prompt_tokens")).map(meta_text),
+                "completion_tokens": done.and_then(|d| d.metadata.get("completion_tokens")).map(meta_text),
+            })
+        );
+    } else {
+        let tokens = if done.is_some() {
+            format!(
+                "  {} + {} tokens",
+                done_meta("prompt_tokens"),
+                done_meta("completion_tokens")
+            )
+        } else {
+            String::new()
+        };
+        say!(
+            "{}  {}  {:<8} {:<5} route {} (sensitivity {}){}{}",
+            entry.time,
+            entry.call_id.as_deref().unwrap_or("-"),
+            "model.complete",
+            decision,
+            route,
+            meta("sensitivity"),
+            tokens,
+            entry
+                .reason
+                .as_deref()
+                .map(|r| format!("  ({r})"))
+                .unwrap_or_default()
+        );
+    }
+}
+
+/// `tollgate calls RUN LOG_DIR...`: a run's gateway calls (tools and model calls) with their
+/// decisions, in order.
 pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliError> {
     let filter = EntryFilter {
         run_id: Some(run_id.to_owned()),
@@ -508,7 +567,13 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
     let calls: Vec<Entry> = merged(dirs, &filter)?
         .into_iter()
         .map(|(_, entry)| entry)
-        .filter(|entry| entry.kind == EntryKind::ToolCall)
+        // Tool calls, and model calls by their decision (a call that went out also has a
+        // `done` entry, shown with it below).
+        .filter(|entry| {
+            entry.kind == EntryKind::ToolCall
+                || (entry.kind == EntryKind::RouteDecision
+                    && entry.metadata.get("phase").map(meta_text).as_deref() != Some("done"))
+        })
         .collect();
     if calls.is_empty() {
         return Err(CliError::Input(format!(
@@ -516,9 +581,23 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
             listing(dirs)
         )));
     }
+    let done: std::collections::HashMap<String, Entry> = merged(dirs, &filter)?
+        .into_iter()
+        .map(|(_, entry)| entry)
+        .filter(|entry| {
+            entry.kind == EntryKind::RouteDecision
+                && entry.metadata.get("phase").map(meta_text).as_deref() == Some("done")
+        })
+        .filter_map(|entry| Some((entry.call_id.clone()?, entry)))
+        .collect();
     for entry in calls {
         let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
         let decision = entry.decision.map_or("-", |d| d.as_str());
+        if entry.kind == EntryKind::RouteDecision {
+            let ended = entry.call_id.as_ref().and_then(|id| done.get(id));
+            model_call_line(&entry, ended, json_out);
+            continue;
+        }
         if json_out {
             println!(
                 "{}",

@@ -32,6 +32,7 @@ pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
         "expires_at": run.expires_at.map(|t| t.seconds),
         "parent_run_id": (!run.parent_run_id.is_empty()).then_some(&run.parent_run_id),
         "depth": run.depth,
+        "model_usage": usage_json(&run.model_usage),
         "report": run.report.as_ref().map(|r| json!({
             "reason": r.reason,
             "duration_ms": r.duration_ms,
@@ -40,11 +41,48 @@ pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
             "peak_memory_bytes": r.peak_memory_bytes,
             "last_tool_call_id": r.last_tool_call_id,
             "routes_used": r.routes_used,
+            "route_usage": usage_json(&r.route_usage),
             "output_truncated": r.output_truncated,
             "cleanup_errors": r.cleanup_errors,
             "landlock_abi": r.landlock_abi,
         })),
     })
+}
+
+/// Model use per route, as JSON.
+fn usage_json(usage: &[pb::RouteUsage]) -> serde_json::Value {
+    usage
+        .iter()
+        .map(|u| {
+            json!({
+                "route": u.route,
+                "calls": u.calls,
+                "prompt_tokens": u.prompt_tokens,
+                "completion_tokens": u.completion_tokens,
+            })
+        })
+        .collect()
+}
+
+/// Model use per route, for people: `local: 3 calls, 1200 + 340 tokens`.
+fn usage_line(usage: &[pb::RouteUsage]) -> String {
+    if usage.is_empty() {
+        return "none".to_owned();
+    }
+    usage
+        .iter()
+        .map(|u| {
+            format!(
+                "{}: {} call{}, {} + {} tokens",
+                u.route,
+                u.calls,
+                if u.calls == 1 { "" } else { "s" },
+                u.prompt_tokens,
+                u.completion_tokens
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// A run for people, one entry a line (each printed escaped: see `human`).
@@ -72,6 +110,7 @@ fn run_lines(run: &pb::Run) -> Vec<String> {
             "expires",
             show::time_text(run.expires_at.as_ref())
         ),
+        format!("{:<11}{}", "models", usage_line(&run.model_usage)),
     ];
     if let Some(report) = &run.report {
         lines.push(format!(

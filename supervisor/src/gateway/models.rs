@@ -11,6 +11,7 @@
 //! carry the route, sensitivities, findings (detector, message, byte span) and counts, never
 //! the text.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -30,6 +31,7 @@ use tollgate_router_backends::{has_tokenizer, BackendError, Backends, ModelRoute
 use tonic::Status;
 
 use super::gate::{new_call_id, CallGate, Refusal};
+use crate::records::RouteUsage;
 use crate::COMPONENT;
 
 /// How long a client may leave the stream unread before the call is dropped.
@@ -49,6 +51,8 @@ pub struct RunModels {
     pub ledger: Mutex<Ledger>,
     /// Calls in flight.
     pub in_flight: AtomicUsize,
+    /// What went out on each route, by route name.
+    usage: Mutex<BTreeMap<String, RouteUsage>>,
 }
 
 impl RunModels {
@@ -58,7 +62,30 @@ impl RunModels {
             shared,
             ledger: Mutex::new(Ledger::new(tokens)),
             in_flight: AtomicUsize::new(0),
+            usage: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Counts one call that went out on `route` and what it was charged.
+    fn record_use(&self, route: &str, prompt_tokens: u64, completion_tokens: u64) {
+        let mut usage = self.usage.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = usage.entry(route.to_owned()).or_insert_with(|| RouteUsage {
+            route: route.to_owned(),
+            ..Default::default()
+        });
+        entry.calls += 1;
+        entry.prompt_tokens = entry.prompt_tokens.saturating_add(prompt_tokens);
+        entry.completion_tokens = entry.completion_tokens.saturating_add(completion_tokens);
+    }
+
+    /// What the run has spent so far, per route (by name).
+    pub fn usage(&self) -> Vec<RouteUsage> {
+        self.usage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
     }
 }
 
@@ -355,6 +382,7 @@ impl ModelCalls {
             let used = ledger.settle(plan.reservation, prompt.tokens, completion.tokens);
             (used, ledger.remaining())
         };
+        models.record_use(&plan.route, prompt.tokens, completion.tokens);
         let estimated =
             prompt.source == TokenSource::Estimate || completion.source == TokenSource::Estimate;
         let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)

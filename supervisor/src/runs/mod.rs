@@ -448,7 +448,7 @@ impl RunManager {
             }
         }
         Ok(tollgate_proto::v1::RunTree {
-            runs: records.iter().map(crate::wire::run_proto).collect(),
+            runs: records.iter().map(|record| self.run_view(record)).collect(),
             pending,
         })
     }
@@ -521,6 +521,21 @@ impl RunManager {
     /// One run's record.
     pub fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {
         self.records.get(run_id)
+    }
+
+    /// A run as clients see it: its record, and for a live run its model use so far (an
+    /// ended run's is in its report).
+    pub fn run_view(&self, record: &RunRecord) -> tollgate_proto::v1::Run {
+        let mut run = crate::wire::run_proto(record);
+        let live_usage = self.live_run(&record.run_id).and_then(|live| {
+            let gateway = live.gateway.lock().unwrap_or_else(|p| p.into_inner());
+            let (gateway, _) = gateway.as_ref()?;
+            Some(gateway.models.models.as_ref()?.usage())
+        });
+        if let Some(usage) = live_usage {
+            run.model_usage = usage.iter().map(crate::wire::usage_proto).collect();
+        }
+        run
     }
 
     /// All runs, newest first.

@@ -112,16 +112,28 @@ impl RunManager {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        let last_tool_call_id = gateway.map(|(run, mut handle)| {
+        let ended_gateway = gateway.map(|(run, mut handle)| {
             handle.stop();
             // Refusals of a spent run still being counted get their summary entry.
             run.gate.flush_refusals();
-            run.gate
+            let last_call = run
+                .gate
                 .last_call
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .clone()
+                .clone();
+            let usage = run
+                .models
+                .models
+                .as_ref()
+                .map(|models| models.usage())
+                .unwrap_or_default();
+            (last_call, usage)
         });
+        let (last_tool_call_id, route_usage) = match ended_gateway {
+            Some((last_call, usage)) => (Some(last_call), usage),
+            None => (None, Vec::new()),
+        };
         let trigger = live
             .trigger
             .lock()
@@ -134,6 +146,8 @@ impl RunManager {
         let mut report = TeardownReport {
             output_truncated,
             last_tool_call_id: last_tool_call_id.flatten(),
+            routes_used: route_usage.iter().map(|u| u.route.clone()).collect(),
+            route_usage,
             landlock_abi: live.landlock_abi.get().copied(),
             ..Default::default()
         };
