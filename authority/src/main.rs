@@ -39,18 +39,23 @@ struct Flags {
     /// entries are chained with plain SHA-256.
     #[arg(long, value_name = "FILE", env = "TOLLGATE_AUDIT_KEY_FILE")]
     audit_key_file: Option<PathBuf>,
+    /// Log format on stderr: text (coloured only on a terminal) or json (one object a line,
+    /// for journald, Loki, Elasticsearch…). The level comes from RUST_LOG (default info).
+    #[arg(
+        long,
+        value_name = "FORMAT",
+        env = "TOLLGATE_LOG_FORMAT",
+        default_value = "text",
+        value_parser = clap::value_parser!(tollgate_daemon::logging::LogFormat)
+    )]
+    log_format: tollgate_daemon::logging::LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match run(Flags::parse()).await {
+    let flags = Flags::parse();
+    tollgate_daemon::logging::init(flags.log_format);
+    match run(flags).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("tollgate-authority: error: {error}");

@@ -1,12 +1,13 @@
 //! What both Tollgate daemons (the authority and the supervisor) do the same way, in one
 //! place: bounded gRPC serving ([`serve`]), daemon addresses as clients give them
-//! ([`address`]), the data directory's lock and atomic private
+//! ([`address`]), the log format ([`logging`]), the data directory's lock and atomic private
 //! files ([`files`]), bearer tokens ([`token`]), secrets that never print ([`Secret`]), the
 //! shutdown signal ([`shutdown`]) and blocking work off the async threads ([`blocking`]).
 #![forbid(unsafe_code)]
 
 pub mod address;
 pub mod files;
+pub mod logging;
 pub mod reflection;
 pub mod secret;
 pub mod serve;

@@ -995,3 +995,49 @@ fn sigterm_right_after_readiness_stops_cleanly() {
         );
     }
 }
+
+/// `--log-format json` writes one JSON object a line (a collector parses every line), and the
+/// text format writes no colour codes into a file.
+#[test]
+fn logs_are_json_lines_or_plain_text() {
+    use std::process::{Command, Stdio};
+    for format in ["json", "text"] {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("authority");
+        let log = dir.path().join("stderr");
+        let mut child = Command::new(tollgate_tests::bin_path("tollgate-authority"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen", "127.0.0.1:0", "--log-format", format])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        tollgate_tests::wait_for_file(
+            &data.join("authority.addr"),
+            &mut child,
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            Signal::SIGTERM,
+        )
+        .unwrap();
+        assert!(child.wait().unwrap().success());
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.contains('\u{1b}'), "colour codes in a file: {text:?}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines.len() >= 2, "{text}");
+        if format == "json" {
+            for line in &lines {
+                let event: serde_json::Value =
+                    serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                assert!(event["level"].is_string(), "{line}");
+                assert!(event["fields"]["message"].is_string(), "{line}");
+            }
+            assert!(text.contains("authority listening"), "{text}");
+        }
+    }
+}

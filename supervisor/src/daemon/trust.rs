@@ -90,6 +90,8 @@ pub(super) async fn follow_authority(
 ) {
     let mut after = 0u64;
     let mut pause = Duration::from_millis(200);
+    // Set once a stream was lost: the next one to catch up says it is back.
+    let mut lost = false;
     loop {
         if let Ok(keys) = fetch_keys(&url).await {
             manager.set_keys(keys);
@@ -126,6 +128,15 @@ pub(super) async fn follow_authority(
                     }
                     Some(pb::revocation_event::Event::CaughtUp(_)) => {
                         let _ = caught_up.send(true);
+                        if lost {
+                            tracing::info!(
+                                after_seq = after,
+                                "revocation stream reconnected and caught up"
+                            );
+                            lost = false;
+                        }
+                        // Reconnect promptly next time: this link worked.
+                        pause = Duration::from_millis(200);
                     }
                     None => {}
                 }
@@ -136,6 +147,7 @@ pub(super) async fn follow_authority(
             Ok(()) => tracing::warn!("the authority closed the revocation stream; reconnecting"),
             Err(e) => tracing::warn!(error = %e, "revocation stream lost; reconnecting"),
         }
+        lost = true;
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(10));
     }
