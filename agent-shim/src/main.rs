@@ -13,6 +13,8 @@ fn main() {
         Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
         Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
         Some("child") => std::process::exit(tollgate_agent_shim::child::main(&args[1..])),
+        // For `tollgate doctor`: what this kernel offers the confinement.
+        Some("probe") => std::process::exit(tollgate_agent_shim::probe::main()),
         Some(_) => {
             eprintln!(
                 "tollgate-shim is started by tollgate-supervisor (no arguments); inside a \

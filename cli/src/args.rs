@@ -280,6 +280,29 @@ pub enum Command {
         #[command(flatten)]
         trust: AuditTrustArgs,
     },
+    /// Check whether this host can run tollgate-supervisor: root, user namespaces, Landlock
+    /// (through tollgate-shim probe), seccomp, cgroups and their controllers, memfd_noexec,
+    /// free host ids, the data directory, and (with --authority given) the authority and its
+    /// key set. Prints each finding with its fix; exit 1 when something will fail.
+    ///
+    /// Example: sudo tollgate doctor --data-dir /var/lib/tollgate/supervisor --authority 127.0.0.1:7700
+    Doctor {
+        /// The supervisor's data directory, to check its permissions.
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// The tollgate-shim binary [default: next to tollgate].
+        #[arg(long, value_name = "PATH")]
+        shim: Option<PathBuf>,
+        /// The first host id the supervisor would use.
+        #[arg(long, value_name = "ID", default_value_t = 2_000_000)]
+        host_id_base: u32,
+        /// How many host ids it would use.
+        #[arg(long, value_name = "N", default_value_t = 65_536)]
+        host_id_count: u32,
+        /// One JSON object: {"ready": bool, "checks": [{check, verdict, seen, fix}]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Start a throwaway authority and (as root) a supervisor, mint, verify and revoke a
     /// receipt, run an agent in a sandbox, and explain each step.
     Quickstart {

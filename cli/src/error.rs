@@ -29,6 +29,11 @@ pub enum CliError {
     /// A receipt failed verification.
     #[error("receipt is not valid: {0}")]
     InvalidReceipt(#[from] tollgate_receipt::VerifyError),
+    /// `tollgate doctor` found checks that fail.
+    #[error(
+        "{0} check(s) failed: this host cannot run tollgate-supervisor as it is (fixes above)"
+    )]
+    Doctor(usize),
     /// No token was given for the daemon a command talks to.
     #[error("{}", no_token(.0))]
     NoToken(crate::client::Daemon),
@@ -92,7 +97,8 @@ impl CliError {
         match self {
             Self::Input(_) => 66,           // EX_NOINPUT
             Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
-            Self::NoToken(_) => 77,         // EX_NOPERM
+            Self::NoToken(_) => 77,
+            Self::Doctor(_) => 1, // EX_NOPERM
             Self::InvalidReceipt(_) | Self::AuditBroken(_) => 1,
             Self::RunNotStarted(_) => 125,
             Self::RunEnded { code, .. } => *code,

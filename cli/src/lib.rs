@@ -22,7 +22,7 @@ pub use cmd::audit;
 pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
 pub use error::CliError;
 
-use cmd::{keys, local, operators, quickstart, receipts, runs, supervisors};
+use cmd::{doctor, keys, local, operators, quickstart, receipts, runs, supervisors};
 
 /// Runs one command; output goes to stdout, the caller prints the error.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
@@ -67,6 +67,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ..
         } => keys::rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Doctor {
+            data_dir,
+            shim,
+            host_id_base,
+            host_id_count,
+            json,
+        } => {
+            let args = doctor::DoctorArgs {
+                data_dir,
+                shim,
+                host_ids: host_id_base..host_id_base.saturating_add(host_id_count),
+                json,
+            };
+            doctor::doctor(global, args).await
+        }
         Command::Calls { run_id, logs, json } => audit::calls(&run_id, &logs, json),
         Command::Restore {
             run_id,

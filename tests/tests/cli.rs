@@ -475,3 +475,71 @@ fn a_closed_pipe_ends_the_cli_quietly() {
         output.status
     );
 }
+
+/// `tollgate doctor` on this host: every check named with a verdict, ready as root; a data
+/// directory others can enter, or no shim to probe with, fails with the fix, exit 1.
+#[test]
+fn doctor_checks_this_host_and_names_each_fix() {
+    use std::os::unix::fs::PermissionsExt as _;
+    if !tollgate_tests::require_root() {
+        return;
+    }
+    let doctor = |args: &[&str]| {
+        Command::new(bin_path("tollgate"))
+            .args(["doctor", "--json"])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let output = doctor(&[]);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let names: Vec<&str> = report["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["check"].as_str().unwrap())
+        .collect();
+    for name in [
+        "root",
+        "user namespaces",
+        "landlock",
+        "seccomp",
+        "cgroups",
+        "memfd_noexec",
+        "host ids",
+        "authority",
+    ] {
+        assert!(names.contains(&name), "{name} not checked: {report}");
+    }
+    assert_eq!(report["ready"], true, "{report}");
+    assert!(output.status.success(), "{output:?}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let output = doctor(&[
+        "--data-dir",
+        open.to_str().unwrap(),
+        "--shim",
+        "/nonexistent/tollgate-shim",
+    ]);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["ready"], false);
+    let check = |name: &str| {
+        report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(check("data dir")["verdict"], "fail");
+    assert!(check("data dir")["fix"]
+        .as_str()
+        .unwrap()
+        .starts_with("chmod 700"));
+    assert_eq!(check("landlock")["verdict"], "fail");
+}

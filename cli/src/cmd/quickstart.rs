@@ -194,9 +194,18 @@ fn audit_trail(dir: &Path, run_id: &str) -> Result<(), CliError> {
 
 /// The tour up to the run; returns the run's id when the sandbox part ran (as root).
 async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, CliError> {
+    step(
+        0,
+        "Check that this host can run a supervisor (what `tollgate doctor` does)",
+    );
+    let failed = super::doctor::check_host(&quickstart_host_ids_range());
+    let root = nix::unistd::geteuid().is_root();
+    if failed > 0 && root {
+        return Err(CliError::Doctor(failed));
+    }
     let (authority_addr, token, mut client) = start_authority(dir, daemons).await?;
     receipt_steps(&mut client, &token).await?;
-    if !nix::unistd::geteuid().is_root() {
+    if !root {
         println!(
             "\n   The sandbox part of the tour needs root (the supervisor builds namespaces and\n   \
              cgroups): run `sudo tollgate quickstart` to see an agent run."
@@ -348,6 +357,11 @@ async fn start_supervisor(
     println!("   listening on {supervisor_addr}; it follows the authority's revocations");
 
     Ok((supervisor_dir, supervisor_addr))
+}
+
+/// Quickstart's 64 host ids.
+fn quickstart_host_ids_range() -> std::ops::Range<u32> {
+    quickstart_host_ids()..quickstart_host_ids() + 64
 }
 
 /// The first of quickstart's 64 host ids: a band of its own below the supervisor's default

@@ -1,0 +1,480 @@
+//! `tollgate doctor`: whether this host can run a supervisor, check by check, each failure
+//! with its fix. It reads `/proc` and `/sys`, asks `tollgate-shim probe` what the kernel
+//! offers confinement (the CLI links no sandbox code), reads the supervisors' registry, and
+//! asks the authority for its key set.
+
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+
+use crate::args::GlobalArgs;
+use crate::client::{connect, DEFAULT_AUTHORITY};
+use crate::error::CliError;
+
+/// How one check came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// Fine.
+    Ok,
+    /// Works, but something is worth knowing or fixing.
+    Warn,
+    /// The supervisor will not start, or a run will fail.
+    Fail,
+}
+
+impl Verdict {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Warn => "warn",
+            Self::Fail => "FAIL",
+        }
+    }
+}
+
+/// One check's finding: what was seen and, when not ok, the fix.
+#[derive(Debug)]
+struct Check {
+    name: &'static str,
+    verdict: Verdict,
+    seen: String,
+    fix: Option<String>,
+}
+
+impl Check {
+    fn ok(name: &'static str, seen: impl Into<String>) -> Self {
+        Self {
+            name,
+            verdict: Verdict::Ok,
+            seen: seen.into(),
+            fix: None,
+        }
+    }
+
+    fn bad(
+        name: &'static str,
+        verdict: Verdict,
+        seen: impl Into<String>,
+        fix: impl Into<String>,
+    ) -> Self {
+        Self {
+            name,
+            verdict,
+            seen: seen.into(),
+            fix: Some(fix.into()),
+        }
+    }
+}
+
+/// What `tollgate doctor` is asked to look at besides the host itself.
+#[derive(Debug)]
+pub(crate) struct DoctorArgs {
+    /// The supervisor's data directory, if one is planned or exists.
+    pub(crate) data_dir: Option<PathBuf>,
+    /// The shim binary; default: next to `tollgate`.
+    pub(crate) shim: Option<PathBuf>,
+    /// The host ids the supervisor would hand out.
+    pub(crate) host_ids: std::ops::Range<u32>,
+    /// One JSON object instead of text.
+    pub(crate) json: bool,
+}
+
+/// The checks of this host alone (no data directory, no authority).
+fn host_checks(shim: Option<&Path>, ids: &std::ops::Range<u32>) -> Vec<Check> {
+    vec![
+        root(),
+        user_namespaces(),
+        shim_probe(shim),
+        seccomp(),
+        cgroups(),
+        memfd_noexec(),
+        host_ids(ids),
+    ]
+}
+
+/// Prints checks for people: verdict, name, what was seen, and the fix under it.
+fn print(checks: &[Check]) {
+    for check in checks {
+        say!(
+            "{:<5} {:<16} {}",
+            check.verdict.as_str(),
+            check.name,
+            check.seen
+        );
+        if let Some(fix) = &check.fix {
+            say!("{:<22} fix: {fix}", "");
+        }
+    }
+}
+
+/// For `tollgate quickstart`: the host checks, printed; how many failed.
+pub(crate) fn check_host(ids: &std::ops::Range<u32>) -> usize {
+    let checks = host_checks(None, ids);
+    print(&checks);
+    checks.iter().filter(|c| c.verdict == Verdict::Fail).count()
+}
+
+/// Runs every check; `Err` (exit 1) when one fails.
+pub(crate) async fn doctor(global: &GlobalArgs, args: DoctorArgs) -> Result<(), CliError> {
+    let mut checks = host_checks(args.shim.as_deref(), &args.host_ids);
+    if let Some(dir) = &args.data_dir {
+        checks.push(data_dir(dir));
+    }
+    checks.push(authority(global).await);
+    let failed = checks.iter().filter(|c| c.verdict == Verdict::Fail).count();
+    if args.json {
+        let list: Vec<_> = checks
+            .iter()
+            .map(|c| {
+                json!({
+                    "check": c.name,
+                    "verdict": c.verdict.as_str().to_lowercase(),
+                    "seen": c.seen,
+                    "fix": c.fix,
+                })
+            })
+            .collect();
+        println!("{}", json!({ "ready": failed == 0, "checks": list }));
+    } else {
+        for check in &checks {
+            say!(
+                "{:<5} {:<16} {}",
+                check.verdict.as_str(),
+                check.name,
+                check.seen
+            );
+            if let Some(fix) = &check.fix {
+                say!("{:<22} fix: {fix}", "");
+            }
+        }
+        if failed == 0 {
+            say!("this host can run tollgate-supervisor");
+        }
+    }
+    if failed == 0 {
+        Ok(())
+    } else {
+        Err(CliError::Doctor(failed))
+    }
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|text| text.trim().to_owned())
+}
+
+fn root() -> Check {
+    if nix::unistd::geteuid().is_root() {
+        Check::ok("root", "running as root")
+    } else {
+        Check::bad(
+            "root",
+            Verdict::Fail,
+            "not root: the supervisor builds namespaces and cgroups",
+            "run tollgate-supervisor (and this check) as root",
+        )
+    }
+}
+
+fn user_namespaces() -> Check {
+    match read("/proc/sys/user/max_user_namespaces").and_then(|n| n.parse::<u64>().ok()) {
+        Some(0) => Check::bad(
+            "user namespaces",
+            Verdict::Fail,
+            "user.max_user_namespaces = 0",
+            "sysctl -w user.max_user_namespaces=15000 (and in /etc/sysctl.d/)",
+        ),
+        Some(n) => Check::ok("user namespaces", format!("user.max_user_namespaces = {n}")),
+        None => Check::bad(
+            "user namespaces",
+            Verdict::Fail,
+            "this kernel has no user namespaces",
+            "use a kernel built with CONFIG_USER_NS",
+        ),
+    }
+}
+
+/// The shim's own probe: Landlock as the sandbox will use it.
+fn shim_probe(shim: Option<&Path>) -> Check {
+    let shim = shim.map(Path::to_owned).unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("tollgate-shim")))
+            .unwrap_or_else(|| PathBuf::from("tollgate-shim"))
+    });
+    let output = match std::process::Command::new(&shim).arg("probe").output() {
+        Ok(output) if output.status.success() => output,
+        Ok(output) => {
+            return Check::bad(
+                "landlock",
+                Verdict::Fail,
+                format!(
+                    "{} probe failed: {}",
+                    shim.display(),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ),
+                "install tollgate-shim from the same release as tollgate",
+            )
+        }
+        Err(e) => {
+            return Check::bad(
+                "landlock",
+                Verdict::Fail,
+                format!("cannot run {}: {e}", shim.display()),
+                "install tollgate-shim next to tollgate, or pass --shim PATH",
+            )
+        }
+    };
+    let probe: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+    let required = probe["landlock_required"].as_u64().unwrap_or(3);
+    match probe["landlock_abi"].as_u64() {
+        Some(abi) if abi >= required => {
+            Check::ok("landlock", format!("ABI v{abi} (v{required} needed)"))
+        }
+        Some(abi) => Check::bad(
+            "landlock",
+            Verdict::Fail,
+            format!("ABI v{abi}, v{required} needed (truncate and rename rules)"),
+            "use a kernel 6.2 or newer",
+        ),
+        None => Check::bad(
+            "landlock",
+            Verdict::Fail,
+            format!(
+                "not available: {}",
+                probe["landlock_error"].as_str().unwrap_or("unknown")
+            ),
+            "boot with landlock in the lsm= list (e.g. lsm=landlock,lockdown,yama,apparmor)",
+        ),
+    }
+}
+
+fn seccomp() -> Check {
+    match read("/proc/sys/kernel/seccomp/actions_avail") {
+        Some(actions) if actions.contains("kill_process") && actions.contains("errno") => {
+            Check::ok("seccomp", format!("filters with {actions}"))
+        }
+        Some(actions) => Check::bad(
+            "seccomp",
+            Verdict::Fail,
+            format!("filters lack kill_process or errno ({actions})"),
+            "use a kernel with CONFIG_SECCOMP_FILTER",
+        ),
+        None => Check::bad(
+            "seccomp",
+            Verdict::Fail,
+            "no seccomp filters",
+            "use a kernel with CONFIG_SECCOMP_FILTER",
+        ),
+    }
+}
+
+/// The cgroup layout and the controllers runs need (memory, pids, cpu).
+fn cgroups() -> Check {
+    const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
+    if let Some(controllers) = read("/sys/fs/cgroup/cgroup.controllers") {
+        let missing: Vec<_> = WANTED
+            .iter()
+            .filter(|c| !controllers.split_whitespace().any(|have| have == **c))
+            .collect();
+        // cgroup.kill came with 5.14: a child of the root has it.
+        let kill = std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|entry| entry.path().join("cgroup.kill").exists());
+        return match (missing.is_empty(), kill) {
+            (true, true) => Check::ok(
+                "cgroups",
+                format!("unified (v2): {controllers}; cgroup.kill available"),
+            ),
+            (true, false) => Check::bad(
+                "cgroups",
+                Verdict::Warn,
+                "unified (v2) without cgroup.kill: teardown kills process by process",
+                "use a kernel 5.14 or newer",
+            ),
+            (false, _) => Check::bad(
+                "cgroups",
+                Verdict::Fail,
+                format!("unified (v2) without {missing:?}"),
+                "enable the memory, pids and cpu controllers (cgroup_enable=memory on the kernel command line)",
+            ),
+        };
+    }
+    let missing: Vec<_> = WANTED
+        .iter()
+        .filter(|c| !Path::new("/sys/fs/cgroup").join(c).is_dir())
+        .collect();
+    let hybrid = Path::new("/sys/fs/cgroup/unified").is_dir();
+    let mode = if hybrid { "hybrid" } else { "legacy (v1)" };
+    if missing.is_empty() {
+        Check::ok(
+            "cgroups",
+            format!("{mode}: v1 memory, pids and cpu controllers mounted"),
+        )
+    } else {
+        Check::bad(
+            "cgroups",
+            Verdict::Fail,
+            format!("{mode} without {missing:?}"),
+            "mount the memory, pids and cpu cgroup controllers",
+        )
+    }
+}
+
+fn memfd_noexec() -> Check {
+    match read("/proc/sys/vm/memfd_noexec") {
+        Some(value) => Check::ok("memfd_noexec", format!("vm.memfd_noexec = {value}")),
+        None => Check::bad(
+            "memfd_noexec",
+            Verdict::Warn,
+            "this kernel has no vm.memfd_noexec (before 6.3): seccomp alone keeps agents from executing memory files",
+            "use a kernel 6.3 or newer for a second line of defence",
+        ),
+    }
+}
+
+/// The host ids must be free: no user of this host and no live supervisor holds them.
+fn host_ids(range: &std::ops::Range<u32>) -> Check {
+    let users: Vec<String> = read("/etc/passwd")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(':');
+            let name = fields.next()?;
+            let uid: u32 = fields.nth(1)?.parse().ok()?;
+            range.contains(&uid).then(|| format!("{name} ({uid})"))
+        })
+        .collect();
+    if !users.is_empty() {
+        return Check::bad(
+            "host ids",
+            Verdict::Fail,
+            format!(
+                "{}..{} holds users of this host: {}",
+                range.start,
+                range.end,
+                users.join(", ")
+            ),
+            "give the supervisor another --host-id-base",
+        );
+    }
+    let claims = std::fs::read_dir("/run/tollgate/supervisors")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .filter_map(|text| {
+            let ids = text.lines().find_map(|l| l.strip_prefix("host_ids="))?;
+            let (start, end) = ids.split_once("..")?;
+            let (start, end): (u32, u32) = (start.parse().ok()?, end.parse().ok()?);
+            let id = text
+                .lines()
+                .find_map(|l| l.strip_prefix("id="))
+                .unwrap_or("?");
+            (start < range.end && range.start < end).then(|| format!("{id} ({start}..{end})"))
+        })
+        .collect::<Vec<_>>();
+    if claims.is_empty() {
+        Check::ok("host ids", format!("{}..{} free", range.start, range.end))
+    } else {
+        Check::bad(
+            "host ids",
+            Verdict::Warn,
+            format!(
+                "{}..{} overlaps supervisors registered here: {}",
+                range.start,
+                range.end,
+                claims.join(", ")
+            ),
+            "a supervisor sharing this host needs its own --host-id-base (a live one refuses the overlap)",
+        )
+    }
+}
+
+fn data_dir(dir: &Path) -> Check {
+    match std::fs::metadata(dir) {
+        Ok(meta) if meta.mode() & 0o077 != 0 => Check::bad(
+            "data dir",
+            Verdict::Fail,
+            format!(
+                "{} is mode {:o}: others can enter it",
+                dir.display(),
+                meta.mode() & 0o7777
+            ),
+            format!("chmod 700 {}", dir.display()),
+        ),
+        Ok(meta) if meta.uid() != 0 => Check::bad(
+            "data dir",
+            Verdict::Warn,
+            format!("{} is owned by uid {}, not root", dir.display(), meta.uid()),
+            format!("chown root {}", dir.display()),
+        ),
+        Ok(_) => Check::ok("data dir", format!("{}: 0700, root", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Check::ok(
+            "data dir",
+            format!("{} will be created 0700", dir.display()),
+        ),
+        Err(e) => Check::bad(
+            "data dir",
+            Verdict::Fail,
+            format!("{}: {e}", dir.display()),
+            "give the supervisor a data directory root can create",
+        ),
+    }
+}
+
+async fn authority(global: &GlobalArgs) -> Check {
+    let mut client = match connect(&global.authority).await {
+        Ok(client) => client,
+        // Nothing at the default address is no fault of this host: a supervisor may trust a
+        // key file instead.
+        Err(e) if global.authority == DEFAULT_AUTHORITY => {
+            return Check::bad(
+                "authority",
+                Verdict::Warn,
+                format!("none at the default address: {e}"),
+                "pass --authority ADDR (or the path of its authority.addr) to check the one the supervisor will follow",
+            )
+        }
+        Err(e) => {
+            return Check::bad(
+                "authority",
+                Verdict::Fail,
+                e.to_string(),
+                "start tollgate-authority, or pass the --authority ADDR the supervisor will follow",
+            )
+        }
+    };
+    match client
+        .get_key_set(tollgate_proto::v1::GetKeySetRequest {})
+        .await
+    {
+        Ok(set) => {
+            let set = set.into_inner();
+            let active = set.keys.iter().filter(|k| k.active).count();
+            Check::ok(
+                "authority",
+                format!(
+                    "{} answers (issuer {}): {} key(s), {active} active",
+                    global.authority,
+                    set.issuer,
+                    set.keys.len()
+                ),
+            )
+        }
+        Err(status) => Check::bad(
+            "authority",
+            Verdict::Fail,
+            format!(
+                "{} refused its key set: {}",
+                global.authority,
+                status.message()
+            ),
+            "check that --authority names a tollgate-authority",
+        ),
+    }
+}
