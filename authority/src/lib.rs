@@ -349,6 +349,16 @@ pub async fn serve(
             addr: listen,
             source,
         })?;
+    // A SIGHUP (a terminal closing, an operator's reload habit) must never stop the daemon.
+    // Nothing of it is read from files after start: operators, ceilings and keys change
+    // through its API.
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| AuthorityError::Config(format!("cannot handle SIGHUP: {e}")))?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP: nothing to reload (operators, ceilings and keys change through the API; the config file is read at start)");
+        }
+    });
     // The socket is listening, so connections queue from here on: the daemon is ready.
     write_readiness(&addr_path, &bound.to_string())
         .map_err(AuthorityError::write_file(&addr_path))?;

@@ -89,6 +89,8 @@ struct Flags {
     /// Model routes (TOML: [policy] and [[route]] entries: name, kind local|cloud, api or
     /// preset, endpoint, model, key_secret = "env:NAME" | "file:/path"). Keys are read at
     /// start and never enter a sandbox. Without it, model calls are refused as unavailable.
+    /// SIGHUP reads it again (keys loaded, local routes probed): runs starting from then on
+    /// use the new routes; a file that does not load leaves the old ones in use.
     #[arg(long, value_name = "FILE", env = "TOLLGATE_ROUTES")]
     routes: Option<PathBuf>,
     /// How long to wait at start for every local route's server to answer its health check
@@ -164,6 +166,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     let audit_key = tollgate_audit::AuditKey::configured(flags.audit_key_file.as_deref())
         .map_err(DaemonError::AuditKey)?;
     let timeout = Duration::from_secs(flags.route_probe_timeout);
+    let routes_file = flags.routes.clone();
     let models = match flags.routes.as_deref() {
         Some(path) => Some(std::sync::Arc::new(ModelRoutes::load(path, timeout).await?)),
         None => None,
@@ -204,6 +207,8 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
         },
         audit_key,
         models,
+        routes_file,
+        route_probe_timeout: timeout,
         delegation_token,
     })
 }

@@ -387,6 +387,34 @@ impl SupervisorProcess {
         Self::token_file_of(&self.data_dir)
     }
 
+    /// Starts it with these extra flags (e.g. `--routes FILE`).
+    pub fn start_with_flags(
+        data_dir: &Path,
+        authority: &str,
+        test: &str,
+        host_id_base: u32,
+        flags: Vec<String>,
+    ) -> Self {
+        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        Self::spawn(
+            data_dir,
+            authority,
+            cgroup_parent,
+            (host_id_base, 64),
+            flags,
+        )
+    }
+
+    /// What the daemon has written to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.data_dir.with_extension("stderr")).unwrap_or_default()
+    }
+
+    /// Whether the daemon is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Starts it with room for `host_ids` live runs at once.
     pub fn start_with_capacity(
         data_dir: &Path,

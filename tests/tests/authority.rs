@@ -997,7 +997,7 @@ fn sigterm_right_after_readiness_stops_cleanly() {
 }
 
 /// `--log-format json` writes one JSON object a line (a collector parses every line), and the
-/// text format writes no colour codes into a file.
+/// text format writes no colour codes into a file; a SIGHUP is logged, never fatal.
 #[test]
 fn logs_are_json_lines_or_plain_text() {
     use std::process::{Command, Stdio};
@@ -1020,6 +1020,21 @@ fn logs_are_json_lines_or_plain_text() {
             std::time::Duration::from_secs(30),
         )
         .unwrap();
+        // A SIGHUP never stops it.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            Signal::SIGHUP,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("SIGHUP: nothing to reload")
+        {
+            assert!(std::time::Instant::now() < deadline, "SIGHUP not handled");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(child.try_wait().unwrap().is_none(), "SIGHUP stopped it");
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(child.id() as i32),
             Signal::SIGTERM,

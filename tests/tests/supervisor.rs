@@ -614,3 +614,95 @@ async fn supervisor_commands_find_and_name_the_supervisors_token() {
         );
     }
 }
+
+/// SIGHUP reloads the routes file (probing its local routes again) for runs starting from
+/// then on; a live run is untouched and the daemon goes on; a file that does not load leaves
+/// the routes in use as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_routes_and_leaves_a_live_run_alone() {
+    use tollgate_tests::fake_models::{FakeBackend, Script};
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeBackend::start(Script {
+        models: vec!["m".into(), "n".into()],
+        ..Default::default()
+    })
+    .await;
+    let route = |name: &str, model: &str| {
+        format!(
+            "[[route]]\nname = \"{name}\"\nkind = \"local\"\npreset = \"vllm\"\nendpoint = \"{}\"\nmodel = \"{model}\"\n",
+            server.endpoint
+        )
+    };
+    let routes = dir.path().join("routes.toml");
+    std::fs::write(&routes, route("first", "m")).unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let mut supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "sighup",
+        202_900,
+        vec!["--routes".into(), routes.display().to_string()],
+    );
+    let mut client = supervisor.client().await;
+    let (text, id) = mint(&authority, spec("sleep 3333", 120)).await;
+    client
+        .start_run(authed(
+            &supervisor.token(),
+            pb::StartRunRequest {
+                receipt: text,
+                argv: vec![],
+            },
+        ))
+        .await
+        .unwrap();
+    wait_state(&supervisor, &id, pb::RunState::Running).await;
+    let hangup = |supervisor: &SupervisorProcess| {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(supervisor.pid() as i32),
+            Signal::SIGHUP,
+        )
+        .unwrap();
+    };
+    let wait_log = |supervisor: &SupervisorProcess, needle: &str| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !supervisor.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?}: {}",
+                supervisor.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    std::fs::write(&routes, route("first", "m") + "\n" + &route("second", "n")).unwrap();
+    hangup(&supervisor);
+    wait_log(&supervisor, "model routes reloaded");
+    assert!(
+        supervisor.log().contains("routes=2"),
+        "{}",
+        supervisor.log()
+    );
+
+    // A file that does not load (a model its server does not list): the old routes stay.
+    std::fs::write(&routes, route("third", "absent")).unwrap();
+    hangup(&supervisor);
+    wait_log(&supervisor, "model routes not reloaded");
+
+    assert!(supervisor.is_running(), "a SIGHUP stopped the supervisor");
+    let run = wait_state(&supervisor, &id, pb::RunState::Running).await;
+    assert_eq!(run.run_id, id);
+    client
+        .stop_run(authed(
+            &supervisor.token(),
+            pb::StopRunRequest {
+                run_id: id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .unwrap();
+}

@@ -41,6 +41,10 @@ pub struct SupervisorConfig {
     pub audit_key: Option<tollgate_audit::AuditKey>,
     /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
     pub models: Option<Arc<tollgate_router_backends::ModelRoutes>>,
+    /// The routes file `models` came from, read again on SIGHUP.
+    pub routes_file: Option<PathBuf>,
+    /// How long a reload may wait for a local route's probe.
+    pub route_probe_timeout: std::time::Duration,
     /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
     /// cannot delegate.
     pub delegation_token: Option<Secret>,

@@ -82,6 +82,9 @@ pub enum DaemonError {
         /// The failure.
         source: std::io::Error,
     },
+    /// The signal handlers could not be installed.
+    #[error("cannot handle signals: {0}")]
+    Signals(std::io::Error),
     /// The gRPC server failed.
     #[error("{0}")]
     Serve(#[from] tonic::transport::Error),
@@ -113,7 +116,8 @@ impl DaemonError {
             | Self::Listen { .. }
             | Self::Readiness { .. }
             | Self::Serve(_)
-            | Self::Reflection(_) => 69, // EX_UNAVAILABLE
+            | Self::Reflection(_) => 69,
+            Self::Signals(_) => 71,              // EX_OSERR // EX_UNAVAILABLE
             Self::Runs(_) | Self::Task(_) => 70, // EX_SOFTWARE
             Self::Audit(e) => u8::try_from(e.exit_code()).unwrap_or(70),
         }

@@ -9,6 +9,7 @@
 mod config;
 mod error;
 pub mod host;
+mod reload;
 mod trust;
 
 use std::future::Future;
@@ -289,6 +290,13 @@ pub async fn serve(
     // run: it must never be mistaken for readiness.
     let _ = std::fs::remove_file(&addr_path);
     supervisor.follow_authority().await?;
+    // Before readiness: from the moment clients may connect, a SIGHUP reloads, never kills.
+    reload::on_hangup(
+        supervisor.manager.clone(),
+        supervisor.config.routes_file.clone(),
+        supervisor.config.route_probe_timeout,
+    )
+    .map_err(DaemonError::Signals)?;
     let listener = TcpListener::bind(&listen)
         .await
         .map_err(|source| DaemonError::Listen {

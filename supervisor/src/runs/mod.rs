@@ -137,7 +137,7 @@ pub struct RunManager {
     /// Serves the runs' gateway sockets (its own threads: agents' calls never wait behind the
     /// operator API). `None` only while dropping.
     /// The supervisor's model routes, when it has any (set once, before runs start).
-    models: OnceLock<Arc<ModelRoutes>>,
+    models: RwLock<Option<Arc<ModelRoutes>>>,
     /// The authority link for delegation, when this supervisor has a delegation token.
     delegator: OnceLock<Arc<Delegator>>,
     /// Fetches the authority's key set now (rate-limited), when this supervisor follows one:
@@ -262,7 +262,7 @@ impl RunManager {
             .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
         let manager = Arc::new(Self {
             gateway_runtime: Some(gateway_runtime),
-            models: OnceLock::new(),
+            models: RwLock::new(None),
             delegator: OnceLock::new(),
             key_refresh: OnceLock::new(),
             hub: Arc::default(),
@@ -453,10 +453,19 @@ impl RunManager {
         })
     }
 
-    /// Gives runs started from now on this supervisor's model routes (once; later calls
-    /// are ignored).
+    /// Gives runs started from now on these model routes (a reload calls it again; runs
+    /// already live keep theirs).
     pub fn set_model_routes(&self, routes: Arc<ModelRoutes>) {
-        let _ = self.models.set(routes);
+        *self.models.write().unwrap_or_else(|p| p.into_inner()) = Some(routes);
+    }
+
+    /// The model routes runs starting now get (a reload replaces them for later runs; a
+    /// live run keeps the ones it started with).
+    pub(crate) fn model_routes(&self) -> Option<Arc<ModelRoutes>> {
+        self.models
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Asks a live run, and every run it delegated, to stop. Returns `false` when it is not

@@ -462,7 +462,7 @@ impl RunManager {
                 running: AtomicUsize::new(0),
                 started: OnceLock::new(),
             })),
-            models: self.models.get().map(|shared| {
+            models: self.model_routes().map(|shared| {
                 Arc::new(RunModels::new(
                     shared.clone(),
                     receipt.limits.unwrap_or_default().tokens,
