@@ -363,7 +363,9 @@ pub async fn serve(
     write_readiness(&addr_path, &bound.to_string())
         .map_err(AuthorityError::write_file(&addr_path))?;
     tracing::info!(addr = %bound, "authority listening");
+    tollgate_daemon::systemd::ready(&format!("listening on {bound}"));
     let result = opened.run(listener, shutdown).await;
+    tollgate_daemon::systemd::stopping();
     let _ = std::fs::remove_file(&addr_path);
     result
 }

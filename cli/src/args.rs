@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::{Daemon, TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
+use crate::client::{TokenSource, DEFAULT_AUTHORITY, DEFAULT_SUPERVISOR};
+use crate::error::Daemon;
 
 /// Operate Tollgate: mint and revoke signed run receipts, run them in sandboxes, follow and
 /// stop runs, read the audit trail.

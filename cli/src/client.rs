@@ -7,7 +7,7 @@ use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_proto::v1::supervisor_client::SupervisorClient;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::error::CliError;
+use crate::error::{CliError, Daemon};
 
 /// Default authority address.
 pub const DEFAULT_AUTHORITY: &str = "127.0.0.1:7700";
@@ -51,16 +51,6 @@ fn error_chain(error: &dyn std::error::Error) -> String {
         source = inner.source();
     }
     text
-}
-
-/// Which daemon a command talks to (whose token it needs).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Daemon {
-    /// The authority.
-    #[default]
-    Authority,
-    /// The supervisor.
-    Supervisor,
 }
 
 /// Where the operator token comes from.

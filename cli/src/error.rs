@@ -36,7 +36,7 @@ pub enum CliError {
     Doctor(usize),
     /// No token was given for the daemon a command talks to.
     #[error("{}", no_token(.0))]
-    NoToken(crate::client::Daemon),
+    NoToken(Daemon),
     /// Writing output failed.
     #[error("cannot write {path}: {detail}")]
     Output {
@@ -125,9 +125,19 @@ impl CliError {
 }
 
 /// What to pass when no token was given, for the daemon that needs it.
-fn no_token(daemon: &crate::client::Daemon) -> &'static str {
+fn no_token(daemon: &Daemon) -> &'static str {
     match daemon {
-        crate::client::Daemon::Authority => "no operator token: pass --token-file PATH or set TOLLGATE_AUTHORITY_TOKEN_FILE (the admin token is <authority data dir>/admin.token)",
-        crate::client::Daemon::Supervisor => "no supervisor token: pass --token-file PATH or set TOLLGATE_SUPERVISOR_TOKEN_FILE (the token is <supervisor data dir>/admin.token)",
+        Daemon::Authority => "no operator token: pass --token-file PATH or set TOLLGATE_AUTHORITY_TOKEN_FILE (the admin token is <authority data dir>/admin.token)",
+        Daemon::Supervisor => "no supervisor token: pass --token-file PATH or set TOLLGATE_SUPERVISOR_TOKEN_FILE (the token is <supervisor data dir>/admin.token)",
     }
+}
+
+/// Which daemon a command talks to (whose token it needs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Daemon {
+    /// The authority.
+    #[default]
+    Authority,
+    /// The supervisor.
+    Supervisor,
 }

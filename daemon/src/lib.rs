@@ -2,7 +2,7 @@
 //! place: bounded gRPC serving ([`serve`]), daemon addresses as clients give them
 //! ([`address`]), the log format ([`logging`]), the data directory's lock and atomic private
 //! files ([`files`]), bearer tokens ([`token`]), secrets that never print ([`Secret`]), the
-//! shutdown signal ([`shutdown`]) and blocking work off the async threads ([`blocking`]).
+//! shutdown signal ([`shutdown`]), systemd's readiness protocol ([`systemd`]) and blocking work off the async threads ([`blocking`]).
 #![forbid(unsafe_code)]
 
 pub mod address;
@@ -12,6 +12,7 @@ pub mod reflection;
 pub mod secret;
 pub mod serve;
 pub mod shutdown;
+pub mod systemd;
 pub mod token;
 
 pub use secret::Secret;

@@ -1056,3 +1056,44 @@ fn logs_are_json_lines_or_plain_text() {
         }
     }
 }
+
+/// Under systemd (`Type=notify`) the authority says READY=1 once it listens, with its address
+/// in STATUS, and STOPPING=1 when it stops.
+#[test]
+fn systemd_hears_ready_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&socket_path).unwrap();
+    socket
+        .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let data = dir.path().join("authority");
+    let mut child = Command::new(tollgate_tests::bin_path("tollgate-authority"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("NOTIFY_SOCKET", &socket_path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut buffer = [0u8; 512];
+    let n = socket.recv(&mut buffer).unwrap();
+    let ready = String::from_utf8_lossy(&buffer[..n]).into_owned();
+    assert!(ready.contains("READY=1"), "{ready}");
+    let addr = std::fs::read_to_string(data.join("authority.addr")).unwrap();
+    assert!(
+        ready.contains(&format!("STATUS=listening on {}", addr.trim())),
+        "{ready}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let n = socket.recv(&mut buffer).unwrap();
+    assert!(String::from_utf8_lossy(&buffer[..n]).contains("STOPPING=1"));
+    assert!(child.wait().unwrap().success());
+}

@@ -197,3 +197,47 @@ fn the_module_cycle_check_finds_cycles_and_passes_one_way_modules() {
         String::from_utf8_lossy(&ours.stdout)
     );
 }
+
+/// The systemd units in the repository are valid units for these binaries
+/// (`systemd-analyze verify`, with ExecStart pointed at the built binaries; skipped where
+/// systemd-analyze is not installed).
+#[test]
+fn the_systemd_units_verify() {
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if Command::new("systemd-analyze")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("systemd-analyze is not installed: units not verified");
+        return;
+    }
+    let bin = tollgate_tests::bin_path("tollgate-authority");
+    let bin_dir = bin.parent().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for unit in [
+        "authority/systemd/tollgate-authority.service",
+        "supervisor/systemd/tollgate-supervisor.service",
+    ] {
+        let text = std::fs::read_to_string(repo.join(unit)).unwrap();
+        assert!(text.contains("Type=notify"), "{unit}");
+        let local = dir
+            .path()
+            .join(std::path::Path::new(unit).file_name().unwrap());
+        std::fs::write(
+            &local,
+            text.replace("/usr/local/bin/", &format!("{}/", bin_dir.display())),
+        )
+        .unwrap();
+        let verified = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&local)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&verified.stderr);
+        assert!(
+            verified.status.success() && stderr.trim().is_empty(),
+            "{unit}: {stderr}"
+        );
+    }
+}

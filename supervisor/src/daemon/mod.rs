@@ -315,7 +315,9 @@ pub async fn serve(
         source,
     })?;
     tracing::info!(addr = %bound, id = %supervisor.config.runs.supervisor_id, "supervisor listening");
+    tollgate_daemon::systemd::ready(&format!("listening on {bound}"));
     let result = supervisor.run(listener, shutdown).await;
+    tollgate_daemon::systemd::stopping();
     let _ = std::fs::remove_file(&addr_path);
     result
 }
