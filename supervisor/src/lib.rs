@@ -22,6 +22,7 @@ pub mod error;
 pub mod exec;
 pub mod gateway;
 pub mod hub;
+pub mod metrics;
 pub mod records;
 pub mod runs;
 pub mod sandbox;

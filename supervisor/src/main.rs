@@ -60,6 +60,12 @@ struct Flags {
     /// supervisors sharing a host need different ones.
     #[arg(long, value_name = "NAME", default_value = "tollgate")]
     cgroup_parent: String,
+    /// Serve Prometheus metrics (OpenMetrics text) at http://ADDR/metrics: runs by state,
+    /// start and teardown latency, gateway calls by tool and decision, model tokens by route,
+    /// the revocation stream, the key set's age, the warm pool. Off unless given; bind it to
+    /// loopback or a management network. The bound address goes to <data-dir>/metrics.addr.
+    #[arg(long, value_name = "ADDR", env = "TOLLGATE_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
     /// Where live supervisors register their cgroup parent and host-id range, so that two
     /// on one host never share either (the second refuses to start, naming the first).
     #[arg(
@@ -197,6 +203,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
             warm_sandboxes: flags.warm_sandboxes,
         },
         listen,
+        metrics_listen: flags.metrics_listen,
         run_dir: flags.run_dir,
         trust: match (flags.authority, flags.trust_keys) {
             (Some(addr), _) => Trust::Authority(

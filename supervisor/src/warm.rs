@@ -109,7 +109,12 @@ impl SandboxPool {
     /// one when ready, else a fresh one. The caller calls [`SandboxPool::refill`] once its
     /// start is done, so preparing the next one does not compete with it.
     pub fn take(self: &Arc<Self>, limits: CgroupLimits) -> Result<PreparedSandbox, StartError> {
-        let warm = self.warm.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let warm = {
+            let mut warm = self.warm.lock().unwrap_or_else(|p| p.into_inner());
+            let taken = warm.pop();
+            crate::metrics::get().warm_sandboxes.set(warm.len() as i64);
+            taken
+        };
         match warm {
             Some(sandbox) => match sandbox.cgroup.apply_limits(limits) {
                 Ok(()) => Ok(sandbox),
@@ -140,11 +145,11 @@ impl SandboxPool {
                     break;
                 }
                 match PreparedSandbox::prepare(&pool.shim, &pool.cgroup_parent, &pool.base, None) {
-                    Ok(sandbox) => pool
-                        .warm
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(sandbox),
+                    Ok(sandbox) => {
+                        let mut warm = pool.warm.lock().unwrap_or_else(|p| p.into_inner());
+                        warm.push(sandbox);
+                        crate::metrics::get().warm_sandboxes.set(warm.len() as i64);
+                    }
                     Err(e) => {
                         // Starts still work (they prepare their own); say why none is warm.
                         tracing::warn!(error = %e, "preparing a warm sandbox failed");

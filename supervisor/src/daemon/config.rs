@@ -32,6 +32,8 @@ pub struct SupervisorConfig {
     pub runs: RunSettings,
     /// Listen address.
     pub listen: String,
+    /// Where to serve `/metrics` (Prometheus); `None`: no metrics endpoint.
+    pub metrics_listen: Option<String>,
     /// Where live supervisors register their cgroup parent and host ids
     /// (`/run/tollgate`).
     pub run_dir: PathBuf,

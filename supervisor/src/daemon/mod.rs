@@ -8,6 +8,7 @@
 
 mod config;
 mod error;
+mod exposition;
 pub mod host;
 mod reload;
 mod trust;
@@ -33,6 +34,9 @@ use crate::cgroup::CgroupMode;
 use crate::runs::RunManager;
 use crate::service::{SupervisorService, TokenCheck};
 use crate::COMPONENT;
+
+/// Where `--metrics-listen`'s bound address is written (for port 0).
+pub const METRICS_ADDR_FILE: &str = "metrics.addr";
 
 /// The supervisor's one call anyone may make without a token.
 const PUBLIC_CALL: &str = "/tollgate.v1.Supervisor/GetSupervisorInfo";
@@ -309,6 +313,24 @@ pub async fn serve(
             addr: listen,
             source,
         })?;
+    if let Some(metrics_listen) = &supervisor.config.metrics_listen {
+        let metrics =
+            TcpListener::bind(metrics_listen)
+                .await
+                .map_err(|source| DaemonError::Listen {
+                    addr: metrics_listen.clone(),
+                    source,
+                })?;
+        let bound = metrics.local_addr().map_err(|source| DaemonError::Listen {
+            addr: metrics_listen.clone(),
+            source,
+        })?;
+        let path = supervisor.config.runs.data_dir.join(METRICS_ADDR_FILE);
+        write_readiness(&path, &bound.to_string())
+            .map_err(|source| DaemonError::Readiness { path, source })?;
+        exposition::serve(metrics);
+        tracing::info!(addr = %bound, "metrics at /metrics");
+    }
     // The socket is listening, so connections queue from here on: the daemon is ready.
     write_readiness(&addr_path, &bound.to_string()).map_err(|source| DaemonError::Readiness {
         path: addr_path.clone(),

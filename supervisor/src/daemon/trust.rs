@@ -128,6 +128,7 @@ pub(super) async fn follow_authority(
                     }
                     Some(pb::revocation_event::Event::CaughtUp(_)) => {
                         let _ = caught_up.send(true);
+                        crate::metrics::get().revocation_stream_up.set(1);
                         if lost {
                             tracing::info!(
                                 after_seq = after,
@@ -148,6 +149,7 @@ pub(super) async fn follow_authority(
             Err(e) => tracing::warn!(error = %e, "revocation stream lost; reconnecting"),
         }
         lost = true;
+        crate::metrics::get().revocation_stream_up.set(0);
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(10));
     }

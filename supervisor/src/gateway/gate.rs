@@ -439,6 +439,7 @@ impl CallGate {
         (decision, reason): (Decision, Option<&str>),
         durable: bool,
     ) -> Result<(), Status> {
+        crate::metrics::get().call(tool, decision.as_str());
         if decision == Decision::Deny && self.summarised(tool, call_id, reason.unwrap_or(""))? {
             return Ok(());
         }

@@ -76,6 +76,7 @@ impl RunModels {
         entry.calls += 1;
         entry.prompt_tokens = entry.prompt_tokens.saturating_add(prompt_tokens);
         entry.completion_tokens = entry.completion_tokens.saturating_add(completion_tokens);
+        crate::metrics::get().tokens(route, prompt_tokens, completion_tokens);
     }
 
     /// What the run has spent so far, per route (by name).
@@ -218,6 +219,7 @@ impl ModelCalls {
                         tracing::error!(run_id = %self.gate.run_id, error = %e.message(), "could not audit a model call");
                     }
                 }
+                crate::metrics::get().call("model.complete", "deny");
                 let mut status = refused.status;
                 for (key, value) in [
                     ("tollgate-call-id", Some(call_id.clone())),
@@ -247,6 +249,7 @@ impl ModelCalls {
             .last_call
             .lock()
             .unwrap_or_else(|p| p.into_inner()) = Some(call_id.clone());
+        crate::metrics::get().call("model.complete", "allow");
         let (out, stream) = mpsc::channel(64);
         let run = self.clone();
         tokio::spawn(async move { run.run_call(call_id, plan, slot, out, started).await });

@@ -260,6 +260,7 @@ impl RunManager {
             .enable_all()
             .build()
             .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
+        crate::metrics::get().key_set_replaced();
         let manager = Arc::new(Self {
             gateway_runtime: Some(gateway_runtime),
             models: RwLock::new(None),
@@ -324,6 +325,7 @@ impl RunManager {
     /// Replaces the trusted keys (after fetching the authority's key set again; revocations
     /// are kept).
     pub fn set_keys(&self, keys: KeySet) {
+        crate::metrics::get().key_set_replaced();
         let mut admission = self.admission.write().unwrap_or_else(|p| p.into_inner());
         let mut fresh = ReceiptAdmission::new(
             self.settings.supervisor_id.clone(),

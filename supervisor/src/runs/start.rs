@@ -151,6 +151,7 @@ impl RunManager {
             Ok(admitted) => admitted,
             Err(error) => {
                 self.audit_refusal(signed, &error);
+                crate::metrics::get().start(error.code(), admitted_at.elapsed());
                 return Err(error);
             }
         };
@@ -191,6 +192,8 @@ impl RunManager {
             grants,
         });
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let outcome = result.as_ref().map_or_else(|e| e.code(), |_| "started");
+        crate::metrics::get().start(outcome, admitted_at.elapsed());
         result
     }
 
@@ -282,6 +285,7 @@ impl RunManager {
         });
         let mut runs = self.live.lock().unwrap_or_else(|p| p.into_inner());
         runs.insert(run_id.to_owned(), live.clone());
+        crate::metrics::get().live_runs.inc();
         // Under the same lock as `mark_descendants`: a parent that is ending either finds
         // this child, or is seen closing (or gone) here.
         if let Some(parent) = parent {

@@ -106,6 +106,7 @@ impl RunManager {
         ended: Ended,
         started_ms: u64,
     ) {
+        let tearing_down = std::time::Instant::now();
         live.closing.store(true, Ordering::SeqCst);
         let gateway = live
             .gateway
@@ -195,10 +196,16 @@ impl RunManager {
             tracing::error!(run_id, error = %e, "could not record a teardown report");
         }
         tracing::info!(run_id, state = state.name(), reason = %report.reason, "run torn down");
-        self.live
+        let removed = self
+            .live
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(run_id);
+        let metrics = crate::metrics::get();
+        if removed.is_some() {
+            metrics.live_runs.dec();
+        }
+        metrics.teardown(state.name(), tearing_down.elapsed());
         self.release_holds(run_id);
         *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
         live.ended_signal.notify_all();
