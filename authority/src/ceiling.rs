@@ -310,23 +310,61 @@ impl CeilingCheck<'_> {
         })
     }
 
+    /// Every way a (validated) request goes past the ceiling: its grants, its limits and how
+    /// far ahead it starts, one line each (empty: within the ceiling).
+    pub fn violations(&self, request: &pb::MintReceiptRequest, now: i64) -> Vec<String> {
+        let mut found = self.grant_violations(request);
+        let requested = request.limits.unwrap_or_default();
+        let cap = self.ceiling.limits.unwrap_or_default();
+        for (name, asked, cap) in [
+            ("memory_bytes", requested.memory_bytes, cap.memory_bytes),
+            ("pids", requested.pids.into(), cap.pids.into()),
+            (
+                "cpu_millicores",
+                requested.cpu_millicores.into(),
+                cap.cpu_millicores.into(),
+            ),
+            ("output_bytes", requested.output_bytes, cap.output_bytes),
+            ("tmpfs_bytes", requested.tmpfs_bytes, cap.tmpfs_bytes),
+            ("tool_calls", requested.tool_calls, cap.tool_calls),
+            ("tokens", requested.tokens, cap.tokens),
+            ("files", requested.files.into(), cap.files.into()),
+        ] {
+            if asked != 0 && cap != 0 && asked > cap {
+                found.push(format!("limits.{name} = {asked} (ceiling {cap})"));
+            }
+        }
+        let not_before = request.not_before.map_or(now, |t| t.seconds.max(now));
+        let max_ttl = i64::try_from(self.ceiling.max_ttl_seconds).unwrap_or(i64::MAX);
+        if not_before - now > max_ttl {
+            found.push(format!("not_before more than {max_ttl}s ahead"));
+        }
+        found
+    }
+
     /// Every grant of a (validated) request must be covered by the ceiling.
     pub fn check_grants(&self, request: &pb::MintReceiptRequest) -> Result<(), CallError> {
+        match self.grant_violations(request).into_iter().next() {
+            Some(first) => Err(self.denied(first)),
+            None => Ok(()),
+        }
+    }
+
+    /// The grants of a (validated) request the ceiling does not cover, one line each.
+    fn grant_violations(&self, request: &pb::MintReceiptRequest) -> Vec<String> {
+        let mut found = Vec::new();
         let ceiling = self.ceiling;
         if request.ttl_seconds > ceiling.max_ttl_seconds {
-            return Err(self.denied(format!(
+            found.push(format!(
                 "ttl_seconds = {} (ceiling {})",
                 request.ttl_seconds, ceiling.max_ttl_seconds
-            )));
+            ));
         }
         if !ceiling.audience.is_empty() {
-            if let Some((i, audience)) = request
-                .audience
-                .iter()
-                .enumerate()
-                .find(|(_, a)| !ceiling.audience.contains(a))
-            {
-                return Err(self.denied(format!("audience[{i}] = {audience:?}")));
+            for (i, audience) in request.audience.iter().enumerate() {
+                if !ceiling.audience.contains(audience) {
+                    found.push(format!("audience[{i}] = {audience:?}"));
+                }
             }
         }
         for (i, grant) in request.fs.iter().enumerate() {
@@ -334,11 +372,11 @@ impl CeilingCheck<'_> {
                 path_within(&grant.path, &allowed.path) && allowed.access >= grant.access
             });
             if !covered {
-                return Err(self.denied(format!(
+                found.push(format!(
                     "fs[{i}] = {} ({})",
                     grant.path,
                     access_name(grant.access)
-                )));
+                ));
             }
         }
         for (i, exec) in request.exec.iter().enumerate() {
@@ -350,7 +388,7 @@ impl CeilingCheck<'_> {
                     None => allowed == exec,
                 });
             if !covered {
-                return Err(self.denied(format!("exec[{i}] = {exec}")));
+                found.push(format!("exec[{i}] = {exec}"));
             }
         }
         for (i, route) in request.routes.iter().enumerate() {
@@ -359,22 +397,22 @@ impl CeilingCheck<'_> {
                     && allowed.max_sensitivity >= route.max_sensitivity
             });
             if !covered {
-                return Err(self.denied(format!(
+                found.push(format!(
                     "routes[{i}] = {} ({})",
                     route.name,
                     sensitivity_name(route.max_sensitivity)
-                )));
+                ));
             }
         }
         if let Some(delegate) = &request.delegate {
             if delegate.max_depth > ceiling.max_delegate_depth {
-                return Err(self.denied(format!(
+                found.push(format!(
                     "delegate.max_depth = {} (ceiling {})",
                     delegate.max_depth, ceiling.max_delegate_depth
-                )));
+                ));
             }
         }
-        Ok(())
+        found
     }
 }
 

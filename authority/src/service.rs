@@ -34,6 +34,13 @@ impl Authority for AuthorityService {
         Ok(Response::new(response))
     }
 
+    async fn check_mint(
+        &self,
+        request: Request<pb::MintReceiptRequest>,
+    ) -> Result<Response<pb::CheckMintResponse>, Status> {
+        Ok(Response::new(self.check_mint(&request)?))
+    }
+
     async fn get_receipt(
         &self,
         request: Request<pb::GetReceiptRequest>,

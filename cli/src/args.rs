@@ -96,6 +96,10 @@ pub enum Command {
         /// Print the minted receipt as JSON (with its text form) instead.
         #[arg(long)]
         json: bool,
+        /// Mint nothing: check the spec against your ceiling and list every violation at once
+        /// (exit 77 when there is one); with --json, {"violations": [...], "limits": {...}}.
+        #[arg(long, conflicts_with = "out")]
+        dry_run: bool,
     },
     /// Inspect receipts.
     #[command(subcommand)]

@@ -29,6 +29,9 @@ pub enum CliError {
     /// A receipt failed verification.
     #[error("receipt is not valid: {0}")]
     InvalidReceipt(#[from] tollgate_receipt::VerifyError),
+    /// `tollgate mint --dry-run` found grants above the caller's ceiling.
+    #[error("{0} violation(s) of your ceiling (listed above); nothing was minted")]
+    AboveCeiling(usize),
     /// `tollgate doctor` found checks that fail.
     #[error(
         "{0} check(s) failed: this host cannot run tollgate-supervisor as it is (fixes above)"
@@ -98,7 +101,8 @@ impl CliError {
             Self::Input(_) => 66,           // EX_NOINPUT
             Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
             Self::NoToken(_) => 77,
-            Self::Doctor(_) => 1, // EX_NOPERM
+            Self::Doctor(_) => 1,
+            Self::AboveCeiling(_) => 77, // EX_NOPERM
             Self::InvalidReceipt(_) | Self::AuditBroken(_) => 1,
             Self::RunNotStarted(_) => 125,
             Self::RunEnded { code, .. } => *code,

@@ -28,9 +28,15 @@ use cmd::{doctor, keys, local, operators, quickstart, receipts, runs, supervisor
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     let global = &cli.global;
     match cli.command {
-        Command::Mint { spec, out, json } => {
-            receipts::mint(global, &spec, out.as_deref(), json).await
-        }
+        Command::Mint {
+            spec,
+            json,
+            dry_run: true,
+            ..
+        } => receipts::check_mint(global, &spec, json).await,
+        Command::Mint {
+            spec, out, json, ..
+        } => receipts::mint(global, &spec, out.as_deref(), json).await,
         Command::Receipt(ReceiptCommand::Show {
             file,
             audience,

@@ -228,6 +228,57 @@ fn operators_keys_and_errors() {
         "{line}"
     );
 
+    // --dry-run: every violation at once, nothing minted.
+    let wide = dir.path().join("wide.toml");
+    std::fs::write(
+        &wide,
+        "subject = 'x'\nttl = '10m'\naudience = ['workstation']\n[agent]\nargv = ['/opt/bin/tool']\n[[fs]]\npath = '/etc'\naccess = 'read'\n[exec]\nallow = ['/opt/bin/tool']\n",
+    )
+    .unwrap();
+    let dry = tollgate(
+        &authority,
+        Some(&carol_token),
+        &[
+            "mint",
+            "--spec",
+            wide.to_str().unwrap(),
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(dry.status.code(), Some(77), "{dry:?}");
+    let checked: serde_json::Value = serde_json::from_slice(&dry.stdout).unwrap();
+    let violations: Vec<&str> = checked["violations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        violations,
+        [
+            "ttl_seconds = 600 (ceiling 300)",
+            "fs[0] = /etc (read)",
+            "exec[0] = /opt/bin/tool"
+        ],
+        "{checked}"
+    );
+    let fitting = dir.path().join("fitting.toml");
+    std::fs::write(
+        &fitting,
+        "subject = 'x'\nttl = '1m'\naudience = ['workstation']\n[agent]\nargv = ['/usr/bin/true']\n[exec]\nallow = ['/usr/bin/true']\n",
+    )
+    .unwrap();
+    let dry = tollgate(
+        &authority,
+        Some(&carol_token),
+        &["mint", "--spec", fitting.to_str().unwrap(), "--dry-run"],
+    );
+    assert!(dry.status.success(), "{dry:?}");
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("within your ceiling"));
+    let receipts = tollgate(&authority, Some(&carol_token), &["receipts", "--json"]);
+    assert!(receipts.stdout.is_empty(), "a dry run minted: {receipts:?}");
+
     // No token, bad token, bad spec, unreachable authority.
     let no_token = tollgate(
         &authority,

@@ -117,6 +117,29 @@ impl AuthorityService {
         })
     }
 
+    /// `CheckMint`: everything a mint would be refused for by the caller's ceiling, at once;
+    /// nothing is minted, stored or audited.
+    pub(super) fn check_mint(
+        &self,
+        request: &Request<pb::MintReceiptRequest>,
+    ) -> Result<pb::CheckMintResponse, CallError> {
+        let operator = self.operator(request.metadata())?;
+        let request = request.get_ref();
+        validate_mint(request)?;
+        let check = CeilingCheck {
+            operator: &operator.name,
+            ceiling: &operator.ceiling,
+            defaults: &self.config.default_limits,
+        };
+        let violations = check.violations(request, unix_now());
+        let limits = if violations.is_empty() {
+            Some(check.resolve_limits(request.limits.as_ref())?)
+        } else {
+            None
+        };
+        Ok(pb::CheckMintResponse { violations, limits })
+    }
+
     pub(super) async fn get(
         &self,
         request: Request<pb::GetReceiptRequest>,

@@ -37,6 +37,63 @@ pub async fn mint_with(
         .into_inner())
 }
 
+/// `tollgate mint --dry-run`: every way the spec goes past the caller's ceiling, at once;
+/// nothing is minted.
+pub(crate) async fn check_mint(
+    global: &GlobalArgs,
+    spec: &Path,
+    json: bool,
+) -> Result<(), CliError> {
+    let text = read_input(spec)?;
+    let token = global.tokens().token()?;
+    let request = RunSpec::parse(&text)
+        .and_then(|spec| spec.to_request())
+        .map_err(|e| CliError::Input(format!("{}: {e}", spec.display())))?;
+    let mut client = connect(&global.authority).await?;
+    let checked = client
+        .check_mint(authed(&token, request)?)
+        .await?
+        .into_inner();
+    if json {
+        println!(
+            "{}",
+            json!({
+                "violations": checked.violations,
+                "limits": checked.limits.as_ref().map(|l| json!({
+                    "memory_bytes": l.memory_bytes,
+                    "pids": l.pids,
+                    "cpu_millicores": l.cpu_millicores,
+                    "output_bytes": l.output_bytes,
+                    "tmpfs_bytes": l.tmpfs_bytes,
+                    "tool_calls": l.tool_calls,
+                    "tokens": l.tokens,
+                    "files": l.files,
+                })),
+            })
+        );
+    } else if checked.violations.is_empty() {
+        say!(
+            "{}: within your ceiling; `tollgate mint --spec {}` would mint it",
+            spec.display(),
+            spec.display()
+        );
+    } else {
+        say!(
+            "{}: {} grant(s) above your ceiling:",
+            spec.display(),
+            checked.violations.len()
+        );
+        for violation in &checked.violations {
+            say!("  {violation}");
+        }
+    }
+    if checked.violations.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::AboveCeiling(checked.violations.len()))
+    }
+}
+
 /// `tollgate mint`: mints from a run spec; prints the text form or writes it to `out`.
 pub(crate) async fn mint(
     global: &GlobalArgs,
