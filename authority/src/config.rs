@@ -40,6 +40,8 @@ pub struct AuthorityConfig {
     pub data_dir: PathBuf,
     /// Address to listen on (`host:port`).
     pub listen: String,
+    /// Where to serve `/metrics` (Prometheus); `None`: no metrics endpoint.
+    pub metrics_listen: Option<String>,
     /// Issuer name.
     pub issuer: String,
     /// Policy version.
@@ -59,6 +61,7 @@ impl AuthorityConfig {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
+            metrics_listen: None,
             listen: DEFAULT_LISTEN.into(),
             issuer: "tollgate-authority".into(),
             policy_version: "1".into(),

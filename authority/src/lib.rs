@@ -23,6 +23,7 @@ mod entries;
 pub mod error;
 pub mod files;
 pub mod keys;
+pub mod metrics;
 pub mod minting;
 pub mod operators;
 pub mod service;
@@ -349,6 +350,26 @@ pub async fn serve(
             addr: listen,
             source,
         })?;
+    if let Some(metrics_listen) = opened.config.metrics_listen.clone() {
+        let bind_error = |source| AuthorityError::Bind {
+            addr: metrics_listen.clone(),
+            source,
+        };
+        let metrics = TcpListener::bind(&metrics_listen)
+            .await
+            .map_err(bind_error)?;
+        let bound = metrics.local_addr().map_err(bind_error)?;
+        write_readiness(
+            &opened.config.data_dir.join("metrics.addr"),
+            &bound.to_string(),
+        )
+        .map_err(|source| AuthorityError::WriteFile {
+            path: opened.config.data_dir.join("metrics.addr"),
+            source,
+        })?;
+        tollgate_daemon::metrics::serve(metrics, Arc::new(|| metrics::get().encode()));
+        tracing::info!(addr = %bound, "metrics at /metrics");
+    }
     // A SIGHUP (a terminal closing, an operator's reload habit) must never stop the daemon.
     // Nothing of it is read from files after start: operators, ceilings and keys change
     // through its API.

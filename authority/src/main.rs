@@ -49,6 +49,11 @@ struct Flags {
         value_parser = clap::value_parser!(tollgate_daemon::logging::LogFormat)
     )]
     log_format: tollgate_daemon::logging::LogFormat,
+    /// Serve Prometheus metrics (OpenMetrics text) at http://ADDR/metrics: mints by outcome
+    /// with latency, revocations, key rotations, open revocation streams. Off unless given;
+    /// the bound address goes to <data-dir>/metrics.addr.
+    #[arg(long, value_name = "ADDR", env = "TOLLGATE_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
 }
 
 #[tokio::main]
@@ -73,5 +78,6 @@ async fn run(flags: Flags) -> Result<(), AuthorityError> {
     }
     let mut config = AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)?;
     config.audit_key = AuditKey::configured(flags.audit_key_file.as_deref())?;
+    config.metrics_listen = flags.metrics_listen;
     serve(config, tollgate_daemon::shutdown::signal()).await
 }

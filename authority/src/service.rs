@@ -28,10 +28,17 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::MintReceiptRequest>,
     ) -> Result<Response<pb::MintReceiptResponse>, Status> {
-        let response = self
+        let started = std::time::Instant::now();
+        let minted = self
             .audited(request, receipts::asked_mint, |r| self.mint(r))
-            .await?;
-        Ok(Response::new(response))
+            .await
+            .map_err(Status::from);
+        let result = match &minted {
+            Ok(_) => "ok".to_owned(),
+            Err(status) => crate::metrics::code_label(status.code()),
+        };
+        crate::metrics::get().mint(&result, started.elapsed());
+        Ok(Response::new(minted?))
     }
 
     async fn check_mint(
@@ -62,6 +69,11 @@ impl Authority for AuthorityService {
         let response = self
             .audited(request, revocation::asked_revoke, |r| self.revoke(r))
             .await?;
+        if !response.already_revoked {
+            crate::metrics::get()
+                .revocations
+                .inc_by(1 + response.cascaded.len() as u64);
+        }
         Ok(Response::new(response))
     }
 
@@ -112,6 +124,7 @@ impl Authority for AuthorityService {
         let response = self
             .audited(request, admin::asked_rotate, |r| self.rotate(r))
             .await?;
+        crate::metrics::get().key_rotations.inc();
         Ok(Response::new(response))
     }
 

@@ -670,3 +670,58 @@ pub async fn reflected_services(channel: Channel) -> (Vec<String>, Vec<String>) 
     v1alpha_names.sort();
     (v1_names, v1alpha_names)
 }
+
+/// Scrapes the `/metrics` of the daemon whose metrics address is in `addr_file`, checks it is
+/// OpenMetrics text, and parses it with the reference parser (Python `prometheus_client`):
+/// one `name [(label, value), …] value` line a sample.
+pub fn scrape_metrics(addr_file: &Path) -> String {
+    use std::io::{Read as _, Write as _};
+    let addr = std::fs::read_to_string(addr_file).expect("metrics.addr");
+    let mut stream = std::net::TcpStream::connect(addr.trim()).expect("metrics endpoint");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut parse = Command::new(python)
+        .args([
+            "-c",
+            "import sys\n\
+             from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+             for family in text_string_to_metric_families(sys.stdin.read()):\n\
+             \x20   for s in family.samples:\n\
+             \x20       print(s.name, sorted(s.labels.items()), s.value)\n",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python for the OpenMetrics parser");
+    parse
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let parsed = parse.wait_with_output().unwrap();
+    assert!(parsed.status.success(), "{parsed:?}\n{body}");
+    String::from_utf8_lossy(&parsed.stdout).into_owned()
+}
+
+/// The value of the first sample line of `samples` (from [`scrape_metrics`]) starting with
+/// `line_start`.
+pub fn sample(samples: &str, line_start: &str) -> f64 {
+    samples
+        .lines()
+        .find(|line| line.starts_with(line_start))
+        .unwrap_or_else(|| panic!("no {line_start:?} in\n{samples}"))
+        .rsplit(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap()
+}

@@ -1097,3 +1097,46 @@ fn systemd_hears_ready_and_stopping() {
     assert!(String::from_utf8_lossy(&buffer[..n]).contains("STOPPING=1"));
     assert!(child.wait().unwrap().success());
 }
+
+/// `--metrics-listen` serves the authority's metrics, which the reference OpenMetrics parser
+/// reads: mints by outcome, revocations, the supervisors following the revocation stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authority_metrics_are_scraped_and_parsed() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start_with(
+        &dir.path().join("authority"),
+        &["--metrics-listen", "127.0.0.1:0"],
+    )
+    .unwrap();
+    let token = authority.admin_token();
+    let mut client = authority.client().await;
+    let minted = client
+        .mint_receipt(authed(&token, mint_request("metered")))
+        .await
+        .unwrap()
+        .into_inner();
+    client
+        .revoke_receipt(authed(
+            &token,
+            pb::RevokeReceiptRequest {
+                receipt_id: minted.receipt.unwrap().receipt_id,
+                reason: "r".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    let _watching = client
+        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let samples = tollgate_tests::scrape_metrics(&authority.data_dir().join("metrics.addr"));
+    let value = |line_start: &str| tollgate_tests::sample(&samples, line_start);
+    assert_eq!(
+        value("tollgate_authority_mints_total [('result', 'ok')]"),
+        1.0
+    );
+    assert_eq!(value("tollgate_authority_mint_seconds_count []"), 1.0);
+    assert_eq!(value("tollgate_authority_revocations_total []"), 1.0);
+    assert!(value("tollgate_authority_revocation_watchers []") >= 1.0);
+}

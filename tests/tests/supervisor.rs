@@ -711,7 +711,6 @@ async fn sighup_reloads_routes_and_leaves_a_live_run_alone() {
 /// reads: starts, teardowns and live runs as they happened, and the revocation stream up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_are_scraped_and_parsed() {
-    use std::io::{Read as _, Write as _};
     if !require_root() {
         return;
     }
@@ -738,53 +737,8 @@ async fn metrics_are_scraped_and_parsed() {
         .unwrap();
     wait_state(&supervisor, &id, pb::RunState::Exited).await;
 
-    let addr = std::fs::read_to_string(supervisor.data_dir().join("metrics.addr")).unwrap();
-    let mut stream = std::net::TcpStream::connect(addr.trim()).unwrap();
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.contains("application/openmetrics-text"), "{head}");
-
-    // The reference parser: every family and sample, as name labels value lines.
-    let python = std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into());
-    let mut parse = Command::new(python)
-        .args([
-            "-c",
-            "import sys\n\
-             from prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
-             for family in text_string_to_metric_families(sys.stdin.read()):\n\
-             \x20   for s in family.samples:\n\
-             \x20       print(s.name, sorted(s.labels.items()), s.value)\n",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    parse
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(body.as_bytes())
-        .unwrap();
-    let parsed = parse.wait_with_output().unwrap();
-    assert!(parsed.status.success(), "{parsed:?}\n{body}");
-    let samples = String::from_utf8_lossy(&parsed.stdout);
-    let value = |line_start: &str| {
-        samples
-            .lines()
-            .find(|line| line.starts_with(line_start))
-            .unwrap_or_else(|| panic!("no {line_start:?} in\n{samples}"))
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse::<f64>()
-            .unwrap()
-    };
+    let samples = tollgate_tests::scrape_metrics(&supervisor.data_dir().join("metrics.addr"));
+    let value = |line_start: &str| tollgate_tests::sample(&samples, line_start);
     assert!(value("tollgate_supervisor_run_starts_total [('result', 'started')]") >= 1.0);
     assert!(value("tollgate_supervisor_run_teardowns_total [('state', 'exited')]") >= 1.0);
     assert!(value("tollgate_supervisor_run_start_seconds_count []") >= 1.0);

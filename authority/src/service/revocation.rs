@@ -169,6 +169,10 @@ impl AuthorityService {
         let store = self.store.clone();
         let mut shutdown = self.shutdown.clone();
         tokio::spawn(async move {
+            // Counted while the stream is open, whichever way it ends.
+            let metrics = crate::metrics::get();
+            metrics.revocation_watchers.inc();
+            let _open = WatcherGauge(metrics.revocation_watchers.clone());
             let mut last = after_seq;
             let replay = |after: u64| {
                 let store = store.clone();
@@ -251,5 +255,14 @@ impl AuthorityService {
             }
         });
         Box::pin(ReceiverStream::new(rx))
+    }
+}
+
+/// Takes one open stream off the watchers gauge when dropped.
+struct WatcherGauge(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for WatcherGauge {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

@@ -8,7 +8,6 @@
 
 mod config;
 mod error;
-mod exposition;
 pub mod host;
 mod reload;
 mod trust;
@@ -328,7 +327,7 @@ pub async fn serve(
         let path = supervisor.config.runs.data_dir.join(METRICS_ADDR_FILE);
         write_readiness(&path, &bound.to_string())
             .map_err(|source| DaemonError::Readiness { path, source })?;
-        exposition::serve(metrics);
+        tollgate_daemon::metrics::serve(metrics, Arc::new(|| crate::metrics::get().encode()));
         tracing::info!(addr = %bound, "metrics at /metrics");
     }
     // The socket is listening, so connections queue from here on: the daemon is ready.
