@@ -186,6 +186,7 @@ pub(crate) fn run_state_name(state: i32) -> &'static str {
         Ok(pb::RunState::SupervisorShutdown) => "supervisor_shutdown",
         Ok(pb::RunState::Lost) => "lost",
         Ok(pb::RunState::ParentEnded) => "parent_ended",
+        Ok(pb::RunState::FailedBeforeStart) => "failed_before_start",
         _ => "unknown",
     }
 }

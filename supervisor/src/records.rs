@@ -38,7 +38,16 @@ pub enum RunState {
     Lost,
     /// Its parent run (delegation) ended, and the whole subtree with it.
     ParentEnded,
+    /// Its sandbox could not be built for a reason of this host's (a cgroup, the shim, the
+    /// agent's exec), before the agent existed: the receipt may be started again (at most
+    /// [`MAX_START_ATTEMPTS`] times in all).
+    FailedBeforeStart,
 }
+
+/// How many times one receipt may try to start while every earlier try failed before its
+/// agent existed: enough to ride out a host's hiccup, few enough that a broken host does not
+/// turn one receipt into many starts.
+pub const MAX_START_ATTEMPTS: u32 = 3;
 
 impl RunState {
     /// Whether the run is over.
@@ -61,6 +70,7 @@ impl RunState {
             Self::SupervisorShutdown => "supervisor_shutdown",
             Self::Lost => "lost",
             Self::ParentEnded => "parent_ended",
+            Self::FailedBeforeStart => "failed_before_start",
         }
     }
 
@@ -77,6 +87,7 @@ impl RunState {
             "shim_died" => Self::ShimDied,
             "supervisor_shutdown" => Self::SupervisorShutdown,
             "parent_ended" => Self::ParentEnded,
+            "failed_before_start" => Self::FailedBeforeStart,
             _ => Self::Lost,
         }
     }
@@ -196,7 +207,7 @@ pub enum RecordsError {
 /// Schema migrations, in order; `PRAGMA user_version` counts how many have been applied.
 /// Version 1 is the original table (created with `IF NOT EXISTS`, so databases from before
 /// versioning adopt it unchanged).
-const MIGRATIONS: [&str; 2] = [
+const MIGRATIONS: [&str; 3] = [
     "CREATE TABLE IF NOT EXISTS runs (
     run_id     TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
@@ -214,6 +225,8 @@ CREATE INDEX IF NOT EXISTS runs_state ON runs(state);",
     "ALTER TABLE runs ADD COLUMN parent_run_id TEXT;
 ALTER TABLE runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;",
+    // Starts that failed before the agent existed may be tried again: count the tries.
+    "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1;",
 ];
 
 /// The supervisor's database.
@@ -337,7 +350,9 @@ impl RunRecords {
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a run as `starting`. Returns `false` if the receipt was used before.
+    /// Records a run as `starting` (the single-use record). Returns `false` if the receipt was
+    /// used before — unless every earlier start failed before its agent existed
+    /// (`failed_before_start`) and fewer than [`MAX_START_ATTEMPTS`] were made.
     pub fn insert(&self, run: &NewRun<'_>) -> Result<bool, RecordsError> {
         let conn = self.conn();
         // Single use must survive power loss: whatever set_running left the connection at.
@@ -347,7 +362,19 @@ impl RunRecords {
              VALUES (?1, ?2, ?3, ?4, 'starting', ?5, ?6, ?7, ?8, ?9)",
             params![run.run_id, run.owner, run.subject, run.receipt, run.host_id, run.now, run.expires_at, run.parent_run_id, run.depth],
         )?;
-        Ok(inserted == 1)
+        if inserted == 1 {
+            return Ok(true);
+        }
+        // Every earlier try failed before the agent existed: this one may go, unless the tries
+        // are used up. The row turns `starting` in the same statement, so two starts of one
+        // receipt can never both pass.
+        let retried = conn.execute(
+            "UPDATE runs SET state = 'starting', host_id = ?2, created_at = ?3, ended_at = NULL,
+                 report = NULL, attempts = attempts + 1
+             WHERE run_id = ?1 AND state = 'failed_before_start' AND attempts < ?4",
+            params![run.run_id, run.host_id, run.now, MAX_START_ATTEMPTS],
+        )?;
+        Ok(retried == 1)
     }
 
     /// Host ids of runs that are not over.

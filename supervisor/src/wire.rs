@@ -28,6 +28,7 @@ fn state_proto(state: RunState) -> pb::RunState {
         RunState::SupervisorShutdown => pb::RunState::SupervisorShutdown,
         RunState::Lost => pb::RunState::Lost,
         RunState::ParentEnded => pb::RunState::ParentEnded,
+        RunState::FailedBeforeStart => pb::RunState::FailedBeforeStart,
     }
 }
 

@@ -52,18 +52,20 @@ impl Fixture {
     }
 
     fn new(test: &str, base: u32) -> Self {
+        Self::with(test, base, |_, _| {})
+    }
+
+    /// A fixture whose settings `adjust` changes first (given the temporary directory).
+    fn with(test: &str, base: u32, adjust: impl FnOnce(&mut RunSettings, &Path)) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let data = tmp.path().join("supervisor");
         let parent = format!("tollgate-test-{}-{test}", std::process::id());
         let signer = ReceiptSigner::generate();
         let mut keys = KeySet::new();
         keys.insert(signer.public_key());
-        let (manager, _) = RunManager::open(
-            settings(&data, &parent, base),
-            keys,
-            supervisor_audit(&data),
-        )
-        .unwrap();
+        let mut settings = settings(&data, &parent, base);
+        adjust(&mut settings, tmp.path());
+        let (manager, _) = RunManager::open(settings, keys, supervisor_audit(&data)).unwrap();
         Self {
             manager,
             signer,
@@ -1085,4 +1087,80 @@ fn an_unknown_key_refreshes_the_key_set_once_before_refusing() {
     }
     assert!(fetches.load(std::sync::atomic::Ordering::SeqCst) <= 2);
     fx.manager.wait(&run, Duration::from_secs(10));
+}
+
+/// A start that fails for a reason of the host's before the agent exists (here: the shim
+/// cannot be started) leaves the receipt startable: its record says `failed_before_start`,
+/// each try is audited, the next start of the same receipt runs, and the tries are bounded.
+#[test]
+fn a_start_that_fails_before_the_agent_exists_leaves_the_receipt_startable() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::with("retry", 201_300, |settings, tmp| {
+        let shim = tmp.join("tollgate-shim");
+        std::fs::copy(bin_path("tollgate-shim"), &shim).unwrap();
+        settings.shim = shim;
+        // Each start spawns its own shim, so a missing one fails the start itself.
+        settings.warm_sandboxes = 0;
+    });
+    let shim = fx.data.parent().unwrap().join("tollgate-shim");
+    let away = shim.with_extension("away");
+    std::fs::rename(&shim, &away).unwrap();
+
+    let signed = fx.sign(fx.receipt("echo started", 60));
+    let run_id = tollgate_proto::v1::Receipt::decode(signed.receipt.as_slice())
+        .unwrap()
+        .receipt_id;
+    for _ in 0..2 {
+        let failed = fx.start(&signed);
+        assert!(matches!(failed, Err(StartError::Sandbox(_))), "{failed:?}");
+        let record = fx.manager.get(&run_id).unwrap().unwrap();
+        assert_eq!(record.state, RunState::FailedBeforeStart);
+    }
+
+    // The host is fixed: the same receipt runs.
+    std::fs::rename(&away, &shim).unwrap();
+    fx.start(&signed)
+        .expect("a receipt whose starts failed before its agent may start");
+    let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
+    assert_eq!(record.state, RunState::Exited);
+    assert_eq!(fx.output_of(&run_id), "started\n");
+    // Used now: never again.
+    assert!(matches!(fx.start(&signed), Err(StartError::AlreadyUsed(_))));
+    // Each try has its own admission entry in the audit log (written within moments).
+    let admitted = || {
+        std::fs::read_dir(fx.data.join("audit"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("log-"))
+            .map(|e| std::fs::read_to_string(e.path()).unwrap())
+            .collect::<String>()
+            .lines()
+            .filter(|line| line.contains("\"run_admitted\"") && line.contains(&run_id))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while admitted() < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(admitted(), 3);
+}
+
+/// The tries are bounded: after three starts that failed before the agent existed, the
+/// receipt is spent like any other.
+#[test]
+fn a_receipt_gets_three_tries_at_most() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::with("retry-bound", 201_350, |settings, tmp| {
+        settings.shim = tmp.join("no-such-shim");
+        settings.warm_sandboxes = 0;
+    });
+    let signed = fx.sign(fx.receipt("exit 0", 60));
+    for _ in 0..3 {
+        assert!(matches!(fx.start(&signed), Err(StartError::Sandbox(_))));
+    }
+    assert!(matches!(fx.start(&signed), Err(StartError::AlreadyUsed(_))));
 }

@@ -269,6 +269,8 @@ async fn run_of(global: &GlobalArgs, receipt_id: &str) -> Use {
         return Use::Unchecked;
     };
     match client.get_run(request).await {
+        // Its tries so far failed before the agent existed: it may still start.
+        Ok(run) if run.get_ref().state == pb::RunState::FailedBeforeStart as i32 => Use::Unused,
         Ok(run) => Use::Spent(Box::new(run.into_inner())),
         Err(status) if status.code() == tonic::Code::NotFound => Use::Unused,
         Err(_) => Use::Unchecked,

@@ -41,10 +41,10 @@ impl RunManager {
             report.cleanup_errors.push(e.to_string());
         }
         report.duration_ms = now_ms().saturating_sub(started_ms);
-        self.audit_teardown(run_id, RunState::Failed, &report);
-        if let Err(e) = self
-            .records
-            .finish(run_id, RunState::Failed, &report, unix_now())
+        self.audit_teardown(run_id, RunState::FailedBeforeStart, &report);
+        if let Err(e) =
+            self.records
+                .finish(run_id, RunState::FailedBeforeStart, &report, unix_now())
         {
             tracing::error!(run_id, error = %e, "could not record a failed start");
         }
@@ -160,7 +160,10 @@ impl RunManager {
         let oom = live.cgroup.oom_killed();
         let (state, reason) = match (trigger, exit) {
             (Some(trigger), _) => trigger,
-            (None, _) if failure.is_some() => (RunState::Failed, failure.unwrap_or_default()),
+            // Never started, for a reason of this host's: the receipt may start again.
+            (None, _) if failure.is_some() => {
+                (RunState::FailedBeforeStart, failure.unwrap_or_default())
+            }
             (None, _) if oom => (
                 RunState::LimitExceeded,
                 "the memory limit was reached (OOM kill)".into(),
