@@ -15,6 +15,14 @@ use tokio::net::TcpListener;
 /// Content type of the OpenMetrics text format.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The OpenMetrics text of every metric in `registry`.
+pub fn encode(registry: &prometheus_client::registry::Registry) -> String {
+    let mut text = String::new();
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, registry);
+    text
+}
+
 /// The text `/metrics` answers with, made at each scrape.
 pub type Encode = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
