@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser};
 use tollgate_router_backends::ModelRoutes;
-use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, Trust};
+use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, SupervisorFile, Trust};
 use tollgate_supervisor::runs::RunSettings;
 
 /// Run AI agents in sandboxes built from signed Tollgate receipts (must run as root).
@@ -29,12 +30,17 @@ use tollgate_supervisor::runs::RunSettings;
 #[derive(Debug, Parser)]
 #[command(name = "tollgate-supervisor", version, about, long_about)]
 struct Flags {
+    /// Settings from a TOML file: every key optional, named as its flag without the dashes
+    /// (data_dir = "/var/lib/tollgate-supervisor", cgroup_parent = "tollgate", …); a flag or
+    /// environment variable given here wins over the file.
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_SUPERVISOR_CONFIG")]
+    config: Option<PathBuf>,
     /// Data directory: supervisor.db, runs/, admin.token, supervisor.addr.
-    #[arg(long, value_name = "DIR")]
-    data_dir: PathBuf,
+    #[arg(long, value_name = "DIR", required_unless_present = "config")]
+    data_dir: Option<PathBuf>,
     /// This supervisor's id: receipts must name it in their audience.
-    #[arg(long)]
-    id: String,
+    #[arg(long, required_unless_present = "config")]
+    id: Option<String>,
     /// Address to listen on; port 0 picks a free port.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7701")]
     listen: String,
@@ -44,7 +50,7 @@ struct Flags {
         long,
         value_name = "ADDR",
         conflicts_with = "trust_keys",
-        required_unless_present = "trust_keys"
+        required_unless_present_any = ["trust_keys", "config"]
     )]
     authority: Option<String>,
     /// Pinned key file for hosts without an authority link (`tollgate keys --json > FILE`).
@@ -134,7 +140,17 @@ struct Flags {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let matches = Flags::command().get_matches();
+    let flags = match Flags::from_arg_matches(&matches)
+        .map_err(|e| e.exit())
+        .and_then(|flags| with_config_file(flags, &matches))
+    {
+        Ok(flags) => flags,
+        Err(error) => {
+            eprintln!("tollgate-supervisor: error: {error}");
+            return ExitCode::from(error.exit_code());
+        }
+    };
     tollgate_daemon::logging::init(flags.log_format);
     // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
@@ -152,6 +168,64 @@ async fn main() -> ExitCode {
             ExitCode::from(error.exit_code())
         }
     }
+}
+
+/// `flags` with what `--config` sets and no flag or environment variable gave.
+fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, DaemonError> {
+    let Some(path) = flags.config.clone() else {
+        return Ok(flags);
+    };
+    let file = SupervisorFile::load(&path)?;
+    let given = |id: &str| {
+        matches!(
+            matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    // A file value fills each setting no flag or variable gave (`$wrap` makes it the
+    // flag's type).
+    macro_rules! fill {
+        ($($field:ident => $wrap:expr),* $(,)?) => {
+            $(if !given(stringify!($field)) {
+                if let Some(value) = file.$field {
+                    flags.$field = $wrap(value);
+                }
+            })*
+        };
+    }
+    fill!(
+        data_dir => Some,
+        id => Some,
+        authority => Some,
+        trust_keys => Some,
+        shim => Some,
+        audit_key_file => Some,
+        routes => Some,
+        delegation_token_file => Some,
+        metrics_listen => Some,
+        listen => std::convert::identity,
+        clock_skew => std::convert::identity,
+        cgroup_parent => std::convert::identity,
+        run_dir => std::convert::identity,
+        host_id_base => std::convert::identity,
+        host_id_count => std::convert::identity,
+        warm_sandboxes => std::convert::identity,
+        route_probe_timeout => std::convert::identity,
+    );
+    if !given("log_format") {
+        if let Some(format) = &file.log_format {
+            flags.log_format = format.parse().map_err(|problem| DaemonError::ConfigFile {
+                path: path.clone(),
+                problem: format!("log_format: {problem}"),
+            })?;
+        }
+    }
+    if flags.authority.is_some() && flags.trust_keys.is_some() {
+        return Err(DaemonError::MissingSetting(
+            "give --authority or --trust-keys, not both (a flag and the config file may each set one)",
+        ));
+    }
+    Ok(flags)
 }
 
 /// The daemon's configuration from its flags: root, the shim, the audit key, the model
@@ -194,8 +268,12 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     };
     Ok(SupervisorConfig {
         runs: RunSettings {
-            data_dir: flags.data_dir,
-            supervisor_id: flags.id,
+            data_dir: flags.data_dir.ok_or(DaemonError::MissingSetting(
+                "give --data-dir (or data_dir in the config file)",
+            ))?,
+            supervisor_id: flags.id.ok_or(DaemonError::MissingSetting(
+                "give --id (or id in the config file)",
+            ))?,
             shim,
             cgroup_parent: flags.cgroup_parent,
             host_ids: flags.host_id_base..flags.host_id_base.saturating_add(flags.host_id_count),
@@ -210,7 +288,11 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
                 tollgate_daemon::address::url(&addr).map_err(DaemonError::AuthorityAddress)?,
             ),
             (None, Some(path)) => Trust::KeyFile(path),
-            (None, None) => unreachable!("clap requires one of them"),
+            (None, None) => {
+                return Err(DaemonError::MissingSetting(
+                    "give --authority ADDR or --trust-keys FILE (or authority / trust_keys in the config file)",
+                ))
+            }
         },
         audit_key,
         models,

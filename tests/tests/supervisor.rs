@@ -746,3 +746,80 @@ async fn metrics_are_scraped_and_parsed() {
     assert_eq!(value("tollgate_supervisor_revocation_stream_up []"), 1.0);
     assert!(value("tollgate_supervisor_key_set_updated_timestamp_seconds []") > 0.0);
 }
+
+/// `--config FILE` sets what no flag gives (here: everything but --listen, which wins over the
+/// file's unusable address); an unknown key is refused in one line, exit 78.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_mirrors_the_flags_and_flags_win() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let data = dir.path().join("supervisor");
+    let parent = format!("tollgate-test-{}-config", std::process::id());
+    let config = dir.path().join("supervisor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nid = \"workstation\"\nauthority = {:?}\nlisten = \"256.0.0.1:1\"\n\
+             cgroup_parent = {parent:?}\nhost_id_base = 203200\nhost_id_count = 16\n\
+             clock_skew = 0\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n",
+            data.display().to_string(),
+            authority.addr(),
+        ),
+    )
+    .unwrap();
+    tollgate_tests::private_dir(&data);
+    let log = dir.path().join("supervisor.stderr");
+    let mut child = Command::new(bin_path("tollgate-supervisor"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let ready = tollgate_tests::wait_for_file(
+        &data.join("supervisor.addr"),
+        &mut child,
+        Duration::from_secs(30),
+    );
+    let stderr = std::fs::read_to_string(&log).unwrap();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGTERM,
+    );
+    let _ = child.wait();
+    let _ = tollgate_supervisor::cgroup::sweep(&parent, true);
+    let _ = std::fs::remove_file(tollgate_supervisor::daemon::host::registration_path(
+        std::path::Path::new(tollgate_supervisor::daemon::host::DEFAULT_RUN_DIR),
+        &data,
+    ));
+    let addr = ready.unwrap_or_else(|why| panic!("{why}: {stderr}"));
+    assert!(
+        addr.starts_with("127.0.0.1:"),
+        "the flag's --listen won: {addr}"
+    );
+    assert!(
+        data.join("metrics.addr").exists(),
+        "metrics_listen from the file"
+    );
+    for line in stderr.lines() {
+        let _: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("log_format from the file: not JSON ({e}): {line}"));
+    }
+
+    std::fs::write(&config, "data_dir = \"/x\"\ncolour = \"red\"\n").unwrap();
+    let refused = Command::new(bin_path("tollgate-supervisor"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(78), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.trim().lines().count() == 1 && stderr.contains("unknown field `colour`"),
+        "{stderr}"
+    );
+}

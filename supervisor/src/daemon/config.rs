@@ -52,6 +52,63 @@ pub struct SupervisorConfig {
     pub delegation_token: Option<Secret>,
 }
 
+/// The supervisor's configuration file (`--config FILE`, TOML). Every key is optional and
+/// named as its flag without the dashes (`data_dir`, `cgroup_parent`, `host_id_base`…); a
+/// flag, or its environment variable, given to the daemon wins over the file. Unknown keys
+/// are refused, so a misspelt one is never silently ignored.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisorFile {
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--id`.
+    pub id: Option<String>,
+    /// `--listen`.
+    pub listen: Option<String>,
+    /// `--authority`.
+    pub authority: Option<String>,
+    /// `--trust-keys`.
+    pub trust_keys: Option<PathBuf>,
+    /// `--clock-skew` (seconds).
+    pub clock_skew: Option<u64>,
+    /// `--shim`.
+    pub shim: Option<PathBuf>,
+    /// `--cgroup-parent`.
+    pub cgroup_parent: Option<String>,
+    /// `--run-dir`.
+    pub run_dir: Option<PathBuf>,
+    /// `--host-id-base`.
+    pub host_id_base: Option<u32>,
+    /// `--host-id-count`.
+    pub host_id_count: Option<u32>,
+    /// `--warm-sandboxes`.
+    pub warm_sandboxes: Option<usize>,
+    /// `--audit-key-file`.
+    pub audit_key_file: Option<PathBuf>,
+    /// `--routes`.
+    pub routes: Option<PathBuf>,
+    /// `--route-probe-timeout` (seconds).
+    pub route_probe_timeout: Option<u64>,
+    /// `--delegation-token-file`.
+    pub delegation_token_file: Option<PathBuf>,
+    /// `--log-format` (`text` or `json`).
+    pub log_format: Option<String>,
+    /// `--metrics-listen`.
+    pub metrics_listen: Option<String>,
+}
+
+impl SupervisorFile {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<Self, DaemonError> {
+        let problem = |problem: String| DaemonError::ConfigFile {
+            path: path.to_owned(),
+            problem,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
+        toml::from_str(&text).map_err(|e| problem(e.message().to_owned()))
+    }
+}
+
 /// Reads a pinned key file: `{"keys": [{"key_id": "...", "public_key_hex": "..."}]}`.
 pub fn read_key_file(path: &Path) -> Result<KeySet, DaemonError> {
     let text = std::fs::read_to_string(path).map_err(|e| {

@@ -9,6 +9,17 @@ pub enum DaemonError {
     /// Not started as root.
     #[error("must run as root (it builds namespaces and cgroups)")]
     NotRoot,
+    /// The configuration file (`--config`) is unreadable or wrong.
+    #[error("--config {}: {problem}", .path.display())]
+    ConfigFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, in one line.
+        problem: String,
+    },
+    /// A setting neither a flag nor the configuration file gives.
+    #[error("{0}")]
+    MissingSetting(&'static str),
     /// The shim binary is not where it was looked for.
     #[error("shim {} not found; pass --shim PATH", .0.display())]
     ShimMissing(PathBuf),
@@ -102,7 +113,11 @@ impl DaemonError {
         match self {
             Self::NotRoot => 77, // EX_NOPERM
             Self::AuditKey(e) => u8::try_from(e.exit_code()).unwrap_or(78),
-            Self::ShimMissing(_) | Self::Routes(_) | Self::DelegationToken(_) => 78,
+            Self::ShimMissing(_)
+            | Self::Routes(_)
+            | Self::DelegationToken(_)
+            | Self::ConfigFile { .. }
+            | Self::MissingSetting(_) => 78,
             Self::KeyFile(_)
             | Self::AuthorityAddress(_)
             | Self::AdminToken { .. }

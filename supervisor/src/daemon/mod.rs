@@ -26,7 +26,7 @@ use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::supervisor_server::SupervisorServer;
 use tollgate_receipt::KeySet;
 
-pub use config::{read_key_file, SupervisorConfig, Trust, ADDR_FILE, TOKEN_FILE};
+pub use config::{read_key_file, SupervisorConfig, SupervisorFile, Trust, ADDR_FILE, TOKEN_FILE};
 pub use error::DaemonError;
 
 use crate::cgroup::CgroupMode;
