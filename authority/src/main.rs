@@ -59,7 +59,7 @@ struct Flags {
 #[tokio::main]
 async fn main() -> ExitCode {
     let flags = Flags::parse();
-    tollgate_daemon::logging::init(flags.log_format);
+    tollgate_daemon::logging::init(flags.log_format, None);
     match run(flags).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

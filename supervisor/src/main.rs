@@ -136,6 +136,10 @@ struct Flags {
         value_parser = clap::value_parser!(tollgate_daemon::logging::LogFormat)
     )]
     log_format: tollgate_daemon::logging::LogFormat,
+    /// Log level when RUST_LOG is not set: an EnvFilter directive (info, debug,
+    /// tollgate_supervisor=debug,…). With --config, SIGHUP applies the file's log_level anew.
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
 }
 
 #[tokio::main]
@@ -151,7 +155,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(error.exit_code());
         }
     };
-    tollgate_daemon::logging::init(flags.log_format);
+    tollgate_daemon::logging::init(flags.log_format, flags.log_level.as_deref());
     // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
     if let Err(e) = tollgate_daemon::raise_open_files_limit() {
@@ -203,6 +207,7 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         routes => Some,
         delegation_token_file => Some,
         metrics_listen => Some,
+        log_level => Some,
         listen => std::convert::identity,
         clock_skew => std::convert::identity,
         cgroup_parent => std::convert::identity,
@@ -298,6 +303,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
         models,
         routes_file,
         route_probe_timeout: timeout,
+        config_file: flags.config.clone(),
         delegation_token,
     })
 }

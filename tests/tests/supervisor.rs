@@ -748,7 +748,8 @@ async fn metrics_are_scraped_and_parsed() {
 }
 
 /// `--config FILE` sets what no flag gives (here: everything but --listen, which wins over the
-/// file's unusable address); an unknown key is refused in one line, exit 78.
+/// file's unusable address), its log_level applies anew on SIGHUP; an unknown key is refused
+/// in one line, exit 78.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_file_mirrors_the_flags_and_flags_win() {
     if !require_root() {
@@ -764,7 +765,8 @@ async fn a_config_file_mirrors_the_flags_and_flags_win() {
         format!(
             "data_dir = {:?}\nid = \"workstation\"\nauthority = {:?}\nlisten = \"256.0.0.1:1\"\n\
              cgroup_parent = {parent:?}\nhost_id_base = 203200\nhost_id_count = 16\n\
-             clock_skew = 0\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n",
+             clock_skew = 0\nmetrics_listen = \"127.0.0.1:0\"\nlog_format = \"json\"\n\
+             log_level = \"warn\"\n",
             data.display().to_string(),
             authority.addr(),
         ),
@@ -776,6 +778,7 @@ async fn a_config_file_mirrors_the_flags_and_flags_win() {
         .arg("--config")
         .arg(&config)
         .args(["--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -785,11 +788,22 @@ async fn a_config_file_mirrors_the_flags_and_flags_win() {
         &mut child,
         Duration::from_secs(30),
     );
+    // log_level = "warn": no info line; after the file says "info" and a SIGHUP, there are.
+    let quiet = std::fs::read_to_string(&log).unwrap();
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(&config, text.replace("\"warn\"", "\"info\"")).unwrap();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let _ = nix::sys::signal::kill(pid, Signal::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !std::fs::read_to_string(&log)
+        .unwrap()
+        .contains("log level set")
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let stderr = std::fs::read_to_string(&log).unwrap();
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        Signal::SIGTERM,
-    );
+    let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
     let _ = child.wait();
     let _ = tollgate_supervisor::cgroup::sweep(&parent, true);
     let _ = std::fs::remove_file(tollgate_supervisor::daemon::host::registration_path(
@@ -804,6 +818,14 @@ async fn a_config_file_mirrors_the_flags_and_flags_win() {
     assert!(
         data.join("metrics.addr").exists(),
         "metrics_listen from the file"
+    );
+    assert!(
+        !quiet.contains("supervisor listening"),
+        "log_level warn: {quiet}"
+    );
+    assert!(
+        stderr.contains("log level set"),
+        "SIGHUP log_level: {stderr}"
     );
     for line in stderr.lines() {
         let _: serde_json::Value = serde_json::from_str(line)

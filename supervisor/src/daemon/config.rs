@@ -47,6 +47,8 @@ pub struct SupervisorConfig {
     pub routes_file: Option<PathBuf>,
     /// How long a reload may wait for a local route's probe.
     pub route_probe_timeout: std::time::Duration,
+    /// The `--config` file, read again on SIGHUP for its `log_level`.
+    pub config_file: Option<PathBuf>,
     /// The delegation token (`tgt_…`), used with the authority of `trust`; none: runs
     /// cannot delegate.
     pub delegation_token: Option<Secret>,
@@ -95,6 +97,8 @@ pub struct SupervisorFile {
     pub log_format: Option<String>,
     /// `--metrics-listen`.
     pub metrics_listen: Option<String>,
+    /// `--log-level`; applied anew on SIGHUP.
+    pub log_level: Option<String>,
 }
 
 impl SupervisorFile {

@@ -298,6 +298,7 @@ pub async fn serve(
         supervisor.manager.clone(),
         supervisor.config.routes_file.clone(),
         supervisor.config.route_probe_timeout,
+        supervisor.config.config_file.clone(),
     )
     .map_err(DaemonError::Signals)?;
     let listener = TcpListener::bind(&listen)

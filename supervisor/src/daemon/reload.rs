@@ -19,14 +19,36 @@ pub(super) fn on_hangup(
     manager: Arc<RunManager>,
     routes: Option<PathBuf>,
     probe_timeout: Duration,
+    config: Option<PathBuf>,
 ) -> std::io::Result<()> {
     let mut hangups = signal(SignalKind::hangup())?;
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
+            if let Some(config) = &config {
+                reload_log_level(config);
+            }
             reload(&manager, routes.as_ref(), probe_timeout).await;
         }
     });
     Ok(())
+}
+
+/// Applies the configuration file's `log_level` anew (a level set by RUST_LOG stays until it
+/// is changed here).
+fn reload_log_level(config: &std::path::Path) {
+    let file = match super::SupervisorFile::load(config) {
+        Ok(file) => file,
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: config file not read again; nothing of it changed");
+            return;
+        }
+    };
+    if let Some(level) = file.log_level {
+        match tollgate_daemon::logging::set_level(&level) {
+            Ok(()) => tracing::info!(level = %level, "SIGHUP: log level set"),
+            Err(e) => tracing::warn!(error = %e, "SIGHUP: log level not changed"),
+        }
+    }
 }
 
 async fn reload(manager: &RunManager, routes: Option<&PathBuf>, probe_timeout: Duration) {
