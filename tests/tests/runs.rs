@@ -1164,3 +1164,88 @@ fn a_receipt_gets_three_tries_at_most() {
     }
     assert!(matches!(fx.start(&signed), Err(StartError::AlreadyUsed(_))));
 }
+
+/// A live run's model use is on the run while it runs (`Run.model_usage`, what `inspect`,
+/// `ps --json` and `watch` show), counted per route as its calls settle.
+#[test]
+fn a_live_runs_model_use_is_on_the_run() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("models-live", 201_980);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let local = runtime.block_on(tollgate_tests::fake_models::FakeBackend::start(
+        tollgate_tests::fake_models::Script {
+            text: "hello".into(),
+            prompt_tokens: 7,
+            completion_tokens: 3,
+            models: vec!["qwen".into()],
+            ..Default::default()
+        },
+    ));
+    let routes = tollgate_router::config::Routes::parse(
+        &format!(
+            "[[route]]\nname = \"local\"\nkind = \"local\"\npreset = \"vllm\"\nendpoint = \"{}\"\nmodel = \"qwen\"\n",
+            local.endpoint
+        ),
+        "routes.toml",
+    )
+    .unwrap();
+    fx.manager
+        .set_model_routes(Arc::new(tollgate_router_backends::ModelRoutes {
+            backends: tollgate_router_backends::Backends::new(&routes).unwrap(),
+            routes,
+            classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
+        }));
+    // One call to the sandbox's own endpoint (stdlib only), then the agent waits.
+    let agent = "import json, os, sys, time, urllib.request\n\
+                 body = json.dumps({'model': 'local', 'messages': [{'role': 'user', 'content': 'hi'}]}).encode()\n\
+                 req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', body, {'content-type': 'application/json'})\n\
+                 urllib.request.urlopen(req).read()\n\
+                 print('called', flush=True)\n\
+                 time.sleep(60)\n";
+    let mut receipt = fx.receipt("", 60);
+    receipt.agent = Some(pb::AgentSpec {
+        argv: vec!["/usr/bin/python3".into(), "-c".into(), agent.into()],
+        ..Default::default()
+    });
+    receipt.exec = vec!["/usr/bin/python3".into()];
+    receipt.limits.as_mut().unwrap().tokens = 1_000;
+    receipt.limits.as_mut().unwrap().memory_bytes = 256 << 20;
+    receipt.routes = vec![pb::RouteGrant {
+        name: "local".into(),
+        max_sensitivity: pb::Sensitivity::High as i32,
+    }];
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !fx.output_of(&run_id).contains("called") {
+        assert!(
+            Instant::now() < deadline,
+            "no call: {}{}",
+            fx.output_of(&run_id),
+            fx.output_of(&format!("{run_id}:stderr"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let record = fx.manager.get(&run_id).unwrap().unwrap();
+    assert_eq!(record.state, RunState::Running);
+    let view = fx.manager.run_view(&record);
+    let usage: Vec<(&str, u64, u64, u64)> = view
+        .model_usage
+        .iter()
+        .map(|u| {
+            (
+                u.route.as_str(),
+                u.calls,
+                u.prompt_tokens,
+                u.completion_tokens,
+            )
+        })
+        .collect();
+    assert_eq!(usage, [("local", 1, 7, 3)]);
+    assert!(view.report.is_none(), "still live");
+    fx.manager.stop(&run_id, "done");
+    let ended = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
+    assert_eq!(ended.report.unwrap().route_usage.len(), 1);
+    fx.assert_gone(&run_id);
+}
