@@ -42,6 +42,8 @@ pub struct AuthorityConfig {
     pub listen: String,
     /// Where to serve `/metrics` (Prometheus); `None`: no metrics endpoint.
     pub metrics_listen: Option<String>,
+    /// The `--config` file it was loaded from, read again on SIGHUP for the mint policy.
+    pub config_file: Option<PathBuf>,
     /// Issuer name.
     pub issuer: String,
     /// Policy version.
@@ -62,6 +64,7 @@ impl AuthorityConfig {
         Self {
             data_dir: data_dir.into(),
             metrics_listen: None,
+            config_file: None,
             listen: DEFAULT_LISTEN.into(),
             issuer: "tollgate-authority".into(),
             policy_version: "1".into(),
@@ -100,6 +103,7 @@ impl AuthorityConfig {
             )
         })?;
         let mut config = Self::new(data_dir);
+        config.config_file = file.map(Path::to_owned);
         if let Some(listen) = listen.or(parsed.listen) {
             config.listen = normalize_listen(&listen)?;
         }
@@ -143,6 +147,26 @@ impl AuthorityConfig {
             };
         }
         Ok(config)
+    }
+}
+
+/// What a mint takes from the configuration and a SIGHUP may change while the authority
+/// runs: the policy version written into receipts and the limits unset fields get.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MintPolicy {
+    /// Written into every receipt minted from now on.
+    pub policy_version: String,
+    /// Limits for fields a mint request leaves unset (still capped by ceilings).
+    pub default_limits: pb::Limits,
+}
+
+impl AuthorityConfig {
+    /// Its mint policy.
+    pub fn mint_policy(&self) -> MintPolicy {
+        MintPolicy {
+            policy_version: self.policy_version.clone(),
+            default_limits: self.default_limits,
+        }
     }
 }
 

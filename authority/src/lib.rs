@@ -77,6 +77,7 @@ pub struct Authority {
     keys: Arc<KeyRing>,
     operators: OperatorRegistry,
     supervisors: SupervisorRegistry,
+    policy: Arc<std::sync::RwLock<config::MintPolicy>>,
 }
 
 impl Authority {
@@ -139,6 +140,7 @@ impl Authority {
             keys,
             operators: OperatorRegistry::new(operators),
             supervisors: SupervisorRegistry::new(supervisors),
+            policy: Arc::new(std::sync::RwLock::new(config.mint_policy())),
             config,
         })
     }
@@ -171,6 +173,7 @@ impl Authority {
             supervisors,
             audit: self.audit.clone(),
             revocations,
+            policy: self.policy,
             key_set_version: watch::channel(0).0,
             shutdown: stop_rx,
         };
@@ -320,6 +323,29 @@ pub fn addr_file(data_dir: &Path) -> PathBuf {
     data_dir.join(ADDR_FILE)
 }
 
+/// SIGHUP: the config file's mint policy, read again; a file that does not load changes
+/// nothing.
+fn reload_mint_policy(
+    policy: &std::sync::RwLock<config::MintPolicy>,
+    file: Option<&Path>,
+    data_dir: &Path,
+) {
+    let Some(file) = file else {
+        tracing::info!("SIGHUP: nothing to reload (started without --config; operators, ceilings and keys change through the API)");
+        return;
+    };
+    match AuthorityConfig::load(Some(file), Some(data_dir.to_owned()), None) {
+        Ok(config) => {
+            let fresh = config.mint_policy();
+            tracing::info!(policy_version = %fresh.policy_version, file = %file.display(), "SIGHUP: mint policy reloaded; receipts minted from now on use it");
+            *policy.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "SIGHUP: config file not reloaded; the mint policy in use stays")
+        }
+    }
+}
+
 /// The whole daemon: open the data directory, bind, write `authority.addr`, serve until
 /// `shutdown`, then remove `authority.addr`.
 pub async fn serve(
@@ -370,14 +396,19 @@ pub async fn serve(
         tollgate_daemon::metrics::serve(metrics, Arc::new(|| metrics::get().encode()));
         tracing::info!(addr = %bound, "metrics at /metrics");
     }
-    // A SIGHUP (a terminal closing, an operator's reload habit) must never stop the daemon.
-    // Nothing of it is read from files after start: operators, ceilings and keys change
-    // through its API.
+    // A SIGHUP (a terminal closing, an operator's reload habit) never stops the daemon: it
+    // reads the config file's mint policy again (policy version, default limits); the rest of
+    // the file is read at start, and operators, ceilings and keys change through the API.
     let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| AuthorityError::Config(format!("cannot handle SIGHUP: {e}")))?;
+    let (policy, config_file, data_dir) = (
+        opened.policy.clone(),
+        opened.config.config_file.clone(),
+        opened.config.data_dir.clone(),
+    );
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            tracing::info!("SIGHUP: nothing to reload (operators, ceilings and keys change through the API; the config file is read at start)");
+            reload_mint_policy(&policy, config_file.as_deref(), &data_dir);
         }
     });
     // The socket is listening, so connections queue from here on: the daemon is ready.

@@ -1140,3 +1140,67 @@ async fn authority_metrics_are_scraped_and_parsed() {
     assert_eq!(value("tollgate_authority_revocations_total []"), 1.0);
     assert!(value("tollgate_authority_revocation_watchers []") >= 1.0);
 }
+
+/// SIGHUP reads the config file's mint policy again: receipts minted after it carry the new
+/// policy version and default limits; a file that does not load leaves the policy in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_mint_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("authority.toml");
+    let policy = |version: &str, calls: u64| {
+        format!("policy_version = \"{version}\"\n[defaults]\ntool_calls = {calls}\n")
+    };
+    std::fs::write(&config, policy("p1", 5)).unwrap();
+    let data = dir.path().join("authority");
+    let authority =
+        AuthorityProcess::start_with(&data, &["--config", config.to_str().unwrap()]).unwrap();
+    let token = authority.admin_token();
+    let mint = || async {
+        let mut request = mint_request("policy");
+        request.limits = None;
+        authority
+            .client()
+            .await
+            .mint_receipt(authed(&token, request))
+            .await
+            .unwrap()
+            .into_inner()
+            .receipt
+            .unwrap()
+    };
+    let first = mint().await;
+    assert_eq!(first.policy_version, "p1");
+    assert_eq!(first.limits.unwrap().tool_calls, 5);
+
+    let log = data.with_extension("stderr");
+    let hangup_and_wait = |needle: &str| {
+        let before = std::fs::read_to_string(&log)
+            .unwrap()
+            .matches(needle)
+            .count();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(authority.pid() as i32),
+            Signal::SIGHUP,
+        )
+        .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::fs::read_to_string(&log)
+            .unwrap()
+            .matches(needle)
+            .count()
+            == before
+        {
+            assert!(std::time::Instant::now() < deadline, "no {needle:?}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    std::fs::write(&config, policy("p2", 7)).unwrap();
+    hangup_and_wait("mint policy reloaded");
+    let second = mint().await;
+    assert_eq!(second.policy_version, "p2");
+    assert_eq!(second.limits.unwrap().tool_calls, 7);
+
+    std::fs::write(&config, "policy_version = \"p3\"\ncolour = \"red\"\n").unwrap();
+    hangup_and_wait("config file not reloaded");
+    assert_eq!(mint().await.policy_version, "p2");
+}

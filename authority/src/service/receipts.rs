@@ -56,10 +56,11 @@ impl AuthorityService {
         let operator = self.operator(request.metadata())?;
         let request = request.into_inner();
         validate_mint(&request)?;
+        let policy = self.mint_policy();
         let check = CeilingCheck {
             operator: &operator.name,
             ceiling: &operator.ceiling,
-            defaults: &self.config.default_limits,
+            defaults: &policy.default_limits,
         };
         check.check_grants(&request)?;
         let limits = check.resolve_limits(request.limits.as_ref())?;
@@ -89,7 +90,7 @@ impl AuthorityService {
             issued_at: Some(timestamp_from_unix(now)),
             not_before: Some(timestamp_from_unix(not_before)),
             expires_at: Some(timestamp_from_unix(expires_at)),
-            policy_version: self.config.policy_version.clone(),
+            policy_version: policy.policy_version.clone(),
             parent_receipt_id: String::new(),
             depth: 0,
             agent: request.agent,
@@ -126,10 +127,11 @@ impl AuthorityService {
         let operator = self.operator(request.metadata())?;
         let request = request.get_ref();
         validate_mint(request)?;
+        let policy = self.mint_policy();
         let check = CeilingCheck {
             operator: &operator.name,
             ceiling: &operator.ceiling,
-            defaults: &self.config.default_limits,
+            defaults: &policy.default_limits,
         };
         let violations = check.violations(request, unix_now());
         let limits = if violations.is_empty() {

@@ -28,9 +28,21 @@ pub struct AuthorityService {
     pub(crate) audit: AuditLog,
     pub(crate) minting: MintCommitter,
     pub(crate) revocations: broadcast::Sender<pb::Revocation>,
+    /// The mint policy now (SIGHUP replaces it from the config file).
+    pub(crate) policy: Arc<std::sync::RwLock<crate::config::MintPolicy>>,
     /// Bumped on every key-set change; each revocation stream announces it.
     pub(crate) key_set_version: watch::Sender<u64>,
     pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+impl AuthorityService {
+    /// The mint policy in force now.
+    pub(crate) fn mint_policy(&self) -> crate::config::MintPolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// Runs blocking storage work off the async threads (`tollgate_daemon::blocking`), as a call's
