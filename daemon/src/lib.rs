@@ -1,5 +1,6 @@
 //! What both Tollgate daemons (the authority and the supervisor) do the same way, in one
-//! place: bounded gRPC serving ([`serve`]), daemon addresses as clients give them
+//! place: bounded gRPC serving ([`serve`]), a supervisor's claim on its host's cgroup parent
+//! and host ids ([`host`]), daemon addresses as clients give them
 //! ([`address`]), the log format ([`logging`]), the `/metrics` endpoint ([`metrics`]), the data directory's lock and atomic private
 //! files ([`files`]), bearer tokens ([`token`]), secrets that never print ([`Secret`]), the
 //! shutdown signal ([`shutdown`]), systemd's readiness protocol ([`systemd`]) and blocking work off the async threads ([`blocking`]).
@@ -7,6 +8,7 @@
 
 pub mod address;
 pub mod files;
+pub mod host;
 pub mod logging;
 pub mod metrics;
 pub mod reflection;

@@ -362,22 +362,22 @@ fn host_ids(range: &std::ops::Range<u32>) -> Check {
             "give the supervisor another --host-id-base",
         );
     }
-    let claims = std::fs::read_dir("/run/tollgate/supervisors")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
-        .filter_map(|text| {
-            let ids = text.lines().find_map(|l| l.strip_prefix("host_ids="))?;
-            let (start, end) = ids.split_once("..")?;
-            let (start, end): (u32, u32) = (start.parse().ok()?, end.parse().ok()?);
-            let id = text
-                .lines()
-                .find_map(|l| l.strip_prefix("id="))
-                .unwrap_or("?");
-            (start < range.end && range.start < end).then(|| format!("{id} ({start}..{end})"))
-        })
-        .collect::<Vec<_>>();
+    let run_dir = Path::new(tollgate_daemon::host::DEFAULT_RUN_DIR);
+    let claims: Vec<String> = match tollgate_daemon::host::live_claims(run_dir) {
+        Ok(claims) => claims
+            .iter()
+            .filter(|c| c.host_ids.start < range.end && range.start < c.host_ids.end)
+            .map(|c| format!("{} ({}..{})", c.holder(), c.host_ids.start, c.host_ids.end))
+            .collect(),
+        Err(e) => {
+            return Check::bad(
+                "host ids",
+                Verdict::Warn,
+                format!("the live supervisors' registrations cannot be read: {e}"),
+                "check /run/tollgate/supervisors",
+            )
+        }
+    };
     if claims.is_empty() {
         Check::ok("host ids", format!("{}..{} free", range.start, range.end))
     } else {

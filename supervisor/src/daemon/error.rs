@@ -40,7 +40,7 @@ pub enum DaemonError {
     DataDirInUse(#[from] tollgate_daemon::files::LockError),
     /// Another live supervisor holds this one's cgroup parent or host ids.
     #[error("{0}")]
-    HostClaim(#[from] super::host::ClaimError),
+    HostClaim(#[from] tollgate_daemon::host::ClaimError),
     /// `--authority` names a readiness file that cannot be read.
     #[error("--authority: {0}")]
     AuthorityAddress(String),
@@ -125,7 +125,7 @@ impl DaemonError {
             | Self::Redaction(_) => 78, // EX_CONFIG
             Self::DataDir(_) => 73,      // EX_CANTCREAT
             Self::DataDirInUse(_) => 75, // EX_TEMPFAIL
-            Self::HostClaim(super::host::ClaimError::Io { .. }) => 73,
+            Self::HostClaim(tollgate_daemon::host::ClaimError::Io { .. }) => 73,
             Self::HostClaim(_) => 75,
             Self::Authority { .. }
             | Self::Listen { .. }

@@ -8,7 +8,6 @@
 
 mod config;
 mod error;
-pub mod host;
 mod reload;
 mod trust;
 
@@ -28,6 +27,8 @@ use tollgate_receipt::KeySet;
 
 pub use config::{read_key_file, SupervisorConfig, SupervisorFile, Trust, ADDR_FILE, TOKEN_FILE};
 pub use error::DaemonError;
+/// A supervisor's claim on its host (in `tollgate-daemon`, which `tollgate doctor` reads too).
+pub use tollgate_daemon::host;
 
 use crate::cgroup::CgroupMode;
 use crate::runs::RunManager;

@@ -62,8 +62,8 @@ impl Claim {
         })
     }
 
-    /// How this claim is named in a refusal.
-    fn holder(&self) -> String {
+    /// How this claim is named in a refusal: `supervisor ID (data dir DIR, pid N)`.
+    pub fn holder(&self) -> String {
         format!(
             "supervisor {} (data dir {}, pid {})",
             self.id,
@@ -131,10 +131,7 @@ impl HostRegistration {
             move |source| ClaimError::Io { path, source }
         };
         fs::create_dir_all(&dir).map_err(io_error(&dir))?;
-        let path = dir.join(format!(
-            "{}.claim",
-            escape(&claim.data_dir.to_string_lossy())
-        ));
+        let path = registration_path(run_dir, &claim.data_dir);
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -153,16 +150,7 @@ impl HostRegistration {
             .and_then(|()| lock.sync_all())
             .map_err(io_error(&path))?;
         let registration = Self { _lock: lock, path };
-        for entry in fs::read_dir(&dir).map_err(io_error(&dir))? {
-            let other = entry.map_err(io_error(&dir))?.path();
-            if other == registration.path
-                || other.extension().and_then(|e| e.to_str()) != Some("claim")
-            {
-                continue;
-            }
-            let Some(live) = live_claim(&other)? else {
-                continue;
-            };
+        for live in scan(run_dir, Some(&registration.path), true)? {
             check(claim, &live)?;
         }
         Ok(registration)
@@ -176,6 +164,40 @@ impl Drop for HostRegistration {
     }
 }
 
+/// The claims of the supervisors live under `run_dir` now (for `tollgate doctor`: stale
+/// registrations are skipped, not removed).
+pub fn live_claims(run_dir: &Path) -> Result<Vec<Claim>, ClaimError> {
+    scan(run_dir, None, false)
+}
+
+/// The live claims under `run_dir` but `skip`'s, stale ones removed when `remove_stale`.
+fn scan(run_dir: &Path, skip: Option<&Path>, remove_stale: bool) -> Result<Vec<Claim>, ClaimError> {
+    let dir = run_dir.join("supervisors");
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(ClaimError::Io { path: dir, source }),
+    };
+    let mut claims = Vec::new();
+    for entry in entries {
+        let other = entry
+            .map_err(|source| ClaimError::Io {
+                path: dir.clone(),
+                source,
+            })?
+            .path();
+        if Some(other.as_path()) == skip
+            || other.extension().and_then(|e| e.to_str()) != Some("claim")
+        {
+            continue;
+        }
+        if let Some(live) = live_claim(&other, remove_stale)? {
+            claims.push(live);
+        }
+    }
+    Ok(claims)
+}
+
 /// Where the supervisor of `data_dir` registers under `run_dir`.
 pub fn registration_path(run_dir: &Path, data_dir: &Path) -> PathBuf {
     run_dir
@@ -183,8 +205,9 @@ pub fn registration_path(run_dir: &Path, data_dir: &Path) -> PathBuf {
         .join(format!("{}.claim", escape(&data_dir.to_string_lossy())))
 }
 
-/// The claim in `path` if a live supervisor holds it; a stale one is removed.
-fn live_claim(path: &Path) -> Result<Option<Claim>, ClaimError> {
+/// The claim in `path` if a live supervisor holds it; a stale one is removed when
+/// `remove_stale`.
+fn live_claim(path: &Path, remove_stale: bool) -> Result<Option<Claim>, ClaimError> {
     let file = match File::open(path) {
         Ok(file) => file,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -204,7 +227,7 @@ fn live_claim(path: &Path) -> Result<Option<Claim>, ClaimError> {
                     .metadata()
                     .is_ok_and(|held| held.ino() == now.ino() && held.dev() == now.dev())
             });
-            if same {
+            if same && remove_stale {
                 let _ = fs::remove_file(path);
             }
             Ok(None)
@@ -311,6 +334,19 @@ mod tests {
         fs::write(&stale, claim("/gone", "p", 100..200).encode()).unwrap();
         HostRegistration::register(run.path(), &claim("/new", "p", 100..200)).unwrap();
         assert!(!stale.exists());
+    }
+
+    #[test]
+    fn live_claims_lists_the_live_and_leaves_a_stale_registration_to_its_supervisors() {
+        let run = tempfile::tempdir().unwrap();
+        assert_eq!(live_claims(run.path()).unwrap(), Vec::new());
+        let live = claim("/a", "p", 100..200);
+        let _held = HostRegistration::register(run.path(), &live).unwrap();
+        let stale = run.path().join("supervisors").join("%2Fgone.claim");
+        fs::write(&stale, claim("/gone", "q", 300..400).encode()).unwrap();
+        assert_eq!(live_claims(run.path()).unwrap(), vec![live]);
+        // Only a starting supervisor removes stale registrations; a reader leaves them.
+        assert!(stale.exists());
     }
 
     #[test]
