@@ -20,13 +20,23 @@
 //!   still releasing dying tasks; we retry with backoff instead of leaking it.
 //! * **Verification**: we read every limit back and fail closed if the kernel does not hold
 //!   what the receipt promises.
+//! * **Delegation on v2** ([`delegate_to`]): every cgroup from the hierarchy's root down to
+//!   the run's parent must list `memory pids cpu` in its `cgroup.subtree_control`, and the
+//!   kernel refuses that (`EBUSY`) for a cgroup that holds processes — the "no internal
+//!   processes" rule. A supervisor in a container (its own cgroup namespace, whose root holds
+//!   its processes) or in a systemd unit with `Delegate=yes` whose parent lies inside its own
+//!   unit meets exactly this; as systemd's delegation rules and container inits do, we move the
+//!   processes of the supervisor's *own* cgroup into a leaf, [`SUPERVISOR_LEAF`], and never
+//!   touch anyone else's: a foreign cgroup in the way is an error naming it.
+//!   `cgroups-rs` enables controllers but ignores every failure, so a run would start with no
+//!   limit files at all; on v2 we create the directories ourselves.
 
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cgroups_rs::fs::hierarchies::{self, V1};
+use cgroups_rs::fs::hierarchies::V1;
 use cgroups_rs::fs::{Cgroup, Controllers};
 use nix::sys::signal::{kill, Signal};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
@@ -45,6 +55,10 @@ const V1_CONTROLLERS: [Controllers; 4] = [
 ];
 /// v2 controllers a run uses (enabled in the parent's `cgroup.subtree_control`).
 const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+/// The leaf cgroup a supervisor moves its own cgroup's processes into, when that cgroup must
+/// pass controllers down to the runs' parent (v2). Never a run's name (runs are uuids), and
+/// skipped by [`sweep`].
+pub const SUPERVISOR_LEAF: &str = "tollgate-supervisor";
 /// CFS period used for the CPU quota.
 const CPU_PERIOD_US: u64 = 100_000;
 
@@ -107,6 +121,23 @@ pub enum CgroupError {
         file: PathBuf,
         /// The failure.
         source: std::io::Error,
+    },
+    /// A cgroup on the way down to the runs' parent does not have a controller to pass on (v2).
+    #[error("cgroup {cgroup} cannot delegate the {missing} controller(s): its parent does not enable them; enable them in the parent's cgroup.subtree_control (systemd: Delegate=yes on the supervisor's unit)")]
+    ControllersUnavailable {
+        /// The cgroup directory.
+        cgroup: PathBuf,
+        /// The controllers it lacks.
+        missing: String,
+    },
+    /// A cgroup that is not this supervisor's holds processes, so the kernel will not let it
+    /// pass controllers to its children (v2's "no internal processes" rule).
+    #[error("cgroup {cgroup} holds processes that are not this supervisor's ({pids}), so it cannot delegate controllers to the runs' parent; move them into a leaf cgroup or choose a --cgroup-parent outside it")]
+    ProcessesInTheWay {
+        /// The cgroup directory.
+        cgroup: PathBuf,
+        /// Some of the processes in it.
+        pids: String,
     },
     /// Processes were still alive after the kill deadline.
     #[error("cgroup {path} still has {count} processes after killing for {waited:?}")]
@@ -249,13 +280,20 @@ impl RunCgroup {
     fn create_dirs(&mut self) -> Result<(), CgroupError> {
         match self.mode {
             CgroupMode::Unified => {
-                self.v2_dir = Some(Path::new(UNIFIED_ROOT).join(&self.relative));
-                Cgroup::new_with_specified_controllers(
-                    hierarchies::auto(),
-                    &self.relative,
-                    Some(V2_CONTROLLERS.map(String::from).to_vec()),
-                )
-                .map_err(|e| self.create_error(e.to_string()))?;
+                let dir = Path::new(UNIFIED_ROOT).join(&self.relative);
+                let parent = Path::new(&self.relative)
+                    .parent()
+                    .map(|p| p.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                delegate_to(&parent)?;
+                match fs::create_dir(&dir) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(self.create_error(format!("{}: {e}", dir.display())));
+                    }
+                }
+                self.v2_dir = Some(dir);
             }
             CgroupMode::Legacy | CgroupMode::Hybrid => {
                 let v1 = V1::new();
@@ -592,7 +630,8 @@ pub fn sweep(parent: &str, remove_parent: bool) -> Result<Vec<String>, CgroupErr
     for root in &roots {
         if let Ok(entries) = fs::read_dir(root.join(parent)) {
             for entry in entries.flatten() {
-                if entry.path().is_dir() {
+                // The supervisor's own leaf, when its parent is inside its own cgroup.
+                if entry.path().is_dir() && entry.file_name() != SUPERVISOR_LEAF {
                     names.insert(entry.file_name().to_string_lossy().into_owned());
                 }
             }
@@ -632,4 +671,141 @@ pub fn sweep(parent: &str, remove_parent: bool) -> Result<Vec<String>, CgroupErr
         }
     }
     Ok(names.into_iter().collect())
+}
+
+/// Makes `memory`, `pids` and `cpu` available to the children of `parent` (relative to the
+/// v2 root, e.g. `tollgate`), creating it and every cgroup on the way: each level, the root
+/// included, lists them in its `cgroup.subtree_control`. Where a level holds processes (the
+/// kernel then answers `EBUSY`), they are moved into [`SUPERVISOR_LEAF`] if that level is this
+/// process's own cgroup, and refused otherwise. A no-op on v1 and hybrid hosts, whose
+/// controllers need no delegation. Idempotent and cheap when everything is in place (two
+/// small reads per level), so it runs at start-up and before each run's cgroup.
+pub fn delegate_to(parent: &str) -> Result<(), CgroupError> {
+    if CgroupMode::detect() != CgroupMode::Unified {
+        return Ok(());
+    }
+    let own = own_cgroup();
+    let mut level = PathBuf::from(UNIFIED_ROOT);
+    enable_controllers(&level, own.as_deref())?;
+    for part in Path::new(parent).components() {
+        level.push(part);
+        match fs::create_dir(&level) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => {
+                return Err(CgroupError::Create {
+                    path: parent.to_owned(),
+                    detail: format!("{}: {e}", level.display()),
+                })
+            }
+        }
+        enable_controllers(&level, own.as_deref())?;
+    }
+    Ok(())
+}
+
+/// This process's cgroup on the v2 hierarchy, as a directory under [`UNIFIED_ROOT`] (in a
+/// cgroup namespace, `0::/` is the namespace's root, which is what is mounted there).
+fn own_cgroup() -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let path = text.lines().find_map(|line| line.strip_prefix("0::"))?;
+    Some(Path::new(UNIFIED_ROOT).join(path.trim().trim_start_matches('/')))
+}
+
+/// Enables the run controllers in `dir`'s `cgroup.subtree_control` where they are not yet.
+fn enable_controllers(dir: &Path, own: Option<&Path>) -> Result<(), CgroupError> {
+    let control = dir.join("cgroup.subtree_control");
+    let enabled = read_trimmed(&control)?;
+    let missing: Vec<&str> = V2_CONTROLLERS
+        .into_iter()
+        .filter(|c| !enabled.split_whitespace().any(|e| e == *c))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let available = read_trimmed(&dir.join("cgroup.controllers"))?;
+    let unavailable: Vec<&str> = missing
+        .iter()
+        .copied()
+        .filter(|c| !available.split_whitespace().any(|a| a == *c))
+        .collect();
+    if !unavailable.is_empty() {
+        return Err(CgroupError::ControllersUnavailable {
+            cgroup: dir.to_owned(),
+            missing: unavailable.join(", "),
+        });
+    }
+    let request = missing
+        .iter()
+        .map(|c| format!("+{c}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    match fs::write(&control, &request) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+            if own != Some(dir) {
+                let pids = read_pids(dir)?;
+                return Err(CgroupError::ProcessesInTheWay {
+                    cgroup: dir.to_owned(),
+                    pids: describe_pids(&pids),
+                });
+            }
+            move_into_leaf(dir)?;
+            write_file(&control, &request)
+        }
+        Err(source) => Err(CgroupError::Io {
+            file: control,
+            source,
+        }),
+    }
+}
+
+fn describe_pids(pids: &[u32]) -> String {
+    let shown: Vec<String> = pids.iter().take(5).map(u32::to_string).collect();
+    match pids.len() {
+        0 => "threads of a threaded cgroup".into(),
+        n if n > shown.len() => format!("pids {} and {} more", shown.join(", "), n - shown.len()),
+        _ => format!("pids {}", shown.join(", ")),
+    }
+}
+
+/// Moves every process of `dir` (this supervisor's own cgroup, delegated to it by systemd or
+/// a container runtime) into `dir/`[`SUPERVISOR_LEAF`], so that `dir` may delegate
+/// controllers. Repeated while processes appear (one may fork mid-move), within a bound.
+fn move_into_leaf(dir: &Path) -> Result<(), CgroupError> {
+    let leaf = dir.join(SUPERVISOR_LEAF);
+    match fs::create_dir(&leaf) {
+        Ok(()) => {}
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+        Err(source) => return Err(CgroupError::Io { file: leaf, source }),
+    }
+    let procs = leaf.join("cgroup.procs");
+    for _ in 0..100 {
+        let pids = read_pids(dir)?;
+        if pids.is_empty() {
+            tracing::info!(
+                cgroup = %dir.display(),
+                leaf = %leaf.display(),
+                "moved this supervisor's cgroup's processes into a leaf so that it can delegate controllers to runs"
+            );
+            return Ok(());
+        }
+        for pid in pids {
+            match fs::write(&procs, pid.to_string()) {
+                Ok(()) => {}
+                // Gone meanwhile: nothing to move.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(source) => {
+                    return Err(CgroupError::Io {
+                        file: procs,
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Err(CgroupError::ProcessesInTheWay {
+        cgroup: dir.to_owned(),
+        pids: describe_pids(&read_pids(dir)?),
+    })
 }

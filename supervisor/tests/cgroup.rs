@@ -6,7 +6,9 @@ use std::io::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tollgate_supervisor::cgroup::{sweep, CgroupLimits, CgroupMode, KillMethod, RunCgroup};
+use tollgate_supervisor::cgroup::{
+    delegate_to, sweep, CgroupLimits, CgroupMode, KillMethod, RunCgroup, SUPERVISOR_LEAF,
+};
 
 fn require_root() -> bool {
     if nix::unistd::geteuid().is_root() {
@@ -87,9 +89,24 @@ fn the_v1_freezer_kill_also_empties_the_cgroup() {
     kill_and_remove(KillMethod::Freezer, "freezer");
 }
 
+/// The lane that boots a pure v2 guest (scripts/cgroup-v2-lane) says which mode it expects,
+/// so that a detection mistake cannot quietly test the wrong path.
+#[test]
+fn the_cgroup_mode_is_the_one_this_host_is_expected_to_have() {
+    let detected = CgroupMode::detect();
+    eprintln!("cgroup mode: {detected:?}");
+    if let Ok(expected) = std::env::var("TOLLGATE_EXPECT_CGROUP_MODE") {
+        assert_eq!(format!("{detected:?}").to_lowercase(), expected);
+    }
+}
+
 fn kill_and_remove(method: KillMethod, test: &str) {
     let parent = Parent::new(test);
     let cgroup = RunCgroup::create(&parent.run("a"), LIMITS).unwrap();
+    if *cgroup.mode() != CgroupMode::Legacy {
+        // cgroup.kill came with 5.14; every kernel this runs on has it, on v2 and hybrid.
+        assert_eq!(cgroup.kill_method(), KillMethod::CgroupKill);
+    }
     if method == KillMethod::CgroupKill && cgroup.kill_method() != KillMethod::CgroupKill {
         // A pure v1 host, or a kernel before 5.14: only the freezer exists.
         return;
@@ -197,4 +214,155 @@ fn sweep_kills_and_removes_what_a_crash_left() {
         .flatten()
         .any(|hierarchy| hierarchy.path().join(&parent.0).exists());
     assert!(!left, "parent cgroup left behind");
+}
+
+/// Removes a nested parent's levels deepest first (each level's runs with it).
+struct NestedParent(Vec<String>);
+
+impl Drop for NestedParent {
+    fn drop(&mut self) {
+        for level in self.0.iter().rev() {
+            if let Err(e) = sweep(level, true) {
+                eprintln!("cleanup of {level} failed: {e}");
+            }
+        }
+    }
+}
+
+/// A parent several levels deep (`--cgroup-parent team/agents`): on v2 every level passes the
+/// controllers down, so the run has its limit files and its limits hold.
+#[test]
+fn a_parent_nested_several_levels_deep_delegates_the_controllers() {
+    if !require_root() {
+        return;
+    }
+    let top = format!("tollgate-test-{}-nested", std::process::id());
+    let levels = vec![
+        top.clone(),
+        format!("{top}/team"),
+        format!("{top}/team/agents"),
+    ];
+    let _cleanup = NestedParent(levels.clone());
+    let cgroup = RunCgroup::create(&format!("{}/a", levels[2]), LIMITS).unwrap();
+    if *cgroup.mode() == CgroupMode::Unified {
+        for level in &levels {
+            let control =
+                std::fs::read_to_string(format!("/sys/fs/cgroup/{level}/cgroup.subtree_control"))
+                    .unwrap();
+            for controller in ["memory", "pids", "cpu"] {
+                assert!(control.contains(controller), "{level}: {control}");
+            }
+        }
+    }
+    let mut child = spawn_in(&cgroup, "sleep 1000");
+    wait_for_pids(&cgroup, 1);
+    cgroup.kill_all(Duration::from_secs(5)).unwrap();
+    let _ = child.wait();
+    cgroup.remove().unwrap();
+}
+
+/// Set in the child that runs inside its own cgroup namespace.
+const IN_CONTAINER: &str = "TOLLGATE_TEST_IN_CGROUP_NAMESPACE";
+/// The runs' parent inside that namespace.
+const CONTAINER_PARENT: &str = "tollgate-runs";
+
+/// A supervisor in a container: its own cgroup namespace, whose root (its own cgroup) holds
+/// its processes and has no controllers enabled for children. The kernel refuses to delegate
+/// from a cgroup with processes in it, so the runs' cgroups would have no limit files; the
+/// supervisor moves its own cgroup's processes into a leaf first. Pure v2 only (the lane in
+/// scripts/cgroup-v2-lane runs it): hybrid hosts keep their controllers on v1.
+#[test]
+fn a_supervisor_in_its_own_cgroup_namespace_moves_into_a_leaf_to_delegate() {
+    if std::env::var_os(IN_CONTAINER).is_some() {
+        return in_own_cgroup_namespace();
+    }
+    if !require_root() || CgroupMode::detect() != CgroupMode::Unified {
+        return;
+    }
+    let pod = format!("tollgate-test-{}-pod", std::process::id());
+    let pod_dir = std::path::PathBuf::from("/sys/fs/cgroup").join(&pod);
+    // The root enables the controllers for the pod, as a container runtime does, and no more.
+    delegate_to("").unwrap();
+    std::fs::create_dir(&pod_dir).unwrap();
+    let _cleanup = CgroupTree(pod_dir.clone());
+    let script = format!(
+        "echo $$ > {procs} && exec unshare --cgroup --mount --propagation private sh -c \
+         'umount /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec \"$0\" --exact \
+         a_supervisor_in_its_own_cgroup_namespace_moves_into_a_leaf_to_delegate --nocapture' \"$0\"",
+        procs = pod_dir.join("cgroup.procs").display(),
+    );
+    let output = Command::new("/bin/sh")
+        .args([
+            "-c",
+            &script,
+            std::env::current_exe().unwrap().to_str().unwrap(),
+        ])
+        .env(IN_CONTAINER, "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{text}");
+    assert!(text.contains("1 passed"), "{text}");
+    assert!(pod_dir.join(SUPERVISOR_LEAF).is_dir(), "{text}");
+}
+
+/// The half that runs in the container: start runs as the supervisor would.
+fn in_own_cgroup_namespace() {
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    assert_eq!(own.trim(), "0::/", "not at the root of a cgroup namespace");
+    let cgroup = RunCgroup::create(&format!("{CONTAINER_PARENT}/a"), LIMITS).unwrap();
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    assert_eq!(own.trim(), format!("0::/{SUPERVISOR_LEAF}"));
+    let limit =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/{CONTAINER_PARENT}/a/memory.max")).unwrap();
+    assert_eq!(limit.trim(), (64u64 << 20).to_string());
+    let mut child = spawn_in(&cgroup, "sleep 1000");
+    wait_for_pids(&cgroup, 1);
+    cgroup.kill_all(Duration::from_secs(5)).unwrap();
+    let _ = child.wait();
+    cgroup.remove().unwrap();
+    assert!(sweep(CONTAINER_PARENT, true).unwrap().is_empty());
+    // Later runs find the delegation in place and the supervisor where it moved.
+    let again = RunCgroup::create(&format!("{CONTAINER_PARENT}/b"), LIMITS).unwrap();
+    again.remove().unwrap();
+    assert!(sweep(CONTAINER_PARENT, true).unwrap().is_empty());
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    assert_eq!(own.trim(), format!("0::/{SUPERVISOR_LEAF}"));
+}
+
+/// Kills everything in a cgroup and removes it with everything below it, deepest first.
+struct CgroupTree(std::path::PathBuf);
+
+impl Drop for CgroupTree {
+    fn drop(&mut self) {
+        fn remove(dir: &std::path::Path) {
+            let _ = std::fs::write(dir.join("cgroup.kill"), "1");
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.path().is_dir() {
+                    remove(&entry.path());
+                }
+            }
+            let start = Instant::now();
+            while std::fs::remove_dir(dir).is_err() && start.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        remove(&self.0);
+    }
+}
+
+/// The start-up sweep removes every run cgroup under the parent but the supervisor's own leaf
+/// (there when the parent is the supervisor's own delegated cgroup).
+#[test]
+fn the_sweep_leaves_the_supervisors_own_leaf_alone() {
+    if !require_root() {
+        return;
+    }
+    let parent = Parent::new("leaf");
+    let leaf = RunCgroup::create_unlimited(&parent.run(SUPERVISOR_LEAF)).unwrap();
+    let _run = RunCgroup::create_unlimited(&parent.run("r")).unwrap();
+    assert_eq!(sweep(&parent.0, false).unwrap(), ["r"]);
+    assert!(leaf.procs_files().iter().all(|file| file.exists()));
+    leaf.remove().unwrap();
 }

@@ -564,6 +564,23 @@ fn doctor_checks_this_host_and_names_each_fix() {
     }
     assert_eq!(report["ready"], true, "{report}");
     assert!(output.status.success(), "{output:?}");
+    // The pure cgroup v2 lane (scripts/cgroup-v2-lane) says which layout doctor must see.
+    if std::env::var("TOLLGATE_EXPECT_CGROUP_MODE").as_deref() == Ok("unified") {
+        let cgroups = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "cgroups")
+            .unwrap();
+        assert_eq!(cgroups["verdict"], "ok", "{cgroups}");
+        assert!(
+            cgroups["seen"]
+                .as_str()
+                .unwrap()
+                .starts_with("unified (v2)"),
+            "{cgroups}"
+        );
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let open = dir.path().join("open");

@@ -279,12 +279,18 @@ fn cgroups() -> Check {
             .iter()
             .filter(|c| !controllers.split_whitespace().any(|have| have == **c))
             .collect();
-        // cgroup.kill came with 5.14: a child of the root has it.
+        // cgroup.kill came with 5.14. Every child of the root has it; a host may have no
+        // child yet (no systemd, a fresh container), so the kernel's version decides then.
         let kill = std::fs::read_dir("/sys/fs/cgroup")
             .into_iter()
             .flatten()
             .flatten()
-            .any(|entry| entry.path().join("cgroup.kill").exists());
+            .any(|entry| entry.path().join("cgroup.kill").exists())
+            || kernel_at_least(
+                &read("/proc/sys/kernel/osrelease").unwrap_or_default(),
+                5,
+                14,
+            );
         return match (missing.is_empty(), kill) {
             (true, true) => Check::ok(
                 "cgroups",
@@ -322,6 +328,17 @@ fn cgroups() -> Check {
             format!("{mode} without {missing:?}"),
             "mount the memory, pids and cpu cgroup controllers",
         )
+    }
+}
+
+/// Whether a kernel release such as `6.12.95+deb12-amd64` is at least `major.minor`.
+fn kernel_at_least(release: &str, major: u32, minor: u32) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|part| part.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(have_major), Some(have_minor)) => (have_major, have_minor) >= (major, minor),
+        _ => false,
     }
 }
 
@@ -476,5 +493,19 @@ async fn authority(global: &GlobalArgs) -> Check {
             ),
             "check that --authority names a tollgate-authority",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_at_least;
+
+    #[test]
+    fn kernel_releases_compare_by_major_and_minor() {
+        assert!(kernel_at_least("6.12.95+deb12-amd64", 5, 14));
+        assert!(kernel_at_least("5.14.0-rc1", 5, 14));
+        assert!(!kernel_at_least("5.10.0-28-amd64", 5, 14));
+        assert!(!kernel_at_least("4.19", 5, 14));
+        assert!(!kernel_at_least("weird", 5, 14));
     }
 }

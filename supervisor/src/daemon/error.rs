@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::cgroup::CgroupError;
+
 /// A fatal daemon error, with its exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -132,7 +134,11 @@ impl DaemonError {
             | Self::Readiness { .. }
             | Self::Serve(_)
             | Self::Reflection(_) => 69,
-            Self::Signals(_) => 71,              // EX_OSERR // EX_UNAVAILABLE
+            Self::Signals(_) => 71, // EX_OSERR // EX_UNAVAILABLE
+            // The host's cgroups cannot hold the runs' parent: the operator's set-up to fix.
+            Self::Runs(crate::error::StartError::Cgroup(
+                CgroupError::ControllersUnavailable { .. } | CgroupError::ProcessesInTheWay { .. },
+            )) => 78,
             Self::Runs(_) | Self::Task(_) => 70, // EX_SOFTWARE
             Self::Audit(e) => u8::try_from(e.exit_code()).unwrap_or(70),
         }

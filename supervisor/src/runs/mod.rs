@@ -18,7 +18,7 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError, VerifyFailu
 use tollgate_router_backends::ModelRoutes;
 
 use crate::admission::ReceiptAdmission;
-use crate::cgroup::{sweep, RunCgroup};
+use crate::cgroup::{delegate_to, sweep, RunCgroup};
 use crate::error::StartError;
 use crate::gateway::{ChildOf, ChildRuns, Delegator, GatewayHandle, RunGateway};
 use crate::hub::RunHub;
@@ -202,6 +202,8 @@ impl RunManager {
             .map(|record| record.run_id)
             .collect();
         let swept = sweep(&settings.cgroup_parent, false)?;
+        // A parent that cannot hold limited runs fails the start-up, not the first run.
+        delegate_to(&settings.cgroup_parent)?;
         if let Ok(entries) = std::fs::read_dir(&runs_dir) {
             for entry in entries.flatten() {
                 let _ = std::fs::remove_dir_all(entry.path());
