@@ -35,7 +35,8 @@ pub mod tool;
 
 use std::io::Write as _;
 use std::os::fd::{AsFd as _, AsRawFd as _, FromRawFd as _, OwnedFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sched::{unshare, CloneFlags};
@@ -44,7 +45,7 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
 use tollgate_shim_protocol::plan::{self, SandboxPlan};
-use tollgate_shim_protocol::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD};
+use tollgate_shim_protocol::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD, DETACH_FDS};
 
 pub use agent::EXIT_SETUP_FAILED;
 
@@ -182,6 +183,11 @@ impl<'a> ControlReader<'a> {
         }
     }
 
+    /// Every descriptor received so far, in the order sent.
+    fn take_all(&mut self) -> Vec<OwnedFd> {
+        self.fds.drain(..).collect()
+    }
+
     /// The next `count` descriptors received, in the order they were sent.
     fn take_fds(&mut self, count: usize) -> Result<Vec<OwnedFd>, String> {
         if self.fds.len() != count {
@@ -217,6 +223,7 @@ fn pid_one(
     let base = match reader.next_message() {
         Ok(ToShim::Prepare(base)) => *base,
         Ok(ToShim::Start(_)) => fail(&mut control, "the plan came before the base".into()),
+        Ok(other) => fail(&mut control, format!("{other:?} came before the base")),
         Err(reason) => fail(&mut control, reason),
     };
     if let Err(e) = setup::prepare_root(&base) {
@@ -240,6 +247,7 @@ fn pid_one(
             &mut control,
             "a second base came instead of the plan".into(),
         ),
+        Ok(other) => fail(&mut control, format!("{other:?} came instead of the plan")),
         Err(reason) => fail(&mut control, reason),
     };
     let mounts = match reader.take_fds(plan.binds.len()) {
@@ -278,10 +286,7 @@ fn pid_one(
             execute: plan.landlock.execute.clone(),
         },
     );
-    let exit = supervise(agent, &control, &signals);
-    if let Some(exit) = exit {
-        send(&mut control, &FromShim::Exited(exit));
-    }
+    let exit = supervise(agent, control, &signals, &plan.landlock.execute);
     // Exiting as pid 1 makes the kernel kill everything left in the namespace.
     std::process::exit(match exit {
         Some(AgentExit::Code(code)) => code,
@@ -290,46 +295,201 @@ fn pid_one(
     })
 }
 
-/// Reaps children until the agent exits (its status) or the supervisor goes away (`None`).
-fn supervise(agent: Pid, control: &UnixStream, signals: &SignalFd) -> Option<AgentExit> {
+/// What pid 1 watches besides its children: the supervisor's control socket, or, while
+/// detached for a live restore, the listener the next supervisor connects to.
+enum Link {
+    /// A supervisor is connected: its end of the socket closing ends the run (fail closed).
+    Attached(UnixStream),
+    /// The supervisor stopped cleanly and handed over what must outlive it.
+    Detached {
+        /// Where the next supervisor connects.
+        listener: UnixListener,
+        /// stdout and stderr read ends and the gateway listener, handed back on re-adoption.
+        held: Vec<OwnedFd>,
+        /// When the sandbox ends if nobody re-adopts it.
+        until: SystemTime,
+    },
+}
+
+/// Reaps children until the agent exits (its status, reported to a supervisor) or the run
+/// must end without one: the supervisor went away without detaching, or the detached
+/// deadline passed (`None`). While detached, an agent's exit is kept for the supervisor that
+/// re-adopts the sandbox.
+fn supervise(
+    agent: Pid,
+    control: UnixStream,
+    signals: &SignalFd,
+    execute: &[std::path::PathBuf],
+) -> Option<AgentExit> {
+    let mut link = Link::Attached(control);
+    let mut exited: Option<AgentExit> = None;
     loop {
+        let (watched, timeout) = match &link {
+            Link::Attached(control) => (control.as_fd(), PollTimeout::NONE),
+            Link::Detached {
+                listener, until, ..
+            } => {
+                let left = until
+                    .duration_since(SystemTime::now())
+                    .unwrap_or(Duration::ZERO);
+                if left.is_zero() {
+                    // The shim's own deadline: exiting makes the kernel end the sandbox.
+                    return None;
+                }
+                let millis = u16::try_from(left.as_millis().min(60_000)).unwrap_or(u16::MAX);
+                (listener.as_fd(), PollTimeout::from(millis.max(1)))
+            }
+        };
         let mut fds = [
-            PollFd::new(control.as_fd(), PollFlags::POLLIN),
+            PollFd::new(watched, PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
-        if poll(&mut fds, PollTimeout::NONE).is_err() {
+        if poll(&mut fds, timeout).is_err() {
             continue;
         }
-        let control_event = fds[0].revents().unwrap_or(PollFlags::empty());
-        if control_event.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
-            let mut buffer = [0u8; 256];
-            // SAFETY: reading into a stack buffer of the given length from our socket fd.
-            #[allow(unsafe_code)]
-            let read = unsafe {
-                libc::read(
-                    control.as_raw_fd(),
-                    buffer.as_mut_ptr().cast(),
-                    buffer.len(),
-                )
-            };
-            if read <= 0 {
-                return None;
+        let link_ready = fds[0]
+            .revents()
+            .unwrap_or(PollFlags::empty())
+            .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR);
+        let child_ready = fds[1]
+            .revents()
+            .unwrap_or(PollFlags::empty())
+            .contains(PollFlags::POLLIN);
+        if child_ready {
+            let _ = signals.read_signal();
+            if let Some(exit) = reap(agent) {
+                match &mut link {
+                    Link::Attached(control) => {
+                        send(control, &FromShim::Exited(exit));
+                        return Some(exit);
+                    }
+                    Link::Detached { .. } => exited = Some(exit),
+                }
             }
         }
-        let _ = signals.read_signal();
-        loop {
-            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                Ok(WaitStatus::Exited(pid, code)) if pid == agent => {
-                    return Some(AgentExit::Code(code))
+        if !link_ready {
+            continue;
+        }
+        link = match link {
+            Link::Attached(control) => match detach(control) {
+                Ok(detached) => detached,
+                // The supervisor is gone without detaching (a crash): fail closed.
+                Err(None) => return None,
+                Err(Some(control)) => Link::Attached(control),
+            },
+            Link::Detached {
+                listener,
+                held,
+                until,
+            } => match reattach(&listener, &held, agent, execute) {
+                Some(mut control) => {
+                    if let Some(exit) = exited {
+                        send(&mut control, &FromShim::Exited(exit));
+                        return Some(exit);
+                    }
+                    Link::Attached(control)
                 }
-                Ok(WaitStatus::Signaled(pid, signal, _)) if pid == agent => {
-                    return Some(AgentExit::Signal(signal as i32))
-                }
-                Ok(WaitStatus::StillAlive) | Err(_) => break,
-                Ok(_) => continue,
+                None => Link::Detached {
+                    listener,
+                    held,
+                    until,
+                },
+            },
+        };
+    }
+}
+
+/// The agent's status once it has ended; other children are reaped along the way.
+fn reap(agent: Pid) -> Option<AgentExit> {
+    loop {
+        match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == agent => {
+                return Some(AgentExit::Code(code))
             }
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == agent => {
+                return Some(AgentExit::Signal(signal as i32))
+            }
+            Ok(WaitStatus::StillAlive) | Err(_) => return None,
+            Ok(_) => continue,
         }
     }
+}
+
+/// Reads the supervisor's message: a `Detach` with its descriptors detaches; anything else
+/// is ignored (`Err(Some)`); the socket's end is `Err(None)`.
+fn detach(mut control: UnixStream) -> Result<Link, Option<UnixStream>> {
+    let mut reader = ControlReader::new(&control);
+    let message = reader.next_message();
+    let fds = reader.take_all();
+    match message {
+        Ok(ToShim::Detach { until_ms }) if fds.len() == DETACH_FDS => {
+            let mut fds = fds.into_iter();
+            let Some(listener) = fds.next().map(UnixListener::from) else {
+                return Err(Some(control));
+            };
+            if listener.set_nonblocking(true).is_err() {
+                return Err(Some(control));
+            }
+            send(&mut control, &FromShim::Detached);
+            Ok(Link::Detached {
+                listener,
+                held: fds.collect(),
+                until: UNIX_EPOCH + Duration::from_millis(until_ms),
+            })
+        }
+        Ok(_) => Err(Some(control)),
+        Err(_) => Err(None),
+    }
+}
+
+/// Serves one connection to the detach listener: a root peer that asks to `Reattach` gets
+/// the held descriptors and becomes the control socket. Anything else is dropped.
+fn reattach(
+    listener: &UnixListener,
+    held: &[OwnedFd],
+    agent: Pid,
+    execute: &[std::path::PathBuf],
+) -> Option<UnixStream> {
+    let (stream, _) = listener.accept().ok()?;
+    stream.set_nonblocking(false).ok()?;
+    // Only root may take a sandbox over (the socket lives in the root-only data directory).
+    let peer =
+        nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    if peer.uid() != 0 {
+        return None;
+    }
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut reader = ControlReader::new(&stream);
+    if !matches!(reader.next_message(), Ok(ToShim::Reattach)) {
+        return None;
+    }
+    drop(reader);
+    stream.set_read_timeout(None).ok()?;
+    let answer = FromShim::Reattached {
+        agent_pid: agent.as_raw(),
+        execute: execute.to_vec(),
+    };
+    send_with_fds(&stream, &answer, held).ok()?;
+    Some(stream)
+}
+
+/// Sends one message with descriptors attached (SCM_RIGHTS).
+fn send_with_fds(control: &UnixStream, message: &FromShim, fds: &[OwnedFd]) -> Result<(), String> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+    line.push(b'\n');
+    let raw: Vec<std::os::fd::RawFd> = fds.iter().map(|fd| fd.as_raw_fd()).collect();
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let iov = [std::io::IoSlice::new(&line)];
+    let sent = sendmsg::<()>(control.as_raw_fd(), &iov, &rights, MsgFlags::empty(), None)
+        .map_err(|e| e.to_string())?;
+    // The rest of a long line, without descriptors (they went with the first byte).
+    if sent < line.len() {
+        (&*control)
+            .write_all(&line[sent..])
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Starts the sandbox's model endpoint (`tollgate-shim models`) as the agent's sibling,
@@ -358,7 +518,7 @@ fn start_models_endpoint(
     };
     agent::start_agent(&endpoint, seccomp, proc_dir)
         .map_err(|reason| format!("the model endpoint did not start: {reason}"))?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     while std::net::TcpStream::connect(address).is_err() {
         if std::time::Instant::now() > deadline {
@@ -366,7 +526,7 @@ fn start_models_endpoint(
                 "the model endpoint did not listen on 127.0.0.1:{port} within 5 s"
             ));
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1));
     }
     Ok(())
 }

@@ -51,6 +51,10 @@ entry_kinds! {
     RunRefused => "run_refused",
     /// A sandbox was built.
     SandboxCreated => "sandbox_created",
+    /// A clean stop with live restore left a run running detached for the next supervisor.
+    RunDetached => "run_detached",
+    /// A supervisor took over a run a previous one left running detached.
+    RunReattached => "run_reattached",
     /// A gateway tool call was decided.
     ToolCall => "tool_call",
     /// A model route was chosen or refused.

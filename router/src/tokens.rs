@@ -94,6 +94,12 @@ impl Ledger {
         self.used
     }
 
+    /// Counts `used` tokens as already spent: a run re-adopted after a supervisor restart
+    /// keeps the budget it had left.
+    pub fn restore_used(&mut self, used: u64) {
+        self.used = used;
+    }
+
     /// Tokens neither used nor held.
     pub fn remaining(&self) -> u64 {
         self.limit

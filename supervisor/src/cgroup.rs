@@ -252,6 +252,33 @@ impl RunCgroup {
         }
     }
 
+    /// The cgroup `relative` as it already exists (a crash's leftover to sweep, or a run a
+    /// live restore re-adopts); nothing is created or checked.
+    pub fn existing(relative: &str) -> Self {
+        let mode = CgroupMode::detect();
+        Self {
+            v1_dirs: match mode {
+                CgroupMode::Unified => Vec::new(),
+                _ => {
+                    let v1 = V1::new();
+                    V1_CONTROLLERS
+                        .into_iter()
+                        .filter_map(|c| {
+                            v1_mount(&v1, c.clone()).ok().map(|m| (c, m.join(relative)))
+                        })
+                        .collect()
+                }
+            },
+            v2_dir: match mode {
+                CgroupMode::Unified => Some(Path::new(UNIFIED_ROOT).join(relative)),
+                CgroupMode::Hybrid => Some(Path::new(HYBRID_V2_ROOT).join(relative)),
+                CgroupMode::Legacy => None,
+            },
+            mode,
+            relative: relative.to_owned(),
+        }
+    }
+
     /// Creates `relative` in every hierarchy without limits yet: for a sandbox prepared
     /// ahead of need, whose only processes are the shim's, idle until
     /// [`RunCgroup::apply_limits`] has run. On failure nothing is left behind.
@@ -610,6 +637,16 @@ fn remove_with_retries(dir: &Path, deadline: Duration) -> Result<(), CgroupError
 /// is inside first; then `parent` itself when `remove_parent`. Used at start-up to sweep what
 /// a crashed supervisor left. Returns the run names swept.
 pub fn sweep(parent: &str, remove_parent: bool) -> Result<Vec<String>, CgroupError> {
+    sweep_keeping(parent, remove_parent, &std::collections::BTreeSet::new())
+}
+
+/// [`sweep`], leaving the run cgroups named in `keep` (runs a live restore re-adopted) and
+/// the parent with them.
+pub fn sweep_keeping(
+    parent: &str,
+    remove_parent: bool,
+    keep: &std::collections::BTreeSet<String>,
+) -> Result<Vec<String>, CgroupError> {
     let mode = CgroupMode::detect();
     let mut roots = Vec::new();
     match mode {
@@ -631,41 +668,19 @@ pub fn sweep(parent: &str, remove_parent: bool) -> Result<Vec<String>, CgroupErr
         if let Ok(entries) = fs::read_dir(root.join(parent)) {
             for entry in entries.flatten() {
                 // The supervisor's own leaf, when its parent is inside its own cgroup.
-                if entry.path().is_dir() && entry.file_name() != SUPERVISOR_LEAF {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if entry.path().is_dir() && name != SUPERVISOR_LEAF && !keep.contains(&name) {
                     names.insert(entry.file_name().to_string_lossy().into_owned());
                 }
             }
         }
     }
     for name in &names {
-        let relative = format!("{parent}/{name}");
-        let run = RunCgroup {
-            v1_dirs: match mode {
-                CgroupMode::Unified => Vec::new(),
-                _ => {
-                    let v1 = V1::new();
-                    V1_CONTROLLERS
-                        .into_iter()
-                        .filter_map(|c| {
-                            v1_mount(&v1, c.clone())
-                                .ok()
-                                .map(|m| (c, m.join(&relative)))
-                        })
-                        .collect()
-                }
-            },
-            v2_dir: match mode {
-                CgroupMode::Unified => Some(Path::new(UNIFIED_ROOT).join(&relative)),
-                CgroupMode::Hybrid => Some(Path::new(HYBRID_V2_ROOT).join(&relative)),
-                CgroupMode::Legacy => None,
-            },
-            mode: mode.clone(),
-            relative,
-        };
+        let run = RunCgroup::existing(&format!("{parent}/{name}"));
         run.kill_all(Duration::from_secs(5))?;
         run.remove()?;
     }
-    if remove_parent {
+    if remove_parent && keep.is_empty() {
         for root in &roots {
             remove_with_retries(&root.join(parent), Duration::from_secs(1))?;
         }

@@ -93,6 +93,17 @@ struct Flags {
     /// the run's limits before the agent exists. 0 prepares each on demand.
     #[arg(long, value_name = "N", default_value_t = 1)]
     warm_sandboxes: usize,
+    /// Live restore: a clean stop (SIGTERM, SIGINT) leaves root runs running detached, and
+    /// the next supervisor on this data directory re-adopts them; each sandbox ends itself
+    /// after --live-restore-window (never past its receipt's expiry) if none does. A crash
+    /// still ends every run. Runs with delegated children are torn down as at any stop.
+    #[arg(long)]
+    live_restore: bool,
+    /// How long a run left detached by --live-restore waits to be re-adopted (seconds,
+    /// 1 to 86400).
+    #[arg(long, value_name = "SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    live_restore_window: u64,
     /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
     /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
     /// entries are chained with plain SHA-256.
@@ -216,7 +227,16 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         host_id_count => std::convert::identity,
         warm_sandboxes => std::convert::identity,
         route_probe_timeout => std::convert::identity,
+        live_restore => std::convert::identity,
+        live_restore_window => std::convert::identity,
     );
+    let window = Duration::from_secs(flags.live_restore_window);
+    if window.is_zero() || window > tollgate_supervisor::runs::MAX_LIVE_RESTORE_WINDOW {
+        return Err(DaemonError::ConfigFile {
+            path,
+            problem: "live_restore_window must be 1 to 86400 seconds".into(),
+        });
+    }
     if !given("log_format") {
         if let Some(format) = &file.log_format {
             flags.log_format = format.parse().map_err(|problem| DaemonError::ConfigFile {
@@ -284,6 +304,9 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
             host_ids: flags.host_id_base..flags.host_id_base.saturating_add(flags.host_id_count),
             clock_skew: Duration::from_secs(flags.clock_skew),
             warm_sandboxes: flags.warm_sandboxes,
+            live_restore: flags
+                .live_restore
+                .then(|| Duration::from_secs(flags.live_restore_window)),
         },
         listen,
         metrics_listen: flags.metrics_listen,

@@ -207,7 +207,7 @@ pub enum RecordsError {
 /// Schema migrations, in order; `PRAGMA user_version` counts how many have been applied.
 /// Version 1 is the original table (created with `IF NOT EXISTS`, so databases from before
 /// versioning adopt it unchanged).
-const MIGRATIONS: [&str; 3] = [
+const MIGRATIONS: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS runs (
     run_id     TEXT PRIMARY KEY,
     owner      TEXT NOT NULL,
@@ -227,6 +227,8 @@ ALTER TABLE runs ADD COLUMN depth INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;",
     // Starts that failed before the agent existed may be tried again: count the tries.
     "ALTER TABLE runs ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1;",
+    // Live restore: what the next supervisor needs to re-adopt a run left running detached.
+    "ALTER TABLE runs ADD COLUMN detached TEXT;",
 ];
 
 /// The supervisor's database.
@@ -402,6 +404,26 @@ impl RunRecords {
         Ok(())
     }
 
+    /// Notes (durably) that `run_id` is left running detached, with what re-adopting it
+    /// takes (`state`, JSON), or clears it (`None`: re-adopted, or the detach did not happen).
+    pub fn set_detached(&self, run_id: &str, state: Option<&str>) -> Result<(), RecordsError> {
+        self.conn().execute(
+            "UPDATE runs SET detached = ?2 WHERE run_id = ?1 AND state = 'running'",
+            params![run_id, state],
+        )?;
+        Ok(())
+    }
+
+    /// Runs left running detached: `(run_id, signed receipt, detached state)`.
+    pub fn detached(&self) -> Result<Vec<(String, Vec<u8>, String)>, RecordsError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT run_id, receipt, detached FROM runs WHERE state = 'running' AND detached IS NOT NULL",
+        )?;
+        let rows = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Records the end of a run with its report.
     pub fn finish(
         &self,
@@ -413,7 +435,7 @@ impl RunRecords {
         let report =
             serde_json::to_string(report).map_err(|_| RecordsError::Report(run_id.into()))?;
         self.conn().execute(
-            "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4 WHERE run_id = ?1",
+            "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4, detached = NULL WHERE run_id = ?1",
             params![run_id, state.name(), now, report],
         )?;
         Ok(())

@@ -16,7 +16,7 @@ use tollgate_shim_protocol::plan::{
     AgentCommand, Bind, LandlockPlan, ModelsEndpoint, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX,
     MODELS_PORT, SHIM_IN_SANDBOX,
 };
-use tollgate_shim_protocol::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD};
+use tollgate_shim_protocol::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD, REATTACH_FDS};
 
 use crate::cgroup::RunCgroup;
 
@@ -319,7 +319,7 @@ const FDS_PER_MESSAGE: usize = 250;
 /// Sends one message as a JSON line with `fds` attached (SCM_RIGHTS), in order: each batch of
 /// descriptors rides on one byte of the line, the rest of the line follows. The shim's
 /// control reader collects them with the message.
-fn send_line_with_fds(
+pub(crate) fn send_line_with_fds(
     control: &mut UnixStream,
     message: &ToShim,
     fds: &[OwnedFd],
@@ -487,10 +487,27 @@ pub struct SandboxOutput {
 /// A running `tollgate-shim` and its control socket.
 #[derive(Debug)]
 pub struct SandboxProcess {
-    child: Child,
+    /// The shim, when this supervisor started it (a re-adopted one is not its child).
+    child: Option<Child>,
     events: BufReader<UnixStream>,
     // Kept open: closing it tells pid 1 the supervisor is gone.
-    _control: UnixStream,
+    control: UnixStream,
+}
+
+/// A sandbox a previous supervisor left running detached, taken over through its detach
+/// socket ([`SandboxProcess::reattach`]).
+#[derive(Debug)]
+pub struct ReattachedSandbox {
+    /// Its shim and new control socket.
+    pub process: SandboxProcess,
+    /// The read ends of the agent's stdout and stderr, as pid 1 held them.
+    pub output: SandboxOutput,
+    /// The run's gateway socket, still bound where the sandbox has it mounted.
+    pub gateway: std::os::unix::net::UnixListener,
+    /// The executables Landlock allows, as resolved when the sandbox started.
+    pub execute: Vec<PathBuf>,
+    /// A pidfd of the sandbox's pid 1.
+    pub pid_one: OwnedFd,
 }
 
 impl SandboxProcess {
@@ -552,15 +569,14 @@ impl SandboxProcess {
             }
         };
         let mut process = Self {
-            child,
+            child: Some(child),
             events,
-            _control: control,
+            control,
         };
         let first = match process.next_event() {
             Ok(event) => event,
             Err(e) => {
-                let _ = process.child.kill();
-                let _ = process.child.wait();
+                process.kill();
                 return Err(e);
             }
         };
@@ -569,11 +585,11 @@ impl SandboxProcess {
                 Ok((process, started, SandboxOutput { stdout, stderr }))
             }
             Some(FromShim::Failed { reason }) => {
-                let _ = process.child.wait();
+                let _ = process.wait();
                 Err(SandboxError::Setup(reason))
             }
             other => {
-                let status = process.child.wait().ok();
+                let status = process.wait().ok().flatten();
                 Err(SandboxError::Setup(format!(
                     "the shim ended without starting the agent ({other:?}, status {status:?})"
                 )))
@@ -582,15 +598,159 @@ impl SandboxProcess {
     }
 
     /// The shim's host pid.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A second handle on the control socket, to send it a message (a live restore's
+    /// `Detach`) while the run's thread reads events.
+    pub fn control(&self) -> std::io::Result<UnixStream> {
+        self.control.try_clone()
     }
 
     /// A pidfd of the sandbox's pid 1 (the shim's only child). The shim is this process's
     /// child and not yet reaped, so its pid is its own; a pid 1 that already ended, with its
     /// number taken by another process, is recognised by that process's parent.
     pub fn pin_pid_one(&self) -> std::io::Result<OwnedFd> {
-        let shim = self.child.id();
+        let shim = self
+            .pid()
+            .ok_or_else(|| std::io::Error::other("the shim is not this process's child"))?;
+        pin_pid_one(shim)
+    }
+
+    /// Takes over a sandbox left running detached: connects to its detach socket, asks pid 1
+    /// to `Reattach`, and receives the agent's output pipes and the gateway socket. `shim` is
+    /// the shim's host pid as recorded at the detach; it must still be in `cgroup` (a pid
+    /// reused by anything else is refused).
+    pub fn reattach(
+        socket: &Path,
+        shim: u32,
+        cgroup: &RunCgroup,
+    ) -> Result<ReattachedSandbox, SandboxError> {
+        let lost = |detail: String| SandboxError::Setup(format!("re-adopting: {detail}"));
+        if !cgroup
+            .pids()
+            .map_err(|e| lost(e.to_string()))?
+            .contains(&shim)
+        {
+            return Err(lost(format!(
+                "the shim (pid {shim}) is no longer in {}",
+                cgroup.relative()
+            )));
+        }
+        let pid_one = pin_pid_one(shim).map_err(|e| lost(e.to_string()))?;
+        let mut control =
+            connect_unix(socket).map_err(|e| lost(format!("{}: {e}", socket.display())))?;
+        control
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .map_err(SandboxError::Control)?;
+        send_line(&mut control, &ToShim::Reattach).map_err(SandboxError::Control)?;
+        // The descriptors ride on the answer's first byte; the rest of the line (and an
+        // `Exited` that may follow at once) is read through the events reader kept below.
+        let (first, fds) = recv_byte_with_fds(&control).map_err(SandboxError::Control)?;
+        let mut events = BufReader::new(control.try_clone().map_err(SandboxError::Control)?);
+        let mut line = vec![first];
+        events
+            .read_until(b'\n', &mut line)
+            .map_err(SandboxError::Control)?;
+        control
+            .set_read_timeout(None)
+            .map_err(SandboxError::Control)?;
+        let execute = match serde_json::from_slice(&line) {
+            Ok(FromShim::Reattached { execute, .. }) => execute,
+            Ok(other) => return Err(lost(format!("pid 1 answered {other:?}"))),
+            Err(e) => return Err(lost(format!("pid 1's answer: {e}"))),
+        };
+        let mut fds = fds.into_iter();
+        let (Some(stdout), Some(stderr), Some(gateway), None) =
+            (fds.next(), fds.next(), fds.next(), fds.next())
+        else {
+            return Err(lost(format!(
+                "pid 1 handed back the wrong number of descriptors (expected {REATTACH_FDS})"
+            )));
+        };
+        Ok(ReattachedSandbox {
+            process: Self {
+                child: None,
+                events,
+                control,
+            },
+            output: SandboxOutput {
+                stdout: PipeReader::from(stdout),
+                stderr: PipeReader::from(stderr),
+            },
+            gateway: std::os::unix::net::UnixListener::from(gateway),
+            execute,
+            pid_one,
+        })
+    }
+}
+
+/// Connects to a Unix socket by path, through `/proc/self/fd` so that a long data directory
+/// does not hit `sun_path`'s 108 bytes.
+pub(crate) fn connect_unix(socket: &Path) -> std::io::Result<UnixStream> {
+    let (dir, name) = split_socket_path(socket)?;
+    let dir = fs::File::open(dir)?;
+    UnixStream::connect(format!("/proc/self/fd/{}/{name}", dir.as_raw_fd()))
+}
+
+/// Binds a Unix socket by path (0600, root's), through `/proc/self/fd` as [`connect_unix`].
+pub(crate) fn bind_unix(socket: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    let (dir, name) = split_socket_path(socket)?;
+    let dir = fs::File::open(dir)?;
+    let short = format!("/proc/self/fd/{}/{name}", dir.as_raw_fd());
+    match fs::remove_file(&short) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(&short)?;
+    fs::set_permissions(&short, fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+fn split_socket_path(socket: &Path) -> std::io::Result<(&Path, String)> {
+    match (socket.parent(), socket.file_name()) {
+        (Some(dir), Some(name)) => Ok((dir, name.to_string_lossy().into_owned())),
+        _ => Err(std::io::Error::other("not a socket path")),
+    }
+}
+
+/// Receives one byte and the descriptors that ride on it (SCM_RIGHTS).
+fn recv_byte_with_fds(control: &UnixStream) -> std::io::Result<(u8, Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+    let mut byte = [0u8; 1];
+    let mut space = nix::cmsg_space!([RawFd; 8]);
+    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let received = recvmsg::<()>(
+        control.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(std::io::Error::from)?;
+    if received.bytes == 0 {
+        return Err(std::io::Error::other("pid 1 closed the connection"));
+    }
+    let mut fds = Vec::new();
+    for message in received.cmsgs().map_err(std::io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(raw) = message {
+            // SAFETY: the kernel installed these descriptors in this process for this
+            // message; nothing else owns them.
+            #[allow(unsafe_code)]
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
+            );
+        }
+    }
+    Ok((byte[0], fds))
+}
+
+/// A pidfd of the sandbox's pid 1, the only child of the shim `shim`; checked to still be
+/// that shim's child after it is opened (a pid reused since is refused).
+fn pin_pid_one(shim: u32) -> std::io::Result<OwnedFd> {
+    {
         let children = fs::read_to_string(format!("/proc/{shim}/task/{shim}/children"))?;
         let pid: i32 = children
             .split_whitespace()
@@ -617,7 +777,9 @@ impl SandboxProcess {
         }
         Ok(pidfd)
     }
+}
 
+impl SandboxProcess {
     /// The next event from the shim; `None` when it has closed the socket.
     pub fn next_event(&mut self) -> Result<Option<FromShim>, SandboxError> {
         let mut line = String::new();
@@ -633,9 +795,18 @@ impl SandboxProcess {
             .map_err(|e| SandboxError::Control(std::io::Error::other(e)))
     }
 
-    /// Waits for the shim process to exit.
-    pub fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        self.child.wait()
+    /// Kills and reaps the shim, when it is this process's child.
+    fn kill(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for the shim process to exit, when it is this process's child (a re-adopted
+    /// shim's parent reaps it).
+    pub fn wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.as_mut().map(Child::wait).transpose()
     }
 }
 

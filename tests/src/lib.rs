@@ -499,6 +499,12 @@ impl SupervisorProcess {
 
     /// Starts a new daemon on the same data directory and cgroup parent (after a stop).
     pub fn restart(self, signal: Signal) -> Self {
+        self.restart_after(signal, || {})
+    }
+
+    /// [`Self::restart`], running `between` once the old daemon has exited and before the new
+    /// one starts.
+    pub fn restart_after(self, signal: Signal, between: impl FnOnce()) -> Self {
         let (data_dir, authority, parent, base, ids, extra) = (
             self.data_dir.clone(),
             self.authority.clone(),
@@ -513,6 +519,7 @@ impl SupervisorProcess {
         // Keep the cgroups: the new daemon must find and sweep them.
         this.cgroup_parent.clear();
         drop(this);
+        between();
         Self::spawn(&data_dir, &authority, parent, (base, ids), extra)
     }
 
@@ -548,6 +555,37 @@ impl SupervisorProcess {
     /// Its data directory.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// Everything a run printed, from `WatchRun` (its replay, then live output until it
+    /// ends; 30 s at most between events).
+    pub async fn output(&self, run_id: &str) -> String {
+        let mut stream = self
+            .client()
+            .await
+            .watch_run(authed(
+                &self.token(),
+                tollgate_proto::v1::WatchRunRequest {
+                    run_id: run_id.into(),
+                },
+            ))
+            .await
+            .expect("WatchRun")
+            .into_inner();
+        let mut text = String::new();
+        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(30), stream.message())
+            .await
+            .unwrap_or(Ok(None))
+        {
+            match event.event {
+                Some(tollgate_proto::v1::run_event::Event::Output(chunk)) => {
+                    text.push_str(&String::from_utf8_lossy(&chunk.data));
+                }
+                Some(tollgate_proto::v1::run_event::Event::Ended(_)) => break,
+                None => {}
+            }
+        }
+        text
     }
 
     /// Polls the run until it has ended (its record has a report); panics after `limit`.

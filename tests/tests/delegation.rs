@@ -176,33 +176,7 @@ impl Tree {
 
     /// Everything a run printed (it must have ended or end).
     async fn output(&self, run_id: &str) -> String {
-        let mut stream = self
-            .supervisor
-            .client()
-            .await
-            .watch_run(authed(
-                &self.supervisor.token(),
-                pb::WatchRunRequest {
-                    run_id: run_id.into(),
-                },
-            ))
-            .await
-            .unwrap()
-            .into_inner();
-        let mut text = String::new();
-        while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(30), stream.message())
-            .await
-            .unwrap_or(Ok(None))
-        {
-            match event.event {
-                Some(pb::run_event::Event::Output(chunk)) => {
-                    text.push_str(&String::from_utf8_lossy(&chunk.data));
-                }
-                Some(pb::run_event::Event::Ended(_)) => break,
-                None => {}
-            }
-        }
-        text
+        self.supervisor.output(run_id).await
     }
 
     fn tollgate(&self, args: &[&str]) -> std::process::Output {

@@ -37,6 +37,7 @@ fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
         host_ids: base..base + 16,
         clock_skew: Duration::from_secs(0),
         warm_sandboxes: 1,
+        live_restore: None,
     }
 }
 

@@ -845,3 +845,178 @@ async fn a_config_file_mirrors_the_flags_and_flags_win() {
         "{stderr}"
     );
 }
+
+/// How many processes run `sleep <marker>` (a sandbox's, found from the host).
+fn sleepers(marker: &str) -> usize {
+    let wanted = format!("sleep\u{0}{marker}\u{0}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cmdline")).ok())
+        .filter(|cmd| cmd == &wanted)
+        .count()
+}
+
+/// Live restore: a clean stop with `--live-restore` leaves running sandboxes running. While
+/// no supervisor runs, an agent's gateway call waits and a sandbox whose receipt expires is
+/// ended by its own pid 1, on time; the next supervisor re-adopts the other (the call is
+/// answered, its output and exit code reach the new supervisor) and records the expired one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_restore_re_adopts_a_running_sandbox_and_a_detached_one_expires_on_time() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "restore",
+        203_000,
+        vec![
+            "--live-restore".into(),
+            "--live-restore-window".into(),
+            "120".into(),
+        ],
+    );
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("readme.txt"), "granted bytes").unwrap();
+    let project = project.display().to_string();
+    let start = |text: String| pb::StartRunRequest {
+        receipt: text,
+        argv: vec![],
+    };
+    let mut client = supervisor.client().await;
+    let token = supervisor.token();
+
+    // Re-adopted: waits for a file the test writes while no supervisor runs, then calls the
+    // gateway (the call waits for the next supervisor) and exits 7.
+    // Then waits for a second restart, prints, and exits 7.
+    let script = format!(
+        "echo before; while [ ! -e /work/go ]; do sleep 0.05; done; \
+         tollgate-shim tool read {project}/readme.txt > /work/called; echo \" rc=$?\" >> /work/called; \
+         while [ ! -e /work/go2 ]; do sleep 0.05; done; echo second; exit 7"
+    );
+    let mut request = spec(&script, 120);
+    request.fs.push(pb::FsGrant {
+        path: project.clone(),
+        access: pb::FsAccess::Read as i32,
+        mount: String::new(),
+    });
+    let (text, kept) = mint(&authority, request).await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    wait_state(&supervisor, &kept, pb::RunState::Running).await;
+
+    // Ends while detached: pid 1 keeps its exit for the next supervisor.
+    let (text, finished) = mint(
+        &authority,
+        spec(
+            "while [ ! -e /work/go ]; do sleep 0.05; done; echo bye; exit 3",
+            120,
+        ),
+    )
+    .await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    wait_state(&supervisor, &finished, pb::RunState::Running).await;
+
+    // Left detached past its receipt's expiry.
+    let ttl = 5;
+    let minted = Instant::now();
+    let (text, expiring) = mint(&authority, spec("sleep 3141", ttl)).await;
+    client.start_run(authed(&token, start(text))).await.unwrap();
+    wait_state(&supervisor, &expiring, pb::RunState::Running).await;
+    drop(client);
+
+    let runs = supervisor.data_dir().join("runs");
+    let supervisor = supervisor.restart_after(Signal::SIGTERM, || {
+        assert_eq!(sleepers("3141"), 1, "the stop ended a detached sandbox");
+        for run in [&kept, &finished] {
+            std::fs::write(runs.join(run).join("work/go"), "").unwrap();
+        }
+        // pid 1 ends the expiring sandbox at its receipt's expiry (whole seconds: up to one
+        // early), not before, and soon after.
+        let expiry = minted + Duration::from_secs(ttl);
+        while sleepers("3141") == 1 {
+            assert!(
+                Instant::now() < expiry + Duration::from_secs(3),
+                "a detached sandbox outlived its receipt"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ended = Instant::now();
+        assert!(
+            ended + Duration::from_millis(1100) >= expiry,
+            "ended {:?} before the receipt's expiry",
+            expiry - ended
+        );
+    });
+
+    // The run that ended while detached: its exit and its output, kept by pid 1.
+    let run = supervisor
+        .wait_ended(&finished, Duration::from_secs(30))
+        .await;
+    assert_eq!(run.state, pb::RunState::Exited as i32, "{run:?}");
+    assert_eq!(run.report.unwrap().exit_code, Some(3));
+    let output = supervisor.output(&finished).await;
+    assert!(output.contains("bye"), "{output}");
+    // The call made while no supervisor ran was answered by this one.
+    let called = runs.join(&kept).join("work/called");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while std::fs::read_to_string(&called).map_or(true, |text| !text.contains("rc=")) {
+        assert!(
+            Instant::now() < deadline,
+            "the waiting gateway call got no answer"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        std::fs::read_to_string(&called).unwrap(),
+        "granted bytes rc=0\n"
+    );
+    // A re-adopted run is left running again at the next clean stop, and re-adopted again.
+    let supervisor = supervisor.restart_after(Signal::SIGTERM, || {
+        std::fs::write(runs.join(&kept).join("work/go2"), "").unwrap();
+    });
+    let run = supervisor.wait_ended(&kept, Duration::from_secs(30)).await;
+    assert_eq!(run.state, pb::RunState::Exited as i32, "{run:?}");
+    assert_eq!(run.report.unwrap().exit_code, Some(7));
+    let output = supervisor.output(&kept).await;
+    assert!(output.contains("second"), "{output}");
+    let expired = wait_state(&supervisor, &expiring, pb::RunState::Expired).await;
+    assert!(
+        expired
+            .report
+            .unwrap()
+            .reason
+            .contains("its sandbox ended itself"),
+        "{}",
+        supervisor.log()
+    );
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+    // The audit log has both sides: each detach at the stop, each re-adoption at the start.
+    let mut audit = String::new();
+    for file in std::fs::read_dir(supervisor.data_dir().join("audit")).unwrap() {
+        audit.push_str(&std::fs::read_to_string(file.unwrap().path()).unwrap_or_default());
+    }
+    assert_eq!(audit.matches("\"run_detached\"").count(), 4, "{audit}");
+    assert_eq!(audit.matches("\"run_reattached\"").count(), 3, "{audit}");
+
+    // A crash detaches nothing, live restore or not: the sandbox ends with the supervisor.
+    let (text, crashed) = mint(&authority, spec("sleep 3142", 120)).await;
+    let mut client = supervisor.client().await;
+    client
+        .start_run(authed(&supervisor.token(), start(text)))
+        .await
+        .unwrap();
+    wait_state(&supervisor, &crashed, pb::RunState::Running).await;
+    drop(client);
+    let supervisor = supervisor.restart_after(Signal::SIGKILL, || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sleepers("3142") > 0 {
+            assert!(Instant::now() < deadline, "a sandbox outlived a crash");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    wait_state(&supervisor, &crashed, pb::RunState::Lost).await;
+}

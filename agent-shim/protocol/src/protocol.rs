@@ -19,7 +19,28 @@ pub enum ToShim {
     Prepare(Box<SandboxBase>),
     /// Second message: complete the sandbox for this run and start the agent.
     Start(Box<SandboxPlan>),
+    /// Live restore: the supervisor is stopping cleanly and will come back. Sent with
+    /// [`DETACH_FDS`] descriptors attached (SCM_RIGHTS), in this order: a listening socket the
+    /// next supervisor connects to, the read ends of the agent's stdout and stderr pipes, and
+    /// the run's gateway listening socket. pid 1 holds them (so the pipes and the gateway
+    /// socket outlive the supervisor, and gateway calls wait in its backlog), answers
+    /// [`FromShim::Detached`], stops treating the control socket's end as the end of the run,
+    /// and ends the sandbox itself at `until_ms` unless a supervisor re-adopts it first.
+    Detach {
+        /// Unix milliseconds: the receipt's expiry or the end of the live-restore window,
+        /// whichever comes first.
+        until_ms: u64,
+    },
+    /// First message on a connection to the detach listener: the new supervisor re-adopts
+    /// the sandbox. Answered by [`FromShim::Reattached`].
+    Reattach,
 }
+
+/// How many descriptors come with [`ToShim::Detach`].
+pub const DETACH_FDS: usize = 4;
+/// How many descriptors come with [`FromShim::Reattached`]: stdout, stderr, the gateway
+/// listener, in this order.
+pub const REATTACH_FDS: usize = 3;
 
 /// How the agent ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +74,17 @@ pub enum FromShim {
     },
     /// The agent has ended.
     Exited(AgentExit),
+    /// pid 1 holds the descriptors of [`ToShim::Detach`] and runs on alone.
+    Detached,
+    /// The answer to [`ToShim::Reattach`], with [`REATTACH_FDS`] descriptors attached. The
+    /// connection is the control socket from now on; `Exited` follows on it when the agent
+    /// ends (at once, if it ended while detached).
+    Reattached {
+        /// The agent's pid inside the sandbox.
+        agent_pid: i32,
+        /// The executables Landlock allows, as resolved when the sandbox started.
+        execute: Vec<std::path::PathBuf>,
+    },
 }
 
 /// What `tollgate-shim enter` is asked to run inside a live sandbox (one JSON line on fd 3,

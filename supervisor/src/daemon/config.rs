@@ -85,6 +85,10 @@ pub struct SupervisorFile {
     pub host_id_count: Option<u32>,
     /// `--warm-sandboxes`.
     pub warm_sandboxes: Option<usize>,
+    /// `--live-restore`.
+    pub live_restore: Option<bool>,
+    /// `--live-restore-window` (seconds).
+    pub live_restore_window: Option<u64>,
     /// `--audit-key-file`.
     pub audit_key_file: Option<PathBuf>,
     /// `--routes`.

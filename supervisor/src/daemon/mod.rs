@@ -184,7 +184,9 @@ impl Supervisor {
             shutdown.await;
             // Tear the runs down first: that also ends every WatchRun stream, so the server's
             // graceful shutdown does not wait on them.
-            tracing::info!("shutting down: tearing down live runs");
+            tracing::info!(
+                "shutting down: live runs end (or, with --live-restore, are left running)"
+            );
             let _ = tokio::task::spawn_blocking(move || teardown_manager.shutdown()).await;
             let _ = stop_tx.send(true);
         };
@@ -210,8 +212,11 @@ impl Supervisor {
         let manager = self.manager.clone();
         let _ = tokio::task::spawn_blocking(move || {
             manager.shutdown();
-            if let Err(e) = crate::cgroup::sweep(&parent, true) {
-                tracing::warn!(error = %e, "could not remove the parent cgroup");
+            // Runs left running detached (live restore) keep their cgroups under the parent.
+            if !manager.left_detached() {
+                if let Err(e) = crate::cgroup::sweep(&parent, true) {
+                    tracing::warn!(error = %e, "could not remove the parent cgroup");
+                }
             }
         })
         .await;

@@ -79,6 +79,19 @@ impl RunModels {
         crate::metrics::get().tokens(route, prompt_tokens, completion_tokens);
     }
 
+    /// Tokens the run's settled calls have used.
+    pub fn tokens_used(&self) -> u64 {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner()).used()
+    }
+
+    /// Counts `used` tokens as spent before this supervisor re-adopted the run.
+    pub fn charge_restored(&self, used: u64) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restore_used(used);
+    }
+
     /// What the run has spent so far, per route (by name).
     pub fn usage(&self) -> Vec<RouteUsage> {
         self.usage

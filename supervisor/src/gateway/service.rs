@@ -1,7 +1,7 @@
 //! A run's gateway on its socket: the tonic service (the peer must be the run's host id;
 //! every request's fields bounded before any handler sees them) and the bounded server.
 
-use std::os::fd::AsRawFd as _;
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -168,6 +168,10 @@ pub struct GatewayHandle {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// The socket's host path.
     pub socket: PathBuf,
+    /// A duplicate of the listening socket: a live restore hands it to the sandbox's pid 1,
+    /// so the socket the sandbox has mounted outlives this process and calls wait in its
+    /// backlog for the next supervisor.
+    pub listener: OwnedFd,
 }
 
 impl GatewayHandle {
@@ -254,7 +258,23 @@ pub fn serve(
         nix::sys::stat::FchmodatFlags::FollowSymlink,
     )
     .map_err(|e| error(e.into()))?;
+    serve_listener(runtime, listener, socket, run)
+}
+
+/// Serves `run` on an already bound gateway socket: a fresh one from [`serve`], or the one a
+/// re-adopted sandbox kept through a live restore.
+pub fn serve_listener(
+    runtime: &tokio::runtime::Handle,
+    listener: std::os::unix::net::UnixListener,
+    socket: PathBuf,
+    run: Arc<RunGateway>,
+) -> Result<GatewayHandle, GatewayError> {
+    let error = |source: std::io::Error| GatewayError {
+        path: socket.clone(),
+        source,
+    };
     listener.set_nonblocking(true).map_err(error)?;
+    let duplicate = listener.as_fd().try_clone_to_owned().map_err(error)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = GatewayService::new(run);
     let run_id = service.run.gate.run_id.clone();
@@ -292,5 +312,6 @@ pub fn serve(
     Ok(GatewayHandle {
         stop: Some(stop),
         socket,
+        listener: duplicate,
     })
 }

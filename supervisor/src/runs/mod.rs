@@ -18,19 +18,40 @@ use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError, VerifyFailu
 use tollgate_router_backends::ModelRoutes;
 
 use crate::admission::ReceiptAdmission;
-use crate::cgroup::{delegate_to, sweep, RunCgroup};
+use crate::cgroup::RunCgroup;
 use crate::error::StartError;
 use crate::gateway::{ChildOf, ChildRuns, Delegator, GatewayHandle, RunGateway};
 use crate::hub::RunHub;
-use crate::records::{RecordsError, RunRecord, RunRecords, RunState, TeardownReport};
-use crate::sandbox::{create_mount_point, sandbox_base, SandboxError};
+use crate::records::{RecordsError, RunRecord, RunRecords, RunState};
 use crate::warm::SandboxPool;
 use crate::COMPONENT;
 use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 
 mod admit;
+mod open;
+mod restore;
 mod start;
 mod teardown;
+
+/// The longest live-restore window a supervisor accepts.
+pub const MAX_LIVE_RESTORE_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
+/// What detaching a live run for a live restore hands over, kept from the moment its agent
+/// runs (root runs only).
+#[derive(Debug)]
+struct RestoreHandles {
+    /// A second handle on the shim's control socket.
+    control: std::os::unix::net::UnixStream,
+    /// Duplicates of the read ends of the agent's stdout and stderr.
+    stdout: std::os::fd::OwnedFd,
+    stderr: std::os::fd::OwnedFd,
+    /// The shim's host pid.
+    shim_pid: u32,
+    /// The argv given at the start, if any.
+    argv: Option<Vec<String>>,
+    /// When the run was admitted (Unix milliseconds).
+    started_ms: u64,
+}
 
 /// Fetches the authority's key set now, or `None` (not fetched: too soon after the last
 /// fetch, or the authority did not answer). Blocking.
@@ -56,6 +77,10 @@ pub struct RunSettings {
     pub clock_skew: Duration,
     /// How many sandboxes to keep prepared ahead of need (0: prepare each on demand).
     pub warm_sandboxes: usize,
+    /// Live restore: at a clean stop, root runs keep running detached for at most this long
+    /// (and never past their receipt's expiry) for the next supervisor to re-adopt. `None`:
+    /// a stop ends every run.
+    pub live_restore: Option<Duration>,
 }
 
 /// Which stream a chunk of output came from.
@@ -93,6 +118,12 @@ struct LiveRun {
     /// Set (with a notify) when teardown has finished.
     ended: Mutex<bool>,
     ended_signal: Condvar,
+    /// What a live restore hands the shim; set once the agent runs (root runs only).
+    restore: Mutex<Option<RestoreHandles>>,
+    /// Set (with a notify) once pid 1 has confirmed a detach: this process leaves the run
+    /// to the next supervisor and never tears it down.
+    detached: Mutex<bool>,
+    detached_signal: Condvar,
 }
 
 impl LiveRun {
@@ -102,6 +133,27 @@ impl LiveRun {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Whether pid 1 has taken the run over for a live restore.
+    fn is_detached(&self) -> bool {
+        *self.detached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes pid 1's `Detached`.
+    fn set_detached(&self) {
+        *self.detached.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.detached_signal.notify_all();
+    }
+
+    /// Waits up to `timeout` for pid 1's `Detached`.
+    fn wait_detached(&self, timeout: Duration) -> bool {
+        let detached = self.detached.lock().unwrap_or_else(|p| p.into_inner());
+        let (detached, _) = self
+            .detached_signal
+            .wait_timeout_while(detached, timeout, |detached| !*detached)
+            .unwrap_or_else(|p| p.into_inner());
+        *detached
     }
 
     /// Kills the cgroup if a trigger is pending (one may have come before anything ran).
@@ -154,6 +206,8 @@ pub struct RunManager {
     closing: std::sync::atomic::AtomicBool,
     /// Starts past the allocation step that have not returned yet.
     in_flight: AtomicUsize,
+    /// Set when a shutdown left runs running detached (live restore).
+    left_detached: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for RunManager {
@@ -181,108 +235,6 @@ fn now_ms() -> u64 {
 }
 
 impl RunManager {
-    /// Opens the records and recovers from a crash: runs left `starting` or `running` are
-    /// marked `lost`, every cgroup under the parent is killed and removed, and every run
-    /// directory is deleted. Returns the manager and the ids of the recovered runs.
-    pub fn open(
-        settings: RunSettings,
-        keys: KeySet,
-        audit: AuditLog,
-    ) -> Result<(Arc<Self>, Vec<String>), StartError> {
-        let runs_dir = settings.data_dir.join("runs");
-        std::fs::create_dir_all(&runs_dir).map_err(|source| SandboxError::RunDir {
-            path: runs_dir.clone(),
-            source,
-        })?;
-        let records = RunRecords::open(&settings.data_dir.join("supervisor.db"))?;
-        let recovered: Vec<String> = records
-            .list()?
-            .into_iter()
-            .filter(|record| !record.state.is_final())
-            .map(|record| record.run_id)
-            .collect();
-        let swept = sweep(&settings.cgroup_parent, false)?;
-        // A parent that cannot hold limited runs fails the start-up, not the first run.
-        delegate_to(&settings.cgroup_parent)?;
-        if let Ok(entries) = std::fs::read_dir(&runs_dir) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-        audit.append(
-            EntryDraft::new(COMPONENT, EntryKind::ComponentStarted)
-                .meta("version", env!("CARGO_PKG_VERSION"))
-                .meta("supervisor_id", settings.supervisor_id.as_str())
-                .meta("cgroup_parent", settings.cgroup_parent.as_str())
-                .meta(
-                    "warm_sandboxes",
-                    i64::try_from(settings.warm_sandboxes).unwrap_or(i64::MAX),
-                ),
-        )?;
-        if !recovered.is_empty() || !swept.is_empty() {
-            tracing::warn!(runs = ?recovered, cgroups = ?swept, "recovered from an unclean stop");
-            audit.append(
-                EntryDraft::new(COMPONENT, EntryKind::ComponentRecovered)
-                    .reason("the supervisor stopped without tearing its runs down")
-                    .meta("lost_runs", recovered.clone())
-                    .meta("swept_cgroups", swept.clone()),
-            )?;
-        }
-        // Each lost run's entry goes in before its record becomes final: a crash in between
-        // repeats the entry at the next start rather than losing it.
-        let reason = "the supervisor stopped without tearing this run down; swept at restart";
-        for run_id in &recovered {
-            audit.append(
-                EntryDraft::new(COMPONENT, EntryKind::Teardown)
-                    .receipt(run_id.as_str())
-                    .run(run_id.as_str())
-                    .reason(reason)
-                    .meta("state", RunState::Lost.name()),
-            )?;
-            let report = TeardownReport {
-                reason: reason.into(),
-                ..Default::default()
-            };
-            records.finish(run_id, RunState::Lost, &report, unix_now())?;
-        }
-        let admission =
-            ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
-        let base = sandbox_base(&settings.data_dir, &settings.shim);
-        create_mount_point(&base)?;
-        let sandboxes = SandboxPool::new(
-            settings.shim.clone(),
-            settings.cgroup_parent.clone(),
-            base,
-            settings.warm_sandboxes,
-        );
-        sandboxes.refill();
-        let gateway_runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("gateway")
-            .enable_all()
-            .build()
-            .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
-        crate::metrics::get().key_set_replaced();
-        let manager = Arc::new(Self {
-            gateway_runtime: Some(gateway_runtime),
-            models: RwLock::new(None),
-            delegator: OnceLock::new(),
-            key_refresh: OnceLock::new(),
-            hub: Arc::default(),
-            child_holds: Mutex::new(HashMap::new()),
-            settings,
-            records,
-            admission: RwLock::new(admission),
-            sandboxes,
-            audit,
-            live: Mutex::new(HashMap::new()),
-            allocation: Mutex::new(()),
-            closing: std::sync::atomic::AtomicBool::new(false),
-            in_flight: AtomicUsize::new(0),
-        });
-        Ok((manager, recovered))
-    }
-
     /// Gives admission a way to fetch the key set when a receipt names an unknown key (once;
     /// later calls are ignored).
     pub fn set_key_refresh(&self, refresh: KeyRefresh) {
@@ -491,13 +443,24 @@ impl RunManager {
         while self.in_flight.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(2));
         }
-        let live: Vec<(String, Arc<LiveRun>)> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, run)| (id.clone(), run.clone()))
-            .collect();
+        // Live restore: root runs are handed to their pid 1 and left running; they leave
+        // this supervisor's live runs, so nothing here (a second shutdown included) ends them.
+        let detached = match self.settings.live_restore {
+            Some(window) => self.detach_all(window),
+            None => Default::default(),
+        };
+        let live: Vec<(String, Arc<LiveRun>)> = {
+            let mut runs = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            for run_id in &detached {
+                runs.remove(run_id);
+            }
+            runs.iter()
+                .map(|(id, run)| (id.clone(), run.clone()))
+                .collect()
+        };
+        if !detached.is_empty() {
+            self.left_detached.store(true, Ordering::SeqCst);
+        }
         for (_, run) in &live {
             run.trigger(
                 RunState::SupervisorShutdown,
@@ -510,7 +473,12 @@ impl RunManager {
         // A clean stop ends the log with an entry and a signed checkpoint.
         let stopped = self
             .audit
-            .append(EntryDraft::new(COMPONENT, EntryKind::ComponentStopped))
+            .append(
+                EntryDraft::new(COMPONENT, EntryKind::ComponentStopped).meta(
+                    "runs_left_detached",
+                    detached.into_iter().collect::<Vec<_>>(),
+                ),
+            )
             .and_then(|_| self.audit.close());
         if let Err(e) = stopped {
             // Closing twice (a second shutdown) is not an error; anything else is logged.
@@ -518,6 +486,12 @@ impl RunManager {
                 tracing::error!(error = %e, "could not close the audit log");
             }
         }
+    }
+
+    /// Whether a shutdown left runs running detached (live restore): their cgroups stay
+    /// under the parent for the next supervisor.
+    pub fn left_detached(&self) -> bool {
+        self.left_detached.load(Ordering::SeqCst)
     }
 
     /// Waits until `run_id` has been torn down (or `timeout`), then returns its record.

@@ -27,7 +27,7 @@ use crate::COMPONENT;
 use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
 
 use super::teardown::Ended;
-use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
+use super::{now_ms, LiveRun, OutputSink, OutputStream, RestoreHandles, RunManager};
 
 /// A run admitted and recorded, on its way to a sandbox.
 struct Recorded<'a> {
@@ -62,6 +62,8 @@ pub(super) struct Spawn<'a> {
 struct Started<'a> {
     run_id: String,
     receipt: &'a tollgate_proto::v1::Receipt,
+    /// The argv given at the start (a live restore re-plans the run with it).
+    argv: Option<Vec<String>>,
     host_id: u32,
     live: Arc<LiveRun>,
     dirs: RunDirs,
@@ -89,8 +91,16 @@ impl RunManager {
         argv: Option<Vec<String>>,
         child: Option<ChildOf>,
     ) -> Result<String, StartError> {
+        let run_id = self.start_in_tree(signed, argv, self.hub_sink(), child)?;
+        self.hub.open(&run_id);
+        self.publish_end(&run_id);
+        Ok(run_id)
+    }
+
+    /// An output sink that publishes to the run's watchers (WatchRun, WatchChild).
+    pub(super) fn hub_sink(&self) -> OutputSink {
         let hub = self.hub.clone();
-        let sink: OutputSink = Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
+        Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
             let stream = match stream {
                 OutputStream::Stdout => tollgate_proto::v1::OutputStream::Stdout,
                 OutputStream::Stderr => tollgate_proto::v1::OutputStream::Stderr,
@@ -106,11 +116,12 @@ impl RunManager {
                     )),
                 },
             );
-        });
-        let run_id = self.start_in_tree(signed, argv, sink, child)?;
-        self.hub.open(&run_id);
-        // Publish the end of the run to watchers once teardown has recorded it.
-        let (manager, id) = (Arc::downgrade(self), run_id.clone());
+        })
+    }
+
+    /// Publishes the end of `run_id` to its watchers once teardown has recorded it.
+    pub(super) fn publish_end(self: &Arc<Self>, run_id: &str) {
+        let (manager, id) = (Arc::downgrade(self), run_id.to_owned());
         std::thread::spawn(move || loop {
             let Some(manager) = manager.upgrade() else {
                 return;
@@ -126,7 +137,6 @@ impl RunManager {
                 None => return,
             }
         });
-        Ok(run_id)
     }
 
     /// [`Self::start`] for a run that is the root of its tree (`parent` none: an operator's
@@ -225,6 +235,7 @@ impl RunManager {
         };
         tracing::debug!(run_id = %run_id, cgroup = cgroup.relative(), "sandbox taken");
         let live = self.go_live(&run_id, cgroup, limits.output_bytes, run.parent.as_deref());
+        let argv = run.argv.clone();
         let spawn = Spawn {
             receipt: run.receipt,
             signed: run.signed,
@@ -241,6 +252,7 @@ impl RunManager {
                 let started = Started {
                     run_id: run_id.clone(),
                     receipt: run.receipt,
+                    argv,
                     host_id: run.host_id,
                     live,
                     dirs,
@@ -265,7 +277,7 @@ impl RunManager {
 
     /// Makes a run live: from here on a stop, revocation or expiry that arrives while the
     /// sandbox is being built is noted, and acted on as soon as there is something to kill.
-    fn go_live(
+    pub(super) fn go_live(
         &self,
         run_id: &str,
         cgroup: RunCgroup,
@@ -282,6 +294,9 @@ impl RunManager {
             trigger: Mutex::new(None),
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
+            restore: Mutex::new(None),
+            detached: Mutex::new(false),
+            detached_signal: Condvar::new(),
         });
         let mut runs = self.live.lock().unwrap_or_else(|p| p.into_inner());
         runs.insert(run_id.to_owned(), live.clone());
@@ -303,55 +318,49 @@ impl RunManager {
         live
     }
 
-    /// A run whose agent is running: its expiry watch, its output relays, its record set
-    /// running, and the run's own thread that waits for its end and tears it down.
+    /// A run whose agent is running: what a live restore would hand over, its record set
+    /// running, its creation audited, and its threads (see [`Self::spawn_run_threads`]).
     fn run_started(
         self: &Arc<Self>,
         run: Started<'_>,
         process: SandboxProcess,
-        SandboxOutput { stdout, stderr }: SandboxOutput,
-        output: OutputSink,
+        output: SandboxOutput,
+        sink: OutputSink,
     ) {
         let Started {
             run_id,
             receipt,
+            argv,
             host_id,
             live,
             dirs,
             admitted_at,
             started_ms,
         } = run;
-        // Started after the agent, off the start path: an expiry that fell during the start
-        // fires at once.
-        let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
-        let expiry = {
-            let (live, manager, id) = (live.clone(), Arc::downgrade(self), run_id.clone());
-            std::thread::spawn(move || {
-                if expire_at(&live, expires_at) {
-                    match manager.upgrade() {
-                        Some(manager) => {
-                            manager.end_tree(&id, RunState::Expired, EXPIRED);
-                        }
-                        None => live.trigger(RunState::Expired, EXPIRED.into()),
-                    }
-                }
-            })
-        };
-        // Relay output first: the agent is already writing.
-        let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let relays = [
-            (stdout, OutputStream::Stdout),
-            (stderr, OutputStream::Stderr),
-        ]
-        .map(|(pipe, stream)| {
-            let (run_id, output, budget, truncated) = (
-                run_id.clone(),
-                output.clone(),
-                live.output_left.clone(),
-                truncated.clone(),
+        if live.parent.is_none() && self.settings.live_restore.is_some() {
+            let handles = (
+                process.control(),
+                output.stdout.try_clone(),
+                output.stderr.try_clone(),
+                process.pid(),
             );
-            std::thread::spawn(move || relay(pipe, stream, &run_id, &output, &budget, &truncated))
-        });
+            match handles {
+                (Ok(control), Ok(stdout), Ok(stderr), Some(shim_pid)) => {
+                    *live.restore.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(RestoreHandles {
+                            control,
+                            stdout: stdout.into(),
+                            stderr: stderr.into(),
+                            shim_pid,
+                            argv,
+                            started_ms,
+                        });
+                }
+                _ => {
+                    tracing::warn!(run_id = %run_id, "could not keep what a live restore needs; this run ends at the next stop")
+                }
+            }
+        }
         if let Err(e) = self.records.set_running(&run_id) {
             live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
         }
@@ -391,12 +400,86 @@ impl RunManager {
                     i64::try_from(admitted_at.elapsed().as_micros()).unwrap_or(i64::MAX),
                 ),
         );
+        let threads = RunThreads {
+            run_id,
+            expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
+            live,
+            dirs,
+            started_ms,
+        };
+        self.spawn_run_threads_after(threads, process, output, sink, Some(created));
+    }
+
+    /// A re-adopted run's threads: as [`Self::run_started`]'s, with nothing to audit first.
+    pub(super) fn spawn_run_threads(
+        self: &Arc<Self>,
+        threads: RunThreads,
+        process: SandboxProcess,
+        output: SandboxOutput,
+        sink: OutputSink,
+    ) {
+        self.spawn_run_threads_after(threads, process, output, sink, None);
+    }
+
+    /// A live run's threads: its expiry watch, its output relays, and its own thread that
+    /// waits (after `created` is on disk) for its end and tears it down — unless pid 1 took
+    /// the run over for a live restore, which leaves it to the next supervisor.
+    fn spawn_run_threads_after(
+        self: &Arc<Self>,
+        threads: RunThreads,
+        process: SandboxProcess,
+        SandboxOutput { stdout, stderr }: SandboxOutput,
+        output: OutputSink,
+        created: Option<Result<PendingEntry, AuditError>>,
+    ) {
+        let RunThreads {
+            run_id,
+            expires_at,
+            live,
+            dirs,
+            started_ms,
+        } = threads;
+        // An expiry that fell during the start fires at once.
+        let expiry = {
+            let (live, manager, id) = (live.clone(), Arc::downgrade(self), run_id.clone());
+            std::thread::spawn(move || {
+                // A detached run's pid 1 enforces its expiry itself.
+                if expire_at(&live, expires_at) && !live.is_detached() {
+                    match manager.upgrade() {
+                        Some(manager) => {
+                            manager.end_tree(&id, RunState::Expired, EXPIRED);
+                        }
+                        None => live.trigger(RunState::Expired, EXPIRED.into()),
+                    }
+                }
+            })
+        };
+        let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let relays = [
+            (stdout, OutputStream::Stdout),
+            (stderr, OutputStream::Stderr),
+        ]
+        .map(|(pipe, stream)| {
+            let (run_id, output, budget, truncated) = (
+                run_id.clone(),
+                output.clone(),
+                live.output_left.clone(),
+                truncated.clone(),
+            );
+            std::thread::spawn(move || relay(pipe, stream, &run_id, &output, &budget, &truncated))
+        });
         let manager = self.clone();
         std::thread::spawn(move || {
-            if let Err(e) = created.and_then(PendingEntry::wait) {
+            if let Some(Err(e)) = created.map(|created| created.and_then(PendingEntry::wait)) {
                 tracing::error!(run_id = %run_id, error = %e, "could not audit a sandbox's creation");
             }
-            let exit = watch(process);
+            let exit = match watch(process) {
+                Watched::Ended(exit) => exit,
+                Watched::Detached => {
+                    live.set_detached();
+                    return;
+                }
+            };
             for relay in relays {
                 let _ = relay.join();
             }
@@ -419,12 +502,48 @@ impl RunManager {
         dirs: &RunDirs,
         plan: &SandboxPlan,
         live: &LiveRun,
-        (signed, grants): (&SignedReceipt, Vec<FsGrant>),
+        pinned: (&SignedReceipt, Vec<FsGrant>),
     ) -> Result<PathBuf, StartError> {
+        let runtime = self.gateway_runtime()?;
+        let run = self.gateway_for(receipt, plan, live, pinned);
+        let handle = gateway::serve(runtime, &dirs.base, run.clone())
+            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let socket = handle.socket.clone();
+        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
+        Ok(socket)
+    }
+
+    /// Serves a re-adopted run's gateway on the socket its sandbox kept.
+    pub(super) fn serve_gateway_on(
+        &self,
+        live: &LiveRun,
+        run: Arc<RunGateway>,
+        listener: std::os::unix::net::UnixListener,
+        socket: PathBuf,
+    ) -> Result<(), StartError> {
+        let handle =
+            gateway::serve_listener(self.gateway_runtime()?, listener, socket, run.clone())
+                .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
+        Ok(())
+    }
+
+    fn gateway_runtime(&self) -> Result<&tokio::runtime::Handle, StartError> {
+        match &self.gateway_runtime {
+            Some(runtime) => Ok(runtime.handle()),
+            None => Err(SandboxError::Setup("the gateway runtime is gone".into()).into()),
+        }
+    }
+
+    /// The run's gateway: its receipt, pinned grants, budgets, exec sandbox and models.
+    pub(super) fn gateway_for(
+        self: &Arc<Self>,
+        receipt: &tollgate_proto::v1::Receipt,
+        plan: &SandboxPlan,
+        live: &LiveRun,
+        (signed, grants): (&SignedReceipt, Vec<FsGrant>),
+    ) -> Arc<RunGateway> {
         let host_id = plan.host_id;
-        let Some(runtime) = &self.gateway_runtime else {
-            return Err(SandboxError::Setup("the gateway runtime is gone".into()).into());
-        };
         let manager = Arc::downgrade(self);
         let runs: std::sync::Weak<dyn ChildRuns> = manager.clone();
         let children = ChildState::new(
@@ -435,7 +554,7 @@ impl RunManager {
             },
             live.output_left.clone(),
         );
-        let run = Arc::new(RunGateway::new(RunGatewayConfig {
+        Arc::new(RunGateway::new(RunGatewayConfig {
             children,
             run_id: receipt.receipt_id.clone(),
             host_id,
@@ -472,12 +591,7 @@ impl RunManager {
                     receipt.limits.unwrap_or_default().tokens,
                 ))
             }),
-        }));
-        let handle = gateway::serve(runtime.handle(), &dirs.base, run.clone())
-            .map_err(|e| SandboxError::Setup(e.to_string()))?;
-        let socket = handle.socket.clone();
-        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
-        Ok(socket)
+        }))
     }
 
     /// Prepares the run directories and plan and sends the plan to the sandbox's shim, once
@@ -588,16 +702,40 @@ pub(super) fn expire_at(live: &LiveRun, expires_at: i64) -> bool {
     true
 }
 
-/// Reads shim events until the agent's exit (returned) or the shim's end (`None`).
-pub(super) fn watch(mut process: SandboxProcess) -> Option<AgentExit> {
+/// How watching a shim ended.
+pub(super) enum Watched {
+    /// The shim ended, with the agent's exit when it reported one.
+    Ended(Option<AgentExit>),
+    /// pid 1 took the run over for a live restore.
+    Detached,
+}
+
+/// Reads shim events until the shim's end or a confirmed detach.
+pub(super) fn watch(mut process: SandboxProcess) -> Watched {
     let mut exit = None;
     while let Ok(Some(event)) = process.next_event() {
-        if let FromShim::Exited(code) = event {
-            exit = Some(code);
+        match event {
+            FromShim::Exited(code) => exit = Some(code),
+            FromShim::Detached => return Watched::Detached,
+            _ => {}
         }
     }
     let _ = process.wait();
-    exit
+    Watched::Ended(exit)
+}
+
+/// What a live run's threads need (see [`RunManager::spawn_run_threads`]).
+pub(super) struct RunThreads {
+    /// The run id.
+    pub run_id: String,
+    /// The receipt's expiry, Unix seconds.
+    pub expires_at: i64,
+    /// The live run.
+    pub live: Arc<LiveRun>,
+    /// Its directories.
+    pub dirs: RunDirs,
+    /// When it was admitted (Unix milliseconds).
+    pub started_ms: u64,
 }
 
 /// Forwards a pipe to the sink until EOF, within the shared output budget.

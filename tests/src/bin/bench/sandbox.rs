@@ -118,6 +118,7 @@ impl Tollgate {
             host_ids: id_base..id_base + 100,
             clock_skew: Duration::ZERO,
             warm_sandboxes: warm,
+            live_restore: None,
         };
         let audit = tollgate_tests::supervisor_audit(&settings.data_dir);
         let (manager, _) = RunManager::open(settings, keys, audit)?;
