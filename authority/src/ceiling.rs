@@ -182,6 +182,15 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
                 format!("{program:?} must also be listed in exec"),
             ));
         }
+        if !tollgate_receipt::paths::executable_in_sandbox(program) {
+            return Err(CallError::invalid(
+                "agent.argv[0]",
+                format!(
+                    "{program:?} cannot run in a sandbox: only programs under {} are executable there (grants and /work are mounted noexec); pin an interpreter from there, e.g. [\"/usr/bin/python3\", \"/project/agent.py\"]",
+                    tollgate_receipt::paths::SYSTEM_PATHS.join(", ")
+                ),
+            ));
+        }
         if !agent.workdir.is_empty() {
             check_path("agent.workdir", &agent.workdir)?;
         }
@@ -573,6 +582,18 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(field(&r), "agent.argv[0]");
+        // Listed, but where nothing can execute in a sandbox: it could never start.
+        let mut r = request();
+        r.exec.push("/work/agent".into());
+        r.agent = Some(pb::AgentSpec {
+            argv: vec!["/work/agent".into()],
+            ..Default::default()
+        });
+        assert_eq!(field(&r), "agent.argv[0]");
+        assert!(validate_mint(&r)
+            .unwrap_err()
+            .to_string()
+            .contains("cannot run in a sandbox"));
         let mut r = request();
         r.routes.push(pb::RouteGrant {
             name: "local".into(),

@@ -153,6 +153,17 @@ pub fn is_normal_absolute(path: &str) -> bool {
             .all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
+/// Whether a program at `path` (a path inside the sandbox) can be started as a run's agent:
+/// only the system paths are mounted executable in a sandbox; grants, the workspace and the
+/// tmpfs are `noexec`. A receipt pinning anything else could never start, so the authority
+/// refuses to sign it and the supervisor refuses such an argv before spending the receipt.
+pub fn executable_in_sandbox(path: &str) -> bool {
+    is_normal_absolute(path)
+        && SYSTEM_PATHS
+            .iter()
+            .any(|system| path != *system && path_within(path, system))
+}
+
 /// Whether `path` equals or lies beneath `prefix` (both normalised), by whole components:
 /// `/home/me` does not cover `/home/meow`. `/` covers everything.
 pub fn path_within(path: &str, prefix: &str) -> bool {
@@ -164,6 +175,23 @@ pub fn path_within(path: &str, prefix: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_programs_on_the_system_paths_can_be_an_agent() {
+        for good in ["/usr/bin/python3", "/bin/sh", "/usr/local/bin/agent"] {
+            assert!(executable_in_sandbox(good), "{good}");
+        }
+        for bad in [
+            "/work/agent.py",
+            "/opt/agent/hello",
+            "/usr",
+            "/tmp/x",
+            "/usrx/bin/sh",
+            "bin/sh",
+        ] {
+            assert!(!executable_in_sandbox(bad), "{bad}");
+        }
+    }
 
     #[test]
     fn paths_must_be_normalised() {

@@ -71,7 +71,11 @@ impl StartError {
             Self::ShuttingDown => "shutting_down",
             Self::Delegated { code, .. } | Self::Grant { code, .. } => code,
             Self::ChildrenLimits(_) => "children_limits",
-            Self::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => "argv",
+            Self::Sandbox(
+                SandboxError::NoAgent
+                | SandboxError::NotExecutable(_)
+                | SandboxError::NotInSandbox(_),
+            ) => "argv",
             Self::Sandbox(_) | Self::Cgroup(_) | Self::Records(_) | Self::Audit(_) => "internal",
         }
     }

@@ -62,6 +62,9 @@ pub enum SandboxError {
     /// The agent's executable is not in the receipt's exec list.
     #[error("{0} is not in the receipt's exec list")]
     NotExecutable(String),
+    /// The agent's executable is not on a path the sandbox mounts executable.
+    #[error("{0} cannot run in a sandbox: only programs on the system paths (/usr, /bin, ...) are executable there; grants and /work are mounted noexec")]
+    NotInSandbox(String),
     /// A file-system grant cannot be mounted safely (re-checked here: the supervisor does
     /// not rely on every signer having validated it).
     #[error("fs grant {path}: {reason}")]

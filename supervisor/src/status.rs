@@ -22,9 +22,9 @@ pub fn start_status(error: &StartError) -> Status {
         )),
         StartError::AlreadyUsed(_) => Status::already_exists(message),
         StartError::ArgvNotAllowed(_) => Status::invalid_argument(format!("argv: {message}")),
-        StartError::Sandbox(SandboxError::NoAgent | SandboxError::NotExecutable(_)) => {
-            Status::invalid_argument(format!("argv: {message}"))
-        }
+        StartError::Sandbox(
+            SandboxError::NoAgent | SandboxError::NotExecutable(_) | SandboxError::NotInSandbox(_),
+        ) => Status::invalid_argument(format!("argv: {message}")),
         StartError::Sandbox(SandboxError::BadGrant { .. }) => {
             Status::invalid_argument(format!("receipt: {message}"))
         }

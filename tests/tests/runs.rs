@@ -837,7 +837,31 @@ fn a_start_refused_for_its_argv_does_not_spend_the_receipt() {
     );
     let none = fx.manager.start(&signed, None, fx.sink());
     assert!(matches!(none, Err(StartError::Sandbox(_))), "{none:?}");
-    // The receipt is still unused: a corrected start runs.
+    // Listed in exec, but on a path a sandbox mounts noexec: refused before the record.
+    let mut receipt = fx.receipt("", 60);
+    receipt.agent = None;
+    receipt.exec.push("/work/agent".into());
+    let noexec = fx.sign(receipt);
+    let refused = fx
+        .manager
+        .start(&noexec, Some(vec!["/work/agent".into()]), fx.sink());
+    assert!(
+        refused
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains("cannot run in a sandbox")),
+        "{refused:?}"
+    );
+    // Each receipt is still unused: a corrected start runs.
+    let run_id = fx
+        .manager
+        .start(
+            &noexec,
+            Some(vec!["/bin/sh".into(), "-c".into(), "true".into()]),
+            fx.sink(),
+        )
+        .unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Exited);
     let run_id = fx
         .manager
         .start(

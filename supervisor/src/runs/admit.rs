@@ -108,6 +108,9 @@ fn check_command(
         Some(command) if !receipt.exec.contains(&command[0]) => {
             Err(SandboxError::NotExecutable(command[0].clone()).into())
         }
+        Some(command) if !tollgate_receipt::paths::executable_in_sandbox(&command[0]) => {
+            Err(SandboxError::NotInSandbox(command[0].clone()).into())
+        }
         Some(_) => Ok(()),
     }
 }
