@@ -161,7 +161,7 @@ pub use error::AuditError;
 pub use files::{ensure_private_dir, PrivateDirError};
 pub use key::{AuditKey, AUDIT_KEY_ENV};
 pub use kind::{Decision, EntryKind};
-pub use log::{Appended, AuditLog, PendingEntry};
+pub use log::{AppendObserver, Appended, AuditLog, PendingEntry};
 pub use meta::{MetaScalar, MetaValue, Metadata};
 pub use problem::{Problem, VerifyError};
 pub use queue::RECORD_MAX_DELAY;

@@ -42,11 +42,25 @@ pub struct Appended {
 }
 
 /// An entry handed to the writer by [`AuditLog::submit`], not yet known to be durable.
-#[derive(Debug)]
 #[must_use = "wait() tells whether the entry reached the disk"]
 pub struct PendingEntry {
     appended: Appended,
     ack: Option<Receiver<Result<(), Refused>>>,
+    /// When it was handed over, and who is told how long it took to become durable.
+    submitted: std::time::Instant,
+    observer: Option<AppendObserver>,
+}
+
+/// Told how long each durable append took, from submission to the entry being on disk
+/// (a daemon's audit append latency metric).
+pub type AppendObserver = Arc<dyn Fn(std::time::Duration) + Send + Sync>;
+
+impl std::fmt::Debug for PendingEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingEntry")
+            .field("appended", &self.appended)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PendingEntry {
@@ -59,6 +73,9 @@ impl PendingEntry {
     pub fn wait(self) -> Result<Appended, AuditError> {
         if let Some(ack) = &self.ack {
             wait(ack)?;
+            if let Some(observer) = &self.observer {
+                observer(self.submitted.elapsed());
+            }
         }
         Ok(self.appended)
     }
@@ -89,6 +106,7 @@ struct Inner {
     writer: Mutex<Option<JoinHandle<()>>>,
     // Released by close, so the directory can be opened again while clones linger.
     registration: Mutex<Option<Registration>>,
+    observer: std::sync::OnceLock<AppendObserver>,
 }
 impl AuditLog {
     /// Opens (or creates) the log in `config.dir`, recovering a torn final line, and starts its
@@ -178,6 +196,7 @@ impl AuditLog {
                 failure,
                 writer: Mutex::new(Some(handle)),
                 registration: Mutex::new(Some(registration)),
+                observer: std::sync::OnceLock::new(),
             }),
         };
         for pending in &scan.pending {
@@ -186,6 +205,12 @@ impl AuditLog {
         let head = log.head_seq();
         tracing::info!(dir = %dir.display(), head_seq = head, file = scan.file_index, recovered = scan.pending.len(), "audit log open");
         Ok(log)
+    }
+
+    /// Tells `observer` how long each durable append takes from now on (once; later calls
+    /// are ignored).
+    pub fn observe_appends(&self, observer: AppendObserver) {
+        let _ = self.inner.observer.set(observer);
     }
 
     /// Appends an entry (redacting its free text first). With [`Durability::EveryEntry`] this
@@ -287,6 +312,8 @@ impl AuditLog {
         Ok(PendingEntry {
             appended,
             ack: ack_rx,
+            submitted: std::time::Instant::now(),
+            observer: self.inner.observer.get().cloned(),
         })
     }
 

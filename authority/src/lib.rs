@@ -99,6 +99,11 @@ impl Authority {
             .map_err(|e| AuthorityError::Config(format!("audit redaction: {e}")))?;
         audit_config.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
         let audit = AuditLog::open(audit_config)?;
+        audit.observe_appends(Arc::new(|took: Duration| {
+            metrics::get()
+                .audit_append_seconds
+                .observe(took.as_secs_f64());
+        }));
         let mut operators = store.operators()?;
         let supervisors = store.supervisors()?;
         if operators.is_empty() {

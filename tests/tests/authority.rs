@@ -1139,6 +1139,8 @@ async fn authority_metrics_are_scraped_and_parsed() {
     assert_eq!(value("tollgate_authority_mint_seconds_count []"), 1.0);
     assert_eq!(value("tollgate_authority_revocations_total []"), 1.0);
     assert!(value("tollgate_authority_revocation_watchers []") >= 1.0);
+    // The mint's and the revocation's entries, at least, were appended durably.
+    assert!(value("tollgate_authority_audit_append_seconds_count []") >= 2.0);
 }
 
 /// SIGHUP reads the config file's mint policy again: receipts minted after it carry the new

@@ -745,6 +745,8 @@ async fn metrics_are_scraped_and_parsed() {
     assert_eq!(value("tollgate_supervisor_live_runs []"), 0.0);
     assert_eq!(value("tollgate_supervisor_revocation_stream_up []"), 1.0);
     assert!(value("tollgate_supervisor_key_set_updated_timestamp_seconds []") > 0.0);
+    // The run's admission and teardown entries, at least, were appended durably.
+    assert!(value("tollgate_supervisor_audit_append_seconds_count []") >= 2.0);
 }
 
 /// `--config FILE` sets what no flag gives (here: everything but --listen, which wins over the

@@ -87,6 +87,11 @@ impl Supervisor {
             .map_err(|e| DaemonError::Redaction(e.to_string()))?;
         audit.redactor = Some(Arc::new(move |text: &str| redactor.redact(text)));
         let audit = tollgate_audit::AuditLog::open(audit)?;
+        audit.observe_appends(Arc::new(|took: Duration| {
+            crate::metrics::get()
+                .audit_append_seconds
+                .observe(took.as_secs_f64());
+        }));
         let (manager, recovered) = RunManager::open(config.runs.clone(), keys, audit)?;
         if !recovered.is_empty() {
             tracing::warn!(
