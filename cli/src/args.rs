@@ -247,22 +247,32 @@ pub enum Command {
         json: bool,
     },
     /// Say how sensitive a text is, as the router sees it: the highest sensitivity (low,
-    /// medium, high) and the reasons — detector and byte span, never the matched text.
+    /// medium, high) and the reasons — what was found, the detector and the byte span, never
+    /// the matched text.
     ///
-    /// Secrets and credentials are high; personal data and internal hosts medium. Runs
-    /// locally; nothing is sent anywhere.
+    /// By default credentials and personal data are high, internal hosts and private
+    /// addresses medium, everything else low; a routes file's [policy] may change any
+    /// detector's level (--routes uses it, --explain-policy lists them all). Runs locally;
+    /// nothing is sent anywhere.
     Classify {
         /// The text; "-" reads stdin (or use --file).
         #[arg(
             value_name = "TEXT|-",
-            required_unless_present = "file",
+            required_unless_present_any = ["file", "explain_policy"],
             conflicts_with = "file"
         )]
         text: Option<String>,
         /// Classify this file's contents instead.
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
-        /// One JSON object: sensitivity and reasons.
+        /// Classify with this routes file's [policy] (levels, internal suffixes), as the
+        /// supervisor given it does.
+        #[arg(long, value_name = "FILE", env = "TOLLGATE_ROUTES")]
+        routes: Option<PathBuf>,
+        /// List every detector with its level under the policy and what it looks for.
+        #[arg(long)]
+        explain_policy: bool,
+        /// One JSON object: sensitivity and reasons (or the policy).
         #[arg(long)]
         json: bool,
     },

@@ -95,7 +95,21 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             data_dir,
             json,
         } => local::restore(&run_id, &call_id, &data_dir, json),
-        Command::Classify { text, file, json } => local::classify_input(text, file, json),
+        Command::Classify {
+            text,
+            file,
+            routes,
+            explain_policy,
+            json,
+        } => {
+            let classifier = local::policy_classifier(routes.as_deref())?;
+            if explain_policy {
+                local::explain_policy(&classifier, json);
+                Ok(())
+            } else {
+                local::classify_input(&classifier, text, file, json)
+            }
+        }
         Command::Audit(command) => audit::audit_command(command),
         Command::Trace {
             run_id,

@@ -8,6 +8,10 @@
 //! force_local = false        # true: cloud routes are never used, even when granted
 //! max_tokens_default = 1024  # completion cap when a call names none
 //! max_tokens_limit = 8192    # most completion tokens one call may ask for
+//! internal_suffixes = ["internal", "corp", "acme-int"]  # optional: names that are internal
+//!
+//! [policy.levels]            # optional: a detector's level where it differs from the default
+//! email = "medium"           # (`tollgate classify --explain-policy` lists every detector)
 //!
 //! [[route]]
 //! name = "claude"
@@ -178,8 +182,8 @@ pub struct Route {
     pub redact: bool,
 }
 
-/// Limits every model call is held to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Limits every model call is held to, and how sensitive the classifier rates what it finds.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     /// Cloud routes are never used, even when granted.
     pub force_local: bool,
@@ -187,6 +191,10 @@ pub struct Policy {
     pub max_tokens_default: u32,
     /// Most completion tokens one call may ask for.
     pub max_tokens_limit: u32,
+    /// The level each detector reports where it differs from the default, by detector id.
+    pub levels: std::collections::BTreeMap<String, Sensitivity>,
+    /// Names that mark internal hosts (default: the classifier's list).
+    pub internal_suffixes: Option<Vec<String>>,
 }
 
 impl Default for Policy {
@@ -195,6 +203,23 @@ impl Default for Policy {
             force_local: false,
             max_tokens_default: 1024,
             max_tokens_limit: 8192,
+            levels: std::collections::BTreeMap::new(),
+            internal_suffixes: None,
+        }
+    }
+}
+
+impl Policy {
+    /// The classifier this policy asks for: the built-in detectors at its levels.
+    pub fn classifier_config(&self) -> crate::ClassifierConfig {
+        let defaults = crate::ClassifierConfig::default();
+        crate::ClassifierConfig {
+            levels: self.levels.clone(),
+            internal_suffixes: self
+                .internal_suffixes
+                .clone()
+                .unwrap_or(defaults.internal_suffixes.clone()),
+            ..defaults
         }
     }
 }
@@ -223,6 +248,9 @@ struct RawPolicy {
     force_local: Option<bool>,
     max_tokens_default: Option<u32>,
     max_tokens_limit: Option<u32>,
+    #[serde(default)]
+    levels: std::collections::BTreeMap<String, String>,
+    internal_suffixes: Option<Vec<String>>,
 }
 
 #[derive(Deserialize)]
@@ -253,13 +281,39 @@ impl RawPolicy {
     /// The policy with its defaults filled in, checked.
     fn check(self, file: &str) -> Result<Policy, RoutesError> {
         let defaults = Policy::default();
+        let mut levels = std::collections::BTreeMap::new();
+        for (detector, level) in self.levels {
+            let level = match level.to_ascii_lowercase().as_str() {
+                "low" => Sensitivity::Low,
+                "medium" => Sensitivity::Medium,
+                "high" => Sensitivity::High,
+                _ => {
+                    return Err(invalid(
+                        file,
+                        format!("policy.levels.{detector}"),
+                        format!("{level:?} must be low, medium or high"),
+                    ))
+                }
+            };
+            levels.insert(detector, level);
+        }
         let policy = Policy {
             force_local: self.force_local.unwrap_or(defaults.force_local),
             max_tokens_default: self
                 .max_tokens_default
                 .unwrap_or(defaults.max_tokens_default),
             max_tokens_limit: self.max_tokens_limit.unwrap_or(defaults.max_tokens_limit),
+            levels,
+            internal_suffixes: self.internal_suffixes,
         };
+        // Unknown detector ids and bad suffixes are refused here, not at the first call.
+        if let Err(e) = crate::Classifier::new(&policy.classifier_config()) {
+            return Err(invalid(
+                file,
+                "policy".into(),
+                format!("{e} (`tollgate classify --explain-policy` lists the detectors)"),
+            ));
+        }
         if policy.max_tokens_default == 0 || policy.max_tokens_default > policy.max_tokens_limit {
             return Err(invalid(
                 file,

@@ -454,7 +454,7 @@ mod tests {
         use pb::Sensitivity::{Medium, Unspecified};
         // gpt is capped at low by the host, whatever the receipt grants.
         let r = receipt(&[("gpt", Medium)]);
-        let refused = pick(&r, Requested::Auto, false, "mail ana.lopez@acme-corp.io").unwrap_err();
+        let refused = pick(&r, Requested::Auto, false, "ask db01.corp").unwrap_err();
         assert!(
             refused.contains("gpt: carries up to low text, and this text is medium"),
             "{refused}"

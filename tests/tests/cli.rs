@@ -232,7 +232,7 @@ fn operators_keys_and_errors() {
     let wide = dir.path().join("wide.toml");
     std::fs::write(
         &wide,
-        "subject = 'x'\nttl = '10m'\naudience = ['workstation']\n[agent]\nargv = ['/opt/bin/tool']\n[[fs]]\npath = '/etc'\naccess = 'read'\n[exec]\nallow = ['/opt/bin/tool']\n",
+        "subject = 'x'\nttl = '10m'\naudience = ['workstation']\n[agent]\nargv = ['/usr/local/bin/tool']\n[[fs]]\npath = '/etc'\naccess = 'read'\n[exec]\nallow = ['/usr/local/bin/tool']\n",
     )
     .unwrap();
     let dry = tollgate(
@@ -259,7 +259,7 @@ fn operators_keys_and_errors() {
         [
             "ttl_seconds = 600 (ceiling 300)",
             "fs[0] = /etc (read)",
-            "exec[0] = /opt/bin/tool"
+            "exec[0] = /usr/local/bin/tool"
         ],
         "{checked}"
     );
@@ -448,7 +448,7 @@ fn classify_names_detectors_and_spans_never_the_text() {
     assert!(output.status.success(), "{stdout}");
     assert!(stdout.starts_with("sensitivity: high"), "{stdout}");
     assert!(
-        stdout.contains("github_token (high) at bytes 18..58"),
+        stdout.contains("GitHub token (github_token, high) at bytes 18..58"),
         "{stdout}"
     );
     assert!(
@@ -471,7 +471,7 @@ fn classify_names_detectors_and_spans_never_the_text() {
         .unwrap();
     let output = child.wait_with_output().unwrap();
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    assert_eq!(json["sensitivity"], "medium", "{json}");
+    assert_eq!(json["sensitivity"], "high", "{json}");
     assert_eq!(json["reasons"][0]["detector"], "phone", "{json}");
 
     let plain = Command::new(bin_path("tollgate"))
@@ -610,4 +610,50 @@ fn doctor_checks_this_host_and_names_each_fix() {
         .unwrap()
         .starts_with("chmod 700"));
     assert_eq!(check("landlock")["verdict"], "fail");
+}
+
+/// `tollgate classify --explain-policy` lists every detector with its level and what it finds;
+/// a routes file's `[policy.levels]` changes a level (here: emails medium), and an unknown
+/// detector there is refused, naming it.
+#[test]
+fn classify_follows_the_routes_files_policy() {
+    let explained = Command::new(bin_path("tollgate"))
+        .args(["classify", "--explain-policy", "--json"])
+        .output()
+        .unwrap();
+    assert!(explained.status.success(), "{explained:?}");
+    let policy: serde_json::Value = serde_json::from_slice(&explained.stdout).unwrap();
+    let level = |id: &str| {
+        policy["detectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["detector"] == id)
+            .map(|d| d["level"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(level("email").as_deref(), Some("high"));
+    assert_eq!(level("internal_hostname").as_deref(), Some("medium"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let routes = dir.path().join("routes.toml");
+    std::fs::write(&routes, "[policy.levels]\nemail = \"medium\"\n").unwrap();
+    let classified = Command::new(bin_path("tollgate"))
+        .args(["classify", "--json", "--routes"])
+        .arg(&routes)
+        .arg("write to jane.doe@acme-corp.io")
+        .output()
+        .unwrap();
+    let found: serde_json::Value = serde_json::from_slice(&classified.stdout).unwrap();
+    assert_eq!(found["sensitivity"], "medium", "{found}");
+    assert_eq!(found["reasons"][0]["what"], "email address", "{found}");
+
+    std::fs::write(&routes, "[policy.levels]\nemails = \"medium\"\n").unwrap();
+    let refused = Command::new(bin_path("tollgate"))
+        .args(["classify", "--routes"])
+        .arg(&routes)
+        .arg("x")
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("\"emails\""));
 }

@@ -9,8 +9,50 @@ use crate::args::Cli;
 use crate::error::CliError;
 use crate::files::read_input;
 
+/// The classifier `tollgate classify` uses: the default policy, or a routes file's.
+pub(crate) fn policy_classifier(
+    routes: Option<&Path>,
+) -> Result<tollgate_router::Classifier, CliError> {
+    let config = match routes {
+        Some(path) => tollgate_router::config::Routes::load(path)
+            .map_err(|e| CliError::Other(e.to_string()))?
+            .policy
+            .classifier_config(),
+        None => tollgate_router::ClassifierConfig::default(),
+    };
+    tollgate_router::Classifier::new(&config)
+        .map_err(|e| CliError::Other(format!("the policy's detectors do not compile: {e}")))
+}
+
+/// `tollgate classify --explain-policy`: every detector, its level, what it looks for.
+pub(crate) fn explain_policy(classifier: &tollgate_router::Classifier, json_out: bool) {
+    let rows: Vec<_> = classifier
+        .detectors()
+        .map(|(id, level)| {
+            (
+                id.as_str().to_owned(),
+                level.name(),
+                tollgate_router::Classifier::describe(id.as_str()),
+            )
+        })
+        .collect();
+    if json_out {
+        let list: Vec<_> = rows
+            .iter()
+            .map(|(id, level, what)| json!({"detector": id, "level": level, "what": what}))
+            .collect();
+        println!("{}", json!({ "detectors": list }));
+    } else {
+        say!("{:<24} {:<7} what it finds", "detector", "level");
+        for (id, level, what) in rows {
+            say!("{id:<24} {level:<7} {what}");
+        }
+    }
+}
+
 /// `tollgate classify`: the text given, "-" for stdin, or a file's contents.
 pub(crate) fn classify_input(
+    classifier: &tollgate_router::Classifier,
     text: Option<String>,
     file: Option<PathBuf>,
     json_out: bool,
@@ -21,14 +63,15 @@ pub(crate) fn classify_input(
         (Some(text), None) => text,
         (None, None) => String::new(),
     };
-    classify(&input, json_out)
+    classify(classifier, &input, json_out)
 }
 
 /// `tollgate classify`.
-fn classify(text: &str, json_out: bool) -> Result<(), CliError> {
-    let classifier =
-        tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
-            .map_err(|e| CliError::Other(format!("the built-in detectors do not compile: {e}")))?;
+fn classify(
+    classifier: &tollgate_router::Classifier,
+    text: &str,
+    json_out: bool,
+) -> Result<(), CliError> {
     let found = classifier.classify(text);
     if json_out {
         let reasons: Vec<_> = found
@@ -37,6 +80,7 @@ fn classify(text: &str, json_out: bool) -> Result<(), CliError> {
             .map(|r| {
                 json!({
                     "detector": r.detector.as_str(),
+                    "what": r.description,
                     "sensitivity": r.sensitivity.name(),
                     "start": r.span.start,
                     "end": r.span.end,

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use tollgate_router::config::{Routes, RoutesError};
-use tollgate_router::{Classifier, ClassifierConfig, ConfigError};
+use tollgate_router::{Classifier, ConfigError};
 
 use crate::backends::{Backends, KeyError, ProbeError};
 
@@ -45,7 +45,7 @@ impl ModelRoutes {
     pub async fn load(path: &Path, probe_timeout: Duration) -> Result<Self, LoadError> {
         let routes = Routes::load(path)?;
         let backends = Backends::new(&routes)?;
-        let classifier = Classifier::new(&ClassifierConfig::default())?;
+        let classifier = Classifier::new(&routes.policy.classifier_config())?;
         backends.probe_local(&routes, probe_timeout).await?;
         Ok(Self {
             routes,

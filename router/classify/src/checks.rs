@@ -432,7 +432,7 @@ const REVERSE_DNS: &[&str] = &[
 /// Whether an internal-hostname candidate is a host, not a file name (`.env.local`), a package
 /// (`com.acme.internal`), a type path (`Foo.Internal`) or the start of a longer public name
 /// (`build.corp.example.com`).
-pub(crate) fn internal_hostname(text: &str, start: usize, end: usize) -> bool {
+pub(crate) fn internal_hostname(text: &str, start: usize, end: usize, suffixes: &[String]) -> bool {
     let b = text.as_bytes();
     if start > 0 && matches!(b[start - 1], b'.' | b'-') {
         return false;
@@ -443,6 +443,24 @@ pub(crate) fn internal_hostname(text: &str, start: usize, end: usize) -> bool {
         return false;
     }
     let host = &text[start..end];
+    let lower = host.to_ascii_lowercase();
+    let labels: Vec<&str> = lower.split('.').collect();
+    let ends_internal = suffixes.iter().any(|s| lower.ends_with(&format!(".{s}")));
+    if !ends_internal {
+        // An internal label inside a public name: `db.internal.acme.com`. Not the first label
+        // (a host), followed by a registrable name whose last label is a known top-level
+        // domain (module paths such as `app.internal.utils.helpers` end otherwise).
+        let n = labels.len();
+        if n < 4 || !known_tld(labels[n - 1]) || RESERVED_NAME.contains(&labels[n - 2]) {
+            return false;
+        }
+        let inner = labels[1..n - 2]
+            .iter()
+            .any(|label| suffixes.iter().any(|s| s == label));
+        if !inner {
+            return false;
+        }
+    }
     let first = host.split('.').next().unwrap_or_default();
     if REVERSE_DNS.iter().any(|p| first.eq_ignore_ascii_case(p)) {
         return false;
@@ -452,6 +470,79 @@ pub(crate) fn internal_hostname(text: &str, start: usize, end: usize) -> bool {
         let lb = label.as_bytes();
         !(lb.iter().any(u8::is_ascii_uppercase) && lb.iter().any(u8::is_ascii_lowercase))
     })
+}
+
+/// Second-level names reserved for documentation (RFC 2606): `build.corp.example.com`.
+const RESERVED_NAME: &[&str] = &["example"];
+
+/// Whether `label` is a top-level domain a public name ends in: the common generic ones and
+/// any two-letter country code.
+fn known_tld(label: &str) -> bool {
+    const GENERIC: &[&str] = &[
+        "com",
+        "net",
+        "org",
+        "io",
+        "dev",
+        "ai",
+        "app",
+        "co",
+        "cloud",
+        "tech",
+        "biz",
+        "info",
+        "edu",
+        "gov",
+        "mil",
+        "int",
+        "xyz",
+        "online",
+        "site",
+        "systems",
+        "services",
+        "solutions",
+        "group",
+        "global",
+        "company",
+        "digital",
+        "network",
+        "software",
+        "works",
+        "host",
+    ];
+    (label.len() == 2 && label.bytes().all(|b| b.is_ascii_lowercase())) || GENERIC.contains(&label)
+}
+
+/// Whether a 32-hex candidate is a Twilio auth token: the word "twilio" or an account SID
+/// (`AC` + 32 hex) within 256 bytes before or after it. Without that context 32 hex digits
+/// are most often a digest.
+pub(crate) fn twilio_token(text: &str, start: usize, end: usize) -> bool {
+    // An API key SID (`SK` + 32 hex) is Twilio's own shape.
+    if text[start..end].starts_with("SK") {
+        return true;
+    }
+    let from = floor_boundary(text, start.saturating_sub(256));
+    let to = floor_boundary(text, (end + 256).min(text.len()));
+    let around = text[from..to].to_ascii_lowercase();
+    around.contains("twilio")
+        || around.match_indices("ac").any(|(i, _)| {
+            let sid = &around.as_bytes()[i + 2..];
+            sid.len() >= 32 && sid[..32].iter().all(u8::is_ascii_hexdigit)
+        })
+}
+
+fn floor_boundary(text: &str, mut at: usize) -> usize {
+    while at > 0 && !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
+/// Whether an identity-document number found after a context word has digits in it (a word
+/// after "passport" is prose, not a number).
+pub(crate) fn document_number(value: &str) -> bool {
+    let digits = value.bytes().filter(u8::is_ascii_digit).count();
+    digits >= 5 && value.bytes().filter(|b| b.is_ascii_alphanumeric()).count() >= 6
 }
 
 /// Top-level "domains" that are really file extensions (`icon@2x.png`).
@@ -504,6 +595,12 @@ pub(crate) fn real_secret_value(value: &str, quoted: bool, tight_equals: bool) -
         || v.contains("$(")
     {
         return false;
+    }
+    // A provider's prefix kept on a placeholder: `sk-...`, `hf_xxx`, `ghp_XXXX…`.
+    if let Some(body) = PROVIDER_PREFIXES.iter().find_map(|p| v.strip_prefix(p)) {
+        if body.is_empty() || placeholder_body(body) {
+            return false;
+        }
     }
     // Masked values: ***, xxxx, ••••, ----.
     if v.chars()
@@ -563,6 +660,43 @@ pub(crate) fn real_secret_value(value: &str, quoted: bool, tight_equals: bool) -
     }
     let letters_only = v.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_');
     !letters_only || tight_equals
+}
+
+/// Prefixes of provider tokens, longest first, that placeholders keep (`sk-...`).
+const PROVIDER_PREFIXES: &[&str] = &[
+    "github_pat_",
+    "sk-proj-",
+    "sk-ant-",
+    "sk_live_",
+    "rk_live_",
+    "glpat-",
+    "ghp_",
+    "gho_",
+    "ghu_",
+    "ghs_",
+    "ghr_",
+    "npm_",
+    "hf_",
+    "sk-",
+    "xoxb-",
+    "xoxp-",
+    "AKIA",
+    "AIza",
+    "SG.",
+];
+
+/// Whether a token's body (after its provider prefix) is a placeholder: masks and ellipses
+/// (`...`, `…`, `xxxx`, `XXXX`, `****`, `<key>`), or one character repeated.
+pub(crate) fn placeholder_body(body: &str) -> bool {
+    let body = body.trim_end_matches(['.', '…']);
+    if body.is_empty() || body.starts_with('<') || body.starts_with('{') {
+        return true;
+    }
+    let first = body.chars().next().unwrap_or('x');
+    body.chars().all(|c| c == first)
+        || body
+            .chars()
+            .all(|c| matches!(c, 'x' | 'X' | '*' | '.' | '-' | '_' | '…' | '•'))
 }
 
 /// `self.token`, `config.db.password`, `os.environ`: two or more identifier segments.

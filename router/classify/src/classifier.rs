@@ -13,7 +13,15 @@ use crate::detectors::{self, Builtin, Check, Source, BUILTINS, HIGH_ENTROPY};
 use crate::Sensitivity;
 
 /// Default internal-hostname suffixes.
-pub const DEFAULT_INTERNAL_SUFFIXES: &[&str] = &["internal", "corp", "local", "lan", "intranet"];
+pub const DEFAULT_INTERNAL_SUFFIXES: &[&str] = &[
+    "internal",
+    "corp",
+    "local",
+    "lan",
+    "intranet",
+    "home.arpa",
+    "consul",
+];
 
 /// Default entropy threshold for the high-entropy fallback, in bits per byte.
 pub const DEFAULT_ENTROPY_THRESHOLD: f64 = 4.0;
@@ -46,6 +54,10 @@ pub struct ClassifierConfig {
     pub entropy_sensitivity: Sensitivity,
     /// Built-in detector ids to leave out (see [`Classifier::builtin_detectors`]).
     pub disabled: Vec<String>,
+    /// The sensitivity a detector reports, by id (built-in, `high_entropy` or a custom
+    /// pattern's), where it differs from the default: an organisation that rates email
+    /// addresses medium says `email = Medium` here.
+    pub levels: std::collections::BTreeMap<String, Sensitivity>,
 }
 
 impl Default for ClassifierConfig {
@@ -60,6 +72,7 @@ impl Default for ClassifierConfig {
             entropy_min_len: DEFAULT_ENTROPY_MIN_LEN,
             entropy_sensitivity: Sensitivity::High,
             disabled: Vec::new(),
+            levels: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -170,6 +183,8 @@ impl PartialEq<&str> for DetectorId {
 pub struct Reason {
     /// The detector that fired.
     pub detector: DetectorId,
+    /// What it found, in a few words ("email address", "internal host").
+    pub description: &'static str,
     /// The detector's sensitivity.
     pub sensitivity: Sensitivity,
     /// Byte range in the classified text; always on `char` boundaries.
@@ -180,7 +195,8 @@ impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} ({}) at bytes {}..{}",
+            "{} ({}, {}) at bytes {}..{}",
+            self.description,
             self.detector,
             self.sensitivity.name(),
             self.span.start,
@@ -233,6 +249,7 @@ impl Classification {
 #[derive(Debug)]
 struct Detector {
     id: DetectorId,
+    description: &'static str,
     sensitivity: Sensitivity,
     check: Check,
     /// Index of the `value` capture group within the pattern, if it has one.
@@ -254,6 +271,8 @@ pub struct Classifier {
     skip_words: bool,
     entropy_min_len: usize,
     entropy_threshold: f64,
+    /// The internal labels and suffixes, lower case.
+    internal_suffixes: Vec<String>,
 }
 
 impl Classifier {
@@ -269,6 +288,15 @@ impl Classifier {
                 return Err(ConfigError::UnknownDetector { id: id.clone() });
             }
         }
+        for id in config.levels.keys() {
+            let known = Self::builtin_detectors().any(|(b, _)| b == id)
+                || config.custom.iter().any(|c| &c.id == id);
+            if !known {
+                return Err(ConfigError::UnknownDetector { id: id.clone() });
+            }
+        }
+        let level =
+            |id: &str, default: Sensitivity| config.levels.get(id).copied().unwrap_or(default);
         let suffixes = normalise_suffixes(&config.internal_suffixes)?;
         let enabled = |b: &Builtin| !config.disabled.iter().any(|d| d == b.id);
 
@@ -296,6 +324,7 @@ impl Classifier {
             hirs.push(hir);
             detectors.push(Detector {
                 id: DetectorId(Arc::from(id)),
+                description: detectors::description(id),
                 sensitivity,
                 check,
                 value_group,
@@ -314,7 +343,7 @@ impl Classifier {
                 Source::InternalHostname => detectors::internal_hostname_pattern(&suffixes),
                 Source::HighEntropy => continue,
             };
-            add(b.id, b.sensitivity, b.check, &pattern)?;
+            add(b.id, level(b.id, b.sensitivity), b.check, &pattern)?;
         }
         for c in &config.custom {
             let valid_id = (1..=64).contains(&c.id.len())
@@ -327,12 +356,12 @@ impl Classifier {
             if Self::builtin_detectors().any(|(b, _)| b == c.id) {
                 return Err(ConfigError::DuplicateId { id: c.id.clone() });
             }
-            add(&c.id, c.sensitivity, Check::None, &c.regex)?;
+            add(&c.id, level(&c.id, c.sensitivity), Check::None, &c.regex)?;
         }
         if enabled(&HIGH_ENTROPY) {
             add(
                 HIGH_ENTROPY.id,
-                config.entropy_sensitivity,
+                level(HIGH_ENTROPY.id, config.entropy_sensitivity),
                 HIGH_ENTROPY.check,
                 &detectors::high_entropy_pattern(config.entropy_min_len),
             )?;
@@ -355,6 +384,7 @@ impl Classifier {
             skip_words: !mid_word_starts,
             entropy_min_len: config.entropy_min_len,
             entropy_threshold: config.entropy_threshold,
+            internal_suffixes: suffixes.iter().map(|s| s.to_ascii_lowercase()).collect(),
         })
     }
 
@@ -365,6 +395,12 @@ impl Classifier {
             .chain(std::iter::once(&HIGH_ENTROPY))
             .filter(|b| b.check != Check::Benign)
             .map(|b| (b.id, b.sensitivity))
+    }
+
+    /// What the detector `id` looks for, in a few words (for a custom pattern: "operator
+    /// pattern").
+    pub fn describe(id: &str) -> &'static str {
+        detectors::description(id)
     }
 
     /// The detectors this classifier runs, in priority order.
@@ -392,6 +428,7 @@ impl Classifier {
                     if d.check != Check::Benign {
                         reasons.push(Reason {
                             detector: d.id.clone(),
+                            description: d.description,
                             sensitivity: d.sensitivity,
                             span,
                         });
@@ -485,7 +522,10 @@ impl Classifier {
     fn validate(&self, pid: usize, text: &str, whole: Range<usize>) -> Option<Range<usize>> {
         let d = &self.detectors[pid];
         let span = match d.value_group {
-            Some(group) => self.group_span(pid, group, text, whole.clone())?,
+            // A pattern whose alternatives do not all name a value reports the whole match.
+            Some(group) => self
+                .group_span(pid, group, text, whole.clone())
+                .unwrap_or_else(|| whole.clone()),
             None => whole.clone(),
         };
         let candidate = &text[span.clone()];
@@ -535,7 +575,24 @@ impl Classifier {
                 let len = checks::private_ipv6(candidate)?;
                 return Some(span.start..span.start + len);
             }
-            Check::InternalHostname => checks::internal_hostname(text, span.start, span.end),
+            Check::InternalHostname => {
+                checks::internal_hostname(text, span.start, span.end, &self.internal_suffixes)
+            }
+            Check::TwilioToken => checks::twilio_token(text, span.start, span.end),
+            Check::DocumentNumber => checks::document_number(candidate),
+            Check::IntranetHost => !matches!(
+                candidate.to_ascii_lowercase().as_str(),
+                "localhost"
+                    | "example"
+                    | "test"
+                    | "invalid"
+                    | "host"
+                    | "hostname"
+                    | "server"
+                    | "your-host"
+                    | "yourhost"
+                    | "myhost"
+            ),
             Check::HighEntropy => {
                 checks::high_entropy(candidate, self.entropy_min_len, self.entropy_threshold)
             }

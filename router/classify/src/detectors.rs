@@ -50,6 +50,12 @@ pub(crate) enum Check {
     InternalHostname,
     /// Entropy, class mix, length cap.
     HighEntropy,
+    /// "twilio" or an account SID nearby.
+    TwilioToken,
+    /// Enough digits to be a document number.
+    DocumentNumber,
+    /// A single-label host that is not a placeholder (`localhost`, `example`).
+    IntranetHost,
 }
 
 /// Where a built-in's regex comes from.
@@ -100,6 +106,48 @@ macro_rules! octet {
     () => {
         r"(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
     };
+}
+
+/// What a detector looks for, in a few words: what a reason names instead of the text.
+pub(crate) fn description(id: &str) -> &'static str {
+    match id {
+        "private_key" => "private key",
+        "gcp_service_account" => "Google Cloud service account key",
+        "azure_storage_key" => "Azure storage account key",
+        "azure_client_secret" => "Azure AD client secret",
+        "aws_access_key_id" => "AWS access key id",
+        "aws_secret_access_key" => "AWS secret access key",
+        "authorization_header" => "Authorization header credential",
+        "github_token" => "GitHub token",
+        "gitlab_token" => "GitLab token",
+        "slack_token" => "Slack token",
+        "stripe_key" => "Stripe live key",
+        "anthropic_key" => "Anthropic API key",
+        "openai_key" => "OpenAI API key",
+        "huggingface_token" => "Hugging Face token",
+        "npm_token" => "npm token",
+        "pypi_token" => "PyPI token",
+        "google_api_key" => "Google API key",
+        "sendgrid_key" => "SendGrid API key",
+        "twilio_key" => "Twilio credential",
+        "jwt" => "JSON Web Token",
+        "credential_url" => "password in a URL",
+        "secret_assignment" => "credential assigned to a key",
+        "credit_card" => "payment card number",
+        "iban" => "IBAN",
+        "us_ssn" => "US social security number",
+        "passport" => "passport number",
+        "national_id" => "national identity number",
+        "email" => "email address",
+        "phone" => "phone number",
+        "private_ipv4" => "private IPv4 address",
+        "private_ipv6" => "private IPv6 address",
+        "internal_hostname" => "internal host",
+        "internal_unc_path" => "internal file share",
+        "bare_host_url" => "internal host",
+        "high_entropy" => "high-entropy token",
+        _ => "operator pattern",
+    }
 }
 
 /// The built-ins, in priority order. Custom patterns go after these and before
@@ -242,6 +290,32 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         Check::None,
     ),
     fixed(
+        "google_api_key",
+        High,
+        r"\bAIza[0-9A-Za-z_-]{35}(?:\b|\z)",
+        Check::TokenBody,
+    ),
+    fixed(
+        "sendgrid_key",
+        High,
+        r"\bSG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?:\b|\z)",
+        Check::TokenBody,
+    ),
+    fixed(
+        "azure_client_secret",
+        High,
+        // Microsoft Entra (Azure AD) client secrets since 2021: three characters, `8Q~`, 31-34.
+        r"\b[A-Za-z0-9_.-]{3}8Q~[A-Za-z0-9_~.-]{31,34}",
+        Check::None,
+    ),
+    fixed(
+        "twilio_key",
+        High,
+        // API key SIDs come with their secret; a bare 32-hex auth token only near Twilio.
+        r"\bSK[0-9a-f]{32}\b|\b[0-9a-f]{32}\b",
+        Check::TwilioToken,
+    ),
+    fixed(
         "jwt",
         High,
         r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*",
@@ -285,18 +359,39 @@ pub(crate) const BUILTINS: &[Builtin] = &[
     fixed(
         "us_ssn",
         High,
-        r"\b[0-9]{3}(?:-[0-9]{2}-|[ ][0-9]{2}[ ])[0-9]{4}\b",
+        concat!(
+            r"\b[0-9]{3}(?:-[0-9]{2}-|[ ][0-9]{2}[ ])[0-9]{4}\b",
+            // Nine bare digits only right after the words that name them.
+            r"|(?i:\b(?:ssn|social[ ]security(?:[ ]number|[ ]no\.?)?))[ \t]*[:#]?[ \t]*(?:is[ \t]+)?(?P<value>[0-9]{9})\b"
+        ),
         Check::UsSsn,
     ),
     fixed(
+        "passport",
+        High,
+        r"(?i:\bpassport)(?:[ \t]+(?i:number|no\.?|num\.?|nr\.?)|[ \t]*#)?[ \t]*[:#]?[ \t]*(?:is[ \t]+)?(?P<value>[A-Z0-9]{6,9})\b",
+        Check::DocumentNumber,
+    ),
+    fixed(
+        "national_id",
+        High,
+        concat!(
+            r"(?i:\b(?:national[ _-]?(?:id|identity|identification)(?:[ _-]?(?:number|no\.?|card))?",
+            r"|nino|national[ ]insurance(?:[ ]number|[ ]no\.?)?|aadhaar(?:[ ]number|[ ]no\.?)?|bsn",
+            r"|personnummer|dni|social[ ]insurance[ ]number))",
+            r"[ \t]*[:#]?[ \t]*(?:is[ \t]+)?(?P<value>[A-Z0-9][A-Z0-9 -]{4,18}[A-Z0-9])\b"
+        ),
+        Check::DocumentNumber,
+    ),
+    fixed(
         "email",
-        Medium,
+        High,
         r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*\.[A-Za-z]{2,24}\b",
         Check::Email,
     ),
     fixed(
         "phone",
-        Medium,
+        High,
         concat!(
             // International: +CC or 00CC, then groups, an optional "(0)" trunk.
             r"(?:\B\+|\b00)[1-9][0-9]{0,3}(?:[ .-]?(?:\(0?[0-9]{1,4}\)[ .-]?)?[0-9]{1,5}){1,6}\b",
@@ -331,6 +426,18 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         r"(?i:\b(?:f[cd][0-9a-f]{2}|fe[89ab][0-9a-f])(?::[0-9a-f]{0,4}){2,7})",
         Check::PrivateIpv6,
     ),
+    fixed(
+        "internal_unc_path",
+        Medium,
+        r"\\\\[A-Za-z0-9][A-Za-z0-9.-]{0,253}\\[A-Za-z0-9$_.-]+",
+        Check::None,
+    ),
+    fixed(
+        "bare_host_url",
+        Medium,
+        r"\b[Hh][Tt][Tt][Pp][Ss]?://(?P<value>[A-Za-z][A-Za-z0-9-]{0,62})(?::[0-9]{1,5})?(?:[/?#]|\s|\z)",
+        Check::IntranetHost,
+    ),
     Builtin {
         id: "internal_hostname",
         sensitivity: Medium,
@@ -350,8 +457,10 @@ pub(crate) const HIGH_ENTROPY: Builtin = Builtin {
 /// The internal-hostname pattern for already-validated suffixes (`corp`, `svc.cluster.local`).
 pub(crate) fn internal_hostname_pattern(suffixes: &[String]) -> String {
     let alternatives: Vec<String> = suffixes.iter().map(|s| regex_syntax::escape(s)).collect();
+    // An internal label last (`db.corp`) or anywhere after the first (`db.internal.acme.com`);
+    // the validator tells names from module paths.
     format!(
-        r"(?i:\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*\.(?:{}))\b",
+        r"(?i:\b[a-z0-9](?:[a-z0-9-]*[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*\.(?:{})(?:\.[a-z0-9](?:[a-z0-9-]*[a-z0-9])?)*)\b",
         alternatives.join("|")
     )
 }

@@ -38,8 +38,9 @@
 //!   far slower engine. On the project's 2-core machine, release build, 1 MiB of
 //!   [`bench::mixed_text`] classifies at about 250-300 MB/s
 //!   (`cargo run --release -p tollgate-classify --example classify_throughput`).
-//! * Reasons carry the detector id, its sensitivity and a byte span on `char` boundaries,
-//!   never the matched text. Patterns with a `value` group (assignments, URL passwords,
+//! * Reasons carry the detector id, what it finds in a few words ("email address"), its
+//!   sensitivity (the default, or the one [`ClassifierConfig::levels`] gives) and a byte span
+//!   on `char` boundaries, never the matched text. Patterns with a `value` group (assignments, URL passwords,
 //!   Authorization headers, Azure keys, operator patterns that name one) report only that part.
 //!
 //! ## Detectors
@@ -58,12 +59,17 @@
 //! | `secret_assignment` | high | `password`, `passwd`, `passphrase`, `pass`, `secret`, `token`, `api_key`, `access_key`, `auth_key`, `private_key`, `client_secret`, `credentials` as the *last segment* of a key (`DB_PASSWORD=`, `"api-key":`, `stripe.api_key`, camelCase `clientSecret`; not `max_tokens`, `bypass`), then `=`, `:`, `:=`, `=>` or `>`, then a value. Not reported: values under 4 characters, pure numbers (`max_token: 4096`), masks (`***`, `xxxx`), placeholders (`<password>`, `changeme`, `changeit`, `your_token`, `example…`, `none`, `true`…), references (`$X`, `${X}`, `{{ x }}`, `%X%`), code (`get_password()`, `self.token`, `ENV['X']`, `Option<String>`), and bare all-letter values except in the tight `KEY=value` form of env files (so `password: String` is code but `PASSWORD=letmein` is a secret) |
 //! | `credit_card` | high | 14-19 digits, optionally in groups separated consistently by spaces or dashes, Luhn-valid, with a known issuer prefix (Visa, Mastercard incl. 2-series, Amex, Discover, JCB, Diners, UnionPay, Maestro, Mir) and a length that issuer uses; 13-digit Visa is left out (retired, and it collides with EAN-13 barcodes) |
 //! | `iban` | high | country code, mod-97 checksum, the country's registered length |
-//! | `us_ssn` | high | `AAA-GG-SSSS` or space-separated; area 001-899 except 666, group ≠ 00, serial ≠ 0000, not the SSA's published sample numbers; bare nine-digit runs are not reported |
-//! | `email` | medium | addresses, except at reserved example domains (`example.com/.org/.net`, `.test`, `.example`, `.invalid`, `.localhost`), SSH remotes (`git@host`) and file names (`icon@2x.png`) |
-//! | `phone` | medium | E.164 / `00` international (8-15 digits), North American with separators, national numbers with a trunk `0` (10-12 digits); dates, versions, decimals (`+48.856613`), bare digit runs (`4155550132`) and the tail of a longer run of digit groups are not phones |
+//! | `us_ssn` | high | `AAA-GG-SSSS` or space-separated, or nine digits right after "SSN" / "social security number"; area 001-899 except 666, group ≠ 00, serial ≠ 0000, not the SSA's published sample numbers; other bare nine-digit runs are not reported |
+//! | `google_api_key`, `sendgrid_key`, `azure_client_secret` | high | `AIza` + 35; `SG.` + 22 + `.` + 43; Entra client secrets (three characters, `8Q~`, 31-34) |
+//! | `twilio_key` | high | `SK` + 32 hex (API key SID), or 32 hex within 256 bytes of "twilio" or an `AC` account SID (alone, 32 hex is usually a digest) |
+//! | `passport`, `national_id` | high | a number with at least five digits right after the words that name it (`passport no.`, `NINO`, `Aadhaar`, `national id`, `personnummer`, `BSN`, `DNI`, …) |
+//! | `email` | high | addresses, except at reserved example domains (`example.com/.org/.net`, `.test`, `.example`, `.invalid`, `.localhost`), SSH remotes (`git@host`) and file names (`icon@2x.png`) |
+//! | `phone` | high | E.164 / `00` international (8-15 digits), North American with separators, national numbers with a trunk `0` (10-12 digits); dates, versions, decimals (`+48.856613`), bare digit runs (`4155550132`) and the tail of a longer run of digit groups are not phones |
 //! | `private_ipv4` | medium | 10/8, 172.16/12, 192.168/16, 169.254/16; not loopback (127/8 names no network), not part of a longer dotted number (`1.10.0.0.1`) |
 //! | `private_ipv6` | medium | fc00::/7 and fe80::/10 (parsed, so `fcde:1234` is not an address) |
-//! | `internal_hostname` | medium | names ending in a configured suffix (default `.internal`, `.corp`, `.local`, `.lan`, `.intranet`); not file names (`.env.local`), packages (`com.acme.internal`), mixed-case type paths (`Foo.Internal`) or longer public names |
+//! | `internal_unc_path` | medium | Windows file-share paths `\\server\share` |
+//! | `bare_host_url` | medium | a single-label host in an `http(s)://` URL (`http://intranet/wiki`, `http://jira:8080/`); not `localhost`, `example`, `host` |
+//! | `internal_hostname` | medium | names ending in a configured suffix (default `.internal`, `.corp`, `.local`, `.lan`, `.intranet`, `.home.arpa`, `.consul`), or with a configured single-label suffix as an inner label of a public name (`db.internal.acme.com`: not the first label, followed by a name ending in a known top-level domain, not `example.*`); not file names (`.env.local`), packages (`com.acme.internal`), module paths (`app.internal.utils`) or mixed-case type paths (`Foo.Internal`) |
 //! | operator patterns | configured | [`CustomPattern`]s, after the built-ins |
 //! | `high_entropy` | high (configurable) | a base64/base64url run of 24-256 characters mixing upper case, lower case and digits, switching class on ≥ 40% of characters, with Shannon entropy ≥ 4.0 bits per byte, that does not decode (as base64) to readable text and is not an SSH wire blob (`AAAA...`). Hex digests, git SHAs, UUIDs, ULIDs, base32 (so TOTP seeds too), identifiers, paths, JWT-like parts of encoded JSON do not qualify; runs over 256 characters are treated as encoded data. It is high because an unlabelled random token in text is most likely a credential; set [`ClassifierConfig::entropy_sensitivity`] to lower it |
 //!

@@ -31,11 +31,8 @@ fn sensitivity_is_the_highest_reason() {
         c.classify("nothing to see here").sensitivity,
         Sensitivity::Low
     );
-    assert_eq!(
-        c.classify("mail jane.doe@acme-corp.io").sensitivity,
-        Sensitivity::Medium
-    );
-    let both = c.classify("mail jane.doe@acme-corp.io with card 4111 1111 1111 1111");
+    assert_eq!(c.classify("ask db01.corp").sensitivity, Sensitivity::Medium);
+    let both = c.classify("ask db01.corp with card 4111 1111 1111 1111");
     assert_eq!(both.sensitivity, Sensitivity::High);
     assert_eq!(both.reasons.len(), 2);
     assert!(c.classify("").reasons.is_empty());
@@ -198,7 +195,7 @@ fn internal_suffixes_are_configurable() {
         vec!["internal_hostname".to_owned()]
     );
     assert!(ids(&c, "printer.local").is_empty());
-    assert_eq!(DEFAULT_INTERNAL_SUFFIXES.len(), 5);
+    assert_eq!(DEFAULT_INTERNAL_SUFFIXES.len(), 7);
 
     let none = Classifier::new(&ClassifierConfig {
         internal_suffixes: Vec::new(),
@@ -225,7 +222,7 @@ fn detectors_can_be_disabled_and_entropy_lowered() {
 #[test]
 fn builtin_list_matches_docs() {
     let builtins: Vec<_> = Classifier::builtin_detectors().collect();
-    assert_eq!(builtins.len(), 27);
+    assert_eq!(builtins.len(), 35);
     assert_eq!(builtins.last().unwrap().0, "high_entropy");
     let medium: Vec<_> = builtins
         .iter()
@@ -235,13 +232,108 @@ fn builtin_list_matches_docs() {
     assert_eq!(
         medium,
         vec![
-            "email",
-            "phone",
             "private_ipv4",
             "private_ipv6",
+            "internal_unc_path",
+            "bare_host_url",
             "internal_hostname"
         ]
     );
+    // Every detector has a description, which is what reasons say instead of the text.
+    for (id, _) in &builtins {
+        assert_ne!(Classifier::describe(id), "operator pattern", "{id}");
+    }
+}
+
+/// The product's reference policy: each example classifies at the level the table gives, and
+/// its reason names the pattern, never the text.
+#[test]
+fn the_reference_policy_table_holds() {
+    let c = default_classifier();
+    let table = [
+        (
+            "Please email user@company.com today",
+            Sensitivity::High,
+            "email address",
+        ),
+        (
+            "api_key = \"sk-live-4f9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c\"",
+            Sensitivity::High,
+            "credential assigned to a key",
+        ),
+        (
+            "password: Tr0ub4dor&3",
+            Sensitivity::High,
+            "credential assigned to a key",
+        ),
+        (
+            "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA7bq9\n-----END RSA PRIVATE KEY-----",
+            Sensitivity::High,
+            "private key",
+        ),
+        (
+            "aws key AKIAIOSFODNN7EXAMPLE",
+            Sensitivity::High,
+            "AWS access key id",
+        ),
+        ("db.internal.corp.com", Sensitivity::Medium, "internal host"),
+        (
+            "Connect to db.internal.company.com",
+            Sensitivity::Medium,
+            "internal host",
+        ),
+        (
+            "ping 192.168.1.100",
+            Sensitivity::Medium,
+            "private IPv4 address",
+        ),
+    ];
+    for (text, level, why) in table {
+        let found = c.classify(text);
+        assert_eq!(found.sensitivity, level, "{text}: {:?}", found.reasons);
+        assert!(
+            found.reasons.iter().any(|r| r.description == why),
+            "{text}: {:?}",
+            found.reasons
+        );
+        for reason in &found.reasons {
+            assert!(!reason.to_string().contains(&text[reason.span.clone()]));
+        }
+    }
+    for public in [
+        "What is the capital of France?",
+        "Summarise the plot of Hamlet in three sentences.",
+        "How do I sort a list in Python?",
+    ] {
+        assert_eq!(c.classify(public).sensitivity, Sensitivity::Low, "{public}");
+    }
+}
+
+/// Every level is the organisation's to set: a detector's id names it.
+#[test]
+fn levels_are_configurable_per_detector() {
+    let c = Classifier::new(&ClassifierConfig {
+        levels: [
+            ("email".to_owned(), Sensitivity::Medium),
+            ("private_ipv4".to_owned(), Sensitivity::Low),
+        ]
+        .into_iter()
+        .collect(),
+        ..ClassifierConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        c.classify("mail jane.doe@acme-corp.io").sensitivity,
+        Sensitivity::Medium
+    );
+    assert_eq!(c.classify("ping 10.1.2.3").sensitivity, Sensitivity::Low);
+    let unknown = Classifier::new(&ClassifierConfig {
+        levels: [("emails".to_owned(), Sensitivity::Low)]
+            .into_iter()
+            .collect(),
+        ..ClassifierConfig::default()
+    });
+    assert!(unknown.is_err());
 }
 
 #[test]

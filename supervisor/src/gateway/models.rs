@@ -321,7 +321,7 @@ impl ModelCalls {
             .collect();
         let route = choice.route;
         let prompt = self.prompt_tokens(shared, route, &sent_messages).await;
-        let policy = shared.routes.policy;
+        let policy = &shared.routes.policy;
         let asked = if request.max_tokens == 0 {
             policy.max_tokens_default
         } else {
