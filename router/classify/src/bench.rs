@@ -120,3 +120,30 @@ pub fn mixed_text(len: usize, seed: u64) -> String {
     }
     out
 }
+
+/// About `len` bytes of findings-dense text: a sensitive line (a credential, personal data,
+/// an internal name) after every two lines of the mixed text, so about one finding per 200
+/// bytes — far denser than real traffic, where a scanner validates a candidate most often.
+pub fn dense_text(len: usize, seed: u64) -> String {
+    let mut rng = Rng(seed);
+    let mut out = String::with_capacity(len + 512);
+    while out.len() < len {
+        push_line(&mut rng, &mut out);
+        push_line(&mut rng, &mut out);
+        let n = rng.below(1000);
+        let line = match rng.below(12) {
+            0..=7 => sensitive_line(&mut rng, n),
+            8 => format!("Passport number: X{:08}", rng.below(100_000_000)),
+            9 => format!("vault at https://vault.internal.acme-{n}.dev/v1/secret"),
+            10 => format!("key AIza{}", rng.string(ALNUM, 35)),
+            _ => format!(
+                "ping db{n}.corp and 192.168.{}.{}",
+                rng.below(255),
+                rng.below(255)
+            ),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
