@@ -127,6 +127,9 @@ impl RunManager {
                 return;
             };
             match manager.wait(&id, Duration::from_secs(3600)) {
+                // Left running for the next supervisor (live restore): it has not ended, so
+                // no end is published; the stream closes with this server.
+                Some(record) if !record.state.is_final() && manager.left_detached() => return,
                 // Once torn down, the record is as final as it will get (a failed write
                 // leaves it non-final): publish it rather than wait on it forever.
                 Some(record) if record.state.is_final() || manager.live_run(&id).is_none() => {
