@@ -8,6 +8,7 @@
 
 pub mod fake_models;
 pub mod flood;
+pub mod llama;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

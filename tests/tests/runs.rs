@@ -675,6 +675,100 @@ except openai.APIStatusError as e:
 print("found", found)
 "#;
 
+/// The official SDK in a sandbox, streaming from the real llama.cpp server of a local route.
+const LLAMA_AGENT: &str = r#"
+import openai
+client = openai.OpenAI(api_key="unused")
+stream = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hello world"}],
+                                        max_tokens=8, stream=True, stream_options={"include_usage": True})
+chunks, finish, usage = 0, None, None
+for chunk in stream:
+    if chunk.choices:
+        chunks += 1
+        finish = chunk.choices[0].finish_reason or finish
+    if chunk.usage:
+        usage = chunk.usage
+print("streamed", chunks > 0, finish, usage.prompt_tokens, usage.completion_tokens <= 8)
+"#;
+
+/// A real llama.cpp server behind a local route (`llama-server` built by scripts/test from
+/// the llama.cpp sources on PyPI, a tiny random-weights model written at test time): the
+/// preset's probe passes, the route's tokenizer endpoints count a prompt exactly as the
+/// server itself does, and the official openai SDK in a sandbox streams from it.
+#[test]
+fn a_real_llama_cpp_server_serves_a_local_route() {
+    if !require_root() {
+        return;
+    }
+    let Some(server) = tollgate_tests::llama::LlamaServer::start() else {
+        return;
+    };
+    let sdk = std::env::var("TOLLGATE_PYTHON_SDK")
+        .unwrap_or_else(|_| "/usr/local/lib/tollgate-python".into());
+    let fx = Fixture::new("llama", 201_960);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let routes_file = fx.data.join("routes.toml");
+    std::fs::write(
+        &routes_file,
+        format!(
+            "[[route]]\nname = \"local\"\nkind = \"local\"\npreset = \"llamacpp\"\nendpoint = \"{}\"\nmodel = \"{}\"\n",
+            server.endpoint(),
+            tollgate_tests::llama::MODEL
+        ),
+    )
+    .unwrap();
+    // The preset's start-up probe: /health, then the model listed by /v1/models.
+    let routes = runtime
+        .block_on(tollgate_router_backends::ModelRoutes::load(
+            &routes_file,
+            Duration::from_secs(30),
+        ))
+        .unwrap();
+    // /apply-template then /tokenize count what the server itself counts.
+    let route = routes.routes.get("local").unwrap().clone();
+    let counted = runtime
+        .block_on(routes.backends.count_prompt(
+            &route,
+            &[tollgate_router::wire::ChatMessage {
+                role: tollgate_router::wire::Role::User,
+                content: "hello world".into(),
+            }],
+        ))
+        .unwrap();
+    let served = server.prompt_tokens("hello world");
+    assert_eq!(counted, served);
+
+    fx.manager.set_model_routes(Arc::new(routes));
+    let mut receipt = fx.receipt("", 60);
+    receipt.agent = Some(pb::AgentSpec {
+        argv: vec!["/usr/bin/python3".into(), "-c".into(), LLAMA_AGENT.into()],
+        env: [("PYTHONPATH".to_owned(), sdk)].into(),
+        ..Default::default()
+    });
+    receipt.exec = vec!["/usr/bin/python3".into()];
+    receipt.limits.as_mut().unwrap().tokens = 10_000;
+    receipt.limits.as_mut().unwrap().memory_bytes = 512 << 20;
+    receipt.routes = vec![pb::RouteGrant {
+        name: "local".into(),
+        max_sensitivity: pb::Sensitivity::High as i32,
+    }];
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(60)).unwrap();
+    let output = fx.output_of(&run_id);
+    let errors = fx.output_of(&format!("{run_id}:stderr"));
+    assert_eq!(record.state, RunState::Exited, "{output}{errors}");
+    let words: Vec<&str> = output.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"streamed"), "{output}{errors}");
+    assert_eq!(words[1], "True", "{output}");
+    assert!(matches!(words[2], "length" | "stop"), "{output}");
+    assert_eq!(words[3], served.to_string(), "{output}");
+    assert_eq!(words[4], "True", "{output}");
+    let usage = &record.report.as_ref().unwrap().route_usage;
+    assert_eq!(usage.len(), 1, "{usage:?}");
+    assert_eq!((usage[0].route.as_str(), usage[0].calls), ("local", 1));
+    fx.assert_gone(&run_id);
+}
+
 #[test]
 fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
     if !require_root() {
