@@ -545,6 +545,11 @@ impl Classifier {
             }
             Check::Assignment => {
                 let (inner, quoted) = strip_quotes(span.clone(), text);
+                // A comparison (`==`, `===`) names a credential only against a literal.
+                let comparison = text[..span.start].trim_end().ends_with("==");
+                if comparison && !quoted {
+                    return None;
+                }
                 let tight = span.start >= 2
                     && bytes[span.start - 1] == b'='
                     && !bytes[span.start - 2].is_ascii_whitespace()

@@ -338,7 +338,7 @@ pub(crate) const BUILTINS: &[Builtin] = &[
             r#"|apikey|access[_-]?key|auth[_-]?key|private[_-]?key|client[_-]?secret|credentials?))"#,
             r#"|\b_?[a-z][A-Za-z0-9]*(?:Pass(?:word|wd|phrase)?|Secret|Token|Api[Kk]ey|AccessKey"#,
             r#"|AuthKey|PrivateKey|Credentials?))"#,
-            r#"["']?[ \t]*(?::=|=>|=|:|>)[ \t]*"#,
+            r#"["']?[ \t]*(?::=|=>|===?|=|:|>)[ \t]*"#,
             r#"(?P<value>"[^"\r\n]*"|'[^'\r\n]*'|[^\s"',;<>)}\]]+)"#
         ),
         Check::Assignment,
