@@ -267,7 +267,7 @@ pub enum Command {
         file: Option<PathBuf>,
         /// Classify with this routes file's [policy] (levels, internal suffixes), as the
         /// supervisor given it does.
-        #[arg(long, value_name = "FILE", env = "TOLLGATE_ROUTES")]
+        #[arg(long, value_name = "FILE")]
         routes: Option<PathBuf>,
         /// List every detector with its level under the policy and what it looks for.
         #[arg(long)]
