@@ -135,6 +135,38 @@ impl LiveRun {
             .clone()
     }
 
+    /// Keeps what detaching this run for a live restore hands over: a second handle on the
+    /// shim's control socket and duplicates of the output pipes' read ends. Without them the
+    /// run is torn down at the next stop, as without live restore.
+    fn keep_for_restore(
+        &self,
+        run_id: &str,
+        process: &crate::sandbox::SandboxProcess,
+        output: &crate::sandbox::SandboxOutput,
+        (shim_pid, argv, started_ms): (u32, Option<Vec<String>>, u64),
+    ) {
+        match (
+            process.control(),
+            output.stdout.try_clone(),
+            output.stderr.try_clone(),
+        ) {
+            (Ok(control), Ok(stdout), Ok(stderr)) => {
+                *self.restore.lock().unwrap_or_else(|p| p.into_inner()) = Some(RestoreHandles {
+                    control,
+                    stdout: stdout.into(),
+                    stderr: stderr.into(),
+                    shim_pid,
+                    argv,
+                    started_ms,
+                });
+            }
+            _ => tracing::warn!(
+                run_id,
+                "could not keep what a live restore needs; this run ends at the next stop"
+            ),
+        }
+    }
+
     /// Whether pid 1 has taken the run over for a live restore.
     fn is_detached(&self) -> bool {
         *self.detached.lock().unwrap_or_else(|p| p.into_inner())

@@ -31,7 +31,7 @@ use tollgate_receipt::{parse_envelope, SignedReceipt};
 use tollgate_shim_protocol::protocol::ToShim;
 
 use super::start::{RunThreads, Watched};
-use super::{now_ms, LiveRun, RestoreHandles, RunManager, RunState};
+use super::{now_ms, LiveRun, RunManager, RunState};
 use crate::cgroup::RunCgroup;
 use crate::error::StartError;
 use crate::exec::PinnedSandbox;
@@ -331,26 +331,12 @@ impl RunManager {
                 self.publish_end(&run_id);
                 // A re-adopted run can be left running again at the next clean stop.
                 if self.settings.live_restore.is_some() {
-                    match (
-                        process.control(),
-                        output.stdout.try_clone(),
-                        output.stderr.try_clone(),
-                    ) {
-                        (Ok(control), Ok(stdout), Ok(stderr)) => {
-                            *live.restore.lock().unwrap_or_else(|p| p.into_inner()) =
-                                Some(RestoreHandles {
-                                    control,
-                                    stdout: stdout.into(),
-                                    stderr: stderr.into(),
-                                    shim_pid: state.shim_pid,
-                                    argv: state.argv.clone(),
-                                    started_ms: state.started_ms,
-                                });
-                        }
-                        _ => {
-                            tracing::warn!(run_id = %run_id, "could not keep what a live restore needs; this run ends at the next stop")
-                        }
-                    }
+                    live.keep_for_restore(
+                        &run_id,
+                        &process,
+                        &output,
+                        (state.shim_pid, state.argv.clone(), state.started_ms),
+                    );
                 }
                 let threads = RunThreads {
                     run_id,

@@ -27,7 +27,7 @@ use crate::COMPONENT;
 use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
 
 use super::teardown::Ended;
-use super::{now_ms, LiveRun, OutputSink, OutputStream, RestoreHandles, RunManager};
+use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
 
 /// A run admitted and recorded, on its way to a sandbox.
 struct Recorded<'a> {
@@ -341,26 +341,12 @@ impl RunManager {
             started_ms,
         } = run;
         if live.parent.is_none() && self.settings.live_restore.is_some() {
-            let handles = (
-                process.control(),
-                output.stdout.try_clone(),
-                output.stderr.try_clone(),
-                process.pid(),
-            );
-            match handles {
-                (Ok(control), Ok(stdout), Ok(stderr), Some(shim_pid)) => {
-                    *live.restore.lock().unwrap_or_else(|p| p.into_inner()) =
-                        Some(RestoreHandles {
-                            control,
-                            stdout: stdout.into(),
-                            stderr: stderr.into(),
-                            shim_pid,
-                            argv,
-                            started_ms,
-                        });
+            match process.pid() {
+                Some(shim_pid) => {
+                    live.keep_for_restore(&run_id, &process, &output, (shim_pid, argv, started_ms))
                 }
-                _ => {
-                    tracing::warn!(run_id = %run_id, "could not keep what a live restore needs; this run ends at the next stop")
+                None => {
+                    tracing::warn!(run_id = %run_id, "the shim is not this supervisor's child; this run ends at the next stop")
                 }
             }
         }
