@@ -91,6 +91,8 @@ struct FsJson {
     access: String,
     #[serde(default)]
     mount: String,
+    #[serde(default)]
+    exec: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +129,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
                 path: grant.path,
                 access: access as i32,
                 mount: grant.mount,
+                exec: grant.exec,
             })
         })
         .collect::<Result<_, _>>()?;

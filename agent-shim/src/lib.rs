@@ -29,6 +29,7 @@ pub mod child;
 pub mod confine;
 mod enter;
 pub mod models;
+pub mod powers;
 pub mod probe;
 pub mod setup;
 pub mod tool;

@@ -1,6 +1,6 @@
 //! `tollgate-shim`: started by the supervisor as a sandbox's pid 1 (no arguments; the plan
 //! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
-//! and `tollgate-shim child` for delegation).
+//! `tollgate-shim child` for delegation, `tollgate-shim receipt` for its own powers).
 #![forbid(unsafe_code)]
 
 fn main() {
@@ -13,13 +13,15 @@ fn main() {
         Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
         Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
         Some("child") => std::process::exit(tollgate_agent_shim::child::main(&args[1..])),
+        Some("receipt") => std::process::exit(tollgate_agent_shim::powers::main(&args[1..])),
         // For `tollgate doctor`: what this kernel offers the confinement.
         Some("probe") => std::process::exit(tollgate_agent_shim::probe::main()),
         Some(_) => {
             eprintln!(
                 "tollgate-shim is started by tollgate-supervisor (no arguments); inside a \
-                 sandbox use `tollgate-shim tool read|write|list|stat|delete|exec ...` or \
-                 `tollgate-shim child delegate|start|list|watch|stop ...`"
+                 sandbox use `tollgate-shim tool read|write|list|stat|delete|exec ...`, \
+                 `tollgate-shim child delegate|start|list|watch|stop ...` or \
+                 `tollgate-shim receipt [--json]` (what this run may do, and has left)"
             );
             std::process::exit(2);
         }

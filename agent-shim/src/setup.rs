@@ -136,8 +136,9 @@ struct Restrict {
     read_only: bool,
     /// Device nodes stay usable (only for the /dev binds).
     devices: bool,
-    /// Nothing on it may be executed or mapped executable: everything but the system paths.
-    /// Landlock alone would let the dynamic loader run a file the agent wrote.
+    /// Nothing on it may be executed or mapped executable: everything but the system paths
+    /// and executable read grants. Landlock alone would let the dynamic loader run a file the
+    /// agent wrote.
     no_exec: bool,
 }
 
@@ -433,7 +434,8 @@ pub fn finish_root(
             Restrict {
                 read_only: !grant.writable,
                 devices: false,
-                no_exec: true,
+                // W^X: a writable grant is never executable (the plan never says both).
+                no_exec: grant.writable || !grant.executable,
             },
         )?;
     }

@@ -98,6 +98,9 @@ fn check_mount_targets(request: &pb::MintReceiptRequest) -> Result<(), CallError
     if let Err(e) = check_mounts(&request.fs) {
         return Err(CallError::invalid(e.field(), e.to_string()));
     }
+    if let Err(e) = tollgate_receipt::paths::check_exec_grants(&request.fs, &request.exec) {
+        return Err(CallError::invalid(e.field(), e.to_string()));
+    }
     for (i, grant) in request.fs.iter().enumerate() {
         if grant.mount.is_empty() {
             continue;
@@ -182,11 +185,11 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
                 format!("{program:?} must also be listed in exec"),
             ));
         }
-        if !tollgate_receipt::paths::executable_in_sandbox(program) {
+        if !tollgate_receipt::paths::executable_in_sandbox(program, &request.fs, &request.exec) {
             return Err(CallError::invalid(
                 "agent.argv[0]",
                 format!(
-                    "{program:?} cannot run in a sandbox: only programs under {} are executable there (grants and /work are mounted noexec); pin an interpreter from there, e.g. [\"/usr/bin/python3\", \"/project/agent.py\"]",
+                    "{program:?} cannot run in a sandbox: only programs under {} or beneath a read grant's mount are executable there (write grants, /work and /tmp are mounted noexec); mount its directory read-only, or pin an interpreter, e.g. [\"/usr/bin/python3\", \"/project/agent.py\"]",
                     tollgate_receipt::paths::SYSTEM_PATHS.join(", ")
                 ),
             ));
@@ -207,6 +210,12 @@ pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
         ));
     }
     check_fs_grants(&ceiling.fs, "ceiling.")?;
+    if let Some(i) = ceiling.fs.iter().position(|grant| grant.exec) {
+        return Err(CallError::invalid(
+            format!("ceiling.fs[{i}].exec"),
+            "a ceiling's fs grants take no exec: its exec list says where executable grants may be mounted (an entry ending in '/' covering the mount)",
+        ));
+    }
     for (i, exec) in ceiling.exec.iter().enumerate() {
         let path = exec
             .strip_suffix('/')
@@ -376,6 +385,15 @@ impl CeilingCheck<'_> {
                 }
             }
         }
+        let exec_covered = |path: &str, directory: bool| {
+            ceiling
+                .exec
+                .iter()
+                .any(|allowed| match allowed.strip_suffix('/') {
+                    Some(dir) => path_within(path, if dir.is_empty() { "/" } else { dir }),
+                    None => !directory && allowed == path,
+                })
+        };
         for (i, grant) in request.fs.iter().enumerate() {
             let covered = ceiling.fs.iter().any(|allowed| {
                 path_within(&grant.path, &allowed.path) && allowed.access >= grant.access
@@ -387,16 +405,15 @@ impl CeilingCheck<'_> {
                     access_name(grant.access)
                 ));
             }
+            // An executable grant lets the agent load (and, for the listed programs, run)
+            // anything its mount holds: the ceiling's exec list must cover the whole mount,
+            // as a directory.
+            if grant.is_executable(&request.exec) && !exec_covered(&grant.mount, true) {
+                found.push(format!("fs[{i}].mount = {} (executable)", grant.mount));
+            }
         }
         for (i, exec) in request.exec.iter().enumerate() {
-            let covered = ceiling
-                .exec
-                .iter()
-                .any(|allowed| match allowed.strip_suffix('/') {
-                    Some(dir) => path_within(exec, if dir.is_empty() { "/" } else { dir }),
-                    None => allowed == exec,
-                });
-            if !covered {
+            if !exec_covered(exec, false) {
                 found.push(format!("exec[{i}] = {exec}"));
             }
         }
@@ -436,11 +453,13 @@ mod tests {
                     path: "/home/me".into(),
                     access: pb::FsAccess::Write as i32,
                     mount: String::new(),
+                    exec: false,
                 },
                 pb::FsGrant {
                     path: "/srv/data".into(),
                     access: pb::FsAccess::Read as i32,
                     mount: String::new(),
+                    exec: false,
                 },
             ],
             exec: vec!["/usr/bin/python3".into(), "/opt/tools/".into()],
@@ -495,6 +514,7 @@ mod tests {
             path: "/srv/data/x".into(),
             access: pb::FsAccess::Write as i32,
             mount: String::new(),
+            exec: false,
         });
         assert!(denial(&r).contains("fs[0] = /srv/data/x (write)"));
 
@@ -503,6 +523,7 @@ mod tests {
             path: "/home/meow".into(),
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
+            exec: false,
         });
         assert!(denial(&r).contains("fs[0] = /home/meow"));
 
@@ -571,6 +592,7 @@ mod tests {
             path: "/a/../etc".into(),
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
+            exec: false,
         });
         assert_eq!(field(&r), "fs[0].path");
         let mut r = request();
@@ -617,17 +639,25 @@ mod tests {
         assert_eq!(field(&r), "not_before");
     }
 
-    #[test]
-    fn mount_targets_are_checked() {
-        let grant = |path: &str, access: pb::FsAccess, mount: &str| pb::FsGrant {
+    fn grant(path: &str, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
+        pb::FsGrant {
             path: path.into(),
             access: access as i32,
             mount: mount.into(),
-        };
-        let reason = |r: &pb::MintReceiptRequest| match validate_mint(r) {
+            exec: false,
+        }
+    }
+
+    /// The field and reason `validate_mint` refuses `r` for.
+    fn reason(r: &pb::MintReceiptRequest) -> String {
+        match validate_mint(r) {
             Err(CallError::InvalidArgument { field, reason }) => format!("{field}: {reason}"),
             other => panic!("{other:?}"),
-        };
+        }
+    }
+
+    #[test]
+    fn mount_targets_are_checked() {
         for reserved in [
             "/",
             "/proc",
@@ -656,6 +686,75 @@ mod tests {
         r.fs.push(grant("/home/me", pb::FsAccess::Read, "/opt"));
         r.fs.push(grant("/srv", pb::FsAccess::Write, "/data"));
         assert!(validate_mint(&r).is_ok());
+    }
+
+    #[test]
+    fn executable_grants_keep_w_xor_x_and_stay_within_the_ceiling() {
+        // A virtualenv's interpreter pinned from its read-only mount: signed.
+        let venv = || {
+            let mut r = request();
+            r.fs.push(grant("/home/me/p", pb::FsAccess::Read, "/opt/tools"));
+            r.exec.push("/opt/tools/.venv/bin/python".into());
+            r.agent = Some(pb::AgentSpec {
+                argv: vec!["/opt/tools/.venv/bin/python".into()],
+                ..Default::default()
+            });
+            r
+        };
+        assert!(validate_mint(&venv()).is_ok());
+        // The program outside every executable grant: refused, saying how to fix it.
+        let mut r = venv();
+        r.fs[0].mount = "/elsewhere".into();
+        assert!(reason(&r).starts_with("agent.argv[0]"), "{}", reason(&r));
+        // A write grant reaching the executable one, gateway-only or not.
+        for path in ["/home/me", "/home/me/p/.venv/lib"] {
+            let mut r = venv();
+            r.fs.push(grant(path, pb::FsAccess::Write, ""));
+            let why = reason(&r);
+            assert!(
+                why.starts_with("fs[1].path") && why.contains("W^X"),
+                "{why}"
+            );
+        }
+        // exec = true on a write grant or a gateway-only one.
+        let mut r = request();
+        r.fs.push(pb::FsGrant {
+            exec: true,
+            ..grant("/home/me/out", pb::FsAccess::Write, "/out")
+        });
+        assert!(reason(&r).starts_with("fs[0].exec"));
+        // The ceiling's exec list must cover the whole executable mount, as a directory:
+        // "/opt/tools/" does; a mount at /bin2 is named.
+        assert!(CeilingCheck {
+            operator: "bob",
+            ceiling: &ceiling(),
+            defaults: &default_limits(),
+        }
+        .check_grants(&{
+            let mut r = venv();
+            r.exec = vec!["/usr/bin/python3".into()];
+            r.agent = None;
+            r.fs[0].exec = true;
+            r
+        })
+        .is_ok());
+        let mut r = request();
+        r.fs.push(pb::FsGrant {
+            exec: true,
+            ..grant("/home/me/bin", pb::FsAccess::Read, "/bin2")
+        });
+        assert!(
+            denial(&r).contains("fs[0].mount = /bin2 (executable)"),
+            "{}",
+            denial(&r)
+        );
+        // A ceiling's fs grants never say exec themselves.
+        let mut c = ceiling();
+        c.fs[1].exec = true;
+        assert!(matches!(
+            validate_ceiling(&c),
+            Err(CallError::InvalidArgument { field, .. }) if field == "ceiling.fs[1].exec"
+        ));
     }
 
     #[test]

@@ -303,6 +303,7 @@ fn bootstrap_admin(
                 path: "/".into(),
                 access: pb::FsAccess::Write as i32,
                 mount: String::new(),
+                exec: false,
             }],
             exec: vec!["/".into()],
             routes: vec![pb::RouteGrant {

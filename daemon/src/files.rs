@@ -26,6 +26,9 @@ pub enum LockError {
     },
 }
 
+/// How long [`DataDirLock::acquire`] waits for a lock another process holds.
+pub const LOCK_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// An exclusive lock on a data directory, held for the daemon's lifetime.
 #[derive(Debug)]
 pub struct DataDirLock {
@@ -33,10 +36,13 @@ pub struct DataDirLock {
 }
 
 impl DataDirLock {
-    /// Takes `<dir>/lock`, failing at once if another process holds it.
+    /// Takes `<dir>/lock`, failing if another process still holds it after
+    /// [`LOCK_GRACE`]: a daemon that just crashed can leave a child between `fork` and `exec`
+    /// holding the inherited descriptor for a few milliseconds, and a restart must not lose
+    /// that race; a live second daemon holds it for good and is refused.
     pub fn acquire(dir: &Path) -> Result<Self, LockError> {
         let path = dir.join("lock");
-        let file = OpenOptions::new()
+        let mut file = OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
@@ -46,11 +52,21 @@ impl DataDirLock {
                 path: path.clone(),
                 source,
             })?;
-        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|_| LockError::InUse {
-                dir: dir.to_owned(),
-            })?;
-        Ok(Self { _lock: lock })
+        let deadline = std::time::Instant::now() + LOCK_GRACE;
+        loop {
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(Self { _lock: lock }),
+                Err((back, _)) if std::time::Instant::now() < deadline => {
+                    file = back;
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(_) => {
+                    return Err(LockError::InUse {
+                        dir: dir.to_owned(),
+                    })
+                }
+            }
+        }
     }
 }
 

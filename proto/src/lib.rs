@@ -27,6 +27,43 @@ pub fn effective_files(files: u32) -> u32 {
     }
 }
 
+/// The lowercase name of an `FsAccess` value (`"unspecified"` for unknown values).
+pub fn access_name(value: i32) -> &'static str {
+    match v1::FsAccess::try_from(value) {
+        Ok(v1::FsAccess::Read) => "read",
+        Ok(v1::FsAccess::Write) => "write",
+        _ => "unspecified",
+    }
+}
+
+/// The lowercase name of a `Sensitivity` value (`"unspecified"` for unknown values).
+pub fn sensitivity_name(value: i32) -> &'static str {
+    match v1::Sensitivity::try_from(value) {
+        Ok(v1::Sensitivity::Low) => "low",
+        Ok(v1::Sensitivity::Medium) => "medium",
+        Ok(v1::Sensitivity::High) => "high",
+        _ => "unspecified",
+    }
+}
+
+/// Whether `path` equals or lies beneath `prefix` (both normalised), by whole components:
+/// `/home/me` does not cover `/home/meow`. `/` covers everything.
+pub fn path_within(path: &str, prefix: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+impl v1::FsGrant {
+    /// Whether this grant is mounted executable (without `noexec`): a READ grant with a mount
+    /// that says `exec` or whose mount covers one of the receipt's `exec` paths.
+    pub fn is_executable(&self, exec: &[String]) -> bool {
+        self.access == v1::FsAccess::Read as i32
+            && !self.mount.is_empty()
+            && (self.exec || exec.iter().any(|program| path_within(program, &self.mount)))
+    }
+}
+
 /// Encoded `FileDescriptorSet` of every tollgate proto file, for gRPC reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/tollgate_descriptor.bin"));

@@ -133,27 +133,31 @@ fn check_exec(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, 
     Ok(())
 }
 
-/// A mount that covers a granted program comes from the same source as the parent's: the
-/// child runs the program the parent was granted, not another file at that path.
+/// A mount that covers a granted program, or is executable for another reason, is exactly
+/// one of the parent's executable mounts (same source, same place): the child runs and loads
+/// what the parent was granted to, not another file at that path.
 fn check_exec_sources(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, grant) in child.fs.iter().enumerate() {
-        if grant.mount.is_empty() {
+        if !grant.is_executable(&child.exec) {
             continue;
         }
-        for program in &child.exec {
-            if !path_within(program, &grant.mount) {
-                continue;
-            }
-            let same = parent
-                .fs
+        let same = parent.fs.iter().any(|p| {
+            p.path == grant.path && p.mount == grant.mount && p.is_executable(&parent.exec)
+        });
+        if !same {
+            let program = child
+                .exec
                 .iter()
-                .any(|p| p.path == grant.path && p.mount == grant.mount);
-            if !same {
-                return Err((
-                    format!("fs[{i}].mount = {}", grant.mount),
-                    format!("it covers exec {program}, which the parent runs from another source"),
-                ));
-            }
+                .find(|program| path_within(program, &grant.mount));
+            return Err((
+                format!("fs[{i}].mount = {}", grant.mount),
+                match program {
+                    Some(program) => format!(
+                        "it covers exec {program}, which the parent runs from another source"
+                    ),
+                    None => "it is executable, and the parent's mount of it is not".into(),
+                },
+            ));
         }
     }
     Ok(())
@@ -280,6 +284,7 @@ mod tests {
             path: path.into(),
             access: access as i32,
             mount: mount.into(),
+            exec: false,
         }
     }
 
@@ -399,6 +404,13 @@ mod tests {
             Ok(()),
             "the parent's own (path, mount)"
         );
+        // exec = true on a mount the parent has without it: the child would load code the
+        // parent could not.
+        let mut c = narrower();
+        c.fs[0].exec = true;
+        assert!(refused(c).contains(
+            "fs[0].mount = /src is above parent receipt P's grants (it is executable, and the parent's mount of it is not)"
+        ));
         let mut c = narrower();
         c.fs[1].mount = "/out".into();
         assert!(refused(c).contains(

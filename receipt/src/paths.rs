@@ -154,32 +154,98 @@ pub fn is_normal_absolute(path: &str) -> bool {
 }
 
 /// Whether a program at `path` (a path inside the sandbox) can be started as a run's agent:
-/// only the system paths are mounted executable in a sandbox; grants, the workspace and the
-/// tmpfs are `noexec`. A receipt pinning anything else could never start, so the authority
-/// refuses to sign it and the supervisor refuses such an argv before spending the receipt.
-pub fn executable_in_sandbox(path: &str) -> bool {
+/// only the system paths and executable grants (`FsGrant::is_executable`) are mounted
+/// executable in a sandbox; other grants, the workspace and the tmpfs are `noexec`. A receipt
+/// pinning anything else could never start, so the authority refuses to sign it and the
+/// supervisor refuses such an argv before spending the receipt.
+pub fn executable_in_sandbox(path: &str, fs: &[pb::FsGrant], exec: &[String]) -> bool {
     is_normal_absolute(path)
-        && SYSTEM_PATHS
+        && (SYSTEM_PATHS
             .iter()
             .any(|system| path != *system && path_within(path, system))
+            || fs
+                .iter()
+                .any(|grant| grant.is_executable(exec) && path_within(path, &grant.mount)))
 }
 
-/// Whether `path` equals or lies beneath `prefix` (both normalised), by whole components:
-/// `/home/me` does not cover `/home/meow`. `/` covers everything.
-pub fn path_within(path: &str, prefix: &str) -> bool {
-    prefix == "/"
-        || path == prefix
-        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+/// Why a receipt's executable grants break W^X: what the agent (or the gateway on its
+/// behalf) can write must never be what it can execute.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExecGrantError {
+    /// `exec = true` on a grant that is not a mounted READ grant.
+    #[error("exec = true needs a read grant with a mount (a write grant is never executable; a gateway-only grant is never mapped into the sandbox)")]
+    NotMountedRead {
+        /// The grant's index in the receipt's `fs`.
+        index: usize,
+    },
+    /// A WRITE grant reaches host files an executable grant shows.
+    #[error("write grant {write:?} reaches the same host files as the executable grant {exec:?} (fs[{exec_index}]): W^X refuses a receipt whose agent could execute what it or the gateway wrote")]
+    WriteReachesExec {
+        /// The write grant's index.
+        index: usize,
+        /// Its host path.
+        write: String,
+        /// The executable grant's index.
+        exec_index: usize,
+        /// Its host path.
+        exec: String,
+    },
 }
+
+impl ExecGrantError {
+    /// The index in `fs` of the grant at fault.
+    pub fn index(&self) -> usize {
+        match self {
+            Self::NotMountedRead { index } | Self::WriteReachesExec { index, .. } => *index,
+        }
+    }
+
+    /// The request field at fault: `fs[i].exec` or `fs[i].path`.
+    pub fn field(&self) -> String {
+        match self {
+            Self::NotMountedRead { index } => format!("fs[{index}].exec"),
+            Self::WriteReachesExec { index, .. } => format!("fs[{index}].path"),
+        }
+    }
+}
+
+/// W^X by path, the rule the authority applies before it signs and every supervisor again
+/// (the supervisor then also compares the pinned files themselves): `exec = true` only on a
+/// mounted READ grant, and no WRITE grant, mounted or gateway-only, at, beneath or above an
+/// executable grant's host path.
+pub fn check_exec_grants(fs: &[pb::FsGrant], exec: &[String]) -> Result<(), ExecGrantError> {
+    for (index, grant) in fs.iter().enumerate() {
+        if grant.exec && !grant.is_executable(exec) {
+            return Err(ExecGrantError::NotMountedRead { index });
+        }
+    }
+    for (exec_index, executable) in fs.iter().enumerate().filter(|(_, g)| g.is_executable(exec)) {
+        if let Some((index, write)) = fs.iter().enumerate().find(|(_, w)| {
+            w.access == pb::FsAccess::Write as i32
+                && (path_within(&w.path, &executable.path)
+                    || path_within(&executable.path, &w.path))
+        }) {
+            return Err(ExecGrantError::WriteReachesExec {
+                index,
+                write: write.path.clone(),
+                exec_index,
+                exec: executable.path.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
+pub use tollgate_proto::path_within;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn only_programs_on_the_system_paths_can_be_an_agent() {
+    fn only_programs_on_the_system_paths_or_executable_grants_can_be_an_agent() {
         for good in ["/usr/bin/python3", "/bin/sh", "/usr/local/bin/agent"] {
-            assert!(executable_in_sandbox(good), "{good}");
+            assert!(executable_in_sandbox(good, &[], &[]), "{good}");
         }
         for bad in [
             "/work/agent.py",
@@ -189,8 +255,89 @@ mod tests {
             "/usrx/bin/sh",
             "bin/sh",
         ] {
-            assert!(!executable_in_sandbox(bad), "{bad}");
+            assert!(!executable_in_sandbox(bad, &[], &[]), "{bad}");
         }
+        let exec = vec!["/opt/agent/hello".to_owned()];
+        let read = grant("/srv/agent", "/opt/agent");
+        assert!(executable_in_sandbox(
+            "/opt/agent/hello",
+            std::slice::from_ref(&read),
+            &exec
+        ));
+        // Not listed and no exec = true: the mount stays noexec.
+        assert!(!executable_in_sandbox(
+            "/opt/agent/hello",
+            std::slice::from_ref(&read),
+            &[]
+        ));
+        let mut flagged = read.clone();
+        flagged.exec = true;
+        assert!(executable_in_sandbox("/opt/agent/bin/x", &[flagged], &[]));
+        let mut write = read;
+        write.access = pb::FsAccess::Write as i32;
+        assert!(!executable_in_sandbox("/opt/agent/hello", &[write], &exec));
+    }
+
+    #[test]
+    fn a_write_grant_never_reaches_an_executable_one() {
+        let exec = vec!["/opt/venv/bin/python".to_owned()];
+        let venv = grant("/srv/venv", "/opt/venv");
+        let write = |path: &str, mount: &str| pb::FsGrant {
+            path: path.into(),
+            access: pb::FsAccess::Write as i32,
+            mount: mount.into(),
+            exec: false,
+        };
+        assert_eq!(
+            check_exec_grants(std::slice::from_ref(&venv), &exec),
+            Ok(())
+        );
+        // Beneath, above, the same path; mounted or gateway-only.
+        for (path, mount) in [
+            ("/srv/venv/lib", ""),
+            ("/srv", "/data"),
+            ("/srv/venv", ""),
+            ("/srv/venv/bin", "/out"),
+        ] {
+            let error = check_exec_grants(&[venv.clone(), write(path, mount)], &exec).unwrap_err();
+            assert!(
+                matches!(
+                    error,
+                    ExecGrantError::WriteReachesExec {
+                        index: 1,
+                        exec_index: 0,
+                        ..
+                    }
+                ),
+                "{path}: {error}"
+            );
+            assert_eq!(error.field(), "fs[1].path");
+        }
+        // Beside it is fine, and so is a write grant beside a noexec read grant.
+        assert_eq!(
+            check_exec_grants(&[venv.clone(), write("/srv/out", "/out")], &exec),
+            Ok(())
+        );
+        assert_eq!(
+            check_exec_grants(
+                &[grant("/srv/docs", "/docs"), write("/srv/docs/x", "")],
+                &exec
+            ),
+            Ok(())
+        );
+        // exec = true only on a mounted read grant.
+        let mut on_write = write("/srv/bin", "/bin2");
+        on_write.exec = true;
+        assert_eq!(
+            check_exec_grants(&[on_write], &[]),
+            Err(ExecGrantError::NotMountedRead { index: 0 })
+        );
+        let mut unmounted = grant("/srv/bin", "");
+        unmounted.exec = true;
+        assert_eq!(
+            check_exec_grants(&[unmounted], &[]).unwrap_err().field(),
+            "fs[0].exec"
+        );
     }
 
     #[test]
@@ -219,6 +366,7 @@ mod tests {
             path: path.into(),
             access: pb::FsAccess::Read as i32,
             mount: mount.into(),
+            exec: false,
         }
     }
 

@@ -154,6 +154,11 @@ pub struct FsSpec {
     pub access: String,
     /// Optional absolute path inside the sandbox to bind-mount at.
     pub mount: Option<String>,
+    /// Mount it executable (read grants with a mount only): its shared libraries load and
+    /// the `exec` programs beneath it run. In a ceiling: executable grants may be minted
+    /// beneath it.
+    #[serde(default)]
+    pub exec: bool,
 }
 
 /// Parses `read` / `write`.
@@ -181,24 +186,7 @@ pub fn parse_sensitivity(field: &str, text: &str) -> Result<pb::Sensitivity, Spe
     }
 }
 
-/// The lowercase name of an access value (`"unspecified"` for unknown values).
-pub fn access_name(value: i32) -> &'static str {
-    match pb::FsAccess::try_from(value) {
-        Ok(pb::FsAccess::Read) => "read",
-        Ok(pb::FsAccess::Write) => "write",
-        _ => "unspecified",
-    }
-}
-
-/// The lowercase name of a sensitivity value (`"unspecified"` for unknown values).
-pub fn sensitivity_name(value: i32) -> &'static str {
-    match pb::Sensitivity::try_from(value) {
-        Ok(pb::Sensitivity::Low) => "low",
-        Ok(pb::Sensitivity::Medium) => "medium",
-        Ok(pb::Sensitivity::High) => "high",
-        _ => "unspecified",
-    }
-}
+pub use tollgate_proto::{access_name, sensitivity_name};
 
 fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
     grants
@@ -209,6 +197,7 @@ fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
                 path: grant.path.clone(),
                 access: parse_access(&format!("fs[{i}].access"), &grant.access)? as i32,
                 mount: grant.mount.clone().unwrap_or_default(),
+                exec: grant.exec,
             })
         })
         .collect()
@@ -418,7 +407,8 @@ mod tests {
             pb::Sensitivity::Low as i32
         );
         assert_eq!(request.delegate.unwrap().max_depth, 1);
-        assert_eq!(request.agent.unwrap().argv[0], "/usr/bin/python3");
+        assert_eq!(request.agent.unwrap().argv[0], "/project/.venv/bin/python");
+        assert_eq!(request.exec[0], "/project/.venv/bin/python");
     }
 
     #[test]

@@ -37,6 +37,7 @@ fn sample_receipt() -> Receipt {
             path: "/home/me/project".into(),
             access: pb::FsAccess::Read as i32,
             mount: "/project".into(),
+            exec: false,
         }],
         exec: vec!["/usr/bin/python3".into()],
         ..Default::default()

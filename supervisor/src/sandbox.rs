@@ -63,7 +63,7 @@ pub enum SandboxError {
     #[error("{0} is not in the receipt's exec list")]
     NotExecutable(String),
     /// The agent's executable is not on a path the sandbox mounts executable.
-    #[error("{0} cannot run in a sandbox: only programs on the system paths (/usr, /bin, ...) are executable there; grants and /work are mounted noexec")]
+    #[error("{0} cannot run in a sandbox: only programs on the system paths (/usr, /bin, ...) or beneath a read grant's mount are executable there; write grants, /work and /tmp are mounted noexec")]
     NotInSandbox(String),
     /// A file-system grant cannot be mounted safely (re-checked here: the supervisor does
     /// not rely on every signer having validated it).
@@ -193,6 +193,7 @@ pub fn plan_for(
             source: PathBuf::from(&grant.path),
             target: PathBuf::from(&grant.mount),
             writable: grant.access == pb::FsAccess::Write as i32,
+            executable: grant.is_executable(&receipt.exec),
         })
         .collect();
     // System paths are shown at the same path, so the host tells which exist; everything
@@ -834,16 +835,19 @@ mod tests {
                     path: "/srv/data".into(),
                     access: pb::FsAccess::Read as i32,
                     mount: "/data".into(),
+                    exec: false,
                 },
                 pb::FsGrant {
                     path: "/srv/out".into(),
                     access: pb::FsAccess::Write as i32,
                     mount: "/out".into(),
+                    exec: false,
                 },
                 pb::FsGrant {
                     path: "/srv/gateway-only".into(),
                     access: pb::FsAccess::Read as i32,
                     mount: String::new(),
+                    exec: false,
                 },
             ],
             exec: vec!["/usr/bin/python3".into()],

@@ -9,6 +9,7 @@
 pub mod fake_models;
 pub mod flood;
 pub mod llama;
+pub mod run_fixture;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -556,6 +557,23 @@ impl SupervisorProcess {
     /// Its data directory.
     pub fn data_dir(&self) -> &Path {
         &self.data_dir
+    }
+
+    /// Starts the receipt `text` with its pinned agent (as the supervisor's admin); the run id.
+    pub async fn start_run(&self, text: String) -> String {
+        self.client()
+            .await
+            .start_run(authed(
+                &self.token(),
+                tollgate_proto::v1::StartRunRequest {
+                    receipt: text,
+                    argv: vec![],
+                },
+            ))
+            .await
+            .expect("StartRun")
+            .into_inner()
+            .run_id
     }
 
     /// Everything a run printed, from `WatchRun` (its replay, then live output until it

@@ -43,6 +43,7 @@ fn request(subject: &str, paths: &[String]) -> pb::MintReceiptRequest {
                 path: path.clone(),
                 access: pb::FsAccess::Read as i32,
                 mount: String::new(),
+                exec: false,
             })
             .collect(),
         ..Default::default()
@@ -220,6 +221,7 @@ async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
         path: secrets.display().to_string(),
         access: pb::FsAccess::Read as i32,
         mount: "/secrets".into(),
+        exec: false,
     }];
     let minted = authority
         .client()

@@ -27,6 +27,7 @@ fn mint_request(subject: &str) -> pb::MintReceiptRequest {
             path: "/srv/project".into(),
             access: pb::FsAccess::Read as i32,
             mount: "/project".into(),
+            exec: false,
         }],
         routes: vec![pb::RouteGrant {
             name: "local".into(),
@@ -279,6 +280,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
             path: "/srv/project".into(),
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
+            exec: false,
         }],
         exec: vec!["/usr/bin/".into()],
         routes: vec![pb::RouteGrant {
@@ -779,6 +781,7 @@ async fn more_rejections_operator_input_and_bounds() {
             path: "/srv".into(),
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
+            exec: false,
         }],
         max_ttl_seconds: 600,
         ..Default::default()

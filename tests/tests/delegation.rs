@@ -92,20 +92,7 @@ impl Tree {
     }
 
     async fn start_run(&self, text: String) -> String {
-        self.supervisor
-            .client()
-            .await
-            .start_run(authed(
-                &self.supervisor.token(),
-                pb::StartRunRequest {
-                    receipt: text,
-                    argv: vec![],
-                },
-            ))
-            .await
-            .unwrap()
-            .into_inner()
-            .run_id
+        self.supervisor.start_run(text).await
     }
 
     /// Starts a run and waits for its end: its id, the ended run and everything it printed.
@@ -200,6 +187,7 @@ fn grant(path: &Path, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
         path: path.display().to_string(),
         access: access as i32,
         mount: mount.into(),
+        exec: false,
     }
 }
 

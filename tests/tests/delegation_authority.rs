@@ -26,6 +26,7 @@ fn grant(path: &str, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
         path: path.into(),
         access: access as i32,
         mount: mount.into(),
+        exec: false,
     }
 }
 

@@ -97,11 +97,13 @@ async fn a_supervisor_killed_mid_write_leaves_a_whole_file_and_a_restorable_snap
                             path: project.display().to_string(),
                             access: pb::FsAccess::Write as i32,
                             mount: String::new(),
+                            exec: false,
                         },
                         pb::FsGrant {
                             path: sources.display().to_string(),
                             access: pb::FsAccess::Read as i32,
                             mount: "/sources".into(),
+                            exec: false,
                         },
                     ],
                     exec: vec!["/bin/sh".into()],

@@ -57,6 +57,7 @@ fn write_grant(path: &Path, mount: &str) -> pb::FsGrant {
         path: path.display().to_string(),
         access: pb::FsAccess::Write as i32,
         mount: mount.into(),
+        exec: false,
     }
 }
 

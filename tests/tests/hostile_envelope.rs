@@ -62,6 +62,7 @@ impl Host {
                 path: self.grant.display().to_string(),
                 access: pb::FsAccess::Write as i32,
                 mount: GRANT_IN_SANDBOX.into(),
+                exec: false,
             }],
             limits: Some(pb::Limits {
                 tool_calls: 10,

@@ -1,8 +1,7 @@
 //! The run lifecycle on real sandboxes (root): admission refusals spawn nothing, and every
 //! teardown trigger leaves no process, cgroup or directory behind.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,153 +13,10 @@ use tollgate_receipt::{
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::error::StartError;
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
-use tollgate_supervisor::runs::{OutputSink, OutputStream, RunManager, RunSettings};
+use tollgate_supervisor::runs::RunManager;
 use tollgate_tests::{bin_path, pids_cgroup_dir, require_root, supervisor_audit};
 
-type Captured = Arc<Mutex<HashMap<String, String>>>;
-
-struct Fixture {
-    manager: Arc<RunManager>,
-    signer: ReceiptSigner,
-    parent: String,
-    data: PathBuf,
-    output: Captured,
-    _tmp: tempfile::TempDir,
-}
-
-fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
-    RunSettings {
-        data_dir: data.to_owned(),
-        supervisor_id: "workstation".into(),
-        shim: bin_path("tollgate-shim"),
-        cgroup_parent: parent.into(),
-        host_ids: base..base + 16,
-        clock_skew: Duration::from_secs(0),
-        warm_sandboxes: 1,
-        live_restore: None,
-    }
-}
-
-impl Fixture {
-    /// Everything `run_id` has written so far.
-    fn output_of(&self, run_id: &str) -> String {
-        self.output
-            .lock()
-            .unwrap()
-            .get(run_id)
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn new(test: &str, base: u32) -> Self {
-        Self::with(test, base, |_, _| {})
-    }
-
-    /// A fixture whose settings `adjust` changes first (given the temporary directory).
-    fn with(test: &str, base: u32, adjust: impl FnOnce(&mut RunSettings, &Path)) -> Self {
-        let tmp = tempfile::tempdir().unwrap();
-        let data = tmp.path().join("supervisor");
-        let parent = format!("tollgate-test-{}-{test}", std::process::id());
-        let signer = ReceiptSigner::generate();
-        let mut keys = KeySet::new();
-        keys.insert(signer.public_key());
-        let mut settings = settings(&data, &parent, base);
-        adjust(&mut settings, tmp.path());
-        let (manager, _) = RunManager::open(settings, keys, supervisor_audit(&data)).unwrap();
-        Self {
-            manager,
-            signer,
-            parent,
-            data,
-            output: Arc::default(),
-            _tmp: tmp,
-        }
-    }
-
-    fn sink(&self) -> OutputSink {
-        let output = self.output.clone();
-        Arc::new(move |run_id: &str, stream: OutputStream, bytes: &[u8]| {
-            // Stderr apart, under "RUN:stderr", for failure messages.
-            let key = match stream {
-                OutputStream::Stdout => run_id.to_owned(),
-                OutputStream::Stderr => format!("{run_id}:stderr"),
-            };
-            output
-                .lock()
-                .unwrap()
-                .entry(key)
-                .or_default()
-                .push_str(&String::from_utf8_lossy(bytes));
-        })
-    }
-
-    fn receipt(&self, script: &str, ttl: i64) -> pb::Receipt {
-        let now = unix_now();
-        pb::Receipt {
-            receipt_id: uuid::Uuid::now_v7().to_string(),
-            owner: "admin".into(),
-            subject: "test".into(),
-            audience: vec!["workstation".into()],
-            issued_at: Some(timestamp_from_unix(now)),
-            not_before: Some(timestamp_from_unix(now)),
-            expires_at: Some(timestamp_from_unix(now + ttl)),
-            agent: Some(pb::AgentSpec {
-                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-                ..Default::default()
-            }),
-            limits: Some(pb::Limits {
-                memory_bytes: 128 << 20,
-                pids: 64,
-                cpu_millicores: 1000,
-                output_bytes: 1 << 20,
-                tmpfs_bytes: 8 << 20,
-                tool_calls: 10,
-                tokens: 10,
-                files: 0,
-            }),
-            exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
-            ..Default::default()
-        }
-    }
-
-    fn sign(&self, mut receipt: pb::Receipt) -> SignedReceipt {
-        self.signer.sign(&mut receipt)
-    }
-
-    fn start(&self, signed: &SignedReceipt) -> Result<String, StartError> {
-        self.manager.start(signed, None, self.sink())
-    }
-
-    /// Nothing of `run_id` is left: no cgroup (the one its report names), no directory, no
-    /// live entry.
-    fn assert_gone(&self, run_id: &str) {
-        assert!(!self.manager.live_ids().contains(&run_id.to_owned()));
-        assert!(
-            !self.data.join("runs").join(run_id).exists(),
-            "run directory left"
-        );
-        let record = self.manager.get(run_id).unwrap().expect("run recorded");
-        let cgroup = record
-            .report
-            .and_then(|report| report.cgroup)
-            .expect("the report names the run's cgroup");
-        assert!(cgroup.starts_with(&format!("{}/", self.parent)), "{cgroup}");
-        let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
-            .unwrap()
-            .flatten()
-            .map(|h| h.path().join(&cgroup))
-            .filter(|p| p.exists())
-            .collect();
-        assert!(left.is_empty(), "cgroups left: {left:?}");
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.manager.shutdown();
-        let _ = sweep(&self.parent, true);
-    }
-}
+use tollgate_tests::run_fixture::{settings, with_venv_agent, RunFixture as Fixture};
 
 /// Sandbox cgroups under `parent` in the pids hierarchy.
 fn sandbox_cgroups(parent: &str) -> Vec<String> {
@@ -314,6 +170,7 @@ fn a_warm_sandbox_binds_the_host_as_it_is_when_the_run_starts() {
         path: volume.display().to_string(),
         access: pb::FsAccess::Read as i32,
         mount: "/volume".into(),
+        exec: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
@@ -351,6 +208,7 @@ fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
         path: project_path.clone(),
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
+        exec: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
@@ -444,11 +302,13 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
         path: project.display().to_string(),
         access: pb::FsAccess::Write as i32,
         mount: String::new(),
+        exec: false,
     });
     receipt.fs.push(pb::FsGrant {
         path: docs.display().to_string(),
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
+        exec: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
@@ -557,6 +417,7 @@ fn a_directory_swapped_for_a_symlink_between_two_calls_is_refused() {
         path: project.display().to_string(),
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
+        exec: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -703,8 +564,6 @@ fn a_real_llama_cpp_server_serves_a_local_route() {
     let Some(server) = tollgate_tests::llama::LlamaServer::start() else {
         return;
     };
-    let sdk = std::env::var("TOLLGATE_PYTHON_SDK")
-        .unwrap_or_else(|_| "/usr/local/lib/tollgate-python".into());
     let fx = Fixture::new("llama", 201_960);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let routes_file = fx.data.join("routes.toml");
@@ -740,12 +599,8 @@ fn a_real_llama_cpp_server_serves_a_local_route() {
 
     fx.manager.set_model_routes(Arc::new(routes));
     let mut receipt = fx.receipt("", 60);
-    receipt.agent = Some(pb::AgentSpec {
-        argv: vec!["/usr/bin/python3".into(), "-c".into(), LLAMA_AGENT.into()],
-        env: [("PYTHONPATH".to_owned(), sdk)].into(),
-        ..Default::default()
-    });
-    receipt.exec = vec!["/usr/bin/python3".into()];
+    receipt.exec.clear();
+    with_venv_agent(&mut receipt, LLAMA_AGENT, &[]);
     receipt.limits.as_mut().unwrap().tokens = 10_000;
     receipt.limits.as_mut().unwrap().memory_bytes = 512 << 20;
     receipt.routes = vec![pb::RouteGrant {
@@ -774,12 +629,6 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
     if !require_root() {
         return;
     }
-    let sdk = std::env::var("TOLLGATE_PYTHON_SDK")
-        .unwrap_or_else(|_| "/usr/local/lib/tollgate-python".into());
-    assert!(
-        Path::new(&sdk).join("openai").is_dir(),
-        "the openai package is missing under {sdk}: scripts/test installs it"
-    );
     let fx = Fixture::new("models-sdk", 201_900);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let script = |text: &str| tollgate_tests::fake_models::Script {
@@ -813,18 +662,16 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
             classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
         }));
     let mut receipt = fx.receipt("", 60);
-    receipt.agent = Some(pb::AgentSpec {
-        argv: vec!["/usr/bin/python3".into(), "-c".into(), SDK_AGENT.into()],
-        env: [
-            ("PYTHONPATH".to_owned(), sdk.clone()),
-            ("TOKEN_PREFIX".to_owned(), "ghp_".to_owned()),
+    receipt.exec.clear();
+    with_venv_agent(
+        &mut receipt,
+        SDK_AGENT,
+        &[
+            ("TOKEN_PREFIX", "ghp_"),
             // The agent's own key (it passes it to the SDK): ignored, never passed on.
-            ("AGENT_KEY".to_owned(), "sk-agent-own-key-canary".to_owned()),
-        ]
-        .into(),
-        ..Default::default()
-    });
-    receipt.exec = vec!["/usr/bin/python3".into()];
+            ("AGENT_KEY", "sk-agent-own-key-canary"),
+        ],
+    );
     receipt.limits.as_mut().unwrap().tokens = 10_000;
     receipt.limits.as_mut().unwrap().memory_bytes = 512 << 20;
     receipt.routes = vec![
@@ -1292,30 +1139,12 @@ fn a_live_runs_model_use_is_on_the_run() {
         return;
     }
     let fx = Fixture::new("models-live", 201_980);
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let local = runtime.block_on(tollgate_tests::fake_models::FakeBackend::start(
-        tollgate_tests::fake_models::Script {
-            text: "hello".into(),
-            prompt_tokens: 7,
-            completion_tokens: 3,
-            models: vec!["qwen".into()],
-            ..Default::default()
-        },
-    ));
-    let routes = tollgate_router::config::Routes::parse(
-        &format!(
-            "[[route]]\nname = \"local\"\nkind = \"local\"\npreset = \"vllm\"\nendpoint = \"{}\"\nmodel = \"qwen\"\n",
-            local.endpoint
-        ),
-        "routes.toml",
-    )
-    .unwrap();
-    fx.manager
-        .set_model_routes(Arc::new(tollgate_router_backends::ModelRoutes {
-            backends: tollgate_router_backends::Backends::new(&routes).unwrap(),
-            routes,
-            classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
-        }));
+    let (_runtime, _local) = fx.serve_local_route(tollgate_tests::fake_models::Script {
+        text: "hello".into(),
+        prompt_tokens: 7,
+        completion_tokens: 3,
+        ..Default::default()
+    });
     // One call to the sandbox's own endpoint (stdlib only), then the agent waits.
     let agent = "import json, os, sys, time, urllib.request\n\
                  body = json.dumps({'model': 'local', 'messages': [{'role': 'user', 'content': 'hi'}]}).encode()\n\

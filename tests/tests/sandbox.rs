@@ -72,6 +72,7 @@ impl Harness {
                 path: self.host_data.display().to_string(),
                 access: pb::FsAccess::Read as i32,
                 mount: "/data".into(),
+                exec: false,
             }],
             limits: Some(pb::Limits {
                 tmpfs_bytes: 8 << 20,

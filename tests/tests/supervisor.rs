@@ -646,18 +646,8 @@ async fn sighup_reloads_routes_and_leaves_a_live_run_alone() {
         202_900,
         vec!["--routes".into(), routes.display().to_string()],
     );
-    let mut client = supervisor.client().await;
     let (text, id) = mint(&authority, spec("sleep 3333", 120)).await;
-    client
-        .start_run(authed(
-            &supervisor.token(),
-            pb::StartRunRequest {
-                receipt: text,
-                argv: vec![],
-            },
-        ))
-        .await
-        .unwrap();
+    supervisor.start_run(text).await;
     wait_state(&supervisor, &id, pb::RunState::Running).await;
     let hangup = |supervisor: &SupervisorProcess| {
         nix::sys::signal::kill(
@@ -695,7 +685,9 @@ async fn sighup_reloads_routes_and_leaves_a_live_run_alone() {
     assert!(supervisor.is_running(), "a SIGHUP stopped the supervisor");
     let run = wait_state(&supervisor, &id, pb::RunState::Running).await;
     assert_eq!(run.run_id, id);
-    client
+    supervisor
+        .client()
+        .await
         .stop_run(authed(
             &supervisor.token(),
             pb::StopRunRequest {
@@ -905,6 +897,7 @@ async fn live_restore_re_adopts_a_running_sandbox_and_a_detached_one_expires_on_
         path: project.clone(),
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
+        exec: false,
     });
     let (text, kept) = mint(&authority, request).await;
     client.start_run(authed(&token, start(text))).await.unwrap();

@@ -15,6 +15,10 @@ pub struct Bind {
     pub target: PathBuf,
     /// Whether the agent may write through it.
     pub writable: bool,
+    /// Mounted without `noexec` (read-only grants only): its shared libraries can be loaded
+    /// and the programs Landlock allows can run from it.
+    #[serde(default)]
+    pub executable: bool,
 }
 
 /// Landlock allow-lists, as paths inside the sandbox.

@@ -89,6 +89,7 @@ fn host_checks(shim: Option<&Path>, ids: &std::ops::Range<u32>) -> Vec<Check> {
         seccomp(),
         cgroups(),
         memfd_noexec(),
+        idmapped_mounts(),
         host_ids(ids),
     ]
 }
@@ -350,6 +351,49 @@ fn memfd_noexec() -> Check {
             Verdict::Warn,
             "this kernel has no vm.memfd_noexec (before 6.3): seccomp alone keeps agents from executing memory files",
             "use a kernel 6.3 or newer for a second line of defence",
+        ),
+    }
+}
+
+/// Whether grants under `/home` (where people keep what they grant; `/` without one) can be
+/// id-mapped, as a grant owned by an unprivileged user is: tried on a detached copy of its
+/// mount, which nothing else sees and which goes when its descriptor closes.
+fn idmapped_mounts() -> Check {
+    use tollgate_files::idmap::{filesystem_name, IdmapNamespace};
+    const NAME: &str = "idmapped mounts";
+    let place = if Path::new("/home").is_dir() {
+        "/home"
+    } else {
+        "/"
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return Check::bad(
+            NAME,
+            Verdict::Warn,
+            "not checked (needs root)",
+            "run tollgate doctor as root",
+        );
+    }
+    let tried = tollgate_files::beneath::GrantRoot::open(place)
+        .map_err(|e| e.to_string())
+        .and_then(|root| tollgate_files::beneath::detached_mount(&root).map_err(|e| e.to_string()))
+        .and_then(|mount| {
+            let name = filesystem_name(&mount);
+            IdmapNamespace::new(65534, 65534, 65534)
+                .and_then(|ns| ns.apply(&mount))
+                .map(|()| name.clone())
+                .map_err(|e| format!("{name}: {e}"))
+        });
+    match tried {
+        Ok(name) => Check::ok(
+            NAME,
+            format!("{place} ({name}) can be id-mapped: grants owned by a user read as the agent's own"),
+        ),
+        Err(why) => Check::bad(
+            NAME,
+            Verdict::Warn,
+            format!("{place} cannot be id-mapped ({why}): a grant there owned by a user other than root is refused"),
+            "keep granted directories on ext4, xfs, btrfs or tmpfs, or grant root-owned directories readable by others",
         ),
     }
 }

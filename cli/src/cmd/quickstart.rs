@@ -405,11 +405,13 @@ async fn run_sample_agent(
                 path: project.display().to_string(),
                 access: pb::FsAccess::Read as i32,
                 mount: "/project".into(),
+                exec: false,
             },
             pb::FsGrant {
                 path: notes.display().to_string(),
                 access: pb::FsAccess::Write as i32,
                 mount: String::new(),
+                exec: false,
             },
         ],
         exec: ["/bin/sh", "/usr/bin/id", "/usr/bin/cat", "/usr/bin/ls"]

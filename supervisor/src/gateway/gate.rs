@@ -226,6 +226,12 @@ impl CallGate {
         Ok(made)
     }
 
+    /// Tool calls this run may still make or hand on to children.
+    pub(crate) fn calls_left(&self) -> u64 {
+        self.max_calls
+            .saturating_sub(self.calls.load(Ordering::SeqCst))
+    }
+
     /// Whether the run is spent: its tool-call budget or its audit quota is used up. Its
     /// refusals are then summarised, not written one by one.
     fn spent(&self) -> bool {

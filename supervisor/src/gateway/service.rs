@@ -83,8 +83,26 @@ impl Gateway for GatewayService {
         request: Request<pb::GetRunReceiptRequest>,
     ) -> Result<Response<pb::GetRunReceiptResponse>, Status> {
         self.check_peer(&request)?;
+        let receipt = &self.run.gate.receipt;
+        let models = self.run.models.models.as_ref();
         Ok(Response::new(pb::GetRunReceiptResponse {
-            receipt: Some(self.run.gate.receipt.clone()),
+            receipt: Some(receipt.clone()),
+            tool_calls_left: self.run.gate.calls_left(),
+            tokens_left: models.map_or(0, |models| {
+                models
+                    .ledger
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remaining()
+            }),
+            routes_served: models.map_or_else(Vec::new, |models| {
+                receipt
+                    .routes
+                    .iter()
+                    .filter(|grant| models.shared.routes.get(&grant.name).is_some())
+                    .map(|grant| grant.name.clone())
+                    .collect()
+            }),
         }))
     }
 

@@ -420,6 +420,7 @@ fn a_child_grant_never_reaches_through_a_link_or_mounts_beneath_a_writable_grant
             path: path.display().to_string(),
             access: access as i32,
             mount: mount.into(),
+            exec: false,
         }],
         ..Default::default()
     };

@@ -7,6 +7,7 @@ use nix::errno::Errno;
 use prost::Message as _;
 use tollgate_receipt::{unix_now, SignedReceipt, VerifyError};
 
+use crate::beneath::GrantRoot;
 use crate::error::StartError;
 use crate::gateway::FsGrant;
 use crate::records::NewRun;
@@ -55,6 +56,77 @@ pub(super) fn pin_grants(
             }
         })
         .collect()
+}
+
+/// W^X on the host files themselves: no write grant (mounted or gateway-only) may reach
+/// what an executable grant shows — not by path (the rule the authority applied before it
+/// signed, applied again here) and not by identity: the pinned directories' ancestors, the
+/// roots of mounts inside each grant, a hard-linked granted file. Otherwise the agent could
+/// write a program through one grant and run it through the other.
+pub(super) fn check_write_exec(
+    receipt: &tollgate_proto::v1::Receipt,
+    pinned: &[FsGrant],
+) -> Result<(), StartError> {
+    use tollgate_files::reach;
+    use tollgate_receipt::paths::check_exec_grants;
+    let refuse = |reason: String| StartError::Grant {
+        code: "grant_wx",
+        reason,
+    };
+    check_exec_grants(&receipt.fs, &receipt.exec)
+        .map_err(|e| refuse(format!("{}: {e}", e.field())))?;
+    let executable: Vec<(usize, &GrantRoot)> = receipt
+        .fs
+        .iter()
+        .zip(pinned)
+        .enumerate()
+        .filter(|(_, (grant, _))| grant.is_executable(&receipt.exec))
+        .filter_map(|(i, (_, pin))| pin.root.as_ref().ok().map(|root| (i, root)))
+        .collect();
+    let writable: Vec<(usize, &FsGrant)> = pinned
+        .iter()
+        .enumerate()
+        .filter(|(_, pin)| pin.writable)
+        .collect();
+    if executable.is_empty() || writable.is_empty() {
+        return Ok(());
+    }
+    // Read once per start, and only for receipts with both kinds of grant.
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let failed = |i: usize, e: Errno| {
+        refuse(format!(
+            "fs[{i}] = {}: cannot be checked for W^X ({e})",
+            receipt.fs[i].path
+        ))
+    };
+    for &(x, exec_root) in &executable {
+        let exec_up = reach::ancestry(exec_root).map_err(|e| failed(x, e))?;
+        let exec_reach =
+            reach::reach(exec_root, &receipt.fs[x].path, &mountinfo).map_err(|e| failed(x, e))?;
+        for &(w, write) in &writable {
+            let Ok(write_root) = &write.root else {
+                continue;
+            };
+            let write_up = reach::ancestry(write_root).map_err(|e| failed(w, e))?;
+            let write_reach =
+                reach::reach(write_root, &write.path, &mountinfo).map_err(|e| failed(w, e))?;
+            let linked = reach::shared_file(write_root)
+                .map_err(|e| failed(w, e))?
+                .is_some_and(|dev| dev == exec_root.dev);
+            if linked
+                || exec_up.iter().any(|id| write_reach.contains(id))
+                || write_up.iter().any(|id| exec_reach.contains(id))
+            {
+                return Err(refuse(format!(
+                    "fs[{w}] = {} (write) reaches the same host files as the executable grant fs[{x}] = {}{}: W^X refuses a run whose agent could execute what it or the gateway wrote",
+                    write.path,
+                    receipt.fs[x].path,
+                    if linked { " (a hard link)" } else { " (through another name or mount)" },
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn holds_of(limits: &tollgate_proto::v1::Limits) -> Holds {
@@ -108,7 +180,13 @@ fn check_command(
         Some(command) if !receipt.exec.contains(&command[0]) => {
             Err(SandboxError::NotExecutable(command[0].clone()).into())
         }
-        Some(command) if !tollgate_receipt::paths::executable_in_sandbox(&command[0]) => {
+        Some(command)
+            if !tollgate_receipt::paths::executable_in_sandbox(
+                &command[0],
+                &receipt.fs,
+                &receipt.exec,
+            ) =>
+        {
             Err(SandboxError::NotInSandbox(command[0].clone()).into())
         }
         Some(_) => Ok(()),
@@ -150,7 +228,11 @@ impl RunManager {
         // A root run's grants are pinned now, before the record: a grant through a link is
         // refused without spending the receipt. (A child's were pinned beneath its parent's.)
         let pinned = match parent {
-            None => Some(pin_grants(&receipt)?),
+            None => {
+                let pinned = pin_grants(&receipt)?;
+                check_write_exec(&receipt, &pinned)?;
+                Some(pinned)
+            }
             Some(_) => None,
         };
         let _guard = self.allocation.lock().unwrap_or_else(|p| p.into_inner());

@@ -618,7 +618,7 @@ impl RunManager {
         };
         // Taken from the pinned descriptors before the gateway owns them: the shim attaches
         // these, never a path.
-        let mounts = match detached_mounts(receipt, &grants) {
+        let mounts = match detached_mounts(receipt, &grants, host_id) {
             Ok(mounts) => mounts,
             Err(e) => {
                 shim.discard();
@@ -758,24 +758,55 @@ pub(super) fn relay(
 }
 
 /// Detached copies of the mounted grants' trees (in the order of the receipt's mounted
-/// grants, as the plan's binds), taken from the pinned descriptors.
+/// grants, as the plan's binds), taken from the pinned descriptors. A grant owned by a user
+/// other than root is id-mapped to the sandbox's `host_id` (one user namespace per owner):
+/// the agent reads it as its own, and what it creates there lands as the owner's. Root's
+/// files are never made the agent's own.
 pub(super) fn detached_mounts(
     receipt: &tollgate_proto::v1::Receipt,
     grants: &[FsGrant],
+    host_id: u32,
 ) -> Result<Vec<OwnedFd>, StartError> {
+    use std::collections::HashMap;
+    use tollgate_files::idmap::{filesystem_name, IdmapError, IdmapNamespace};
+    let mut namespaces: HashMap<(u32, u32), IdmapNamespace> = HashMap::new();
     receipt
         .fs
         .iter()
         .zip(grants)
-        .filter(|(grant, _)| !grant.mount.is_empty())
-        .map(|(grant, pinned)| {
-            let mount = match &pinned.root {
-                Ok(root) => crate::beneath::detached_mount(root),
-                Err(errno) => Err(*errno),
-            };
-            mount.map_err(|e| {
+        .enumerate()
+        .filter(|(_, (grant, _))| !grant.mount.is_empty())
+        .map(|(i, (grant, pinned))| {
+            let setup = |e: &dyn std::fmt::Display| -> StartError {
                 SandboxError::Setup(format!("mounting the grant {}: {e}", grant.path)).into()
-            })
+            };
+            let root = pinned.root.as_ref().map_err(|errno| setup(errno))?;
+            let mount = crate::beneath::detached_mount(root).map_err(|e| setup(&e))?;
+            let entry = root.file.as_ref().unwrap_or(&root.dir);
+            let owner = nix::sys::stat::fstat(entry).map_err(|e| setup(&e))?;
+            if owner.st_uid == 0 {
+                return Ok(mount);
+            }
+            let key = (owner.st_uid, owner.st_gid);
+            let namespace = match namespaces.entry(key) {
+                std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+                std::collections::hash_map::Entry::Vacant(entry) => entry.insert(
+                    IdmapNamespace::new(key.0, key.1, host_id).map_err(|e| setup(&e))?,
+                ),
+            };
+            match namespace.apply(&mount) {
+                Ok(()) => Ok(mount),
+                Err(IdmapError::Mount(errno)) => Err(StartError::Grant {
+                    code: "grant_idmap",
+                    reason: format!(
+                        "fs[{i}] = {}: its file system ({}) cannot id-map mounts ({errno}), which a grant owned by uid {} needs (the agent reads it as its own and its new files are the owner's); move it to ext4, xfs, btrfs or tmpfs, or make it root's and readable by others",
+                        grant.path,
+                        filesystem_name(&mount),
+                        key.0
+                    ),
+                }),
+                Err(e) => Err(setup(&e)),
+            }
         })
         .collect()
 }

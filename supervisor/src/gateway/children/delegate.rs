@@ -45,18 +45,11 @@ struct Minted {
 }
 
 impl Children {
-    /// Tool calls this run may still make or hand on.
-    fn calls_left(&self) -> u64 {
-        self.gate
-            .max_calls
-            .saturating_sub(self.gate.calls.load(Ordering::SeqCst))
-    }
-
     /// Hands `asked` tool calls on to a child (0: half of what this run has left); how many,
     /// or why not. They go into the same counter as the run's own calls, so the two together
     /// never exceed the budget, and one call always stays for starting the child.
     pub(crate) fn carve_calls(&self, asked: u64) -> Result<u64, Refusal> {
-        let left = self.calls_left();
+        let left = self.gate.calls_left();
         let calls = if asked == 0 {
             left.saturating_sub(1) / 2
         } else {
@@ -307,7 +300,7 @@ impl Children {
             response: pb::DelegateResponse {
                 call_id: String::new(),
                 receipt: Some(receipt),
-                tool_calls_left: self.calls_left(),
+                tool_calls_left: self.gate.calls_left(),
                 tokens_left,
             },
             signed: minted,

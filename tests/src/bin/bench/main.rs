@@ -141,6 +141,7 @@ fn sample_receipt() -> Receipt {
             path: "/home/me/project".into(),
             access: pb::FsAccess::Read as i32,
             mount: "/project".into(),
+            exec: false,
         }],
         exec: vec!["/usr/bin/python3".into(), "/usr/bin/grep".into()],
         routes: vec![pb::RouteGrant {

@@ -1,0 +1,475 @@
+//! The agents people bring, run in place on real sandboxes (root): a Python agent from its own
+//! virtualenv (compiled extensions included), a Node.js agent from its `node_modules`, a
+//! static binary from a read-only grant — and W^X kept: no receipt whose write grant reaches
+//! an executable grant's files starts, by path or through another name.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tollgate_proto::v1 as pb;
+use tollgate_supervisor::error::StartError;
+use tollgate_supervisor::records::RunState;
+use tollgate_tests::require_root;
+use tollgate_tests::run_fixture::{agent_node, with_venv_agent, RunFixture as Fixture};
+
+/// A directory readable by the sandbox's unprivileged uid (the temporary directory holding
+/// it is not: grants are mounted from their own descriptor, not reached through it).
+fn open_dir(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn read_grant(path: &Path, mount: &str) -> pb::FsGrant {
+    pb::FsGrant {
+        path: path.display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: mount.into(),
+        exec: false,
+    }
+}
+
+fn write_grant(path: &Path, mount: &str) -> pb::FsGrant {
+    pb::FsGrant {
+        access: pb::FsAccess::Write as i32,
+        ..read_grant(path, mount)
+    }
+}
+
+/// Runs `receipt` to its end and returns (stdout, stderr), asserting it exited 0.
+fn run_to_end(fx: &Fixture, receipt: pb::Receipt) -> (String, String) {
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(60)).unwrap();
+    let output = fx.output_of(&run_id);
+    let errors = fx.output_of(&format!("{run_id}:stderr"));
+    assert_eq!(record.state, RunState::Exited, "{output}{errors}");
+    assert_eq!(
+        record.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{output}{errors}"
+    );
+    fx.assert_gone(&run_id);
+    (output, errors)
+}
+
+/// The agent: the official SDK (pydantic-core and jiter are compiled extensions, loaded from
+/// the read-only virtualenv) against the sandbox's model endpoint, then a write through the
+/// gateway with the shim's tool.
+const VENV_AGENT: &str = r#"
+import os, subprocess, sys, openai, pydantic_core
+assert sys.prefix == "/agent/venv", sys.prefix
+client = openai.OpenAI()
+reply = client.chat.completions.create(model="local", messages=[{"role": "user", "content": "hi"}])
+print("reply", reply.choices[0].message.content)
+subprocess.run(["tollgate-shim", "tool", "write", os.environ["OUT"] + "/answer.txt", "--create"],
+               input=reply.choices[0].message.content.encode(), check=True, stdout=subprocess.DEVNULL)
+print("wrote")
+"#;
+
+#[test]
+fn a_python_agent_runs_from_its_own_virtualenv() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-venv", 208_700);
+    let (_runtime, _local) = fx.serve_local_route(tollgate_tests::fake_models::Script {
+        text: "forty-two".into(),
+        prompt_tokens: 3,
+        completion_tokens: 2,
+        ..Default::default()
+    });
+    let out = fx.data.parent().unwrap().join("out");
+    open_dir(&out);
+    let mut receipt = fx.receipt("", 60);
+    receipt.exec.clear();
+    let out_text = out.display().to_string();
+    with_venv_agent(&mut receipt, VENV_AGENT, &[("OUT", &out_text)]);
+    receipt.fs.push(write_grant(&out, ""));
+    receipt.limits.as_mut().unwrap().tokens = 1_000;
+    receipt.limits.as_mut().unwrap().memory_bytes = 512 << 20;
+    receipt.routes = vec![pb::RouteGrant {
+        name: "local".into(),
+        max_sensitivity: pb::Sensitivity::High as i32,
+    }];
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(output, "reply forty-two\nwrote\n", "{errors}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("answer.txt")).unwrap(),
+        "forty-two"
+    );
+}
+
+/// The agent: `semver` required from `node_modules`, and its `.bin/semver` program run (a
+/// `#!/usr/bin/env node` script: the kernel runs env, env runs node).
+const NODE_AGENT: &str = r#"
+const semver = require("semver");
+const { execFileSync } = require("child_process");
+console.log("valid", semver.valid("1.2.3"));
+const bumped = execFileSync("/agent/node_modules/.bin/semver", ["1.2.3", "-i", "minor"]).toString().trim();
+console.log("bumped", bumped);
+"#;
+
+#[test]
+fn a_node_agent_runs_from_its_node_modules() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-node", 208_720);
+    let mut receipt = fx.receipt("", 60);
+    receipt.fs.push(read_grant(&agent_node(), "/agent"));
+    receipt.exec = vec![
+        "/usr/bin/node".into(),
+        "/usr/bin/env".into(),
+        "/agent/node_modules/.bin/semver".into(),
+    ];
+    receipt.agent = Some(pb::AgentSpec {
+        argv: vec!["/usr/bin/node".into(), "-e".into(), NODE_AGENT.into()],
+        env: [("NODE_PATH".to_owned(), "/agent/node_modules".to_owned())].into(),
+        ..Default::default()
+    });
+    receipt.limits.as_mut().unwrap().memory_bytes = 512 << 20;
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(output, "valid 1.2.3\nbumped 1.3.0\n", "{errors}");
+}
+
+/// A static program (gcc -static) that prints its argument.
+const HELLO_C: &str = r#"
+#include <stdio.h>
+int main(int argc, char **argv) { printf("hello from %s\n", argc > 1 ? argv[1] : "nobody"); return 0; }
+"#;
+
+fn compile_static(dir: &Path, name: &str) {
+    let source = dir.join(format!("{name}.c"));
+    std::fs::write(&source, HELLO_C).unwrap();
+    let built = std::process::Command::new("gcc")
+        .args(["-static", "-O1", "-o"])
+        .arg(dir.join(name))
+        .arg(&source)
+        .status()
+        .expect("gcc is installed");
+    assert!(built.success(), "gcc -static failed");
+    std::fs::remove_file(source).unwrap();
+}
+
+#[test]
+fn a_static_binary_runs_from_a_read_only_grant_and_nothing_unlisted_does() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-static", 208_740);
+    let tools = fx.data.parent().unwrap().join("tools");
+    open_dir(&tools);
+    compile_static(&tools, "hello");
+    compile_static(&tools, "unlisted");
+    let mut receipt = fx.receipt(
+        "/opt/tools/hello sandbox; \
+         /opt/tools/unlisted 2>/dev/null || echo unlisted refused; \
+         touch /opt/tools/new 2>/dev/null || echo grant read-only; \
+         cp /opt/tools/hello /tmp/copy && { /tmp/copy 2>/dev/null || echo copy refused; }",
+        60,
+    );
+    receipt.fs.push(read_grant(&tools, "/opt/tools"));
+    receipt.exec.extend([
+        "/opt/tools/hello".into(),
+        "/usr/bin/touch".into(),
+        "/usr/bin/cp".into(),
+    ]);
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(
+        output, "hello from sandbox\nunlisted refused\ngrant read-only\ncopy refused\n",
+        "{errors}"
+    );
+
+    // Pinned as the agent itself, from the grant.
+    let mut receipt = fx.receipt("", 60);
+    receipt.fs.push(read_grant(&tools, "/opt/tools"));
+    receipt.exec = vec!["/opt/tools/hello".into()];
+    receipt.agent = Some(pb::AgentSpec {
+        argv: vec!["/opt/tools/hello".into(), "itself".into()],
+        ..Default::default()
+    });
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(output, "hello from itself\n", "{errors}");
+}
+
+/// A test's bind mount of `source` at `target`, unmounted however the test ends.
+struct BindMount(std::path::PathBuf);
+
+impl BindMount {
+    fn new(source: &Path, target: &Path) -> Self {
+        nix::mount::mount(
+            Some(source),
+            target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .unwrap();
+        Self(target.to_owned())
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+fn assert_refused_for_wx(fx: &Fixture, receipt: pb::Receipt) {
+    let signed = fx.sign(receipt);
+    match fx.start(&signed) {
+        Err(StartError::Grant { code, reason }) => {
+            assert_eq!(code, "grant_wx", "{reason}");
+            assert!(reason.contains("W^X"), "{reason}");
+            assert!(!reason.contains('\n'), "{reason}");
+        }
+        other => panic!("expected a W^X refusal, got {other:?}"),
+    }
+    assert!(fx.manager.live_ids().is_empty(), "nothing started");
+}
+
+#[test]
+fn a_write_grant_that_reaches_an_executable_grant_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-wx", 208_760);
+    let base = fx.data.parent().unwrap().join("wx");
+    let tools = base.join("tools");
+    open_dir(&tools);
+    compile_static(&tools, "hello");
+    let executable = |receipt: &mut pb::Receipt| {
+        receipt.fs.push(read_grant(&tools, "/opt/tools"));
+        receipt.exec.push("/opt/tools/hello".into());
+    };
+
+    // By path: a gateway-only write grant above the executable one.
+    let mut receipt = fx.receipt("/opt/tools/hello", 60);
+    executable(&mut receipt);
+    receipt.fs.push(write_grant(&base, ""));
+    assert_refused_for_wx(&fx, receipt);
+
+    // Through another name: the same directory bind-mounted elsewhere, granted writable.
+    // The paths share nothing; the pinned files are the same.
+    let alias = fx.data.parent().unwrap().join("alias");
+    open_dir(&alias);
+    let _unmount = BindMount::new(&tools, &alias);
+    let mut receipt = fx.receipt("/opt/tools/hello", 60);
+    executable(&mut receipt);
+    receipt.fs.push(write_grant(&alias, "/out"));
+    assert_refused_for_wx(&fx, receipt);
+
+    // A write grant whose tree holds a mount of the executable grant's directory.
+    let outer = fx.data.parent().unwrap().join("outer");
+    let inner = outer.join("inner");
+    open_dir(&inner);
+    let _unmount_inner = BindMount::new(&tools, &inner);
+    let mut receipt = fx.receipt("/opt/tools/hello", 60);
+    executable(&mut receipt);
+    receipt.fs.push(write_grant(&outer, ""));
+    assert_refused_for_wx(&fx, receipt);
+
+    // Beside it, the same receipt starts.
+    let beside = fx.data.parent().unwrap().join("beside");
+    open_dir(&beside);
+    let mut receipt = fx.receipt("/opt/tools/hello", 60);
+    executable(&mut receipt);
+    receipt.fs.push(write_grant(&beside, "/out"));
+    let (output, _) = run_to_end(&fx, receipt);
+    assert_eq!(output, "hello from nobody\n");
+}
+
+/// `examples/run.toml` as shipped — minted by the real authority through `tollgate mint
+/// --spec`, started on a real supervisor — with only its host path (`/home/me/project`)
+/// replaced by a project this test makes: `examples/python/summarize.py` as its agent.py and
+/// a virtualenv of the host's Python beside it. The supervisor's routes are fake backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_run_spec_runs_as_shipped() {
+    if !require_root() {
+        return;
+    }
+    use tollgate_tests::{bin_path, AuthorityProcess, SupervisorProcess};
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .canonicalize()
+        .unwrap();
+    // The project: the example agent, a README, its own virtualenv.
+    let project = dir.path().join("project");
+    open_dir(&project);
+    std::fs::copy(
+        examples.join("python/summarize.py"),
+        project.join("agent.py"),
+    )
+    .unwrap();
+    std::fs::write(project.join("README.md"), "# Demo\nA tiny project.\n").unwrap();
+    let venv = std::process::Command::new("/usr/bin/python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(project.join(".venv"))
+        .status()
+        .unwrap();
+    assert!(venv.success());
+    let readable = std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(&project)
+        .status()
+        .unwrap();
+    assert!(readable.success());
+
+    let script = |text: &str| tollgate_tests::fake_models::Script {
+        text: text.into(),
+        prompt_tokens: 20,
+        completion_tokens: 6,
+        models: vec!["qwen".into(), "claude".into()],
+        ..Default::default()
+    };
+    let local = tollgate_tests::fake_models::FakeBackend::start(script("A demo project.")).await;
+    let cloud = tollgate_tests::fake_models::FakeBackend::start(script("unused")).await;
+    let key = dir.path().join("claude.key");
+    std::fs::write(&key, "sk-ant-api03-example-key-for-the-test-only\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let routes = dir.path().join("routes.toml");
+    std::fs::write(
+        &routes,
+        format!(
+            "[[route]]\nname = \"local\"\nkind = \"local\"\npreset = \"vllm\"\nendpoint = \"{}\"\nmodel = \"qwen\"\n\n\
+             [[route]]\nname = \"claude\"\nkind = \"cloud\"\napi = \"anthropic\"\nendpoint = \"{}\"\nmodel = \"claude\"\nkey_secret = \"file:{}\"\n",
+            local.endpoint,
+            cloud.endpoint,
+            key.display()
+        ),
+    )
+    .unwrap();
+
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "example-run",
+        208_780,
+        vec!["--routes".into(), routes.display().to_string()],
+    );
+    let spec = std::fs::read_to_string(examples.join("run.toml"))
+        .unwrap()
+        .replace("/home/me/project", project.to_str().unwrap());
+    let spec_file = dir.path().join("run.toml");
+    std::fs::write(&spec_file, spec).unwrap();
+    let minted = std::process::Command::new(bin_path("tollgate"))
+        .args(["--authority", authority.addr()])
+        .arg("--token-file")
+        .arg(authority.data_dir().join("admin.token"))
+        .args(["mint", "--spec", spec_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(minted.status.success(), "{minted:?}");
+    let text = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
+    let run_id = supervisor.start_run(text).await;
+    let run = supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = supervisor.output(&run_id).await;
+    let report = run.report.unwrap();
+    assert_eq!(report.exit_code, Some(0), "{output}{}", supervisor.log());
+    let agent_lines = std::fs::read_to_string(project.join("agent.py"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(
+        output,
+        format!("python: /project/.venv\nlines: README.md:2, agent.py:{agent_lines}\nsummary: A demo project.\n"),
+    );
+}
+
+#[test]
+fn an_agent_sees_its_own_powers_and_what_is_left() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-powers", 208_800);
+    let docs = fx.data.parent().unwrap().join("docs");
+    open_dir(&docs);
+    let mut receipt = fx.receipt(
+        &format!(
+            "tollgate-shim tool list {} >/dev/null && tollgate-shim receipt --json && tollgate-shim receipt",
+            docs.display()
+        ),
+        60,
+    );
+    receipt.fs.push(read_grant(&docs, ""));
+    let run_id = receipt.receipt_id.clone();
+    let (output, errors) = run_to_end(&fx, receipt);
+    let (json, text) = output.split_once('\n').unwrap();
+    let powers: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(powers["run_id"], run_id.as_str(), "{errors}");
+    assert_eq!(powers["fs"][0]["path"], docs.display().to_string());
+    assert_eq!(powers["fs"][0]["access"], "read");
+    assert_eq!(powers["exec"][0], "/bin/sh");
+    // One call made (the list) of the ten; asking for the receipt is not a call.
+    assert_eq!(powers["left"]["tool_calls"], 9);
+    assert_eq!(powers["limits"]["memory_bytes"], 128 << 20);
+    let seconds = powers["seconds_left"].as_i64().unwrap();
+    assert!((1..=60).contains(&seconds), "{seconds}");
+    assert!(
+        text.contains(&format!("{} read through the gateway only", docs.display())),
+        "{text}"
+    );
+    assert!(text.contains("left      9 of 10 tool calls"), "{text}");
+}
+
+#[test]
+fn a_private_home_directory_is_the_agents_own_and_new_files_are_the_owners() {
+    if !require_root() {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let fx = Fixture::new("agent-home", 208_820);
+    // A home-style directory: owned by an unprivileged user, 0700, a private file in it, and
+    // another user's file the agent must not get.
+    let home = fx.data.parent().unwrap().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::write(home.join("notes.txt"), "my notes\n").unwrap();
+    std::fs::write(home.join("theirs.txt"), "not yours\n").unwrap();
+    let owner = |path: &Path, id: u32, mode: u32| {
+        nix::unistd::chown(
+            path,
+            Some(nix::unistd::Uid::from_raw(id)),
+            Some(nix::unistd::Gid::from_raw(id)),
+        )
+        .unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    owner(&home, 4321, 0o700);
+    owner(&home.join("notes.txt"), 4321, 0o600);
+    owner(&home.join("theirs.txt"), 4444, 0o600);
+    let mut receipt = fx.receipt(
+        &format!(
+            "cat /home/me/notes.txt; stat -c '%u %a' /home/me/notes.txt; \
+             cat /home/me/theirs.txt 2>/dev/null || echo theirs refused; \
+             echo made > /home/me/new.txt && mkdir /home/me/sub && echo sub > /home/me/sub/x; \
+             printf gw | tollgate-shim tool write {}/gw.txt --create >/dev/null && echo gateway wrote",
+            home.display()
+        ),
+        60,
+    );
+    receipt.fs.push(write_grant(&home, "/home/me"));
+    receipt
+        .exec
+        .extend(["/usr/bin/cat", "/usr/bin/stat", "/usr/bin/mkdir"].map(String::from));
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(
+        output, "my notes\n1000 600\ntheirs refused\ngateway wrote\n",
+        "{errors}"
+    );
+    // The host sees the owner's ids on everything new, the agent's and the gateway's.
+    for made in ["new.txt", "sub", "sub/x", "gw.txt"] {
+        let meta = std::fs::metadata(home.join(made)).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (4321, 4321), "{made}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(home.join("new.txt")).unwrap(),
+        "made\n"
+    );
+}
