@@ -251,7 +251,7 @@ fn pid_one(
         Ok(other) => fail(&mut control, format!("{other:?} came instead of the plan")),
         Err(reason) => fail(&mut control, reason),
     };
-    let mounts = match reader.take_fds(plan.binds.len()) {
+    let mounts = match reader.take_fds(plan.binds.len() + usize::from(plan.rootfs.is_some())) {
         Ok(mounts) => mounts,
         Err(reason) => fail(&mut control, reason),
     };

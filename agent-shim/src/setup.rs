@@ -20,7 +20,10 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root, sethostname};
-use tollgate_shim_protocol::plan::{SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX};
+use tollgate_proto::SYSTEM_PATHS;
+use tollgate_shim_protocol::plan::{
+    generated_etc, SandboxBase, SandboxPlan, ETC_FROM_HOST, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
+};
 
 /// A step of building the sandbox failed.
 #[derive(Debug, thiserror::Error)]
@@ -275,6 +278,7 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
     )?;
 
     show_system_paths(root, &base.system_paths)?;
+    generate_etc(root, &base.hostname)?;
 
     if let Some(shim) = &base.shim_binary {
         // Executable (the system paths are too; everything the agent can write is noexec):
@@ -340,6 +344,230 @@ fn show_system_paths(root: &Path, system_paths: &[PathBuf]) -> Result<(), SetupE
             // A system path this host lacks (no /lib64 on some systems) is simply absent.
             Err(_) => {}
         }
+    }
+    Ok(())
+}
+
+/// A small `/etc` of the sandbox's own under `root` instead of the host's: the files
+/// [`generated_etc`] writes (users with the agent, hosts, no name server), and the few host
+/// entries programs need to run ([`ETC_FROM_HOST`], those the host has) shown read-only, links
+/// recreated as links. The root is made read-only with everything else before the agent runs.
+fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError> {
+    let etc = inside(root, Path::new("/etc"));
+    create_dir(&etc)?;
+    // Its own small tmpfs, so that a run on a root file system of its choosing replaces the
+    // whole of it (with everything bound inside) in one unmount.
+    mount_fs(
+        "tollgate-etc",
+        &etc,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "mode=0755,size=256k",
+    )?;
+    write_generated_etc(&etc, hostname)?;
+    let host_etc = Path::new("/etc");
+    // Every /etc/python3.X too: Debian's Python reads its site customisation from there.
+    let pythons = fs::read_dir(host_etc)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            name.starts_with("python3.").then_some(name)
+        });
+    let names: Vec<String> = ETC_FROM_HOST
+        .iter()
+        .map(|name| (*name).to_owned())
+        .chain(pythons)
+        .collect();
+    for name in names {
+        let host = host_etc.join(&name);
+        let target = etc.join(&name);
+        match fs::symlink_metadata(&host) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let link = fs::read_link(&host).map_err(|source| SetupError::MountPoint {
+                    path: host.clone(),
+                    source,
+                })?;
+                if let Some(parent) = target.parent() {
+                    create_dir(parent)?;
+                }
+                symlink(&link, &target).map_err(|source| SetupError::MountPoint {
+                    path: target.clone(),
+                    source,
+                })?;
+            }
+            Ok(_) => bind(
+                &host,
+                &target,
+                Restrict {
+                    read_only: true,
+                    devices: false,
+                    no_exec: true,
+                },
+            )?,
+            Err(_) => {}
+        }
+    }
+    // Read-only once its mount points exist (the binds inside keep their own flags).
+    remount_tmpfs_read_only(&etc, "the generated /etc")
+}
+
+/// Remounts the tmpfs at `target` read-only (and nosuid, nodev, noexec); `what` names it in
+/// the error.
+fn remount_tmpfs_read_only(target: &Path, what: &str) -> Result<(), SetupError> {
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|source| SetupError::Mount {
+        what: format!("read-only remount of {what}"),
+        target: target.to_owned(),
+        source,
+    })
+}
+
+/// Writes the files [`generated_etc`] names into `dir`, 0644.
+fn write_generated_etc(dir: &Path, hostname: &str) -> Result<(), SetupError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for (name, content) in generated_etc(hostname) {
+        let path = dir.join(name);
+        fs::write(&path, content)
+            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o644)))
+            .map_err(|source| SetupError::MountPoint { path, source })?;
+    }
+    Ok(())
+}
+
+/// Puts the root file system the run chose (attached from `mount`, a detached copy of the
+/// supervisor's pinned descriptor of it) in place of the host's system paths and the
+/// generated `/etc` in the prepared `root`: each of [`SYSTEM_PATHS`] it has is shown
+/// read-only from it (links recreated as links), and `/etc` is that userland's own with the
+/// generated users, hosts and resolver files in front of it (a read-only, `noexec` overlay).
+/// The copy is detached again: no path in the sandbox leads to it.
+fn switch_userland(
+    root: &Path,
+    hostname: &str,
+    source: &Path,
+    userland: &OwnedFd,
+) -> Result<(), SetupError> {
+    let staging = root.join(".tollgate-rootfs");
+    attach(
+        userland,
+        source,
+        &staging,
+        Restrict {
+            read_only: true,
+            devices: false,
+            no_exec: false,
+        },
+    )?;
+    for system in SYSTEM_PATHS {
+        let target = inside(root, Path::new(system));
+        match fs::symlink_metadata(&target) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                fs::remove_file(&target).map_err(|source| SetupError::MountPoint {
+                    path: target.clone(),
+                    source,
+                })?;
+            }
+            Ok(_) => {
+                // The host's bind (or the generated /etc's tmpfs), with whatever is inside.
+                umount2(&target, MntFlags::MNT_DETACH).map_err(|e| SetupError::Mount {
+                    what: format!("detaching the host's {system}"),
+                    target: target.clone(),
+                    source: e,
+                })?;
+            }
+            Err(_) => {}
+        }
+        if system == "/etc" {
+            continue;
+        }
+        let from = inside(&staging, Path::new(system));
+        match fs::symlink_metadata(&from) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                let link = fs::read_link(&from).map_err(|source| SetupError::MountPoint {
+                    path: from.clone(),
+                    source,
+                })?;
+                if !target.exists() {
+                    symlink(&link, &target).map_err(|source| SetupError::MountPoint {
+                        path: target.clone(),
+                        source,
+                    })?;
+                }
+            }
+            Ok(meta) if meta.is_dir() => bind(
+                &from,
+                &target,
+                Restrict {
+                    read_only: true,
+                    devices: false,
+                    no_exec: false,
+                },
+            )?,
+            _ => {}
+        }
+    }
+    // /etc: the userland's own, with the generated users, hosts and resolver files in front
+    // (a read-only overlay of the two; a userland without /etc gets only the generated files).
+    let generated = root.join(".tollgate-etc");
+    create_dir(&generated)?;
+    mount_fs(
+        "tollgate-etc",
+        &generated,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "mode=0755,size=64k",
+    )?;
+    write_generated_etc(&generated, hostname)?;
+    let etc = inside(root, Path::new("/etc"));
+    let userland_etc = staging.join("etc");
+    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if fs::symlink_metadata(&userland_etc).is_ok_and(|meta| meta.is_dir()) {
+        // Relative to the root (the data directory's path may hold the option string's
+        // separators).
+        chdir(root).map_err(|e| SetupError::Mount {
+            what: "overlay of /etc".into(),
+            target: etc.clone(),
+            source: e,
+        })?;
+        mount_fs(
+            "tollgate-etc",
+            &etc,
+            "overlay",
+            flags,
+            "lowerdir=.tollgate-etc:.tollgate-rootfs/etc",
+        )?;
+    } else {
+        bind(
+            &generated,
+            &etc,
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: true,
+            },
+        )?;
+    }
+    for detach in [&generated, &staging] {
+        umount2(detach, MntFlags::MNT_DETACH).map_err(|e| SetupError::Mount {
+            what: "detaching a staging mount".into(),
+            target: detach.clone(),
+            source: e,
+        })?;
+        fs::remove_dir(detach).map_err(|source| SetupError::MountPoint {
+            path: detach.clone(),
+            source,
+        })?;
     }
     Ok(())
 }
@@ -420,11 +648,17 @@ pub fn finish_root(
             no_exec: true,
         },
     )?;
-    if mounts.len() != plan.binds.len() {
+    // The root file system's mount comes after the grants'.
+    let mut mounts = mounts;
+    let userland = plan.rootfs.as_ref().map(|source| (source, mounts.pop()));
+    if mounts.len() != plan.binds.len() || userland.as_ref().is_some_and(|(_, m)| m.is_none()) {
         return Err(SetupError::MountCount {
-            mounts: mounts.len(),
-            binds: plan.binds.len(),
+            mounts: mounts.len() + usize::from(userland.is_some()),
+            binds: plan.binds.len() + usize::from(userland.is_some()),
         });
+    }
+    if let Some((source, Some(mount))) = &userland {
+        switch_userland(root, &base.hostname, source, mount)?;
     }
     for (grant, mount) in plan.binds.iter().zip(&mounts) {
         attach(
@@ -595,22 +829,7 @@ fn mask_host_views(root: &Path) -> Result<(), SetupError> {
         )?;
     }
     // Read-only before anything is bound from it: the binds inherit its flags.
-    mount(
-        None::<&str>,
-        &source,
-        None::<&str>,
-        MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV
-            | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .map_err(|e| SetupError::Mount {
-        what: "read-only remount of the masking tmpfs".into(),
-        target: source.clone(),
-        source: e,
-    })?;
+    remount_tmpfs_read_only(&source, "the masking tmpfs")?;
     for (target, is_dir) in &targets {
         let what = if *is_dir { &empty_dir } else { &empty_file };
         mount(

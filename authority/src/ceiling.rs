@@ -172,6 +172,8 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
         }
     }
     check_routes(&request.routes, "")?;
+    tollgate_receipt::paths::Rootfs::parse(&request.rootfs, &request.fs)
+        .map_err(|e| CallError::invalid("rootfs", e.to_string()))?;
     if let Some(agent) = &request.agent {
         let Some(program) = agent.argv.first() else {
             return Err(CallError::invalid(
@@ -410,6 +412,19 @@ impl CeilingCheck<'_> {
             // as a directory.
             if grant.is_executable(&request.exec) && !exec_covered(&grant.mount, true) {
                 found.push(format!("fs[{i}].mount = {} (executable)", grant.mount));
+            }
+        }
+        // A root file system given as a path is a host directory the sandbox runs programs
+        // from: the ceiling must grant it (a registered name is the supervisor admin's).
+        if let Ok(tollgate_receipt::paths::Rootfs::Path(path)) =
+            tollgate_receipt::paths::Rootfs::parse(&request.rootfs, &[])
+        {
+            if !ceiling
+                .fs
+                .iter()
+                .any(|allowed| path_within(path, &allowed.path))
+            {
+                found.push(format!("rootfs = {path}"));
             }
         }
         for (i, exec) in request.exec.iter().enumerate() {

@@ -318,6 +318,11 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The userlands a supervisor's runs may name instead of the host's (`[rootfs] name =
+    /// "NAME"` in a run spec): import one from a tar stream (`docker export`, `podman
+    /// export`), list them, remove one. Run as root on the supervisor's host.
+    #[command(subcommand)]
+    Rootfs(RootfsCommand),
     /// Start a throwaway authority and (as root) a supervisor, mint, verify and revoke a
     /// receipt, run an agent in a sandbox, and explain each step.
     Quickstart {
@@ -339,6 +344,73 @@ pub struct AuditTrustArgs {
     /// the log is used, which proves consistency but not who wrote the log.
     #[arg(long, value_name = "HEX|FILE")]
     pub checkpoint_key: Option<String>,
+}
+
+/// Where a supervisor keeps the root file systems runs name: its `--rootfs-dir`, or
+/// `<data dir>/rootfs`.
+#[derive(Debug, clap::Args)]
+#[group(required = true, multiple = false)]
+pub struct RootfsPlace {
+    /// The supervisor's data directory (its --data-dir): root file systems live in its
+    /// `rootfs` directory.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The supervisor's --rootfs-dir, when it was given one.
+    #[arg(long, value_name = "DIR")]
+    pub rootfs_dir: Option<PathBuf>,
+}
+
+impl RootfsPlace {
+    /// The rootfs directory.
+    pub fn dir(&self) -> PathBuf {
+        match (&self.rootfs_dir, &self.data_dir) {
+            (Some(dir), _) => dir.clone(),
+            (None, Some(data)) => data.join("rootfs"),
+            (None, None) => PathBuf::from("rootfs"),
+        }
+    }
+}
+
+/// `tollgate rootfs ...`
+#[derive(Debug, Subcommand)]
+pub enum RootfsCommand {
+    /// Unpack a tar stream as the root file system NAME: beside its place first, renamed into
+    /// place once complete. Device nodes and FIFOs are left out and set-uid/set-gid bits
+    /// cleared (and sandboxes mount it read-only, nosuid, nodev); an entry that would land
+    /// outside it refuses the import.
+    ///
+    /// Example: docker export $(docker create python:3.12-slim) | sudo tollgate rootfs import
+    /// py312 - --data-dir /var/lib/tollgate/supervisor
+    Import {
+        /// The name runs give (`[rootfs] name = "NAME"`): letters, digits, '.', '_', '-'.
+        name: String,
+        /// The tar file (not compressed); "-" reads stdin.
+        #[arg(value_name = "FILE.tar|-")]
+        file: PathBuf,
+        /// Where.
+        #[command(flatten)]
+        place: RootfsPlace,
+        /// One JSON object: name, path, entries, bytes, devices_skipped, set_id_cleared.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the root file systems, with the distribution each says it is.
+    List {
+        /// Where.
+        #[command(flatten)]
+        place: RootfsPlace,
+        /// A JSON array of {name, path, os}.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove the root file system NAME (stop the runs using it first: they see it go).
+    Rm {
+        /// Its name.
+        name: String,
+        /// Where.
+        #[command(flatten)]
+        place: RootfsPlace,
+    },
 }
 
 /// `tollgate audit ...`

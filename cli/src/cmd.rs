@@ -9,5 +9,6 @@ pub(crate) mod local;
 pub(crate) mod operators;
 pub(crate) mod quickstart;
 pub(crate) mod receipts;
+pub(crate) mod rootfs;
 pub(crate) mod runs;
 pub(crate) mod supervisors;

@@ -65,6 +65,9 @@ pub enum CliError {
     /// A snapshot could not be restored.
     #[error("restore: {0}")]
     Restore(#[from] SnapshotError),
+    /// A root file system could not be imported, listed or removed.
+    #[error("rootfs: {0}")]
+    Rootfs(#[from] crate::cmd::rootfs::RootfsError),
     /// Something else went wrong (quickstart's child process, for example).
     #[error("{0}")]
     Other(String),
@@ -108,6 +111,7 @@ impl CliError {
             Self::RunEnded { code, .. } => *code,
             Self::Output { .. } => 73, // EX_CANTCREAT
             Self::Other(_) => 70,      // EX_SOFTWARE
+            Self::Rootfs(e) => e.exit_code(),
             Self::Restore(e) => match e {
                 SnapshotError::BadId(_) => 64, // EX_USAGE
                 SnapshotError::NotFound { .. } => 66,

@@ -16,13 +16,14 @@ pub mod show;
 
 pub use args::{
     AuditCommand, AuditTrustArgs, Cli, Command, GlobalArgs, KeysCommand, OperatorCommand,
-    ReceiptCommand, SupervisorCommand,
+    ReceiptCommand, RootfsCommand, RootfsPlace, SupervisorCommand,
 };
 pub use cmd::audit;
 pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
+pub use cmd::rootfs::RootfsError;
 pub use error::CliError;
 
-use cmd::{doctor, keys, local, operators, quickstart, receipts, runs, supervisors};
+use cmd::{doctor, keys, local, operators, quickstart, receipts, rootfs, runs, supervisors};
 
 /// Runs one command; output goes to stdout, the caller prints the error.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
@@ -111,6 +112,16 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Audit(command) => audit::audit_command(command),
+        Command::Rootfs(command) => match command {
+            RootfsCommand::Import {
+                name,
+                file,
+                place,
+                json,
+            } => Ok(rootfs::import(&name, &file, &place.dir(), json)?),
+            RootfsCommand::List { place, json } => Ok(rootfs::list(&place.dir(), json)?),
+            RootfsCommand::Rm { name, place } => Ok(rootfs::remove(&name, &place.dir())?),
+        },
         Command::Trace {
             run_id,
             logs,

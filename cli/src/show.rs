@@ -72,6 +72,7 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         },
         "fs": r.fs.iter().map(|g| json!({
             "path": g.path, "access": access(g.access), "mount": g.mount,
+            "executable": g.is_executable(&r.exec),
         })).collect::<Vec<_>>(),
         "exec": r.exec,
         "routes": r.routes.iter().map(|g| json!({
@@ -79,6 +80,7 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         })).collect::<Vec<_>>(),
         "network": "loopback_only",
         "delegate": r.delegate.map(|d| json!({"max_depth": d.max_depth})),
+        "rootfs": r.rootfs,
     })
 }
 
@@ -135,6 +137,8 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     for g in &r.fs {
         let mount = if g.mount.is_empty() {
             " (gateway only)".to_owned()
+        } else if g.is_executable(&r.exec) {
+            format!(" -> {} (executable)", g.mount)
         } else {
             format!(" -> {}", g.mount)
         };
@@ -148,6 +152,9 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
             "route",
             format!("{} (up to {})", g.name, sensitivity(g.max_sensitivity)),
         ));
+    }
+    if !r.rootfs.is_empty() {
+        lines.push(("rootfs", r.rootfs.clone()));
     }
     lines.push(("network", "loopback only".into()));
     if let Some(d) = r.delegate {

@@ -27,6 +27,15 @@ pub fn effective_files(files: u32) -> u32 {
     }
 }
 
+/// Directories every sandbox shows read-only at the same path: from the host (those it has;
+/// `/etc` generated, not the host's) or from the run's root file system. No grant may be
+/// mounted at or beneath one (the shim would follow links there as root); the supervisor
+/// shows exactly this list, so what it shows and what a receipt may not cover cannot drift
+/// apart.
+pub const SYSTEM_PATHS: [&str; 8] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+
 /// The lowercase name of an `FsAccess` value (`"unspecified"` for unknown values).
 pub fn access_name(value: i32) -> &'static str {
     match v1::FsAccess::try_from(value) {

@@ -65,6 +65,7 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
         check_limits,
         check_window,
         check_depth,
+        check_rootfs,
     ];
     for check in checks {
         check(parent, child).map_err(|(grant, detail)| Wider {
@@ -118,6 +119,17 @@ fn check_fs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, St
         }
     }
     Ok(())
+}
+
+/// A child runs on its parent's userland.
+fn check_rootfs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
+    if child.rootfs == parent.rootfs {
+        return Ok(());
+    }
+    Err((
+        format!("rootfs = {:?}", child.rootfs),
+        format!("the parent runs on {:?}", parent.rootfs),
+    ))
 }
 
 /// Every program is in the parent's exec list.

@@ -6,13 +6,7 @@ use tollgate_proto::v1 as pb;
 /// Sandbox paths a grant may not be mounted at or beneath: the sandbox builds them itself.
 pub const RESERVED_MOUNTS: [&str; 6] = ["/proc", "/dev", "/sys", "/tmp", "/work", "/run"];
 
-/// Host directories every sandbox shows read-only at the same path (those the host has). No
-/// grant may be mounted at or beneath one: the shim would follow host symlinks there as root.
-/// The supervisor binds exactly this list, so what it shows and what a receipt may not cover
-/// cannot drift apart.
-pub const SYSTEM_PATHS: [&str; 8] = [
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-];
+pub use tollgate_proto::SYSTEM_PATHS;
 
 /// Why a receipt's mounted grants cannot be mounted: the one rule the authority applies
 /// before it signs and every supervisor applies again before it mounts.
@@ -236,6 +230,72 @@ pub fn check_exec_grants(fs: &[pb::FsGrant], exec: &[String]) -> Result<(), Exec
     Ok(())
 }
 
+/// Which userland a receipt's `rootfs` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rootfs<'a> {
+    /// Empty: the host's system paths, with a generated `/etc`.
+    Host,
+    /// An unpacked root file system at this absolute host path.
+    Path(&'a str),
+    /// One registered with the supervisor under this name.
+    Name(&'a str),
+}
+
+/// Why a receipt's `rootfs` cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RootfsError {
+    /// Neither an absolute, normalised path (not `/`) nor a registered name's shape.
+    #[error("{0:?} is neither an absolute, normalised host path (not /) nor a name of letters, digits, '.', '_' and '-' (1 to 64, not starting with '.')")]
+    Shape(String),
+    /// A write grant reaches the root file system.
+    #[error("write grant fs[{index}] = {write:?} reaches the root file system {rootfs:?}: W^X refuses a run whose agent could change the programs it runs")]
+    WriteReaches {
+        /// The write grant's index.
+        index: usize,
+        /// Its host path.
+        write: String,
+        /// The root file system's path.
+        rootfs: String,
+    },
+}
+
+impl<'a> Rootfs<'a> {
+    /// Reads a receipt's `rootfs` field, and checks that no write grant of `fs` reaches a
+    /// rootfs given as a path (by path; the supervisor checks the pinned files again).
+    pub fn parse(rootfs: &'a str, fs: &[pb::FsGrant]) -> Result<Self, RootfsError> {
+        let parsed = if rootfs.is_empty() {
+            Self::Host
+        } else if rootfs.starts_with('/') {
+            if rootfs == "/" || !is_normal_absolute(rootfs) {
+                return Err(RootfsError::Shape(rootfs.to_owned()));
+            }
+            Self::Path(rootfs)
+        } else if rootfs.len() <= 64
+            && !rootfs.starts_with('.')
+            && rootfs
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            Self::Name(rootfs)
+        } else {
+            return Err(RootfsError::Shape(rootfs.to_owned()));
+        };
+        if let Self::Path(path) = parsed {
+            if let Some((index, write)) = fs.iter().enumerate().find(|(_, w)| {
+                w.access == pb::FsAccess::Write as i32
+                    && (path_within(&w.path, path) || path_within(path, &w.path))
+            }) {
+                return Err(RootfsError::WriteReaches {
+                    index,
+                    write: write.path.clone(),
+                    rootfs: path.to_owned(),
+                });
+            }
+        }
+        Ok(parsed)
+    }
+}
+
 pub use tollgate_proto::path_within;
 
 #[cfg(test)]
@@ -337,6 +397,37 @@ mod tests {
         assert_eq!(
             check_exec_grants(&[unmounted], &[]).unwrap_err().field(),
             "fs[0].exec"
+        );
+    }
+
+    #[test]
+    fn a_rootfs_is_a_path_or_a_name_and_never_writable() {
+        assert_eq!(Rootfs::parse("", &[]), Ok(Rootfs::Host));
+        assert_eq!(
+            Rootfs::parse("/srv/rootfs/trixie", &[]),
+            Ok(Rootfs::Path("/srv/rootfs/trixie"))
+        );
+        assert_eq!(
+            Rootfs::parse("debian-13", &[]),
+            Ok(Rootfs::Name("debian-13"))
+        );
+        for bad in ["/", "/a/../b", ".hidden", "a/b", "sp ace", &"x".repeat(65)] {
+            assert!(
+                matches!(Rootfs::parse(bad, &[]), Err(RootfsError::Shape(_))),
+                "{bad}"
+            );
+        }
+        let write = pb::FsGrant {
+            path: "/srv".into(),
+            access: pb::FsAccess::Write as i32,
+            mount: String::new(),
+            exec: false,
+        };
+        let error = Rootfs::parse("/srv/rootfs", std::slice::from_ref(&write)).unwrap_err();
+        assert!(error.to_string().contains("W^X"), "{error}");
+        assert_eq!(
+            Rootfs::parse("debian", std::slice::from_ref(&write)),
+            Ok(Rootfs::Name("debian"))
         );
     }
 

@@ -251,6 +251,56 @@ pub struct ExecSection {
     pub allow: Vec<String>,
 }
 
+/// `[rootfs]`: the userland the sandbox runs on instead of the host's; exactly one of the two.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RootfsSection {
+    /// An unpacked root file system at this absolute host path.
+    pub path: Option<String>,
+    /// One registered with the supervisor (`tollgate rootfs import NAME FILE.tar`).
+    pub name: Option<String>,
+}
+
+impl RootfsSection {
+    fn to_field(&self) -> Result<String, SpecError> {
+        let value = match (&self.path, &self.name) {
+            (Some(path), None) if path.starts_with('/') => path.clone(),
+            (Some(path), None) => {
+                return Err(invalid(
+                    "rootfs.path",
+                    format!(
+                    "{path:?} must be an absolute host path; a registered userland is rootfs.name"
+                ),
+                ))
+            }
+            (None, Some(name)) if !name.starts_with('/') => name.clone(),
+            (None, Some(name)) => {
+                return Err(invalid(
+                    "rootfs.name",
+                    format!("{name:?} is a path; write rootfs.path = {name:?} instead"),
+                ))
+            }
+            _ => {
+                return Err(invalid(
+                    "rootfs",
+                    "give exactly one of path = \"/srv/rootfs/x\" or name = \"x\"",
+                ))
+            }
+        };
+        crate::paths::Rootfs::parse(&value, &[]).map_err(|e| {
+            invalid(
+                if self.path.is_some() {
+                    "rootfs.path"
+                } else {
+                    "rootfs.name"
+                },
+                e.to_string(),
+            )
+        })?;
+        Ok(value)
+    }
+}
+
 /// `[delegate]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -285,6 +335,8 @@ pub struct RunSpec {
     pub routes: Vec<RouteSpec>,
     /// Delegation.
     pub delegate: Option<DelegateSection>,
+    /// The userland to run on; absent: the host's.
+    pub rootfs: Option<RootfsSection>,
 }
 
 fn syntax(error: toml::de::Error) -> SpecError {
@@ -331,6 +383,10 @@ impl RunSpec {
                 max_depth: d.max_depth,
             }),
             not_before: None,
+            rootfs: match &self.rootfs {
+                Some(rootfs) => rootfs.to_field()?,
+                None => String::new(),
+            },
         })
     }
 }
@@ -439,6 +495,28 @@ mod tests {
             .to_request()
             .unwrap_err();
         assert!(error.to_string().starts_with("audience:"), "{error}");
+    }
+
+    #[test]
+    fn a_rootfs_is_a_path_or_a_name() {
+        let spec = |rootfs: &str| {
+            RunSpec::parse(&format!(
+                "subject='a'\nttl='1m'\naudience=['w']\n[rootfs]\n{rootfs}\n"
+            ))
+            .unwrap()
+            .to_request()
+        };
+        assert_eq!(spec("path = '/srv/trixie'").unwrap().rootfs, "/srv/trixie");
+        assert_eq!(spec("name = 'trixie'").unwrap().rootfs, "trixie");
+        for (bad, field) in [
+            ("path = 'trixie'", "rootfs.path:"),
+            ("name = '/srv/x'", "rootfs.name:"),
+            ("path = '/a'\nname = 'b'", "rootfs:"),
+            ("name = '../x'", "rootfs.name:"),
+        ] {
+            let error = spec(bad).unwrap_err().to_string();
+            assert!(error.starts_with(field), "{bad}: {error}");
+        }
     }
 
     #[test]

@@ -104,6 +104,11 @@ struct Flags {
     #[arg(long, value_name = "SECONDS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     live_restore_window: u64,
+    /// Where root file systems registered by name live: `tollgate rootfs import NAME FILE.tar`
+    /// unpacks one there, and a receipt's `rootfs = "NAME"` runs on `<DIR>/NAME`. Default:
+    /// `<data-dir>/rootfs`.
+    #[arg(long, value_name = "DIR")]
+    rootfs_dir: Option<PathBuf>,
     /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
     /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
     /// entries are chained with plain SHA-256.
@@ -215,6 +220,7 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         trust_keys => Some,
         shim => Some,
         audit_key_file => Some,
+        rootfs_dir => Some,
         routes => Some,
         delegation_token_file => Some,
         metrics_listen => Some,
@@ -293,6 +299,11 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     };
     Ok(SupervisorConfig {
         runs: RunSettings {
+            rootfs_dir: match (&flags.rootfs_dir, &flags.data_dir) {
+                (Some(dir), _) => dir.clone(),
+                (None, Some(data)) => data.join("rootfs"),
+                (None, None) => PathBuf::new(),
+            },
             data_dir: flags.data_dir.ok_or(DaemonError::MissingSetting(
                 "give --data-dir (or data_dir in the config file)",
             ))?,

@@ -26,14 +26,19 @@ pub use tollgate_receipt::paths::SYSTEM_PATHS;
 
 /// What every sandbox of this supervisor shares: the mount point of the new root
 /// (`<data-dir>/root`, empty; each sandbox mounts its root there in its own mount namespace),
-/// the system directories shown read-only, and the shim binary (the agent's gateway client,
+/// the system directories shown read-only (`/etc` is generated instead), and the shim binary (the agent's gateway client,
 /// at `/run/tollgate/bin/tollgate-shim`).
 pub fn sandbox_base(data_dir: &Path, shim: &Path) -> SandboxBase {
     SandboxBase {
         hostname: "tollgate".into(),
         root_dir: data_dir.join("root"),
-        // The shim skips system paths this host lacks.
-        system_paths: SYSTEM_PATHS.iter().map(PathBuf::from).collect(),
+        // The shim skips system paths this host lacks, and generates /etc instead of showing
+        // the host's.
+        system_paths: SYSTEM_PATHS
+            .iter()
+            .filter(|path| **path != "/etc")
+            .map(PathBuf::from)
+            .collect(),
         shim_binary: Some(shim.to_owned()),
     }
 }
@@ -167,13 +172,15 @@ fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
 }
 
 /// Builds the sandbox plan for `receipt`. `argv` overrides the receipt's pinned agent (the
-/// caller checks the receipt allows that). Writes nothing; reads only which system paths
-/// exist on the host.
+/// caller checks the receipt allows that); `rootfs` is the host path of the root file
+/// system the receipt names, resolved by the caller (none: the host's userland). Writes
+/// nothing; reads only which system paths exist on the host or in the root file system.
 pub fn plan_for(
     receipt: &pb::Receipt,
     dirs: &RunDirs,
     host_id: u32,
     argv: Option<Vec<String>>,
+    rootfs: Option<&Path>,
 ) -> Result<SandboxPlan, SandboxError> {
     let pinned = receipt.agent.as_ref();
     let argv = argv
@@ -196,12 +203,17 @@ pub fn plan_for(
             executable: grant.is_executable(&receipt.exec),
         })
         .collect();
-    // System paths are shown at the same path, so the host tells which exist; everything
-    // else below is a sandbox path the shim creates.
+    // System paths are shown at the same path, so the host (or the root file system) tells
+    // which exist; /etc always does (generated, or the root file system's); everything else
+    // below is a sandbox path the shim creates.
+    let exists = |system: &str| match rootfs {
+        Some(userland) => fs::symlink_metadata(userland.join(&system[1..])).is_ok(),
+        None => system == "/etc" || Path::new(system).exists(),
+    };
     let mut read: Vec<PathBuf> = SYSTEM_PATHS
         .iter()
+        .filter(|system| exists(system))
         .map(PathBuf::from)
-        .filter(|p| p.exists())
         .collect();
     read.extend(["/proc", "/dev"].map(PathBuf::from));
     read.extend(
@@ -251,6 +263,7 @@ pub fn plan_for(
         // Set by the run manager once the run's gateway socket is bound.
         gateway_socket: None,
         host_id,
+        rootfs: rootfs.map(Path::to_owned),
     })
 }
 
@@ -516,19 +529,19 @@ pub struct ReattachedSandbox {
 
 impl SandboxProcess {
     /// Sends the idle `shim` its plan, with `mounts` (detached mounts of the plan's binds, in
-    /// order) attached, and waits for `Started`. The caller has applied the run's limits to
-    /// the shim's cgroup first.
+    /// order, then its root file system's when it has one) attached, and waits for `Started`.
+    /// The caller has applied the run's limits to the shim's cgroup first.
     pub fn start(
         shim: IdleShim,
         plan: &SandboxPlan,
         mounts: Vec<OwnedFd>,
     ) -> Result<(Self, FromShim, SandboxOutput), SandboxError> {
-        if mounts.len() != plan.binds.len() {
+        let expected = plan.binds.len() + usize::from(plan.rootfs.is_some());
+        if mounts.len() != expected {
             shim.discard();
             return Err(SandboxError::Setup(format!(
-                "{} mounts for {} binds",
+                "{} mounts for {expected} (binds and root file system)",
                 mounts.len(),
-                plan.binds.len()
             )));
         }
         let IdleShim {
@@ -858,7 +871,7 @@ mod tests {
     #[test]
     fn plan_mirrors_the_receipt_and_nothing_more() {
         let dirs = RunDirs::new(Path::new("/var/lib/tollgate/runs"), "r1");
-        let plan = plan_for(&receipt(), &dirs, 200_001, None).unwrap();
+        let plan = plan_for(&receipt(), &dirs, 200_001, None, None).unwrap();
         assert_eq!(plan.agent.argv[0], "/usr/bin/python3");
         assert_eq!(plan.agent.cwd, PathBuf::from("/work"));
         assert!(plan.agent.env.contains(&("MODE".into(), "fast".into())));
@@ -889,12 +902,12 @@ mod tests {
         let dirs = RunDirs::new(Path::new("/runs"), "r1");
         let mut r = receipt();
         assert!(matches!(
-            plan_for(&r, &dirs, 1, Some(vec!["/bin/sh".into()])),
+            plan_for(&r, &dirs, 1, Some(vec!["/bin/sh".into()]), None),
             Err(SandboxError::NotExecutable(_))
         ));
         r.agent = None;
         assert!(matches!(
-            plan_for(&r, &dirs, 1, None),
+            plan_for(&r, &dirs, 1, None, None),
             Err(SandboxError::NoAgent)
         ));
     }
@@ -915,7 +928,7 @@ mod tests {
             r.fs[0].mount = mount.into();
             assert!(
                 matches!(
-                    plan_for(&r, &dirs, 1, None),
+                    plan_for(&r, &dirs, 1, None, None),
                     Err(SandboxError::BadGrant { .. })
                 ),
                 "{mount}"
@@ -924,7 +937,7 @@ mod tests {
         let mut r = receipt();
         r.fs[1].mount = "/data/inner".into();
         assert!(matches!(
-            plan_for(&r, &dirs, 1, None),
+            plan_for(&r, &dirs, 1, None, None),
             Err(SandboxError::BadGrant { .. })
         ));
     }

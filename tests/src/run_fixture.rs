@@ -43,6 +43,7 @@ pub fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
         clock_skew: Duration::from_secs(0),
         warm_sandboxes: 1,
         live_restore: None,
+        rootfs_dir: data.join("rootfs"),
     }
 }
 

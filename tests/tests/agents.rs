@@ -473,3 +473,185 @@ fn a_private_home_directory_is_the_agents_own_and_new_files_are_the_owners() {
         "made\n"
     );
 }
+
+#[test]
+fn the_sandbox_has_an_etc_of_its_own_not_the_hosts() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-etc", 208_840);
+    let mut receipt = fx.receipt(
+        "id -un; grep -c . /etc/passwd; grep tollgate /etc/hosts | cut -f2; \
+         test -e /etc/shadow || echo no shadow; test -e /etc/pip.conf || echo no pip.conf; \
+         test -e /etc/machine-id || echo no machine-id; \
+         test -s /etc/ssl/certs/ca-certificates.crt && echo certificates; \
+         test -r /etc/ld.so.cache && echo loader cache; \
+         touch /etc/x 2>/dev/null || echo read-only",
+        60,
+    );
+    receipt.exec.extend(
+        [
+            "/usr/bin/id",
+            "/usr/bin/grep",
+            "/usr/bin/cut",
+            "/usr/bin/test",
+            "/usr/bin/touch",
+        ]
+        .map(String::from),
+    );
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(
+        output,
+        "agent\n3\ntollgate\nno shadow\nno pip.conf\nno machine-id\ncertificates\nloader cache\nread-only\n",
+        "{errors}"
+    );
+}
+
+/// The Debian trixie userland scripts/test makes once with debootstrap.
+fn test_rootfs() -> std::path::PathBuf {
+    let dir = std::env::var_os("TOLLGATE_TEST_ROOTFS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/tollgate-test/rootfs-trixie".into());
+    assert!(
+        dir.join(".complete").exists(),
+        "{} is missing: scripts/test makes it with debootstrap (or set TOLLGATE_TEST_ROOTFS)",
+        dir.display()
+    );
+    dir
+}
+
+#[test]
+fn a_run_on_a_debootstrap_rootfs_sees_that_userland() {
+    if !require_root() {
+        return;
+    }
+    let rootfs = test_rootfs();
+    let fx = Fixture::new("agent-rootfs", 208_860);
+    let script = "grep VERSION_CODENAME /etc/os-release; \
+                  python3 -c 'import sys; print(\"python %d.%d\" % sys.version_info[:2])'; \
+                  id -un; grep -c tollgate /etc/hosts; \
+                  touch /usr/x 2>/dev/null || echo read-only";
+    let on = |rootfs: &str| {
+        let mut receipt = fx.receipt(script, 60);
+        receipt.rootfs = rootfs.into();
+        receipt.exec.extend(
+            [
+                "/usr/bin/grep",
+                "/usr/bin/python3",
+                "/usr/bin/id",
+                "/usr/bin/touch",
+            ]
+            .map(String::from),
+        );
+        receipt.limits.as_mut().unwrap().memory_bytes = 256 << 20;
+        receipt
+    };
+    let expected = "VERSION_CODENAME=trixie\npython 3.13\nagent\n1\nread-only\n";
+    // By path.
+    let (output, errors) = run_to_end(&fx, on(rootfs.to_str().unwrap()));
+    assert_eq!(output, expected, "{errors}");
+    // By a name registered under the supervisor's rootfs directory.
+    let registered = fx.data.join("rootfs/trixie");
+    std::fs::create_dir_all(&registered).unwrap();
+    let _bound = BindMount::new(&rootfs, &registered);
+    let (output, errors) = run_to_end(&fx, on("trixie"));
+    assert_eq!(output, expected, "{errors}");
+    // A name nobody registered is refused before the receipt is spent.
+    let signed = fx.sign(on("bookworm"));
+    match fx.start(&signed) {
+        Err(StartError::Grant { code, reason }) => {
+            assert_eq!(code, "rootfs");
+            assert!(
+                reason.contains("tollgate rootfs import bookworm"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A write grant over the root file system breaks W^X.
+    let mut receipt = on(rootfs.to_str().unwrap());
+    receipt.fs.push(write_grant(&rootfs.join("usr/local"), ""));
+    let signed = fx.sign(receipt);
+    assert!(matches!(
+        fx.start(&signed),
+        Err(StartError::Grant {
+            code: "rootfs" | "grant_wx",
+            ..
+        })
+    ));
+}
+
+/// `tollgate rootfs import` as from `docker export`: a tar of a tiny userland (a static
+/// program, an os-release, a set-uid file, a FIFO), imported by name, then run on.
+#[test]
+fn an_imported_rootfs_is_cleaned_on_the_way_in_and_runs() {
+    if !require_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let fx = Fixture::new("agent-import", 208_880);
+    let image = fx.data.parent().unwrap().join("image");
+    std::fs::create_dir_all(image.join("usr/bin")).unwrap();
+    std::fs::create_dir_all(image.join("etc")).unwrap();
+    compile_static(&image.join("usr/bin"), "hello");
+    std::fs::write(
+        image.join("etc/os-release"),
+        "PRETTY_NAME=\"Tiny Linux\"\nID=tiny\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        image.join("usr/bin/hello"),
+        std::fs::Permissions::from_mode(0o4755),
+    )
+    .unwrap();
+    nix::unistd::mkfifo(&image.join("etc/initctl"), nix::sys::stat::Mode::S_IRUSR).unwrap();
+    let tar = fx.data.parent().unwrap().join("image.tar");
+    let packed = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&image)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(packed.success());
+    let imported = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["rootfs", "import", "tiny"])
+        .arg(&tar)
+        .arg("--data-dir")
+        .arg(&fx.data)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(imported.status.success(), "{imported:?}");
+    let report: serde_json::Value = serde_json::from_slice(&imported.stdout).unwrap();
+    assert_eq!(report["devices_skipped"], 1, "{report}");
+    assert_eq!(report["set_id_cleared"], 1, "{report}");
+    let hello = fx.data.join("rootfs/tiny/usr/bin/hello");
+    assert_eq!(
+        std::fs::metadata(&hello).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    assert!(!fx.data.join("rootfs/tiny/etc/initctl").exists());
+
+    let mut receipt = fx.receipt("", 60);
+    receipt.rootfs = "tiny".into();
+    receipt.exec = vec!["/usr/bin/hello".into()];
+    receipt.agent = Some(pb::AgentSpec {
+        argv: vec!["/usr/bin/hello".into(), "an imported userland".into()],
+        ..Default::default()
+    });
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(output, "hello from an imported userland\n", "{errors}");
+
+    let listed = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["rootfs", "list", "--data-dir"])
+        .arg(&fx.data)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8(listed.stdout).unwrap();
+    assert!(
+        listed.starts_with("tiny") && listed.contains("Tiny Linux"),
+        "{listed}"
+    );
+}

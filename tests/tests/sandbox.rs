@@ -81,7 +81,7 @@ impl Harness {
             ..Default::default()
         };
         self.dirs.create(host_id).unwrap();
-        let plan = plan_for(&receipt, &self.dirs, host_id, Some(argv)).unwrap();
+        let plan = plan_for(&receipt, &self.dirs, host_id, Some(argv), None).unwrap();
         let cgroup = RunCgroup::create(&format!("{}/run", self.parent), limits).unwrap();
         let base = sandbox_base(
             &self.dirs.base.with_extension("data"),

@@ -66,6 +66,75 @@ pub struct SandboxBase {
     pub shim_binary: Option<PathBuf>,
 }
 
+/// Entries of the host's `/etc` a sandbox's generated `/etc` shows read-only (those the host
+/// has), besides the files it writes itself ([`generated_etc`]): what programs need to run — the
+/// dynamic loader's cache, the alternatives links, CA certificates, the time zone, service and
+/// protocol names, MIME types, Python's Debian configuration (and every `/etc/python3.*`) — and
+/// nothing about the host's users, secrets or configuration (`passwd`, `shadow`, `ssh`,
+/// `pip.conf`, `npmrc`, `gitconfig`, `environment`, `machine-id`, …).
+pub const ETC_FROM_HOST: [&str; 19] = [
+    "alternatives",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "gai.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "magic",
+    "mime.types",
+    "os-release",
+    "pki",
+    "protocols",
+    "python3",
+    "services",
+    "ssl/certs",
+    "ssl/openssl.cnf",
+    "timezone",
+];
+
+/// The agent's user in a sandbox's generated `/etc/passwd` (uid and gid 1000).
+pub const AGENT_USER: &str = "agent";
+
+/// The files a sandbox's `/etc` gets written for it, with the sandbox's `hostname`: users and
+/// groups (root, the agent, nobody), the hosts it can name (itself and localhost), a resolver
+/// configuration with no server (the sandbox has no network of its own) and a name-service
+/// switch reading only these files. With a root file system of the run's choosing they are
+/// bound over that userland's own.
+pub fn generated_etc(hostname: &str) -> [(&'static str, String); 5] {
+    [
+        (
+            "passwd",
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+                 {AGENT_USER}:x:1000:1000:Tollgate agent:/work:/bin/sh\n\
+                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        (
+            "group",
+            format!("root:x:0:\n{AGENT_USER}:x:1000:\nnogroup:x:65534:\n"),
+        ),
+        (
+            "hosts",
+            format!(
+                "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"
+            ),
+        ),
+        (
+            "resolv.conf",
+            "# A Tollgate sandbox has no network of its own: no name server.\n".to_owned(),
+        ),
+        (
+            "nsswitch.conf",
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files\nnetworks: files\n\
+             protocols: files\nservices: files\nethers: files\nrpc: files\n"
+                .to_owned(),
+        ),
+    ]
+}
+
 /// The port of the sandbox's own model endpoint on its `127.0.0.1` (OpenAI- and
 /// Anthropic-compatible; it forwards to the gateway's `Complete`).
 pub const MODELS_PORT: u16 = 7710;
@@ -116,4 +185,9 @@ pub struct SandboxPlan {
     /// the receipt's `limits.files`; 0 means `tollgate_proto::DEFAULT_FILES`.
     #[serde(default)]
     pub files: u32,
+    /// The root file system the run chose (its host path, for messages: the userland itself
+    /// comes as the last detached mount); none: the host's system paths and a generated
+    /// `/etc`.
+    #[serde(default)]
+    pub rootfs: Option<PathBuf>,
 }

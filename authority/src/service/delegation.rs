@@ -251,6 +251,7 @@ impl AuthorityService {
             routes: spec.routes,
             delegate: spec.delegate,
             not_before: None,
+            rootfs: parent.rootfs.clone(),
         };
         // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
         validate_mint(&shape)?;
@@ -278,6 +279,8 @@ impl AuthorityService {
             routes: shape.routes,
             network: pb::NetworkAccess::LoopbackOnly as i32,
             delegate: shape.delegate,
+            // A child runs on its parent's userland.
+            rootfs: parent.rootfs.clone(),
         };
         // Ceilings are not re-checked: child within parent within ceiling, and ceilings never
         // change.

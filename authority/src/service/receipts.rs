@@ -100,6 +100,7 @@ impl AuthorityService {
             routes: request.routes,
             network: pb::NetworkAccess::LoopbackOnly as i32,
             delegate: request.delegate,
+            rootfs: request.rootfs,
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting

@@ -91,6 +91,8 @@ pub struct SupervisorFile {
     pub live_restore_window: Option<u64>,
     /// `--audit-key-file`.
     pub audit_key_file: Option<PathBuf>,
+    /// `--rootfs-dir`.
+    pub rootfs_dir: Option<PathBuf>,
     /// `--routes`.
     pub routes: Option<PathBuf>,
     /// `--route-probe-timeout` (seconds).

@@ -66,6 +66,7 @@ pub(super) fn pin_grants(
 pub(super) fn check_write_exec(
     receipt: &tollgate_proto::v1::Receipt,
     pinned: &[FsGrant],
+    rootfs: Option<&PinnedRootfs>,
 ) -> Result<(), StartError> {
     use tollgate_files::reach;
     use tollgate_receipt::paths::check_exec_grants;
@@ -75,14 +76,28 @@ pub(super) fn check_write_exec(
     };
     check_exec_grants(&receipt.fs, &receipt.exec)
         .map_err(|e| refuse(format!("{}: {e}", e.field())))?;
-    let executable: Vec<(usize, &GrantRoot)> = receipt
+    // Each executable grant, and the root file system (its programs run too), by name and
+    // host path.
+    let mut executable: Vec<(String, &str, &GrantRoot)> = receipt
         .fs
         .iter()
         .zip(pinned)
         .enumerate()
         .filter(|(_, (grant, _))| grant.is_executable(&receipt.exec))
-        .filter_map(|(i, (_, pin))| pin.root.as_ref().ok().map(|root| (i, root)))
+        .filter_map(|(i, (grant, pin))| {
+            pin.root.as_ref().ok().map(|root| {
+                (
+                    format!("the executable grant fs[{i}] = {}", grant.path),
+                    grant.path.as_str(),
+                    root,
+                )
+            })
+        })
         .collect();
+    if let Some(rootfs) = rootfs {
+        let path = rootfs.path.to_str().unwrap_or_default();
+        executable.push((format!("the root file system {path}"), path, &rootfs.root));
+    }
     let writable: Vec<(usize, &FsGrant)> = pinned
         .iter()
         .enumerate()
@@ -93,40 +108,89 @@ pub(super) fn check_write_exec(
     }
     // Read once per start, and only for receipts with both kinds of grant.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let failed = |i: usize, e: Errno| {
-        refuse(format!(
-            "fs[{i}] = {}: cannot be checked for W^X ({e})",
-            receipt.fs[i].path
-        ))
-    };
-    for &(x, exec_root) in &executable {
-        let exec_up = reach::ancestry(exec_root).map_err(|e| failed(x, e))?;
+    let failed = |path: &str, e: Errno| refuse(format!("{path}: cannot be checked for W^X ({e})"));
+    for (what, exec_path, exec_root) in &executable {
+        let exec_up = reach::ancestry(exec_root).map_err(|e| failed(exec_path, e))?;
         let exec_reach =
-            reach::reach(exec_root, &receipt.fs[x].path, &mountinfo).map_err(|e| failed(x, e))?;
+            reach::reach(exec_root, exec_path, &mountinfo).map_err(|e| failed(exec_path, e))?;
         for &(w, write) in &writable {
             let Ok(write_root) = &write.root else {
                 continue;
             };
-            let write_up = reach::ancestry(write_root).map_err(|e| failed(w, e))?;
-            let write_reach =
-                reach::reach(write_root, &write.path, &mountinfo).map_err(|e| failed(w, e))?;
+            let write_up = reach::ancestry(write_root).map_err(|e| failed(&write.path, e))?;
+            let write_reach = reach::reach(write_root, &write.path, &mountinfo)
+                .map_err(|e| failed(&write.path, e))?;
             let linked = reach::shared_file(write_root)
-                .map_err(|e| failed(w, e))?
+                .map_err(|e| failed(&write.path, e))?
                 .is_some_and(|dev| dev == exec_root.dev);
             if linked
                 || exec_up.iter().any(|id| write_reach.contains(id))
                 || write_up.iter().any(|id| exec_reach.contains(id))
             {
                 return Err(refuse(format!(
-                    "fs[{w}] = {} (write) reaches the same host files as the executable grant fs[{x}] = {}{}: W^X refuses a run whose agent could execute what it or the gateway wrote",
+                    "fs[{w}] = {} (write) reaches the same host files as {what}{}: W^X refuses a run whose agent could execute what it or the gateway wrote",
                     write.path,
-                    receipt.fs[x].path,
                     if linked { " (a hard link)" } else { " (through another name or mount)" },
                 )));
             }
         }
     }
     Ok(())
+}
+
+/// A run's root file system, resolved and pinned: its host path and descriptor.
+pub(super) struct PinnedRootfs {
+    /// `<rootfs dir>/<name>`, or the path the receipt gives.
+    pub(super) path: std::path::PathBuf,
+    /// Pinned from `/` without following a link, as grants are.
+    pub(super) root: GrantRoot,
+}
+
+/// Resolves the receipt's `rootfs` (a name under `rootfs_dir`, or a host path) and pins it;
+/// none for the host's userland. Refused in one line naming it when it is malformed, missing,
+/// reached through a link, or not a userland (no `usr` or `bin` in it).
+pub(super) fn pin_rootfs(
+    receipt: &tollgate_proto::v1::Receipt,
+    rootfs_dir: &std::path::Path,
+) -> Result<Option<PinnedRootfs>, StartError> {
+    use tollgate_receipt::paths::Rootfs;
+    let refuse = |reason: String| StartError::Grant {
+        code: "rootfs",
+        reason,
+    };
+    let path = match Rootfs::parse(&receipt.rootfs, &receipt.fs) {
+        Ok(Rootfs::Host) => return Ok(None),
+        Ok(Rootfs::Path(path)) => std::path::PathBuf::from(path),
+        Ok(Rootfs::Name(name)) => rootfs_dir.join(name),
+        Err(e) => return Err(refuse(format!("rootfs: {e}"))),
+    };
+    let text = path.to_str().unwrap_or_default();
+    let root = match GrantRoot::open(text) {
+        Ok(root) if root.name.is_none() => root,
+        Ok(_) => return Err(refuse(format!("rootfs {text} is a file, not a directory"))),
+        Err(Errno::ELOOP) => {
+            let link = crate::beneath::first_link(text).unwrap_or_else(|| text.to_owned());
+            return Err(refuse(format!(
+                "rootfs {text}: {link} is a symbolic link, and links are never followed; name the real path"
+            )));
+        }
+        Err(Errno::ENOENT) if !receipt.rootfs.starts_with('/') => {
+            return Err(refuse(format!(
+                "no root file system named {:?} on this supervisor (looked for {text}): import one with `tollgate rootfs import {} FILE.tar`",
+                receipt.rootfs, receipt.rootfs
+            )))
+        }
+        Err(errno) => return Err(refuse(format!("rootfs {text} cannot be opened ({errno})"))),
+    };
+    let has = |entry: &std::ffi::CStr| {
+        nix::sys::stat::fstatat(&root.dir, entry, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).is_ok()
+    };
+    if !has(c"usr") && !has(c"bin") {
+        return Err(refuse(format!(
+            "rootfs {text} has no usr or bin: it is not an unpacked userland (debootstrap, or `docker export` through `tollgate rootfs import`)"
+        )));
+    }
+    Ok(Some(PinnedRootfs { path, root }))
 }
 
 pub(super) fn holds_of(limits: &tollgate_proto::v1::Limits) -> Holds {
@@ -230,7 +294,8 @@ impl RunManager {
         let pinned = match parent {
             None => {
                 let pinned = pin_grants(&receipt)?;
-                check_write_exec(&receipt, &pinned)?;
+                let rootfs = pin_rootfs(&receipt, &self.settings.rootfs_dir)?;
+                check_write_exec(&receipt, &pinned, rootfs.as_ref())?;
                 Some(pinned)
             }
             Some(_) => None,

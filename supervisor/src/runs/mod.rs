@@ -81,6 +81,8 @@ pub struct RunSettings {
     /// (and never past their receipt's expiry) for the next supervisor to re-adopt. `None`:
     /// a stop ends every run.
     pub live_restore: Option<Duration>,
+    /// Where root file systems registered by name live (`<dir>/<name>`).
+    pub rootfs_dir: PathBuf,
 }
 
 /// Which stream a chunk of output came from.

@@ -381,11 +381,15 @@ impl RunManager {
         // so far); revocations arriving later end it as any live run.
         let receipt = self.verify(signed)?;
         let grants = super::admit::pin_grants(&receipt)?;
+        // The plan is for the gateway's side (exec, models): the sandbox, root file system
+        // included, already exists.
+        let rootfs = super::admit::pin_rootfs(&receipt, &self.settings.rootfs_dir)?;
         let mut plan = plan_for(
             &receipt,
             dirs,
             state_host_id(self, &receipt)?,
             state.argv.clone(),
+            rootfs.as_ref().map(|r| r.path.as_path()),
         )?;
         plan.gateway_socket = Some(dirs.base.join("gateway.sock"));
         let run = self.gateway_for(&receipt, &plan, live, (signed, grants));

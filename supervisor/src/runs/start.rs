@@ -600,9 +600,24 @@ impl RunManager {
             grants,
             admitted,
         } = spawn;
-        let planned = dirs
-            .create(host_id)
-            .and_then(|()| plan_for(receipt, dirs, host_id, argv));
+        // Pinned again here (it was at admission, where a bad one is refused before the
+        // receipt is spent): the mount is cloned from this descriptor.
+        let rootfs = match super::admit::pin_rootfs(receipt, &self.settings.rootfs_dir) {
+            Ok(rootfs) => rootfs,
+            Err(e) => {
+                shim.discard();
+                return Err(e);
+            }
+        };
+        let planned = dirs.create(host_id).and_then(|()| {
+            plan_for(
+                receipt,
+                dirs,
+                host_id,
+                argv,
+                rootfs.as_ref().map(|r| r.path.as_path()),
+            )
+        });
         let plan = match (planned, live.pending()) {
             (Ok(plan), None) => plan,
             (Err(e), _) => {
@@ -618,7 +633,18 @@ impl RunManager {
         };
         // Taken from the pinned descriptors before the gateway owns them: the shim attaches
         // these, never a path.
-        let mounts = match detached_mounts(receipt, &grants, host_id) {
+        let mounts = match detached_mounts(receipt, &grants, host_id).and_then(|mut mounts| {
+            // The userland comes last (the shim takes it from the end); never id-mapped.
+            if let Some(rootfs) = &rootfs {
+                mounts.push(crate::beneath::detached_mount(&rootfs.root).map_err(|e| {
+                    StartError::from(SandboxError::Setup(format!(
+                        "mounting the root file system {}: {e}",
+                        rootfs.path.display()
+                    )))
+                })?);
+            }
+            Ok(mounts)
+        }) {
             Ok(mounts) => mounts,
             Err(e) => {
                 shim.discard();

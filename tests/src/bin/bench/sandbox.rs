@@ -119,6 +119,7 @@ impl Tollgate {
             clock_skew: Duration::ZERO,
             warm_sandboxes: warm,
             live_restore: None,
+            rootfs_dir: dir.path().join("rootfs"),
         };
         let audit = tollgate_tests::supervisor_audit(&settings.data_dir);
         let (manager, _) = RunManager::open(settings, keys, audit)?;
