@@ -79,6 +79,9 @@ entry_kinds! {
     SupervisorEnrolled => "supervisor_enrolled",
     /// An enrolled supervisor was removed (its delegation token revoked).
     SupervisorRemoved => "supervisor_removed",
+    /// Files were copied out of a run's workspace (`tollgate cp`), or a kept workspace was
+    /// removed.
+    WorkspaceAccess => "workspace_access",
 }
 
 impl fmt::Display for EntryKind {

@@ -174,6 +174,12 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
     check_routes(&request.routes, "")?;
     tollgate_receipt::paths::Rootfs::parse(&request.rootfs, &request.fs)
         .map_err(|e| CallError::invalid("rootfs", e.to_string()))?;
+    if request.workspace_keep_seconds > tollgate_receipt::spec::MAX_WORKSPACE_KEEP.as_secs() {
+        return Err(CallError::invalid(
+            "workspace_keep_seconds",
+            "must be at most 2592000 (30 days)",
+        ));
+    }
     if let Some(agent) = &request.agent {
         let Some(program) = agent.argv.first() else {
             return Err(CallError::invalid(

@@ -206,6 +206,27 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Copy files out of a run's /work: a live run's, or an ended run's workspace its receipt
+    /// kept (`[workspace] keep = "1h"`; the teardown report says where and until when).
+    /// SOURCE is RUN:/work/PATH (a file or a directory); DEST a local path: inside it when it
+    /// is a directory, else the new name; "-" writes the tar stream to stdout. Read beneath
+    /// the workspace without following the agent's links; unpacked beside DEST first, so DEST
+    /// never holds half a copy; audited on the supervisor.
+    ///
+    /// Example: tollgate cp 0193f0c2-…:/work/report.md ./report.md
+    Cp {
+        /// RUN:/work/PATH
+        #[arg(value_name = "RUN:/work/PATH")]
+        source: String,
+        /// Where to put it ("-": the tar stream to stdout).
+        #[arg(value_name = "DEST")]
+        dest: PathBuf,
+    },
+    /// Remove an ended run's kept workspace now, before its time.
+    Rm {
+        /// The run id.
+        run_id: String,
+    },
     /// Stop a live run; prints its teardown report.
     Stop {
         /// The run id.

@@ -3,6 +3,7 @@
 //! local runs nothing remote; quickstart tours throwaway daemons.
 
 pub mod audit;
+pub(crate) mod copy;
 pub(crate) mod doctor;
 pub(crate) mod keys;
 pub(crate) mod local;

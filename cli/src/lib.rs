@@ -23,7 +23,7 @@ pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
 pub use cmd::rootfs::RootfsError;
 pub use error::CliError;
 
-use cmd::{doctor, keys, local, operators, quickstart, receipts, rootfs, runs, supervisors};
+use cmd::{copy, doctor, keys, local, operators, quickstart, receipts, rootfs, runs, supervisors};
 
 /// Runs one command; output goes to stdout, the caller prints the error.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
@@ -137,5 +137,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
         Command::Tree { run_id, json } => runs::tree(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
+        Command::Cp { source, dest } => copy::copy(global, &source, &dest).await,
+        Command::Rm { run_id } => copy::remove(global, run_id).await,
     }
 }

@@ -301,6 +301,17 @@ impl RootfsSection {
     }
 }
 
+/// `[workspace]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceSection {
+    /// How long `/work` is kept after the run ends, e.g. `"1h"` (at most 30 days).
+    pub keep: String,
+}
+
+/// Longest a run's workspace may be kept after it ends.
+pub const MAX_WORKSPACE_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+
 /// `[delegate]`.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -337,6 +348,8 @@ pub struct RunSpec {
     pub delegate: Option<DelegateSection>,
     /// The userland to run on; absent: the host's.
     pub rootfs: Option<RootfsSection>,
+    /// The workspace; absent: removed at teardown.
+    pub workspace: Option<WorkspaceSection>,
 }
 
 fn syntax(error: toml::de::Error) -> SpecError {
@@ -386,6 +399,16 @@ impl RunSpec {
             rootfs: match &self.rootfs {
                 Some(rootfs) => rootfs.to_field()?,
                 None => String::new(),
+            },
+            workspace_keep_seconds: match &self.workspace {
+                Some(workspace) => {
+                    let keep = parse_duration("workspace.keep", &workspace.keep)?;
+                    if keep > MAX_WORKSPACE_KEEP {
+                        return Err(invalid("workspace.keep", "must be at most 30 days"));
+                    }
+                    keep.as_secs()
+                }
+                None => 0,
             },
         })
     }

@@ -123,6 +123,13 @@ pub struct TeardownReport {
     /// What the run spent on each model route it used.
     #[serde(default)]
     pub route_usage: Vec<RouteUsage>,
+    /// Where the run's `/work` was kept after it ended (its receipt's
+    /// `workspace_keep_seconds`); none when it was removed.
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// Until when (unix seconds).
+    #[serde(default)]
+    pub workspace_kept_until: Option<u64>,
 }
 
 /// One model route's use by one run.

@@ -190,6 +190,42 @@ impl Supervisor for SupervisorService {
         Ok(Response::new(tree))
     }
 
+    type CopyOutStream = crate::copy_out::CopyStream;
+
+    async fn copy_out(
+        &self,
+        request: Request<pb::CopyOutRequest>,
+    ) -> Result<Response<Self::CopyOutStream>, Status> {
+        self.tokens.check(&request)?;
+        let request = request.into_inner();
+        let manager = self.manager.clone();
+        blocking(move || crate::copy_out::copy_out(manager, request.run_id, request.path))
+            .await?
+            .map(Response::new)
+    }
+
+    async fn remove_workspace(
+        &self,
+        request: Request<pb::RemoveWorkspaceRequest>,
+    ) -> Result<Response<pb::RemoveWorkspaceResponse>, Status> {
+        self.tokens.check(&request)?;
+        let run_id = request.into_inner().run_id;
+        let manager = self.manager.clone();
+        blocking(move || {
+            let removed = manager.remove_workspace(&run_id);
+            let outcome = removed.as_ref().map(|_| 0).map_err(ToString::to_string);
+            manager.audit_workspace(&run_id, "remove", "/work", outcome);
+            removed
+        })
+        .await?
+        .map(|path| {
+            Response::new(pb::RemoveWorkspaceResponse {
+                path: path.display().to_string(),
+            })
+        })
+        .map_err(|e| crate::status::workspace_status(&e))
+    }
+
     type WatchRunStream = RunEventStream;
 
     async fn watch_run(

@@ -49,6 +49,28 @@ pub fn start_status(error: &StartError) -> Status {
     }
 }
 
+/// Maps a workspace failure (`CopyOut`, `RemoveWorkspace`) to its gRPC status.
+pub fn workspace_status(error: &crate::runs::workspace::WorkspaceError) -> Status {
+    use crate::runs::workspace::WorkspaceError;
+    match error {
+        WorkspaceError::NotFound(_) => Status::not_found(error.to_string()),
+        WorkspaceError::Remove { .. } => internal("removing a kept workspace", error),
+    }
+}
+
+/// Maps a failure to archive a workspace's files to its gRPC status.
+pub fn archive_status(error: &tollgate_files::archive::ArchiveError) -> Status {
+    use tollgate_files::archive::ArchiveError;
+    match error {
+        ArchiveError::NotFound(_) => Status::not_found(error.to_string()),
+        ArchiveError::TooLarge(_) | ArchiveError::TooDeep => {
+            Status::resource_exhausted(error.to_string())
+        }
+        // Names a path in the workspace (the agent's own files), never a host path.
+        ArchiveError::Io { .. } => Status::aborted(error.to_string()),
+    }
+}
+
 /// A request without a usable admin token.
 pub fn no_token(error: tollgate_daemon::token::BearerError) -> Status {
     match error {

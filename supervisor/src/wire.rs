@@ -54,6 +54,8 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
             output_truncated: r.output_truncated,
             cleanup_errors: r.cleanup_errors.clone(),
             landlock_abi: r.landlock_abi.unwrap_or(0),
+            workspace: r.workspace.clone().unwrap_or_default(),
+            workspace_kept_until: r.workspace_kept_until.unwrap_or(0),
         }),
         parent_run_id: record.parent_run_id.clone().unwrap_or_default(),
         depth: record.depth,

@@ -655,3 +655,156 @@ fn an_imported_rootfs_is_cleaned_on_the_way_in_and_runs() {
         "{listed}"
     );
 }
+
+/// `tollgate cp` out of a live run (files, a directory, the agent's link kept as a link and
+/// never followed) and out of a workspace kept after the run ended; `tollgate rm` removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn work_is_copied_out_of_a_live_run_and_out_of_a_kept_workspace() {
+    if !require_root() {
+        return;
+    }
+    use tollgate_tests::{authed, bin_path, AuthorityProcess, SupervisorProcess};
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "agent-cp",
+        208_900,
+    );
+    let mint = |script: &str, keep: u64| {
+        let request = pb::MintReceiptRequest {
+            subject: "copier".into(),
+            ttl_seconds: 60,
+            audience: vec!["workstation".into()],
+            agent: Some(pb::AgentSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                ..Default::default()
+            }),
+            exec: [
+                "/bin/sh",
+                "/usr/bin/mkdir",
+                "/usr/bin/ln",
+                "/usr/bin/sleep",
+                "/usr/bin/touch",
+            ]
+            .map(String::from)
+            .to_vec(),
+            workspace_keep_seconds: keep,
+            ..Default::default()
+        };
+        let authority = &authority;
+        async move {
+            authority
+                .client()
+                .await
+                .mint_receipt(authed(&authority.admin_token(), request))
+                .await
+                .unwrap()
+                .into_inner()
+                .text
+        }
+    };
+    let tollgate = |args: &[&str]| {
+        std::process::Command::new(bin_path("tollgate"))
+            .args(["--supervisor", supervisor.addr()])
+            .arg("--token-file")
+            .arg(supervisor.token_file())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+
+    // A live run.
+    let text = mint(
+        "mkdir -p /work/out/sub && echo report > /work/out/report.md && \
+         echo deep > /work/out/sub/x && ln -s /etc/hostname /work/out/link && \
+         touch /work/ready && sleep 60",
+        0,
+    )
+    .await;
+    let live = supervisor.start_run(text).await;
+    let ready = supervisor
+        .data_dir()
+        .join("runs")
+        .join(&live)
+        .join("work/ready");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !ready.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent never got ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dest = dir.path().join("copies");
+    std::fs::create_dir(&dest).unwrap();
+    let out = tollgate(&["cp", &format!("{live}:/work/out"), dest.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::read_to_string(dest.join("out/report.md")).unwrap(),
+        "report\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dest.join("out/sub/x")).unwrap(),
+        "deep\n"
+    );
+    assert_eq!(
+        std::fs::read_link(dest.join("out/link")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    // A single file to a new name; a path outside /work; a missing one.
+    let one = dest.join("renamed.md");
+    let out = tollgate(&[
+        "cp",
+        &format!("{live}:/work/out/report.md"),
+        one.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&one).unwrap(), "report\n");
+    let out = tollgate(&["cp", &format!("{live}:/work/../etc/shadow"), "-"]);
+    assert!(!out.status.success());
+    let out = tollgate(&[
+        "cp",
+        &format!("{live}:/work/missing"),
+        dest.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(66), "{out:?}");
+
+    // A run whose receipt keeps its workspace for an hour.
+    let text = mint("echo result > /work/result.txt", 3600).await;
+    let kept = supervisor.start_run(text).await;
+    let run = supervisor.wait_ended(&kept, Duration::from_secs(30)).await;
+    let report = run.report.unwrap();
+    assert!(!report.workspace.is_empty(), "{report:?}");
+    let now = tollgate_receipt::unix_now() as u64;
+    assert!((now + 3500..=now + 3600).contains(&report.workspace_kept_until));
+    let result = dir.path().join("result.txt");
+    let out = tollgate(&[
+        "cp",
+        &format!("{kept}:/work/result.txt"),
+        result.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(std::fs::read_to_string(&result).unwrap(), "result\n");
+    let out = tollgate(&["rm", &kept]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(!Path::new(&report.workspace).exists());
+    let out = tollgate(&["cp", &format!("{kept}:/work/result.txt"), "-"]);
+    assert_eq!(out.status.code(), Some(66), "{out:?}");
+    // The ended run without keep has nothing to copy.
+    supervisor
+        .client()
+        .await
+        .stop_run(authed(
+            &supervisor.token(),
+            pb::StopRunRequest {
+                run_id: live.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .unwrap();
+    let out = tollgate(&["cp", &format!("{live}:/work/out"), "-"]);
+    assert_eq!(out.status.code(), Some(66), "{out:?}");
+}

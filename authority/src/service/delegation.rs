@@ -252,6 +252,8 @@ impl AuthorityService {
             delegate: spec.delegate,
             not_before: None,
             rootfs: parent.rootfs.clone(),
+            // A child's workspace goes with it; its parent copies out what it needs.
+            workspace_keep_seconds: 0,
         };
         // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
         validate_mint(&shape)?;
@@ -281,6 +283,7 @@ impl AuthorityService {
             delegate: shape.delegate,
             // A child runs on its parent's userland.
             rootfs: parent.rootfs.clone(),
+            workspace_keep_seconds: 0,
         };
         // Ceilings are not re-checked: child within parent within ceiling, and ceilings never
         // change.

@@ -101,6 +101,7 @@ impl AuthorityService {
             network: pb::NetworkAccess::LoopbackOnly as i32,
             delegate: request.delegate,
             rootfs: request.rootfs,
+            workspace_keep_seconds: request.workspace_keep_seconds,
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting

@@ -7,6 +7,7 @@
 // `// SAFETY:` line.
 #![deny(unsafe_code)]
 
+pub mod archive;
 pub mod beneath;
 pub mod idmap;
 pub mod reach;

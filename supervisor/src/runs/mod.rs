@@ -32,6 +32,7 @@ mod open;
 mod restore;
 mod start;
 mod teardown;
+pub mod workspace;
 
 /// The longest live-restore window a supervisor accepts.
 pub const MAX_LIVE_RESTORE_WINDOW: Duration = Duration::from_secs(24 * 3600);

@@ -162,6 +162,17 @@ impl RunManager {
         for run in reclaimed {
             manager.adopt(run);
         }
+        // Kept workspaces go when their time is up: now, and every minute from then on
+        // (the thread ends with the manager).
+        manager.sweep_workspaces();
+        let weak = Arc::downgrade(&manager);
+        std::thread::spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            match weak.upgrade() {
+                Some(manager) => manager.sweep_workspaces(),
+                None => return,
+            }
+        });
         Ok((manager, recovered))
     }
 }

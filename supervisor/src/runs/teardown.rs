@@ -129,11 +129,11 @@ impl RunManager {
                 .as_ref()
                 .map(|models| models.usage())
                 .unwrap_or_default();
-            (last_call, usage)
+            (last_call, usage, run.gate.receipt.workspace_keep_seconds)
         });
-        let (last_tool_call_id, route_usage) = match ended_gateway {
-            Some((last_call, usage)) => (Some(last_call), usage),
-            None => (None, Vec::new()),
+        let (last_tool_call_id, route_usage, keep) = match ended_gateway {
+            Some((last_call, usage, keep)) => (Some(last_call), usage, keep),
+            None => (None, Vec::new(), 0),
         };
         let trigger = live
             .trigger
@@ -188,6 +188,19 @@ impl RunManager {
         report.cgroup = Some(live.cgroup.relative().to_owned());
         if let Err(e) = live.cgroup.remove() {
             report.cleanup_errors.push(e.to_string());
+        }
+        // A receipt that keeps the workspace: moved aside (for `tollgate cp`) before the
+        // run's directory goes. Only once the agent ran: there is nothing to keep otherwise.
+        if keep > 0 && exit.is_some() {
+            match self.keep_workspace(run_id, dirs, keep) {
+                Ok((path, until)) => {
+                    report.workspace = Some(path.display().to_string());
+                    report.workspace_kept_until = Some(until);
+                }
+                Err(e) => report
+                    .cleanup_errors
+                    .push(format!("keeping the workspace: {e}")),
+            }
         }
         if let Err(e) = dirs.remove() {
             report.cleanup_errors.push(e.to_string());

@@ -1,0 +1,152 @@
+//! Workspaces after a run: `/work` kept for its receipt's `workspace_keep_seconds` under
+//! `<data-dir>/workspaces/<run>/work` (with the time it goes in `until`), for `CopyOut`, until
+//! then or `RemoveWorkspace`. The directory is root's and 0700, so no later sandbox that
+//! gets the same host id can reach it.
+
+use std::path::{Path, PathBuf};
+
+use tollgate_audit::{Decision, EntryDraft, EntryKind};
+use tollgate_receipt::unix_now;
+
+use crate::COMPONENT;
+
+use super::RunManager;
+use crate::sandbox::RunDirs;
+
+/// Where kept workspaces live.
+fn kept_root(data_dir: &Path) -> PathBuf {
+    data_dir.join("workspaces")
+}
+
+/// Why a workspace could not be found or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// The run is neither live nor has a kept workspace.
+    #[error("run {0} has no workspace: it is not live, and none was kept (or its time is up)")]
+    NotFound(String),
+    /// Removing it failed.
+    #[error("removing {path}: {source}")]
+    Remove {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// A run id as a kept workspace's directory name: a UUID, nothing else (never a path).
+fn valid_id(run_id: &str) -> bool {
+    uuid::Uuid::parse_str(run_id).is_ok() && !run_id.contains('/')
+}
+
+impl RunManager {
+    /// Moves an ended run's `/work` aside for `keep` seconds; where, and until when.
+    pub(super) fn keep_workspace(
+        &self,
+        run_id: &str,
+        dirs: &RunDirs,
+        keep: u64,
+    ) -> std::io::Result<(PathBuf, u64)> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let root = kept_root(&self.settings.data_dir);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)?;
+        let place = root.join(run_id);
+        std::fs::DirBuilder::new().mode(0o700).create(&place)?;
+        let until = u64::try_from(unix_now()).unwrap_or(0).saturating_add(keep);
+        // The time first: a crash between the two leaves a place the sweep removes.
+        std::fs::write(place.join("until"), format!("{until}\n"))?;
+        let work = place.join("work");
+        std::fs::rename(&dirs.work, &work)?;
+        Ok((work, until))
+    }
+
+    /// Removes every kept workspace whose time has come (or whose time cannot be read).
+    pub(crate) fn sweep_workspaces(&self) {
+        let now = u64::try_from(unix_now()).unwrap_or(0);
+        let Ok(entries) = std::fs::read_dir(kept_root(&self.settings.data_dir)) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let until = std::fs::read_to_string(entry.path().join("until"))
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok());
+            if until.is_none_or(|until| until <= now) {
+                match std::fs::remove_dir_all(entry.path()) {
+                    Ok(()) => tracing::info!(
+                        run_id = %entry.file_name().to_string_lossy(),
+                        "kept workspace removed: its time is up"
+                    ),
+                    Err(e) => {
+                        tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a kept workspace")
+                    }
+                }
+            }
+        }
+    }
+
+    /// The host directory that is `run_id`'s `/work`: the live run's, or the kept one.
+    pub fn workspace_of(&self, run_id: &str) -> Result<PathBuf, WorkspaceError> {
+        let not_found = || WorkspaceError::NotFound(run_id.to_owned());
+        if !valid_id(run_id) {
+            return Err(not_found());
+        }
+        if self.live_run(run_id).is_some() {
+            let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), run_id);
+            if dirs.work.is_dir() {
+                return Ok(dirs.work);
+            }
+        }
+        self.sweep_workspaces();
+        let kept = kept_root(&self.settings.data_dir).join(run_id).join("work");
+        if kept.is_dir() {
+            Ok(kept)
+        } else {
+            Err(not_found())
+        }
+    }
+
+    /// Audits an access to `run_id`'s workspace: `action` (`copy_out`, `remove`) of `path`,
+    /// allowed with `bytes`, or refused with why.
+    pub fn audit_workspace(
+        &self,
+        run_id: &str,
+        action: &str,
+        path: &str,
+        outcome: Result<u64, String>,
+    ) {
+        let mut draft = EntryDraft::new(COMPONENT, EntryKind::WorkspaceAccess)
+            .meta("action", action)
+            .meta("path", path);
+        if valid_id(run_id) {
+            draft = draft.run(run_id).receipt(run_id);
+        }
+        draft = match outcome {
+            Ok(bytes) => draft
+                .decision(Decision::Allow)
+                .meta("bytes", i64::try_from(bytes).unwrap_or(i64::MAX)),
+            Err(reason) => draft.decision(Decision::Deny).reason(reason),
+        };
+        if let Err(e) = self.audit.append(draft) {
+            tracing::error!(run_id, error = %e, "could not audit a workspace access");
+        }
+    }
+
+    /// Removes `run_id`'s kept workspace now; where it was.
+    pub fn remove_workspace(&self, run_id: &str) -> Result<PathBuf, WorkspaceError> {
+        if !valid_id(run_id) {
+            return Err(WorkspaceError::NotFound(run_id.to_owned()));
+        }
+        let place = kept_root(&self.settings.data_dir).join(run_id);
+        if !place.is_dir() {
+            return Err(WorkspaceError::NotFound(run_id.to_owned()));
+        }
+        std::fs::remove_dir_all(&place).map_err(|source| WorkspaceError::Remove {
+            path: place.clone(),
+            source,
+        })?;
+        Ok(place.join("work"))
+    }
+}
