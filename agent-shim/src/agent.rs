@@ -12,9 +12,91 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::SigSet;
 use nix::sys::wait::waitpid;
 use nix::unistd::{fork, ForkResult, Pid};
-use tollgate_shim_protocol::plan::SandboxPlan;
+use tollgate_shim_protocol::plan::{AgentInput, SandboxPlan};
 
 use crate::confine;
+
+/// The agent's input, made by pid 1 before the agent: the end the agent gets as its stdin (a
+/// terminal also as stdout, stderr and controlling terminal), and the end for the supervisor.
+#[derive(Debug)]
+pub(crate) struct AgentStdio {
+    agent: OwnedFd,
+    supervisor: OwnedFd,
+    terminal: bool,
+}
+
+impl AgentStdio {
+    /// The input the plan asks for: none, a pipe, or a pseudo-terminal of its size (from the
+    /// host's `/dev/ptmx`, so call before the root is switched), its slave owned by the
+    /// agent's host id so that the terminal is the agent's own.
+    pub(crate) fn for_plan(plan: &SandboxPlan) -> Result<Option<Self>, String> {
+        use nix::fcntl::OFlag;
+        match plan.input {
+            AgentInput::Null => Ok(None),
+            AgentInput::Pipe => {
+                let (read, write) =
+                    nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+                Ok(Some(Self {
+                    agent: read,
+                    supervisor: write,
+                    terminal: false,
+                }))
+            }
+            AgentInput::Terminal { rows, cols } => {
+                let size = nix::pty::Winsize {
+                    ws_row: rows,
+                    ws_col: cols,
+                    ws_xpixel: 0,
+                    ws_ypixel: 0,
+                };
+                let pty = nix::pty::openpty(Some(&size), None)
+                    .map_err(|e| format!("opening a pseudo-terminal: {e}"))?;
+                nix::unistd::fchown(
+                    &pty.slave,
+                    Some(nix::unistd::Uid::from_raw(plan.host_id)),
+                    Some(nix::unistd::Gid::from_raw(plan.host_id)),
+                )
+                .map_err(|e| format!("giving the terminal to the agent: {e}"))?;
+                Ok(Some(Self {
+                    agent: pty.slave,
+                    supervisor: pty.master,
+                    terminal: true,
+                }))
+            }
+        }
+    }
+
+    /// The supervisor's end (the agent's end closes with this).
+    pub(crate) fn supervisor_end(self) -> OwnedFd {
+        self.supervisor
+    }
+}
+
+/// In the agent process: its input becomes stdin (and, for a terminal, stdout, stderr and
+/// the controlling terminal of its new session).
+fn take_input(input: &AgentStdio) -> Result<(), String> {
+    use std::os::fd::AsRawFd as _;
+    let targets: &[i32] = if input.terminal { &[0, 1, 2] } else { &[0] };
+    for target in targets {
+        // SAFETY: dup2 of a descriptor this process holds onto a standard stream number.
+        #[allow(unsafe_code)]
+        if unsafe { libc::dup2(input.agent.as_raw_fd(), *target) } < 0 {
+            return Err(format!("dup2: {}", std::io::Error::last_os_error()));
+        }
+    }
+    if input.terminal {
+        // SAFETY: TIOCSCTTY on stdin (the terminal's slave) with argument 0; this process is
+        // a session leader without a controlling terminal (setsid came first).
+        #[allow(unsafe_code)]
+        if unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+            return Err(format!(
+                "making the terminal the agent's: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
 
 /// Exit status of the shim when the sandbox could not be built.
 pub const EXIT_SETUP_FAILED: i32 = 125;
@@ -36,6 +118,7 @@ pub(crate) fn start_agent(
     plan: &SandboxPlan,
     seccomp: &confine::SeccompPrograms,
     proc_dir: &OwnedFd,
+    input: Option<&AgentStdio>,
 ) -> Result<(Pid, u32), String> {
     use nix::fcntl::OFlag;
     // Both ends close on exec: EOF on the report pipe means the agent's exec succeeded.
@@ -50,7 +133,7 @@ pub(crate) fn start_agent(
         Ok(ForkResult::Child) => {
             drop(report_read);
             drop(go_write);
-            let reason = agent_child(plan, seccomp, &report_write, go_read);
+            let reason = agent_child(plan, seccomp, &report_write, go_read, input);
             let _ = nix::unistd::write(&report_write, reason.as_bytes());
             std::process::exit(EXIT_SETUP_FAILED)
         }
@@ -132,9 +215,13 @@ fn agent_child(
     seccomp: &confine::SeccompPrograms,
     report: &OwnedFd,
     go: OwnedFd,
+    input: Option<&AgentStdio>,
 ) -> String {
     let step = || -> Result<(), String> {
         nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+        if let Some(input) = input {
+            take_input(input)?;
+        }
         limit_open_files(plan.files)?;
         // Restore the default signal mask pid 1 set up for itself.
         SigSet::all().thread_unblock().map_err(|e| e.to_string())?;

@@ -82,7 +82,7 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     // Inherited by the command; the helper itself only waits.
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)
         .map_err(|e| format!("setting the CPU-time limit: {e}"))?;
-    let (child, _) = crate::agent::start_agent(&request.plan, &seccomp, &host_proc)?;
+    let (child, _) = crate::agent::start_agent(&request.plan, &seccomp, &host_proc, None)?;
     // No threads here: a process that joined another pid namespace cannot create them. The
     // command stays unreaped (its pid, and so its group's number, reserved) until after its
     // group is signalled, so a kill never reaches a recycled pid.

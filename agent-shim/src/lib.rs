@@ -45,7 +45,7 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{fork, ForkResult, Pid};
-use tollgate_shim_protocol::plan::{self, SandboxPlan};
+use tollgate_shim_protocol::plan::{self, SandboxPlan, INPUT_MARKER};
 use tollgate_shim_protocol::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD, DETACH_FDS};
 
 pub use agent::EXIT_SETUP_FAILED;
@@ -256,6 +256,12 @@ fn pid_one(
         Err(reason) => fail(&mut control, reason),
     };
     drop(reader);
+    // The agent's input, made while the host's /dev/ptmx is still reachable (before the
+    // root is switched): the agent gets one end, the supervisor the other.
+    let input = match agent::AgentStdio::for_plan(&plan) {
+        Ok(input) => input,
+        Err(reason) => fail(&mut control, reason),
+    };
     if let Err(e) = setup::finish_root(&base, &plan, mounts) {
         fail(&mut control, e.to_string());
     }
@@ -275,10 +281,18 @@ fn pid_one(
             fail(&mut control, reason);
         }
     }
-    let (agent, landlock_abi) = match agent::start_agent(plan, &seccomp, &proc_dir) {
+    let (agent, landlock_abi) = match agent::start_agent(plan, &seccomp, &proc_dir, input.as_ref())
+    {
         Ok(started) => started,
         Err(reason) => fail(&mut control, reason),
     };
+    // The supervisor's end goes to it (pid 1 keeps no copy: the agent's exit is then the
+    // terminal's hang-up, or the pipe's last reader gone).
+    if let Some(input) = input {
+        if let Err(reason) = send_marker_with_fd(&control, input.supervisor_end()) {
+            fail(&mut control, reason);
+        }
+    }
     send(
         &mut control,
         &FromShim::Started {
@@ -493,6 +507,18 @@ fn send_with_fds(control: &UnixStream, message: &FromShim, fds: &[OwnedFd]) -> R
     Ok(())
 }
 
+/// Sends [`INPUT_MARKER`] alone with `fd` attached (SCM_RIGHTS): the supervisor reads it with
+/// `recvmsg` before the line-based messages that follow.
+fn send_marker_with_fd(control: &UnixStream, fd: OwnedFd) -> Result<(), String> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    let raw = [fd.as_raw_fd()];
+    let rights = [ControlMessage::ScmRights(&raw)];
+    let iov = [std::io::IoSlice::new(&[INPUT_MARKER])];
+    sendmsg::<()>(control.as_raw_fd(), &iov, &rights, MsgFlags::empty(), None)
+        .map_err(|e| format!("handing over the agent's input: {e}"))?;
+    Ok(())
+}
+
 /// Starts the sandbox's model endpoint (`tollgate-shim models`) as the agent's sibling,
 /// confined exactly as the agent is (same uid, Landlock rules, seccomp filter; it may do
 /// nothing the agent could not do over the gateway itself), and waits until it listens, so
@@ -517,7 +543,7 @@ fn start_models_endpoint(
         )],
         cwd: "/".into(),
     };
-    agent::start_agent(&endpoint, seccomp, proc_dir)
+    agent::start_agent(&endpoint, seccomp, proc_dir, None)
         .map_err(|reason| format!("the model endpoint did not start: {reason}"))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));

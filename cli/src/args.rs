@@ -146,12 +146,28 @@ pub enum Command {
     /// (125 when the run could not start, with the reason on stderr; 128+N when killed by
     /// signal N, e.g. when stopped or expired).
     Run {
-        /// File with the receipt's tgr1. text; "-" reads stdin.
+        /// File with the receipt's tgr1. text; "-" reads stdin (not with -i or -t).
         #[arg(long, value_name = "FILE")]
         receipt: PathBuf,
+        /// Forward this process's stdin to the agent (its end is the agent's end of input);
+        /// without it the agent's stdin is /dev/null.
+        #[arg(short = 'i', long)]
+        interactive: bool,
+        /// Give the agent a terminal inside its sandbox, wired to this one: raw mode, resizes
+        /// followed, Ctrl-C reaches the agent as SIGINT, one output stream; exits with the
+        /// agent's exit code. Implies -i.
+        #[arg(short = 't', long)]
+        tty: bool,
         /// The agent command, for receipts that do not pin one.
         #[arg(last = true, value_name = "ARGV")]
         argv: Vec<String>,
+    },
+    /// Attach this terminal to a live run started with -i or -t (`tollgate run -t`): its
+    /// output from the start, then live; what you type goes to the agent (raw mode when the
+    /// run has a terminal and this is one). Exits with the agent's exit code when it ends.
+    Attach {
+        /// The run id.
+        run_id: String,
     },
     /// List runs on the supervisor (live ones; --all for every run).
     Ps {

@@ -13,6 +13,7 @@ mod cmd;
 pub mod error;
 mod files;
 pub mod show;
+mod terminal;
 
 pub use args::{
     AuditCommand, AuditTrustArgs, Cli, Command, GlobalArgs, KeysCommand, OperatorCommand,
@@ -127,7 +128,20 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             logs,
             trust,
         } => audit::trace(&run_id, &logs, &(&trust).into()),
-        Command::Run { receipt, argv } => runs::run(global, &receipt, argv).await,
+        Command::Run {
+            receipt,
+            argv,
+            interactive,
+            tty,
+        } => {
+            let input = match (tty, interactive) {
+                (true, _) => runs::RunInput::Terminal,
+                (false, true) => runs::RunInput::Stdin,
+                (false, false) => runs::RunInput::None,
+            };
+            runs::run(global, &receipt, argv, input).await
+        }
+        Command::Attach { run_id } => runs::attach(global, &run_id).await,
         Command::Ps { all, json } => runs::ps(global, all, json).await,
         Command::Watch { run_id, json } => runs::watch(global, &run_id, json).await,
         Command::Completions { shell } => {

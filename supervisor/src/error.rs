@@ -80,3 +80,33 @@ impl StartError {
         }
     }
 }
+
+/// Why input could not reach a run.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// No live run has the id.
+    #[error("no live run {0}")]
+    NotLive(String),
+    /// The run was started without input, or its input was closed.
+    #[error("run {0} takes no input: start it with stdin or a terminal (tollgate run -i or -t)")]
+    NoInput(String),
+    /// Writing failed (the agent closed its stdin, or ended).
+    #[error("the agent's input: {0}")]
+    Write(std::io::Error),
+}
+
+/// Why a workspace could not be found or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    /// The run is neither live nor has a kept workspace.
+    #[error("run {0} has no workspace: it is not live, and none was kept (or its time is up)")]
+    NotFound(String),
+    /// Removing it failed.
+    #[error("removing {path}: {source}")]
+    Remove {
+        /// The directory.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}

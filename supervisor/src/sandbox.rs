@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 
 use tollgate_proto::v1 as pb;
 use tollgate_shim_protocol::plan::{
-    AgentCommand, Bind, LandlockPlan, ModelsEndpoint, SandboxBase, SandboxPlan, GATEWAY_IN_SANDBOX,
-    MODELS_PORT, SHIM_IN_SANDBOX,
+    AgentCommand, AgentInput, Bind, LandlockPlan, ModelsEndpoint, SandboxBase, SandboxPlan,
+    GATEWAY_IN_SANDBOX, INPUT_MARKER, MODELS_PORT, SHIM_IN_SANDBOX,
 };
 use tollgate_shim_protocol::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD, REATTACH_FDS};
 
@@ -264,6 +264,8 @@ pub fn plan_for(
         gateway_socket: None,
         host_id,
         rootfs: rootfs.map(Path::to_owned),
+        // Set by the run manager from the start request.
+        input: AgentInput::Null,
     })
 }
 
@@ -492,13 +494,17 @@ impl IdleShim {
     }
 }
 
-/// What a started sandbox writes: the read ends of its stdout and stderr pipes.
+/// What a started sandbox writes: the read ends of its stdout and stderr pipes (with a
+/// terminal, stdout reads the terminal's master: everything the agent writes), and the
+/// supervisor's end of the agent's input when its plan asked for one.
 #[derive(Debug)]
 pub struct SandboxOutput {
     /// The agent's standard output.
     pub stdout: PipeReader,
     /// The agent's standard error.
     pub stderr: PipeReader,
+    /// The write end of the agent's stdin pipe, or the terminal's master.
+    pub input: Option<OwnedFd>,
 }
 
 /// A running `tollgate-shim` and its control socket.
@@ -590,6 +596,42 @@ impl SandboxProcess {
             events,
             control,
         };
+        // The agent's input comes first, alone with its descriptor (SCM_RIGHTS), when the
+        // plan asks for one; anything else there is the start of the shim's failure line.
+        let mut input = None;
+        let mut stdout = stdout;
+        if plan.input != AgentInput::Null {
+            match recv_byte_with_fds(&process.control) {
+                Ok((INPUT_MARKER, mut fds)) if fds.len() == 1 => {
+                    let end = fds.remove(0);
+                    if matches!(plan.input, AgentInput::Terminal { .. }) {
+                        // Everything the agent writes comes through the terminal.
+                        match end.try_clone() {
+                            Ok(reader) => stdout = PipeReader::from(reader),
+                            Err(e) => {
+                                process.kill();
+                                return Err(SandboxError::Control(e));
+                            }
+                        }
+                    }
+                    input = Some(end);
+                }
+                Ok((byte, _)) => {
+                    let mut line = vec![byte];
+                    let _ = process.events.read_until(b'\n', &mut line);
+                    let reason = match serde_json::from_slice(&line) {
+                        Ok(FromShim::Failed { reason }) => reason,
+                        _ => "the shim did not hand over the agent's input".into(),
+                    };
+                    let _ = process.wait();
+                    return Err(SandboxError::Setup(reason));
+                }
+                Err(e) => {
+                    process.kill();
+                    return Err(SandboxError::Control(e));
+                }
+            }
+        }
         let first = match process.next_event() {
             Ok(event) => event,
             Err(e) => {
@@ -598,9 +640,15 @@ impl SandboxProcess {
             }
         };
         match first {
-            Some(started @ FromShim::Started { .. }) => {
-                Ok((process, started, SandboxOutput { stdout, stderr }))
-            }
+            Some(started @ FromShim::Started { .. }) => Ok((
+                process,
+                started,
+                SandboxOutput {
+                    stdout,
+                    stderr,
+                    input,
+                },
+            )),
             Some(FromShim::Failed { reason }) => {
                 let _ = process.wait();
                 Err(SandboxError::Setup(reason))
@@ -692,9 +740,11 @@ impl SandboxProcess {
                 events,
                 control,
             },
+            // A run with input is never left detached: nothing of it to hand back.
             output: SandboxOutput {
                 stdout: PipeReader::from(stdout),
                 stderr: PipeReader::from(stderr),
+                input: None,
             },
             gateway: std::os::unix::net::UnixListener::from(gateway),
             execute,

@@ -8,6 +8,8 @@ use tollgate_proto::v1::supervisor_server::Supervisor;
 use tollgate_receipt::from_text;
 use tonic::{Request, Response, Status};
 
+use tollgate_shim_protocol::plan::AgentInput;
+
 use crate::error::StartError;
 use crate::runs::RunManager;
 use crate::status::start_status;
@@ -71,6 +73,35 @@ impl SupervisorService {
     }
 }
 
+/// A terminal size from the wire: both 1 to 65535.
+#[allow(clippy::result_large_err)]
+fn terminal_size(size: &pb::TerminalSize) -> Result<(u16, u16), Status> {
+    match (u16::try_from(size.rows), u16::try_from(size.cols)) {
+        (Ok(rows @ 1..), Ok(cols @ 1..)) => Ok((rows, cols)),
+        _ => Err(Status::invalid_argument(
+            "terminal: rows and cols must be 1 to 65535",
+        )),
+    }
+}
+
+/// One Attach message applied to the run: its input, its resize, its end of input.
+fn apply_input(
+    manager: &RunManager,
+    run_id: &str,
+    message: pb::AttachRequest,
+) -> Result<(), crate::error::InputError> {
+    if let Some((rows, cols)) = message.resize.as_ref().and_then(|s| terminal_size(s).ok()) {
+        manager.resize_terminal(run_id, rows, cols)?;
+    }
+    if !message.input.is_empty() {
+        manager.write_input(run_id, &message.input)?;
+    }
+    if message.close_input {
+        manager.close_input(run_id)?;
+    }
+    Ok(())
+}
+
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Status> {
@@ -112,8 +143,16 @@ impl Supervisor for SupervisorService {
             }
         };
         let argv = (!request.argv.is_empty()).then_some(request.argv);
+        let input = match (request.terminal, request.stdin) {
+            (Some(size), _) => {
+                let (rows, cols) = terminal_size(&size)?;
+                AgentInput::Terminal { rows, cols }
+            }
+            (None, true) => AgentInput::Pipe,
+            (None, false) => AgentInput::Null,
+        };
         let manager = self.manager.clone();
-        let run_id = blocking(move || manager.start_published(&signed, argv, None))
+        let run_id = blocking(move || manager.start_published(&signed, argv, input, None))
             .await?
             .map_err(|e| start_status(&e))?;
         Ok(Response::new(pb::StartRunResponse { run_id }))
@@ -224,6 +263,48 @@ impl Supervisor for SupervisorService {
             })
         })
         .map_err(|e| crate::status::workspace_status(&e))
+    }
+
+    type AttachStream = RunEventStream;
+
+    async fn attach(
+        &self,
+        request: Request<tonic::Streaming<pb::AttachRequest>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        self.tokens.check(&request)?;
+        let mut requests = request.into_inner();
+        let first = requests
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("the first message must name the run"))?;
+        let run_id = first.run_id.clone();
+        self.manager
+            .takes_input(&run_id)
+            .map_err(|e| crate::status::input_status(&e))?;
+        let (history, live) = self
+            .manager
+            .hub()
+            .subscribe(&run_id)
+            .ok_or_else(|| crate::status::no_run(&run_id))?;
+        // Input goes in on its own task, in order; the output streams back meanwhile. A
+        // failed write (the agent ended, or closed its input) ends the input side only.
+        let manager = self.manager.clone();
+        tokio::spawn(async move {
+            let mut next = Some(first);
+            while let Some(message) = next.take() {
+                let (manager, id) = (manager.clone(), run_id.clone());
+                let applied =
+                    tokio::task::spawn_blocking(move || apply_input(&manager, &id, message)).await;
+                if !matches!(applied, Ok(Ok(()))) {
+                    return;
+                }
+                next = match requests.message().await {
+                    Ok(Some(message)) => Some(message),
+                    _ => None,
+                };
+            }
+        });
+        Ok(Response::new(event_stream(history, live)))
     }
 
     type WatchRunStream = RunEventStream;

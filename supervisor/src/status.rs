@@ -50,11 +50,21 @@ pub fn start_status(error: &StartError) -> Status {
 }
 
 /// Maps a workspace failure (`CopyOut`, `RemoveWorkspace`) to its gRPC status.
-pub fn workspace_status(error: &crate::runs::workspace::WorkspaceError) -> Status {
-    use crate::runs::workspace::WorkspaceError;
+pub fn workspace_status(error: &crate::error::WorkspaceError) -> Status {
+    use crate::error::WorkspaceError;
     match error {
         WorkspaceError::NotFound(_) => Status::not_found(error.to_string()),
         WorkspaceError::Remove { .. } => internal("removing a kept workspace", error),
+    }
+}
+
+/// Maps a failure to reach a run's input (`Attach`) to its gRPC status.
+pub fn input_status(error: &crate::error::InputError) -> Status {
+    use crate::error::InputError;
+    match error {
+        InputError::NotLive(_) => Status::not_found(error.to_string()),
+        InputError::NoInput(_) => Status::failed_precondition(error.to_string()),
+        InputError::Write(_) => Status::aborted(error.to_string()),
     }
 }
 

@@ -568,6 +568,7 @@ impl SupervisorProcess {
                 tollgate_proto::v1::StartRunRequest {
                     receipt: text,
                     argv: vec![],
+                    ..Default::default()
                 },
             ))
             .await

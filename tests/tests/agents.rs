@@ -656,6 +656,71 @@ fn an_imported_rootfs_is_cleaned_on_the_way_in_and_runs() {
     );
 }
 
+/// A real authority and supervisor in a temporary directory, for the tests that use the CLI.
+struct Daemons {
+    dir: tempfile::TempDir,
+    authority: tollgate_tests::AuthorityProcess,
+    supervisor: tollgate_tests::SupervisorProcess,
+}
+
+impl Daemons {
+    fn start(test: &str, host_id_base: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let authority = tollgate_tests::AuthorityProcess::start(&dir.path().join("authority"));
+        let supervisor = tollgate_tests::SupervisorProcess::start(
+            &dir.path().join("supervisor"),
+            authority.addr(),
+            test,
+            host_id_base,
+        );
+        Self {
+            dir,
+            authority,
+            supervisor,
+        }
+    }
+
+    /// Mints `request` as the admin; the receipt's text.
+    async fn mint(&self, request: pb::MintReceiptRequest) -> String {
+        self.authority
+            .client()
+            .await
+            .mint_receipt(tollgate_tests::authed(
+                &self.authority.admin_token(),
+                request,
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+            .text
+    }
+
+    /// A receipt for the supervisor running `argv` with these programs allowed.
+    fn request(argv: &[&str], exec: &[&str]) -> pb::MintReceiptRequest {
+        pb::MintReceiptRequest {
+            subject: "agent".into(),
+            ttl_seconds: 60,
+            audience: vec!["workstation".into()],
+            agent: Some(pb::AgentSpec {
+                argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+                ..Default::default()
+            }),
+            exec: exec.iter().map(|e| (*e).to_owned()).collect(),
+            ..Default::default()
+        }
+    }
+
+    /// `tollgate` against the supervisor, with its token.
+    fn tollgate(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(tollgate_tests::bin_path("tollgate"));
+        command
+            .args(["--supervisor", self.supervisor.addr()])
+            .arg("--token-file")
+            .arg(self.supervisor.token_file());
+        command
+    }
+}
+
 /// `tollgate cp` out of a live run (files, a directory, the agent's link kept as a link and
 /// never followed) and out of a workspace kept after the run ended; `tollgate rm` removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -663,57 +728,22 @@ async fn work_is_copied_out_of_a_live_run_and_out_of_a_kept_workspace() {
     if !require_root() {
         return;
     }
-    use tollgate_tests::{authed, bin_path, AuthorityProcess, SupervisorProcess};
-    let dir = tempfile::tempdir().unwrap();
-    let authority = AuthorityProcess::start(&dir.path().join("authority"));
-    let supervisor = SupervisorProcess::start(
-        &dir.path().join("supervisor"),
-        authority.addr(),
-        "agent-cp",
-        208_900,
-    );
+    let daemons = Daemons::start("agent-cp", 209_000);
+    let (dir, supervisor) = (&daemons.dir, &daemons.supervisor);
+    let exec = [
+        "/bin/sh",
+        "/usr/bin/mkdir",
+        "/usr/bin/ln",
+        "/usr/bin/sleep",
+        "/usr/bin/touch",
+    ];
     let mint = |script: &str, keep: u64| {
-        let request = pb::MintReceiptRequest {
-            subject: "copier".into(),
-            ttl_seconds: 60,
-            audience: vec!["workstation".into()],
-            agent: Some(pb::AgentSpec {
-                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
-                ..Default::default()
-            }),
-            exec: [
-                "/bin/sh",
-                "/usr/bin/mkdir",
-                "/usr/bin/ln",
-                "/usr/bin/sleep",
-                "/usr/bin/touch",
-            ]
-            .map(String::from)
-            .to_vec(),
+        daemons.mint(pb::MintReceiptRequest {
             workspace_keep_seconds: keep,
-            ..Default::default()
-        };
-        let authority = &authority;
-        async move {
-            authority
-                .client()
-                .await
-                .mint_receipt(authed(&authority.admin_token(), request))
-                .await
-                .unwrap()
-                .into_inner()
-                .text
-        }
+            ..Daemons::request(&["/bin/sh", "-c", script], &exec)
+        })
     };
-    let tollgate = |args: &[&str]| {
-        std::process::Command::new(bin_path("tollgate"))
-            .args(["--supervisor", supervisor.addr()])
-            .arg("--token-file")
-            .arg(supervisor.token_file())
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let tollgate = |args: &[&str]| daemons.tollgate().args(args).output().unwrap();
 
     // A live run.
     let text = mint(
@@ -796,7 +826,7 @@ async fn work_is_copied_out_of_a_live_run_and_out_of_a_kept_workspace() {
     supervisor
         .client()
         .await
-        .stop_run(authed(
+        .stop_run(tollgate_tests::authed(
             &supervisor.token(),
             pb::StopRunRequest {
                 run_id: live.clone(),
@@ -807,4 +837,144 @@ async fn work_is_copied_out_of_a_live_run_and_out_of_a_kept_workspace() {
         .unwrap();
     let out = tollgate(&["cp", &format!("{live}:/work/out"), "-"]);
     assert_eq!(out.status.code(), Some(66), "{out:?}");
+}
+
+/// `tollgate run -t` under a terminal: the agent gets a terminal of that size, shows a prompt
+/// and reads what is typed, follows a resize, and Ctrl-C reaches it as SIGINT; the command
+/// exits with the agent's code. The test plays the person: it holds the master of the
+/// terminal `tollgate` runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_run_prompts_resizes_and_takes_ctrl_c() {
+    if !require_root() {
+        return;
+    }
+    use std::io::{Read as _, Write as _};
+    use std::sync::{Arc, Mutex};
+    let daemons = Daemons::start("agent-tty", 209_100);
+    let script = "trap 'echo; echo got-INT; exit 3' INT; \
+                  echo \"size $(stty size)\"; printf 'prompt> '; read line; \
+                  echo \"you said $line\"; \
+                  while [ \"$(stty size)\" = '24 80' ]; do sleep 0.05; done; \
+                  echo \"resized $(stty size)\"; echo waiting; sleep 30 & wait";
+    let text = daemons
+        .mint(Daemons::request(
+            &["/bin/sh", "-c", script],
+            &["/bin/sh", "/usr/bin/stty", "/usr/bin/sleep"],
+        ))
+        .await;
+    let receipt = daemons.dir.path().join("repl.tgr");
+    std::fs::write(&receipt, text).unwrap();
+
+    // The person's terminal: 24 x 80, tollgate as its session's controlling process.
+    let pty = nix::pty::openpty(
+        Some(&nix::pty::Winsize {
+            ws_row: 24,
+            ws_col: 80,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        }),
+        None,
+    )
+    .unwrap();
+    let slave_path = nix::unistd::ttyname(&pty.slave).unwrap();
+    let stdio = || std::process::Stdio::from(pty.slave.try_clone().unwrap());
+    let template = daemons.tollgate();
+    let mut tollgate = std::process::Command::new("setsid")
+        .arg("--ctty")
+        .arg(template.get_program())
+        .args(template.get_args())
+        .args(["run", "-t", "--receipt"])
+        .arg(&receipt)
+        .stdin(stdio())
+        .stdout(stdio())
+        .stderr(stdio())
+        .spawn()
+        .unwrap();
+    drop(pty.slave);
+    let screen = Arc::new(Mutex::new(String::new()));
+    let mut master = std::fs::File::from(pty.master);
+    {
+        let (screen, mut reader) = (screen.clone(), master.try_clone().unwrap());
+        std::thread::spawn(move || {
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = reader.read(&mut buffer) {
+                screen
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buffer[..n]));
+            }
+        });
+    }
+    let wait_for = |text: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !screen.lock().unwrap().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {text:?} on the screen: {:?}",
+                screen.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("prompt> ");
+    assert!(screen.lock().unwrap().contains("size 24 80"));
+    master.write_all(b"hello\r").unwrap();
+    wait_for("you said hello");
+    // The person resizes their terminal: tollgate gets SIGWINCH and passes it on.
+    let resized = std::process::Command::new("stty")
+        .arg("-F")
+        .arg(&slave_path)
+        .args(["rows", "40", "cols", "100"])
+        .status()
+        .unwrap();
+    assert!(resized.success());
+    wait_for("resized 40 100");
+    wait_for("waiting");
+    // Ctrl-C: a byte in raw mode, SIGINT in the agent's terminal.
+    master.write_all(b"\x03").unwrap();
+    wait_for("got-INT");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = tollgate.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tollgate did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3), "{:?}", screen.lock().unwrap());
+}
+
+/// `tollgate run -i`: piped stdin reaches the agent, its end is the agent's end of input.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn piped_stdin_reaches_the_agent() {
+    if !require_root() {
+        return;
+    }
+    use std::io::Write as _;
+    let daemons = Daemons::start("agent-stdin", 209_200);
+    let text = daemons
+        .mint(Daemons::request(&["/usr/bin/wc", "-l"], &["/usr/bin/wc"]))
+        .await;
+    let receipt = daemons.dir.path().join("filter.tgr");
+    std::fs::write(&receipt, &text).unwrap();
+    let mut tollgate = daemons
+        .tollgate()
+        .args(["run", "-i", "--receipt"])
+        .arg(&receipt)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = "a\n".repeat(100_000);
+    let mut stdin = tollgate.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        stdin.write_all(lines.as_bytes()).unwrap();
+    });
+    let output = tollgate.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "100000");
 }

@@ -237,6 +237,7 @@ async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
         pb::StartRunRequest {
             receipt: minted.text,
             argv: Vec::new(),
+            ..Default::default()
         },
     ))
     .await
@@ -314,6 +315,7 @@ async fn a_run_is_traced_from_mint_to_teardown_and_edits_are_caught() {
             pb::StartRunRequest {
                 receipt: minted.text.clone(),
                 argv: Vec::new(),
+                ..Default::default()
             },
         ))
         .await
@@ -327,6 +329,7 @@ async fn a_run_is_traced_from_mint_to_teardown_and_edits_are_caught() {
             pb::StartRunRequest {
                 receipt: minted.text,
                 argv: Vec::new(),
+                ..Default::default()
             },
         ))
         .await;

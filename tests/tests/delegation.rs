@@ -318,6 +318,7 @@ echo "child $id"
             pb::StartRunRequest {
                 receipt: receipts.text,
                 argv: vec![],
+                ..Default::default()
             },
         ))
         .await

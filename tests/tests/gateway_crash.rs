@@ -122,6 +122,7 @@ async fn a_supervisor_killed_mid_write_leaves_a_whole_file_and_a_restorable_snap
                 pb::StartRunRequest {
                     receipt: minted.text,
                     argv: vec![],
+                    ..Default::default()
                 },
             ))
             .await

@@ -64,6 +64,7 @@ async fn start_all(
                     pb::StartRunRequest {
                         receipt: text,
                         argv: Vec::new(),
+                        ..Default::default()
                     },
                 ))
                 .await

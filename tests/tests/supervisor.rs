@@ -157,6 +157,7 @@ async fn tollgate_run_streams_output_and_exits_with_the_agents_code() {
             pb::StartRunRequest {
                 receipt: live_text,
                 argv: vec![],
+                ..Default::default()
             },
         ))
         .await
@@ -193,7 +194,7 @@ async fn refused_receipts_start_nothing() {
     let mut client = supervisor.client().await;
     let start = |receipt: String| pb::StartRunRequest {
         receipt,
-        argv: vec![],
+        ..Default::default()
     };
 
     let status = client
@@ -284,6 +285,7 @@ async fn revocation_stop_shutdown_and_crash_leave_nothing() {
     let start = |text: String| pb::StartRunRequest {
         receipt: text,
         argv: vec![],
+        ..Default::default()
     };
     let mut client = supervisor.client().await;
     let token = supervisor.token();
@@ -415,6 +417,7 @@ async fn a_second_supervisor_is_refused_the_first_ones_cgroup_parent_and_host_id
             pb::StartRunRequest {
                 receipt: text,
                 argv: vec![],
+                ..Default::default()
             },
         ))
         .await
@@ -507,6 +510,7 @@ async fn a_receipt_of_a_rotated_in_key_starts_within_a_second() {
             pb::StartRunRequest {
                 receipt: text,
                 argv: vec![],
+                ..Default::default()
             },
         )
     };
@@ -723,6 +727,7 @@ async fn metrics_are_scraped_and_parsed() {
             pb::StartRunRequest {
                 receipt: text,
                 argv: vec![],
+                ..Default::default()
             },
         ))
         .await
@@ -880,6 +885,7 @@ async fn live_restore_re_adopts_a_running_sandbox_and_a_detached_one_expires_on_
     let start = |text: String| pb::StartRunRequest {
         receipt: text,
         argv: vec![],
+        ..Default::default()
     };
     let mut client = supervisor.client().await;
     let token = supervisor.token();

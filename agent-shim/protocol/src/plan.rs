@@ -37,6 +37,30 @@ pub struct LandlockPlan {
     pub execute_resolved: bool,
 }
 
+/// What the agent's standard input is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentInput {
+    /// `/dev/null`.
+    #[default]
+    Null,
+    /// A pipe whose write end the supervisor holds (`tollgate run -i`).
+    Pipe,
+    /// A pseudo-terminal as stdin, stdout and stderr and the agent's controlling terminal,
+    /// this size; the supervisor holds its master (`tollgate run -t`).
+    Terminal {
+        /// Rows.
+        rows: u16,
+        /// Columns.
+        cols: u16,
+    },
+}
+
+/// The byte pid 1 sends, with the supervisor's end of the agent's input attached
+/// (SCM_RIGHTS: the pipe's write end, or the terminal's master), just before
+/// `FromShim::Started`, when the plan asks for input.
+pub const INPUT_MARKER: u8 = b'I';
+
 /// What runs as the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentCommand {
@@ -190,4 +214,7 @@ pub struct SandboxPlan {
     /// `/etc`.
     #[serde(default)]
     pub rootfs: Option<PathBuf>,
+    /// The agent's standard input.
+    #[serde(default)]
+    pub input: AgentInput,
 }

@@ -435,7 +435,7 @@ async fn run_sample_agent(
             &supervisor_token,
             pb::StartRunRequest {
                 receipt: minted.text,
-                argv: Vec::new(),
+                ..Default::default()
             },
         )?)
         .await?

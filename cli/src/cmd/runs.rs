@@ -153,8 +153,14 @@ pub(crate) async fn run(
     global: &GlobalArgs,
     receipt: &Path,
     argv: Vec<String>,
+    input: RunInput,
 ) -> Result<(), CliError> {
     let not_started = |e: CliError| CliError::RunNotStarted(e.to_string());
+    if input != RunInput::None && receipt == Path::new("-") {
+        return Err(not_started(CliError::Input(
+            "with -i or -t stdin is the agent's: give the receipt as a file, not \"-\"".into(),
+        )));
+    }
     let text = read_input(receipt).map_err(not_started)?;
     let token = global.supervisor_tokens().token().map_err(not_started)?;
     let mut client = connect_supervisor(&global.supervisor)
@@ -166,12 +172,45 @@ pub(crate) async fn run(
             pb::StartRunRequest {
                 receipt: text.trim().to_owned(),
                 argv,
+                stdin: input != RunInput::None,
+                terminal: (input == RunInput::Terminal).then(crate::terminal::size),
             },
         )?)
         .await
         .map_err(|status| not_started(status.into()))?
         .into_inner();
-    follow(&mut client, &token, &started.run_id, Display::Plain).await
+    match input {
+        RunInput::None => follow(&mut client, &token, &started.run_id, Display::Plain).await,
+        RunInput::Stdin | RunInput::Terminal => {
+            let terminal = input == RunInput::Terminal;
+            let (events, _raw) =
+                crate::terminal::attach(&mut client, &token, &started.run_id, terminal).await?;
+            show_events(events, &started.run_id, Display::Plain).await
+        }
+    }
+}
+
+/// `tollgate attach RUN`: raw mode when this is a terminal (the run's may be a pipe: keys are
+/// then sent as typed, without local line editing).
+pub(crate) async fn attach(global: &GlobalArgs, run_id: &str) -> Result<(), CliError> {
+    use std::io::IsTerminal as _;
+    let token = global.supervisor_tokens().token()?;
+    let mut client = connect_supervisor(&global.supervisor).await?;
+    let (events, _raw) =
+        crate::terminal::attach(&mut client, &token, run_id, std::io::stdin().is_terminal())
+            .await?;
+    show_events(events, run_id, Display::Plain).await
+}
+
+/// What `tollgate run` gives the agent as stdin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunInput {
+    /// Nothing (/dev/null).
+    None,
+    /// This process's stdin (`-i`).
+    Stdin,
+    /// A terminal inside the sandbox, wired to this one (`-t`).
+    Terminal,
 }
 
 /// How `follow` shows a run.
@@ -207,7 +246,7 @@ async fn follow(
     run_id: &str,
     display: Display,
 ) -> Result<(), CliError> {
-    let mut events = client
+    let events = client
         .watch_run(authed(
             token,
             pb::WatchRunRequest {
@@ -216,6 +255,16 @@ async fn follow(
         )?)
         .await?
         .into_inner();
+    show_events(events, run_id, display).await
+}
+
+/// Shows a run's events (output, then its end) as `display` asks; the result carries the
+/// agent's exit status.
+async fn show_events(
+    mut events: tonic::Streaming<pb::RunEvent>,
+    run_id: &str,
+    display: Display,
+) -> Result<(), CliError> {
     let started = std::time::Instant::now();
     let mut bytes = 0usize;
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));

@@ -27,6 +27,10 @@ pub struct RequestLimits {
 struct Shared {
     /// Method path → most request bytes (the gRPC framing included).
     caps: Vec<(&'static str, usize)>,
+    /// Client-streaming methods whose body has no total cap and no deadline (an interactive
+    /// session's input): what the daemon holds of them is bounded by the HTTP/2 stream
+    /// window and the service's per-message limit instead.
+    streams: Vec<&'static str>,
     default_cap: usize,
     /// Bytes of every request that do not count against `in_flight_max`: small calls are
     /// never refused for the budget (the stream and connection limits bound them instead).
@@ -63,6 +67,7 @@ impl RequestLimits {
         RequestLimitsBuilder {
             shared: Shared {
                 caps: Vec::new(),
+                streams: Vec::new(),
                 default_cap,
                 allowance: 64 << 10,
                 in_flight_max: in_flight,
@@ -91,6 +96,13 @@ impl RequestLimitsBuilder {
     /// Requests to `path` (`/package.Service/Method`) may carry up to `bytes`.
     pub fn cap(mut self, path: &'static str, bytes: usize) -> Self {
         self.shared.caps.push((path, bytes));
+        self
+    }
+
+    /// Requests to `path` are a long-lived input stream: no total cap, no body deadline (the
+    /// header check still applies; the HTTP/2 window and the per-message limit bound them).
+    pub fn stream(mut self, path: &'static str) -> Self {
+        self.shared.streams.push(path);
         self
     }
 
@@ -173,6 +185,18 @@ where
             limits: self.limits.clone(),
             counted: AtomicUsize::new(0),
         });
+        if self
+            .limits
+            .shared
+            .streams
+            .iter()
+            .any(|stream| *stream == path)
+        {
+            return LimitedFuture::Called {
+                future: self.inner.call(request),
+                _charge: charge,
+            };
+        }
         let cap = self.limits.cap_of(&path);
         let deadline = tokio::time::Instant::now() + self.limits.shared.body_deadline;
         let request = request.map(|body| {

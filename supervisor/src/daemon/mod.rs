@@ -203,7 +203,9 @@ impl Supervisor {
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
-            .add_service(SupervisorServer::new(service))
+            // No message larger than the largest request (StartRun, 256 KiB): Attach's input
+            // stream is capped per message, not in total.
+            .add_service(SupervisorServer::new(service).max_decoding_message_size(256 << 10))
             .serve_with_incoming_shutdown(incoming, signal);
         let grace = async move {
             let _ = stop_rx.wait_for(|stop| *stop).await;
@@ -252,6 +254,9 @@ fn request_limits(token_hash: [u8; 32]) -> RequestLimits {
     let header_check = TokenCheck::new(token_hash);
     RequestLimits::builder(64 << 10, 16 << 20, Duration::from_secs(30))
         .cap("/tollgate.v1.Supervisor/StartRun", 256 << 10)
+        // A run's input for as long as it runs; each message at most the service's
+        // decoding limit.
+        .stream("/tollgate.v1.Supervisor/Attach")
         .cap(PUBLIC_CALL, 1 << 10)
         .check(move |path, headers| {
             if !path.starts_with("/tollgate.v1.Supervisor/") || path == PUBLIC_CALL {

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tollgate_receipt::{unix_now, KeySet, SignedReceipt, VerifyError, VerifyFailure};
 use tollgate_router_backends::ModelRoutes;
+use tollgate_shim_protocol::plan::AgentInput;
 
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::RunCgroup;
@@ -28,6 +29,7 @@ use crate::COMPONENT;
 use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 
 mod admit;
+pub mod input;
 mod open;
 mod restore;
 mod start;
@@ -127,6 +129,9 @@ struct LiveRun {
     /// to the next supervisor and never tears it down.
     detached: Mutex<bool>,
     detached_signal: Condvar,
+    /// The supervisor's end of the agent's input (`tollgate run -i`/`-t`): the write end of
+    /// its stdin pipe, or its terminal's master. Closed (EOF) by `CloseInput` or teardown.
+    input: Mutex<Option<std::fs::File>>,
 }
 
 impl LiveRun {
@@ -597,7 +602,7 @@ impl ChildRuns for RunManager {
         argv: Option<Vec<String>>,
         child: ChildOf,
     ) -> Result<String, StartError> {
-        self.start_published(signed, argv, Some(child))
+        self.start_published(signed, argv, AgentInput::Null, Some(child))
     }
 
     fn get(&self, run_id: &str) -> Result<Option<RunRecord>, RecordsError> {

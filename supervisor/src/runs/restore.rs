@@ -184,7 +184,17 @@ impl RunManager {
             let has_children = live
                 .iter()
                 .any(|(_, other)| other.parent.as_deref() == Some(run_id.as_str()));
-            if run.parent.is_some() || has_children || run.closing.load(Ordering::SeqCst) {
+            // Its input (stdin pipe or terminal) cannot be handed over either.
+            let has_input = run
+                .input
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some();
+            if run.parent.is_some()
+                || has_children
+                || has_input
+                || run.closing.load(Ordering::SeqCst)
+            {
                 continue;
             }
             match self.detach(run_id, run, window) {

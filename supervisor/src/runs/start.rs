@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tollgate_receipt::SignedReceipt;
-use tollgate_shim_protocol::plan::SandboxPlan;
+use tollgate_shim_protocol::plan::{AgentInput, SandboxPlan};
 use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use crate::cgroup::{CgroupLimits, RunCgroup};
@@ -36,6 +36,8 @@ struct Recorded<'a> {
     run_id: String,
     host_id: u32,
     argv: Option<Vec<String>>,
+    /// The agent's stdin, as the start asked.
+    input: AgentInput,
     output: OutputSink,
     /// The `run_admitted` entry, handed to the writer.
     admitted: Result<PendingEntry, AuditError>,
@@ -53,6 +55,7 @@ pub(super) struct Spawn<'a> {
     signed: &'a SignedReceipt,
     host_id: u32,
     argv: Option<Vec<String>>,
+    input: AgentInput,
     grants: Vec<FsGrant>,
     /// The `run_admitted` entry: the plan is not sent before it is on disk.
     admitted: PendingEntry,
@@ -80,7 +83,7 @@ impl RunManager {
         argv: Option<Vec<String>>,
         output: OutputSink,
     ) -> Result<String, StartError> {
-        self.start_in_tree(signed, argv, output, None)
+        self.start_in_tree(signed, argv, AgentInput::Null, output, None)
     }
 
     /// Starts a run whose output and end go to the hub (WatchRun, WatchChild): a root run
@@ -89,9 +92,10 @@ impl RunManager {
         self: &Arc<Self>,
         signed: &SignedReceipt,
         argv: Option<Vec<String>>,
+        input: AgentInput,
         child: Option<ChildOf>,
     ) -> Result<String, StartError> {
-        let run_id = self.start_in_tree(signed, argv, self.hub_sink(), child)?;
+        let run_id = self.start_in_tree(signed, argv, input, self.hub_sink(), child)?;
         self.hub.open(&run_id);
         self.publish_end(&run_id);
         Ok(run_id)
@@ -149,6 +153,7 @@ impl RunManager {
         self: &Arc<Self>,
         signed: &SignedReceipt,
         argv: Option<Vec<String>>,
+        input: AgentInput,
         output: OutputSink,
         child: Option<ChildOf>,
     ) -> Result<String, StartError> {
@@ -197,6 +202,7 @@ impl RunManager {
             run_id,
             host_id,
             argv,
+            input,
             output,
             admitted,
             admitted_at,
@@ -244,6 +250,7 @@ impl RunManager {
             signed: run.signed,
             host_id: run.host_id,
             argv: run.argv,
+            input: run.input,
             grants: run.grants,
             admitted,
         };
@@ -300,6 +307,7 @@ impl RunManager {
             restore: Mutex::new(None),
             detached: Mutex::new(false),
             detached_signal: Condvar::new(),
+            input: Mutex::new(None),
         });
         let mut runs = self.live.lock().unwrap_or_else(|p| p.into_inner());
         runs.insert(run_id.to_owned(), live.clone());
@@ -417,7 +425,11 @@ impl RunManager {
         self: &Arc<Self>,
         threads: RunThreads,
         process: SandboxProcess,
-        SandboxOutput { stdout, stderr }: SandboxOutput,
+        SandboxOutput {
+            stdout,
+            stderr,
+            input,
+        }: SandboxOutput,
         output: OutputSink,
         created: Option<Result<PendingEntry, AuditError>>,
     ) {
@@ -428,6 +440,9 @@ impl RunManager {
             dirs,
             started_ms,
         } = threads;
+        if let Some(end) = input {
+            *live.input.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::fs::File::from(end));
+        }
         // An expiry that fell during the start fires at once.
         let expiry = {
             let (live, manager, id) = (live.clone(), Arc::downgrade(self), run_id.clone());
@@ -597,6 +612,7 @@ impl RunManager {
             signed,
             host_id,
             argv,
+            input,
             grants,
             admitted,
         } = spawn;
@@ -652,6 +668,7 @@ impl RunManager {
             }
         };
         let mut plan = plan;
+        plan.input = input;
         match self.serve_gateway(receipt, dirs, &plan, live, (signed, grants)) {
             Ok(socket) => plan.gateway_socket = Some(socket),
             Err(e) => {

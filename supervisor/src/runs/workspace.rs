@@ -11,27 +11,12 @@ use tollgate_receipt::unix_now;
 use crate::COMPONENT;
 
 use super::RunManager;
+use crate::error::WorkspaceError;
 use crate::sandbox::RunDirs;
 
 /// Where kept workspaces live.
 fn kept_root(data_dir: &Path) -> PathBuf {
     data_dir.join("workspaces")
-}
-
-/// Why a workspace could not be found or removed.
-#[derive(Debug, thiserror::Error)]
-pub enum WorkspaceError {
-    /// The run is neither live nor has a kept workspace.
-    #[error("run {0} has no workspace: it is not live, and none was kept (or its time is up)")]
-    NotFound(String),
-    /// Removing it failed.
-    #[error("removing {path}: {source}")]
-    Remove {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
 }
 
 /// A run id as a kept workspace's directory name: a UUID, nothing else (never a path).
