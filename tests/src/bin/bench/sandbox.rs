@@ -173,11 +173,19 @@ impl Tollgate {
 
     /// Starts `script`; returns the run id and a receiver of its first output's arrival.
     fn start(&self, script: &str) -> anyhow::Result<(String, mpsc::Receiver<Instant>)> {
+        self.start_signed(&self.receipt(script))
+    }
+
+    /// Starts `receipt`; returns the run id and a receiver of its first output's arrival.
+    fn start_signed(
+        &self,
+        receipt: &tollgate_receipt::SignedReceipt,
+    ) -> anyhow::Result<(String, mpsc::Receiver<Instant>)> {
         let (tx, rx) = mpsc::sync_channel(1);
         let sink: OutputSink = Arc::new(move |_: &str, _, _: &[u8]| {
             let _ = tx.try_send(Instant::now());
         });
-        let run_id = self.manager.start(&self.receipt(script), None, sink)?;
+        let run_id = self.manager.start(receipt, None, sink)?;
         Ok((run_id, rx))
     }
 }
@@ -198,9 +206,33 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
     let (mut t_start, mut t_exec, mut b_start) = (Vec::new(), Vec::new(), Vec::new());
     let (mut c_start, mut c_exec) = (Vec::new(), Vec::new());
     let (mut t_teardown, mut b_teardown) = (Vec::new(), Vec::new());
-    let measure = |tollgate: &Tollgate| -> anyhow::Result<(Duration, Duration)> {
+    let (mut idmapped_start, mut rootfs_start) = (Vec::new(), Vec::new());
+    // A grant owned by an unprivileged user (id-mapped at every start), and a root file
+    // system: TOLLGATE_BENCH_ROOTFS, or the Debian rootfs scripts/test makes, when present.
+    let owned = tollgate._dir.path().join("home");
+    std::fs::create_dir(&owned)?;
+    nix::unistd::chown(
+        &owned,
+        Some(nix::unistd::Uid::from_raw(4321)),
+        Some(nix::unistd::Gid::from_raw(4321)),
+    )?;
+    let rootfs = std::env::var("TOLLGATE_BENCH_ROOTFS")
+        .unwrap_or_else(|_| "/var/cache/tollgate-test/rootfs-trixie".into());
+    let rootfs = std::path::Path::new(&rootfs)
+        .join("usr")
+        .is_dir()
+        .then_some(rootfs);
+    let variant = |tollgate: &Tollgate, change: &dyn Fn(&mut pb::Receipt)| {
+        let mut receipt = tollgate.unsigned_receipt("echo x");
+        change(&mut receipt);
+        tollgate.signer.sign(&mut receipt)
+    };
+    let measure = |tollgate: &Tollgate,
+                   receipt: Option<tollgate_receipt::SignedReceipt>|
+     -> anyhow::Result<(Duration, Duration)> {
+        let receipt = receipt.unwrap_or_else(|| tollgate.receipt("echo x"));
         let begin = Instant::now();
-        let (run_id, first) = tollgate.start("echo x")?;
+        let (run_id, first) = tollgate.start_signed(&receipt)?;
         let exec = begin.elapsed();
         let first = first.recv_timeout(Duration::from_secs(10))? - begin;
         tollgate.manager.wait(&run_id, Duration::from_secs(10));
@@ -208,15 +240,35 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
     };
     // Interleave them so machine noise hits all alike; round 0 warms up.
     for round in 0..=runs {
-        let (first, exec) = measure(&tollgate)?;
-        let (cold_first, cold_exec) = measure(&cold)?;
+        let (first, exec) = measure(&tollgate, None)?;
+        let (cold_first, cold_exec) = measure(&cold, None)?;
         let bwrap = bwrap_start()?;
+        let idmapped = variant(&tollgate, &|r: &mut pb::Receipt| {
+            r.fs.push(pb::FsGrant {
+                path: owned.display().to_string(),
+                access: pb::FsAccess::Write as i32,
+                mount: "/home/me".into(),
+                exec: false,
+            });
+        });
+        let (idmapped_first, _) = measure(&tollgate, Some(idmapped))?;
+        let rootfs_first = match &rootfs {
+            Some(rootfs) => {
+                let on_rootfs = variant(&tollgate, &|r: &mut pb::Receipt| {
+                    r.rootfs = rootfs.clone();
+                });
+                Some(measure(&tollgate, Some(on_rootfs))?.0)
+            }
+            None => None,
+        };
         if round > 0 {
             t_start.push(first);
             t_exec.push(exec);
             c_start.push(cold_first);
             c_exec.push(cold_exec);
             b_start.push(bwrap);
+            idmapped_start.push(idmapped_first);
+            rootfs_start.extend(rootfs_first);
         }
     }
     for round in 0..=(runs / 3).max(3) {
@@ -261,6 +313,18 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
         c_exec,
     );
     row("bwrap --unshare-all: spawn -> first output byte", b_start);
+    row(
+        "tollgate, a user-owned grant id-mapped: admitted -> first byte",
+        idmapped_start,
+    );
+    if rootfs_start.is_empty() {
+        println!("(no root file system to start on: set TOLLGATE_BENCH_ROOTFS)");
+    } else {
+        row(
+            "tollgate, on a debootstrap rootfs: admitted -> first byte",
+            rootfs_start,
+        );
+    }
     row(
         "tollgate: teardown of 200 processes (stop -> report written)",
         t_teardown,
