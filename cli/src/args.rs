@@ -222,19 +222,24 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Copy files out of a run's /work: a live run's, or an ended run's workspace its receipt
-    /// kept (`[workspace] keep = "1h"`; the teardown report says where and until when).
-    /// SOURCE is RUN:/work/PATH (a file or a directory); DEST a local path: inside it when it
-    /// is a directory, else the new name; "-" writes the tar stream to stdout. Read beneath
-    /// the workspace without following the agent's links; unpacked beside DEST first, so DEST
-    /// never holds half a copy; audited on the supervisor.
+    /// Copy files out of a run's /work — a live run's, or an ended run's workspace its
+    /// receipt kept (`[workspace] keep = "1h"`; the teardown report says where and until
+    /// when) — or into a live run's /work.
     ///
-    /// Example: tollgate cp 0193f0c2-…:/work/report.md ./report.md
+    /// Out: SOURCE is RUN:/work/PATH (a file or a directory); DEST a local path: inside it
+    /// when it is a directory, else the new name; "-" writes the tar stream to stdout. Read
+    /// beneath the workspace without following the agent's links; unpacked beside DEST first,
+    /// so DEST never holds half a copy. In: SOURCE a local file or directory (links kept as
+    /// links), DEST RUN:/work/DIR (a directory there); it lands as DIR/NAME, the agent's own,
+    /// at most 256 MiB. Audited on the supervisor.
+    ///
+    /// Examples: tollgate cp 0193f0c2-…:/work/report.md ./report.md;
+    /// tollgate cp ./data 0193f0c2-…:/work
     Cp {
-        /// RUN:/work/PATH
-        #[arg(value_name = "RUN:/work/PATH")]
+        /// RUN:/work/PATH, or a local file or directory to copy in.
+        #[arg(value_name = "SOURCE")]
         source: String,
-        /// Where to put it ("-": the tar stream to stdout).
+        /// A local path ("-": the tar stream to stdout), or RUN:/work/DIR to copy into.
         #[arg(value_name = "DEST")]
         dest: PathBuf,
     },

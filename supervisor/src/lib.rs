@@ -17,6 +17,7 @@ pub mod admission;
 // them without linking the sandbox); re-exported under their old paths.
 pub use tollgate_files::{beneath, snapshot};
 pub mod cgroup;
+pub mod copy_in;
 pub mod copy_out;
 pub mod daemon;
 pub mod error;

@@ -243,6 +243,16 @@ impl Supervisor for SupervisorService {
             .map(Response::new)
     }
 
+    async fn copy_in(
+        &self,
+        request: Request<tonic::Streaming<pb::CopyInRequest>>,
+    ) -> Result<Response<pb::CopyInResponse>, Status> {
+        self.tokens.check(&request)?;
+        crate::copy_in::copy_in(self.manager.clone(), request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     async fn remove_workspace(
         &self,
         request: Request<pb::RemoveWorkspaceRequest>,

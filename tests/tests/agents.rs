@@ -800,6 +800,28 @@ async fn work_is_copied_out_of_a_live_run_and_out_of_a_kept_workspace() {
         dest.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(66), "{out:?}");
+    // Into the live run: the agent's own files, in its /work.
+    let local = dir.path().join("inputs");
+    std::fs::create_dir_all(local.join("nested")).unwrap();
+    std::fs::write(local.join("nested/data.csv"), "a,b\n").unwrap();
+    let out = tollgate(&["cp", local.to_str().unwrap(), &format!("{live}:/work/out")]);
+    assert!(out.status.success(), "{out:?}");
+    let work = supervisor.data_dir().join("runs").join(&live).join("work");
+    let landed = work.join("out/inputs/nested/data.csv");
+    assert_eq!(std::fs::read_to_string(&landed).unwrap(), "a,b\n");
+    use std::os::unix::fs::MetadataExt as _;
+    let agent = std::fs::metadata(&work).unwrap().uid();
+    for made in [
+        "out/inputs",
+        "out/inputs/nested",
+        "out/inputs/nested/data.csv",
+    ] {
+        assert_eq!(
+            std::fs::metadata(work.join(made)).unwrap().uid(),
+            agent,
+            "{made}"
+        );
+    }
 
     // A run whose receipt keeps its workspace for an hour.
     let text = mint("echo result > /work/result.txt", 3600).await;
@@ -821,6 +843,9 @@ async fn work_is_copied_out_of_a_live_run_and_out_of_a_kept_workspace() {
     assert!(out.status.success(), "{out:?}");
     assert!(!Path::new(&report.workspace).exists());
     let out = tollgate(&["cp", &format!("{kept}:/work/result.txt"), "-"]);
+    assert_eq!(out.status.code(), Some(66), "{out:?}");
+    // Nothing goes into an ended run.
+    let out = tollgate(&["cp", local.to_str().unwrap(), &format!("{kept}:/work")]);
     assert_eq!(out.status.code(), Some(66), "{out:?}");
     // The ended run without keep has nothing to copy.
     supervisor

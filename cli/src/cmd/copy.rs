@@ -42,8 +42,13 @@ fn output_error(path: &Path) -> impl FnOnce(std::io::Error) -> CliError + '_ {
     }
 }
 
-/// `tollgate cp`.
+/// `tollgate cp`: out of a run (`RUN:/work/PATH DEST`) or into a live one
+/// (`SRC RUN:/work/DIR`).
 pub(crate) async fn copy(global: &GlobalArgs, source: &str, dest: &Path) -> Result<(), CliError> {
+    let into = dest.to_str().and_then(|d| split_source(d).ok());
+    if let (Some((run_id, path)), Err(_)) = (into, split_source(source)) {
+        return copy_in(global, Path::new(source), run_id, path).await;
+    }
     let (run_id, path) = split_source(source)?;
     let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor).await?;
@@ -124,6 +129,73 @@ fn unpack_into_place(
         });
     }
     std::fs::rename(&unpacked, target).map_err(output_error(target))
+}
+
+/// Packs the local `source` (a file or a directory, its links kept as links) as a tar under
+/// its own name, and sends it into the live run's `path` (a directory in its /work).
+async fn copy_in(
+    global: &GlobalArgs,
+    source: &Path,
+    run_id: &str,
+    path: &str,
+) -> Result<(), CliError> {
+    use std::io::{Read as _, Seek as _};
+    let input = |e: std::io::Error| CliError::Input(format!("{}: {e}", source.display()));
+    let name = source
+        .file_name()
+        .ok_or_else(|| CliError::Input(format!("{}: name a file or directory", source.display())))?
+        .to_owned();
+    let mut archive = tempfile::tempfile().map_err(input)?;
+    {
+        let mut builder = tar::Builder::new(&mut archive);
+        builder.follow_symlinks(false);
+        if std::fs::symlink_metadata(source).map_err(input)?.is_dir() {
+            builder.append_dir_all(&name, source).map_err(input)?;
+        } else {
+            builder
+                .append_path_with_name(source, &name)
+                .map_err(input)?;
+        }
+        builder.finish().map_err(input)?;
+    }
+    archive.rewind().map_err(input)?;
+    let token = global.supervisor_tokens().token()?;
+    let mut client = connect_supervisor(&global.supervisor).await?;
+    let (sender, receiver) = tokio::sync::mpsc::channel::<pb::CopyInRequest>(4);
+    let (run, dir) = (run_id.to_owned(), path.to_owned());
+    let reader = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut first = Some((run, dir));
+        let mut buffer = vec![0u8; 256 << 10];
+        loop {
+            let n = archive.read(&mut buffer)?;
+            let (run_id, path) = first.take().unwrap_or_default();
+            if n == 0 && run_id.is_empty() {
+                return Ok(());
+            }
+            let message = pb::CopyInRequest {
+                run_id,
+                path,
+                data: buffer[..n].to_vec(),
+            };
+            if sender.blocking_send(message).is_err() || n == 0 {
+                return Ok(());
+            }
+        }
+    });
+    let copied = client
+        .copy_in(authed(
+            &token,
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )?)
+        .await?
+        .into_inner();
+    let _ = reader.join();
+    say!(
+        "copied {} into {run_id}:{path} ({})",
+        source.display(),
+        bytesize::ByteSize(copied.bytes)
+    );
+    Ok(())
 }
 
 /// `tollgate rm`.

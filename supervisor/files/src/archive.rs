@@ -32,6 +32,9 @@ pub enum ArchiveError {
     /// Directories nest deeper than [`MAX_DEPTH`].
     #[error("directories nest deeper than {MAX_DEPTH}")]
     TooDeep,
+    /// An entry of an archive to unpack names a path outside its destination.
+    #[error("{0}: the archive names a path outside the destination")]
+    Outside(String),
     /// Reading a file or writing the archive failed.
     #[error("{path}: {source}")]
     Io {
@@ -255,6 +258,140 @@ impl<W: Write> Walk<'_, W> {
     }
 }
 
+/// What [`extract_tar`] gives the files it makes.
+#[derive(Debug, Clone, Copy)]
+pub struct Extract {
+    /// Owner uid and gid of everything made (the run's host id: the agent's own).
+    pub owner: (u32, u32),
+    /// Most bytes of one file (its content is staged in memory).
+    pub max_file: u64,
+    /// Most bytes of file content in all.
+    pub limit: u64,
+}
+
+/// The components of an archive entry's path beneath its destination: normal names only
+/// (`./` skipped); `None` when it would leave it (`..`, an absolute path).
+fn entry_components(path: &Path) -> Option<Vec<String>> {
+    let mut parts = Vec::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::Normal(name) => parts.push(name.to_str()?.to_owned()),
+            std::path::Component::CurDir => {}
+            _ => return None,
+        }
+    }
+    (!parts.is_empty()).then_some(parts)
+}
+
+/// Unpacks a tar stream into the workspace `root`, beneath `rest` (a directory there; empty
+/// for the workspace itself), by descriptor: each directory made with `mkdirat` in its
+/// parent as opened beneath the root without following a link (a link the agent planted on
+/// the way refuses the entry), each file written beside its place and renamed in, links made
+/// as links and never followed, everything owned by `extract.owner`, set-id bits dropped.
+/// Devices, FIFOs and the like are skipped. Returns the bytes of file content unpacked.
+pub fn extract_tar(
+    root: &GrantRoot,
+    rest: &str,
+    tar: impl Read,
+    extract: Extract,
+) -> Result<u64, ArchiveError> {
+    use crate::beneath::{parent_beneath, stage, Ownership};
+    let mut archive = tar::Archive::new(tar);
+    let mut bytes = 0u64;
+    let (uid, gid) = extract.owner;
+    let chown = |parent: &crate::beneath::ParentDir, path: &Path| {
+        nix::unistd::fchownat(
+            &parent.fd,
+            parent.name.as_c_str(),
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(errno(path))
+    };
+    let bad = |path: &Path| {
+        let path = path.to_owned();
+        move |e: std::io::Error| ArchiveError::Io {
+            path: path.display().to_string(),
+            source: e,
+        }
+    };
+    for entry in archive.entries().map_err(bad(Path::new("archive")))? {
+        let mut entry = entry.map_err(bad(Path::new("archive")))?;
+        let path = entry
+            .path()
+            .map_err(bad(Path::new("archive")))?
+            .into_owned();
+        let parts = entry_components(&path)
+            .ok_or_else(|| ArchiveError::Outside(path.display().to_string()))?;
+        let kind = entry.header().entry_type();
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o1777;
+        // Every directory on the way, made (owned by the agent) where missing.
+        let mut at = rest.to_owned();
+        let last = parts.len() - 1;
+        for (i, part) in parts.iter().enumerate() {
+            at = if at.is_empty() {
+                part.clone()
+            } else {
+                format!("{at}/{part}")
+            };
+            if i == last && !kind.is_dir() {
+                break;
+            }
+            let parent = parent_beneath(root, &at).map_err(errno(&path))?;
+            let made = if i == last { mode | 0o700 } else { 0o755 };
+            match nix::sys::stat::mkdirat(
+                &parent.fd,
+                parent.name.as_c_str(),
+                Mode::from_bits_truncate(made),
+            ) {
+                Ok(()) => chown(&parent, &path)?,
+                Err(Errno::EEXIST) => {}
+                Err(e) => return Err(errno(&path)(e)),
+            }
+        }
+        if kind.is_dir() {
+            continue;
+        }
+        let parent = parent_beneath(root, &at).map_err(errno(&path))?;
+        if kind.is_symlink() {
+            let Some(target) = entry.link_name().map_err(bad(&path))? else {
+                continue;
+            };
+            match nix::unistd::unlinkat(
+                &parent.fd,
+                parent.name.as_c_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            ) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(e) => return Err(errno(&path)(e)),
+            }
+            nix::unistd::symlinkat(target.as_ref(), &parent.fd, parent.name.as_c_str())
+                .map_err(errno(&path))?;
+            chown(&parent, &path)?;
+            continue;
+        }
+        if !kind.is_file() {
+            continue;
+        }
+        let size = entry.header().size().unwrap_or(0);
+        if size > extract.max_file {
+            return Err(ArchiveError::TooLarge(extract.max_file));
+        }
+        bytes = bytes.saturating_add(size);
+        if bytes > extract.limit {
+            return Err(ArchiveError::TooLarge(extract.limit));
+        }
+        let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        entry.read_to_end(&mut data).map_err(bad(&path))?;
+        let owner = Ownership { uid, gid, mode };
+        stage(parent, "copy-in", None, &data, owner)
+            .and_then(|staged| staged.commit(false))
+            .map_err(errno(&path))?;
+    }
+    Ok(bytes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,6 +443,36 @@ mod tests {
             write_tar(&root, "out", "out", Vec::new(), 4),
             Err(ArchiveError::TooLarge(4))
         ));
+        // Back in, elsewhere in the workspace, owned as asked; nothing lands outside.
+        let owner = nix::unistd::geteuid().as_raw();
+        let extract = Extract {
+            owner: (owner, owner),
+            max_file: 1 << 20,
+            limit: 1 << 20,
+        };
+        std::fs::create_dir(work.join("in")).unwrap();
+        let got = extract_tar(&root, "in", &tar[..], extract).unwrap();
+        assert_eq!(got, 9);
+        assert_eq!(
+            std::fs::read_to_string(work.join("in/out/sub/b.txt")).unwrap(),
+            "beta"
+        );
+        assert_eq!(
+            std::fs::read_link(work.join("in/out/link")).unwrap(),
+            dir.path().join("secret")
+        );
+        // A planted link on the way is never followed.
+        std::os::unix::fs::symlink(dir.path(), work.join("in/escape")).unwrap();
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_size(1);
+        header.set_mode(0o644);
+        builder
+            .append_data(&mut header, "escape/planted", &b"x"[..])
+            .unwrap();
+        let planted = builder.into_inner().unwrap();
+        assert!(extract_tar(&root, "in", &planted[..], extract).is_err());
+        assert!(!dir.path().join("planted").exists());
         for outside in ["../secret", "out/link", "missing"] {
             assert!(
                 matches!(

@@ -257,6 +257,8 @@ fn request_limits(token_hash: [u8; 32]) -> RequestLimits {
         // A run's input for as long as it runs; each message at most the service's
         // decoding limit.
         .stream("/tollgate.v1.Supervisor/Attach")
+        // Spooled to disk as it comes, bounded by the handler (256 MiB).
+        .stream("/tollgate.v1.Supervisor/CopyIn")
         .cap(PUBLIC_CALL, 1 << 10)
         .check(move |path, headers| {
             if !path.starts_with("/tollgate.v1.Supervisor/") || path == PUBLIC_CALL {

@@ -119,6 +119,22 @@ impl RunManager {
         }
     }
 
+    /// The supervisor's data directory.
+    pub fn data_dir(&self) -> &Path {
+        &self.settings.data_dir
+    }
+
+    /// The host directory that is live run `run_id`'s `/work` (none for an ended run).
+    pub fn live_workspace(&self, run_id: &str) -> Result<PathBuf, WorkspaceError> {
+        if valid_id(run_id) && self.live_run(run_id).is_some() {
+            let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), run_id);
+            if dirs.work.is_dir() {
+                return Ok(dirs.work);
+            }
+        }
+        Err(WorkspaceError::NotFound(run_id.to_owned()))
+    }
+
     /// Removes `run_id`'s kept workspace now; where it was.
     pub fn remove_workspace(&self, run_id: &str) -> Result<PathBuf, WorkspaceError> {
         if !valid_id(run_id) {
