@@ -207,6 +207,10 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
     let (mut c_start, mut c_exec) = (Vec::new(), Vec::new());
     let (mut t_teardown, mut b_teardown) = (Vec::new(), Vec::new());
     let (mut idmapped_start, mut rootfs_start) = (Vec::new(), Vec::new());
+    let mut granted_start = Vec::new();
+    // The same grant owned by root: mounted, not id-mapped (what the mapping itself costs).
+    let rooted = tollgate._dir.path().join("srv");
+    std::fs::create_dir(&rooted)?;
     // A grant owned by an unprivileged user (id-mapped at every start), and a root file
     // system: TOLLGATE_BENCH_ROOTFS, or the Debian rootfs scripts/test makes, when present.
     let owned = tollgate._dir.path().join("home");
@@ -252,6 +256,15 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
             });
         });
         let (idmapped_first, _) = measure(&tollgate, Some(idmapped))?;
+        let granted = variant(&tollgate, &|r: &mut pb::Receipt| {
+            r.fs.push(pb::FsGrant {
+                path: rooted.display().to_string(),
+                access: pb::FsAccess::Write as i32,
+                mount: "/home/me".into(),
+                exec: false,
+            });
+        });
+        let (granted_first, _) = measure(&tollgate, Some(granted))?;
         let rootfs_first = match &rootfs {
             Some(rootfs) => {
                 let on_rootfs = variant(&tollgate, &|r: &mut pb::Receipt| {
@@ -268,6 +281,7 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
             c_exec.push(cold_exec);
             b_start.push(bwrap);
             idmapped_start.push(idmapped_first);
+            granted_start.push(granted_first);
             rootfs_start.extend(rootfs_first);
         }
     }
@@ -313,6 +327,10 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
         c_exec,
     );
     row("bwrap --unshare-all: spawn -> first output byte", b_start);
+    row(
+        "tollgate, a root-owned write grant mounted: admitted -> first byte",
+        granted_start,
+    );
     row(
         "tollgate, a user-owned grant id-mapped: admitted -> first byte",
         idmapped_start,
