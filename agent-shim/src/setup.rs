@@ -279,6 +279,11 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
 
     show_system_paths(root, &base.system_paths)?;
     generate_etc(root, &base.hostname)?;
+    // The generated files again, where a run on its own userland takes them from (hidden, and
+    // outside every Landlock rule).
+    let generated = inside(root, Path::new(USERLAND_STAGING)).join("generated");
+    create_dir(&generated)?;
+    write_generated_etc(&generated, &base.hostname)?;
 
     if let Some(shim) = &base.shim_binary {
         // Executable (the system paths are too; everything the agent can write is noexec):
@@ -355,8 +360,8 @@ fn show_system_paths(root: &Path, system_paths: &[PathBuf]) -> Result<(), SetupE
 fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError> {
     let etc = inside(root, Path::new("/etc"));
     create_dir(&etc)?;
-    // Its own small tmpfs, so that a run on a root file system of its choosing replaces the
-    // whole of it (with everything bound inside) in one unmount.
+    // Its own small tmpfs: a run on a root file system of its choosing covers the whole of it
+    // (with everything bound inside) with one overlay.
     mount_fs(
         "tollgate-etc",
         &etc,
@@ -446,23 +451,31 @@ fn write_generated_etc(dir: &Path, hostname: &str) -> Result<(), SetupError> {
     Ok(())
 }
 
-/// Puts the root file system the run chose (attached from `mount`, a detached copy of the
-/// supervisor's pinned descriptor of it) in place of the host's system paths and the
-/// generated `/etc` in the prepared `root`: each of [`SYSTEM_PATHS`] it has is shown
-/// read-only from it (links recreated as links), and `/etc` is that userland's own with the
-/// generated users, hosts and resolver files in front of it (a read-only, `noexec` overlay).
-/// The copy is detached again: no path in the sandbox leads to it.
-fn switch_userland(
-    root: &Path,
-    hostname: &str,
-    source: &Path,
-    userland: &OwnedFd,
-) -> Result<(), SetupError> {
-    let staging = root.join(".tollgate-rootfs");
+/// Where the prepared root keeps, hidden, what a run on its own userland needs: the generated
+/// `/etc` files (an overlay's lower layer) and that userland itself, attached. Outside every
+/// Landlock rule, so the agent cannot read them there (it reads them at their places).
+const USERLAND_STAGING: &str = "/.tollgate-userland";
+
+/// Puts the root file system the run chose (`userland`, a detached copy of the supervisor's
+/// pinned descriptor of it) in place of the host's system paths in the prepared `root`: it is
+/// attached, hidden, at [`USERLAND_STAGING`]`/root`; each of [`SYSTEM_PATHS`] it has is bound
+/// from there over the host's (read-only, nosuid, nodev, executable; links recreated as
+/// links), and `/etc` becomes a read-only, `noexec` overlay of the generated users, hosts and
+/// resolver files over the userland's own, mounted over the generated `/etc`. Mounting over
+/// rather than unmounting keeps the start free of unmounts (each waits for an RCU grace
+/// period); what is covered stays covered (the mounts are the host user namespace's: the
+/// agent cannot unmount them), and the staging paths are outside every Landlock rule.
+fn switch_userland(root: &Path, source: &Path, userland: &OwnedFd) -> Result<(), SetupError> {
+    let point = |path: &Path, source: std::io::Error| SetupError::MountPoint {
+        path: path.to_owned(),
+        source,
+    };
+    let staging = inside(root, Path::new(USERLAND_STAGING));
+    let theirs_root = staging.join("root");
     attach(
         userland,
         source,
-        &staging,
+        &theirs_root,
         Restrict {
             read_only: true,
             devices: false,
@@ -470,42 +483,40 @@ fn switch_userland(
         },
     )?;
     for system in SYSTEM_PATHS {
+        if system == "/etc" {
+            continue;
+        }
         let target = inside(root, Path::new(system));
-        match fs::symlink_metadata(&target) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                fs::remove_file(&target).map_err(|source| SetupError::MountPoint {
-                    path: target.clone(),
-                    source,
-                })?;
+        let from = inside(&theirs_root, Path::new(system));
+        let theirs = fs::symlink_metadata(&from).ok();
+        let ours = fs::symlink_metadata(&target).ok();
+        let theirs_link = theirs.as_ref().is_some_and(|m| m.file_type().is_symlink());
+        let theirs_dir = theirs.as_ref().is_some_and(|m| m.is_dir());
+        // What the host put there that cannot be covered: a link goes (a plain unlink), a
+        // host directory the userland lacks is unmounted (rare: an old /lib32).
+        match &ours {
+            Some(meta) if meta.file_type().is_symlink() => {
+                if theirs_link && fs::read_link(&from).ok() == fs::read_link(&target).ok() {
+                    continue;
+                }
+                fs::remove_file(&target).map_err(|e| point(&target, e))?;
             }
-            Ok(_) => {
-                // The host's bind (or the generated /etc's tmpfs), with whatever is inside.
+            Some(_) if theirs_dir => {}
+            Some(_) => {
                 umount2(&target, MntFlags::MNT_DETACH).map_err(|e| SetupError::Mount {
                     what: format!("detaching the host's {system}"),
                     target: target.clone(),
                     source: e,
                 })?;
+                fs::remove_dir(&target).map_err(|e| point(&target, e))?;
             }
-            Err(_) => {}
+            None => {}
         }
-        if system == "/etc" {
-            continue;
-        }
-        let from = inside(&staging, Path::new(system));
-        match fs::symlink_metadata(&from) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                let link = fs::read_link(&from).map_err(|source| SetupError::MountPoint {
-                    path: from.clone(),
-                    source,
-                })?;
-                if !target.exists() {
-                    symlink(&link, &target).map_err(|source| SetupError::MountPoint {
-                        path: target.clone(),
-                        source,
-                    })?;
-                }
-            }
-            Ok(meta) if meta.is_dir() => bind(
+        if theirs_link {
+            let link = fs::read_link(&from).map_err(|e| point(&from, e))?;
+            symlink(&link, &target).map_err(|e| point(&target, e))?;
+        } else if theirs_dir {
+            bind(
                 &from,
                 &target,
                 Restrict {
@@ -513,63 +524,38 @@ fn switch_userland(
                     devices: false,
                     no_exec: false,
                 },
-            )?,
-            _ => {}
+            )?;
         }
     }
-    // /etc: the userland's own, with the generated users, hosts and resolver files in front
-    // (a read-only overlay of the two; a userland without /etc gets only the generated files).
-    let generated = root.join(".tollgate-etc");
-    create_dir(&generated)?;
-    mount_fs(
-        "tollgate-etc",
-        &generated,
-        "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        "mode=0755,size=64k",
-    )?;
-    write_generated_etc(&generated, hostname)?;
+    // /etc: the generated files (written when the root was prepared) over the userland's own.
     let etc = inside(root, Path::new("/etc"));
-    let userland_etc = staging.join("etc");
-    let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    if fs::symlink_metadata(&userland_etc).is_ok_and(|meta| meta.is_dir()) {
-        // Relative to the root (the data directory's path may hold the option string's
-        // separators).
-        chdir(root).map_err(|e| SetupError::Mount {
-            what: "overlay of /etc".into(),
-            target: etc.clone(),
-            source: e,
-        })?;
-        mount_fs(
-            "tollgate-etc",
-            &etc,
-            "overlay",
-            flags,
-            "lowerdir=.tollgate-etc:.tollgate-rootfs/etc",
-        )?;
-    } else {
-        bind(
-            &generated,
+    let theirs_etc = fs::symlink_metadata(theirs_root.join("etc")).is_ok_and(|m| m.is_dir());
+    if !theirs_etc {
+        // A userland without /etc: only the generated files.
+        return bind(
+            &staging.join("generated"),
             &etc,
             Restrict {
                 read_only: true,
                 devices: false,
                 no_exec: true,
             },
-        )?;
+        );
     }
-    for detach in [&generated, &staging] {
-        umount2(detach, MntFlags::MNT_DETACH).map_err(|e| SetupError::Mount {
-            what: "detaching a staging mount".into(),
-            target: detach.clone(),
-            source: e,
-        })?;
-        fs::remove_dir(detach).map_err(|source| SetupError::MountPoint {
-            path: detach.clone(),
-            source,
-        })?;
-    }
-    Ok(())
+    // Relative to the root (the data directory's path may hold the option string's
+    // separators).
+    chdir(root).map_err(|e| SetupError::Mount {
+        what: "overlay of /etc".into(),
+        target: etc.clone(),
+        source: e,
+    })?;
+    mount_fs(
+        "tollgate-etc",
+        &etc,
+        "overlay",
+        MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "lowerdir=.tollgate-userland/generated:.tollgate-userland/root/etc",
+    )
 }
 
 /// A minimal `/dev` under `root`: a small tmpfs with the host's [`DEVICES`] bound in and
@@ -658,7 +644,7 @@ pub fn finish_root(
         });
     }
     if let Some((source, Some(mount))) = &userland {
-        switch_userland(root, &base.hostname, source, mount)?;
+        switch_userland(root, source, mount)?;
     }
     for (grant, mount) in plan.binds.iter().zip(&mounts) {
         attach(

@@ -279,10 +279,11 @@ fn a_write_grant_that_reaches_an_executable_grant_is_refused() {
     assert_eq!(output, "hello from nobody\n");
 }
 
-/// `examples/run.toml` as shipped — minted by the real authority through `tollgate mint
-/// --spec`, started on a real supervisor — with only its host path (`/home/me/project`)
-/// replaced by a project this test makes: `examples/python/summarize.py` as its agent.py and
-/// a virtualenv of the host's Python beside it. The supervisor's routes are fake backends.
+/// `examples/run.toml` as shipped — minted through `tollgate mint --spec` by an operator whose
+/// ceiling is `examples/ceiling.toml` as shipped (`tollgate operator add`), started on a real
+/// supervisor — with only the host paths (`/home/me`, `/home/me/project`) replaced by a
+/// project this test makes: `examples/python/summarize.py` as its agent.py and a virtualenv
+/// of the host's Python beside it. The supervisor's routes are fake backends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shipped_run_spec_runs_as_shipped() {
     if !require_root() {
@@ -357,13 +358,38 @@ async fn the_shipped_run_spec_runs_as_shipped() {
         .replace("/home/me/project", project.to_str().unwrap());
     let spec_file = dir.path().join("run.toml");
     std::fs::write(&spec_file, spec).unwrap();
-    let minted = std::process::Command::new(bin_path("tollgate"))
-        .args(["--authority", authority.addr()])
-        .arg("--token-file")
-        .arg(authority.data_dir().join("admin.token"))
-        .args(["mint", "--spec", spec_file.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let ceiling = std::fs::read_to_string(examples.join("ceiling.toml"))
+        .unwrap()
+        .replace("/home/me", dir.path().to_str().unwrap());
+    let ceiling_file = dir.path().join("ceiling.toml");
+    std::fs::write(&ceiling_file, ceiling).unwrap();
+    let operator_token = dir.path().join("example.token");
+    let cli = |token: &Path, args: &[&str]| {
+        std::process::Command::new(bin_path("tollgate"))
+            .args(["--authority", authority.addr()])
+            .arg("--token-file")
+            .arg(token)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let added = cli(
+        &authority.data_dir().join("admin.token"),
+        &[
+            "operator",
+            "add",
+            "example",
+            "--ceiling",
+            ceiling_file.to_str().unwrap(),
+            "--token-out",
+            operator_token.to_str().unwrap(),
+        ],
+    );
+    assert!(added.status.success(), "{added:?}");
+    let minted = cli(
+        &operator_token,
+        &["mint", "--spec", spec_file.to_str().unwrap()],
+    );
     assert!(minted.status.success(), "{minted:?}");
     let text = String::from_utf8(minted.stdout).unwrap().trim().to_owned();
     let run_id = supervisor.start_run(text).await;
