@@ -319,38 +319,43 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
 }
 
 /// Shows each host system path at the same place under `root`, read-only; a symlink (as on
-/// merged-/usr systems) is recreated as a symlink.
+/// merged-/usr systems) is recreated as a symlink. A system path this host lacks (no /lib64
+/// on some systems) is simply absent.
 fn show_system_paths(root: &Path, system_paths: &[PathBuf]) -> Result<(), SetupError> {
     for path in system_paths {
-        let target = inside(root, path);
-        match fs::symlink_metadata(path) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                let link = fs::read_link(path).map_err(|source| SetupError::MountPoint {
-                    path: path.clone(),
-                    source,
-                })?;
-                if let Some(parent) = target.parent() {
-                    create_dir(parent)?;
-                }
-                symlink(&link, &target).map_err(|source| SetupError::MountPoint {
-                    path: target.clone(),
-                    source,
-                })?;
-            }
-            Ok(_) => bind(
-                path,
-                &target,
-                Restrict {
-                    read_only: true,
-                    devices: false,
-                    no_exec: false,
-                },
-            )?,
-            // A system path this host lacks (no /lib64 on some systems) is simply absent.
-            Err(_) => {}
-        }
+        show_host_path(path, &inside(root, path), false)?;
     }
     Ok(())
+}
+
+/// Shows the host's `host` at `target`, read-only (and `noexec` when asked): a link is
+/// recreated as a link, anything else bound. Nothing when the host has no such path.
+fn show_host_path(host: &Path, target: &Path, no_exec: bool) -> Result<(), SetupError> {
+    match fs::symlink_metadata(host) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            let link = fs::read_link(host).map_err(|source| SetupError::MountPoint {
+                path: host.to_owned(),
+                source,
+            })?;
+            if let Some(parent) = target.parent() {
+                create_dir(parent)?;
+            }
+            symlink(&link, target).map_err(|source| SetupError::MountPoint {
+                path: target.to_owned(),
+                source,
+            })
+        }
+        Ok(_) => bind(
+            host,
+            target,
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec,
+            },
+        ),
+        Err(_) => Ok(()),
+    }
 }
 
 /// A small `/etc` of the sandbox's own under `root` instead of the host's: the files
@@ -386,33 +391,7 @@ fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError> {
         .chain(pythons)
         .collect();
     for name in names {
-        let host = host_etc.join(&name);
-        let target = etc.join(&name);
-        match fs::symlink_metadata(&host) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                let link = fs::read_link(&host).map_err(|source| SetupError::MountPoint {
-                    path: host.clone(),
-                    source,
-                })?;
-                if let Some(parent) = target.parent() {
-                    create_dir(parent)?;
-                }
-                symlink(&link, &target).map_err(|source| SetupError::MountPoint {
-                    path: target.clone(),
-                    source,
-                })?;
-            }
-            Ok(_) => bind(
-                &host,
-                &target,
-                Restrict {
-                    read_only: true,
-                    devices: false,
-                    no_exec: true,
-                },
-            )?,
-            Err(_) => {}
-        }
+        show_host_path(&host_etc.join(&name), &etc.join(&name), true)?;
     }
     // Read-only once its mount points exist (the binds inside keep their own flags).
     remount_tmpfs_read_only(&etc, "the generated /etc")
