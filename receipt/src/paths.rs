@@ -214,11 +214,7 @@ pub fn check_exec_grants(fs: &[pb::FsGrant], exec: &[String]) -> Result<(), Exec
         }
     }
     for (exec_index, executable) in fs.iter().enumerate().filter(|(_, g)| g.is_executable(exec)) {
-        if let Some((index, write)) = fs.iter().enumerate().find(|(_, w)| {
-            w.access == pb::FsAccess::Write as i32
-                && (path_within(&w.path, &executable.path)
-                    || path_within(&executable.path, &w.path))
-        }) {
+        if let Some((index, write)) = write_grant_reaching(fs, &executable.path) {
             return Err(ExecGrantError::WriteReachesExec {
                 index,
                 write: write.path.clone(),
@@ -228,6 +224,15 @@ pub fn check_exec_grants(fs: &[pb::FsGrant], exec: &[String]) -> Result<(), Exec
         }
     }
     Ok(())
+}
+
+/// The first WRITE grant of `fs` (mounted or gateway-only) at, beneath or above the host
+/// path `path`, with its index: W^X by path, for executable grants and root file systems.
+fn write_grant_reaching<'a>(fs: &'a [pb::FsGrant], path: &str) -> Option<(usize, &'a pb::FsGrant)> {
+    fs.iter().enumerate().find(|(_, w)| {
+        w.access == pb::FsAccess::Write as i32
+            && (path_within(&w.path, path) || path_within(path, &w.path))
+    })
 }
 
 /// Which userland a receipt's `rootfs` names.
@@ -281,10 +286,7 @@ impl<'a> Rootfs<'a> {
             return Err(RootfsError::Shape(rootfs.to_owned()));
         };
         if let Self::Path(path) = parsed {
-            if let Some((index, write)) = fs.iter().enumerate().find(|(_, w)| {
-                w.access == pb::FsAccess::Write as i32
-                    && (path_within(&w.path, path) || path_within(path, &w.path))
-            }) {
+            if let Some((index, write)) = write_grant_reaching(fs, path) {
                 return Err(RootfsError::WriteReaches {
                     index,
                     write: write.path.clone(),

@@ -522,6 +522,8 @@ impl SupervisorProcess {
         this.cgroup_parent.clear();
         drop(this);
         between();
+        // Nobody else sweeps the kept cgroups if the new daemon fails to start.
+        let _sweep = SweepIfPanicking(parent.clone());
         Self::spawn(&data_dir, &authority, parent, (base, ids), extra)
     }
 
@@ -639,6 +641,18 @@ impl SupervisorProcess {
         ))
         .await
         .expect("connect supervisor")
+    }
+}
+
+/// Sweeps a cgroup parent when dropped during a panic (a test failing between a daemon's
+/// crash and its restart must still leave no cgroup behind).
+struct SweepIfPanicking(String);
+
+impl Drop for SweepIfPanicking {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let _ = tollgate_supervisor::cgroup::sweep(&self.0, true);
+        }
     }
 }
 

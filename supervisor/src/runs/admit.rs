@@ -98,10 +98,11 @@ pub(super) fn check_write_exec(
         let path = rootfs.path.to_str().unwrap_or_default();
         executable.push((format!("the root file system {path}"), path, &rootfs.root));
     }
-    let writable: Vec<(usize, &FsGrant)> = pinned
+    let writable: Vec<(usize, &FsGrant, &GrantRoot)> = pinned
         .iter()
         .enumerate()
         .filter(|(_, pin)| pin.writable)
+        .filter_map(|(w, pin)| pin.root.as_ref().ok().map(|root| (w, pin, root)))
         .collect();
     if executable.is_empty() || writable.is_empty() {
         return Ok(());
@@ -109,20 +110,24 @@ pub(super) fn check_write_exec(
     // Read once per start, and only for receipts with both kinds of grant.
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let failed = |path: &str, e: Errno| refuse(format!("{path}: cannot be checked for W^X ({e})"));
+    // Each write grant's identities once, whatever the number of executable grants.
+    let mut writes = Vec::with_capacity(writable.len());
+    for &(w, write, root) in &writable {
+        let fail = |e| failed(&write.path, e);
+        writes.push((
+            w,
+            write,
+            reach::ancestry(root).map_err(fail)?,
+            reach::reach(root, &write.path, &mountinfo).map_err(fail)?,
+            reach::shared_file(root).map_err(fail)?,
+        ));
+    }
     for (what, exec_path, exec_root) in &executable {
         let exec_up = reach::ancestry(exec_root).map_err(|e| failed(exec_path, e))?;
         let exec_reach =
             reach::reach(exec_root, exec_path, &mountinfo).map_err(|e| failed(exec_path, e))?;
-        for &(w, write) in &writable {
-            let Ok(write_root) = &write.root else {
-                continue;
-            };
-            let write_up = reach::ancestry(write_root).map_err(|e| failed(&write.path, e))?;
-            let write_reach = reach::reach(write_root, &write.path, &mountinfo)
-                .map_err(|e| failed(&write.path, e))?;
-            let linked = reach::shared_file(write_root)
-                .map_err(|e| failed(&write.path, e))?
-                .is_some_and(|dev| dev == exec_root.dev);
+        for (w, write, write_up, write_reach, shared) in &writes {
+            let linked = shared.is_some_and(|dev| dev == exec_root.dev);
             if linked
                 || exec_up.iter().any(|id| write_reach.contains(id))
                 || write_up.iter().any(|id| exec_reach.contains(id))

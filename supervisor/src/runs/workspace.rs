@@ -19,6 +19,23 @@ fn kept_root(data_dir: &Path) -> PathBuf {
     data_dir.join("workspaces")
 }
 
+/// Removes the kept workspace `place` if its time is up (or cannot be read); whether it did.
+fn remove_if_due(place: &Path, now: u64) -> bool {
+    let until = std::fs::read_to_string(place.join("until"))
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    if until.is_some_and(|until| until > now) {
+        return false;
+    }
+    match std::fs::remove_dir_all(place) {
+        Ok(()) => tracing::info!(path = %place.display(), "kept workspace removed: its time is up"),
+        Err(e) => {
+            tracing::warn!(path = %place.display(), error = %e, "could not remove a kept workspace")
+        }
+    }
+    true
+}
+
 /// A run id as a kept workspace's directory name: a UUID, nothing else (never a path).
 fn valid_id(run_id: &str) -> bool {
     uuid::Uuid::parse_str(run_id).is_ok() && !run_id.contains('/')
@@ -55,41 +72,22 @@ impl RunManager {
             return;
         };
         for entry in entries.flatten() {
-            let until = std::fs::read_to_string(entry.path().join("until"))
-                .ok()
-                .and_then(|text| text.trim().parse::<u64>().ok());
-            if until.is_none_or(|until| until <= now) {
-                match std::fs::remove_dir_all(entry.path()) {
-                    Ok(()) => tracing::info!(
-                        run_id = %entry.file_name().to_string_lossy(),
-                        "kept workspace removed: its time is up"
-                    ),
-                    Err(e) => {
-                        tracing::warn!(path = %entry.path().display(), error = %e, "could not remove a kept workspace")
-                    }
-                }
-            }
+            remove_if_due(&entry.path(), now);
         }
     }
 
-    /// The host directory that is `run_id`'s `/work`: the live run's, or the kept one.
+    /// The host directory that is `run_id`'s `/work`: the live run's, or the kept one (whose
+    /// time, if up, removes it now rather than at the next sweep).
     pub fn workspace_of(&self, run_id: &str) -> Result<PathBuf, WorkspaceError> {
-        let not_found = || WorkspaceError::NotFound(run_id.to_owned());
-        if !valid_id(run_id) {
-            return Err(not_found());
+        if let Ok(live) = self.live_workspace(run_id) {
+            return Ok(live);
         }
-        if self.live_run(run_id).is_some() {
-            let dirs = RunDirs::new(&self.settings.data_dir.join("runs"), run_id);
-            if dirs.work.is_dir() {
-                return Ok(dirs.work);
-            }
-        }
-        self.sweep_workspaces();
-        let kept = kept_root(&self.settings.data_dir).join(run_id).join("work");
-        if kept.is_dir() {
-            Ok(kept)
+        let place = kept_root(&self.settings.data_dir).join(run_id);
+        let now = u64::try_from(unix_now()).unwrap_or(0);
+        if valid_id(run_id) && place.join("work").is_dir() && !remove_if_due(&place, now) {
+            Ok(place.join("work"))
         } else {
-            Err(not_found())
+            Err(WorkspaceError::NotFound(run_id.to_owned()))
         }
     }
 
