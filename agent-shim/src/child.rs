@@ -51,6 +51,8 @@ struct SpecJson {
     routes: Vec<RouteJson>,
     #[serde(default)]
     delegate: Option<DelegateJson>,
+    #[serde(default)]
+    egress: Vec<EgressJson>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,6 +84,42 @@ struct LimitsJson {
     tokens: u64,
     #[serde(default)]
     files: u32,
+    #[serde(default)]
+    egress_connections: u32,
+    #[serde(default)]
+    egress_bytes: u64,
+    #[serde(default)]
+    egress_idle_seconds: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EgressJson {
+    host: String,
+    #[serde(default)]
+    ports: Vec<u32>,
+    #[serde(default)]
+    max_sensitivity: Option<String>,
+    #[serde(default)]
+    inject: String,
+    #[serde(default)]
+    methods: Vec<String>,
+    #[serde(default)]
+    paths: Vec<String>,
+    #[serde(default)]
+    inspect: bool,
+}
+
+/// `low` / `medium` / `high`, or why not.
+fn sensitivity(field: &str, text: &str) -> Result<v1::Sensitivity, String> {
+    match text {
+        "low" => Ok(v1::Sensitivity::Low),
+        "medium" => Ok(v1::Sensitivity::Medium),
+        "high" => Ok(v1::Sensitivity::High),
+        other => Err(format!(
+            "spec: {field} is {other:?}; use \"low\", \"medium\" or \"high\""
+        )),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -138,22 +176,36 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
         .into_iter()
         .enumerate()
         .map(|(i, route)| {
-            let sensitivity = match route.max_sensitivity.as_str() {
-                "low" => v1::Sensitivity::Low,
-                "medium" => v1::Sensitivity::Medium,
-                "high" => v1::Sensitivity::High,
-                other => {
-                    return Err(format!(
-                        "spec: routes[{i}].max_sensitivity is {other:?}; use \"low\", \"medium\" or \"high\""
-                    ))
-                }
-            };
+            let sensitivity = sensitivity(
+                &format!("routes[{i}].max_sensitivity"),
+                &route.max_sensitivity,
+            )?;
             Ok(v1::RouteGrant {
                 name: route.name,
                 max_sensitivity: sensitivity as i32,
             })
         })
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, String>>()?;
+    let egress = spec
+        .egress
+        .into_iter()
+        .enumerate()
+        .map(|(i, grant)| {
+            let max_sensitivity = match &grant.max_sensitivity {
+                Some(text) => sensitivity(&format!("egress[{i}].max_sensitivity"), text)?,
+                None => v1::Sensitivity::Low,
+            };
+            Ok(v1::EgressGrant {
+                host: grant.host,
+                ports: grant.ports,
+                max_sensitivity: max_sensitivity as i32,
+                inject: grant.inject,
+                methods: grant.methods,
+                paths: grant.paths,
+                inspect: grant.inspect,
+            })
+        })
+        .collect::<Result<_, String>>()?;
     let l = spec.limits;
     Ok(v1::ChildSpec {
         subject: spec.subject,
@@ -172,10 +224,14 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
             tool_calls: l.tool_calls,
             tokens: l.tokens,
             files: l.files,
+            egress_connections: l.egress_connections,
+            egress_bytes: l.egress_bytes,
+            egress_idle_seconds: l.egress_idle_seconds,
         }),
         fs,
         exec: spec.exec,
         routes,
+        egress,
         delegate: spec.delegate.map(|d| v1::Delegation {
             max_depth: d.max_depth,
         }),

@@ -27,6 +27,7 @@
 mod agent;
 pub mod child;
 pub mod confine;
+pub mod egress;
 mod enter;
 pub mod models;
 pub mod powers;
@@ -277,7 +278,31 @@ fn pid_one(
         Err(reason) => fail(&mut control, reason),
     };
     if let Some(models) = plan.models {
-        if let Err(reason) = start_models_endpoint(plan, models.port, &seccomp, &proc_dir) {
+        let args = vec!["--port".into(), models.port.to_string()];
+        let helper = Helper {
+            name: "the model endpoint",
+            verb: "models",
+            args,
+            port: models.port,
+        };
+        if let Err(reason) = start_helper(plan, helper, &seccomp, &proc_dir) {
+            fail(&mut control, reason);
+        }
+    }
+    if let Some(egress) = plan.egress {
+        let args = vec![
+            "--port".into(),
+            egress.port.to_string(),
+            "--channels".into(),
+            egress.channels.to_string(),
+        ];
+        let helper = Helper {
+            name: "the egress proxy",
+            verb: "egress",
+            args,
+            port: egress.port,
+        };
+        if let Err(reason) = start_helper(plan, helper, &seccomp, &proc_dir) {
             fail(&mut control, reason);
         }
     }
@@ -519,24 +544,40 @@ fn send_marker_with_fd(control: &UnixStream, fd: OwnedFd) -> Result<(), String> 
     Ok(())
 }
 
-/// Starts the sandbox's model endpoint (`tollgate-shim models`) as the agent's sibling,
-/// confined exactly as the agent is (same uid, Landlock rules, seccomp filter; it may do
-/// nothing the agent could not do over the gateway itself), and waits until it listens, so
-/// the agent's first request finds it.
-fn start_models_endpoint(
-    plan: &SandboxPlan,
+/// A `tollgate-shim` helper pid 1 starts beside the agent, serving on the sandbox's loopback.
+struct Helper {
+    /// What it is, for messages.
+    name: &'static str,
+    /// Its `tollgate-shim` verb.
+    verb: &'static str,
+    /// Its arguments.
+    args: Vec<String>,
+    /// The port it listens on.
     port: u16,
+}
+
+/// Starts a helper (the model endpoint, `tollgate-shim models`; the egress proxy,
+/// `tollgate-shim egress`) as the agent's sibling, confined exactly as the agent is (same
+/// uid, Landlock rules, seccomp filter; it may do nothing the agent could not do over the
+/// gateway itself), and waits until it listens, so the agent's first request finds it.
+fn start_helper(
+    plan: &SandboxPlan,
+    helper: Helper,
     seccomp: &confine::SeccompPrograms,
     proc_dir: &OwnedFd,
 ) -> Result<(), String> {
+    let Helper {
+        name,
+        verb,
+        args,
+        port,
+    } = helper;
     let mut endpoint = plan.clone();
     endpoint.agent = plan::AgentCommand {
-        argv: vec![
-            plan::SHIM_IN_SANDBOX.into(),
-            "models".into(),
-            "--port".into(),
-            port.to_string(),
-        ],
+        argv: [plan::SHIM_IN_SANDBOX.into(), verb.into()]
+            .into_iter()
+            .chain(args)
+            .collect(),
         env: vec![(
             "TOLLGATE_GATEWAY".into(),
             format!("unix:{}", plan::GATEWAY_IN_SANDBOX),
@@ -544,13 +585,13 @@ fn start_models_endpoint(
         cwd: "/".into(),
     };
     agent::start_agent(&endpoint, seccomp, proc_dir, None)
-        .map_err(|reason| format!("the model endpoint did not start: {reason}"))?;
+        .map_err(|reason| format!("{name} did not start: {reason}"))?;
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let address = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     while std::net::TcpStream::connect(address).is_err() {
         if std::time::Instant::now() > deadline {
             return Err(format!(
-                "the model endpoint did not listen on 127.0.0.1:{port} within 5 s"
+                "{name} did not listen on 127.0.0.1:{port} within 5 s"
             ));
         }
         std::thread::sleep(Duration::from_millis(1));

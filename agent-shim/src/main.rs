@@ -11,6 +11,8 @@ fn main() {
         Some("enter") => tollgate_agent_shim::enter(),
         // Internal: pid 1 starts the sandbox's model endpoint with it.
         Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
+        // Internal: pid 1 starts the sandbox's egress proxy with it.
+        Some("egress") => std::process::exit(tollgate_agent_shim::egress::main(&args[1..])),
         Some("tool") => std::process::exit(tollgate_agent_shim::tool::main(&args[1..])),
         Some("child") => std::process::exit(tollgate_agent_shim::child::main(&args[1..])),
         Some("receipt") => std::process::exit(tollgate_agent_shim::powers::main(&args[1..])),

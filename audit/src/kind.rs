@@ -82,6 +82,9 @@ entry_kinds! {
     /// Files were copied out of a run's workspace (`tollgate cp`), or a kept workspace was
     /// removed.
     WorkspaceAccess => "workspace_access",
+    /// An outbound connection of a run (egress) was decided (`phase` `open`) or ended
+    /// (`phase` `closed`).
+    Egress => "egress",
 }
 
 impl fmt::Display for EntryKind {

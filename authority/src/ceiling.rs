@@ -137,6 +137,20 @@ fn check_files(field: &str, limits: Option<&pb::Limits>) -> Result<(), CallError
     }
 }
 
+/// Egress grants checked and completed as a receipt carries them (ports, sensitivity and
+/// `inspect` filled in; see `tollgate_receipt::egress::normalise`); `prefix` names where
+/// they are (`""`, `"ceiling."`).
+pub fn normalised_egress(
+    egress: &[pb::EgressGrant],
+    prefix: &str,
+    ceiling: bool,
+) -> Result<Vec<pb::EgressGrant>, CallError> {
+    let mut egress = egress.to_vec();
+    tollgate_receipt::egress::normalise(&mut egress, prefix, ceiling)
+        .map_err(|e| CallError::invalid(e.field, e.reason))?;
+    Ok(egress)
+}
+
 /// Checks the shape of a mint request (not the ceiling).
 pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
     if request.subject.trim().is_empty() || request.subject.len() > 128 {
@@ -172,6 +186,7 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
         }
     }
     check_routes(&request.routes, "")?;
+    normalised_egress(&request.egress, "", false)?;
     tollgate_receipt::paths::Rootfs::parse(&request.rootfs, &request.fs)
         .map_err(|e| CallError::invalid("rootfs", e.to_string()))?;
     if request.workspace_keep_seconds > tollgate_receipt::spec::MAX_WORKSPACE_KEEP.as_secs() {
@@ -237,6 +252,7 @@ pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
         }
     }
     check_routes(&ceiling.routes, "ceiling.")?;
+    normalised_egress(&ceiling.egress, "ceiling.", true)?;
     check_name_list("ceiling.audience", &ceiling.audience)?;
     check_files("ceiling.limits.files", ceiling.limits.as_ref())?;
     Ok(())
@@ -253,6 +269,9 @@ pub fn default_limits() -> pb::Limits {
         tool_calls: 1000,
         tokens: 200_000,
         files: tollgate_proto::DEFAULT_FILES,
+        egress_connections: tollgate_proto::DEFAULT_EGRESS_CONNECTIONS,
+        egress_bytes: tollgate_proto::DEFAULT_EGRESS_BYTES,
+        egress_idle_seconds: tollgate_proto::DEFAULT_EGRESS_IDLE_SECONDS,
     }
 }
 
@@ -333,6 +352,24 @@ impl CeilingCheck<'_> {
                 d.files.into(),
                 cap.files.into(),
             )? as u32,
+            egress_connections: resolve(
+                "egress_connections",
+                requested.egress_connections.into(),
+                d.egress_connections.into(),
+                cap.egress_connections.into(),
+            )? as u32,
+            egress_bytes: resolve(
+                "egress_bytes",
+                requested.egress_bytes,
+                d.egress_bytes,
+                cap.egress_bytes,
+            )?,
+            egress_idle_seconds: resolve(
+                "egress_idle_seconds",
+                requested.egress_idle_seconds.into(),
+                d.egress_idle_seconds.into(),
+                cap.egress_idle_seconds.into(),
+            )? as u32,
         })
     }
 
@@ -355,6 +392,17 @@ impl CeilingCheck<'_> {
             ("tool_calls", requested.tool_calls, cap.tool_calls),
             ("tokens", requested.tokens, cap.tokens),
             ("files", requested.files.into(), cap.files.into()),
+            (
+                "egress_connections",
+                requested.egress_connections.into(),
+                cap.egress_connections.into(),
+            ),
+            ("egress_bytes", requested.egress_bytes, cap.egress_bytes),
+            (
+                "egress_idle_seconds",
+                requested.egress_idle_seconds.into(),
+                cap.egress_idle_seconds.into(),
+            ),
         ] {
             if asked != 0 && cap != 0 && asked > cap {
                 found.push(format!("limits.{name} = {asked} (ceiling {cap})"));
@@ -451,6 +499,17 @@ impl CeilingCheck<'_> {
                 ));
             }
         }
+        // Requests are compared as a receipt would carry them (default ports filled in).
+        let requested = normalised_egress(&request.egress, "", false).unwrap_or_default();
+        let allowed = normalised_egress(&ceiling.egress, "ceiling.", true).unwrap_or_default();
+        for (i, grant) in requested.iter().enumerate() {
+            if let Err(why) = tollgate_receipt::egress::covered(grant, &allowed, true) {
+                found.push(format!(
+                    "{} ({why})",
+                    tollgate_receipt::egress::describe(i, grant)
+                ));
+            }
+        }
         if let Some(delegate) = &request.delegate {
             if delegate.max_depth > ceiling.max_delegate_depth {
                 found.push(format!(
@@ -495,6 +554,12 @@ mod tests {
             max_ttl_seconds: 3600,
             audience: vec!["workstation".into()],
             max_delegate_depth: 1,
+            egress: vec![pb::EgressGrant {
+                host: "*.example.com".into(),
+                ports: vec![443],
+                max_sensitivity: pb::Sensitivity::Medium as i32,
+                ..Default::default()
+            }],
         }
     }
 
@@ -562,6 +627,39 @@ mod tests {
         let mut r = request();
         r.delegate = Some(pb::Delegation { max_depth: 2 });
         assert!(denial(&r).contains("delegate.max_depth = 2"));
+
+        let egress = |host: &str, ports: Vec<u32>, sensitivity: pb::Sensitivity| {
+            let mut r = request();
+            r.egress.push(pb::EgressGrant {
+                host: host.into(),
+                ports,
+                max_sensitivity: sensitivity as i32,
+                ..Default::default()
+            });
+            r
+        };
+        let within = egress("api.example.com", Vec::new(), pb::Sensitivity::Unspecified);
+        let check = CeilingCheck {
+            operator: "alice",
+            ceiling: &ceiling(),
+            defaults: &default_limits(),
+        };
+        assert!(
+            check.check_grants(&within).is_ok(),
+            "default port and sensitivity fit"
+        );
+        assert!(
+            denial(&egress("example.com", vec![443], pb::Sensitivity::Low))
+                .contains("egress[0] = example.com:443 (nothing grants egress to example.com)")
+        );
+        assert!(
+            denial(&egress("api.example.com", vec![22], pb::Sensitivity::Low))
+                .contains("port 22 is not among")
+        );
+        assert!(
+            denial(&egress("api.example.com", vec![443], pb::Sensitivity::High))
+                .contains("may carry text up to medium")
+        );
     }
 
     #[test]

@@ -144,6 +144,15 @@ impl AuthorityConfig {
                 tool_calls: pick(given.tool_calls, base.tool_calls),
                 tokens: pick(given.tokens, base.tokens),
                 files: pick(given.files.into(), base.files.into()) as u32,
+                egress_connections: pick(
+                    given.egress_connections.into(),
+                    base.egress_connections.into(),
+                ) as u32,
+                egress_bytes: pick(given.egress_bytes, base.egress_bytes),
+                egress_idle_seconds: pick(
+                    given.egress_idle_seconds.into(),
+                    base.egress_idle_seconds.into(),
+                ) as u32,
             };
         }
         Ok(config)

@@ -314,6 +314,13 @@ fn bootstrap_admin(
             max_ttl_seconds: config.admin_max_ttl.as_secs(),
             audience: Vec::new(),
             max_delegate_depth: config.admin_max_delegate_depth,
+            // Any host, any port, anything sent, opaque or inspected.
+            egress: vec![pb::EgressGrant {
+                host: "*".into(),
+                ports: Vec::new(),
+                max_sensitivity: pb::Sensitivity::High as i32,
+                ..Default::default()
+            }],
         },
         created_at: tollgate_receipt::unix_now(),
         created_by: String::new(),

@@ -27,6 +27,30 @@ pub fn effective_files(files: u32) -> u32 {
     }
 }
 
+/// `Limits.egress_connections` when a receipt leaves it at 0: outbound connections open at once.
+pub const DEFAULT_EGRESS_CONNECTIONS: u32 = 16;
+/// `Limits.egress_bytes` when a receipt leaves it at 0: bytes each way over the whole run.
+pub const DEFAULT_EGRESS_BYTES: u64 = 1 << 30;
+/// `Limits.egress_idle_seconds` when a receipt leaves it at 0.
+pub const DEFAULT_EGRESS_IDLE_SECONDS: u32 = 60;
+
+/// The egress bounds a receipt's limits give its run, each 0 replaced by its default:
+/// (connections open at once, bytes each way, idle seconds).
+pub fn effective_egress(limits: &v1::Limits) -> (u32, u64, u32) {
+    let or = |value: u64, default: u64| if value == 0 { default } else { value };
+    (
+        or(
+            limits.egress_connections.into(),
+            DEFAULT_EGRESS_CONNECTIONS.into(),
+        ) as u32,
+        or(limits.egress_bytes, DEFAULT_EGRESS_BYTES),
+        or(
+            limits.egress_idle_seconds.into(),
+            DEFAULT_EGRESS_IDLE_SECONDS.into(),
+        ) as u32,
+    )
+}
+
 /// Directories every sandbox shows read-only at the same path: from the host (those it has;
 /// `/etc` generated, not the host's) or from the run's root file system. No grant may be
 /// mounted at or beneath one (the shim would follow links there as root); the supervisor

@@ -66,6 +66,7 @@ pub fn check_within(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), Wid
         check_window,
         check_depth,
         check_rootfs,
+        check_egress,
     ];
     for check in checks {
         check(parent, child).map_err(|(grant, detail)| Wider {
@@ -117,6 +118,15 @@ fn check_fs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, St
                 ),
             ));
         }
+    }
+    Ok(())
+}
+
+/// Every egress grant lies within one of the parent's (see [`crate::egress::within`]).
+fn check_egress(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
+    for (i, grant) in child.egress.iter().enumerate() {
+        crate::egress::covered(grant, &parent.egress, false)
+            .map_err(|why| (crate::egress::describe(i, grant), why))?;
     }
     Ok(())
 }
@@ -225,6 +235,21 @@ fn check_limits(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
             tollgate_proto::effective_files(c.files).into(),
             tollgate_proto::effective_files(p.files).into(),
         ),
+        (
+            "egress_connections",
+            tollgate_proto::effective_egress(&c).0.into(),
+            tollgate_proto::effective_egress(&p).0.into(),
+        ),
+        (
+            "egress_bytes",
+            tollgate_proto::effective_egress(&c).1,
+            tollgate_proto::effective_egress(&p).1,
+        ),
+        (
+            "egress_idle_seconds",
+            tollgate_proto::effective_egress(&c).2.into(),
+            tollgate_proto::effective_egress(&p).2.into(),
+        ),
     ];
     for (name, child_value, parent_value) in limits {
         if child_value > parent_value {
@@ -326,6 +351,7 @@ mod tests {
                 tool_calls: 100,
                 tokens: 1000,
                 files: 0,
+                ..Default::default()
             }),
             delegate: Some(pb::Delegation { max_depth: 2 }),
             ..Default::default()
@@ -381,6 +407,32 @@ mod tests {
         assert!(
             check_within(&p, &narrower()).is_err(),
             "0 (1024) is above 64"
+        );
+    }
+
+    #[test]
+    fn egress_only_narrows() {
+        let egress = |host: &str, ports: Vec<u32>| pb::EgressGrant {
+            host: host.into(),
+            ports,
+            max_sensitivity: pb::Sensitivity::Low as i32,
+            ..Default::default()
+        };
+        let mut p = parent();
+        p.egress = vec![egress("*.example.com", vec![443, 8443])];
+        let mut c = narrower();
+        c.egress = vec![egress("api.example.com", vec![443])];
+        assert_eq!(check_within(&p, &c), Ok(()));
+        c.egress = vec![egress("api.example.com", vec![80])];
+        assert!(check_within(&p, &c).unwrap_err().to_string().contains(
+            "egress[0] = api.example.com:80 is above parent receipt P's grants (port 80"
+        ));
+        c.egress = vec![egress("example.org", vec![443])];
+        assert!(check_within(&p, &c).is_err());
+        c.egress = vec![egress("api.example.com", vec![443])];
+        assert!(
+            check_within(&parent(), &c).is_err(),
+            "a parent without egress"
         );
     }
 

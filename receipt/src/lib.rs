@@ -12,10 +12,12 @@
 //! * The text form is `tgr1.` followed by unpadded base64url of the `SignedReceipt` bytes.
 //!
 //! [`spec`] parses the TOML run spec and operator ceiling files into protocol requests;
-//! [`delegation`] checks that a child receipt is within its parent.
+//! [`delegation`] checks that a child receipt is within its parent; [`egress`] holds the rules
+//! of outbound connections.
 #![forbid(unsafe_code)]
 
 pub mod delegation;
+pub mod egress;
 pub mod paths;
 pub mod spec;
 mod time;

@@ -99,6 +99,12 @@ pub struct LimitsSpec {
     pub tokens: Option<u64>,
     /// Open file descriptors of each sandbox process (`RLIMIT_NOFILE`); default 1024.
     pub files: Option<u32>,
+    /// Outbound connections open at once; default 16.
+    pub egress_connections: Option<u32>,
+    /// Bytes the run's outbound connections carry, each way; default 1 GiB.
+    pub egress_bytes: Option<SizeValue>,
+    /// How long an outbound connection may be idle, e.g. `"60s"` (the default).
+    pub egress_idle: Option<String>,
 }
 
 impl LimitsSpec {
@@ -139,6 +145,17 @@ impl LimitsSpec {
                 }
                 files => u32::try_from(nonzero(files.map(u64::from), "limits.files")?)
                     .unwrap_or(u32::MAX),
+            },
+            egress_connections: u32::try_from(nonzero(
+                self.egress_connections.map(u64::from),
+                "limits.egress_connections",
+            )?)
+            .unwrap_or(u32::MAX),
+            egress_bytes: size(&self.egress_bytes, "limits.egress_bytes")?,
+            egress_idle_seconds: match &self.egress_idle {
+                Some(text) => u32::try_from(parse_duration("limits.egress_idle", text)?.as_secs())
+                    .map_err(|_| invalid("limits.egress_idle", "must be at most 136 years"))?,
+                None => 0,
             },
         })
     }
@@ -224,6 +241,60 @@ fn routes_to_proto(routes: &[RouteSpec]) -> Result<Vec<pb::RouteGrant>, SpecErro
                     &format!("routes[{i}].max_sensitivity"),
                     &route.max_sensitivity,
                 )? as i32,
+            })
+        })
+        .collect()
+}
+
+/// One `[[egress]]` grant: where the run may connect through the supervisor.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EgressSpec {
+    /// `"api.example.com"`, `"*.example.com"` or an IP address (`"*"` in a ceiling: any).
+    pub host: String,
+    /// Ports; default `[443]`.
+    #[serde(default)]
+    pub ports: Vec<u32>,
+    /// `"low"` (the default), `"medium"` or `"high"`: the most sensitive text sent there.
+    pub max_sensitivity: Option<String>,
+    /// A secret of the supervisor's whose header is added to each request.
+    pub inject: Option<String>,
+    /// HTTP methods allowed per request (inspected hosts).
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Path prefixes allowed per request (inspected hosts).
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// Terminate TLS and read each request; implied by `inject`, `methods` and `paths`.
+    pub inspect: Option<bool>,
+}
+
+fn egress_to_proto(grants: &[EgressSpec]) -> Result<Vec<pb::EgressGrant>, SpecError> {
+    grants
+        .iter()
+        .enumerate()
+        .map(|(i, grant)| {
+            let needs_inspection =
+                grant.inject.is_some() || !grant.methods.is_empty() || !grant.paths.is_empty();
+            if grant.inspect == Some(false) && needs_inspection {
+                return Err(invalid(
+                    format!("egress[{i}].inspect"),
+                    "inject, methods and paths need the supervisor to read each request: drop inspect = false",
+                ));
+            }
+            Ok(pb::EgressGrant {
+                host: grant.host.clone(),
+                ports: grant.ports.clone(),
+                max_sensitivity: match &grant.max_sensitivity {
+                    Some(text) => {
+                        parse_sensitivity(&format!("egress[{i}].max_sensitivity"), text)? as i32
+                    }
+                    None => pb::Sensitivity::Low as i32,
+                },
+                inject: grant.inject.clone().unwrap_or_default(),
+                methods: grant.methods.clone(),
+                paths: grant.paths.clone(),
+                inspect: grant.inspect.unwrap_or(needs_inspection),
             })
         })
         .collect()
@@ -350,6 +421,9 @@ pub struct RunSpec {
     pub rootfs: Option<RootfsSection>,
     /// The workspace; absent: removed at teardown.
     pub workspace: Option<WorkspaceSection>,
+    /// Outbound connections through the supervisor.
+    #[serde(default)]
+    pub egress: Vec<EgressSpec>,
 }
 
 fn syntax(error: toml::de::Error) -> SpecError {
@@ -410,6 +484,7 @@ impl RunSpec {
                 }
                 None => 0,
             },
+            egress: egress_to_proto(&self.egress)?,
         })
     }
 }
@@ -438,6 +513,9 @@ pub struct CeilingSpec {
     /// Caps; absent means uncapped.
     #[serde(default)]
     pub limits: LimitsSpec,
+    /// Outbound connections operators may grant (`host = "*"`: any host).
+    #[serde(default)]
+    pub egress: Vec<EgressSpec>,
 }
 
 impl CeilingSpec {
@@ -456,6 +534,7 @@ impl CeilingSpec {
             max_ttl_seconds: parse_duration("max_ttl", &self.max_ttl)?.as_secs(),
             audience: self.audience.clone(),
             max_delegate_depth: self.max_delegate_depth,
+            egress: egress_to_proto(&self.egress)?,
         })
     }
 }

@@ -32,6 +32,7 @@ fn sample_receipt() -> Receipt {
             tool_calls: 1000,
             tokens: 200_000,
             files: 0,
+            ..Default::default()
         }),
         fs: vec![pb::FsGrant {
             path: "/home/me/project".into(),

@@ -10,6 +10,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser};
 use tollgate_router_backends::ModelRoutes;
 use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, SupervisorFile, Trust};
+use tollgate_supervisor::egress::resolve::EgressHosts;
 use tollgate_supervisor::runs::RunSettings;
 
 /// Run AI agents in sandboxes built from signed Tollgate receipts (must run as root).
@@ -109,6 +110,12 @@ struct Flags {
     /// `<data-dir>/rootfs`.
     #[arg(long, value_name = "DIR")]
     rootfs_dir: Option<PathBuf>,
+    /// Names the supervisor resolves itself for runs' outbound connections (hosts-file
+    /// syntax: `ADDRESS NAME [NAME...]` per line), before asking the system resolver: a test
+    /// suite's or an air-gapped site's own servers. A name never reaches a loopback, private,
+    /// link-local, shared or metadata address unless a receipt grants that address itself.
+    #[arg(long, value_name = "FILE")]
+    egress_hosts: Option<PathBuf>,
     /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
     /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
     /// entries are chained with plain SHA-256.
@@ -221,6 +228,7 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         shim => Some,
         audit_key_file => Some,
         rootfs_dir => Some,
+        egress_hosts => Some,
         routes => Some,
         delegation_token_file => Some,
         metrics_listen => Some,
@@ -299,6 +307,10 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     };
     Ok(SupervisorConfig {
         runs: RunSettings {
+            egress_hosts: std::sync::Arc::new(match &flags.egress_hosts {
+                Some(path) => EgressHosts::load(path)?,
+                None => EgressHosts::system(),
+            }),
             rootfs_dir: match (&flags.rootfs_dir, &flags.data_dir) {
                 (Some(dir), _) => dir.clone(),
                 (None, Some(data)) => data.join("rootfs"),

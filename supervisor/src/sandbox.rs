@@ -13,8 +13,9 @@ use std::process::{Child, Command, Stdio};
 
 use tollgate_proto::v1 as pb;
 use tollgate_shim_protocol::plan::{
-    AgentCommand, AgentInput, Bind, LandlockPlan, ModelsEndpoint, SandboxBase, SandboxPlan,
-    GATEWAY_IN_SANDBOX, INPUT_MARKER, MODELS_PORT, SHIM_IN_SANDBOX,
+    proxy_env, AgentCommand, AgentInput, Bind, EgressProxy, LandlockPlan, ModelsEndpoint,
+    SandboxBase, SandboxPlan, EGRESS_PORT, GATEWAY_IN_SANDBOX, INPUT_MARKER, MODELS_PORT,
+    SHIM_IN_SANDBOX,
 };
 use tollgate_shim_protocol::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD, REATTACH_FDS};
 
@@ -230,7 +231,14 @@ pub fn plan_for(
             .map(|b| b.target.clone()),
     );
     let models = (!receipt.routes.is_empty()).then_some(ModelsEndpoint { port: MODELS_PORT });
-    let env = agent_env(receipt, models.is_some());
+    let egress = (!receipt.egress.is_empty()).then(|| EgressProxy {
+        port: EGRESS_PORT,
+        // 16 streams per gateway connection (the gateway's HTTP/2 bound), at most 8.
+        channels: u16::try_from(tollgate_proto::effective_egress(&limits).0.div_ceil(16))
+            .unwrap_or(8)
+            .clamp(1, 8),
+    });
+    let env = agent_env(receipt, models.is_some(), egress.is_some());
     let cwd = pinned
         .map(|a| a.workdir.clone())
         .filter(|w| !w.is_empty())
@@ -260,6 +268,7 @@ pub fn plan_for(
         },
         inner_id: AGENT_INNER_ID,
         models,
+        egress,
         // Set by the run manager once the run's gateway socket is bound.
         gateway_socket: None,
         host_id,
@@ -271,7 +280,7 @@ pub fn plan_for(
 
 /// The agent's environment: Tollgate's own variables (the gateway, the run id, the model
 /// endpoint when a route is granted), then the receipt's, which never override them.
-fn agent_env(receipt: &pb::Receipt, models: bool) -> Vec<(String, String)> {
+fn agent_env(receipt: &pb::Receipt, models: bool, egress: bool) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = vec![
         (
             "PATH".into(),
@@ -297,6 +306,11 @@ fn agent_env(receipt: &pb::Receipt, models: bool) -> Vec<(String, String)> {
             ("ANTHROPIC_API_KEY".into(), "tollgate".into()),
             ("TOLLGATE_MODELS".into(), base),
         ]);
+    }
+    // With egress granted, every client that honours the proxy variables goes out through
+    // the sandbox's proxy (and nothing else can: the sandbox has no route).
+    if egress {
+        env.extend(proxy_env(EGRESS_PORT));
     }
     if let Some(agent) = receipt.agent.as_ref() {
         let mut extra: Vec<_> = agent

@@ -35,6 +35,7 @@ pub struct RunFixture {
 /// Run settings for a test: its data directory, cgroup parent and 16 host ids from `base`.
 pub fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
     RunSettings {
+        egress_hosts: Default::default(),
         data_dir: data.to_owned(),
         supervisor_id: "workstation".into(),
         shim: bin_path("tollgate-shim"),
@@ -126,6 +127,7 @@ impl RunFixture {
                 tool_calls: 10,
                 tokens: 10,
                 files: 0,
+                ..Default::default()
             }),
             exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
             ..Default::default()

@@ -294,6 +294,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
         max_ttl_seconds: 3600,
         audience: vec!["workstation".into()],
         max_delegate_depth: 0,
+        egress: Vec::new(),
     };
     let bob = client
         .add_operator(authed(

@@ -47,6 +47,7 @@ fn parent_limits() -> pb::Limits {
         tool_calls: 100,
         tokens: 1000,
         files: 1024,
+        ..Default::default()
     }
 }
 

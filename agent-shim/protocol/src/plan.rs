@@ -171,6 +171,40 @@ pub struct ModelsEndpoint {
     pub port: u16,
 }
 
+/// The port of the sandbox's own HTTP proxy on its `127.0.0.1`: every outbound connection a
+/// receipt grants goes through it (CONNECT, or a plain HTTP request in absolute form) and on
+/// as one gateway `Egress` stream.
+pub const EGRESS_PORT: u16 = 7711;
+
+/// The in-sandbox egress proxy: started by pid 1 before the agent when the receipt grants
+/// outbound connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressProxy {
+    /// Its port on the sandbox's `127.0.0.1`.
+    pub port: u16,
+    /// Gateway connections it spreads its streams over (each carries at most 16 at once):
+    /// enough for the receipt's `egress_connections`.
+    pub channels: u16,
+}
+
+/// The proxy variables an agent gets when its receipt grants egress, upper and lower case,
+/// so curl, pip, git, npm and the language runtimes all use the sandbox's proxy. Loopback
+/// stays direct (the model endpoint, the agent's own servers).
+pub fn proxy_env(port: u16) -> Vec<(String, String)> {
+    let proxy = format!("http://127.0.0.1:{port}");
+    let mut env = Vec::new();
+    for (name, value) in [
+        ("HTTP_PROXY", proxy.as_str()),
+        ("HTTPS_PROXY", proxy.as_str()),
+        ("ALL_PROXY", proxy.as_str()),
+        ("NO_PROXY", "localhost,127.0.0.1,::1"),
+    ] {
+        env.push((name.to_owned(), value.to_owned()));
+        env.push((name.to_ascii_lowercase(), value.to_owned()));
+    }
+    env
+}
+
 /// Most bytes one gateway `fs.write` carries: one atomic change.
 pub const MAX_WRITE_BYTES: usize = 16 << 20;
 
@@ -205,6 +239,9 @@ pub struct SandboxPlan {
     /// The model endpoint to start; none: the receipt grants no model route.
     #[serde(default)]
     pub models: Option<ModelsEndpoint>,
+    /// The egress proxy to start; none: the receipt grants no outbound connection.
+    #[serde(default)]
+    pub egress: Option<EgressProxy>,
     /// `RLIMIT_NOFILE` (soft and hard) of the agent and of every command the gateway execs:
     /// the receipt's `limits.files`; 0 means `tollgate_proto::DEFAULT_FILES`.
     #[serde(default)]

@@ -7,7 +7,7 @@ use tollgate_receipt::{timestamp_from_unix, unix_now};
 use tonic::Request;
 
 use super::state::{blocking, AuthorityService, Refusal};
-use crate::ceiling::validate_ceiling;
+use crate::ceiling::{normalised_egress, validate_ceiling};
 use crate::entries::{clip, COMPONENT};
 use crate::error::CallError;
 use crate::operators::valid_operator_name;
@@ -50,10 +50,11 @@ impl AuthorityService {
             )
             .into());
         }
-        let ceiling = request
+        let mut ceiling = request
             .ceiling
             .ok_or_else(|| CallError::invalid("ceiling", "is required"))?;
         validate_ceiling(&ceiling)?;
+        ceiling.egress = normalised_egress(&ceiling.egress, "ceiling.", true)?;
         let token = token::generate();
         let hash = token::hash(token.expose());
         let operator = Operator {

@@ -11,7 +11,7 @@ use tonic::Request;
 
 use super::receipts::check_receipt_id;
 use super::state::{blocking, AuthorityService, Refusal};
-use crate::ceiling::validate_mint;
+use crate::ceiling::{normalised_egress, validate_mint};
 use crate::entries::{clip, minted_entry, COMPONENT, MAX_FIELD};
 use crate::error::CallError;
 use crate::operators::valid_supervisor_id;
@@ -30,6 +30,9 @@ fn inherit_limits(child: pb::Limits, parent: pb::Limits) -> pb::Limits {
         tool_calls: pick(child.tool_calls, parent.tool_calls),
         tokens: pick(child.tokens, parent.tokens),
         files: pick32(child.files, parent.files),
+        egress_connections: pick32(child.egress_connections, parent.egress_connections),
+        egress_bytes: pick(child.egress_bytes, parent.egress_bytes),
+        egress_idle_seconds: pick32(child.egress_idle_seconds, parent.egress_idle_seconds),
     }
 }
 
@@ -254,9 +257,11 @@ impl AuthorityService {
             rootfs: parent.rootfs.clone(),
             // A child's workspace goes with it; its parent copies out what it needs.
             workspace_keep_seconds: 0,
+            egress: spec.egress,
         };
         // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
         validate_mint(&shape)?;
+        let egress = normalised_egress(&shape.egress, "", false)?;
         // Bounded by the parent's expiry, so this cannot overflow.
         let expires_at = now.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX));
         let receipt = pb::Receipt {
@@ -284,6 +289,7 @@ impl AuthorityService {
             // A child runs on its parent's userland.
             rootfs: parent.rootfs.clone(),
             workspace_keep_seconds: 0,
+            egress,
         };
         // Ceilings are not re-checked: child within parent within ceiling, and ceilings never
         // change.

@@ -6,7 +6,7 @@ use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
 use tonic::Request;
 
 use super::state::{blocking, AuthorityService, Refusal};
-use crate::ceiling::{validate_mint, CeilingCheck};
+use crate::ceiling::{normalised_egress, validate_mint, CeilingCheck};
 use crate::entries::{clip, minted_entry, COMPONENT, MAX_FIELD};
 use crate::error::CallError;
 use crate::store::{Operator, ReceiptFilter};
@@ -54,8 +54,9 @@ impl AuthorityService {
         request: Request<pb::MintReceiptRequest>,
     ) -> Result<pb::MintReceiptResponse, Refusal> {
         let operator = self.operator(request.metadata())?;
-        let request = request.into_inner();
+        let mut request = request.into_inner();
         validate_mint(&request)?;
+        request.egress = normalised_egress(&request.egress, "", false)?;
         let policy = self.mint_policy();
         let check = CeilingCheck {
             operator: &operator.name,
@@ -102,6 +103,7 @@ impl AuthorityService {
             delegate: request.delegate,
             rootfs: request.rootfs,
             workspace_keep_seconds: request.workspace_keep_seconds,
+            egress: request.egress,
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting

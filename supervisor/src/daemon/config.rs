@@ -95,6 +95,8 @@ pub struct SupervisorFile {
     pub rootfs_dir: Option<PathBuf>,
     /// `--routes`.
     pub routes: Option<PathBuf>,
+    /// `--egress-hosts`.
+    pub egress_hosts: Option<PathBuf>,
     /// `--route-probe-timeout` (seconds).
     pub route_probe_timeout: Option<u64>,
     /// `--delegation-token-file`.

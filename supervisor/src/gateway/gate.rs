@@ -77,6 +77,9 @@ pub struct CallGate {
     pub audit_use: AuditUse,
     /// Whether the receipt has any fs grant (the `fs.*` tools need one).
     pub fs_granted: bool,
+    /// Set once, when the run is torn down: every long-lived stream of the run (its
+    /// outbound connections) ends then, whatever it is waiting for.
+    pub streams_end: tokio::sync::watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for CallGate {
@@ -183,6 +186,30 @@ impl CallGate {
     pub(crate) fn admit(&self, tool: &str) -> Result<u64, Refusal> {
         // Every call counts, refused or not, whatever refuses it.
         let made = self.calls.fetch_add(1, Ordering::SeqCst);
+        self.check_audit_quota()?;
+        // Past the budget nothing else is looked at (`child.stop` is not held to it: a run
+        // must still be able to stop what it started).
+        if tool != "child.stop" {
+            self.charge(made)?;
+        }
+        self.check_alive()?;
+        if tool == "exec" && self.receipt.exec.is_empty() {
+            return Err(Refusal::denied(
+                &self.run_id,
+                "exec needs an exec grant and the receipt has none".into(),
+            ));
+        }
+        if tool.starts_with("fs.") && !self.fs_granted {
+            return Err(Refusal::denied(
+                &self.run_id,
+                format!("{tool} needs an fs grant and the receipt has none"),
+            ));
+        }
+        Ok(made)
+    }
+
+    /// Refuses everything once the run has made the audit log hold its quota.
+    pub(crate) fn check_audit_quota(&self) -> Result<(), Refusal> {
         let quota = audit_quota(self.max_calls);
         if self.audit_use.bytes.load(Ordering::SeqCst) >= quota {
             return Err(Refusal::denied(
@@ -190,11 +217,11 @@ impl CallGate {
                 format!("the run's audit quota ({quota} bytes) is spent"),
             ));
         }
-        // Past the budget nothing else is looked at (`child.stop` is not held to it: a run
-        // must still be able to stop what it started).
-        if tool != "child.stop" {
-            self.charge(made)?;
-        }
+        Ok(())
+    }
+
+    /// The run is not ending, its receipt neither expired nor revoked.
+    pub(crate) fn check_alive(&self) -> Result<(), Refusal> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(Refusal::denied(&self.run_id, "the run is ending".into()));
         }
@@ -211,19 +238,12 @@ impl CallGate {
                 "the receipt was revoked".into(),
             ));
         }
-        if tool == "exec" && self.receipt.exec.is_empty() {
-            return Err(Refusal::denied(
-                &self.run_id,
-                "exec needs an exec grant and the receipt has none".into(),
-            ));
-        }
-        if tool.starts_with("fs.") && !self.fs_granted {
-            return Err(Refusal::denied(
-                &self.run_id,
-                format!("{tool} needs an fs grant and the receipt has none"),
-            ));
-        }
-        Ok(made)
+        Ok(())
+    }
+
+    /// Ends every long-lived stream of the run now (teardown).
+    pub fn end_streams(&self) {
+        self.streams_end.send_replace(true);
     }
 
     /// Tool calls this run may still make or hand on to children.

@@ -22,11 +22,13 @@
 //! Inside, dependencies run one way: `input` (bounds) and `gate` (the checks, the budget
 //! and the audit entry every call passes) are leaves; the tool families `fs`, `exec`,
 //! `models` and `children` each depend on the gate only (delegation also on the grants
-//! and model budget it carves from); `run` assembles one run's gateway from them;
+//! and model budget it carves from; `egress`, outbound connections, also on the `egress`
+//! leaves); `run` assembles one run's gateway from them;
 //! `service` serves it on the run's socket. Delegation reaches the run manager through the
 //! [`ChildRuns`] trait declared here, never the manager's type.
 
 pub mod children;
+pub mod egress;
 pub mod exec;
 pub mod fs;
 pub mod gate;

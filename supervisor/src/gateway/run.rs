@@ -8,10 +8,12 @@ use tollgate_files::snapshot::SnapshotStore;
 use tollgate_proto::v1 as pb;
 
 use super::children::{ChildState, Children};
+use super::egress::EgressCalls;
 use super::exec::ExecTools;
 use super::fs::{FsGrant, FsTools};
 use super::gate::{AuditUse, CallGate};
 use super::models::{ModelCalls, RunModels};
+use crate::egress::resolve::EgressHosts;
 use crate::exec::ExecSandbox;
 
 /// What a run's gateway is built from.
@@ -42,6 +44,8 @@ pub struct RunGatewayConfig {
     pub models: Option<Arc<RunModels>>,
     /// Delegation: the run's envelope, the supervisor link, child budgets and receipts.
     pub children: ChildState,
+    /// How the supervisor resolves the names outbound connections ask for.
+    pub egress_hosts: Arc<EgressHosts>,
 }
 
 /// What the gateway of one run knows and counts: one call gate, and each tool family
@@ -60,6 +64,8 @@ pub struct RunGateway {
     pub models: ModelCalls,
     /// Delegation.
     pub children: Arc<Children>,
+    /// Outbound connections.
+    pub egress: Arc<EgressCalls>,
 }
 
 impl RunGateway {
@@ -77,6 +83,7 @@ impl RunGateway {
             last_call: Mutex::new(None),
             audit_use: AuditUse::default(),
             fs_granted: !config.grants.is_empty(),
+            streams_end: tokio::sync::watch::Sender::new(false),
         });
         let grants: Arc<[FsGrant]> = config.grants.into();
         Self {
@@ -94,6 +101,7 @@ impl RunGateway {
                 gate: gate.clone(),
                 models: config.models.clone(),
             },
+            egress: Arc::new(EgressCalls::new(gate.clone(), config.egress_hosts)),
             children: Arc::new(Children {
                 gate: gate.clone(),
                 grants,

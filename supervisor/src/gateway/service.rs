@@ -159,6 +159,20 @@ impl Gateway for GatewayService {
         self.run.children.list_children().await.map(Response::new)
     }
 
+    type EgressStream = super::egress::EgressStream;
+
+    async fn egress(
+        &self,
+        request: Request<tonic::Streaming<pb::EgressFrame>>,
+    ) -> Result<Response<Self::EgressStream>, Status> {
+        self.check_peer(&request)?;
+        self.run
+            .egress
+            .open(request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
     type WatchChildStream = RunEventStream;
 
     async fn watch_child(
@@ -231,6 +245,9 @@ fn gateway_request_limits() -> RequestLimits {
     RequestLimits::builder(256 << 10, GATEWAY_IN_FLIGHT, GATEWAY_BODY_DEADLINE)
         .cap("/tollgate.v1.Gateway/CallTool", MAX_WRITE + (64 << 10))
         .cap("/tollgate.v1.Gateway/Complete", 2 * MAX_TEXT + (64 << 10))
+        // A connection's bytes for as long as it is open: its frames are bounded by the
+        // handler, its total by the receipt's egress limits.
+        .stream("/tollgate.v1.Gateway/Egress")
         .build()
 }
 

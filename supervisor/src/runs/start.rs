@@ -581,6 +581,7 @@ impl RunManager {
             }),
             audit: self.audit.clone(),
             snapshots: SnapshotStore::new(&self.settings.data_dir),
+            egress_hosts: self.settings.egress_hosts.clone(),
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
                 plan: plan.clone(),

@@ -115,6 +115,8 @@ impl RunManager {
             .take();
         let ended_gateway = gateway.map(|(run, mut handle)| {
             handle.stop();
+            // Outbound connections end now, not when their peers next send.
+            run.gate.end_streams();
             // Refusals of a spent run still being counted get their summary entry.
             run.gate.flush_refusals();
             let last_call = run

@@ -79,6 +79,16 @@ impl pb::gateway_server::Gateway for UnauditedReads {
         Err(tonic::Status::unimplemented("baseline"))
     }
 
+    type EgressStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::EgressFrame, tonic::Status>>;
+
+    async fn egress(
+        &self,
+        _: tonic::Request<tonic::Streaming<pb::EgressFrame>>,
+    ) -> Result<tonic::Response<Self::EgressStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
     async fn get_run_receipt(
         &self,
         _: tonic::Request<pb::GetRunReceiptRequest>,
@@ -196,6 +206,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         exec: None,
         models: None,
         children: Default::default(),
+        egress_hosts: Default::default(),
     }));
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()

@@ -136,6 +136,7 @@ fn sample_receipt() -> Receipt {
             tool_calls: 1000,
             tokens: 200_000,
             files: 1024,
+            ..Default::default()
         }),
         fs: vec![pb::FsGrant {
             path: "/home/me/project".into(),

@@ -120,6 +120,7 @@ impl Tollgate {
             warm_sandboxes: warm,
             live_restore: None,
             rootfs_dir: dir.path().join("rootfs"),
+            egress_hosts: Default::default(),
         };
         let audit = tollgate_tests::supervisor_audit(&settings.data_dir);
         let (manager, _) = RunManager::open(settings, keys, audit)?;
@@ -165,6 +166,7 @@ impl Tollgate {
                 tool_calls: 1,
                 tokens: 1,
                 files: 1024,
+                ..Default::default()
             }),
             exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
             ..Default::default()

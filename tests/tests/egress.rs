@@ -1,0 +1,454 @@
+//! Outbound connections (egress) with real daemons and real sandboxes. The "remote" hosts are
+//! the suite's own servers in network namespaces it creates (`tollgate_tests::remote`), named
+//! for the supervisor by `--egress-hosts`; the one outside address is the package registry
+//! this machine reaches (the `pip install` test).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tollgate_audit::{AuditReader, Decision, Entry, EntryFilter, EntryKind, MetaValue};
+use tollgate_proto::v1 as pb;
+use tollgate_tests::remote::{RemoteNet, RemoteServer, TestCa};
+use tollgate_tests::{authed, require_root, AuthorityProcess, SupervisorProcess};
+
+/// A TLS client that opens a tunnel to `api.example.test` through the sandbox's proxy and
+/// then asks for another server in its ClientHello (fronting).
+const FRONTING: &str = r#"
+import socket, ssl, sys
+s = socket.create_connection(("127.0.0.1", 7711))
+s.sendall(b"CONNECT api.example.test:443 HTTP/1.1\r\nHost: api.example.test:443\r\n\r\n")
+head = s.recv(4096)
+print("tunnel:", head.split(b"\r\n")[0].decode())
+context = ssl.create_default_context(cafile="/certs/ca.pem")
+context.check_hostname = False
+try:
+    t = context.wrap_socket(s, server_hostname="other.example.test")
+    t.sendall(b"GET / HTTP/1.1\r\nHost: other.example.test\r\n\r\n")
+    print("fronting got:", t.recv(4096)[:40])
+except Exception as e:
+    print("fronting cut:", type(e).__name__)
+"#;
+
+/// The daemons, the remote host and its server, for one test.
+struct Egress {
+    dir: tempfile::TempDir,
+    authority: AuthorityProcess,
+    supervisor: SupervisorProcess,
+    server: RemoteServer,
+    _net: RemoteNet,
+}
+
+impl Egress {
+    /// Daemons whose supervisor resolves the test names to a server in namespace `slot`:
+    /// `api.example.test`, `other.example.test` and `git.example.test` there (one TLS
+    /// server on 443 holding a certificate for all three), `internal.example.test` at a
+    /// private address. `/certs` holds the test CA and the fronting client.
+    async fn start(test: &str, slot: u8, host_id_base: u32, files: Option<&Path>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let net = RemoteNet::create(slot);
+        let ca = TestCa::new();
+        let tls = ca.server(&["api.example.test", "other.example.test", "git.example.test"]);
+        let server = RemoteServer::start(net.listen(443), Some(tls), files.map(Path::to_owned));
+        let certs = dir.path().join("certs");
+        std::fs::create_dir(&certs).unwrap();
+        std::fs::write(certs.join("ca.pem"), &ca.pem).unwrap();
+        std::fs::write(certs.join("front.py"), FRONTING).unwrap();
+        tollgate_tests::private_dir(dir.path());
+        open_to_all(dir.path());
+        open_to_all(&certs);
+        let hosts = dir.path().join("egress-hosts");
+        std::fs::write(
+            &hosts,
+            format!(
+                "{} api.example.test other.example.test git.example.test\n10.0.0.5 internal.example.test\n",
+                net.address
+            ),
+        )
+        .unwrap();
+        let authority = AuthorityProcess::start(&dir.path().join("authority"));
+        let supervisor = SupervisorProcess::start_with_flags(
+            &dir.path().join("supervisor"),
+            authority.addr(),
+            test,
+            host_id_base,
+            vec!["--egress-hosts".into(), hosts.display().to_string()],
+        );
+        Self {
+            dir,
+            authority,
+            supervisor,
+            server,
+            _net: net,
+        }
+    }
+
+    /// A run of `script` (sh) with these egress grants and limits, `/certs` mounted.
+    fn request(
+        &self,
+        script: &str,
+        egress: Vec<pb::EgressGrant>,
+        limits: pb::Limits,
+    ) -> pb::MintReceiptRequest {
+        pb::MintReceiptRequest {
+            subject: "egress-agent".into(),
+            ttl_seconds: 300,
+            audience: vec!["workstation".into()],
+            agent: Some(pb::AgentSpec {
+                argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                env: [
+                    ("SSL_CERT_FILE".to_owned(), "/certs/ca.pem".to_owned()),
+                    ("GIT_SSL_CAINFO".to_owned(), "/certs/ca.pem".to_owned()),
+                ]
+                .into(),
+                ..Default::default()
+            }),
+            exec: [
+                "/bin/sh",
+                "/usr/bin/curl",
+                "/usr/bin/python3",
+                "/usr/bin/sleep",
+                "/usr/bin/grep",
+                "/usr/bin/tail",
+                "/usr/bin/env",
+                "/usr/bin/sort",
+                "/usr/local/bin/git",
+                "/usr/local/libexec/git-core/git",
+                "/usr/local/libexec/git-core/git-remote-https",
+            ]
+            .map(String::from)
+            .to_vec(),
+            fs: vec![pb::FsGrant {
+                path: self.dir.path().join("certs").display().to_string(),
+                access: pb::FsAccess::Read as i32,
+                mount: "/certs".into(),
+                exec: false,
+            }],
+            limits: Some(limits),
+            egress,
+            ..Default::default()
+        }
+    }
+
+    async fn mint(&self, request: pb::MintReceiptRequest) -> pb::MintReceiptResponse {
+        self.authority
+            .client()
+            .await
+            .mint_receipt(authed(&self.authority.admin_token(), request))
+            .await
+            .expect("mint")
+            .into_inner()
+    }
+
+    /// The run's `egress` entries in the supervisor's audit log.
+    fn entries(&self, run_id: &str) -> Vec<Entry> {
+        let filter = EntryFilter {
+            run_id: Some(run_id.to_owned()),
+            ..Default::default()
+        };
+        AuditReader::open(&self.supervisor.data_dir().join("audit"))
+            .expect("open the audit log")
+            .filtered(filter)
+            .filter_map(Result::ok)
+            .filter(|entry| entry.kind == EntryKind::Egress)
+            .collect()
+    }
+}
+
+fn open_to_all(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+fn grant(host: &str, ports: &[u32]) -> pb::EgressGrant {
+    pb::EgressGrant {
+        host: host.into(),
+        ports: ports.to_vec(),
+        ..Default::default()
+    }
+}
+
+fn text<'a>(entry: &'a Entry, key: &str) -> &'a str {
+    match entry.metadata.get(key) {
+        Some(MetaValue::Str(text)) => text,
+        _ => "",
+    }
+}
+
+fn number(entry: &Entry, key: &str) -> i64 {
+    match entry.metadata.get(key) {
+        Some(MetaValue::Int(n)) => *n,
+        _ => -1,
+    }
+}
+
+/// The entries for `host` in `phase`.
+fn find<'a>(entries: &'a [Entry], host: &str, phase: &str) -> Vec<&'a Entry> {
+    entries
+        .iter()
+        .filter(|e| text(e, "host") == host && text(e, "phase") == phase)
+        .collect()
+}
+
+/// One sandbox, unmodified clients: curl and Python's urllib reach the granted host; a host
+/// not granted, a port not granted, a name that resolves to a private address and a
+/// ClientHello naming another server are each refused, with the reason, and audited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_host_is_reached_and_everything_else_is_refused_and_audited() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-basic", 1, 209_300, None).await;
+    let script = r#"
+echo "== curl"; curl -sS --max-time 20 https://api.example.test/ 2>&1; echo "rc=$?"
+echo "== urllib"; python3 -c 'import urllib.request; print(urllib.request.urlopen("https://api.example.test/", timeout=20).read().decode().strip())' 2>&1; echo "rc=$?"
+echo "== not granted"; python3 -c 'import urllib.request; urllib.request.urlopen("https://other.example.test/", timeout=20)' 2>&1 | tail -n 1; echo "rc=$?"
+echo "== wrong port"; curl -sS --max-time 20 https://api.example.test:8443/ 2>&1; echo "rc=$?"
+echo "== private"; curl -sS -v --max-time 20 https://internal.example.test/ 2>&1 | grep -E '^< HTTP|curl:'; echo "rc=$?"
+echo "== fronting"; python3 /certs/front.py 2>&1
+echo "== env"; env | grep -i _proxy | sort
+"#;
+    let request = egress.request(
+        script,
+        vec![
+            grant("api.example.test", &[443]),
+            grant("internal.example.test", &[443]),
+        ],
+        pb::Limits::default(),
+    );
+    let minted = egress.mint(request).await;
+    assert_eq!(minted.receipt.as_ref().unwrap().egress[0].ports, [443]);
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    let section = |name: &str| {
+        output
+            .split("== ")
+            .find(|s| s.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} section in:\n{output}"))
+            .to_owned()
+    };
+    assert!(
+        section("curl").contains("hello from the remote host") && section("curl").contains("rc=0"),
+        "{output}"
+    );
+    assert!(
+        section("urllib").contains("hello from the remote host"),
+        "{output}"
+    );
+    assert!(
+        section("not granted").contains("403")
+            && section("not granted").contains("egress to other.example.test:443 is not granted"),
+        "{output}"
+    );
+    assert!(!section("wrong port").contains("rc=0"), "{output}");
+    assert!(
+        section("private").contains("403") && section("private").contains("not public"),
+        "{output}"
+    );
+    assert!(
+        section("fronting").contains("tunnel: HTTP/1.1 200"),
+        "{output}"
+    );
+    assert!(section("fronting").contains("fronting cut"), "{output}");
+    for variable in [
+        "HTTPS_PROXY=http://127.0.0.1:7711",
+        "https_proxy=",
+        "NO_PROXY=",
+        "ALL_PROXY=",
+    ] {
+        assert!(section("env").contains(variable), "{variable}: {output}");
+    }
+
+    let entries = egress.entries(&run_id);
+    let opened = find(&entries, "api.example.test", "open");
+    assert!(
+        opened
+            .iter()
+            .filter(|e| e.decision == Some(Decision::Allow))
+            .count()
+            >= 3,
+        "{entries:#?}"
+    );
+    assert_eq!(
+        text(opened[0], "address"),
+        format!("{}:443", egress._net.address)
+    );
+    let closed = find(&entries, "api.example.test", "closed");
+    assert!(
+        closed
+            .iter()
+            .any(|e| number(e, "bytes_received") > 0 && number(e, "bytes_sent") > 0),
+        "{entries:#?}"
+    );
+    let refused = |host: &str, port: i64, code: &str| {
+        assert!(
+            entries.iter().any(|e| text(e, "host") == host
+                && number(e, "port") == port
+                && e.decision == Some(Decision::Deny)
+                && text(e, "code") == code),
+            "{host}:{port} {code}: {entries:#?}"
+        );
+    };
+    refused("other.example.test", 443, "egress_not_granted");
+    refused("api.example.test", 8443, "egress_not_granted");
+    refused("internal.example.test", 443, "egress_address");
+    // The fronting attempt: its tunnel opened, then was cut at the ClientHello.
+    let fronted = closed
+        .iter()
+        .find(|e| text(e, "code") == "egress_sni")
+        .unwrap_or_else(|| panic!("no fronting entry: {entries:#?}"));
+    assert_eq!(fronted.decision, Some(Decision::Deny));
+    assert!(
+        fronted
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("other.example.test"),
+        "{fronted:?}"
+    );
+    // Nothing of the refused names reached the server.
+    assert!(
+        egress.server.requests().iter().all(|r| !r
+            .headers
+            .iter()
+            .any(|(k, v)| k == "host" && v.contains("other"))),
+        "{:?}",
+        egress.server.requests()
+    );
+}
+
+/// Limits hold and a revocation closes open tunnels within a second: the third connection
+/// of a run allowed two is refused; revoking the receipt ends the two held ones at the
+/// remote end; a run allowed 1 MB cannot download 3 MB, and nothing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_and_byte_limits_hold_and_revocation_closes_tunnels() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-limits", 2, 209_400, None).await;
+    let script = r#"
+curl -sS --max-time 120 -o /dev/null https://api.example.test/hold &
+curl -sS --max-time 120 -o /dev/null https://api.example.test/hold &
+sleep 2
+echo "== third"; curl -sS -v --max-time 20 https://api.example.test/ 2>&1 | grep -E '^< HTTP/1.1 4'; echo "rc=$?"
+echo "== held"
+wait
+"#;
+    let limits = pb::Limits {
+        egress_connections: 2,
+        ..Default::default()
+    };
+    let minted = egress
+        .mint(egress.request(script, vec![grant("api.example.test", &[443])], limits))
+        .await;
+    let receipt_id = minted.receipt.as_ref().unwrap().receipt_id.clone();
+    assert_eq!(
+        minted
+            .receipt
+            .as_ref()
+            .unwrap()
+            .limits
+            .unwrap()
+            .egress_connections,
+        2
+    );
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    // The two held answers are streaming and the third connection has been tried.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while egress
+        .server
+        .log
+        .holding
+        .load(std::sync::atomic::Ordering::SeqCst)
+        < 2
+        || !find(&egress.entries(&run_id), "api.example.test", "open")
+            .iter()
+            .any(|e| text(e, "code") == "egress_connections")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the held connections never opened: {:#?}",
+            egress.entries(&run_id)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let revoked = Instant::now();
+    egress
+        .authority
+        .client()
+        .await
+        .revoke_receipt(authed(
+            &egress.authority.admin_token(),
+            pb::RevokeReceiptRequest {
+                receipt_id: receipt_id.clone(),
+                reason: "egress test".into(),
+            },
+        ))
+        .await
+        .expect("revoke");
+    while egress
+        .server
+        .log
+        .holding
+        .load(std::sync::atomic::Ordering::SeqCst)
+        > 0
+    {
+        assert!(
+            revoked.elapsed() < Duration::from_secs(1),
+            "held tunnels still open {:?} after the revocation",
+            revoked.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(output.contains("429"), "{output}");
+    egress
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(10))
+        .await;
+    let entries = egress.entries(&run_id);
+    let third = find(&entries, "api.example.test", "open")
+        .into_iter()
+        .find(|e| text(e, "code") == "egress_connections")
+        .expect("the third connection's refusal");
+    assert!(
+        third
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("egress_connections = 2"),
+        "{third:?}"
+    );
+    let ended = find(&entries, "api.example.test", "closed");
+    assert!(
+        ended
+            .iter()
+            .filter(|e| text(e, "code") == "egress_run_ended")
+            .count()
+            >= 2
+            || ended.len() >= 2,
+        "{entries:#?}"
+    );
+
+    // Bytes: 1 MB each way for the whole run.
+    let script = r#"
+echo "== big"; curl -sS --max-time 60 -o /dev/null https://api.example.test/bytes/3000000 2>&1; echo "rc=$?"
+echo "== after"; curl -sS -v --max-time 20 https://api.example.test/ 2>&1 | grep -E '^< HTTP/1.1 4'; echo "rc=$?"
+"#;
+    let limits = pb::Limits {
+        egress_bytes: 1_000_000,
+        ..Default::default()
+    };
+    let minted = egress
+        .mint(egress.request(script, vec![grant("api.example.test", &[443])], limits))
+        .await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(!output.contains("== big\nrc=0"), "{output}");
+    assert!(output.contains("429"), "{output}");
+    let entries = egress.entries(&run_id);
+    let cut = find(&entries, "api.example.test", "closed")
+        .into_iter()
+        .find(|e| text(e, "code") == "egress_bytes")
+        .unwrap_or_else(|| panic!("no byte-limit entry: {entries:#?}"));
+    assert!(number(cut, "bytes_received") <= 1_000_000, "{cut:?}");
+}
