@@ -452,3 +452,151 @@ echo "== after"; curl -sS -v --max-time 20 https://api.example.test/ 2>&1 | grep
         .unwrap_or_else(|| panic!("no byte-limit entry: {entries:#?}"));
     assert!(number(cut, "bytes_received") <= 1_000_000, "{cut:?}");
 }
+
+/// From inside a sandbox, `pip install` from the package registry this machine reaches, with
+/// only the registry's hosts granted (and the test server, which the installed `requests`
+/// then reaches through the proxy variables); the same install with no egress grant fails
+/// at once, with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pip_installs_from_the_registry_through_the_proxy_and_fails_cleanly_without_a_grant() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-pip", 3, 209_500, None).await;
+    // Pure-Python wheels only (/work is mounted noexec); the registry's certificate is
+    // signed by this machine's own CA, which pip's bundled one does not hold.
+    let pip = "PIP_CERT=/etc/ssl/certs/ca-certificates.crt python3 -m pip install \
+               --disable-pip-version-check --no-cache-dir --retries 0 --timeout 60 \
+               --target /work/lib --platform any --only-binary=:all: --python-version 3.11 \
+               --index-url https://pypi.org/simple";
+    let script = format!(
+        r#"
+echo "== pip"; {pip} requests 2>&1 | tail -n 2; echo "rc=$?"; ls /work/lib | grep -c .
+echo "== requests"; REQUESTS_CA_BUNDLE=/certs/ca.pem PYTHONPATH=/work/lib python3 -c 'import requests; print(requests.get("https://api.example.test/", timeout=20).text.strip())' 2>&1 | tail -n 1
+"#
+    );
+    let mut request = egress.request(
+        &script,
+        vec![
+            grant("pypi.org", &[443]),
+            grant("files.pythonhosted.org", &[443]),
+            grant("api.example.test", &[443]),
+        ],
+        pb::Limits::default(),
+    );
+    request.ttl_seconds = 600;
+    request.exec.push("/usr/bin/ls".into());
+    let minted = egress.mint(request).await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(output.contains("Successfully installed"), "{output}");
+    assert!(
+        output.contains("== requests\nhello from the remote host"),
+        "{output}"
+    );
+    let entries = egress.entries(&run_id);
+    assert!(
+        !find(&entries, "files.pythonhosted.org", "open").is_empty(),
+        "{entries:#?}"
+    );
+
+    // No egress grant: no proxy, no route, no name server.
+    let script = format!(
+        r#"start=$(date +%s); {pip} six 2>&1 | tail -n 1; echo "seconds=$(( $(date +%s) - start ))""#
+    );
+    let mut request = egress.request(&script, Vec::new(), pb::Limits::default());
+    request.exec.push("/usr/bin/date".into());
+    let minted = egress.mint(request).await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(
+        output.contains("No matching distribution found for six"),
+        "{output}"
+    );
+    let seconds: u64 = output
+        .rsplit("seconds=")
+        .next()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(seconds < 30, "pip took {seconds} s to fail: {output}");
+    assert!(egress.entries(&run_id).is_empty());
+}
+
+/// A Node.js agent's fetch (Node 20: undici's EnvHttpProxyAgent reads the proxy variables)
+/// and `git clone` over HTTPS both reach their granted hosts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_clone_and_node_fetch_go_out_through_the_proxy() {
+    if !require_root() {
+        return;
+    }
+    let repos = tempfile::tempdir().unwrap();
+    let git = |args: &[&str], dir: &Path| {
+        let status = std::process::Command::new("git")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.test"])
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "git {args:?}");
+    };
+    let work = repos.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    git(&["init", "-q", "-b", "main"], &work);
+    std::fs::write(work.join("README"), "cloned through the gateway\n").unwrap();
+    git(&["add", "README"], &work);
+    git(&["commit", "-q", "-m", "first"], &work);
+    let served = repos.path().join("served");
+    std::fs::create_dir(&served).unwrap();
+    git(&["clone", "-q", "--bare", "../work", "repo.git"], &served);
+    git(&["update-server-info"], &served.join("repo.git"));
+
+    let egress = Egress::start("egress-git-node", 4, 209_600, Some(&served)).await;
+    let script = r#"
+echo "== git"; git clone -q https://git.example.test/repo.git /work/clone 2>&1; cat /work/clone/README
+echo "== node"; node -e '
+const { EnvHttpProxyAgent, setGlobalDispatcher } = require("undici");
+setGlobalDispatcher(new EnvHttpProxyAgent());
+fetch("https://api.example.test/").then(r => r.text()).then(t => console.log(t.trim()), e => console.log("failed", e.cause || e));
+' 2>&1
+"#;
+    let node_modules = tollgate_tests::run_fixture::agent_node();
+    let mut request = egress.request(
+        script,
+        vec![
+            grant("git.example.test", &[443]),
+            grant("api.example.test", &[443]),
+        ],
+        pb::Limits {
+            memory_bytes: 512 << 20,
+            ..Default::default()
+        },
+    );
+    request.fs.push(pb::FsGrant {
+        path: node_modules.display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: "/agent".into(),
+        exec: false,
+    });
+    request.exec.extend(["/usr/bin/node", "/usr/bin/cat"].map(String::from));
+    let agent = request.agent.as_mut().unwrap();
+    agent
+        .env
+        .insert("NODE_PATH".into(), "/agent/node_modules".into());
+    agent
+        .env
+        .insert("NODE_EXTRA_CA_CERTS".into(), "/certs/ca.pem".into());
+    // undici says EnvHttpProxyAgent is experimental, on stderr.
+    agent.env.insert("NODE_NO_WARNINGS".into(), "1".into());
+    let minted = egress.mint(request).await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(
+        output.contains("== git\ncloned through the gateway"),
+        "{output}"
+    );
+    assert!(
+        output.contains("== node\nhello from the remote host"),
+        "{output}"
+    );
+}
