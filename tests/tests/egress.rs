@@ -305,6 +305,26 @@ echo "== env"; env | grep -i _proxy | sort
             .contains("other.example.test"),
         "{fronted:?}"
     );
+    // `tollgate calls` shows each connection with how it ended.
+    let calls = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["calls", &run_id])
+        .arg(egress.supervisor.data_dir().join("audit"))
+        .output()
+        .unwrap();
+    let calls = String::from_utf8_lossy(&calls.stdout);
+    assert!(
+        calls.lines().any(|l| l.contains("egress")
+            && l.contains("allow")
+            && l.contains("api.example.test:443")
+            && l.contains("received")),
+        "{calls}"
+    );
+    assert!(
+        calls.lines().any(|l| l.contains("deny")
+            && l.contains("other.example.test:443")
+            && l.contains("is not granted")),
+        "{calls}"
+    );
     // Nothing of the refused names reached the server.
     assert!(
         egress.server.requests().iter().all(|r| !r
@@ -578,7 +598,9 @@ fetch("https://api.example.test/").then(r => r.text()).then(t => console.log(t.t
         mount: "/agent".into(),
         exec: false,
     });
-    request.exec.extend(["/usr/bin/node", "/usr/bin/cat"].map(String::from));
+    request
+        .exec
+        .extend(["/usr/bin/node", "/usr/bin/cat"].map(String::from));
     let agent = request.agent.as_mut().unwrap();
     agent
         .env

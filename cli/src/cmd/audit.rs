@@ -424,6 +424,31 @@ fn story_line(entry: &Entry) -> String {
                 format!(" ({reason})")
             }
         ),
+        EntryKind::Egress if meta("phase") == "closed" => format!(
+            "outbound connection to {}:{} ended: {} (sent {} B, received {} B, {} ms){}",
+            meta("host"),
+            meta("port"),
+            entry.decision.map_or("-", |d| d.as_str()),
+            meta("bytes_sent"),
+            meta("bytes_received"),
+            meta("duration_ms"),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        ),
+        EntryKind::Egress => format!(
+            "outbound connection to {}:{}: {}{}",
+            meta("host"),
+            meta("port"),
+            entry.decision.map_or("-", |d| d.as_str()),
+            if reason.is_empty() {
+                format!(" ({})", meta("address"))
+            } else {
+                format!(" ({reason})")
+            }
+        ),
         EntryKind::Teardown => format!(
             "torn down: {} — {reason} (exit code {}, signal {}, {} ms, peak memory {} bytes, cleanup errors {})",
             meta("state"),
@@ -557,8 +582,78 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
     }
 }
 
-/// `tollgate calls RUN LOG_DIR...`: a run's gateway calls (tools and model calls) with their
-/// decisions, in order.
+/// One outbound connection: its decision (`open`) and, when it got that far, how it ended
+/// (`closed`: bytes each way, duration, why; a connection cut by a check is denied there).
+fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) {
+    let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
+    let closed_meta = |key: &str| {
+        closed
+            .and_then(|c| c.metadata.get(key))
+            .map(meta_text)
+            .unwrap_or_default()
+    };
+    let decision = closed
+        .filter(|c| c.decision == Some(tollgate_audit::Decision::Deny))
+        .or(Some(entry))
+        .and_then(|e| e.decision)
+        .map_or("-", |d| d.as_str());
+    let reason = closed
+        .and_then(|c| c.reason.as_deref())
+        .or(entry.reason.as_deref());
+    let target = format!("{}:{}", meta("host"), meta("port"));
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "time": entry.time,
+                "call_id": entry.call_id,
+                "tool": "egress",
+                "target": target,
+                "address": entry.metadata.get("address").map(meta_text),
+                "decision": decision,
+                "reason": reason,
+                "bytes_sent": closed.and_then(|c| c.metadata.get("bytes_sent")).map(meta_text),
+                "bytes_received": closed.and_then(|c| c.metadata.get("bytes_received")).map(meta_text),
+                "duration_ms": closed.and_then(|c| c.metadata.get("duration_ms")).map(meta_text),
+            })
+        );
+    } else {
+        let traffic = if closed.is_some() {
+            format!(
+                "  sent {} B, received {} B in {} ms",
+                closed_meta("bytes_sent"),
+                closed_meta("bytes_received"),
+                closed_meta("duration_ms")
+            )
+        } else {
+            String::new()
+        };
+        let address = entry
+            .metadata
+            .get("address")
+            .map(|a| format!(" ({})", meta_text(a)))
+            .unwrap_or_default();
+        say!(
+            "{}  {}  {:<8} {:<5} {target}{address}{traffic}{}",
+            entry.time,
+            entry.call_id.as_deref().unwrap_or("-"),
+            "egress",
+            decision,
+            reason.map(|r| format!("  ({r})")).unwrap_or_default()
+        );
+    }
+}
+
+/// Whether an entry is the second of a call's two (a model call's `done`, a connection's
+/// `closed`): shown with the first.
+fn is_follow_up(entry: &Entry) -> bool {
+    let phase = entry.metadata.get("phase").map(meta_text);
+    (entry.kind == EntryKind::RouteDecision && phase.as_deref() == Some("done"))
+        || (entry.kind == EntryKind::Egress && phase.as_deref() == Some("closed"))
+}
+
+/// `tollgate calls RUN LOG_DIR...`: a run's gateway calls (tools, model calls and outbound
+/// connections) with their decisions, in order.
 pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliError> {
     let filter = EntryFilter {
         run_id: Some(run_id.to_owned()),
@@ -567,12 +662,13 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
     let calls: Vec<Entry> = merged(dirs, &filter)?
         .into_iter()
         .map(|(_, entry)| entry)
-        // Tool calls, and model calls by their decision (a call that went out also has a
-        // `done` entry, shown with it below).
+        // Tool calls, model calls and connections by their decision (a call that went out
+        // also has a second entry, shown with it below).
         .filter(|entry| {
-            entry.kind == EntryKind::ToolCall
-                || (entry.kind == EntryKind::RouteDecision
-                    && entry.metadata.get("phase").map(meta_text).as_deref() != Some("done"))
+            matches!(
+                entry.kind,
+                EntryKind::ToolCall | EntryKind::RouteDecision | EntryKind::Egress
+            ) && !is_follow_up(entry)
         })
         .collect();
     if calls.is_empty() {
@@ -584,18 +680,19 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
     let done: std::collections::HashMap<String, Entry> = merged(dirs, &filter)?
         .into_iter()
         .map(|(_, entry)| entry)
-        .filter(|entry| {
-            entry.kind == EntryKind::RouteDecision
-                && entry.metadata.get("phase").map(meta_text).as_deref() == Some("done")
-        })
+        .filter(is_follow_up)
         .filter_map(|entry| Some((entry.call_id.clone()?, entry)))
         .collect();
     for entry in calls {
         let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
         let decision = entry.decision.map_or("-", |d| d.as_str());
+        let ended = entry.call_id.as_ref().and_then(|id| done.get(id));
         if entry.kind == EntryKind::RouteDecision {
-            let ended = entry.call_id.as_ref().and_then(|id| done.get(id));
             model_call_line(&entry, ended, json_out);
+            continue;
+        }
+        if entry.kind == EntryKind::Egress {
+            egress_line(&entry, ended, json_out);
             continue;
         }
         if json_out {
