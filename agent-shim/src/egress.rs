@@ -318,6 +318,9 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
         frame: Some(Frame::Open(pb::EgressOpen {
             host: request.host.clone(),
             port: u32::from(request.port),
+            // A plain request is read (and classified) by the supervisor; a tunnel only
+            // when its grant is inspected.
+            http: !request.tunnel,
         })),
     };
     // The channel is new and empty: the first frame always fits.

@@ -22,7 +22,8 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::unistd::{chdir, pivot_root, sethostname};
 use tollgate_proto::SYSTEM_PATHS;
 use tollgate_shim_protocol::plan::{
-    generated_etc, SandboxBase, SandboxPlan, ETC_FROM_HOST, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
+    generated_etc, SandboxBase, SandboxPlan, EGRESS_CA_IN_SANDBOX, ETC_FROM_HOST,
+    GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
 };
 
 /// A step of building the sandbox failed.
@@ -639,6 +640,18 @@ pub fn finish_root(
         )?;
     }
 
+    if let Some(ca) = &plan.egress_ca {
+        // The run's egress certificate authority (its certificate; the key stays outside).
+        bind(
+            ca,
+            &inside(root, Path::new(EGRESS_CA_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: true,
+            },
+        )?;
+    }
     if let Some(socket) = &plan.gateway_socket {
         // The run's own gateway socket: connect() needs only write permission on the socket
         // inode (it is the run's host id's, 0600), not a writable mount.

@@ -319,6 +319,7 @@ fn bootstrap_admin(
                 host: "*".into(),
                 ports: Vec::new(),
                 max_sensitivity: pb::Sensitivity::High as i32,
+                inject: "*".into(),
                 ..Default::default()
             }],
         },

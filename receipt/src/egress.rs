@@ -315,7 +315,11 @@ pub fn normalise(
                 ));
             }
         }
-        if !grant.inject.is_empty() && !is_secret_name(&grant.inject) {
+        // In a ceiling, "*" lets operators name any of the supervisor's secrets.
+        let names_a_secret = grant.inject.is_empty()
+            || is_secret_name(&grant.inject)
+            || (ceiling && grant.inject == "*");
+        if !names_a_secret {
             return Err(error(
                 field("inject"),
                 "must name a secret of the supervisor's configuration: letters, digits, '.', '_' and '-', 1 to 64 characters",
@@ -360,7 +364,15 @@ pub fn normalise(
                 ));
             }
         }
-        if is_inspected(grant) {
+        // A request's grant is inspected when anything needs it; a ceiling's entry requires
+        // inspection when it restricts methods or paths (which only inspection can hold), not
+        // because it allows a secret.
+        let needs_inspection = if ceiling {
+            !grant.methods.is_empty() || !grant.paths.is_empty()
+        } else {
+            is_inspected(grant)
+        };
+        if needs_inspection {
             grant.inspect = true;
         }
     }
@@ -420,7 +432,8 @@ pub fn within(
             wider.host
         ));
     }
-    if !narrower.inject.is_empty() && narrower.inject != wider.inject {
+    let any_secret = wider_is_ceiling && wider.inject == "*";
+    if !narrower.inject.is_empty() && narrower.inject != wider.inject && !any_secret {
         return Err(format!(
             "{} does not inject secret {:?}",
             wider.host, narrower.inject

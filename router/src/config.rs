@@ -150,6 +150,27 @@ pub enum KeySource {
     File(PathBuf),
 }
 
+impl KeySource {
+    /// Parses `env:VARIABLE` or `file:/absolute/path`; the error never repeats the text (it
+    /// may be a key pasted in by mistake).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(name) = text.strip_prefix("env:") {
+            if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Ok(KeySource::Env(name.to_owned()));
+            }
+        } else if let Some(path) = text.strip_prefix("file:") {
+            if Path::new(path).is_absolute() {
+                return Ok(KeySource::File(PathBuf::from(path)));
+            }
+        }
+        // The value is never repeated: it may be a key pasted in by mistake.
+        Err(
+            "name where the key is, as env:VARIABLE or file:/absolute/path (never the key itself)"
+                .into(),
+        )
+    }
+}
+
 impl fmt::Display for KeySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -354,7 +375,7 @@ impl RawRoute {
         let key = self
             .key_secret
             .as_deref()
-            .map(parse_key)
+            .map(KeySource::parse)
             .transpose()
             .map_err(|detail| invalid(file, field("key_secret"), detail))?;
         if self.kind == RouteKind::Cloud && key.is_none() {
@@ -504,23 +525,6 @@ fn parse_endpoint(text: &str) -> Result<Endpoint, String> {
         host.to_ascii_lowercase()
     };
     Ok(Endpoint::Http { tls, host, port })
-}
-
-fn parse_key(text: &str) -> Result<KeySource, String> {
-    if let Some(name) = text.strip_prefix("env:") {
-        if !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-            return Ok(KeySource::Env(name.to_owned()));
-        }
-    } else if let Some(path) = text.strip_prefix("file:") {
-        if Path::new(path).is_absolute() {
-            return Ok(KeySource::File(PathBuf::from(path)));
-        }
-    }
-    // The value is never repeated: it may be a key pasted in by mistake.
-    Err(
-        "name where the key is, as env:VARIABLE or file:/absolute/path (never the key itself)"
-            .into(),
-    )
 }
 
 /// Whether `name` may name a route.

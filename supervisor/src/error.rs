@@ -45,7 +45,7 @@ pub enum StartError {
     /// that does not exist): refused before the receipt is spent.
     #[error("{reason}")]
     Grant {
-        /// Stable code: `grant_link`, `grant_missing`, `grant_wx`, `egress_inspection_unsupported`, ….
+        /// Stable code: `grant_link`, `grant_missing`, `grant_wx`, ….
         code: &'static str,
         /// One line naming the grant and what is wrong with it.
         reason: String,

@@ -10,7 +10,7 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser};
 use tollgate_router_backends::ModelRoutes;
 use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, SupervisorFile, Trust};
-use tollgate_supervisor::egress::resolve::EgressHosts;
+use tollgate_supervisor::egress::config::EgressConfig;
 use tollgate_supervisor::runs::RunSettings;
 
 /// Run AI agents in sandboxes built from signed Tollgate receipts (must run as root).
@@ -116,6 +116,17 @@ struct Flags {
     /// link-local, shared or metadata address unless a receipt grants that address itself.
     #[arg(long, value_name = "FILE")]
     egress_hosts: Option<PathBuf>,
+    /// Secrets the supervisor adds to runs' requests to inspected hosts (TOML: [[secret]]
+    /// name, value = "env:NAME" | "file:/path", header (default Authorization), scheme
+    /// (default "Bearer" for Authorization)). A receipt names one with `inject = "NAME"`;
+    /// the value never enters a sandbox, the audit log or a message. Read at start.
+    #[arg(long, value_name = "FILE")]
+    egress_secrets: Option<PathBuf>,
+    /// Certificate authorities (PEM) trusted for inspected hosts' servers besides the Web
+    /// PKI roots and this host's bundle (/etc/ssl/certs/ca-certificates.crt): a site's own
+    /// CA, or a test suite's.
+    #[arg(long, value_name = "FILE")]
+    egress_extra_roots: Option<PathBuf>,
     /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
     /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
     /// entries are chained with plain SHA-256.
@@ -229,6 +240,8 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         audit_key_file => Some,
         rootfs_dir => Some,
         egress_hosts => Some,
+        egress_secrets => Some,
+        egress_extra_roots => Some,
         routes => Some,
         delegation_token_file => Some,
         metrics_listen => Some,
@@ -307,10 +320,11 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     };
     Ok(SupervisorConfig {
         runs: RunSettings {
-            egress_hosts: std::sync::Arc::new(match &flags.egress_hosts {
-                Some(path) => EgressHosts::load(path)?,
-                None => EgressHosts::system(),
-            }),
+            egress: std::sync::Arc::new(EgressConfig::load(
+                flags.egress_hosts.as_deref(),
+                flags.egress_secrets.as_deref(),
+                flags.egress_extra_roots.as_deref(),
+            )?),
             rootfs_dir: match (&flags.rootfs_dir, &flags.data_dir) {
                 (Some(dir), _) => dir.clone(),
                 (None, Some(data)) => data.join("rootfs"),

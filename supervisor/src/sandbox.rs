@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 
 use tollgate_proto::v1 as pb;
 use tollgate_shim_protocol::plan::{
-    proxy_env, AgentCommand, AgentInput, Bind, EgressProxy, LandlockPlan, ModelsEndpoint,
-    SandboxBase, SandboxPlan, EGRESS_PORT, GATEWAY_IN_SANDBOX, INPUT_MARKER, MODELS_PORT,
-    SHIM_IN_SANDBOX,
+    egress_ca_env, proxy_env, AgentCommand, AgentInput, Bind, EgressProxy, LandlockPlan,
+    ModelsEndpoint, SandboxBase, SandboxPlan, EGRESS_CA_IN_SANDBOX, EGRESS_PORT,
+    GATEWAY_IN_SANDBOX, INPUT_MARKER, MODELS_PORT, SHIM_IN_SANDBOX,
 };
 use tollgate_shim_protocol::protocol::{FromShim, ToShim, CONTROL_FD, PID_ONE_FD, REATTACH_FDS};
 
@@ -239,6 +239,11 @@ pub fn plan_for(
             .clamp(1, 8),
     });
     let env = agent_env(receipt, models.is_some(), egress.is_some());
+    // The run's CA (inspected grants) is readable; the run manager makes it and sets
+    // `egress_ca` before the plan is sent.
+    if crate::egress::ca::needs_ca(receipt) {
+        read.push(PathBuf::from(EGRESS_CA_IN_SANDBOX));
+    }
     let cwd = pinned
         .map(|a| a.workdir.clone())
         .filter(|w| !w.is_empty())
@@ -269,6 +274,7 @@ pub fn plan_for(
         inner_id: AGENT_INNER_ID,
         models,
         egress,
+        egress_ca: None,
         // Set by the run manager once the run's gateway socket is bound.
         gateway_socket: None,
         host_id,
@@ -311,6 +317,10 @@ fn agent_env(receipt: &pb::Receipt, models: bool, egress: bool) -> Vec<(String, 
     // the sandbox's proxy (and nothing else can: the sandbox has no route).
     if egress {
         env.extend(proxy_env(EGRESS_PORT));
+    }
+    // With a host inspected, the usual clients trust the run's certificate authority.
+    if crate::egress::ca::needs_ca(receipt) {
+        env.extend(egress_ca_env());
     }
     if let Some(agent) = receipt.agent.as_ref() {
         let mut extra: Vec<_> = agent

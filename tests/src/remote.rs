@@ -189,8 +189,8 @@ pub struct ServerLog {
 
 /// An HTTP/1.1 server (over TLS when given a configuration) in a [`RemoteNet`]:
 /// `/` says hello, `/bytes/N` sends N bytes, `/hold` streams a byte every 100 ms for a
-/// minute, `/echo` answers the request body; anything else is served from `files` (a git
-/// repository for a dumb-HTTP clone) or is a 404.
+/// minute, `/echo` answers the request body, `/public/…` names its path; anything else is
+/// served from `files` (a git repository for a dumb-HTTP clone) or is a 404.
 pub struct RemoteServer {
     /// What it has seen.
     pub log: Arc<ServerLog>,
@@ -301,6 +301,9 @@ async fn answer(
     }
     if path == "/echo" {
         return full(200, body);
+    }
+    if path.starts_with("/public/") {
+        return full(200, format!("public {path}\n"));
     }
     if let Some(count) = path
         .strip_prefix("/bytes/")

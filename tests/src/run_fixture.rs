@@ -35,7 +35,7 @@ pub struct RunFixture {
 /// Run settings for a test: its data directory, cgroup parent and 16 host ids from `base`.
 pub fn settings(data: &Path, parent: &str, base: u32) -> RunSettings {
     RunSettings {
-        egress_hosts: Default::default(),
+        egress: Default::default(),
         data_dir: data.to_owned(),
         supervisor_id: "workstation".into(),
         shim: bin_path("tollgate-shim"),

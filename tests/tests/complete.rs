@@ -143,7 +143,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         exec: None,
         models: Some(Arc::new(RunModels::new(shared, tokens))),
         children: Default::default(),
-        egress_hosts: Default::default(),
+        egress: Default::default(),
     }));
     let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
     let channel =

@@ -32,6 +32,8 @@ except Exception as e:
 /// The daemons, the remote host and its server, for one test.
 struct Egress {
     dir: tempfile::TempDir,
+    /// The secret `api` the supervisor injects (`Authorization: Bearer …`).
+    token: String,
     authority: AuthorityProcess,
     supervisor: SupervisorProcess,
     server: RemoteServer,
@@ -65,16 +67,45 @@ impl Egress {
             ),
         )
         .unwrap();
+        // A secret only the supervisor reads (root, 0600), and the test CA it verifies the
+        // remote server with.
+        let token = format!("tg-secret-{}", uuid::Uuid::now_v7().simple());
+        let secrets_dir = dir.path().join("secrets");
+        std::fs::create_dir(&secrets_dir).unwrap();
+        tollgate_tests::private_dir(&secrets_dir);
+        let token_file = secrets_dir.join("api-token");
+        std::fs::write(&token_file, &token).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let secrets = secrets_dir.join("secrets.toml");
+        std::fs::write(
+            &secrets,
+            format!(
+                "[[secret]]\nname = \"api\"\nvalue = \"file:{}\"\n",
+                token_file.display()
+            ),
+        )
+        .unwrap();
+        let roots = secrets_dir.join("roots.pem");
+        std::fs::write(&roots, &ca.pem).unwrap();
         let authority = AuthorityProcess::start(&dir.path().join("authority"));
         let supervisor = SupervisorProcess::start_with_flags(
             &dir.path().join("supervisor"),
             authority.addr(),
             test,
             host_id_base,
-            vec!["--egress-hosts".into(), hosts.display().to_string()],
+            vec![
+                "--egress-hosts".into(),
+                hosts.display().to_string(),
+                "--egress-secrets".into(),
+                secrets.display().to_string(),
+                "--egress-extra-roots".into(),
+                roots.display().to_string(),
+            ],
         );
         Self {
             dir,
+            token,
             authority,
             supervisor,
             server,
@@ -620,5 +651,204 @@ fetch("https://api.example.test/").then(r => r.text()).then(t => console.log(t.t
     assert!(
         output.contains("== node\nhello from the remote host"),
         "{output}"
+    );
+}
+
+/// A client that keeps one connection per host through the proxy and prints each answer.
+const INSPECTED: &str = r#"
+import http.client, ssl
+context = ssl.create_default_context()  # SSL_CERT_FILE: the run's bundle
+def connect(host):
+    c = http.client.HTTPSConnection("127.0.0.1", 7711, context=context, timeout=20)
+    c.set_tunnel(host, 443)
+    return c
+def ask(c, method, path, body=None):
+    c.request(method, path, body=body)
+    r = c.getresponse()
+    print(method, path, r.status, r.read().decode(errors="replace").strip()[:300])
+api = connect("api.example.test")
+ask(api, "GET", "/public/hello")
+ask(api, "POST", "/public/hello", b"x")
+ask(api, "GET", "/private/x")
+ask(api, "GET", "/public/%2e%2e/private")
+ask(api, "GET", "/public/again")
+other = connect("other.example.test")
+ask(other, "POST", "/echo", b"harmless text")
+ask(other, "POST", "/echo", b"aws_access_key_id=AKIAIOSFODNN7EXAMPLE aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
+"#;
+
+/// Inspected hosts: the run's own CA is trusted in the sandbox; the supervisor adds the
+/// grant's secret (which reaches the server and nothing else: not the sandbox's environment,
+/// files or /proc, not either audit log); a POST to a GET-only grant and a path outside its
+/// prefixes are refused per request on the same connection that serves the allowed GETs; a
+/// body carrying a cloud key is refused on its way to a `low` host, with the detector named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspected_hosts_get_their_secret_and_each_request_is_checked() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-inspect", 5, 209_700, None).await;
+    std::fs::write(egress.dir.path().join("certs/inspected.py"), INSPECTED).unwrap();
+    let script = r#"
+echo "== requests"; python3 /certs/inspected.py 2>&1
+echo "== search"
+env
+cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n'
+cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' ' '
+grep -rsa . /work /tmp /run /etc/ssl /certs 2>/dev/null | cut -c1-300
+echo "== end"
+"#;
+    let mut request = egress.request(
+        script,
+        vec![
+            pb::EgressGrant {
+                host: "api.example.test".into(),
+                inject: "api".into(),
+                methods: vec!["GET".into()],
+                paths: vec!["/public/".into()],
+                ..Default::default()
+            },
+            pb::EgressGrant {
+                host: "other.example.test".into(),
+                inspect: true,
+                ..Default::default()
+            },
+        ],
+        pb::Limits {
+            output_bytes: 16 << 20,
+            ..Default::default()
+        },
+    );
+    request
+        .exec
+        .extend(["/usr/bin/cat", "/usr/bin/tr", "/usr/bin/cut"].map(String::from));
+    // The run's CA is what the sandbox trusts: nothing of the test's own.
+    request.agent.as_mut().unwrap().env.clear();
+    let minted = egress.mint(request).await;
+    assert!(minted.receipt.as_ref().unwrap().egress[0].inspect);
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    let requests = output
+        .split("== search")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let line = |start: &str| {
+        requests
+            .lines()
+            .find(|l| l.starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} in:\n{output}"))
+            .to_owned()
+    };
+    assert!(
+        line("GET /public/hello ").contains(" 200 public /public/hello"),
+        "{output}"
+    );
+    let post = line("POST /public/hello ");
+    assert!(
+        post.contains(" 403 ") && post.contains("POST is not among the methods"),
+        "{post}"
+    );
+    let private = line("GET /private/x ");
+    assert!(
+        private.contains(" 403 ") && private.contains("not beneath the paths"),
+        "{private}"
+    );
+    assert!(
+        line("GET /public/%2e%2e/private ").contains(" 403 "),
+        "{output}"
+    );
+    assert!(line("GET /public/again ").contains(" 200 "), "{output}");
+    assert!(line("POST /echo 200").contains("harmless text"), "{output}");
+    let key = requests
+        .lines()
+        .filter(|l| l.starts_with("POST /echo "))
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        key.contains(" 403 ") && key.contains("classified high") && key.contains("above the low"),
+        "{output}"
+    );
+    assert!(
+        !key.contains("AKIA"),
+        "the refusal never repeats the text: {key}"
+    );
+
+    // The server: the allowed requests only, each with the secret; one connection for api.
+    let seen = egress.server.requests();
+    let api: Vec<_> = seen
+        .iter()
+        .filter(|r| r.path.starts_with("/public/"))
+        .collect();
+    assert_eq!(api.len(), 2, "{seen:?}");
+    for request in &api {
+        assert!(
+            request
+                .headers
+                .iter()
+                .any(|(k, v)| k == "authorization" && *v == format!("Bearer {}", egress.token)),
+            "{request:?}"
+        );
+    }
+    assert!(seen.iter().all(|r| r.method != "POST" || r.path == "/echo"));
+    assert!(!seen
+        .iter()
+        .any(|r| String::from_utf8_lossy(&r.body).contains("AKIA")));
+    assert_eq!(
+        egress
+            .server
+            .log
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one upstream connection per host"
+    );
+
+    // The secret is nowhere the agent could look, nor in either audit log.
+    assert!(output.contains("== end"), "{output}");
+    assert!(
+        output.contains("SSL_CERT_FILE=/run/tollgate/egress/bundle.pem"),
+        "{output}"
+    );
+    assert!(
+        !output.contains(&egress.token),
+        "the sandbox saw the secret"
+    );
+    for log in [
+        egress.supervisor.data_dir().join("audit"),
+        egress.authority.data_dir().join("audit"),
+    ] {
+        for file in std::fs::read_dir(&log).unwrap() {
+            let bytes = std::fs::read(file.unwrap().path()).unwrap();
+            assert!(
+                !String::from_utf8_lossy(&bytes).contains(&egress.token),
+                "{} holds the secret",
+                log.display()
+            );
+        }
+    }
+    let entries = egress.entries(&run_id);
+    let checked: Vec<_> = entries
+        .iter()
+        .filter(|e| text(e, "phase") == "request")
+        .collect();
+    assert!(
+        checked.iter().any(|e| text(e, "method") == "POST"
+            && e.decision == Some(Decision::Deny)
+            && text(e, "code") == "egress_request"),
+        "{checked:#?}"
+    );
+    assert!(
+        checked
+            .iter()
+            .any(|e| text(e, "code") == "egress_sensitivity" && text(e, "sensitivity") == "high"),
+        "{checked:#?}"
+    );
+    assert!(
+        checked
+            .iter()
+            .any(|e| e.metadata.get("injected") == Some(&MetaValue::Bool(true))),
+        "{checked:#?}"
     );
 }

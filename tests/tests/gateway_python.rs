@@ -161,7 +161,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         exec: None,
         models: None,
         children: Default::default(),
-        egress_hosts: Default::default(),
+        egress: Default::default(),
     }));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -205,6 +205,31 @@ pub fn proxy_env(port: u16) -> Vec<(String, String)> {
     env
 }
 
+/// Where a run's egress certificate authority appears inside its sandbox (a read-only
+/// directory: `ca.pem`, the run's CA; `bundle.pem`, the host's CA bundle followed by it),
+/// when the receipt has a grant the supervisor inspects.
+pub const EGRESS_CA_IN_SANDBOX: &str = "/run/tollgate/egress";
+
+/// The trust variables an agent gets when its receipt has an inspected grant: the usual
+/// clients trust the run's CA (and, through the bundle, everything the host trusts).
+pub fn egress_ca_env() -> Vec<(String, String)> {
+    let bundle = format!("{EGRESS_CA_IN_SANDBOX}/bundle.pem");
+    let mut env: Vec<(String, String)> = [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "GIT_SSL_CAINFO",
+    ]
+    .into_iter()
+    .map(|name| (name.to_owned(), bundle.clone()))
+    .collect();
+    env.push((
+        "NODE_EXTRA_CA_CERTS".to_owned(),
+        format!("{EGRESS_CA_IN_SANDBOX}/ca.pem"),
+    ));
+    env
+}
+
 /// Most bytes one gateway `fs.write` carries: one atomic change.
 pub const MAX_WRITE_BYTES: usize = 16 << 20;
 
@@ -242,6 +267,10 @@ pub struct SandboxPlan {
     /// The egress proxy to start; none: the receipt grants no outbound connection.
     #[serde(default)]
     pub egress: Option<EgressProxy>,
+    /// Host directory of the run's egress certificate authority, shown read-only at
+    /// [`EGRESS_CA_IN_SANDBOX`]; none: the receipt inspects no host.
+    #[serde(default)]
+    pub egress_ca: Option<PathBuf>,
     /// `RLIMIT_NOFILE` (soft and hard) of the agent and of every command the gateway execs:
     /// the receipt's `limits.files`; 0 means `tollgate_proto::DEFAULT_FILES`.
     #[serde(default)]

@@ -97,6 +97,10 @@ pub struct SupervisorFile {
     pub routes: Option<PathBuf>,
     /// `--egress-hosts`.
     pub egress_hosts: Option<PathBuf>,
+    /// `--egress-secrets`.
+    pub egress_secrets: Option<PathBuf>,
+    /// `--egress-extra-roots`.
+    pub egress_extra_roots: Option<PathBuf>,
     /// `--route-probe-timeout` (seconds).
     pub route_probe_timeout: Option<u64>,
     /// `--delegation-token-file`.

@@ -31,9 +31,10 @@ pub enum DaemonError {
     /// The routes file, a route's key, the classifier, or a local route's probe failed.
     #[error("routes: {0}")]
     Routes(#[from] tollgate_router_backends::LoadError),
-    /// The `--egress-hosts` file is unreadable or has a line that is not `ADDRESS NAME...`.
-    #[error("--egress-hosts: {0}")]
-    EgressHosts(#[from] crate::egress::resolve::EgressHostsError),
+    /// An egress file (`--egress-hosts`, `--egress-secrets`, `--egress-extra-roots`) is
+    /// unreadable or wrong, or a secret it names cannot be read.
+    #[error("{0}")]
+    Egress(#[from] crate::egress::config::EgressConfigError),
     /// The delegation token file is unusable.
     #[error("--delegation-token-file: {0}")]
     DelegationToken(String),
@@ -120,7 +121,7 @@ impl DaemonError {
             Self::AuditKey(e) => u8::try_from(e.exit_code()).unwrap_or(78),
             Self::ShimMissing(_)
             | Self::Routes(_)
-            | Self::EgressHosts(_)
+            | Self::Egress(_)
             | Self::DelegationToken(_)
             | Self::ConfigFile { .. }
             | Self::MissingSetting(_) => 78,

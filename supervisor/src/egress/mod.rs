@@ -1,7 +1,11 @@
-//! Outbound connections' leaves, free of the gateway: where a name may lead ([`resolve`]:
-//! the supervisor's own resolution and the rule that a name never reaches a non-public
-//! address) and what a connection's first bytes say ([`hello`]: the ClientHello's server
-//! name). The gateway's `Egress` call (`gateway::egress`) checks each connection with them.
+//! Outbound connections' leaves, free of the gateway: the administrator's settings
+//! ([`config`]: names resolved here, secrets injected, upstream roots), where a name may lead
+//! ([`resolve`]: the supervisor's own resolution and the rule that a name never reaches a
+//! non-public address), what a connection's first bytes say ([`hello`]: the ClientHello's
+//! server name) and a run's own certificate authority for the hosts it inspects ([`ca`]). The
+//! gateway's `Egress` call (`gateway::egress`) checks and serves each connection with them.
 
+pub mod ca;
+pub mod config;
 pub mod hello;
 pub mod resolve;

@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
@@ -25,8 +24,11 @@ use tollgate_receipt::egress::{grant_for, is_inspected, Host};
 use tonic::{Status, Streaming};
 
 use super::gate::{new_call_id, CallGate, Refusal};
+use super::inspection::{Classify, Inspection};
+use crate::egress::ca::RunCa;
+use crate::egress::config::EgressConfig;
 use crate::egress::hello::{first_flight, ClientHello, FirstFlight, MAX_HELLO};
-use crate::egress::resolve::{reachable, EgressHosts};
+use crate::egress::resolve::reachable;
 use crate::COMPONENT;
 
 /// Most bytes one `data` frame from the sandbox may carry.
@@ -41,6 +43,48 @@ const MAX_ATTEMPTS: usize = 4;
 const HELLO_DEADLINE: Duration = Duration::from_secs(5);
 /// Bytes read from the upstream at once (one frame).
 const READ_CHUNK: usize = 64 << 10;
+/// Bytes buffered between the sandbox's stream and the supervisor's reading of it.
+const INSPECTED_BUFFER: usize = 256 << 10;
+
+/// What a run's outbound connections are served with besides its receipt.
+#[derive(Clone, Default)]
+pub struct EgressSetup {
+    /// The administrator's settings (names, secrets, upstream roots).
+    pub config: Arc<EgressConfig>,
+    /// The run's certificate authority, when it has inspected grants.
+    pub ca: Option<Arc<RunCa>>,
+    /// The classifier requests are judged with; none: the built-in defaults.
+    pub classify: Option<Classify>,
+}
+
+impl std::fmt::Debug for EgressSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressSetup")
+            .field("ca", &self.ca.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The classifier with its built-in defaults, built once.
+fn default_classify() -> Classify {
+    static CLASSIFIER: std::sync::OnceLock<Option<Arc<tollgate_router::Classifier>>> =
+        std::sync::OnceLock::new();
+    let classifier = CLASSIFIER
+        .get_or_init(|| {
+            tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
+                .ok()
+                .map(Arc::new)
+        })
+        .clone();
+    Arc::new(move |text: &str| match &classifier {
+        Some(classifier) => classifier.classify(text),
+        // The built-in configuration always compiles; were it not to, nothing passes.
+        None => tollgate_router::Classification {
+            sensitivity: tollgate_router::Sensitivity::High,
+            reasons: Vec::new(),
+        },
+    })
+}
 
 /// The stream of frames the supervisor sends back.
 pub type EgressStream = tokio_stream::wrappers::ReceiverStream<Result<pb::EgressFrame, Status>>;
@@ -62,7 +106,7 @@ pub struct EgressUsage {
 #[derive(Debug)]
 pub struct EgressCalls {
     gate: Arc<CallGate>,
-    hosts: Arc<EgressHosts>,
+    setup: EgressSetup,
     /// What the run's connections have used.
     pub usage: EgressUsage,
     max_open: u32,
@@ -92,6 +136,12 @@ struct Connected {
     port: u16,
     address: SocketAddr,
     upstream: TcpStream,
+    /// The grant that allowed it.
+    grant: pb::EgressGrant,
+    /// The supervisor reads its requests (an inspected grant, or the proxy's plain HTTP).
+    inspected: bool,
+    /// The sandbox's proxy forwards plain HTTP on it (never TLS).
+    http: bool,
 }
 
 /// What the sandbox asked to connect to, as the audit entry shows it.
@@ -102,12 +152,12 @@ struct Target {
 
 impl EgressCalls {
     /// The outbound connections of the run `gate` guards, bounded by its receipt's limits.
-    pub fn new(gate: Arc<CallGate>, hosts: Arc<EgressHosts>) -> Self {
+    pub fn new(gate: Arc<CallGate>, setup: EgressSetup) -> Self {
         let (max_open, max_bytes, idle) =
             tollgate_proto::effective_egress(&gate.receipt.limits.unwrap_or_default());
         Self {
             gate,
-            hosts,
+            setup,
             usage: EgressUsage::default(),
             max_open,
             max_bytes,
@@ -153,11 +203,12 @@ impl EgressCalls {
                 return Err(refusal.into_status(&call_id));
             }
         };
+        let inspected = connected.inspected;
         self.record(&call_id, &target, Decision::Allow, |entry| {
             entry
                 .meta("phase", "open")
                 .meta("address", connected.address.to_string())
-                .meta("inspected", false)
+                .meta("inspected", inspected)
                 .meta(
                     "duration_us",
                     i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
@@ -168,7 +219,7 @@ impl EgressCalls {
         let opened = pb::EgressFrame {
             frame: Some(Frame::Opened(pb::EgressOpened {
                 address: connected.address.to_string(),
-                inspected: false,
+                inspected,
             })),
         };
         // The channel is new and empty: the first frame always fits.
@@ -223,15 +274,15 @@ impl EgressCalls {
             )
             .coded("egress_not_granted"));
         };
-        if is_inspected(grant) {
-            // Admission refuses such receipts; a receipt that got here anyway is not served
-            // opaque.
+        let inspected = is_inspected(grant) || open.http;
+        if is_inspected(grant) && self.setup.ca.is_none() {
             return Err(Refusal::denied(
                 &gate.run_id,
-                format!("egress to {host} asks for inspection, which this supervisor does not do"),
+                format!("egress to {host} is inspected and this run has no certificate authority"),
             )
-            .coded("egress_inspection_unsupported"));
+            .coded("egress_inspection"));
         }
+        let grant = grant.clone();
         // A slot is held across the resolution and connect, so the bound holds while many
         // connections are being made at once.
         let slot = self.take_slot()?;
@@ -244,6 +295,8 @@ impl EgressCalls {
             }
         }
         let resolved = self
+            .setup
+            .config
             .hosts
             .resolve(&host, port)
             .await
@@ -263,6 +316,9 @@ impl EgressCalls {
                         port,
                         address,
                         upstream,
+                        grant,
+                        inspected,
+                        http: open.http,
                     });
                 }
                 Ok(Err(e)) => failures.push(format!("{address}: {}", e.kind())),
@@ -316,26 +372,48 @@ impl EgressCalls {
         let started = Instant::now();
         let activity = Arc::new(AtomicU64::new(0));
         let counted = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
-        let (read_half, write_half) = connected.upstream.into_split();
-        let mut outbound = tokio::spawn(self.clone().outbound(
-            frames,
-            write_half,
-            connected.host.clone(),
-            Progress {
-                activity: activity.clone(),
-                counted: counted.clone(),
-                started,
-            },
-        ));
-        let mut inbound = tokio::spawn(self.clone().inbound(
-            read_half,
-            tx.clone(),
-            Progress {
-                activity: activity.clone(),
-                counted: counted.clone(),
-                started,
-            },
-        ));
+        let progress = || Progress {
+            activity: activity.clone(),
+            counted: counted.clone(),
+            started,
+        };
+        let (address, port, host) = (connected.address, connected.port, connected.host.clone());
+        // Opaque: the sandbox's bytes go straight to the upstream socket. Read: they go to
+        // the supervisor's own HTTP (and TLS) side of an in-memory pipe, which makes the
+        // upstream connection itself.
+        let (mut outbound, mut inbound, mut reader) = if connected.inspected {
+            let (client, pipe) = tokio::io::duplex(INSPECTED_BUFFER);
+            let (pipe_read, pipe_write) = tokio::io::split(pipe);
+            let inspection = Inspection {
+                gate: self.gate.clone(),
+                host: connected.host.clone(),
+                port: connected.port,
+                grant: connected.grant,
+                config: self.setup.config.clone(),
+                ca: self.setup.ca.clone(),
+                classify: self.setup.classify.clone().unwrap_or_else(default_classify),
+                call_id: call_id.clone(),
+                plain: connected.http,
+            };
+            (
+                tokio::spawn(
+                    self.clone()
+                        .outbound(frames, pipe_write, host.clone(), progress()),
+                ),
+                tokio::spawn(self.clone().inbound(pipe_read, tx.clone(), progress())),
+                Some(tokio::spawn(inspection.serve(client, connected.upstream))),
+            )
+        } else {
+            let (read_half, write_half) = connected.upstream.into_split();
+            (
+                tokio::spawn(
+                    self.clone()
+                        .outbound(frames, write_half, host.clone(), progress()),
+                ),
+                tokio::spawn(self.clone().inbound(read_half, tx.clone(), progress())),
+                None,
+            )
+        };
         let mut ending = self.gate.streams_end.subscribe();
         let expires = std::time::UNIX_EPOCH
             + Duration::from_secs(u64::try_from(self.gate.expires_at).unwrap_or(0));
@@ -348,6 +426,11 @@ impl EgressCalls {
         let mut inbound_done = false;
         let end: Result<&'static str, Refusal> = loop {
             tokio::select! {
+                done = async { reader.as_mut().expect("guarded").await }, if reader.is_some() => break match done {
+                    Ok(Ok(())) => Ok("closed"),
+                    Ok(Err(refusal)) => Err(refusal),
+                    Err(e) => Err(Refusal::with(Status::internal, format!("relay: {e}")).ran()),
+                },
                 done = &mut outbound => break match done {
                     Ok(Ok(())) => Ok("closed by the sandbox"),
                     Ok(Err(refusal)) => Err(refusal),
@@ -389,6 +472,9 @@ impl EgressCalls {
         };
         outbound.abort();
         inbound.abort();
+        if let Some(reader) = reader {
+            reader.abort();
+        }
         if let Err(refusal) = &end {
             // The sandbox hears why (bounded: a sandbox that stopped reading does not hold
             // this task).
@@ -408,8 +494,8 @@ impl EgressCalls {
                 let entry = entry
                     .reason(reason.as_str())
                     .meta("phase", "closed")
-                    .meta("address", connected.address.to_string())
-                    .meta("port", i64::from(connected.port))
+                    .meta("address", address.to_string())
+                    .meta("port", i64::from(port))
                     .meta("bytes_sent", i64::try_from(sent).unwrap_or(i64::MAX))
                     .meta(
                         "bytes_received",
@@ -432,10 +518,10 @@ impl EgressCalls {
 
     /// Sandbox to upstream: checks the first bytes (a ClientHello must name the host),
     /// counts every byte, passes half-closes on. Ends when the sandbox ends the stream.
-    async fn outbound(
+    async fn outbound<W: AsyncWrite + Unpin + Send + 'static>(
         self: Arc<Self>,
         mut frames: Streaming<pb::EgressFrame>,
-        mut upstream: OwnedWriteHalf,
+        mut upstream: W,
         host: Host,
         progress: Progress,
     ) -> Result<(), Refusal> {
@@ -572,9 +658,9 @@ impl EgressCalls {
     }
 
     /// Upstream to sandbox: counts every byte; at the upstream's end of data, a half-close.
-    async fn inbound(
+    async fn inbound<R: AsyncRead + Unpin + Send + 'static>(
         self: Arc<Self>,
-        mut upstream: OwnedReadHalf,
+        mut upstream: R,
         tx: mpsc::Sender<Result<pb::EgressFrame, Status>>,
         progress: Progress,
     ) -> Result<(), Refusal> {

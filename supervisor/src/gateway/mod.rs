@@ -33,6 +33,7 @@ pub mod exec;
 pub mod fs;
 pub mod gate;
 pub mod input;
+pub mod inspection;
 pub mod models;
 pub mod run;
 pub mod service;

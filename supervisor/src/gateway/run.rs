@@ -8,12 +8,11 @@ use tollgate_files::snapshot::SnapshotStore;
 use tollgate_proto::v1 as pb;
 
 use super::children::{ChildState, Children};
-use super::egress::EgressCalls;
+use super::egress::{EgressCalls, EgressSetup};
 use super::exec::ExecTools;
 use super::fs::{FsGrant, FsTools};
 use super::gate::{AuditUse, CallGate};
 use super::models::{ModelCalls, RunModels};
-use crate::egress::resolve::EgressHosts;
 use crate::exec::ExecSandbox;
 
 /// What a run's gateway is built from.
@@ -44,8 +43,9 @@ pub struct RunGatewayConfig {
     pub models: Option<Arc<RunModels>>,
     /// Delegation: the run's envelope, the supervisor link, child budgets and receipts.
     pub children: ChildState,
-    /// How the supervisor resolves the names outbound connections ask for.
-    pub egress_hosts: Arc<EgressHosts>,
+    /// What outbound connections are served with: the administrator's settings, the run's
+    /// certificate authority, the classifier.
+    pub egress: EgressSetup,
 }
 
 /// What the gateway of one run knows and counts: one call gate, and each tool family
@@ -101,7 +101,7 @@ impl RunGateway {
                 gate: gate.clone(),
                 models: config.models.clone(),
             },
-            egress: Arc::new(EgressCalls::new(gate.clone(), config.egress_hosts)),
+            egress: Arc::new(EgressCalls::new(gate.clone(), config.egress)),
             children: Arc::new(Children {
                 gate: gate.clone(),
                 grants,

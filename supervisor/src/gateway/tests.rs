@@ -65,7 +65,7 @@ fn fixture(max_calls: u64, expires_in: i64) -> Fixture {
         exec: None,
         models: None,
         children: Default::default(),
-        egress_hosts: Default::default(),
+        egress: Default::default(),
     });
     Fixture {
         _dir: dir,

@@ -262,27 +262,6 @@ fn check_command(
     }
 }
 
-/// Egress grants this supervisor can honour: opaque ones. A grant that asks for its requests
-/// to be read (`inspect`, `inject`, `methods`, `paths`) is refused before the receipt is
-/// spent, never served as an opaque tunnel.
-fn check_egress(receipt: &tollgate_proto::v1::Receipt) -> Result<(), StartError> {
-    match receipt
-        .egress
-        .iter()
-        .enumerate()
-        .find(|(_, grant)| tollgate_receipt::egress::is_inspected(grant))
-    {
-        Some((i, grant)) => Err(StartError::Grant {
-            code: "egress_inspection_unsupported",
-            reason: format!(
-                "{} asks the supervisor to read its requests (inspect, inject, methods or paths), which this supervisor does not do; grant the host without them",
-                tollgate_receipt::egress::describe(i, grant)
-            ),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// The clock skew helps admit a receipt minted on a slightly different clock; it never lets
 /// a run start at or after its expiry by this host's clock.
 fn check_unexpired(receipt: &tollgate_proto::v1::Receipt) -> Result<(), StartError> {
@@ -315,7 +294,6 @@ impl RunManager {
         check_place(&receipt, parent)?;
         check_command(&receipt, argv)?;
         check_unexpired(&receipt)?;
-        check_egress(&receipt)?;
         // A root run's grants are pinned now, before the record: a grant through a link is
         // refused without spending the receipt. (A child's were pinned beneath its parent's.)
         let pinned = match parent {

@@ -86,9 +86,9 @@ pub struct RunSettings {
     pub live_restore: Option<Duration>,
     /// Where root file systems registered by name live (`<dir>/<name>`).
     pub rootfs_dir: PathBuf,
-    /// How names of outbound connections resolve: `--egress-hosts` first, then the system
-    /// resolver.
-    pub egress_hosts: Arc<crate::egress::resolve::EgressHosts>,
+    /// Runs' outbound connections: names resolved here first (`--egress-hosts`), secrets
+    /// injected (`--egress-secrets`), upstream roots.
+    pub egress: Arc<crate::egress::config::EgressConfig>,
 }
 
 /// Which stream a chunk of output came from.

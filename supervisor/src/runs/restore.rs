@@ -402,7 +402,17 @@ impl RunManager {
             rootfs.as_ref().map(|r| r.path.as_path()),
         )?;
         plan.gateway_socket = Some(dirs.base.join("gateway.sock"));
-        let run = self.gateway_for(&receipt, &plan, live, (signed, grants));
+        // The run's egress CA, which its sandbox trusts: its key was kept in the run's
+        // directory.
+        let ca = if crate::egress::ca::needs_ca(&receipt) {
+            Some(Arc::new(
+                crate::egress::ca::RunCa::load(&receipt, &dirs.base)
+                    .map_err(|e| SandboxError::Setup(e.to_string()))?,
+            ))
+        } else {
+            None
+        };
+        let run = self.gateway_for(&receipt, &plan, live, (signed, grants), ca);
         run.gate.calls.store(state.tool_calls, Ordering::SeqCst);
         if let Some(models) = &run.models.models {
             models.charge_restored(state.tokens_used);

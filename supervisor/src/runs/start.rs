@@ -13,8 +13,11 @@ use tollgate_shim_protocol::plan::{AgentInput, SandboxPlan};
 use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use crate::cgroup::{CgroupLimits, RunCgroup};
+use crate::egress::ca::{needs_ca, RunCa};
 use crate::error::StartError;
 use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
+use crate::gateway::egress::EgressSetup;
+use crate::gateway::inspection::Classify;
 use crate::gateway::{
     self, ChildControl, ChildOf, ChildRuns, ChildState, FsGrant, RunGateway, RunGatewayConfig,
     RunModels,
@@ -27,6 +30,9 @@ use crate::COMPONENT;
 use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
 
 use super::teardown::Ended;
+
+/// The run directory's entry holding its egress certificate authority (shown in the sandbox).
+const EGRESS_CA_DIR: &str = "egress";
 use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
 
 /// A run admitted and recorded, on its way to a sandbox.
@@ -498,8 +504,9 @@ impl RunManager {
         });
     }
 
-    /// Binds and serves the run's gateway socket (before the agent exists); returns its
-    /// host path for the plan.
+    /// Binds and serves the run's gateway socket (before the agent exists), with the run's
+    /// egress certificate authority when it inspects a host; returns the socket's host path
+    /// and the CA's directory for the plan.
     pub(super) fn serve_gateway(
         self: &Arc<Self>,
         receipt: &tollgate_proto::v1::Receipt,
@@ -507,14 +514,24 @@ impl RunManager {
         plan: &SandboxPlan,
         live: &LiveRun,
         pinned: (&SignedReceipt, Vec<FsGrant>),
-    ) -> Result<PathBuf, StartError> {
+    ) -> Result<(PathBuf, Option<PathBuf>), StartError> {
         let runtime = self.gateway_runtime()?;
-        let run = self.gateway_for(receipt, plan, live, pinned);
+        let ca_dir = dirs.base.join(EGRESS_CA_DIR);
+        let ca = if needs_ca(receipt) {
+            Some(Arc::new(
+                RunCa::create(receipt, &dirs.base, &ca_dir)
+                    .map_err(|e| SandboxError::Setup(e.to_string()))?,
+            ))
+        } else {
+            None
+        };
+        let ca_dir = ca.is_some().then_some(ca_dir);
+        let run = self.gateway_for(receipt, plan, live, pinned, ca);
         let handle = gateway::serve(runtime, &dirs.base, run.clone())
             .map_err(|e| SandboxError::Setup(e.to_string()))?;
         let socket = handle.socket.clone();
         *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
-        Ok(socket)
+        Ok((socket, ca_dir))
     }
 
     /// Serves a re-adopted run's gateway on the socket its sandbox kept.
@@ -546,6 +563,7 @@ impl RunManager {
         plan: &SandboxPlan,
         live: &LiveRun,
         (signed, grants): (&SignedReceipt, Vec<FsGrant>),
+        ca: Option<Arc<RunCa>>,
     ) -> Arc<RunGateway> {
         let host_id = plan.host_id;
         let manager = Arc::downgrade(self);
@@ -581,7 +599,14 @@ impl RunManager {
             }),
             audit: self.audit.clone(),
             snapshots: SnapshotStore::new(&self.settings.data_dir),
-            egress_hosts: self.settings.egress_hosts.clone(),
+            egress: EgressSetup {
+                config: self.settings.egress.clone(),
+                ca,
+                // The routes file's classifier judges what leaves, as it judges model calls.
+                classify: self.model_routes().map(|routes| {
+                    Arc::new(move |text: &str| routes.classifier.classify(text)) as Classify
+                }),
+            },
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
                 plan: plan.clone(),
@@ -671,7 +696,10 @@ impl RunManager {
         let mut plan = plan;
         plan.input = input;
         match self.serve_gateway(receipt, dirs, &plan, live, (signed, grants)) {
-            Ok(socket) => plan.gateway_socket = Some(socket),
+            Ok((socket, ca_dir)) => {
+                plan.gateway_socket = Some(socket);
+                plan.egress_ca = ca_dir;
+            }
             Err(e) => {
                 shim.discard();
                 return Err(e);

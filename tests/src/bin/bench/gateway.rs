@@ -206,7 +206,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         exec: None,
         models: None,
         children: Default::default(),
-        egress_hosts: Default::default(),
+        egress: Default::default(),
     }));
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()

@@ -120,7 +120,7 @@ impl Tollgate {
             warm_sandboxes: warm,
             live_restore: None,
             rootfs_dir: dir.path().join("rootfs"),
-            egress_hosts: Default::default(),
+            egress: Default::default(),
         };
         let audit = tollgate_tests::supervisor_audit(&settings.data_dir);
         let (manager, _) = RunManager::open(settings, keys, audit)?;
