@@ -102,6 +102,14 @@ impl<'a> Powers<'a> {
                 "max_sensitivity": sensitivity_name(g.max_sensitivity),
                 "served": self.response.routes_served.contains(&g.name),
             })).collect::<Vec<_>>(),
+            "egress": r.egress.iter().map(|g| json!({
+                "host": g.host,
+                "ports": g.ports,
+                "max_sensitivity": sensitivity_name(g.max_sensitivity),
+                "inspected": g.is_inspected(),
+                "methods": g.methods,
+                "paths": g.paths,
+            })).collect::<Vec<_>>(),
             "limits": {
                 "memory_bytes": limits.memory_bytes,
                 "pids": limits.pids,
@@ -196,6 +204,18 @@ impl<'a> Powers<'a> {
                 "none".into()
             } else {
                 routes.join(", ")
+            },
+        );
+        let egress: Vec<String> = r.egress.iter().map(v1::EgressGrant::summary).collect();
+        line(
+            "egress",
+            if egress.is_empty() {
+                "none (no network beyond this sandbox)".into()
+            } else {
+                format!(
+                    "{} (through the proxy at 127.0.0.1:7711)",
+                    egress.join("; ")
+                )
             },
         );
         line(

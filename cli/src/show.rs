@@ -69,6 +69,9 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
             "tool_calls": limits.tool_calls,
             "tokens": limits.tokens,
             "files": tollgate_proto::effective_files(limits.files),
+            "egress_connections": tollgate_proto::effective_egress(&limits).0,
+            "egress_bytes": tollgate_proto::effective_egress(&limits).1,
+            "egress_idle_seconds": tollgate_proto::effective_egress(&limits).2,
         },
         "fs": r.fs.iter().map(|g| json!({
             "path": g.path, "access": access(g.access), "mount": g.mount,
@@ -77,6 +80,12 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         "exec": r.exec,
         "routes": r.routes.iter().map(|g| json!({
             "name": g.name, "max_sensitivity": sensitivity(g.max_sensitivity),
+        })).collect::<Vec<_>>(),
+        "egress": r.egress.iter().map(|g| json!({
+            "host": g.host, "ports": g.ports,
+            "max_sensitivity": sensitivity(g.max_sensitivity),
+            "inspected": g.is_inspected(), "inject": g.inject,
+            "methods": g.methods, "paths": g.paths,
         })).collect::<Vec<_>>(),
         "network": "loopback_only",
         "delegate": r.delegate.map(|d| json!({"max_depth": d.max_depth})),
@@ -156,7 +165,17 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     if !r.rootfs.is_empty() {
         lines.push(("rootfs", r.rootfs.clone()));
     }
-    lines.push(("network", "loopback only".into()));
+    for g in &r.egress {
+        lines.push(("egress", g.summary()));
+    }
+    lines.push((
+        "network",
+        if r.egress.is_empty() {
+            "loopback only".into()
+        } else {
+            "loopback only; egress through the supervisor".into()
+        },
+    ));
     if let Some(d) = r.delegate {
         lines.push(("delegate", format!("max depth {}", d.max_depth)));
     }

@@ -103,3 +103,45 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
 
 pub use prost;
 pub use prost_types;
+
+impl v1::EgressGrant {
+    /// Whether the supervisor reads this grant's requests: `inspect`, or anything that
+    /// needs it (`inject`, `methods`, `paths`).
+    pub fn is_inspected(&self) -> bool {
+        self.inspect
+            || !self.inject.is_empty()
+            || !self.methods.is_empty()
+            || !self.paths.is_empty()
+    }
+
+    /// One line for people: `api.github.com:443 up to low, inspected: GET under /repos/acme/,
+    /// injects github`.
+    pub fn summary(&self) -> String {
+        let ports: Vec<String> = self.ports.iter().map(u32::to_string).collect();
+        let mut text = format!(
+            "{}:{} up to {}",
+            self.host,
+            if ports.is_empty() {
+                "*".to_owned()
+            } else {
+                ports.join(",")
+            },
+            sensitivity_name(self.max_sensitivity)
+        );
+        if self.is_inspected() {
+            text.push_str(", inspected");
+            if !self.methods.is_empty() {
+                text.push_str(&format!(": {}", self.methods.join(" ")));
+            }
+            if !self.paths.is_empty() {
+                text.push_str(&format!(" under {}", self.paths.join(" ")));
+            }
+            if !self.inject.is_empty() {
+                text.push_str(&format!(", injects {}", self.inject));
+            }
+        } else {
+            text.push_str(", opaque");
+        }
+        text
+    }
+}

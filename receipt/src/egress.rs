@@ -240,10 +240,7 @@ fn is_public_v6(v6: Ipv6Addr) -> bool {
 
 /// Whether the supervisor reads this grant's requests: `inspect`, or anything that needs it.
 pub fn is_inspected(grant: &pb::EgressGrant) -> bool {
-    grant.inspect
-        || !grant.inject.is_empty()
-        || !grant.methods.is_empty()
-        || !grant.paths.is_empty()
+    grant.is_inspected()
 }
 
 /// Why a list of egress grants cannot be signed: the field and what is wrong with it.

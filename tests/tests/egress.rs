@@ -37,6 +37,8 @@ struct Egress {
     authority: AuthorityProcess,
     supervisor: SupervisorProcess,
     server: RemoteServer,
+    /// The same names' plain HTTP server, on port 80.
+    plain: RemoteServer,
     _net: RemoteNet,
 }
 
@@ -51,6 +53,7 @@ impl Egress {
         let ca = TestCa::new();
         let tls = ca.server(&["api.example.test", "other.example.test", "git.example.test"]);
         let server = RemoteServer::start(net.listen(443), Some(tls), files.map(Path::to_owned));
+        let plain = RemoteServer::start(net.listen(80), None, None);
         let certs = dir.path().join("certs");
         std::fs::create_dir(&certs).unwrap();
         std::fs::write(certs.join("ca.pem"), &ca.pem).unwrap();
@@ -109,6 +112,7 @@ impl Egress {
             authority,
             supervisor,
             server,
+            plain,
             _net: net,
         }
     }
@@ -237,6 +241,7 @@ echo "== wrong port"; curl -sS --max-time 20 https://api.example.test:8443/ 2>&1
 echo "== private"; curl -sS -v --max-time 20 https://internal.example.test/ 2>&1 | grep -E '^< HTTP|curl:'; echo "rc=$?"
 echo "== fronting"; python3 /certs/front.py 2>&1
 echo "== env"; env | grep -i _proxy | sort
+echo "== powers"; tollgate-shim receipt | grep "^egress"
 "#;
     let request = egress.request(
         script,
@@ -280,6 +285,10 @@ echo "== env"; env | grep -i _proxy | sort
         "{output}"
     );
     assert!(section("fronting").contains("fronting cut"), "{output}");
+    assert!(
+        section("powers").contains("api.example.test:443 up to low, opaque"),
+        "{output}"
+    );
     for variable in [
         "HTTPS_PROXY=http://127.0.0.1:7711",
         "https_proxy=",
@@ -850,5 +859,63 @@ echo "== end"
             .iter()
             .any(|e| e.metadata.get("injected") == Some(&MetaValue::Bool(true))),
         "{checked:#?}"
+    );
+}
+
+/// Plain HTTP through the proxy (absolute form) is read like an inspected host's requests: a
+/// request is served, one carrying a cloud key to a `low` host is answered 403 naming the
+/// detectors, and a request whose Host names another server is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_is_read_and_held_to_the_grants_sensitivity() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-plain", 6, 209_800, None).await;
+    let script = r#"
+echo "== get"; curl -sS --max-time 20 http://api.example.test/ 2>&1
+echo "== key"; curl -sS --max-time 20 -w ' %{http_code}' --data 'aws_access_key_id=AKIAIOSFODNN7EXAMPLE aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY' http://api.example.test/echo 2>&1
+echo "== host"; curl -sS --max-time 20 -w ' %{http_code}' -H 'Host: other.example.test' http://api.example.test/ 2>&1
+echo "== end"
+"#;
+    let minted = egress
+        .mint(egress.request(
+            script,
+            vec![grant("api.example.test", &[80])],
+            pb::Limits::default(),
+        ))
+        .await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(
+        output.contains("== get\nhello from the remote host"),
+        "{output}"
+    );
+    let key = output
+        .split("== key")
+        .nth(1)
+        .and_then(|s| s.split("== host").next())
+        .unwrap_or_default();
+    assert!(
+        key.contains("classified high") && key.trim_end().ends_with("403"),
+        "{output}"
+    );
+    assert!(!key.contains("AKIA"), "{key}");
+    let host = output
+        .split("== host")
+        .nth(1)
+        .and_then(|s| s.split("== end").next())
+        .unwrap_or_default();
+    assert!(host.trim_end().ends_with("403"), "{output}");
+    let seen = egress.plain.requests();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the allowed request reached the server: {seen:?}"
+    );
+    let entries = egress.entries(&run_id);
+    assert!(
+        entries.iter().any(|e| text(e, "phase") == "open"
+            && e.metadata.get("inspected") == Some(&MetaValue::Bool(true))),
+        "{entries:#?}"
     );
 }
