@@ -190,6 +190,14 @@ impl EgressCalls {
         let connected = match self.connect(&open).await {
             Ok(connected) => connected,
             Err(refusal) => {
+                // A run past its budget or audit quota has its refusals summarised, not
+                // written one by one: a loop of refused connections cannot fill the disk.
+                if refusal.decision() == Decision::Deny
+                    && self.gate.summarised("egress", &call_id, &refusal.reason)?
+                {
+                    crate::metrics::get().call("egress", Decision::Deny.as_str());
+                    return Err(refusal.into_status(&call_id));
+                }
                 self.record(&call_id, &target, refusal.decision(), |entry| {
                     entry
                         .reason(refusal.reason.as_str())
@@ -204,7 +212,7 @@ impl EgressCalls {
             }
         };
         let inspected = connected.inspected;
-        self.record(&call_id, &target, Decision::Allow, |entry| {
+        let recorded = self.record(&call_id, &target, Decision::Allow, |entry| {
             entry
                 .meta("phase", "open")
                 .meta("address", connected.address.to_string())
@@ -213,7 +221,12 @@ impl EgressCalls {
                     "duration_us",
                     i64::try_from(started.elapsed().as_micros()).unwrap_or(i64::MAX),
                 )
-        })?;
+        });
+        if let Err(status) = recorded {
+            // Nothing unaudited leaves: the connection is dropped and its slot given back.
+            self.usage.open.fetch_sub(1, Ordering::SeqCst);
+            return Err(status);
+        }
         self.usage.made.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = mpsc::channel(8);
         let opened = pb::EgressFrame {
@@ -424,12 +437,16 @@ impl EgressCalls {
         tokio::pin!(expiry);
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut inbound_done = false;
+        let mut reader_done = false;
         let end: Result<&'static str, Refusal> = loop {
             tokio::select! {
-                done = async { reader.as_mut().expect("guarded").await }, if reader.is_some() => break match done {
-                    Ok(Ok(())) => Ok("closed"),
-                    Ok(Err(refusal)) => Err(refusal),
-                    Err(e) => Err(Refusal::with(Status::internal, format!("relay: {e}")).ran()),
+                done = async { reader.as_mut().expect("guarded").await }, if reader.is_some() && !reader_done => match done {
+                    // The supervisor's side is done: what it wrote last still has to reach the
+                    // sandbox (the pipe ends, and `inbound` half-closes).
+                    Ok(Ok(())) if inbound_done => break Ok("closed"),
+                    Ok(Ok(())) => reader_done = true,
+                    Ok(Err(refusal)) => break Err(refusal),
+                    Err(e) => break Err(Refusal::with(Status::internal, format!("relay: {e}")).ran()),
                 },
                 done = &mut outbound => break match done {
                     Ok(Ok(())) => Ok("closed by the sandbox"),
@@ -439,6 +456,7 @@ impl EgressCalls {
                 done = &mut inbound, if !inbound_done => match done {
                     // The upstream finished sending; the sandbox ends the stream when it has
                     // passed that on.
+                    Ok(Ok(())) if reader_done => break Ok("closed"),
                     Ok(Ok(())) => inbound_done = true,
                     Ok(Err(refusal)) => break Err(refusal),
                     Err(e) => break Err(Refusal::with(Status::internal, format!("relay: {e}")).ran()),

@@ -377,6 +377,13 @@ impl Inspection {
             Decision::Allow
         };
         crate::metrics::get().call("egress.request", decision.as_str());
+        // A spent run's refusals are summarised (bounded audit), as its tool calls' are.
+        if decision == Decision::Deny {
+            let reason = refused.map_or("", |(reason, _)| reason);
+            if let Ok(true) = self.gate.summarised("egress.request", call_id, reason) {
+                return;
+            }
+        }
         let mut entry = EntryDraft::new(COMPONENT, EntryKind::Egress)
             .receipt(self.gate.run_id.as_str())
             .run(self.gate.run_id.as_str())

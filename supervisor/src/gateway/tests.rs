@@ -603,3 +603,53 @@ fn a_run_past_its_audit_quota_is_refused() {
         .store(audit_quota(100), Ordering::SeqCst);
     denied(read(&fx, fx.grant.join("readme.txt")), "audit quota");
 }
+
+impl Served {
+    /// Asks for an outbound connection to `host`:`port`; the refusal, if any.
+    fn egress(&mut self, host: &str, port: u32) -> Result<(), Status> {
+        let open = pb::EgressFrame {
+            frame: Some(pb::egress_frame::Frame::Open(pb::EgressOpen {
+                host: host.into(),
+                port,
+                http: false,
+            })),
+        };
+        self.client_rt
+            .block_on(self.client.egress(tokio_stream::iter([open])))
+            .map(|_| ())
+    }
+}
+
+/// A loop of refused outbound connections is audited one by one until the run's audit quota
+/// is spent, then summarised: what it makes the supervisor write stays bounded.
+#[test]
+fn refused_connections_past_the_audit_quota_add_under_a_mebibyte_of_audit() {
+    let mut fx = served(100);
+    let refused = fx
+        .egress("api.example.test", 443)
+        .expect_err("no egress grant");
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    assert!(
+        refused
+            .message()
+            .contains("egress to api.example.test:443 is not granted"),
+        "{refused:?}"
+    );
+    assert!(refused.metadata().get("tollgate-call-id").is_some());
+    let bad = fx.egress("not a host", 443).expect_err("a bad host");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    // The run has made the log hold its quota.
+    fx.run
+        .gate
+        .audit_use
+        .bytes
+        .store(audit_quota(100), Ordering::SeqCst);
+    let before = fx.audit_bytes();
+    for _ in 0..4_000 {
+        let refused = fx.egress("api.example.test", 443).expect_err("quota spent");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    }
+    fx.run.gate.flush_refusals();
+    let added = fx.audit_bytes() - before;
+    assert!(added < 1 << 20, "{added} bytes of audit for 4,000 refusals");
+}
