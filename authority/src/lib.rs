@@ -105,6 +105,16 @@ impl Authority {
                 .observe(took.as_secs_f64());
         }));
         let mut operators = store.operators()?;
+        // A bootstrap admin stored before receipts could grant egress has no egress ceiling;
+        // its ceiling is the built-in one, so it gets egress as a fresh one does.
+        for (_, operator) in &mut operators {
+            if operator.admin
+                && operator.name == BOOTSTRAP_ADMIN
+                && operator.ceiling.egress.is_empty()
+            {
+                operator.ceiling.egress = admin_egress();
+            }
+        }
         let supervisors = store.supervisors()?;
         if operators.is_empty() {
             let (hash, admin) = bootstrap_admin(&config, &store)?;
@@ -285,6 +295,18 @@ fn was_initialised(data_dir: &Path) -> bool {
     has_key || data_dir.join(ADMIN_TOKEN_FILE).exists()
 }
 
+/// The bootstrap admin's egress ceiling: any host, any port, any secret, anything sent,
+/// opaque or inspected.
+fn admin_egress() -> Vec<pb::EgressGrant> {
+    vec![pb::EgressGrant {
+        host: "*".into(),
+        ports: Vec::new(),
+        max_sensitivity: pb::Sensitivity::High as i32,
+        inject: "*".into(),
+        ..Default::default()
+    }]
+}
+
 fn bootstrap_admin(
     config: &AuthorityConfig,
     store: &Store,
@@ -314,14 +336,7 @@ fn bootstrap_admin(
             max_ttl_seconds: config.admin_max_ttl.as_secs(),
             audience: Vec::new(),
             max_delegate_depth: config.admin_max_delegate_depth,
-            // Any host, any port, anything sent, opaque or inspected.
-            egress: vec![pb::EgressGrant {
-                host: "*".into(),
-                ports: Vec::new(),
-                max_sensitivity: pb::Sensitivity::High as i32,
-                inject: "*".into(),
-                ..Default::default()
-            }],
+            egress: admin_egress(),
         },
         created_at: tollgate_receipt::unix_now(),
         created_by: String::new(),

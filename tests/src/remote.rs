@@ -224,6 +224,9 @@ impl RemoteServer {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                // As HTTPS servers commonly do: a small answer is not held back for the
+                // previous segment's ACK (Nagle's algorithm meeting a delayed ACK: 40 ms).
+                let _ = stream.set_nodelay(true);
                 shared.connections.fetch_add(1, Ordering::SeqCst);
                 let (log, files, acceptor) = (shared.clone(), files.clone(), acceptor.clone());
                 tokio::spawn(async move {

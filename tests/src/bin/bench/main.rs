@@ -10,6 +10,8 @@
 //! * `audit`: durable audit appends per second beside a plain write + fdatasync per line.
 //! * `classify`: the router's classifier on 1 MiB of mixed text beside detect-secrets.
 //! * `gateway`: a 4 KiB `fs.read` through the gateway beside a direct read (root).
+//! * `egress`: HTTPS through the sandbox's proxy and the gateway beside the same clients
+//!   straight from the host: download throughput and added latency per request (root).
 //!
 //! Build with `cargo build --release --workspace --bins` and run from target/release.
 
@@ -90,6 +92,21 @@ enum Bench {
         /// Calls to time.
         #[arg(long)]
         calls: usize,
+    },
+    /// HTTPS through a sandbox's proxy and the supervisor's gateway beside the same clients
+    /// going straight to the same server from the host: an M MiB download's throughput, and
+    /// the latency of N small requests over one keep-alive connection and on a new
+    /// connection each (root).
+    Egress {
+        /// Small requests per latency loop.
+        #[arg(long, default_value_t = 1000)]
+        requests: usize,
+        /// Size of the download, in MiB.
+        #[arg(long, default_value_t = 10)]
+        mebibytes: usize,
+        /// Rounds after one of warm-up (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
     },
     /// Mint throughput over gRPC.
     Mint {
@@ -322,6 +339,7 @@ fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> an
 
 mod audit;
 mod classify;
+mod egress;
 mod gateway;
 mod sandbox;
 
@@ -342,5 +360,10 @@ fn main() -> anyhow::Result<()> {
         Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
         Bench::Gateway { calls } => gateway::bench(calls.max(100)),
         Bench::ExecClient { socket, calls } => gateway::exec_client(&socket, calls),
+        Bench::Egress {
+            requests,
+            mebibytes,
+            runs,
+        } => egress::bench(requests.max(1), mebibytes.max(1), runs.max(1)),
     }
 }
