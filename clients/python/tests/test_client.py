@@ -337,7 +337,8 @@ def test_mint_returns_decoded_fields_that_verify() -> None:
         exec=["/bin/sh", "/usr/bin/wc"],
         fs=[FsGrant.read("/srv/data"), ("/srv/out", "write", "/out")],
         routes=[("local", "high")],
-        limits={"memory_bytes": "128MiB", "pids": 16},
+        limits={"memory_bytes": "128MiB", "pids": 16, "egress_bytes": "64MiB"},
+        egress=["pypi.org", tollgate.EgressGrant("api.example.com", ports=(8443,), methods=("GET",))],
     )
     r = minted.receipt
     assert minted.text.startswith("tgr1.") and minted.receipt_id == r.receipt_id
@@ -349,6 +350,9 @@ def test_mint_returns_decoded_fields_that_verify() -> None:
     assert r.routes == (tollgate.RouteGrant("local", "high"),), r.routes  # type: ignore[arg-type]
     assert r.limits is not None and r.limits.memory_bytes == 128 << 20 and r.limits.pids == 16
     assert r.limits.output_bytes > 0, "unset limits take the authority's defaults"
+    assert r.limits.egress_bytes == 64 << 20 and r.limits.egress_connections == 16
+    assert r.egress[0] == tollgate.EgressGrant("pypi.org", (443,)), r.egress
+    assert r.egress[1].ports == (8443,) and r.egress[1].methods == ("GET",) and r.egress[1].inspect
     assert r.owner and r.issuer and r.key_id == minted.key_id and r.depth == 0
     assert r.expires_at is not None and r.not_before is not None
     assert abs((r.expires_at - r.not_before).total_seconds() - 300) <= 1, (r.not_before, r.expires_at)

@@ -36,6 +36,7 @@ from .supervisor import DEFAULT_SUPERVISOR, RunEvent, Supervisor
 from .types import (
     AgentSpec,
     Ceiling,
+    EgressGrant,
     FsAccess,
     FsGrant,
     KeySet,
@@ -77,6 +78,7 @@ __all__ = [
     "RunEvent",
     "AgentSpec",
     "Ceiling",
+    "EgressGrant",
     "FsAccess",
     "FsGrant",
     "KeySet",

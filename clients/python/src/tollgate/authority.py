@@ -12,6 +12,7 @@ from ._pb import authority_pb2, authority_pb2_grpc, receipt_pb2
 from .types import (
     Ceiling,
     Duration,
+    EgressGrant,
     FsGrant,
     KeySet,
     Limits,
@@ -84,6 +85,7 @@ class Authority(_Client):
         limits: Union[Limits, Mapping[str, Union[int, str]], None] = None,
         delegate_depth: Optional[int] = None,
         not_before: Union[datetime, float, None] = None,
+        egress: Iterable[Union[EgressGrant, str]] = (),
     ) -> MintedReceipt:
         """Mints and signs a receipt for the calling operator, within its ceiling.
 
@@ -103,6 +105,7 @@ class Authority(_Client):
                 the authority's defaults.
             delegate_depth: Levels of delegation allowed; None means none.
             not_before: Start of validity (aware datetime or Unix seconds); None means now.
+            egress: Outbound connections: :class:`EgressGrant` or a host name (port 443).
 
         Returns:
             The minted receipt: its text form, id and decoded fields.
@@ -114,6 +117,7 @@ class Authority(_Client):
             fs=[FsGrant.coerce(g).to_proto() for g in fs],
             exec=strings(exec),
             routes=[RouteGrant.coerce(r).to_proto() for r in routes],
+            egress=[EgressGrant.coerce(g).to_proto() for g in egress],
         )
         if argv is not None or env or workdir:
             request.agent.CopyFrom(

@@ -263,6 +263,60 @@ class RouteGrant:
 
 
 @dataclass(frozen=True)
+class EgressGrant:
+    """Permission to open outbound connections to one host (or ``*.suffix``) through the
+    supervisor: its ports (``()``: 443 in a request; every port in a ceiling), the most
+    sensitive text that may be sent there, and, for an inspected host, the secret the
+    supervisor injects and the methods and path prefixes allowed per request."""
+
+    host: str
+    ports: Tuple[int, ...] = ()
+    max_sensitivity: Sensitivity = Sensitivity.LOW
+    inject: str = ""
+    methods: Tuple[str, ...] = ()
+    paths: Tuple[str, ...] = ()
+    inspect: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "max_sensitivity", Sensitivity(self.max_sensitivity))
+        object.__setattr__(self, "ports", tuple(int(p) for p in self.ports))
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "paths", tuple(self.paths))
+
+    @classmethod
+    def coerce(cls, value: Union["EgressGrant", str]) -> "EgressGrant":
+        """An EgressGrant from an EgressGrant or a host name (port 443, up to low)."""
+        if isinstance(value, EgressGrant):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        raise TypeError(f"egress {value!r}: give EgressGrant(host, ...) or a host name")
+
+    def to_proto(self) -> Any:
+        return receipt_pb2.EgressGrant(
+            host=self.host,
+            ports=list(self.ports),
+            max_sensitivity=self.max_sensitivity.to_proto(),
+            inject=self.inject,
+            methods=list(self.methods),
+            paths=list(self.paths),
+            inspect=self.inspect,
+        )
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "EgressGrant":
+        return cls(
+            m.host,
+            tuple(m.ports),
+            Sensitivity.from_proto(m.max_sensitivity),
+            m.inject,
+            tuple(m.methods),
+            tuple(m.paths),
+            m.inspect,
+        )
+
+
+@dataclass(frozen=True)
 class Limits:
     """Resource limits of one run.
 
@@ -280,9 +334,15 @@ class Limits:
     tokens: int = 0
     #: Open file descriptors of each sandbox process (RLIMIT_NOFILE); 0 means 1024.
     files: int = 0
+    #: Outbound connections open at once; 0 means 16.
+    egress_connections: int = 0
+    #: Bytes the run's outbound connections carry, each way; 0 means 1 GiB.
+    egress_bytes: int = 0
+    #: Seconds an outbound connection may be idle; 0 means 60.
+    egress_idle_seconds: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("memory_bytes", "output_bytes", "tmpfs_bytes"):
+        for name in ("memory_bytes", "output_bytes", "tmpfs_bytes", "egress_bytes"):
             object.__setattr__(self, name, parse_size(getattr(self, name)))
 
     @classmethod
@@ -304,6 +364,9 @@ class Limits:
             tool_calls=self.tool_calls,
             tokens=self.tokens,
             files=self.files,
+            egress_connections=self.egress_connections,
+            egress_bytes=self.egress_bytes,
+            egress_idle_seconds=self.egress_idle_seconds,
         )
 
     @classmethod
@@ -317,6 +380,9 @@ class Limits:
             tool_calls=m.tool_calls,
             tokens=m.tokens,
             files=m.files,
+            egress_connections=m.egress_connections,
+            egress_bytes=m.egress_bytes,
+            egress_idle_seconds=m.egress_idle_seconds,
         )
 
 
@@ -355,6 +421,7 @@ class Receipt:
     exec: Tuple[str, ...]
     routes: Tuple[RouteGrant, ...]
     delegate_depth: Optional[int]
+    egress: Tuple[EgressGrant, ...] = ()
 
     @classmethod
     def from_proto(cls, m: Any) -> "Receipt":
@@ -377,6 +444,7 @@ class Receipt:
             exec=tuple(m.exec),
             routes=tuple(RouteGrant.from_proto(r) for r in m.routes),
             delegate_depth=m.delegate.max_depth if m.HasField("delegate") else None,
+            egress=tuple(EgressGrant.from_proto(g) for g in m.egress),
         )
 
     @classmethod
@@ -511,6 +579,7 @@ class Ceiling:
     limits: Optional[Limits] = None
     audience: Tuple[str, ...] = ()
     max_delegate_depth: int = 0
+    egress: Tuple[EgressGrant, ...] = ()
 
     def to_proto(self) -> Any:
         return authority_pb2.Ceiling(
@@ -521,6 +590,7 @@ class Ceiling:
             max_ttl_seconds=parse_duration(self.max_ttl),
             audience=list(self.audience),
             max_delegate_depth=self.max_delegate_depth,
+            egress=[EgressGrant.coerce(g).to_proto() for g in self.egress],
         )
 
 
