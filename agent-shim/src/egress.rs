@@ -62,7 +62,12 @@ pub fn main(args: &[String]) -> i32 {
     };
     runtime.block_on(async move {
         let endpoint = match tonic::transport::Endpoint::from_shared(target.clone()) {
-            Ok(endpoint) => endpoint,
+            // Downloads arrive as one HTTP/2 frame per relayed chunk, with windows that let
+            // the supervisor keep sending while this side writes to its client.
+            Ok(endpoint) => endpoint
+                .max_frame_size(1 << 20)
+                .initial_stream_window_size(4 << 20)
+                .initial_connection_window_size(16 << 20),
             Err(e) => {
                 eprintln!("tollgate-shim egress: bad gateway address {target}: {e}");
                 return 64;
@@ -365,7 +370,7 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
     if !request.first.is_empty()
         && tx
             .send(pb::EgressFrame {
-                frame: Some(Frame::Data(request.first)),
+                frame: Some(Frame::Data(request.first.into())),
             })
             .await
             .is_err()
@@ -427,11 +432,12 @@ async fn client_to_gateway(
     mut client: OwnedReadHalf,
     tx: mpsc::Sender<pb::EgressFrame>,
 ) -> Option<mpsc::Sender<pb::EgressFrame>> {
-    let mut buffer = vec![0u8; READ_CHUNK];
+    let mut buffer = bytes::BytesMut::new();
     loop {
-        let frame = match client.read(&mut buffer).await {
+        buffer.reserve(READ_CHUNK);
+        let frame = match client.read_buf(&mut buffer).await {
             Ok(0) => Frame::CloseWrite(true),
-            Ok(n) => Frame::Data(buffer[..n].to_vec()),
+            Ok(_) => Frame::Data(buffer.split().freeze()),
             Err(_) => return None,
         };
         let closing = matches!(frame, Frame::CloseWrite(_));

@@ -587,7 +587,7 @@ impl EgressCalls {
                     progress.touch();
                     self.charge(&self.usage.sent, bytes.len(), "sent")?;
                     progress.counted[0].fetch_add(bytes.len() as u64, Ordering::SeqCst);
-                    let data = match first.take() {
+                    let data: bytes::Bytes = match first.take() {
                         None => bytes,
                         Some(mut held) => {
                             held.extend_from_slice(&bytes);
@@ -612,9 +612,9 @@ impl EgressCalls {
                                 }
                                 FirstFlight::Hello(hello) => {
                                     self.check_hello(&host, &hello)?;
-                                    held
+                                    held.into()
                                 }
-                                FirstFlight::NotTls => held,
+                                FirstFlight::NotTls => held.into(),
                             }
                         }
                     };
@@ -682,9 +682,10 @@ impl EgressCalls {
         tx: mpsc::Sender<Result<pb::EgressFrame, Status>>,
         progress: Progress,
     ) -> Result<(), Refusal> {
-        let mut buffer = vec![0u8; READ_CHUNK];
+        let mut buffer = bytes::BytesMut::new();
         loop {
-            let read = match upstream.read(&mut buffer).await {
+            buffer.reserve(READ_CHUNK);
+            let read = match upstream.read_buf(&mut buffer).await {
                 Ok(read) => read,
                 Err(e) => {
                     return Err(Refusal::with(
@@ -700,7 +701,7 @@ impl EgressCalls {
                 progress.touch();
                 self.charge(&self.usage.received, read, "received")?;
                 progress.counted[1].fetch_add(read as u64, Ordering::SeqCst);
-                Frame::Data(buffer[..read].to_vec())
+                Frame::Data(buffer.split().freeze())
             };
             if tx
                 .send(Ok(pb::EgressFrame { frame: Some(frame) }))
