@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::egress_frame::Frame;
-use tollgate_shim_protocol::plan::{EGRESS_PORT, GATEWAY_IN_SANDBOX};
+use tollgate_shim_protocol::plan::EGRESS_PORT;
 
 /// Longest request head read (the CONNECT line, or a plain request's line and headers).
 const MAX_HEAD: usize = 64 << 10;
@@ -46,19 +46,10 @@ pub fn main(args: &[String]) -> i32 {
             _ => return usage(),
         }
     }
-    let target =
-        std::env::var("TOLLGATE_GATEWAY").unwrap_or_else(|_| format!("unix:{GATEWAY_IN_SANDBOX}"));
-    // One thread: the sandbox's pids limit counts threads.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(1)
-        .build()
-    {
+    let target = crate::helper::gateway_target();
+    let runtime = match crate::helper::runtime("egress") {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("tollgate-shim egress: {e}");
-            return 70;
-        }
+        Err(status) => return status,
     };
     runtime.block_on(async move {
         let endpoint = match tonic::transport::Endpoint::from_shared(target.clone()) {

@@ -29,6 +29,7 @@ pub mod child;
 pub mod confine;
 pub mod egress;
 mod enter;
+mod helper;
 pub mod models;
 pub mod powers;
 pub mod probe;

@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt as _;
 use tollgate_proto::v1 as pb;
-use tollgate_shim_protocol::plan::{GATEWAY_IN_SANDBOX, MODELS_PORT};
+use tollgate_shim_protocol::plan::MODELS_PORT;
 
 /// Largest request body read.
 const MAX_REQUEST: usize = 8 << 20;
@@ -50,19 +50,10 @@ pub fn main(args: &[String]) -> i32 {
         },
         _ => return usage(),
     };
-    let target =
-        std::env::var("TOLLGATE_GATEWAY").unwrap_or_else(|_| format!("unix:{GATEWAY_IN_SANDBOX}"));
-    // One thread: the sandbox's pids limit counts threads.
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .max_blocking_threads(1)
-        .build()
-    {
+    let target = crate::helper::gateway_target();
+    let runtime = match crate::helper::runtime("models") {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("tollgate-shim models: {e}");
-            return 70;
-        }
+        Err(status) => return status,
     };
     runtime.block_on(async move {
         let channel = match tonic::transport::Endpoint::from_shared(target.clone()) {
