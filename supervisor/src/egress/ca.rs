@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -82,6 +82,10 @@ fn write_private(path: &Path, bytes: &[u8], mode: u32) -> Result<(), RunCaError>
         .open(path)
         .map_err(error)?;
     file.write_all(bytes).map_err(error)?;
+    // Exactly this mode, whatever the daemon's umask: the sandbox's own user must read the
+    // certificate, and nobody but root the key.
+    file.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(error)?;
     file.sync_all().map_err(error)
 }
 
@@ -102,10 +106,13 @@ impl RunCa {
             0o600,
         )?;
         let ca = Self::with_key(receipt, key)?;
-        std::fs::create_dir_all(egress_dir).map_err(|source| RunCaError::File {
+        let dir_error = |source| RunCaError::File {
             path: egress_dir.to_owned(),
             source,
-        })?;
+        };
+        std::fs::create_dir_all(egress_dir).map_err(dir_error)?;
+        std::fs::set_permissions(egress_dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(dir_error)?;
         write_private(&egress_dir.join(CA_FILE), ca.pem.as_bytes(), 0o644)?;
         let mut bundle = std::fs::read(SYSTEM_BUNDLE).unwrap_or_default();
         if !bundle.is_empty() && !bundle.ends_with(b"\n") {

@@ -30,10 +30,10 @@ use crate::COMPONENT;
 use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
 
 use super::teardown::Ended;
+use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
 
 /// The run directory's entry holding its egress certificate authority (shown in the sandbox).
 const EGRESS_CA_DIR: &str = "egress";
-use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
 
 /// A run admitted and recorded, on its way to a sandbox.
 struct Recorded<'a> {
