@@ -93,6 +93,15 @@ export function mintRequestToRaw(request: MintRequest): Raw {
     fs: (request.fs ?? []).map((grant) => ({ path: grant.path, access: grant.access, mount: grant.mount ?? "" })),
     exec: request.exec ?? [],
     routes: (request.routes ?? []).map((route) => ({ name: route.name, maxSensitivity: route.maxSensitivity })),
+    egress: (request.egress ?? []).map((grant) => ({
+      host: grant.host,
+      ports: grant.ports ?? [],
+      maxSensitivity: grant.maxSensitivity ?? "SENSITIVITY_UNSPECIFIED",
+      inject: grant.inject ?? "",
+      methods: grant.methods ?? [],
+      paths: grant.paths ?? [],
+      inspect: grant.inspect ?? false,
+    })),
     delegate: request.delegate && { maxDepth: request.delegate.maxDepth },
     notBefore: request.notBefore && toTimestamp(request.notBefore),
   };
@@ -121,6 +130,9 @@ function limitsFromRaw(raw: Raw | undefined): Limits {
     toolCalls: num(r.toolCalls),
     tokens: num(r.tokens),
     files: num(r.files),
+    egressConnections: num(r.egressConnections),
+    egressBytes: num(r.egressBytes),
+    egressIdleSeconds: num(r.egressIdleSeconds),
   };
 }
 
@@ -149,6 +161,15 @@ export function receiptFromRaw(raw: Raw | undefined): Receipt {
     fs: list(r.fs).map((g) => ({ path: str(g.path), access: str(g.access) as FsAccess, mount: str(g.mount) })),
     exec: strings(r.exec),
     routes: list(r.routes).map(routeFromRaw),
+    egress: list(r.egress).map((g) => ({
+      host: str(g.host),
+      ports: list(g.ports).map((p) => num(p)),
+      maxSensitivity: str(g.maxSensitivity) as Sensitivity,
+      inject: str(g.inject),
+      methods: strings(g.methods),
+      paths: strings(g.paths),
+      inspect: Boolean(g.inspect),
+    })),
     network: (str(r.network) || "NETWORK_ACCESS_LOOPBACK_ONLY") as NetworkAccess,
     delegate: delegate && { maxDepth: num(delegate.maxDepth) },
   };

@@ -65,6 +65,12 @@ export interface Limits {
   tokens: number;
   /** Open file descriptors of each sandbox process (RLIMIT_NOFILE); 0 means 1024. */
   files: number;
+  /** Outbound connections open at once; 0 means 16. */
+  egressConnections: number;
+  /** Bytes the run's outbound connections carry, each way over the run; 0 means 1 GiB. */
+  egressBytes: number;
+  /** Seconds an outbound connection may be idle; 0 means 60. */
+  egressIdleSeconds: number;
 }
 
 /** Access to one host path. */
@@ -83,6 +89,27 @@ export interface RouteGrant {
   name: string;
   /** The most sensitive text this route may carry for the run. */
   maxSensitivity: Sensitivity;
+}
+
+/**
+ * Permission to open outbound connections to one host (exact name, `*.suffix`, or an IP
+ * address) through the supervisor. See docs/egress.md.
+ */
+export interface EgressGrant {
+  /** Where: "pypi.org", "*.example.com" or an address. */
+  host: string;
+  /** Ports; a minted receipt always lists them (443 when the request named none). */
+  ports: number[];
+  /** The most sensitive text the run may send there. */
+  maxSensitivity: Sensitivity;
+  /** A secret of the supervisor's added as a header to each request (inspected hosts). */
+  inject: string;
+  /** HTTP methods allowed per request; empty: any. */
+  methods: string[];
+  /** Path prefixes allowed per request; empty: any. */
+  paths: string[];
+  /** Whether the supervisor reads each request (implied by inject, methods and paths). */
+  inspect: boolean;
 }
 
 /** Permission to ask for child receipts. */
@@ -127,6 +154,8 @@ export interface Receipt {
   exec: string[];
   /** Model routes the run may use. */
   routes: RouteGrant[];
+  /** Outbound connections the run may open through the supervisor. */
+  egress: EgressGrant[];
   /** Network access. */
   network: NetworkAccess;
   /** Delegation permission, if any. */
@@ -161,6 +190,8 @@ export interface MintRequest {
   exec?: string[];
   /** Requested model routes. */
   routes?: RouteGrant[];
+  /** Requested outbound connections (`host` required; ports default to [443]). */
+  egress?: Array<Partial<EgressGrant> & { host: string }>;
   /** Requested delegation permission. */
   delegate?: Delegation;
   /** Start of validity; absent means now. */

@@ -63,6 +63,7 @@ describe("authority", { skip: noAuthority }, () => {
         ...shSpec("ts-minter", "exit 0"),
         fs: [{ path: "/usr/share", access: "FS_ACCESS_READ" }],
         routes: [{ name: "local", maxSensitivity: "SENSITIVITY_HIGH" }],
+        egress: [{ host: "pypi.org" }, { host: "api.example.com", ports: [8443], methods: ["GET"] }],
         delegate: { maxDepth: 1 },
       });
       const r = minted.receipt;
@@ -78,6 +79,18 @@ describe("authority", { skip: noAuthority }, () => {
       assert.deepEqual(r.fs, [{ path: "/usr/share", access: "FS_ACCESS_READ", mount: "" }]);
       assert.deepEqual(r.routes, [{ name: "local", maxSensitivity: "SENSITIVITY_HIGH" }]);
       assert.deepEqual(r.delegate, { maxDepth: 1 });
+      assert.deepEqual(r.egress[0], {
+        host: "pypi.org",
+        ports: [443],
+        maxSensitivity: "SENSITIVITY_LOW",
+        inject: "",
+        methods: [],
+        paths: [],
+        inspect: false,
+      });
+      assert.deepEqual(r.egress[1].methods, ["GET"]);
+      assert.equal(r.egress[1].inspect, true);
+      assert.equal(r.limits.egressConnections, 16);
       assert.equal(r.depth, 0);
       const ttl = (r.expiresAt.getTime() - r.notBefore.getTime()) / 1000;
       assert.ok(Math.abs(ttl - 60) <= 1, `ttl ${ttl}`);
