@@ -491,16 +491,34 @@ pub fn covered(
     Err(why)
 }
 
-/// The first of `grants` a connection to `host`:`port` is allowed by, if any.
+/// The grant a connection to `host`:`port` is served under: the most specific that allows
+/// it — an exact name or address before any suffix, a longer suffix before a shorter one, an
+/// inspected grant before an opaque one of the same host — so a narrower rule the receipt
+/// states for a host (its secret, methods, paths) is never bypassed through a wider grant that
+/// also covers it.
 pub fn grant_for<'a>(
     grants: &'a [pb::EgressGrant],
     host: &Host,
     port: u16,
 ) -> Option<&'a pb::EgressGrant> {
-    grants.iter().find(|grant| {
-        grant.ports.contains(&u32::from(port))
-            && HostPattern::parse(&grant.host, false).is_ok_and(|pattern| pattern.matches(host))
-    })
+    grants
+        .iter()
+        .filter_map(|grant| {
+            let pattern = HostPattern::parse(&grant.host, false).ok()?;
+            if !grant.ports.contains(&u32::from(port)) || !pattern.matches(host) {
+                return None;
+            }
+            let specificity = match pattern {
+                HostPattern::Exact(_) | HostPattern::Address(_) => usize::MAX,
+                HostPattern::Suffix(suffix) => suffix.len(),
+                HostPattern::Any => 0,
+            };
+            Some(((specificity, is_inspected(grant)), grant))
+        })
+        // The first of equals wins: `max_by_key` keeps the last, so compare in reverse.
+        .rev()
+        .max_by_key(|(rank, _)| *rank)
+        .map(|(_, grant)| grant)
 }
 
 /// A grant as one line: `egress[1] = *.example.com:443,8443`.
@@ -739,5 +757,40 @@ mod tests {
         assert_eq!(find("pypi.org", 80), None);
         assert_eq!(find("pythonhosted.org", 443), None);
         assert_eq!(find("203.0.113.80", 443), None);
+    }
+
+    #[test]
+    fn the_most_specific_grant_serves_a_connection() {
+        let mut inspected = grant("api.example.com");
+        inspected.inject = "github".into();
+        normalise(std::slice::from_mut(&mut inspected), "", false).unwrap();
+        let grants = [
+            grant("*.example.com"),
+            inspected,
+            grant("*.api.example.com"),
+        ];
+        let chosen = |host: &str| {
+            grant_for(&grants, &Host::parse(host).unwrap(), 443).map(|g| g.host.clone())
+        };
+        assert_eq!(
+            chosen("api.example.com").as_deref(),
+            Some("api.example.com"),
+            "not through the wider opaque grant"
+        );
+        assert_eq!(
+            chosen("v1.api.example.com").as_deref(),
+            Some("*.api.example.com")
+        );
+        assert_eq!(chosen("www.example.com").as_deref(), Some("*.example.com"));
+        let twins = [grant("x.example.com"), {
+            let mut g = grant("x.example.com");
+            g.inspect = true;
+            g
+        }];
+        assert!(
+            grant_for(&twins, &Host::parse("x.example.com").unwrap(), 443)
+                .unwrap()
+                .inspect
+        );
     }
 }
