@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -68,25 +68,13 @@ pub fn needs_ca(receipt: &pb::Receipt) -> bool {
     receipt.egress.iter().any(is_inspected)
 }
 
+/// Writes `bytes` to `path` with exactly `mode`, whatever the daemon's umask (the sandbox's
+/// own user must read the certificate, nobody but root the key), atomically and durably.
 fn write_private(path: &Path, bytes: &[u8], mode: u32) -> Result<(), RunCaError> {
-    use std::io::Write as _;
-    let error = |source| RunCaError::File {
+    tollgate_daemon::files::write_atomic(path, bytes, mode).map_err(|source| RunCaError::File {
         path: path.to_owned(),
         source,
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(path)
-        .map_err(error)?;
-    file.write_all(bytes).map_err(error)?;
-    // Exactly this mode, whatever the daemon's umask: the sandbox's own user must read the
-    // certificate, and nobody but root the key.
-    file.set_permissions(std::fs::Permissions::from_mode(mode))
-        .map_err(error)?;
-    file.sync_all().map_err(error)
+    })
 }
 
 impl RunCa {
