@@ -238,11 +238,6 @@ fn is_public_v6(v6: Ipv6Addr) -> bool {
     true
 }
 
-/// Whether the supervisor reads this grant's requests: `inspect`, or anything that needs it.
-pub fn is_inspected(grant: &pb::EgressGrant) -> bool {
-    grant.is_inspected()
-}
-
 /// Why a list of egress grants cannot be signed: the field and what is wrong with it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {reason}")]
@@ -367,7 +362,7 @@ pub fn normalise(
         let needs_inspection = if ceiling {
             !grant.methods.is_empty() || !grant.paths.is_empty()
         } else {
-            is_inspected(grant)
+            grant.is_inspected()
         };
         if needs_inspection {
             grant.inspect = true;
@@ -423,7 +418,7 @@ pub fn within(
             tollgate_proto::sensitivity_name(wider.max_sensitivity)
         ));
     }
-    if wider.inspect && !is_inspected(narrower) {
+    if wider.inspect && !narrower.is_inspected() {
         return Err(format!(
             "{} is inspected; so must this be (inspect = true)",
             wider.host
@@ -513,7 +508,7 @@ pub fn grant_for<'a>(
                 HostPattern::Suffix(suffix) => suffix.len(),
                 HostPattern::Any => 0,
             };
-            Some(((specificity, is_inspected(grant)), grant))
+            Some(((specificity, grant.is_inspected()), grant))
         })
         // The first of equals wins: `max_by_key` keeps the last, so compare in reverse.
         .rev()

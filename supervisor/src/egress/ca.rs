@@ -18,7 +18,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, NameConstraints,
 };
 use tollgate_proto::v1 as pb;
-use tollgate_receipt::egress::{is_inspected, Host, HostPattern};
+use tollgate_receipt::egress::{Host, HostPattern};
 
 use super::config::SYSTEM_BUNDLE;
 
@@ -65,7 +65,7 @@ impl std::fmt::Debug for RunCa {
 
 /// Whether `receipt` has a grant the supervisor inspects (and so needs a run CA).
 pub fn needs_ca(receipt: &pb::Receipt) -> bool {
-    receipt.egress.iter().any(is_inspected)
+    receipt.egress.iter().any(pb::EgressGrant::is_inspected)
 }
 
 /// Writes `bytes` to `path` with exactly `mode`, whatever the daemon's umask (the sandbox's
@@ -188,7 +188,7 @@ fn permitted(receipt: &pb::Receipt) -> Vec<GeneralSubtree> {
     receipt
         .egress
         .iter()
-        .filter(|grant| is_inspected(grant))
+        .filter(|grant| grant.is_inspected())
         .filter_map(|grant| match HostPattern::parse(&grant.host, false).ok()? {
             HostPattern::Exact(name) | HostPattern::Suffix(name) => {
                 Some(GeneralSubtree::DnsName(name))

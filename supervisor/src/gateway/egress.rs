@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::egress_frame::Frame;
-use tollgate_receipt::egress::{grant_for, is_inspected, Host};
+use tollgate_receipt::egress::{grant_for, Host};
 use tonic::{Status, Streaming};
 
 use super::gate::{new_call_id, CallGate, Refusal};
@@ -287,8 +287,8 @@ impl EgressCalls {
             )
             .coded("egress_not_granted"));
         };
-        let inspected = is_inspected(grant) || open.http;
-        if is_inspected(grant) && self.setup.ca.is_none() {
+        let inspected = grant.is_inspected() || open.http;
+        if grant.is_inspected() && self.setup.ca.is_none() {
             return Err(Refusal::denied(
                 &gate.run_id,
                 format!("egress to {host} is inspected and this run has no certificate authority"),
