@@ -58,13 +58,53 @@ pub struct ExecSandbox {
     /// The sandbox's plan (its Landlock rules, ids and the agent's environment and cwd).
     pub plan: SandboxPlan,
     /// What the started sandbox pinned; set once its agent runs.
-    pub started: OnceLock<PinnedSandbox>,
+    pub started: StartedPin,
     /// The run cgroup's `cgroup.procs` files, one per hierarchy.
     pub cgroup_procs: Vec<PathBuf>,
     /// The limits.
     pub limits: ExecLimits,
     /// Commands running now.
     pub running: AtomicUsize,
+}
+
+/// How long a command waits for its sandbox's pin. The agent runs a moment before the
+/// supervisor reads the shim's `Started` and pins pid 1, so an agent's first call can arrive
+/// first; the pin follows within milliseconds unless the run is failing.
+const PIN_WAIT: Duration = Duration::from_secs(5);
+
+/// The pin of a started sandbox, set once (by the start or by live restore) and waited for
+/// by `exec`: an agent that calls `exec` at once must not be refused for having been quick.
+#[derive(Debug, Default)]
+pub struct StartedPin {
+    /// The pin, or why the sandbox could not be pinned (then `exec` is refused with it).
+    pinned: OnceLock<Result<PinnedSandbox, String>>,
+    /// Wakes the commands waiting for the pin.
+    set: tokio::sync::Notify,
+}
+
+impl StartedPin {
+    /// Records the pin (or why there is none) and wakes every waiting command; only the
+    /// first call counts.
+    pub fn set(&self, pinned: Result<PinnedSandbox, String>) {
+        let _ = self.pinned.set(pinned);
+        self.set.notify_waiters();
+    }
+
+    /// The pin, waiting at most `bound` for it to be set.
+    async fn wait(&self, bound: Duration) -> Result<&PinnedSandbox, String> {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            // Registered before the check, so a `set` between the check and the wait
+            // still wakes this one.
+            let woken = self.set.notified();
+            if let Some(pinned) = self.pinned.get() {
+                return pinned.as_ref().map_err(Clone::clone);
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return Err("the sandbox has not started".into());
+            }
+        }
+    }
 }
 
 /// What `exec` holds of a started sandbox, taken when it started.
@@ -225,11 +265,11 @@ pub async fn run(
     timeout: Duration,
 ) -> Result<ExecResult, ExecError> {
     let started = Instant::now();
-    let Some(pinned) = sandbox.started.get() else {
-        return Err(ExecError::NotStarted(
-            "the sandbox has not started yet".into(),
-        ));
-    };
+    let pinned = sandbox
+        .started
+        .wait(PIN_WAIT)
+        .await
+        .map_err(ExecError::NotStarted)?;
     let mut plan = sandbox.plan.clone();
     plan.landlock.execute.clone_from(&pinned.execute);
     plan.landlock.execute_resolved = true;
@@ -365,7 +405,7 @@ mod tests {
     fn timeouts_default_to_and_stop_at_the_maximum() {
         let sandbox = ExecSandbox {
             shim: PathBuf::new(),
-            started: OnceLock::new(),
+            started: StartedPin::default(),
             plan: serde_json::from_value(serde_json::json!({
                 "run_id": "r", "workspace": "/w", "tmpfs_bytes": 0, "binds": [],
                 "landlock": {"read": [], "write": [], "execute": []},
@@ -387,5 +427,37 @@ mod tests {
         assert!(sandbox.slot().is_none(), "a fifth is refused");
         drop(slots);
         assert!(sandbox.slot().is_some());
+    }
+
+    #[test]
+    fn a_command_waits_for_the_pin_and_a_missing_one_is_refused_at_the_bound() {
+        // The agent's first exec can reach the gateway before the supervisor has read the
+        // shim's `Started`: it waits for the pin instead of being refused.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let pin = Arc::new(StartedPin::default());
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let later = pin.clone();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            later.set(Ok(PinnedSandbox {
+                pid_one: OwnedFd::from(ours),
+                execute: vec!["/bin/sh".into()],
+            }));
+        });
+        let waited = runtime.block_on(pin.wait(Duration::from_secs(10)));
+        assert_eq!(waited.unwrap().execute, vec![PathBuf::from("/bin/sh")]);
+        setter.join().unwrap();
+
+        let never = StartedPin::default();
+        let refused = runtime.block_on(never.wait(Duration::from_millis(20)));
+        assert_eq!(refused.unwrap_err(), "the sandbox has not started");
+
+        let failed = StartedPin::default();
+        failed.set(Err("no pidfd".into()));
+        let refused = runtime.block_on(failed.wait(Duration::from_secs(10)));
+        assert_eq!(refused.unwrap_err(), "no pidfd");
     }
 }

@@ -418,7 +418,7 @@ impl RunManager {
             models.charge_restored(state.tokens_used);
         }
         if let Some(exec) = &run.exec.sandbox {
-            let _ = exec.started.set(PinnedSandbox { pid_one, execute });
+            exec.started.set(Ok(PinnedSandbox { pid_one, execute }));
         }
         self.serve_gateway_on(
             live,

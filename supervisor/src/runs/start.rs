@@ -15,7 +15,7 @@ use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 use crate::cgroup::{CgroupLimits, RunCgroup};
 use crate::egress::ca::{needs_ca, RunCa};
 use crate::error::StartError;
-use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox};
+use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox, StartedPin};
 use crate::gateway::egress::EgressSetup;
 use crate::gateway::inspection::Classify;
 use crate::gateway::{
@@ -613,7 +613,7 @@ impl RunManager {
                 cgroup_procs: live.cgroup.procs_files(),
                 limits: ExecLimits::default(),
                 running: AtomicUsize::new(0),
-                started: OnceLock::new(),
+                started: StartedPin::default(),
             })),
             models: self.model_routes().map(|shared| {
                 Arc::new(RunModels::new(
@@ -726,10 +726,14 @@ impl RunManager {
                 .and_then(|(run, _)| run.exec.sandbox.clone());
             match (exec, process.pin_pid_one()) {
                 (Some(exec), Ok(pid_one)) => {
-                    let _ = exec.started.set(PinnedSandbox { pid_one, execute });
+                    exec.started.set(Ok(PinnedSandbox { pid_one, execute }));
                 }
-                (_, Err(e)) => {
+                (exec, Err(e)) => {
                     tracing::warn!(run_id = %plan.run_id, error = %e, "could not pin the sandbox's pid 1; exec is unavailable");
+                    if let Some(exec) = exec {
+                        exec.started
+                            .set(Err(format!("the sandbox's pid 1 could not be pinned: {e}")));
+                    }
                 }
                 (None, Ok(_)) => {}
             }
