@@ -20,8 +20,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         descriptors.encode_to_vec(),
     )?;
     tonic_prost_build::configure()
-        // A connection's bytes pass through without a copy per chunk.
-        .bytes(".tollgate.v1.EgressFrame.data")
         .build_client(true)
         .build_server(true)
         .compile_fds(descriptors)?;

@@ -4,32 +4,33 @@
 //!
 //! Pid 1 starts it before the agent, confined exactly as the agent is: it holds no power the
 //! agent lacks, and every decision is the supervisor's. Each client connection becomes one
-//! gateway `Egress` stream: `CONNECT host:port` (TLS, and anything else tunnelled) is answered
-//! `200` once the supervisor has connected, then bytes pass both ways; a plain HTTP request in
+//! gateway `Egress` stream (its control); once the supervisor has connected, the proxy hands
+//! the client's connection itself to the supervisor (over the gateway socket, with the token
+//! the stream's `opened` gave), which relays it to the upstream: `CONNECT host:port` (TLS, and
+//! anything else tunnelled) is answered `200`, then bytes pass both ways; a plain HTTP request in
 //! absolute form (`GET http://host/path`) is sent on in origin form with `Connection: close`
 //! (one request per connection, so a connection never carries a second host's request). A
 //! refusal is an HTTP error whose reason phrase is the supervisor's one-line reason (403
 //! refused by the receipt, 429 a limit, 502 unreachable), with the call id in
 //! `X-Tollgate-Call-Id`.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::mpsc;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::egress_frame::Frame;
+use tollgate_proto::{EGRESS_TUNNEL_PREFACE, EGRESS_TUNNEL_TOKEN_LEN};
 use tollgate_shim_protocol::plan::EGRESS_PORT;
 
 /// Longest request head read (the CONNECT line, or a plain request's line and headers).
 const MAX_HEAD: usize = 64 << 10;
 /// How long a client may take to send its request head.
 const HEAD_DEADLINE: Duration = Duration::from_secs(30);
-/// Bytes read from a client at once (one frame).
-const READ_CHUNK: usize = 64 << 10;
 
 type Gateway = pb::gateway_client::GatewayClient<tonic::transport::Channel>;
 
@@ -47,18 +48,19 @@ pub fn main(args: &[String]) -> i32 {
         }
     }
     let target = crate::helper::gateway_target();
+    // Tunnels are connections to the gateway's socket itself.
+    let Some(socket) = target.strip_prefix("unix:").map(PathBuf::from) else {
+        eprintln!("tollgate-shim egress: the gateway address {target} is not unix:PATH");
+        return 64;
+    };
+    let socket = Arc::new(socket);
     let runtime = match crate::helper::runtime("egress") {
         Ok(runtime) => runtime,
         Err(status) => return status,
     };
     runtime.block_on(async move {
         let endpoint = match tonic::transport::Endpoint::from_shared(target.clone()) {
-            // Downloads arrive as one HTTP/2 frame per relayed chunk, with windows that let
-            // the supervisor keep sending while this side writes to its client.
-            Ok(endpoint) => endpoint
-                .max_frame_size(1 << 20)
-                .initial_stream_window_size(4 << 20)
-                .initial_connection_window_size(16 << 20),
+            Ok(endpoint) => endpoint,
             Err(e) => {
                 eprintln!("tollgate-shim egress: bad gateway address {target}: {e}");
                 return 64;
@@ -83,7 +85,7 @@ pub fn main(args: &[String]) -> i32 {
             };
             let _ = client.set_nodelay(true);
             let gateway = gateways[next.fetch_add(1, Ordering::Relaxed) % gateways.len()].clone();
-            tokio::spawn(serve(client, gateway));
+            tokio::spawn(serve(client, gateway, socket.clone()));
         }
     })
 }
@@ -296,7 +298,7 @@ async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), Option<
 }
 
 /// One client connection, start to end.
-async fn serve(mut client: TcpStream, mut gateway: Gateway) {
+async fn serve(mut client: TcpStream, mut gateway: Gateway, socket: Arc<PathBuf>) {
     let request = match read_head(&mut client).await {
         Ok((head, after)) => parse_request(&head, &after),
         Err(Some(refused)) => Err(refused),
@@ -309,8 +311,10 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
             return;
         }
     };
-    let (tx, rx) = mpsc::channel::<pb::EgressFrame>(8);
-    let open = pb::EgressFrame {
+    let (open, rx) = mpsc::channel::<pb::EgressFrame>(1);
+    // The channel is new and empty: the first frame always fits. `open` stays held until
+    // the connection ends.
+    let _ = open.try_send(pb::EgressFrame {
         frame: Some(Frame::Open(pb::EgressOpen {
             host: request.host.clone(),
             port: u32::from(request.port),
@@ -318,10 +322,8 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
             // when its grant is inspected.
             http: !request.tunnel,
         })),
-    };
-    // The channel is new and empty: the first frame always fits.
-    let _ = tx.try_send(open);
-    let mut inbound = match gateway
+    });
+    let mut control = match gateway
         .egress(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
     {
@@ -331,10 +333,10 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
             return;
         }
     };
-    match inbound.message().await {
+    let token = match control.message().await {
         Ok(Some(pb::EgressFrame {
-            frame: Some(Frame::Opened(_)),
-        })) => {}
+            frame: Some(Frame::Opened(opened)),
+        })) if opened.tunnel_token.len() == EGRESS_TUNNEL_TOKEN_LEN => opened.tunnel_token,
         Ok(_) => {
             let _ = client
                 .write_all(&error_answer(
@@ -349,7 +351,7 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
             let _ = client.write_all(&refused(&status)).await;
             return;
         }
-    }
+    };
     if request.tunnel
         && client
             .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -358,89 +360,66 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway) {
     {
         return;
     }
-    if !request.first.is_empty()
-        && tx
-            .send(pb::EgressFrame {
-                frame: Some(Frame::Data(request.first.into())),
-            })
-            .await
-            .is_err()
-    {
+    if let Err(e) = hand_off(&client, &socket, &token, &request.first).await {
+        let reason = format!("the gateway took no hand-off: {}", e.kind());
+        let _ = client.write_all(&error_answer(502, &reason, None)).await;
         return;
     }
-    let (client_read, mut client_write) = client.into_split();
-    let mut up = tokio::spawn(client_to_gateway(client_read, tx));
-    let (mut up_done, mut down_done) = (false, false);
-    let mut held: Option<mpsc::Sender<pb::EgressFrame>> = None;
-    let mut answered = false;
-    loop {
-        tokio::select! {
-            done = &mut up, if !up_done => {
-                up_done = true;
-                match done {
-                    // The client finished sending; the stream stays open until the upstream
-                    // has finished too.
-                    Ok(Some(tx)) if !down_done => held = Some(tx),
-                    Ok(Some(_)) => break,
-                    // The client went away.
-                    _ => break,
-                }
-            }
-            message = inbound.message() => match message {
-                Ok(Some(pb::EgressFrame { frame: Some(Frame::Data(bytes)) })) => {
-                    answered = true;
-                    if client_write.write_all(&bytes).await.is_err() {
-                        break;
-                    }
-                }
-                Ok(Some(pb::EgressFrame { frame: Some(Frame::CloseWrite(_)) })) => {
-                    down_done = true;
-                    let _ = client_write.shutdown().await;
-                    if up_done {
-                        break;
-                    }
-                }
-                Ok(_) => break,
-                Err(status) => {
-                    // A plain request refused before any answer gets the refusal as its
-                    // answer; a tunnel is cut (its client is mid-protocol).
-                    if !request.tunnel && !answered {
-                        let _ = client_write.write_all(&refused(&status)).await;
-                    }
-                    break;
-                }
-            }
+    // The supervisor relays the client's connection now, and ends it on the socket itself.
+    // This side only keeps its descriptor until the stream says the connection is over, and
+    // answers a plain request the supervisor refused before any answer.
+    if let Err(status) = control_end(&mut control).await {
+        if status
+            .metadata()
+            .contains_key(tollgate_proto::EGRESS_UNANSWERED)
+        {
+            let _ = client.write_all(&refused(&status)).await;
         }
     }
-    // Ending the stream tells the supervisor the connection is over.
-    drop(held);
-    up.abort();
+    drop(open);
 }
 
-/// Client to gateway: its bytes as `data`, its end of sending as `close_write`. The sender
-/// is handed back after a clean end (the stream stays open for the other direction).
-async fn client_to_gateway(
-    mut client: OwnedReadHalf,
-    tx: mpsc::Sender<pb::EgressFrame>,
-) -> Option<mpsc::Sender<pb::EgressFrame>> {
-    let mut buffer = bytes::BytesMut::new();
-    loop {
-        buffer.reserve(READ_CHUNK);
-        let frame = match client.read_buf(&mut buffer).await {
-            Ok(0) => Frame::CloseWrite(true),
-            Ok(_) => Frame::Data(buffer.split().freeze()),
-            Err(_) => return None,
-        };
-        let closing = matches!(frame, Frame::CloseWrite(_));
-        if tx
-            .send(pb::EgressFrame { frame: Some(frame) })
-            .await
-            .is_err()
-        {
-            return None;
+/// Hands `client`'s connection to the gateway for the connection `token` names: the tunnel
+/// preface and the token with the client's socket attached (SCM_RIGHTS), then the bytes that
+/// go upstream first, then the end.
+async fn hand_off(
+    client: &TcpStream,
+    socket: &std::path::Path,
+    token: &[u8],
+    first: &[u8],
+) -> std::io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+    use std::os::fd::AsRawFd as _;
+    let mut gateway = UnixStream::connect(socket).await?;
+    let mut head = Vec::with_capacity(EGRESS_TUNNEL_PREFACE.len() + token.len());
+    head.extend_from_slice(EGRESS_TUNNEL_PREFACE);
+    head.extend_from_slice(token);
+    let sent = loop {
+        gateway.writable().await?;
+        let raw = [client.as_raw_fd()];
+        let rights = [ControlMessage::ScmRights(&raw)];
+        let iov = [std::io::IoSlice::new(&head)];
+        match gateway.try_io(tokio::io::Interest::WRITABLE, || {
+            sendmsg::<()>(gateway.as_raw_fd(), &iov, &rights, MsgFlags::empty(), None)
+                .map_err(std::io::Error::from)
+        }) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            sent => break sent?,
         }
-        if closing {
-            return Some(tx);
+    };
+    // The rest, if the socket took only part (the descriptor went with the first byte).
+    gateway.write_all(&head[sent..]).await?;
+    gateway.write_all(first).await?;
+    gateway.shutdown().await
+}
+
+/// How the gateway ended a connection's control stream: `Ok` for a normal end.
+async fn control_end(control: &mut tonic::Streaming<pb::EgressFrame>) -> Result<(), tonic::Status> {
+    loop {
+        match control.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => return Ok(()),
+            Err(status) => return Err(status),
         }
     }
 }

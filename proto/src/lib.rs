@@ -34,6 +34,17 @@ pub const DEFAULT_EGRESS_BYTES: u64 = 1 << 30;
 /// `Limits.egress_idle_seconds` when a receipt leaves it at 0.
 pub const DEFAULT_EGRESS_IDLE_SECONDS: u32 = 60;
 
+/// What a hand-off connection to a gateway socket sends first, before its token and with the
+/// client's socket attached (see the gateway's `Egress` call). Its first byte tells it from an
+/// HTTP/2 connection (`PRI …`).
+pub const EGRESS_TUNNEL_PREFACE: &[u8; 18] = b"TOLLGATE-TUNNEL/1\n";
+/// Bytes in an egress hand-off's token (`EgressOpened.tunnel_token`).
+pub const EGRESS_TUNNEL_TOKEN_LEN: usize = 16;
+/// Metadata on the status that ends an `Egress` call whose plain HTTP request was refused
+/// before any answer reached the client: the supervisor left the client's connection open
+/// for the proxy to answer with the refusal.
+pub const EGRESS_UNANSWERED: &str = "tollgate-egress-unanswered";
+
 /// The egress bounds a receipt's limits give its run, each 0 replaced by its default:
 /// (connections open at once, bytes each way, idle seconds).
 pub fn effective_egress(limits: &v1::Limits) -> (u32, u64, u32) {

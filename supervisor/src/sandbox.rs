@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead as _, BufReader, PipeReader, Write as _};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
@@ -809,20 +809,31 @@ fn split_socket_path(socket: &Path) -> std::io::Result<(&Path, String)> {
 
 /// Receives one byte and the descriptors that ride on it (SCM_RIGHTS).
 fn recv_byte_with_fds(control: &UnixStream) -> std::io::Result<(u8, Vec<OwnedFd>)> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut byte = [0u8; 1];
+    let (received, fds) = recv_with_fds(control.as_fd(), &mut byte)?;
+    if received == 0 {
+        return Err(std::io::Error::other("pid 1 closed the connection"));
+    }
+    Ok((byte[0], fds))
+}
+
+/// Receives into `buffer` from the Unix socket `socket`, with the descriptors (SCM_RIGHTS,
+/// at most 8; more are closed by the kernel) that ride on those bytes: how many bytes came
+/// (0 at the end), and the descriptors, owned here and close-on-exec.
+pub(crate) fn recv_with_fds(
+    socket: std::os::fd::BorrowedFd<'_>,
+    buffer: &mut [u8],
+) -> std::io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
     let mut space = nix::cmsg_space!([RawFd; 8]);
-    let mut iov = [std::io::IoSliceMut::new(&mut byte)];
+    let mut iov = [std::io::IoSliceMut::new(buffer)];
     let received = recvmsg::<()>(
-        control.as_raw_fd(),
+        socket.as_raw_fd(),
         &mut iov,
         Some(&mut space),
         MsgFlags::MSG_CMSG_CLOEXEC,
     )
     .map_err(std::io::Error::from)?;
-    if received.bytes == 0 {
-        return Err(std::io::Error::other("pid 1 closed the connection"));
-    }
     let mut fds = Vec::new();
     for message in received.cmsgs().map_err(std::io::Error::from)? {
         if let ControlMessageOwned::ScmRights(raw) = message {
@@ -835,7 +846,7 @@ fn recv_byte_with_fds(control: &UnixStream) -> std::io::Result<(u8, Vec<OwnedFd>
             );
         }
     }
-    Ok((byte[0], fds))
+    Ok((received.bytes, fds))
 }
 
 /// A pidfd of the sandbox's pid 1, the only child of the shim `shim`; checked to still be

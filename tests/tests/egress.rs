@@ -511,6 +511,31 @@ echo "== after"; curl -sS -v --max-time 20 https://api.example.test/ 2>&1 | grep
         .find(|e| text(e, "code") == "egress_bytes")
         .unwrap_or_else(|| panic!("no byte-limit entry: {entries:#?}"));
     assert!(number(cut, "bytes_received") <= 1_000_000, "{cut:?}");
+
+    // A plain request cut by the byte bound before any answer is answered with the reason
+    // (the supervisor leaves the client's connection to the proxy for that).
+    let script = r#"
+echo "== upload"; printf '%05000d' 0 | curl -sS --max-time 20 -w ' %{http_code}' --data-binary @- http://api.example.test/echo 2>&1; echo
+"#;
+    let limits = pb::Limits {
+        egress_bytes: 1_000,
+        ..Default::default()
+    };
+    let minted = egress
+        .mint(egress.request(script, vec![grant("api.example.test", &[80])], limits))
+        .await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(
+        output.contains("limits.egress_bytes") && output.trim_end().ends_with("429"),
+        "{output}"
+    );
+    let entries = egress.entries(&run_id);
+    let cut = find(&entries, "api.example.test", "closed")
+        .into_iter()
+        .find(|e| text(e, "code") == "egress_bytes")
+        .unwrap_or_else(|| panic!("no byte-limit entry: {entries:#?}"));
+    assert_eq!(number(cut, "bytes_received"), 0, "{cut:?}");
 }
 
 /// From inside a sandbox, `pip install` from the package registry this machine reaches, with

@@ -92,6 +92,33 @@ pub struct Counted<IO> {
     _peer: Option<PeerSlot>,
 }
 
+impl<IO> Counted<IO> {
+    /// The connection itself: to peek at its first bytes, or read its peer's credentials.
+    pub fn get_ref(&self) -> &IO {
+        &self.io
+    }
+
+    /// The connection without its wrapper, and the place it holds in its listener's limits
+    /// (held until the returned slot is dropped): for a connection served outside the gRPC
+    /// server that counted it.
+    pub fn into_parts(self) -> (IO, ConnectionSlot) {
+        (
+            self.io,
+            ConnectionSlot {
+                _slot: self._slot,
+                _peer: self._peer,
+            },
+        )
+    }
+}
+
+/// A connection's place in its listener's limits, given back when dropped.
+#[derive(Debug)]
+pub struct ConnectionSlot {
+    _slot: OwnedSemaphorePermit,
+    _peer: Option<PeerSlot>,
+}
+
 /// One connection's place in its peer address's count.
 #[derive(Debug)]
 struct PeerSlot {

@@ -23,7 +23,8 @@
 //! and the audit entry every call passes) are leaves; the tool families `fs`, `exec`,
 //! `models` and `children` each depend on the gate only (delegation also on the grants
 //! and model budget it carves from; `egress`, outbound connections, also on the `egress`
-//! leaves); `run` assembles one run's gateway from them;
+//! leaves); `run` assembles one run's gateway from them; `tunnel` sorts the connections
+//! that carry outbound connections' bytes from the gRPC ones and hands them to `egress`;
 //! `service` serves it on the run's socket. Delegation reaches the run manager through the
 //! [`ChildRuns`] trait declared here, never the manager's type.
 
@@ -39,6 +40,7 @@ pub mod run;
 pub mod service;
 #[cfg(test)]
 mod tests;
+mod tunnel;
 
 pub use children::{ChildControl, ChildOf, ChildRuns, ChildState, Delegator};
 pub use fs::FsGrant;

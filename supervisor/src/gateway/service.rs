@@ -245,8 +245,8 @@ fn gateway_request_limits() -> RequestLimits {
     RequestLimits::builder(256 << 10, GATEWAY_IN_FLIGHT, GATEWAY_BODY_DEADLINE)
         .cap("/tollgate.v1.Gateway/CallTool", MAX_WRITE + (64 << 10))
         .cap("/tollgate.v1.Gateway/Complete", 2 * MAX_TEXT + (64 << 10))
-        // A connection's bytes for as long as it is open: its frames are bounded by the
-        // handler, its total by the receipt's egress limits.
+        // A connection's control, open as long as the connection: `open` is small, and
+        // anything after it ends the connection.
         .stream("/tollgate.v1.Gateway/Egress")
         .build()
 }
@@ -311,6 +311,15 @@ pub fn serve_listener(
     listener.set_nonblocking(true).map_err(error)?;
     let duplicate = listener.as_fd().try_clone_to_owned().map_err(error)?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let egress = run.egress.clone();
+    let host_id = run.host_id;
+    // Each outbound connection begins with a hand-off connection: a receipt that grants
+    // egress gets room for as many as it may open, one that does not gets none.
+    let hand_offs = if run.gate.receipt.egress.is_empty() {
+        0
+    } else {
+        egress.max_open() as usize
+    };
     let service = GatewayService::new(run);
     let run_id = service.run.gate.run_id.clone();
     let limits = gateway_request_limits();
@@ -325,6 +334,10 @@ pub fn serve_listener(
         // What the run's agent can make the supervisor hold is bounded here: connections,
         // streams, request bytes and time (see `tollgate_daemon`).
         let bounds = ServeLimits::GATEWAY;
+        let connections = tollgate_daemon::ConnectionLimits {
+            max: bounds.connections.max + hand_offs,
+            ..bounds.connections
+        };
         let served = bounds
             .server()
             .layer(limits)
@@ -334,7 +347,11 @@ pub fn serve_listener(
                     .max_decoding_message_size(MAX_WRITE + (64 << 10)),
             )
             .serve_with_incoming_shutdown(
-                tollgate_daemon::incoming(listener, bounds.connections),
+                super::tunnel::sort(
+                    tollgate_daemon::incoming(listener, connections),
+                    egress,
+                    host_id,
+                ),
                 async {
                     let _ = stopped.await;
                 },
