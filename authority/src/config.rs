@@ -56,6 +56,10 @@ pub struct AuthorityConfig {
     pub default_limits: pb::Limits,
     /// Key for HMAC audit hashes (`--audit-key-file` or `TOLLGATE_AUDIT_KEY`); none: SHA-256.
     pub audit_key: Option<tollgate_audit::AuditKey>,
+    /// TLS to serve with (`--tls-cert`, `--tls-key`, `--tls-client-ca`); none: plaintext.
+    pub tls: tollgate_daemon::tls::ServerTls,
+    /// `--insecure-plaintext`: plaintext on an address that is not loopback is meant.
+    pub insecure_plaintext: bool,
 }
 
 impl AuthorityConfig {
@@ -72,6 +76,8 @@ impl AuthorityConfig {
             admin_max_delegate_depth: 4,
             default_limits: default_limits(),
             audit_key: None,
+            tls: Default::default(),
+            insecure_plaintext: false,
         }
     }
 

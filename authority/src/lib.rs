@@ -205,8 +205,8 @@ impl Authority {
             let _ = stop_tx.send(true);
         };
         let bounds = ServeLimits::DAEMON;
-        let server = bounds
-            .server()
+        let server = tollgate_daemon::tls::serve_tls(bounds.server(), &service.config.tls)
+            .map_err(AuthorityError::Config)?
             .layer(requests)
             .add_service(health_service)
             .add_service(reflection)
@@ -405,6 +405,12 @@ pub async fn serve(
             addr: listen,
             source,
         })?;
+    tollgate_daemon::tls::check_listen(
+        bound,
+        opened.config.tls.enabled(),
+        opened.config.insecure_plaintext,
+    )
+    .map_err(AuthorityError::Config)?;
     if let Some(metrics_listen) = opened.config.metrics_listen.clone() {
         let bind_error = |source| AuthorityError::Bind {
             addr: metrics_listen.clone(),

@@ -54,6 +54,21 @@ struct Flags {
     /// the bound address goes to <data-dir>/metrics.addr.
     #[arg(long, value_name = "ADDR", env = "TOLLGATE_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// Serve TLS with this certificate (PEM; `tollgate pki issue authority` makes one), with
+    /// --tls-key. Clients then connect with --ca.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require every client (supervisors, operators) to present a certificate this CA signed
+    /// (mutual TLS); needs --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
+    /// Allow plaintext on an address that is not loopback (refused otherwise: tokens and
+    /// receipts would cross the network in clear). Only for a network you trust.
+    #[arg(long)]
+    insecure_plaintext: bool,
 }
 
 #[tokio::main]
@@ -79,5 +94,11 @@ async fn run(flags: Flags) -> Result<(), AuthorityError> {
     let mut config = AuthorityConfig::load(flags.config.as_deref(), flags.data_dir, flags.listen)?;
     config.audit_key = AuditKey::configured(flags.audit_key_file.as_deref())?;
     config.metrics_listen = flags.metrics_listen;
+    config.tls = tollgate_daemon::tls::ServerTls {
+        cert: flags.tls_cert,
+        key: flags.tls_key,
+        client_ca: flags.tls_client_ca,
+    };
+    config.insecure_plaintext = flags.insecure_plaintext;
     serve(config, tollgate_daemon::shutdown::signal()).await
 }

@@ -10,6 +10,9 @@ mod receipts;
 mod revocation;
 mod state;
 
+use tollgate_daemon::tls::{
+    check_supervisor_claim, peer_certificate, FleetIdentity, PeerCertificate,
+};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_server::Authority;
 use tollgate_receipt::unix_now;
@@ -83,6 +86,19 @@ impl Authority for AuthorityService {
         &self,
         request: Request<pb::WatchRevocationsRequest>,
     ) -> Result<Response<Self::WatchRevocationsStream>, Status> {
+        // A supervisor's certificate is its identity: a caller presenting one, or saying it
+        // is a supervisor, must be exactly the supervisor its certificate names.
+        let claimed = &request.get_ref().supervisor_id;
+        let presents_supervisor = matches!(
+            peer_certificate(&request),
+            PeerCertificate::Names(FleetIdentity::Supervisor(_))
+        );
+        if presents_supervisor || !claimed.is_empty() {
+            if let Err(why) = check_supervisor_claim(&request, claimed) {
+                tracing::warn!(claimed = %claimed, reason = %why, "revocation stream refused");
+                return Err(Status::permission_denied(why));
+            }
+        }
         Ok(Response::new(self.watch(request.into_inner().after_seq)))
     }
 

@@ -67,6 +67,28 @@ pub struct GlobalArgs {
         value_name = "PATH"
     )]
     pub supervisor_token_file: Option<PathBuf>,
+    /// The CA the daemons' certificates must chain to: connect with TLS (a daemon serving
+    /// TLS refuses plaintext). `tollgate pki init` makes one.
+    #[arg(long, global = true, env = "TOLLGATE_CA", value_name = "PEM")]
+    pub ca: Option<PathBuf>,
+    /// This client's certificate, for daemons that require one (mutual TLS); with --key.
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_CERT",
+        value_name = "PEM",
+        requires = "key"
+    )]
+    pub cert: Option<PathBuf>,
+    /// The private key of --cert.
+    #[arg(
+        long,
+        global = true,
+        env = "TOLLGATE_KEY",
+        value_name = "PEM",
+        requires = "cert"
+    )]
+    pub key: Option<PathBuf>,
     /// The operator's bearer token itself (prefer --token-file: environments leak).
     #[arg(
         long,
@@ -76,6 +98,17 @@ pub struct GlobalArgs {
         hide = true
     )]
     pub token: Option<String>,
+}
+
+impl GlobalArgs {
+    /// What a client connection trusts and presents (`--ca`, `--cert`, `--key`).
+    pub fn tls(&self) -> tollgate_daemon::tls::ClientTls {
+        tollgate_daemon::tls::ClientTls {
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+        }
+    }
 }
 
 /// Commands.
@@ -365,6 +398,15 @@ pub enum Command {
     /// export`), list them, remove one. Run as root on the supervisor's host.
     #[command(subcommand)]
     Rootfs(RootfsCommand),
+    /// A small certificate authority for TLS between the daemons and their clients: make
+    /// one, then a certificate for the authority, each supervisor and each operator.
+    ///
+    /// Example: tollgate pki init --dir pki; tollgate pki issue authority --dir pki --dns
+    /// authority.example.com; tollgate-authority --tls-cert pki/authority.pem --tls-key
+    /// pki/authority.key --tls-client-ca pki/ca.pem; tollgate --ca pki/ca.pem --cert
+    /// pki/operator-alice.pem --key pki/operator-alice.key receipts
+    #[command(subcommand)]
+    Pki(PkiCommand),
     /// Start a throwaway authority and (as root) a supervisor, mint, verify and revoke a
     /// receipt, run an agent in a sandbox, and explain each step.
     Quickstart {
@@ -372,6 +414,60 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+}
+
+/// `tollgate pki ...`
+#[derive(Debug, Subcommand)]
+pub enum PkiCommand {
+    /// Make a CA: DIR/ca.pem (daemons take it as --tls-client-ca, clients as --ca) and its
+    /// key DIR/ca.key (mode 0600; keep it off the fleet's hosts). Nothing is overwritten.
+    Init {
+        /// Where the CA's files go (created if missing).
+        #[arg(long, value_name = "DIR", default_value = "tollgate-pki")]
+        dir: PathBuf,
+        /// The CA's name, in its certificate.
+        #[arg(long, default_value = "Tollgate fleet CA")]
+        name: String,
+        /// How long it is valid.
+        #[arg(long, default_value_t = 3650)]
+        days: u32,
+    },
+    /// Issue a certificate and key (0600) signed by the CA in DIR: `authority`,
+    /// `supervisor ID` or `operator NAME`. The identity is in the certificate (URI
+    /// tollgate://supervisor/ID); daemons' certificates name localhost, 127.0.0.1, ::1 and
+    /// every --dns and --ip given. Files: DIR/authority.pem, DIR/supervisor-ID.pem,
+    /// DIR/operator-NAME.pem, each with its .key.
+    Issue {
+        /// Whose certificate.
+        #[arg(value_enum)]
+        kind: PkiKind,
+        /// The supervisor's id (its audience name) or the operator's name.
+        #[arg(required_if_eq_any([("kind", "supervisor"), ("kind", "operator")]))]
+        name: Option<String>,
+        /// Where the CA is, and where the files go.
+        #[arg(long, value_name = "DIR", default_value = "tollgate-pki")]
+        dir: PathBuf,
+        /// A DNS name the daemon is reached by (repeat for more).
+        #[arg(long, value_name = "NAME")]
+        dns: Vec<String>,
+        /// An address the daemon is reached at (repeat for more).
+        #[arg(long, value_name = "ADDR")]
+        ip: Vec<std::net::IpAddr>,
+        /// How long it is valid.
+        #[arg(long, default_value_t = 397)]
+        days: u32,
+    },
+}
+
+/// Whose certificate `tollgate pki issue` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PkiKind {
+    /// The authority's.
+    Authority,
+    /// A supervisor's (give its id).
+    Supervisor,
+    /// An operator's (give its name).
+    Operator,
 }
 
 /// How audit logs are checked.

@@ -3,6 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use tollgate_daemon::error_chain;
+use tollgate_daemon::tls::ClientTls;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_proto::v1::supervisor_client::SupervisorClient;
 use tonic::transport::{Channel, Endpoint};
@@ -20,37 +22,37 @@ pub fn authority_url(addr: &str) -> Result<String, CliError> {
     tollgate_daemon::address::url(addr).map_err(CliError::Input)
 }
 
-/// Connects to the authority (5 s timeout).
-pub async fn connect(addr: &str) -> Result<AuthorityClient<Channel>, CliError> {
-    Ok(AuthorityClient::new(channel(addr, "authority").await?))
+/// Connects to the authority (5 s timeout), with TLS when `tls` names a CA.
+pub async fn connect(addr: &str, tls: &ClientTls) -> Result<AuthorityClient<Channel>, CliError> {
+    Ok(AuthorityClient::new(channel(addr, tls, "authority").await?))
 }
 
-/// Connects to the supervisor (5 s timeout).
-pub async fn connect_supervisor(addr: &str) -> Result<SupervisorClient<Channel>, CliError> {
-    Ok(SupervisorClient::new(channel(addr, "supervisor").await?))
+/// Connects to the supervisor (5 s timeout), with TLS when `tls` names a CA.
+pub async fn connect_supervisor(
+    addr: &str,
+    tls: &ClientTls,
+) -> Result<SupervisorClient<Channel>, CliError> {
+    Ok(SupervisorClient::new(
+        channel(addr, tls, "supervisor").await?,
+    ))
 }
 
-async fn channel(addr: &str, daemon: &'static str) -> Result<Channel, CliError> {
-    let url = authority_url(addr)?;
-    let endpoint = Endpoint::from_shared(url.clone())
+async fn channel(addr: &str, tls: &ClientTls, daemon: &'static str) -> Result<Channel, CliError> {
+    let config = tls.config().map_err(|e| CliError::Input(e.to_string()))?;
+    let url = tollgate_daemon::tls::url_for(&authority_url(addr)?, config.is_some());
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| CliError::Input(format!("--{daemon} {addr:?} is not an address: {e}")))?
         .connect_timeout(Duration::from_secs(5));
+    if let Some(config) = config {
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| CliError::Input(format!("--ca/--cert/--key: {}", error_chain(&e))))?;
+    }
     endpoint.connect().await.map_err(|e| CliError::Unreachable {
         daemon,
         addr: url,
         detail: error_chain(&e),
     })
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
 }
 
 /// Where the operator token comes from.

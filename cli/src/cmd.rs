@@ -8,6 +8,7 @@ pub(crate) mod doctor;
 pub(crate) mod keys;
 pub(crate) mod local;
 pub(crate) mod operators;
+pub(crate) mod pki;
 pub(crate) mod quickstart;
 pub(crate) mod receipts;
 pub(crate) mod rootfs;

@@ -16,6 +16,9 @@ pub enum CliError {
         /// The transport error.
         detail: String,
     },
+    /// The connection failed under a call, before the daemon answered it.
+    #[error("the connection to the daemon failed before it answered ({0}); a daemon serving TLS refuses plaintext (pass --ca) and one requiring client certificates refuses clients without one (pass --cert and --key)")]
+    ConnectionFailed(String),
     /// A daemon answered with an error.
     #[error("refused ({code}): {message}")]
     Refused {
@@ -75,6 +78,11 @@ pub enum CliError {
 
 impl From<tonic::Status> for CliError {
     fn from(status: tonic::Status) -> Self {
+        // A status made by the client's own transport (it carries the error under it); one
+        // the daemon sent never does.
+        if let Some(source) = std::error::Error::source(&status) {
+            return Self::ConnectionFailed(format!("{}: {source}", status.message()));
+        }
         Self::Refused {
             code: code_words(status.code()),
             message: status.message().replace('\n', " "),
@@ -101,8 +109,8 @@ impl CliError {
     /// The process exit code (sysexits-style; 1 for an invalid receipt).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Input(_) => 66,           // EX_NOINPUT
-            Self::Unreachable { .. } => 69, // EX_UNAVAILABLE
+            Self::Input(_) => 66,                                       // EX_NOINPUT
+            Self::Unreachable { .. } | Self::ConnectionFailed(_) => 69, // EX_UNAVAILABLE
             Self::NoToken(_) => 77,
             Self::Doctor(_) => 1,
             Self::AboveCeiling(_) => 77, // EX_NOPERM

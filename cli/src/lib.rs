@@ -17,14 +17,16 @@ mod terminal;
 
 pub use args::{
     AuditCommand, AuditTrustArgs, Cli, Command, GlobalArgs, KeysCommand, OperatorCommand,
-    ReceiptCommand, RootfsCommand, RootfsPlace, SupervisorCommand,
+    PkiCommand, PkiKind, ReceiptCommand, RootfsCommand, RootfsPlace, SupervisorCommand,
 };
 pub use cmd::audit;
 pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
 pub use cmd::rootfs::RootfsError;
 pub use error::CliError;
 
-use cmd::{copy, doctor, keys, local, operators, quickstart, receipts, rootfs, runs, supervisors};
+use cmd::{
+    copy, doctor, keys, local, operators, pki, quickstart, receipts, rootfs, runs, supervisors,
+};
 
 /// Runs one command; output goes to stdout, the caller prints the error.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
@@ -75,6 +77,36 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             ..
         } => keys::rotate(global).await,
         Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Pki(PkiCommand::Init { dir, name, days }) => pki::init(&dir, &name, days),
+        Command::Pki(PkiCommand::Issue {
+            kind,
+            name,
+            dir,
+            dns,
+            ip,
+            days,
+        }) => {
+            let identity = match (kind, name) {
+                (PkiKind::Authority, _) => tollgate_daemon::tls::FleetIdentity::Authority,
+                (PkiKind::Supervisor, Some(id)) => tollgate_daemon::tls::FleetIdentity::Supervisor(
+                    pki::checked_name("supervisor id", &id)?,
+                ),
+                (PkiKind::Operator, Some(name)) => tollgate_daemon::tls::FleetIdentity::Operator(
+                    pki::checked_name("operator name", &name)?,
+                ),
+                (_, None) => {
+                    return Err(CliError::Input(
+                        "tollgate pki issue supervisor|operator needs the id or name".into(),
+                    ))
+                }
+            };
+            let holder = pki::Holder {
+                identity,
+                dns,
+                ips: ip,
+            };
+            pki::issue(&dir, &holder, days).map(|_| ())
+        }
         Command::Doctor {
             data_dir,
             shim,

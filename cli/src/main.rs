@@ -11,6 +11,7 @@ fn main() -> ExitCode {
     end_quietly_on_a_closed_pipe();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .on_thread_start(network_errors_are_errors)
         .build()
     {
         Ok(runtime) => runtime,
@@ -39,6 +40,19 @@ async fn run() -> ExitCode {
             ExitCode::from(error.exit_code())
         }
     }
+}
+
+/// The runtime's worker threads, which do every connection's I/O (the command itself runs on
+/// the main thread and prints there), keep SIGPIPE blocked: a daemon that closes a connection
+/// (a TLS daemon refusing plaintext) is an error with a message, not a silent death.
+fn network_errors_are_errors() {
+    let mut pipe = nix::sys::signal::SigSet::empty();
+    pipe.add(nix::sys::signal::Signal::SIGPIPE);
+    let _ = nix::sys::signal::pthread_sigmask(
+        nix::sys::signal::SigmaskHow::SIG_BLOCK,
+        Some(&pipe),
+        None,
+    );
 }
 
 /// Rust starts programs with SIGPIPE ignored, which turns every write to a closed pipe

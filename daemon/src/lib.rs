@@ -16,6 +16,7 @@ pub mod secret;
 pub mod serve;
 pub mod shutdown;
 pub mod systemd;
+pub mod tls;
 pub mod token;
 
 pub use secret::Secret;
@@ -27,4 +28,17 @@ pub async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, tokio::task::JoinError> {
     tokio::task::spawn_blocking(work).await
+}
+
+/// An error with every cause under it, `: `-separated (a TLS failure is several layers down,
+/// and the top one alone says only "transport error").
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory as _, FromArgMatches as _, Parser};
 use tollgate_router_backends::ModelRoutes;
-use tollgate_supervisor::daemon::{serve, DaemonError, SupervisorConfig, SupervisorFile, Trust};
+use tollgate_supervisor::daemon::{
+    serve, AuthorityLink, DaemonError, SupervisorConfig, SupervisorFile, Trust,
+};
 use tollgate_supervisor::egress::config::EgressConfig;
 use tollgate_supervisor::runs::RunSettings;
 
@@ -57,6 +59,25 @@ struct Flags {
     /// Pinned key file for hosts without an authority link (`tollgate keys --json > FILE`).
     #[arg(long, value_name = "FILE")]
     trust_keys: Option<PathBuf>,
+    /// The CA the authority's certificate must chain to: reach the authority over TLS,
+    /// presenting --tls-cert when given (an authority with --tls-client-ca requires it).
+    #[arg(long, value_name = "PEM")]
+    authority_ca: Option<PathBuf>,
+    /// Serve TLS with this certificate (PEM; `tollgate pki issue supervisor ID` makes one),
+    /// with --tls-key; also this supervisor's identity to an authority that asks for one.
+    #[arg(long, value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert.
+    #[arg(long, value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// Require every client to present a certificate this CA signed (mutual TLS); needs
+    /// --tls-cert.
+    #[arg(long, value_name = "PEM")]
+    tls_client_ca: Option<PathBuf>,
+    /// Allow plaintext on an address that is not loopback (refused otherwise: tokens and
+    /// receipts would cross the network in clear). Only for a network you trust.
+    #[arg(long)]
+    insecure_plaintext: bool,
     /// Tolerated clock difference with the authority, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     clock_skew: u64,
@@ -208,6 +229,26 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `--tls-cert`, checked to be this supervisor's: a certificate naming a Tollgate identity
+/// must name supervisor `id` (it is the supervisor's identity at the authority, and a
+/// receipt's audience names that id). One from another PKI, naming none, is taken as it is.
+fn certificate_of(cert: Option<PathBuf>, id: &str) -> Result<Option<PathBuf>, DaemonError> {
+    use tollgate_daemon::tls::{pem_certificate_identity, FleetIdentity};
+    let Some(path) = cert else {
+        return Ok(None);
+    };
+    let pem = std::fs::read(&path)
+        .map_err(|e| DaemonError::Tls(format!("cannot read --tls-cert {}: {e}", path.display())))?;
+    match pem_certificate_identity(&pem) {
+        Some(FleetIdentity::Supervisor(named)) if named == id => Ok(Some(path)),
+        Some(identity) => Err(DaemonError::Tls(format!(
+            "--tls-cert {} names {identity}, but this is supervisor {id:?} (--id): a supervisor's certificate is its identity; issue one with `tollgate pki issue supervisor {id}`",
+            path.display()
+        ))),
+        None => Ok(Some(path)),
+    }
+}
+
 /// `flags` with what `--config` sets and no flag or environment variable gave.
 fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, DaemonError> {
     let Some(path) = flags.config.clone() else {
@@ -236,6 +277,11 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         id => Some,
         authority => Some,
         trust_keys => Some,
+        authority_ca => Some,
+        tls_cert => Some,
+        tls_key => Some,
+        tls_client_ca => Some,
+        insecure_plaintext => std::convert::identity,
         shim => Some,
         audit_key_file => Some,
         rootfs_dir => Some,
@@ -318,6 +364,10 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
         Some(port) => format!("127.0.0.1:{port}"),
         None => flags.listen,
     };
+    let supervisor_id = flags.id.clone().ok_or(DaemonError::MissingSetting(
+        "give --id (or id in the config file)",
+    ))?;
+    let tls_cert = certificate_of(flags.tls_cert.clone(), &supervisor_id)?;
     Ok(SupervisorConfig {
         runs: RunSettings {
             egress: std::sync::Arc::new(EgressConfig::load(
@@ -333,9 +383,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
             data_dir: flags.data_dir.ok_or(DaemonError::MissingSetting(
                 "give --data-dir (or data_dir in the config file)",
             ))?,
-            supervisor_id: flags.id.ok_or(DaemonError::MissingSetting(
-                "give --id (or id in the config file)",
-            ))?,
+            supervisor_id: supervisor_id.clone(),
             shim,
             cgroup_parent: flags.cgroup_parent,
             host_ids: flags.host_id_base..flags.host_id_base.saturating_add(flags.host_id_count),
@@ -348,10 +396,29 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
         listen,
         metrics_listen: flags.metrics_listen,
         run_dir: flags.run_dir,
+        tls: tollgate_daemon::tls::ServerTls {
+            cert: tls_cert.clone(),
+            key: flags.tls_key.clone(),
+            client_ca: flags.tls_client_ca,
+        },
+        insecure_plaintext: flags.insecure_plaintext,
         trust: match (flags.authority, flags.trust_keys) {
-            (Some(addr), _) => Trust::Authority(
-                tollgate_daemon::address::url(&addr).map_err(DaemonError::AuthorityAddress)?,
-            ),
+            (Some(addr), _) => {
+                let tls = tollgate_daemon::tls::ClientTls {
+                    ca: flags.authority_ca,
+                    cert: tls_cert,
+                    key: flags.tls_key,
+                };
+                let tls = match &tls.ca {
+                    Some(_) => tls.config(),
+                    None => Ok(None),
+                }
+                .map_err(|e| DaemonError::Tls(format!("the link to the authority: {e}")))?;
+                Trust::Authority(AuthorityLink::new(
+                    &tollgate_daemon::address::url(&addr).map_err(DaemonError::AuthorityAddress)?,
+                    tls,
+                ))
+            }
             (None, Some(path)) => Trust::KeyFile(path),
             (None, None) => {
                 return Err(DaemonError::MissingSetting(

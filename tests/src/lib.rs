@@ -168,6 +168,51 @@ pub fn wait_for_file(path: &Path, child: &mut Child, timeout: Duration) -> Resul
     }
 }
 
+/// A CA and certificates made with `tollgate pki` in `<dir>/pki`: the authority's,
+/// supervisor `workstation`'s and operator `alice`'s.
+pub struct Pki {
+    /// Where the files are.
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    /// Makes them (panics if `tollgate pki` fails).
+    pub fn make(dir: &Path) -> Self {
+        let dir = dir.join("pki");
+        let d = dir.to_str().expect("a UTF-8 path");
+        for args in [
+            vec!["pki", "init", "--dir", d],
+            vec!["pki", "issue", "authority", "--dir", d],
+            vec!["pki", "issue", "supervisor", "workstation", "--dir", d],
+            vec!["pki", "issue", "operator", "alice", "--dir", d],
+        ] {
+            let output = Command::new(bin_path("tollgate"))
+                .args(&args)
+                .output()
+                .expect("run tollgate pki");
+            assert!(output.status.success(), "{args:?}: {output:?}");
+        }
+        Self { dir }
+    }
+
+    /// The path of one of its files (`ca.pem`, `operator-alice.key`...), as a string.
+    pub fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// The flags that make an authority serve mutual TLS with these files.
+    pub fn authority_flags(&self) -> Vec<String> {
+        vec![
+            "--tls-cert".into(),
+            self.path("authority.pem"),
+            "--tls-key".into(),
+            self.path("authority.key"),
+            "--tls-client-ca".into(),
+            self.path("ca.pem"),
+        ]
+    }
+}
+
 /// A running `tollgate-authority`.
 pub struct AuthorityProcess {
     child: Child,
@@ -221,6 +266,18 @@ impl AuthorityProcess {
                 Err((status, std::fs::read_to_string(&log).unwrap_or_default()))
             }
         }
+    }
+
+    /// Starts it serving mutual TLS with `pki`'s authority certificate.
+    pub fn start_tls(data_dir: &Path, pki: &Pki) -> Self {
+        let flags = pki.authority_flags();
+        Self::start_with(
+            data_dir,
+            &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .unwrap_or_else(|(status, stderr)| {
+            panic!("authority with TLS failed to start ({status}): {stderr}")
+        })
     }
 
     /// `host:port` it listens on.

@@ -498,7 +498,10 @@ async fn late_watcher_gets_current_revocations_then_live_ones() {
     // A supervisor connecting late (no token needed) first receives the snapshot.
     let mut watcher = authority.client().await;
     let mut stream = watcher
-        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .watch_revocations(pb::WatchRevocationsRequest {
+            after_seq: 0,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -534,7 +537,10 @@ async fn late_watcher_gets_current_revocations_then_live_ones() {
     }
     // Resuming after a known seq skips what was already seen.
     let mut resumed = watcher
-        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 2 })
+        .watch_revocations(pb::WatchRevocationsRequest {
+            after_seq: 2,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -716,7 +722,10 @@ async fn concurrent_revocations_all_reach_a_watcher_in_order() {
     }
     let mut watcher = authority.client().await;
     let mut stream = watcher
-        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .watch_revocations(pb::WatchRevocationsRequest {
+            after_seq: 0,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();
@@ -1130,7 +1139,10 @@ async fn authority_metrics_are_scraped_and_parsed() {
         .await
         .unwrap();
     let _watching = client
-        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .watch_revocations(pb::WatchRevocationsRequest {
+            after_seq: 0,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

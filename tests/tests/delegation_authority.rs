@@ -803,7 +803,10 @@ async fn revoking_a_parent_revokes_every_descendant() {
     let (r, c, g) = (id(&root), id(&child), id(&grandchild));
 
     let mut stream = client
-        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .watch_revocations(pb::WatchRevocationsRequest {
+            after_seq: 0,
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner();

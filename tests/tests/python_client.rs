@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tollgate_tests::{require_root, AuthorityProcess, SupervisorProcess};
+use tollgate_tests::{require_root, AuthorityProcess, Pki, SupervisorProcess};
 
 fn python() -> String {
     std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into())
@@ -167,6 +167,67 @@ fn python_client_mints_verifies_and_reports_refusals_against_the_authority() {
         "supervisor tests ran without a supervisor:\n{}",
         ran.stdout
     );
+}
+
+/// The same program against an authority serving mutual TLS, the client given the CA and
+/// operator alice's certificate (`ca_file`, `cert_file`, `key_file`); without the
+/// certificate it is refused as unavailable.
+#[test]
+fn python_client_speaks_mutual_tls() {
+    require_client();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path());
+    let authority = AuthorityProcess::start_tls(&dir.path().join("authority"), &pki);
+    let token_file = authority.data_dir().join("admin.token");
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("operator-alice.pem"),
+        pki.path("operator-alice.key"),
+    );
+    let ran = run_python(
+        dir.path(),
+        "test_client_tls",
+        &test_program(),
+        &[
+            "--authority",
+            authority.addr(),
+            "--authority-token-file",
+            token_file.to_str().unwrap(),
+            "--ca",
+            &ca,
+            "--cert",
+            &cert,
+            "--key",
+            &key,
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert_tests_passed(
+        &ran,
+        &[
+            "key_set_follows_the_key_id_rule_and_is_public",
+            "mint_returns_decoded_fields_that_verify",
+            "calls_without_a_valid_token_are_unauthenticated",
+        ],
+    );
+    let script = dir.path().join("no_cert.py");
+    std::fs::write(
+        &script,
+        "import sys, tollgate\n\
+         a = tollgate.Authority(sys.argv[1], ca_file=sys.argv[2], timeout=10)\n\
+         try:\n    a.key_set()\nexcept tollgate.TollgateError as e:\n    print(e.code.name)\n",
+    )
+    .unwrap();
+    let refused = run_python(
+        dir.path(),
+        "no_cert",
+        &script,
+        &[authority.addr(), &ca],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert_eq!(refused.stdout.trim(), "UNAVAILABLE", "{}", refused.stderr);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

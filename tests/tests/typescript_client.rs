@@ -9,7 +9,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_proto::v1 as pb;
-use tollgate_tests::{authed, require_root, AuthorityProcess, SupervisorProcess};
+use tollgate_tests::{authed, require_root, AuthorityProcess, Pki, SupervisorProcess};
 
 /// Longest a node process may run before the test kills it and fails.
 const NODE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -202,6 +202,28 @@ fn typescript_client_tests_pass_against_the_authority() {
     // Without a supervisor address the run tests are skipped, not failed or passed.
     assert!(skipped(&outcome.stdout, "supervisor"), "{outcome}");
     assert!(!outcome.stdout.contains("not ok"), "{outcome}");
+}
+
+/// The same tests against an authority serving mutual TLS, the client given the CA and
+/// operator alice's certificate (`caFile`, `certFile`, `keyFile`).
+#[test]
+fn typescript_client_speaks_mutual_tls() {
+    let package = prerequisites();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path());
+    let authority = AuthorityProcess::start_tls(&dir.path().join("authority"), &pki);
+    let mut env = authority_env(&authority);
+    env.push(("TOLLGATE_CA", pki.path("ca.pem")));
+    env.push(("TOLLGATE_CERT", pki.path("operator-alice.pem")));
+    env.push(("TOLLGATE_KEY", pki.path("operator-alice.key")));
+    let outcome = node_test(&package, dir.path(), &env);
+    assert!(outcome.status.success(), "node --test failed: {outcome}");
+    for name in AUTHORITY_TESTS {
+        assert!(
+            passed(&outcome.stdout, name),
+            "{name:?} did not pass over TLS: {outcome}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -139,6 +139,9 @@ impl AuthorityService {
         &self,
         request: Request<pb::DelegateReceiptRequest>,
     ) -> Result<pb::MintReceiptResponse, Refusal> {
+        // Only the supervisor its certificate names (when it presents one) delegates as it.
+        tollgate_daemon::tls::check_supervisor_claim(&request, &request.get_ref().supervisor_id)
+            .map_err(CallError::PermissionDenied)?;
         let supervisor = self.supervisor(request.metadata())?;
         let request = request.into_inner();
         if request.supervisor_id != supervisor.supervisor_id {

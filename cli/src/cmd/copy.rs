@@ -51,7 +51,7 @@ pub(crate) async fn copy(global: &GlobalArgs, source: &str, dest: &Path) -> Resu
     }
     let (run_id, path) = split_source(source)?;
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let mut stream = client
         .copy_out(authed(
             &token,
@@ -160,7 +160,7 @@ async fn copy_in(
     }
     archive.rewind().map_err(input)?;
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let (sender, receiver) = tokio::sync::mpsc::channel::<pb::CopyInRequest>(4);
     let (run, dir) = (run_id.to_owned(), path.to_owned());
     let reader = std::thread::spawn(move || -> std::io::Result<()> {
@@ -201,7 +201,7 @@ async fn copy_in(
 /// `tollgate rm`.
 pub(crate) async fn remove(global: &GlobalArgs, run_id: String) -> Result<(), CliError> {
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let removed = client
         .remove_workspace(authed(&token, pb::RemoveWorkspaceRequest { run_id })?)
         .await?

@@ -489,7 +489,7 @@ fn data_dir(dir: &Path) -> Check {
 }
 
 async fn authority(global: &GlobalArgs) -> Check {
-    let mut client = match connect(&global.authority).await {
+    let mut client = match connect(&global.authority, &global.tls()).await {
         Ok(client) => client,
         // Nothing at the default address is no fault of this host: a supervisor may trust a
         // key file instead.

@@ -10,7 +10,7 @@ use crate::show;
 
 /// `tollgate keys`: the authority's public key set.
 pub(crate) async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError> {
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let set = client
         .get_key_set(pb::GetKeySetRequest {})
         .await?
@@ -46,7 +46,7 @@ pub(crate) async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError
 /// `tollgate keys rotate`: starts signing with a new key.
 pub(crate) async fn rotate(global: &GlobalArgs) -> Result<(), CliError> {
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let rotated = client
         .rotate_key(authed(&token, pb::RotateKeyRequest {})?)
         .await?

@@ -25,7 +25,7 @@ pub(crate) async fn add_operator(
         .and_then(|spec| spec.to_proto())
         .map_err(|e| CliError::Input(format!("{}: {e}", ceiling_file.display())))?;
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let created = client
         .add_operator(authed(
             &token,
@@ -57,7 +57,7 @@ pub(crate) async fn add_operator(
 /// `tollgate operator list`: operators and their ceilings.
 pub(crate) async fn list_operators(global: &GlobalArgs, json: bool) -> Result<(), CliError> {
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let operators = client
         .list_operators(authed(&token, pb::ListOperatorsRequest {})?)
         .await?

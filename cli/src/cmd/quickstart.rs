@@ -247,7 +247,7 @@ async fn start_authority(
     );
     println!("   first start created a signing key (keys/, 0600) and admin.token (0600)");
     let token = read_token(&authority_dir.join("admin.token"))?;
-    let mut client = connect(&authority_addr).await?;
+    let mut client = connect(&authority_addr, &Default::default()).await?;
     let keys = client
         .get_key_set(pb::GetKeySetRequest {})
         .await?
@@ -429,7 +429,7 @@ async fn run_sample_agent(
         notes.display()
     );
     let supervisor_token = read_token(&supervisor_dir.join("admin.token"))?;
-    let mut runs = connect_supervisor(supervisor_addr).await?;
+    let mut runs = connect_supervisor(supervisor_addr, &Default::default()).await?;
     let run_id = runs
         .start_run(authed(
             &supervisor_token,

@@ -49,7 +49,7 @@ pub(crate) async fn check_mint(
     let request = RunSpec::parse(&text)
         .and_then(|spec| spec.to_request())
         .map_err(|e| CliError::Input(format!("{}: {e}", spec.display())))?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let checked = client
         .check_mint(authed(&token, request)?)
         .await?
@@ -103,7 +103,7 @@ pub(crate) async fn mint(
 ) -> Result<(), CliError> {
     let text = read_input(spec)?;
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let minted = mint_with(&mut client, &token, &text, &spec.display().to_string()).await?;
     let receipt = minted.receipt.clone().unwrap_or_default();
     if let Some(out) = out {
@@ -137,7 +137,10 @@ pub async fn fetch_trust(
     let keys = KeySet::from_proto(&set)
         .map_err(|e| CliError::Other(format!("the authority's key set is unusable: {e}")))?;
     let mut stream = client
-        .watch_revocations(pb::WatchRevocationsRequest { after_seq: 0 })
+        .watch_revocations(pb::WatchRevocationsRequest {
+            after_seq: 0,
+            ..Default::default()
+        })
         .await?
         .into_inner();
     let mut revoked = HashSet::new();
@@ -186,7 +189,7 @@ pub(crate) async fn show_receipt(
     json: bool,
 ) -> Result<(), CliError> {
     let text = read_input(file)?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let (claimed, outcome) = verify_with(&mut client, &text, audience).await?;
     let shown = outcome.as_ref().ok().cloned().or(claimed);
     // A receipt starts one run, ever: ask the supervisor whether this one has (when it can be
@@ -259,7 +262,7 @@ async fn run_of(global: &GlobalArgs, receipt_id: &str) -> Use {
     let Ok(token) = global.supervisor_tokens().token() else {
         return Use::Unchecked;
     };
-    let Ok(mut client) = connect_supervisor(&global.supervisor).await else {
+    let Ok(mut client) = connect_supervisor(&global.supervisor, &global.tls()).await else {
         return Use::Unchecked;
     };
     let request = pb::GetRunRequest {
@@ -286,7 +289,7 @@ pub(crate) async fn list_receipts(
     json: bool,
 ) -> Result<(), CliError> {
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let mut page_token = String::new();
     let mut shown = 0u32;
     if !json {
@@ -370,7 +373,7 @@ pub(crate) async fn revoke(
     reason: String,
 ) -> Result<(), CliError> {
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority).await?;
+    let mut client = connect(&global.authority, &global.tls()).await?;
     let response = client
         .revoke_receipt(authed(
             &token,

@@ -163,7 +163,7 @@ pub(crate) async fn run(
     }
     let text = read_input(receipt).map_err(not_started)?;
     let token = global.supervisor_tokens().token().map_err(not_started)?;
-    let mut client = connect_supervisor(&global.supervisor)
+    let mut client = connect_supervisor(&global.supervisor, &global.tls())
         .await
         .map_err(not_started)?;
     let started = client
@@ -195,7 +195,7 @@ pub(crate) async fn run(
 pub(crate) async fn attach(global: &GlobalArgs, run_id: &str) -> Result<(), CliError> {
     use std::io::IsTerminal as _;
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let (events, _raw) =
         crate::terminal::attach(&mut client, &token, run_id, std::io::stdin().is_terminal())
             .await?;
@@ -228,7 +228,7 @@ enum Display {
 pub(crate) async fn watch(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     use std::io::IsTerminal as _;
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let display = if json {
         Display::Json
     } else if std::io::stderr().is_terminal() {
@@ -384,7 +384,7 @@ fn run_ended(
 /// `tollgate ps`.
 pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(), CliError> {
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let runs = client
         .list_runs(authed(&token, pb::ListRunsRequest {})?)
         .await?
@@ -419,7 +419,7 @@ pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(),
 /// `tollgate inspect`.
 pub(crate) async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let run = client
         .get_run(authed(
             &token,
@@ -446,7 +446,7 @@ pub(crate) async fn stop(
     reason: String,
 ) -> Result<(), CliError> {
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let stopped = client
         .stop_run(authed(&token, pb::StopRunRequest { run_id, reason })?)
         .await?
@@ -512,7 +512,7 @@ fn branch_prefixes(depths: &[u32]) -> Vec<String> {
 /// `tollgate tree`.
 pub(crate) async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Result<(), CliError> {
     let token = global.supervisor_tokens().token()?;
-    let mut client = connect_supervisor(&global.supervisor).await?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let tree = client
         .get_run_tree(authed(
             &token,

@@ -20,7 +20,7 @@ pub(crate) async fn add_supervisor(
     // The token is shown once: make sure it can be written before asking for it.
     let out = token_out.map(open_private).transpose()?;
     let enrolled = async {
-        let mut client = connect(&global.authority).await?;
+        let mut client = connect(&global.authority, &global.tls()).await?;
         Ok::<_, CliError>(
             client
                 .add_supervisor(authed(&token, pb::AddSupervisorRequest { supervisor_id })?)
@@ -66,7 +66,7 @@ pub(crate) async fn remove_supervisor(
     supervisor_id: String,
 ) -> Result<(), CliError> {
     let token = global.tokens().token()?;
-    let removed = connect(&global.authority)
+    let removed = connect(&global.authority, &global.tls())
         .await?
         .remove_supervisor(authed(
             &token,

@@ -76,6 +76,7 @@ class Context:
     anonymous: Optional[Authority] = None
     supervisor: Optional[Supervisor] = None
     supervisor_id: str = "workstation"
+    tls: dict = {}
 
 
 CTX = Context()
@@ -406,7 +407,7 @@ def test_mint_refused_permission_denied() -> None:
         name,
         Ceiling(max_ttl="1h", fs=(FsGrant.read("/srv/data"),), exec=("/bin/",), audience=("workstation",)),
     )
-    with Authority(authority().target, token) as narrow:
+    with Authority(authority().target, token, **CTX.tls) as narrow:
         minted = narrow.mint("in-scope", audience="workstation", ttl="10m", exec=["/bin/sh"], fs=[FsGrant.read("/srv/data/a")])
         assert minted.receipt.owner == name
         expect_error(
@@ -466,7 +467,7 @@ def test_mint_refused_invalid_argument() -> None:
 @test(AUTHORITY)
 def test_calls_without_a_valid_token_are_unauthenticated() -> None:
     expect_error(grpc.StatusCode.UNAUTHENTICATED, lambda: CTX.anonymous.mint("x", audience="workstation"))  # type: ignore[union-attr]
-    with Authority(authority().target, "not-a-token") as wrong:
+    with Authority(authority().target, "not-a-token", **CTX.tls) as wrong:
         expect_error(grpc.StatusCode.UNAUTHENTICATED, lambda: wrong.mint("x", audience="workstation"))
 
 
@@ -625,7 +626,7 @@ def test_refused_receipts_raise_tollgate_error() -> None:
     )
     elsewhere = authority().mint("py-elsewhere", audience="laptop", ttl=60, argv=["/bin/sh"], exec=["/bin/sh"])
     expect_error(grpc.StatusCode.PERMISSION_DENIED, lambda: supervisor().start(elsewhere.text), "wrong_audience")
-    with Supervisor(supervisor().target) as anonymous:
+    with Supervisor(supervisor().target, **CTX.tls) as anonymous:
         expect_error(grpc.StatusCode.UNAUTHENTICATED, lambda: anonymous.start(minted.text))
         assert anonymous.info().supervisor_id == CTX.supervisor_id  # public
     # The untampered receipt still starts (the refusals above did not spend it).
@@ -661,18 +662,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--authority-token-file", help="an admin token of that authority")
     p.add_argument("--supervisor", help="supervisor address (host:port or supervisor.addr)")
     p.add_argument("--supervisor-token-file", help="the supervisor's admin token")
+    p.add_argument("--ca", help="TLS: the CA the daemons' certificates chain to (PEM)")
+    p.add_argument("--cert", help="TLS: this client's certificate (PEM), with --key")
+    p.add_argument("--key", help="TLS: the key of --cert (PEM)")
     p.add_argument("-k", dest="only", help="run only tests whose name contains this")
     args = p.parse_args(argv)
+    tls = {"ca_file": args.ca, "cert_file": args.cert, "key_file": args.key}
+    CTX.tls = tls
     if args.supervisor and not args.authority:
         p.error("--supervisor needs --authority (its receipts come from there)")
 
     tests = list(OFFLINE)
     if args.authority:
-        CTX.authority = Authority(args.authority, token_file=args.authority_token_file)
-        CTX.anonymous = Authority(args.authority)
+        CTX.authority = Authority(args.authority, token_file=args.authority_token_file, **tls)
+        CTX.anonymous = Authority(args.authority, **tls)
         tests += AUTHORITY
     if args.supervisor:
-        CTX.supervisor = Supervisor(args.supervisor, token_file=args.supervisor_token_file)
+        CTX.supervisor = Supervisor(args.supervisor, token_file=args.supervisor_token_file, **tls)
         CTX.supervisor_id = CTX.supervisor.info().supervisor_id
         tests += SUPERVISOR
     if args.only:

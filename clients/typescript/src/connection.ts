@@ -20,6 +20,12 @@ export interface ClientOptions {
   tokenFile?: string;
   /** Channel credentials; default plaintext (`https://` addresses default to TLS). */
   credentials?: grpc.ChannelCredentials;
+  /** PEM of the CA the daemon's certificate must chain to: connect with TLS (`tollgate pki init` makes one). */
+  caFile?: string;
+  /** This client's certificate (PEM), for a daemon that requires one; with `keyFile`. */
+  certFile?: string;
+  /** The private key of `certFile` (PEM). */
+  keyFile?: string;
   /** Extra grpc-js channel options. */
   channelOptions?: grpc.ChannelOptions;
   /** Deadline of each unary call in milliseconds unless the call says otherwise; default 30000, 0 for none. */
@@ -57,6 +63,35 @@ export function resolveAddress(address: string): { target: string; tls: boolean 
   return { target: addr, tls: false };
 }
 
+/**
+ * TLS credentials from PEM files, as the CLI's `--ca`, `--cert` and `--key` take them;
+ * `undefined` when no CA is given (plaintext).
+ */
+export function tlsCredentials(options: Pick<ClientOptions, "caFile" | "certFile" | "keyFile">): grpc.ChannelCredentials | undefined {
+  const { caFile, certFile, keyFile } = options;
+  if ((certFile === undefined) !== (keyFile === undefined)) {
+    throw new Error("give certFile and keyFile together");
+  }
+  if (caFile === undefined) {
+    if (certFile !== undefined) {
+      throw new Error("certFile needs caFile: a client certificate is presented over TLS");
+    }
+    return undefined;
+  }
+  const read = (what: string, file: string): Buffer => {
+    try {
+      return readFileSync(file);
+    } catch (e) {
+      throw new Error(`cannot read ${what} ${file}: ${(e as Error).message}`);
+    }
+  };
+  return grpc.credentials.createSsl(
+    read("caFile", caFile),
+    keyFile !== undefined ? read("keyFile", keyFile) : null,
+    certFile !== undefined ? read("certFile", certFile) : null,
+  );
+}
+
 /** Reads a token file: its trimmed contents, which must not be empty. */
 export function readTokenFile(file: string): string {
   const token = readFileSync(file, "utf8").trim();
@@ -84,7 +119,8 @@ export abstract class DaemonClient {
     this.token = options.token?.trim() || (options.tokenFile !== undefined ? readTokenFile(options.tokenFile) : undefined);
     this.timeoutMs = options.timeoutMs ?? 30_000;
     this.methods = serviceMethods(options.protoRoot ?? defaultProtoRoot(), service);
-    const credentials = options.credentials ?? (tls ? grpc.credentials.createSsl() : grpc.credentials.createInsecure());
+    const credentials =
+      options.credentials ?? tlsCredentials(options) ?? (tls ? grpc.credentials.createSsl() : grpc.credentials.createInsecure());
     this.grpcClient = new grpc.Client(target, credentials, options.channelOptions);
   }
 

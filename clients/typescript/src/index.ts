@@ -13,7 +13,7 @@ export { Authority } from "./authority";
 export { Supervisor } from "./supervisor";
 export type { StartOptions } from "./supervisor";
 export { TollgateError } from "./errors";
-export { readTokenFile, resolveAddress } from "./connection";
+export { readTokenFile, resolveAddress, tlsCredentials } from "./connection";
 export type { CallOptions, ClientOptions } from "./connection";
 export { defaultProtoRoot } from "./proto";
 export { isFinal } from "./types";

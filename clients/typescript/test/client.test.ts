@@ -5,6 +5,8 @@
 //   TOLLGATE_SUPERVISOR             supervisor address; without it the run tests are skipped
 //   TOLLGATE_SUPERVISOR_TOKEN_FILE  the supervisor's admin.token
 //   TOLLGATE_AUDIENCE               the supervisor's id (default "workstation")
+//   TOLLGATE_CA, TOLLGATE_CERT, TOLLGATE_KEY
+//                                   TLS: the daemons' CA, and this client's certificate and key
 //
 // tests/tests/typescript_client.rs starts the daemons and runs this file.
 
@@ -25,12 +27,14 @@ const noAuthority = authorityAddr && authorityTokenFile ? false : "TOLLGATE_AUTH
 const noSupervisor =
   noAuthority || (supervisorAddr && supervisorTokenFile ? false : "TOLLGATE_SUPERVISOR / TOLLGATE_SUPERVISOR_TOKEN_FILE not set");
 
+const tls = { caFile: env.TOLLGATE_CA, certFile: env.TOLLGATE_CERT, keyFile: env.TOLLGATE_KEY };
+
 function authority(): Authority {
-  return new Authority({ address: authorityAddr ?? "", tokenFile: authorityTokenFile });
+  return new Authority({ address: authorityAddr ?? "", tokenFile: authorityTokenFile, ...tls });
 }
 
 function supervisor(): Supervisor {
-  return new Supervisor({ address: supervisorAddr ?? "", tokenFile: supervisorTokenFile });
+  return new Supervisor({ address: supervisorAddr ?? "", tokenFile: supervisorTokenFile, ...tls });
 }
 
 function shSpec(subject: string, script: string): MintRequest {
@@ -145,7 +149,7 @@ describe("authority", { skip: noAuthority }, () => {
     } finally {
       client.close();
     }
-    const stranger = new Authority({ address: authorityAddr ?? "", token: "not-a-token" });
+    const stranger = new Authority({ address: authorityAddr ?? "", token: "not-a-token", ...tls });
     try {
       const unknown = await refusal(stranger.mint(shSpec("ts-refused", "exit 0")));
       assert.equal(unknown.code, Status.UNAUTHENTICATED, unknown.message);

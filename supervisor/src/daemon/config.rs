@@ -19,11 +19,13 @@ pub const TOKEN_FILE: &str = "admin.token";
 #[derive(Debug, Clone)]
 pub enum Trust {
     /// Fetch the key set from this authority and follow its revocations.
-    Authority(String),
+    Authority(AuthorityLink),
     /// A pinned key file (the JSON `tollgate keys --json` prints), for hosts without an
     /// authority link.
     KeyFile(PathBuf),
 }
+
+pub use crate::link::AuthorityLink;
 
 /// Daemon settings.
 #[derive(Debug, Clone)]
@@ -32,6 +34,10 @@ pub struct SupervisorConfig {
     pub runs: RunSettings,
     /// Listen address.
     pub listen: String,
+    /// TLS to serve with (`--tls-cert`, `--tls-key`, `--tls-client-ca`); none: plaintext.
+    pub tls: tollgate_daemon::tls::ServerTls,
+    /// `--insecure-plaintext`: plaintext on an address that is not loopback is meant.
+    pub insecure_plaintext: bool,
     /// Where to serve `/metrics` (Prometheus); `None`: no metrics endpoint.
     pub metrics_listen: Option<String>,
     /// Where live supervisors register their cgroup parent and host ids
@@ -71,6 +77,16 @@ pub struct SupervisorFile {
     pub authority: Option<String>,
     /// `--trust-keys`.
     pub trust_keys: Option<PathBuf>,
+    /// `--authority-ca`.
+    pub authority_ca: Option<PathBuf>,
+    /// `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`.
+    pub tls_key: Option<PathBuf>,
+    /// `--tls-client-ca`.
+    pub tls_client_ca: Option<PathBuf>,
+    /// `--insecure-plaintext`.
+    pub insecure_plaintext: Option<bool>,
     /// `--clock-skew` (seconds).
     pub clock_skew: Option<u64>,
     /// `--shim`.

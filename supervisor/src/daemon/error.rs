@@ -47,6 +47,10 @@ pub enum DaemonError {
     /// Another live supervisor holds this one's cgroup parent or host ids.
     #[error("{0}")]
     HostClaim(#[from] tollgate_daemon::host::ClaimError),
+    /// TLS (`--tls-cert`, `--tls-key`, `--tls-client-ca`, `--authority-ca`) cannot be set up,
+    /// or plaintext was asked for where it is refused.
+    #[error("{0}")]
+    Tls(String),
     /// `--authority` names a readiness file that cannot be read.
     #[error("--authority: {0}")]
     AuthorityAddress(String),
@@ -124,6 +128,7 @@ impl DaemonError {
             | Self::Egress(_)
             | Self::DelegationToken(_)
             | Self::ConfigFile { .. }
+            | Self::Tls(_)
             | Self::MissingSetting(_) => 78,
             Self::KeyFile(_)
             | Self::AuthorityAddress(_)

@@ -25,7 +25,9 @@ use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::supervisor_server::SupervisorServer;
 use tollgate_receipt::KeySet;
 
-pub use config::{read_key_file, SupervisorConfig, SupervisorFile, Trust, ADDR_FILE, TOKEN_FILE};
+pub use config::{
+    read_key_file, AuthorityLink, SupervisorConfig, SupervisorFile, Trust, ADDR_FILE, TOKEN_FILE,
+};
 pub use error::DaemonError;
 /// A supervisor's claim on its host (in `tollgate-daemon`, which `tollgate doctor` reads too).
 pub use tollgate_daemon::host;
@@ -145,6 +147,7 @@ impl Supervisor {
         let (caught_up_tx, mut caught_up) = tokio::sync::watch::channel(false);
         tokio::spawn(trust::follow_authority(
             url.clone(),
+            self.config.runs.supervisor_id.clone(),
             self.manager.clone(),
             self.last_revocation_seq.clone(),
             caught_up_tx,
@@ -155,7 +158,7 @@ impl Supervisor {
             Ok(())
         } else {
             Err(DaemonError::Authority {
-                url: url.clone(),
+                url: url.url.clone(),
                 detail: "the revocation stream did not catch up within 15 s".into(),
             })
         }
@@ -197,8 +200,8 @@ impl Supervisor {
         };
         let bounds = ServeLimits::DAEMON;
         let incoming = tollgate_daemon::incoming(listener, bounds.connections);
-        let server = bounds
-            .server()
+        let server = tollgate_daemon::tls::serve_tls(bounds.server(), &self.config.tls)
+            .map_err(DaemonError::Tls)?
             .layer(request_limits(self.token_hash))
             .add_service(health_service)
             .add_service(reflection)
@@ -331,6 +334,12 @@ pub async fn serve(
             addr: listen,
             source,
         })?;
+    tollgate_daemon::tls::check_listen(
+        bound,
+        supervisor.config.tls.enabled(),
+        supervisor.config.insecure_plaintext,
+    )
+    .map_err(DaemonError::Tls)?;
     if let Some(metrics_listen) = &supervisor.config.metrics_listen {
         let metrics =
             TcpListener::bind(metrics_listen)

@@ -9,13 +9,25 @@ use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_receipt::KeySet;
 
+use tonic::transport::Channel;
+
 use super::error::DaemonError;
+use crate::link::AuthorityLink;
 use crate::runs::{KeyRefresh, RunManager};
 
-async fn fetch_keys(url: &str) -> Result<KeySet, String> {
-    let mut client = AuthorityClient::connect(url.to_owned())
+/// A client of the authority over a new connection.
+async fn connect(link: &AuthorityLink) -> Result<AuthorityClient<Channel>, String> {
+    let channel = link
+        .endpoint()
+        .map_err(|e| e.to_string())?
+        .connect()
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| tollgate_daemon::error_chain(&e))?;
+    Ok(AuthorityClient::new(channel))
+}
+
+async fn fetch_keys(link: &AuthorityLink) -> Result<KeySet, String> {
+    let mut client = connect(link).await?;
     let set = client
         .get_key_set(pb::GetKeySetRequest {})
         .await
@@ -34,7 +46,7 @@ const REFRESH_TIMEOUT: Duration = Duration::from_secs(2);
 /// A [`KeyRefresh`] over the authority at `url`: one fetch in flight (others wait for it and
 /// then use its result), at most one per [`MIN_REFRESH`]. Called from blocking threads and
 /// from the gateway's async tasks alike.
-pub(super) fn key_refresh(url: String, runtime: tokio::runtime::Handle) -> KeyRefresh {
+pub(super) fn key_refresh(link: AuthorityLink, runtime: tokio::runtime::Handle) -> KeyRefresh {
     let last = Mutex::new(None::<Instant>);
     Arc::new(move || {
         let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
@@ -42,7 +54,7 @@ pub(super) fn key_refresh(url: String, runtime: tokio::runtime::Handle) -> KeyRe
             return None;
         }
         *last = Some(Instant::now());
-        let fetch = tokio::time::timeout(REFRESH_TIMEOUT, fetch_keys(&url));
+        let fetch = tokio::time::timeout(REFRESH_TIMEOUT, fetch_keys(&link));
         let fetched = match tokio::runtime::Handle::try_current() {
             // On a runtime's thread: let it move its other work away while this waits.
             Ok(_) => tokio::task::block_in_place(|| runtime.block_on(fetch)),
@@ -63,11 +75,11 @@ pub(super) fn key_refresh(url: String, runtime: tokio::runtime::Handle) -> KeyRe
 }
 
 /// Fetches the key set, retrying with backoff for up to ~15 s.
-pub(super) async fn initial_keys(url: &str) -> Result<KeySet, DaemonError> {
+pub(super) async fn initial_keys(link: &AuthorityLink) -> Result<KeySet, DaemonError> {
     let mut pause = Duration::from_millis(100);
     let mut last = String::new();
     for _ in 0..8 {
-        match fetch_keys(url).await {
+        match fetch_keys(link).await {
             Ok(keys) => return Ok(keys),
             Err(e) => last = e,
         }
@@ -75,7 +87,7 @@ pub(super) async fn initial_keys(url: &str) -> Result<KeySet, DaemonError> {
         pause = (pause * 2).min(Duration::from_secs(4));
     }
     Err(DaemonError::Authority {
-        url: url.to_owned(),
+        url: link.url.clone(),
         detail: last,
     })
 }
@@ -83,7 +95,8 @@ pub(super) async fn initial_keys(url: &str) -> Result<KeySet, DaemonError> {
 /// Follows the authority's revocations forever, reconnecting with backoff; refreshes the key
 /// set on every reconnect (a rotation adds keys).
 pub(super) async fn follow_authority(
-    url: String,
+    link: AuthorityLink,
+    supervisor_id: String,
     manager: Arc<RunManager>,
     last_seq: Arc<std::sync::atomic::AtomicU64>,
     caught_up: tokio::sync::watch::Sender<bool>,
@@ -93,15 +106,16 @@ pub(super) async fn follow_authority(
     // Set once a stream was lost: the next one to catch up says it is back.
     let mut lost = false;
     loop {
-        if let Ok(keys) = fetch_keys(&url).await {
+        if let Ok(keys) = fetch_keys(&link).await {
             manager.set_keys(keys);
         }
         let stream = async {
-            let mut client = AuthorityClient::connect(url.clone())
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut client = connect(&link).await?;
             let mut stream = client
-                .watch_revocations(pb::WatchRevocationsRequest { after_seq: after })
+                .watch_revocations(pb::WatchRevocationsRequest {
+                    after_seq: after,
+                    supervisor_id: supervisor_id.clone(),
+                })
                 .await
                 .map_err(|e| e.to_string())?
                 .into_inner();

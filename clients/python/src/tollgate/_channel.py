@@ -38,6 +38,32 @@ def resolve_address(addr: PathLike) -> Tuple[str, bool]:
     return text, False
 
 
+def _read_pem(what: str, path: PathLike) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {os.fspath(path)}: {e}") from None
+
+
+def tls_credentials(
+    ca_file: Optional[PathLike], cert_file: Optional[PathLike], key_file: Optional[PathLike]
+) -> Optional[grpc.ChannelCredentials]:
+    """TLS credentials from PEM files, as the CLI's ``--ca``, ``--cert`` and ``--key`` take
+    them (``tollgate pki`` makes them); ``None`` when no CA is given (plaintext)."""
+    if (cert_file is None) != (key_file is None):
+        raise ValueError("give cert_file and key_file together")
+    if ca_file is None:
+        if cert_file is not None:
+            raise ValueError("cert_file needs ca_file: a client certificate is presented over TLS")
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem("ca_file", ca_file),
+        private_key=_read_pem("key_file", key_file) if key_file is not None else None,
+        certificate_chain=_read_pem("cert_file", cert_file) if cert_file is not None else None,
+    )
+
+
 def read_token(token: Optional[str], token_file: Optional[PathLike]) -> Optional[str]:
     """The bearer token given directly or in a file (surrounding whitespace stripped)."""
     if token is not None and token_file is not None:
@@ -69,12 +95,18 @@ class _Client:
         token_file: Optional[PathLike] = None,
         timeout: float = DEFAULT_TIMEOUT,
         channel: Optional[grpc.Channel] = None,
+        ca_file: Optional[PathLike] = None,
+        cert_file: Optional[PathLike] = None,
+        key_file: Optional[PathLike] = None,
     ) -> None:
         self.target, tls = resolve_address(addr)
         self.timeout = timeout
         self._token = read_token(token, token_file)
+        credentials = tls_credentials(ca_file, cert_file, key_file)
         if channel is not None:
             self._channel = channel
+        elif credentials is not None:
+            self._channel = grpc.secure_channel(self.target, credentials)
         elif tls:
             self._channel = grpc.secure_channel(self.target, grpc.ssl_channel_credentials())
         else:

@@ -51,6 +51,10 @@ class Authority(_Client):
         token_file: A file holding the token, instead of ``token``.
         timeout: Seconds each call may take.
         channel: An existing ``grpc.Channel`` to use instead of opening one.
+        ca_file: PEM of the CA the daemon's certificate must chain to: connect with TLS
+            (``tollgate pki init`` makes one).
+        cert_file, key_file: This client's certificate and key (PEM), for a daemon that
+            requires one (``--tls-client-ca``).
 
     Every failed call raises :class:`tollgate.TollgateError` with the gRPC code and the
     daemon's message: ``UNAUTHENTICATED`` (missing or unknown token), ``PERMISSION_DENIED``
@@ -66,8 +70,20 @@ class Authority(_Client):
         token_file: Optional[PathLike] = None,
         timeout: float = DEFAULT_TIMEOUT,
         channel: Optional[grpc.Channel] = None,
+        ca_file: Optional[PathLike] = None,
+        cert_file: Optional[PathLike] = None,
+        key_file: Optional[PathLike] = None,
     ) -> None:
-        super().__init__(addr, token, token_file=token_file, timeout=timeout, channel=channel)
+        super().__init__(
+            addr,
+            token,
+            token_file=token_file,
+            timeout=timeout,
+            channel=channel,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+        )
         self._stub = authority_pb2_grpc.AuthorityStub(self._channel)
 
     def mint(

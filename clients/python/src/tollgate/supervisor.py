@@ -42,6 +42,10 @@ class Supervisor(_Client):
         timeout: Seconds each unary call may take (:meth:`stop` waits for the teardown, up to
             30 s on the daemon's side).
         channel: An existing ``grpc.Channel`` to use instead of opening one.
+        ca_file: PEM of the CA the daemon's certificate must chain to: connect with TLS
+            (``tollgate pki init`` makes one).
+        cert_file, key_file: This client's certificate and key (PEM), for a daemon that
+            requires one (``--tls-client-ca``).
 
     Every failed call raises :class:`tollgate.TollgateError`: ``UNAUTHENTICATED`` (token),
     ``INVALID_ARGUMENT`` (malformed receipt text or argv), ``PERMISSION_DENIED`` (receipt
@@ -58,8 +62,20 @@ class Supervisor(_Client):
         token_file: Optional[PathLike] = None,
         timeout: float = DEFAULT_TIMEOUT,
         channel: Optional[grpc.Channel] = None,
+        ca_file: Optional[PathLike] = None,
+        cert_file: Optional[PathLike] = None,
+        key_file: Optional[PathLike] = None,
     ) -> None:
-        super().__init__(addr, token, token_file=token_file, timeout=timeout, channel=channel)
+        super().__init__(
+            addr,
+            token,
+            token_file=token_file,
+            timeout=timeout,
+            channel=channel,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+        )
         self._stub = supervisor_pb2_grpc.SupervisorStub(self._channel)
 
     def info(self) -> SupervisorInfo:

@@ -10,13 +10,14 @@ use tollgate_receipt::SignedReceipt;
 use tonic::{Code, Status};
 
 use crate::gateway::gate::Refusal;
+use crate::link::AuthorityLink;
 
 /// How long a `DelegateReceipt` call to the authority may take.
 const AUTHORITY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The supervisor's link to the authority for delegation: its id and delegation token.
 pub struct Delegator {
-    authority: String,
+    authority: AuthorityLink,
     supervisor_id: String,
     token: Secret,
     channel: OnceCell<tonic::transport::Channel>,
@@ -33,9 +34,9 @@ impl std::fmt::Debug for Delegator {
 }
 
 impl Delegator {
-    /// Delegates through the authority at `authority` (a URL) as `supervisor_id`, with the
+    /// Delegates through the authority `authority` links to as `supervisor_id`, with the
     /// delegation token `token` (from `tollgate supervisor add`).
-    pub fn new(authority: String, supervisor_id: String, token: Secret) -> Self {
+    pub fn new(authority: AuthorityLink, supervisor_id: String, token: Secret) -> Self {
         Self {
             authority,
             supervisor_id,
@@ -53,7 +54,8 @@ impl Delegator {
         let channel = self
             .channel
             .get_or_try_init(|| async {
-                tonic::transport::Endpoint::from_shared(self.authority.clone())
+                self.authority
+                    .endpoint()
                     .map(|endpoint| {
                         endpoint
                             .connect_timeout(AUTHORITY_TIMEOUT)

@@ -1,0 +1,294 @@
+//! TLS on the daemons' links: certificates from `tollgate pki`, an authority and a supervisor
+//! serving mutual TLS, the supervisor following the authority over TLS with its own
+//! certificate, the CLI minting and running over TLS; plaintext, a missing client
+//! certificate and a public address without TLS are each refused.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::authority_client::AuthorityClient;
+use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, Pki, SupervisorProcess};
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::Code;
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(bin_path("tollgate"))
+        .args(args)
+        .env_remove("TOLLGATE_CA")
+        .env_remove("TOLLGATE_CERT")
+        .env_remove("TOLLGATE_KEY")
+        .output()
+        .expect("run tollgate")
+}
+
+#[test]
+fn pki_files_are_private_named_and_never_overwritten() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path());
+    for key in [
+        "ca.key",
+        "authority.key",
+        "supervisor-workstation.key",
+        "operator-alice.key",
+    ] {
+        let mode = std::fs::metadata(pki.dir.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    let again = tollgate(&["pki", "issue", "operator", "alice", "--dir", &pki.path("")]);
+    assert_eq!(again.status.code(), Some(73), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("it exists, and nothing was overwritten"),
+        "{again:?}"
+    );
+    let bad = tollgate(&["pki", "issue", "supervisor", "../x", "--dir", &pki.path("")]);
+    assert!(!bad.status.success(), "{bad:?}");
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("supervisor id \"../x\""),
+        "{bad:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_link_speaks_mutual_tls_and_plaintext_or_no_certificate_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path());
+    let ca = pki.path("ca.pem");
+    let authority = AuthorityProcess::start_tls(&dir.path().join("authority"), &pki);
+    let admin = authority.data_dir().join("admin.token");
+    let admin = admin.to_str().unwrap();
+    let alice = [
+        "--ca",
+        &ca,
+        "--cert",
+        &pki.path("operator-alice.pem"),
+        "--key",
+        &pki.path("operator-alice.key"),
+    ];
+    let with = |tls: &[&str], rest: &[&str]| {
+        let mut args = vec!["--authority", authority.addr(), "--token-file", admin];
+        args.extend_from_slice(tls);
+        args.extend_from_slice(rest);
+        tollgate(&args)
+    };
+    let keys = with(&alice, &["keys"]);
+    assert!(keys.status.success(), "over mutual TLS: {keys:?}");
+
+    // Plaintext to a TLS daemon, and TLS without a client certificate: refused, exit 69.
+    let plaintext = with(&[], &["keys"]);
+    assert_eq!(plaintext.status.code(), Some(69), "{plaintext:?}");
+    let anonymous = with(&["--ca", &ca], &["keys"]);
+    assert_eq!(anonymous.status.code(), Some(69), "{anonymous:?}");
+    // A CA that did not sign the daemon's certificate: refused.
+    let other = Pki::make(&dir.path().join("other"));
+    let stranger = with(
+        &[
+            "--ca",
+            &other.path("ca.pem"),
+            "--cert",
+            &other.path("operator-alice.pem"),
+            "--key",
+            &other.path("operator-alice.key"),
+        ],
+        &["keys"],
+    );
+    assert_eq!(stranger.status.code(), Some(69), "{stranger:?}");
+
+    // A supervisor's certificate is its identity at the authority: its revocation stream and
+    // its delegation calls are refused under any other id.
+    let as_workstation = Endpoint::from_shared(format!("https://{}", authority.addr()))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(std::fs::read(&ca).unwrap()))
+                .identity(Identity::from_pem(
+                    std::fs::read(pki.path("supervisor-workstation.pem")).unwrap(),
+                    std::fs::read(pki.path("supervisor-workstation.key")).unwrap(),
+                )),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .expect("TLS with the supervisor's certificate");
+    let mut client = AuthorityClient::new(as_workstation);
+    let watch = |supervisor_id: &str| pb::WatchRevocationsRequest {
+        after_seq: 0,
+        supervisor_id: supervisor_id.into(),
+    };
+    client
+        .watch_revocations(watch("workstation"))
+        .await
+        .expect("its own id");
+    for other in ["laptop", ""] {
+        let refused = client.watch_revocations(watch(other)).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{other:?}: {refused:?}"
+        );
+        assert!(
+            refused.message().contains("names supervisor workstation"),
+            "{refused:?}"
+        );
+    }
+    // Even with laptop's own delegation token: the certificate says workstation.
+    let enrolled = with(&alice, &["supervisor", "add", "laptop"]);
+    assert!(enrolled.status.success(), "{enrolled:?}");
+    let laptop_token = String::from_utf8_lossy(&enrolled.stdout).trim().to_owned();
+    let delegated = client
+        .delegate_receipt(authed(
+            &laptop_token,
+            pb::DelegateReceiptRequest {
+                supervisor_id: "laptop".into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(delegated.code(), Code::PermissionDenied, "{delegated:?}");
+    assert!(
+        delegated
+            .message()
+            .contains("names supervisor workstation, not supervisor \"laptop\""),
+        "{delegated:?}"
+    );
+
+    if !require_root() {
+        return;
+    }
+    // The supervisor: mutual TLS for its clients, and TLS with its own certificate to the
+    // authority (which requires one).
+    let supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "fleet-tls",
+        210_000,
+        [
+            "--authority-ca",
+            &ca,
+            "--tls-cert",
+            &pki.path("supervisor-workstation.pem"),
+            "--tls-key",
+            &pki.path("supervisor-workstation.key"),
+            "--tls-client-ca",
+            &ca,
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let spec = dir.path().join("run.toml");
+    std::fs::write(
+        &spec,
+        "subject = 'tls'\nttl = '1m'\naudience = ['workstation']\n[agent]\nargv = ['/bin/sh', '-c', 'echo over tls']\n[exec]\nallow = ['/bin/sh']\n",
+    )
+    .unwrap();
+    let receipt = dir.path().join("r.tgr");
+    let minted = with(
+        &alice,
+        &[
+            "mint",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--out",
+            receipt.to_str().unwrap(),
+        ],
+    );
+    assert!(minted.status.success(), "{minted:?}");
+    let token = supervisor.token_file();
+    let mut args = vec![
+        "--supervisor",
+        supervisor.addr(),
+        "--token-file",
+        token.to_str().unwrap(),
+    ];
+    args.extend_from_slice(&alice);
+    args.extend_from_slice(&["run", "--receipt", receipt.to_str().unwrap()]);
+    let ran = tollgate(&args);
+    assert!(ran.status.success(), "{ran:?}");
+    assert_eq!(String::from_utf8_lossy(&ran.stdout), "over tls\n");
+    let plaintext = tollgate(&[
+        "--supervisor",
+        supervisor.addr(),
+        "--token-file",
+        token.to_str().unwrap(),
+        "ps",
+    ]);
+    assert_eq!(plaintext.status.code(), Some(69), "{plaintext:?}");
+
+    // A supervisor given another supervisor's certificate does not start.
+    let impostor = Command::new(bin_path("tollgate-supervisor"))
+        .arg("--data-dir")
+        .arg(dir.path().join("impostor"))
+        .args(["--id", "laptop", "--listen", "127.0.0.1:0"])
+        .args(["--authority", authority.addr(), "--authority-ca", &ca])
+        .args(["--tls-cert", &pki.path("supervisor-workstation.pem")])
+        .args(["--tls-key", &pki.path("supervisor-workstation.key")])
+        .args(["--cgroup-parent", "tollgate-test-fleet-impostor"])
+        .env("RUST_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(impostor.status.code(), Some(78), "{impostor:?}");
+    let said = String::from_utf8_lossy(&impostor.stderr);
+    assert!(
+        said.contains("names supervisor workstation, but this is supervisor \"laptop\""),
+        "{said}"
+    );
+}
+
+/// Waits for `child` to exit within `limit`; its status code, or `None` when still running.
+fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+#[test]
+fn a_public_address_without_tls_is_refused_unless_plaintext_is_meant() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    let start = |extra: &[&str]| {
+        Command::new(bin_path("tollgate-authority"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen", "0.0.0.0:0"])
+            .args(extra)
+            .env("RUST_LOG", "off")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tollgate-authority")
+    };
+    let mut refused = start(&[]);
+    assert_eq!(exit_within(&mut refused, Duration::from_secs(30)), Some(78));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut refused.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:")
+            && stderr.contains("--insecure-plaintext"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+
+    let mut meant = start(&["--insecure-plaintext"]);
+    let addr = data.join("authority.addr");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !addr.exists() {
+        assert!(
+            Instant::now() < deadline && exit_within(&mut meant, Duration::ZERO).is_none(),
+            "the authority with --insecure-plaintext did not start"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = meant.kill();
+    let _ = meant.wait();
+}
