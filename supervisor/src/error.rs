@@ -35,6 +35,9 @@ pub enum StartError {
     /// The audit log could not record the start: nothing runs unaudited.
     #[error("audit log: {0}")]
     Audit(#[from] AuditError),
+    /// The authority's revocations are older than `--max-staleness`: nothing new starts.
+    #[error("{0}")]
+    Stale(String),
     /// The supervisor is shutting down and starts nothing new.
     #[error("the supervisor is shutting down; start the run elsewhere or after it restarts")]
     ShuttingDown,
@@ -69,6 +72,7 @@ impl StartError {
             Self::ArgvNotAllowed(_) => "argv_not_allowed",
             Self::NoHostId(_) => "no_host_id",
             Self::ShuttingDown => "shutting_down",
+            Self::Stale(_) => "authority_stale",
             Self::Delegated { code, .. } | Self::Grant { code, .. } => code,
             Self::ChildrenLimits(_) => "children_limits",
             Self::Sandbox(

@@ -78,6 +78,11 @@ struct Flags {
     /// receipts would cross the network in clear). Only for a network you trust.
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Seconds new runs may still start after the authority's revocation stream is lost (a
+    /// silent link is noticed within 2 s); past it, starts are refused until the stream is
+    /// back and has caught up with every revocation made meanwhile. Live runs go on.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    max_staleness: u64,
     /// Tolerated clock difference with the authority, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     clock_skew: u64,
@@ -282,6 +287,7 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         tls_key => Some,
         tls_client_ca => Some,
         insecure_plaintext => std::convert::identity,
+        max_staleness => std::convert::identity,
         shim => Some,
         audit_key_file => Some,
         rootfs_dir => Some,
@@ -402,6 +408,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
             client_ca: flags.tls_client_ca,
         },
         insecure_plaintext: flags.insecure_plaintext,
+        max_staleness: Duration::from_secs(flags.max_staleness),
         trust: match (flags.authority, flags.trust_keys) {
             (Some(addr), _) => {
                 let tls = tollgate_daemon::tls::ClientTls {

@@ -29,7 +29,7 @@ pub fn start_status(error: &StartError) -> Status {
             Status::invalid_argument(format!("receipt: {message}"))
         }
         StartError::NoHostId(_) => Status::resource_exhausted(message),
-        StartError::ShuttingDown => Status::unavailable(message),
+        StartError::ShuttingDown | StartError::Stale(_) => Status::unavailable(message),
         StartError::ChildrenLimits(_) => {
             Status::resource_exhausted(format!("receipt refused (children_limits): {message}"))
         }

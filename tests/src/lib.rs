@@ -9,6 +9,7 @@
 pub mod fake_models;
 pub mod flood;
 pub mod llama;
+pub mod relay;
 pub mod remote;
 pub mod run_fixture;
 

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
+use tollgate_tests::relay::Relay;
 use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, Pki, SupervisorProcess};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 use tonic::Code;
@@ -291,4 +292,153 @@ fn a_public_address_without_tls_is_refused_unless_plaintext_is_meant() {
     }
     let _ = meant.kill();
     let _ = meant.wait();
+}
+
+fn sh_receipt(script: &str, ttl: u64) -> pb::MintReceiptRequest {
+    pb::MintReceiptRequest {
+        subject: "partition".into(),
+        ttl_seconds: ttl,
+        audience: vec!["workstation".into()],
+        agent: Some(pb::AgentSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            ..Default::default()
+        }),
+        exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+        ..Default::default()
+    }
+}
+
+/// Waits until the supervisor's log has `line`.
+async fn log_has(supervisor: &SupervisorProcess, line: &str, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !supervisor.log().contains(line) {
+        assert!(
+            Instant::now() < deadline,
+            "the supervisor never logged {line:?}:\n{}",
+            supervisor.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A supervisor cut off from its authority keeps its live run, refuses new ones once the
+/// staleness bound has passed, and after the link returns admits again only once it has
+/// caught up — refusing a receipt revoked during the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_supervisor_fails_closed_and_catches_up_before_admitting_again() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let relay = Relay::start(authority.addr()).await;
+    let supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        &relay.addr(),
+        "fleet-partition",
+        210_100,
+        vec!["--max-staleness".into(), "3".into()],
+    );
+    let mut authority_client = authority.client().await;
+    let admin = authority.admin_token();
+    let mint = |request: pb::MintReceiptRequest| {
+        let (mut client, admin) = (authority_client.clone(), admin.clone());
+        async move {
+            let minted = client
+                .mint_receipt(authed(&admin, request))
+                .await
+                .unwrap()
+                .into_inner();
+            (minted.text, minted.receipt.unwrap().receipt_id)
+        }
+    };
+    let (long, _) = mint(sh_receipt("sleep 60", 120)).await;
+    let (revoked, revoked_id) = mint(sh_receipt("echo revoked", 120)).await;
+    let (fresh, _) = mint(sh_receipt("echo fresh", 120)).await;
+    let live = supervisor.start_run(long).await;
+
+    relay.cut();
+    let cut_at = Instant::now();
+    // Revoked at the authority while the supervisor cannot hear it.
+    authority_client
+        .revoke_receipt(authed(
+            &admin,
+            pb::RevokeReceiptRequest {
+                receipt_id: revoked_id.clone(),
+                reason: "partition test".into(),
+            },
+        ))
+        .await
+        .expect("revoke");
+    log_has(
+        &supervisor,
+        "revocation stream lost",
+        Duration::from_secs(15),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let start = |text: String| {
+        let supervisor = &supervisor;
+        async move {
+            supervisor
+                .client()
+                .await
+                .start_run(authed(
+                    &supervisor.token(),
+                    pb::StartRunRequest {
+                        receipt: text,
+                        ..Default::default()
+                    },
+                ))
+                .await
+        }
+    };
+    let stale = start(fresh.clone()).await.unwrap_err();
+    assert_eq!(stale.code(), Code::Unavailable, "{stale:?}");
+    assert!(
+        stale.message().contains("--max-staleness 3 s"),
+        "{stale:?} ({:?} after the cut)",
+        cut_at.elapsed()
+    );
+    let run = supervisor
+        .client()
+        .await
+        .get_run(authed(
+            &supervisor.token(),
+            pb::GetRunRequest {
+                run_id: live.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        run.state,
+        pb::RunState::Running as i32,
+        "the live run goes on"
+    );
+
+    relay.heal();
+    log_has(
+        &supervisor,
+        "revocation stream reconnected and caught up",
+        Duration::from_secs(30),
+    )
+    .await;
+    let refused = start(revoked).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(refused.message().contains("revoked"), "{refused:?}");
+    start(fresh).await.expect("admitted again once caught up");
+    supervisor
+        .client()
+        .await
+        .stop_run(authed(
+            &supervisor.token(),
+            pb::StopRunRequest {
+                run_id: live,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("stop the live run");
 }

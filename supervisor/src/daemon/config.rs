@@ -45,6 +45,9 @@ pub struct SupervisorConfig {
     pub run_dir: PathBuf,
     /// Trust source.
     pub trust: Trust,
+    /// How long new runs may still start after the authority's revocation stream was lost
+    /// (`--max-staleness`).
+    pub max_staleness: std::time::Duration,
     /// Key for HMAC audit hashes; none: plain SHA-256.
     pub audit_key: Option<tollgate_audit::AuditKey>,
     /// Model routes (keys loaded); none: `Complete` is refused as unavailable.
@@ -87,6 +90,8 @@ pub struct SupervisorFile {
     pub tls_client_ca: Option<PathBuf>,
     /// `--insecure-plaintext`.
     pub insecure_plaintext: Option<bool>,
+    /// `--max-staleness` (seconds).
+    pub max_staleness: Option<u64>,
     /// `--clock-skew` (seconds).
     pub clock_skew: Option<u64>,
     /// `--shim`.

@@ -145,12 +145,17 @@ impl Supervisor {
             return Ok(());
         };
         let (caught_up_tx, mut caught_up) = tokio::sync::watch::channel(false);
+        let freshness = Arc::new(crate::link::RevocationFreshness::new(
+            self.config.max_staleness,
+        ));
+        self.manager.set_revocation_freshness(freshness.clone());
         tokio::spawn(trust::follow_authority(
             url.clone(),
             self.config.runs.supervisor_id.clone(),
             self.manager.clone(),
             self.last_revocation_seq.clone(),
             caught_up_tx,
+            freshness,
         ));
         let waited =
             tokio::time::timeout(CATCH_UP, caught_up.wait_for(|caught_up| *caught_up)).await;

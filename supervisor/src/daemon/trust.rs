@@ -12,7 +12,7 @@ use tollgate_receipt::KeySet;
 use tonic::transport::Channel;
 
 use super::error::DaemonError;
-use crate::link::AuthorityLink;
+use crate::link::{AuthorityLink, RevocationFreshness};
 use crate::runs::{KeyRefresh, RunManager};
 
 /// A client of the authority over a new connection.
@@ -100,6 +100,7 @@ pub(super) async fn follow_authority(
     manager: Arc<RunManager>,
     last_seq: Arc<std::sync::atomic::AtomicU64>,
     caught_up: tokio::sync::watch::Sender<bool>,
+    freshness: Arc<RevocationFreshness>,
 ) {
     let mut after = 0u64;
     let mut pause = Duration::from_millis(200);
@@ -141,6 +142,8 @@ pub(super) async fn follow_authority(
                         }
                     }
                     Some(pb::revocation_event::Event::CaughtUp(_)) => {
+                        // Everything revoked while the link was down is applied by now.
+                        freshness.caught_up();
                         let _ = caught_up.send(true);
                         crate::metrics::get().revocation_stream_up.set(1);
                         if lost {
@@ -163,6 +166,7 @@ pub(super) async fn follow_authority(
             Err(e) => tracing::warn!(error = %e, "revocation stream lost; reconnecting"),
         }
         lost = true;
+        freshness.lost();
         crate::metrics::get().revocation_stream_up.set(0);
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(10));

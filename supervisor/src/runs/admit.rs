@@ -290,6 +290,9 @@ impl RunManager {
         tree: Option<(&str, &tollgate_proto::v1::Limits)>,
     ) -> Result<(tollgate_proto::v1::Receipt, u32, Option<Vec<FsGrant>>), StartError> {
         let parent = tree.map(|(parent, _)| parent);
+        // A partitioned supervisor fails closed: a receipt revoked since it last heard from
+        // its authority must not start.
+        self.check_fresh()?;
         let receipt = self.verify(signed)?;
         check_place(&receipt, parent)?;
         check_command(&receipt, argv)?;

@@ -238,6 +238,9 @@ pub struct RunManager {
     /// Fetches the authority's key set now (rate-limited), when this supervisor follows one:
     /// asked before refusing a receipt signed by a key it does not know yet.
     key_refresh: OnceLock<KeyRefresh>,
+    /// Whether the authority's revocations are fresh enough to admit new runs, when this
+    /// supervisor follows one.
+    freshness: OnceLock<Arc<crate::link::RevocationFreshness>>,
     /// Every run's output and end, for WatchRun and WatchChild.
     hub: Arc<RunHub>,
     /// Live children by id: their parent and what they hold of its limits (taken at
@@ -282,6 +285,20 @@ impl RunManager {
     /// later calls are ignored).
     pub fn set_key_refresh(&self, refresh: KeyRefresh) {
         let _ = self.key_refresh.set(refresh);
+    }
+
+    /// Makes admissions wait while the authority's revocations are stale (once; later calls
+    /// are ignored).
+    pub fn set_revocation_freshness(&self, freshness: Arc<crate::link::RevocationFreshness>) {
+        let _ = self.freshness.set(freshness);
+    }
+
+    /// `Err` while new runs must wait for the authority's revocations.
+    pub(crate) fn check_fresh(&self) -> Result<(), StartError> {
+        match self.freshness.get() {
+            Some(freshness) => freshness.check().map_err(StartError::Stale),
+            None => Ok(()),
+        }
     }
 
     /// Verifies `signed` now: signature, window, audience, revocation. A receipt signed by

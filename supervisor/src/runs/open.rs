@@ -146,6 +146,7 @@ impl RunManager {
             models: RwLock::new(None),
             delegator: OnceLock::new(),
             key_refresh: OnceLock::new(),
+            freshness: OnceLock::new(),
             hub: Arc::default(),
             child_holds: Mutex::new(HashMap::new()),
             settings,
