@@ -141,9 +141,11 @@ pub fn key_set(store: &Store, issuer: &str, now: i64) -> Result<pb::KeySet, Auth
         .keys()?
         .into_iter()
         .filter(|k| {
-            k.active
-                || k.last_expiry
-                    .is_some_and(|expiry| expiry.saturating_add(RETIRED_KEY_GRACE_SECS) > now)
+            // A key withdrawn by a restore verifies nothing, whatever it signed.
+            k.withdrawn_at.is_none()
+                && (k.active
+                    || k.last_expiry
+                        .is_some_and(|expiry| expiry.saturating_add(RETIRED_KEY_GRACE_SECS) > now))
         })
         .map(|k| k.to_proto())
         .collect();

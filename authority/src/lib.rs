@@ -17,6 +17,7 @@
 //! | `audit-checkpoint.key` | the Ed25519 key that signs the audit log's checkpoints, 0600 |
 #![forbid(unsafe_code)]
 
+pub mod backup;
 pub mod ceiling;
 pub mod config;
 mod entries;

@@ -69,6 +69,32 @@ struct Flags {
     /// receipts would cross the network in clear). Only for a network you trust.
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Instead of serving: back up or restore the database of --data-dir.
+    #[command(subcommand)]
+    command: Option<StateCommand>,
+}
+
+/// Keeping the authority's state safe.
+#[derive(Debug, clap::Subcommand)]
+enum StateCommand {
+    /// Copy the database to FILE (created 0600, never overwritten), consistent while the
+    /// authority serves: `tollgate-authority backup --data-dir DIR --to FILE`. It holds every
+    /// operator's and supervisor's token hash; keep it as private as the data directory.
+    Backup {
+        /// Where the copy goes.
+        #[arg(long, value_name = "FILE")]
+        to: PathBuf,
+    },
+    /// Put a backup in place as the database of --data-dir (no authority may be running on
+    /// it). The restored authority withdraws every key the backup held — receipts they signed,
+    /// including any minted after the backup, stop verifying; runs already started go on;
+    /// mint the rest again — signs with a new key from its next start, and starts a new
+    /// revocation history that every supervisor reads again from the start.
+    Restore {
+        /// The backup file.
+        #[arg(long, value_name = "FILE")]
+        from: PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -84,8 +110,39 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `backup` or `restore`, on the data directory `--data-dir` names.
+fn state_command(command: StateCommand, data_dir: Option<PathBuf>) -> Result<(), AuthorityError> {
+    let data_dir = data_dir.ok_or_else(|| {
+        AuthorityError::Config("give --data-dir DIR (or TOLLGATE_AUTHORITY_DATA_DIR)".into())
+    })?;
+    match command {
+        StateCommand::Backup { to } => {
+            tollgate_authority::backup::backup(&data_dir, &to)?;
+            println!("backed up {} to {}", data_dir.display(), to.display());
+        }
+        StateCommand::Restore { from } => {
+            let report = tollgate_authority::backup::restore(&data_dir, &from)?;
+            println!(
+                "restored {} from {}; withdrawn keys: {} (receipts they signed no longer verify; mint again what has not started); new revocation history {}",
+                report.database.display(),
+                from.display(),
+                if report.withdrawn_keys.is_empty() {
+                    "none".to_owned()
+                } else {
+                    report.withdrawn_keys.join(", ")
+                },
+                report.history
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Resolves the configuration from the flags and serves until SIGINT or SIGTERM.
-async fn run(flags: Flags) -> Result<(), AuthorityError> {
+async fn run(mut flags: Flags) -> Result<(), AuthorityError> {
+    if let Some(command) = flags.command.take() {
+        return state_command(command, flags.data_dir);
+    }
     // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
     if let Err(e) = tollgate_daemon::raise_open_files_limit() {

@@ -69,6 +69,12 @@ const MIGRATIONS: &[&str] = &[
         created_at    INTEGER NOT NULL,
         created_by    TEXT NOT NULL
      );",
+    // 3: restore. A restored database withdraws the keys it held (their receipts, some
+    // minted after the backup and unknown to it, stop verifying) and starts a new
+    // revocation history, so supervisors read it again from the start.
+    "ALTER TABLE keys ADD COLUMN withdrawn_at INTEGER;
+     CREATE TABLE history (id TEXT NOT NULL, since INTEGER NOT NULL);
+     INSERT INTO history (id, since) VALUES (lower(hex(randomblob(16))), strftime('%s', 'now'));",
 ];
 
 /// The schema version this build writes.
@@ -136,6 +142,8 @@ pub struct StoredKey {
     pub active: bool,
     /// Latest expiry among receipts it signed, if any.
     pub last_expiry: Option<i64>,
+    /// When a restore withdrew it: it verifies nothing from then on.
+    pub withdrawn_at: Option<i64>,
 }
 
 impl StoredKey {
@@ -299,7 +307,8 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn.prepare(
             "SELECT k.key_id, k.public_key, k.created_at, k.retired_at, k.active,
-                    (SELECT MAX(expires_at) FROM receipts r WHERE r.key_id = k.key_id)
+                    (SELECT MAX(expires_at) FROM receipts r WHERE r.key_id = k.key_id),
+                    k.withdrawn_at
              FROM keys k ORDER BY k.created_at DESC, k.rowid DESC",
         )?;
         let rows = stmt.query_map([], |row| {
@@ -310,9 +319,43 @@ impl Store {
                 retired_at: row.get(3)?,
                 active: row.get(4)?,
                 last_expiry: row.get(5)?,
+                withdrawn_at: row.get(6)?,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The id of this database's revocation history (new after a restore).
+    pub fn history_id(&self) -> Result<String, AuthorityError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT id FROM history", [], |row| row.get(0))?)
+    }
+
+    /// Makes a database restored from a backup safe to serve, in one transaction: every key
+    /// it holds is withdrawn (no longer active, out of the key set: the receipts they signed,
+    /// including any minted after the backup that this database never saw, stop verifying,
+    /// and the next start generates a new key), and its revocation history gets a new id.
+    /// Returns the withdrawn keys' ids.
+    pub fn prepare_restored(&self, now: i64) -> Result<Vec<String>, AuthorityError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let withdrawn = {
+            let mut stmt = tx.prepare("SELECT key_id FROM keys WHERE withdrawn_at IS NULL")?;
+            let ids = stmt.query_map([], |row| row.get::<_, String>(0))?;
+            ids.collect::<Result<Vec<_>, _>>()?
+        };
+        tx.execute(
+            "UPDATE keys SET active = 0, retired_at = COALESCE(retired_at, ?1), withdrawn_at = ?1
+             WHERE withdrawn_at IS NULL",
+            [now],
+        )?;
+        tx.execute(
+            "UPDATE history SET id = lower(hex(randomblob(16))), since = ?1",
+            [now],
+        )?;
+        tx.commit()?;
+        Ok(withdrawn)
     }
 
     /// Records `key_id` as the active signing key, retiring the previous one (if any) at
@@ -699,7 +742,7 @@ mod tests {
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, SCHEMA_VERSION);
         let (owner, depth, by): (String, u32, Option<String>) = conn
             .query_row(
                 "SELECT owner, depth, delegated_by FROM receipts WHERE receipt_id = 'old'",
@@ -713,6 +756,36 @@ mod tests {
         assert_eq!(revocations.len(), 1);
         assert_eq!(revocations[0].reason, "why");
         assert!(store.supervisors().unwrap().is_empty());
+        // Migration 3: no key withdrawn, a revocation history of its own.
+        assert!(store
+            .keys()
+            .unwrap()
+            .iter()
+            .all(|k| k.withdrawn_at.is_none()));
+        assert_eq!(store.history_id().unwrap().len(), 32);
+    }
+
+    #[test]
+    fn a_restored_database_withdraws_every_key_and_renews_its_history() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("authority.db")).unwrap();
+        store.activate_key("k1", &[1; 32], 100).unwrap();
+        store.activate_key("k2", &[2; 32], 200).unwrap();
+        let history = store.history_id().unwrap();
+        let withdrawn = store.prepare_restored(300).unwrap();
+        assert_eq!(withdrawn.len(), 2, "{withdrawn:?}");
+        assert_ne!(store.history_id().unwrap(), history);
+        let keys = store.keys().unwrap();
+        assert!(
+            keys.iter()
+                .all(|k| !k.active && k.withdrawn_at == Some(300)),
+            "{keys:?}"
+        );
+        let set = crate::keys::key_set(&store, "issuer", 300).unwrap();
+        assert!(
+            set.keys.is_empty(),
+            "withdrawn keys verify nothing: {set:?}"
+        );
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio::net::{TcpListener, TcpStream};
 /// A relay from a local port to `target`.
 pub struct Relay {
     addr: SocketAddr,
+    target: Arc<std::sync::Mutex<SocketAddr>>,
     cut: Arc<AtomicBool>,
     /// Bumped at every cut: a connection passes bytes only in the generation it began in.
     generation: Arc<AtomicU64>,
@@ -22,16 +23,19 @@ pub struct Relay {
 impl Relay {
     /// Listens on `127.0.0.1:0` and relays each connection to `target`.
     pub async fn start(target: &str) -> Self {
-        let target: SocketAddr = target.parse().expect("a host:port target");
+        let target = Arc::new(std::sync::Mutex::new(
+            target.parse::<SocketAddr>().expect("a host:port target"),
+        ));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
         let addr = listener.local_addr().expect("relay address");
         let cut = Arc::new(AtomicBool::new(false));
         let generation = Arc::new(AtomicU64::new(0));
         let accept = tokio::spawn({
-            let (cut, generation) = (cut.clone(), generation.clone());
+            let (cut, generation, target) = (cut.clone(), generation.clone(), target.clone());
             async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let (cut, generation) = (cut.clone(), generation.clone());
+                    let target = *target.lock().unwrap();
                     tokio::spawn(async move {
                         let born = generation.load(Ordering::SeqCst);
                         let alive = move || {
@@ -57,6 +61,7 @@ impl Relay {
         });
         Self {
             addr,
+            target,
             cut,
             generation,
             accept,
@@ -72,6 +77,11 @@ impl Relay {
     pub fn cut(&self) {
         self.generation.fetch_add(1, Ordering::SeqCst);
         self.cut.store(true, Ordering::SeqCst);
+    }
+
+    /// Sends new connections to `target` from now on (a daemon restarted on another port).
+    pub fn retarget(&self, target: &str) {
+        *self.target.lock().unwrap() = target.parse().expect("a host:port target");
     }
 
     /// Heals it: new connections pass again.

@@ -308,6 +308,24 @@ fn sh_receipt(script: &str, ttl: u64) -> pb::MintReceiptRequest {
     }
 }
 
+/// `StartRun` of the receipt `text` with the supervisor's admin token.
+async fn start(
+    supervisor: &SupervisorProcess,
+    text: String,
+) -> Result<tonic::Response<pb::StartRunResponse>, tonic::Status> {
+    supervisor
+        .client()
+        .await
+        .start_run(authed(
+            &supervisor.token(),
+            pb::StartRunRequest {
+                receipt: text,
+                ..Default::default()
+            },
+        ))
+        .await
+}
+
 /// Waits until the supervisor's log has `line`.
 async fn log_has(supervisor: &SupervisorProcess, line: &str, limit: Duration) {
     let deadline = Instant::now() + limit;
@@ -377,23 +395,7 @@ async fn a_partitioned_supervisor_fails_closed_and_catches_up_before_admitting_a
     )
     .await;
     tokio::time::sleep(Duration::from_millis(3_500)).await;
-    let start = |text: String| {
-        let supervisor = &supervisor;
-        async move {
-            supervisor
-                .client()
-                .await
-                .start_run(authed(
-                    &supervisor.token(),
-                    pb::StartRunRequest {
-                        receipt: text,
-                        ..Default::default()
-                    },
-                ))
-                .await
-        }
-    };
-    let stale = start(fresh.clone()).await.unwrap_err();
+    let stale = start(&supervisor, fresh.clone()).await.unwrap_err();
     assert_eq!(stale.code(), Code::Unavailable, "{stale:?}");
     assert!(
         stale.message().contains("--max-staleness 3 s"),
@@ -425,10 +427,12 @@ async fn a_partitioned_supervisor_fails_closed_and_catches_up_before_admitting_a
         Duration::from_secs(30),
     )
     .await;
-    let refused = start(revoked).await.unwrap_err();
+    let refused = start(&supervisor, revoked).await.unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(refused.message().contains("revoked"), "{refused:?}");
-    start(fresh).await.expect("admitted again once caught up");
+    start(&supervisor, fresh)
+        .await
+        .expect("admitted again once caught up");
     supervisor
         .client()
         .await
@@ -441,4 +445,159 @@ async fn a_partitioned_supervisor_fails_closed_and_catches_up_before_admitting_a
         ))
         .await
         .expect("stop the live run");
+}
+
+async fn mint_sh(authority: &AuthorityProcess, script: &str) -> (String, String) {
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(&authority.admin_token(), sh_receipt(script, 300)))
+        .await
+        .unwrap()
+        .into_inner();
+    (minted.text, minted.receipt.unwrap().receipt_id)
+}
+
+async fn revoke_id(authority: &AuthorityProcess, receipt_id: String) {
+    authority
+        .client()
+        .await
+        .revoke_receipt(authed(
+            &authority.admin_token(),
+            pb::RevokeReceiptRequest {
+                receipt_id,
+                reason: "restore test".into(),
+            },
+        ))
+        .await
+        .expect("revoke");
+}
+
+/// `tollgate-authority backup` while it serves, then `restore` into its data directory: the
+/// backup is private and never overwritten, a running authority's directory refuses a
+/// restore, and the restored authority withdraws the keys it held (a receipt minted after the
+/// backup no longer verifies) and signs with a new one. A supervisor following it across the
+/// restore reads its new revocation history from the start: a receipt revoked after the
+/// restore (seq 1 again) is refused, where an old position in the stream would have missed it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_authority_withdraws_its_keys_and_supervisors_reread_its_revocations() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("authority");
+    let authority = AuthorityProcess::start(&data);
+    let relay = Relay::start(authority.addr()).await;
+    let root = require_root();
+    let supervisor = root.then(|| {
+        SupervisorProcess::start_with_flags(
+            &dir.path().join("supervisor"),
+            &relay.addr(),
+            "fleet-restore",
+            210_200,
+            Vec::new(),
+        )
+    });
+    let state = |args: &[&str]| {
+        Command::new(bin_path("tollgate-authority"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(args)
+            .env("RUST_LOG", "off")
+            .output()
+            .unwrap()
+    };
+
+    let (_, before) = mint_sh(&authority, "echo before").await;
+    let backup = dir.path().join("authority.backup");
+    let backed = state(&["backup", "--to", backup.to_str().unwrap()]);
+    assert!(backed.status.success(), "{backed:?}");
+    let mode = std::fs::metadata(&backup).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let again = state(&["backup", "--to", backup.to_str().unwrap()]);
+    assert_eq!(
+        again.status.code(),
+        Some(73),
+        "never overwritten: {again:?}"
+    );
+    let (after_text, after) = mint_sh(&authority, "echo after").await;
+    revoke_id(&authority, before.clone()).await;
+    if let Some(supervisor) = &supervisor {
+        log_has(supervisor, &before, Duration::from_secs(15)).await;
+    }
+    let running = state(&["restore", "--from", backup.to_str().unwrap()]);
+    assert_eq!(
+        running.status.code(),
+        Some(75),
+        "refused while serving: {running:?}"
+    );
+
+    let old_key = {
+        let set = authority
+            .client()
+            .await
+            .get_key_set(pb::GetKeySetRequest {})
+            .await;
+        set.unwrap().into_inner().keys[0].key_id.clone()
+    };
+    drop(authority);
+    let restored = state(&["restore", "--from", backup.to_str().unwrap()]);
+    assert!(restored.status.success(), "{restored:?}");
+    let said = String::from_utf8_lossy(&restored.stdout);
+    assert!(
+        said.contains(&format!("withdrawn keys: {old_key}")),
+        "{said}"
+    );
+
+    let authority = AuthorityProcess::start(&data);
+    let keys = authority
+        .client()
+        .await
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        keys.keys.iter().all(|key| key.key_id != old_key),
+        "the withdrawn key is out of the key set: {keys:?}"
+    );
+    let listed = authority
+        .client()
+        .await
+        .list_receipts(authed(
+            &authority.admin_token(),
+            pb::ListReceiptsRequest {
+                include_expired: true,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let ids: Vec<_> = listed
+        .receipts
+        .iter()
+        .map(|r| r.receipt_id.clone())
+        .collect();
+    assert!(ids.contains(&before) && !ids.contains(&after), "{ids:?}");
+
+    let Some(supervisor) = supervisor else {
+        return;
+    };
+    // The supervisor follows the restored authority (a new port behind the same relay).
+    relay.retarget(authority.addr());
+    relay.cut();
+    relay.heal();
+    log_has(
+        &supervisor,
+        "revocation history changed",
+        Duration::from_secs(30),
+    )
+    .await;
+    let (fresh_text, fresh) = mint_sh(&authority, "echo fresh").await;
+    revoke_id(&authority, fresh.clone()).await;
+    log_has(&supervisor, &fresh, Duration::from_secs(15)).await;
+    let revoked = start(&supervisor, fresh_text).await.unwrap_err();
+    assert_eq!(revoked.code(), Code::PermissionDenied, "{revoked:?}");
+    assert!(revoked.message().contains("revoked"), "{revoked:?}");
+    let withdrawn = start(&supervisor, after_text).await.unwrap_err();
+    assert_eq!(withdrawn.code(), Code::PermissionDenied, "{withdrawn:?}");
 }

@@ -191,9 +191,20 @@ impl AuthorityService {
                     return;
                 }
             }
+            let history = {
+                let store = store.clone();
+                match blocking(move || store.history_id()).await {
+                    Ok(history) => history,
+                    Err(e) => {
+                        let _ = tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                }
+            };
             let caught_up = pb::RevocationEvent {
                 event: Some(pb::revocation_event::Event::CaughtUp(pb::CaughtUp {
                     last_seq: last,
+                    history,
                 })),
             };
             if tx.send(Ok(caught_up)).await.is_err() {

@@ -103,6 +103,9 @@ pub(super) async fn follow_authority(
     freshness: Arc<RevocationFreshness>,
 ) {
     let mut after = 0u64;
+    // The authority's revocation history: a new one (a restored database) is read again
+    // from the start.
+    let mut history: Option<String> = None;
     let mut pause = Duration::from_millis(200);
     // Set once a stream was lost: the next one to catch up says it is back.
     let mut lost = false;
@@ -141,7 +144,16 @@ pub(super) async fn follow_authority(
                             _ => tracing::warn!("the authority announced a key set this supervisor cannot read; keeping the one it has"),
                         }
                     }
-                    Some(pb::revocation_event::Event::CaughtUp(_)) => {
+                    Some(pb::revocation_event::Event::CaughtUp(marker)) => {
+                        if history.as_ref().is_some_and(|seen| *seen != marker.history) {
+                            tracing::warn!(
+                                "the authority's revocation history changed (its database was restored from a backup); reading it again from the start"
+                            );
+                            history = Some(marker.history);
+                            after = 0;
+                            return Err("the revocation history changed".to_owned());
+                        }
+                        history = Some(marker.history);
                         // Everything revoked while the link was down is applied by now.
                         freshness.caught_up();
                         let _ = caught_up.send(true);
