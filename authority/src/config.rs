@@ -60,6 +60,8 @@ pub struct AuthorityConfig {
     pub tls: tollgate_daemon::tls::ServerTls,
     /// `--insecure-plaintext`: plaintext on an address that is not loopback is meant.
     pub insecure_plaintext: bool,
+    /// Where to serve the plaintext gRPC health service for probes (`--health-listen`).
+    pub health_listen: Option<String>,
 }
 
 impl AuthorityConfig {
@@ -78,6 +80,7 @@ impl AuthorityConfig {
             audit_key: None,
             tls: Default::default(),
             insecure_plaintext: false,
+            health_listen: None,
         }
     }
 

@@ -432,6 +432,20 @@ pub async fn serve(
         tollgate_daemon::metrics::serve(metrics, Arc::new(|| metrics::get().encode()));
         tracing::info!(addr = %bound, "metrics at /metrics");
     }
+    if let Some(health_listen) = opened.config.health_listen.clone() {
+        let bind_error = |source| AuthorityError::Bind {
+            addr: health_listen.clone(),
+            source,
+        };
+        let health = TcpListener::bind(&health_listen)
+            .await
+            .map_err(bind_error)?;
+        let bound = health.local_addr().map_err(bind_error)?;
+        let path = opened.config.data_dir.join("health.addr");
+        write_readiness(&path, &bound.to_string()).map_err(AuthorityError::write_file(&path))?;
+        tollgate_daemon::health::serve(health, "tollgate.v1.Authority").await;
+        tracing::info!(addr = %bound, "gRPC health service (plaintext, for probes)");
+    }
     // A SIGHUP (a terminal closing, an operator's reload habit) never stops the daemon: it
     // reads the config file's mint policy again (policy version, default limits); the rest of
     // the file is read at start, and operators, ceilings and keys change through the API.

@@ -69,6 +69,11 @@ struct Flags {
     /// receipts would cross the network in clear). Only for a network you trust.
     #[arg(long)]
     insecure_plaintext: bool,
+    /// Also serve the standard gRPC health service, and nothing else, in plaintext at ADDR:
+    /// for probes that cannot speak TLS (Kubernetes' gRPC probes). The bound address goes
+    /// to <data-dir>/health.addr.
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<String>,
     /// Instead of serving: back up or restore the database of --data-dir.
     #[command(subcommand)]
     command: Option<StateCommand>,
@@ -157,5 +162,6 @@ async fn run(mut flags: Flags) -> Result<(), AuthorityError> {
         client_ca: flags.tls_client_ca,
     };
     config.insecure_plaintext = flags.insecure_plaintext;
+    config.health_listen = flags.health_listen;
     serve(config, tollgate_daemon::shutdown::signal()).await
 }

@@ -8,6 +8,7 @@
 
 pub mod address;
 pub mod files;
+pub mod health;
 pub mod host;
 pub mod logging;
 pub mod metrics;

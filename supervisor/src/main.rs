@@ -83,6 +83,11 @@ struct Flags {
     /// back and has caught up with every revocation made meanwhile. Live runs go on.
     #[arg(long, value_name = "SECONDS", default_value_t = 60)]
     max_staleness: u64,
+    /// Also serve the standard gRPC health service, and nothing else, in plaintext at ADDR
+    /// once the supervisor is ready: for probes that cannot speak TLS (Kubernetes' gRPC
+    /// probes). The bound address goes to <data-dir>/health.addr.
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<String>,
     /// Tolerated clock difference with the authority, in seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     clock_skew: u64,
@@ -288,6 +293,7 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         tls_client_ca => Some,
         insecure_plaintext => std::convert::identity,
         max_staleness => std::convert::identity,
+        health_listen => Some,
         shim => Some,
         audit_key_file => Some,
         rootfs_dir => Some,
@@ -409,6 +415,7 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
         },
         insecure_plaintext: flags.insecure_plaintext,
         max_staleness: Duration::from_secs(flags.max_staleness),
+        health_listen: flags.health_listen,
         trust: match (flags.authority, flags.trust_keys) {
             (Some(addr), _) => {
                 let tls = tollgate_daemon::tls::ClientTls {

@@ -601,3 +601,43 @@ async fn a_restored_authority_withdraws_its_keys_and_supervisors_reread_its_revo
     let withdrawn = start(&supervisor, after_text).await.unwrap_err();
     assert_eq!(withdrawn.code(), Code::PermissionDenied, "{withdrawn:?}");
 }
+
+/// A daemon serving mutual TLS answers probes (which cannot speak TLS) on its plaintext
+/// health port — the standard health service and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_port_answers_probes_in_plaintext_beside_mutual_tls() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::make(dir.path());
+    let mut flags = pki.authority_flags();
+    flags.extend(["--health-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+    let authority = AuthorityProcess::start_with(
+        &dir.path().join("authority"),
+        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
+    )
+    .unwrap_or_else(|(status, log)| panic!("authority: {status}: {log}"));
+    let health = std::fs::read_to_string(authority.data_dir().join("health.addr")).unwrap();
+    let channel = Endpoint::from_shared(format!("http://{}", health.trim()))
+        .unwrap()
+        .connect()
+        .await
+        .expect("plaintext to the health port");
+    let mut probe = HealthClient::new(channel.clone());
+    for service in ["", "tollgate.v1.Authority"] {
+        let answer = probe
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(answer.status, 1, "{service:?} SERVING");
+    }
+    // Nothing else is served there.
+    let other = AuthorityClient::new(channel)
+        .get_key_set(pb::GetKeySetRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(other.code(), Code::Unimplemented, "{other:?}");
+}

@@ -38,6 +38,8 @@ pub struct SupervisorConfig {
     pub tls: tollgate_daemon::tls::ServerTls,
     /// `--insecure-plaintext`: plaintext on an address that is not loopback is meant.
     pub insecure_plaintext: bool,
+    /// Where to serve the plaintext gRPC health service for probes (`--health-listen`).
+    pub health_listen: Option<String>,
     /// Where to serve `/metrics` (Prometheus); `None`: no metrics endpoint.
     pub metrics_listen: Option<String>,
     /// Where live supervisors register their cgroup parent and host ids
@@ -92,6 +94,8 @@ pub struct SupervisorFile {
     pub insecure_plaintext: Option<bool>,
     /// `--max-staleness` (seconds).
     pub max_staleness: Option<u64>,
+    /// `--health-listen`.
+    pub health_listen: Option<String>,
     /// `--clock-skew` (seconds).
     pub clock_skew: Option<u64>,
     /// `--shim`.

@@ -363,6 +363,21 @@ pub async fn serve(
         tollgate_daemon::metrics::serve(metrics, Arc::new(|| crate::metrics::get().encode()));
         tracing::info!(addr = %bound, "metrics at /metrics");
     }
+    if let Some(health_listen) = &supervisor.config.health_listen {
+        let listen_error = |source| DaemonError::Listen {
+            addr: health_listen.clone(),
+            source,
+        };
+        let health = TcpListener::bind(health_listen)
+            .await
+            .map_err(listen_error)?;
+        let bound = health.local_addr().map_err(listen_error)?;
+        let path = supervisor.config.runs.data_dir.join("health.addr");
+        write_readiness(&path, &bound.to_string())
+            .map_err(|source| DaemonError::Readiness { path, source })?;
+        tollgate_daemon::health::serve(health, "tollgate.v1.Supervisor").await;
+        tracing::info!(addr = %bound, "gRPC health service (plaintext, for probes)");
+    }
     // The socket is listening, so connections queue from here on: the daemon is ready.
     write_readiness(&addr_path, &bound.to_string()).map_err(|source| DaemonError::Readiness {
         path: addr_path.clone(),
