@@ -12,6 +12,8 @@
 //! * `gateway`: a 4 KiB `fs.read` through the gateway beside a direct read (root).
 //! * `egress`: HTTPS through the sandbox's proxy and the gateway beside the same clients
 //!   straight from the host: download throughput and added latency per request (root).
+//! * `fleet`: one authority fanning revocations out to many supervisor streams over mutual
+//!   TLS, beside the same fan-out in plaintext.
 //!
 //! Build with `cargo build --release --workspace --bins` and run from target/release.
 
@@ -109,6 +111,16 @@ enum Bench {
         runs: usize,
     },
     /// Mint throughput over gRPC.
+    /// Revocation fan-out: from RevokeReceipt to the last of N supervisor streams having it,
+    /// over mutual TLS beside plaintext.
+    Fleet {
+        /// Simulated supervisors, each its own connection and stream.
+        #[arg(long, default_value_t = 1000)]
+        streams: usize,
+        /// Revocations measured, one at a time.
+        #[arg(long, default_value_t = 50)]
+        revocations: usize,
+    },
     Mint {
         /// Receipts to mint.
         #[arg(long, default_value_t = 2000)]
@@ -340,6 +352,7 @@ fn sqlite_commit_rate(dir: &std::path::Path, rows: usize, row_size: usize) -> an
 mod audit;
 mod classify;
 mod egress;
+mod fleet;
 mod gateway;
 mod sandbox;
 
@@ -359,6 +372,10 @@ fn main() -> anyhow::Result<()> {
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
         Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
         Bench::Gateway { calls } => gateway::bench(calls.max(100)),
+        Bench::Fleet {
+            streams,
+            revocations,
+        } => fleet::bench(streams.max(1), revocations.max(1)),
         Bench::ExecClient { socket, calls } => gateway::exec_client(&socket, calls),
         Bench::Egress {
             requests,
