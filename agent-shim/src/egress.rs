@@ -361,8 +361,11 @@ async fn serve(mut client: TcpStream, mut gateway: Gateway, socket: Arc<PathBuf>
         return;
     }
     if let Err(e) = hand_off(&client, &socket, &token, &request.first).await {
-        let reason = format!("the gateway took no hand-off: {}", e.kind());
-        let _ = client.write_all(&error_answer(502, &reason, None)).await;
+        // A tunnel's client has its 200 already and is mid-protocol: it is just closed.
+        if !request.tunnel {
+            let reason = format!("the gateway took no hand-off: {}", e.kind());
+            let _ = client.write_all(&error_answer(502, &reason, None)).await;
+        }
         return;
     }
     // The supervisor relays the client's connection now, and ends it on the socket itself.

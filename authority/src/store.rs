@@ -355,6 +355,8 @@ impl Store {
             [now],
         )?;
         tx.commit()?;
+        // Into the database file itself: the restore moves only that file into place.
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")?;
         Ok(withdrawn)
     }
 
