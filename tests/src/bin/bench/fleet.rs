@@ -54,7 +54,7 @@ pub(crate) fn bench(streams: usize, revocations: usize) -> anyhow::Result<()> {
         );
         println!("revoke -> last stream has it     p50         p99         max");
         for (tls, latencies) in &rows {
-            let ms = |q: f64| super::percentile(latencies, q).as_secs_f64() * 1e3;
+            let ms = |q: f64| crate::stats::percentile(latencies, q).as_secs_f64() * 1e3;
             println!(
                 "{:<32} {:>7.2} ms  {:>7.2} ms  {:>7.2} ms",
                 if *tls { "mutual TLS" } else { "peer: plaintext" },
@@ -63,7 +63,7 @@ pub(crate) fn bench(streams: usize, revocations: usize) -> anyhow::Result<()> {
                 latencies.last().copied().unwrap_or_default().as_secs_f64() * 1e3
             );
         }
-        let p99 = super::percentile(&rows[1].1, 0.99);
+        let p99 = crate::stats::percentile(&rows[1].1, 0.99);
         println!(
             "target: p99 < 1 s with mutual TLS: {:.1} ms ({})",
             p99.as_secs_f64() * 1e3,

@@ -136,10 +136,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
 fn sample_receipt() -> Receipt {
     let now = unix_now();
     Receipt {
@@ -355,6 +351,9 @@ mod egress;
 mod fleet;
 mod gateway;
 mod sandbox;
+mod stats;
+
+use stats::percentile;
 
 fn main() -> anyhow::Result<()> {
     match Flags::parse().bench {
