@@ -8,6 +8,7 @@
 
 pub mod fake_models;
 pub mod flood;
+pub mod lan;
 pub mod llama;
 pub mod relay;
 pub mod remote;
@@ -214,6 +215,18 @@ impl Pki {
     }
 }
 
+/// `program` run through the command `prefix` (none: directly).
+fn command_on(prefix: &[String], program: PathBuf) -> Command {
+    match prefix.split_first() {
+        Some((first, rest)) => {
+            let mut command = Command::new(first);
+            command.args(rest).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
 /// A running `tollgate-authority`.
 pub struct AuthorityProcess {
     child: Child,
@@ -237,13 +250,24 @@ impl AuthorityProcess {
 
     /// Starts with extra flags; on failure returns the exit status and stderr.
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Result<Self, (String, String)> {
+        Self::start_on(&[], data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Starts it through the command `prefix` (e.g. a [`lan::Lan`] host's), listening on
+    /// `listen`, with extra flags; on failure returns the exit status and stderr.
+    pub fn start_on(
+        prefix: &[String],
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+    ) -> Result<Self, (String, String)> {
         let log = data_dir.with_extension("stderr");
         // After a SIGKILL the old readiness file is still there; never mistake it for ours.
         let _ = std::fs::remove_file(data_dir.join("authority.addr"));
-        let mut child = Command::new(bin_path("tollgate-authority"))
+        let mut child = command_on(prefix, bin_path("tollgate-authority"))
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
+            .args(["--listen", listen])
             .args(extra)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -494,7 +518,49 @@ impl SupervisorProcess {
         )
     }
 
+    /// Starts it as supervisor `id` through the command `prefix` (e.g. a [`lan::Lan`]
+    /// host's), listening on `listen`, following `authority`, with extra flags.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_on(
+        prefix: &[String],
+        id: &str,
+        listen: &str,
+        data_dir: &Path,
+        authority: &str,
+        test: &str,
+        host_id_base: u32,
+        flags: Vec<String>,
+    ) -> Self {
+        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        Self::spawn_on(
+            (prefix, id, listen),
+            data_dir,
+            authority,
+            cgroup_parent,
+            (host_id_base, 64),
+            flags,
+        )
+    }
+
     fn spawn(
+        data_dir: &Path,
+        authority: &str,
+        cgroup_parent: String,
+        ids: (u32, u32),
+        extra: Vec<String>,
+    ) -> Self {
+        Self::spawn_on(
+            (&[], "workstation", "127.0.0.1:0"),
+            data_dir,
+            authority,
+            cgroup_parent,
+            ids,
+            extra,
+        )
+    }
+
+    fn spawn_on(
+        (prefix, id, listen): (&[String], &str, &str),
         data_dir: &Path,
         authority: &str,
         cgroup_parent: String,
@@ -504,17 +570,10 @@ impl SupervisorProcess {
         let _ = std::fs::remove_file(data_dir.join("supervisor.addr"));
         private_dir(data_dir);
         let log = data_dir.with_extension("stderr");
-        let mut child = Command::new(bin_path("tollgate-supervisor"))
+        let mut child = command_on(prefix, bin_path("tollgate-supervisor"))
             .arg("--data-dir")
             .arg(data_dir)
-            .args([
-                "--id",
-                "workstation",
-                "--listen",
-                "127.0.0.1:0",
-                "--authority",
-                authority,
-            ])
+            .args(["--id", id, "--listen", listen, "--authority", authority])
             .args(["--cgroup-parent", &cgroup_parent])
             .args([
                 "--host-id-base",
