@@ -44,6 +44,30 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
+/// The identity a certificate and key file pair makes (`flags` name them in errors); `None`
+/// when neither is given, an error naming the missing one when only one is.
+fn identity(
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    (cert_flag, key_flag): (&'static str, &'static str),
+) -> Result<Option<Identity>, TlsError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(Identity::from_pem(
+            read(cert_flag, cert)?,
+            read(key_flag, key)?,
+        ))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(TlsError::Incomplete {
+            given: cert_flag,
+            missing: key_flag,
+        }),
+        (None, Some(_)) => Err(TlsError::Incomplete {
+            given: key_flag,
+            missing: cert_flag,
+        }),
+    }
+}
+
 /// What a daemon serves TLS with.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerTls {
@@ -63,24 +87,12 @@ impl ServerTls {
 
     /// tonic's configuration, the files read now; `None` without TLS.
     pub fn config(&self) -> Result<Option<ServerTlsConfig>, TlsError> {
-        let (cert, key) = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => (cert, key),
-            (None, None) if self.client_ca.is_some() => return Err(TlsError::ClientCaWithoutTls),
-            (None, None) => return Ok(None),
-            (Some(_), None) => {
-                return Err(TlsError::Incomplete {
-                    given: "--tls-cert",
-                    missing: "--tls-key",
-                })
-            }
-            (None, Some(_)) => {
-                return Err(TlsError::Incomplete {
-                    given: "--tls-key",
-                    missing: "--tls-cert",
-                })
-            }
+        let Some(identity) = identity(&self.cert, &self.key, ("--tls-cert", "--tls-key"))? else {
+            return match self.client_ca {
+                Some(_) => Err(TlsError::ClientCaWithoutTls),
+                None => Ok(None),
+            };
         };
-        let identity = Identity::from_pem(read("--tls-cert", cert)?, read("--tls-key", key)?);
         let mut config = ServerTlsConfig::new().identity(identity);
         if let Some(ca) = &self.client_ca {
             config = config
@@ -118,25 +130,7 @@ pub struct ClientTls {
 impl ClientTls {
     /// tonic's configuration, the files read now; `None`: plaintext.
     pub fn config(&self) -> Result<Option<ClientTlsConfig>, TlsError> {
-        let identity = match (&self.cert, &self.key) {
-            (Some(cert), Some(key)) => Some(Identity::from_pem(
-                read("--cert", cert)?,
-                read("--key", key)?,
-            )),
-            (None, None) => None,
-            (Some(_), None) => {
-                return Err(TlsError::Incomplete {
-                    given: "--cert",
-                    missing: "--key",
-                })
-            }
-            (None, Some(_)) => {
-                return Err(TlsError::Incomplete {
-                    given: "--key",
-                    missing: "--cert",
-                })
-            }
-        };
+        let identity = identity(&self.cert, &self.key, ("--cert", "--key"))?;
         let Some(ca) = &self.ca else {
             return match identity {
                 Some(_) => Err(TlsError::Incomplete {

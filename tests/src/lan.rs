@@ -7,16 +7,8 @@
 //! Everything is removed when dropped.
 
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
 
-fn ip(args: &[&str]) {
-    let status = Command::new("ip").args(args).status().expect("run ip");
-    assert!(status.success(), "ip {}", args.join(" "));
-}
-
-fn ip_quiet(args: &[&str]) {
-    let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
-}
+use crate::remote::{ip, ip_quiet};
 
 /// A LAN of network namespaces, `198.18.SLOT.0/24`.
 #[derive(Debug)]

@@ -215,6 +215,12 @@ impl Pki {
     }
 }
 
+/// The cgroup parent of the supervisor of test `test` in this test process (its own, so
+/// tests running at once never sweep each other's runs).
+fn cgroup_parent_of(test: &str) -> String {
+    format!("tollgate-test-{}-{test}", std::process::id())
+}
+
 /// `program` run through the command `prefix` (none: directly).
 fn command_on(prefix: &[String], program: PathBuf) -> Command {
     match prefix.split_first() {
@@ -427,7 +433,7 @@ pub struct SupervisorProcess {
 impl SupervisorProcess {
     /// Starts it following `authority` (host:port), id `workstation`.
     pub fn start(data_dir: &Path, authority: &str, test: &str, host_id_base: u32) -> Self {
-        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let cgroup_parent = cgroup_parent_of(test);
         Self::spawn(
             data_dir,
             authority,
@@ -449,7 +455,7 @@ impl SupervisorProcess {
         authority
             .add_supervisor_token_file("workstation", &token_file)
             .await;
-        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let cgroup_parent = cgroup_parent_of(test);
         let extra = vec![
             "--delegation-token-file".to_owned(),
             token_file.display().to_string(),
@@ -480,7 +486,7 @@ impl SupervisorProcess {
         host_id_base: u32,
         flags: Vec<String>,
     ) -> Self {
-        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let cgroup_parent = cgroup_parent_of(test);
         Self::spawn(
             data_dir,
             authority,
@@ -508,7 +514,7 @@ impl SupervisorProcess {
         host_id_base: u32,
         host_ids: u32,
     ) -> Self {
-        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let cgroup_parent = cgroup_parent_of(test);
         Self::spawn(
             data_dir,
             authority,
@@ -531,7 +537,7 @@ impl SupervisorProcess {
         host_id_base: u32,
         flags: Vec<String>,
     ) -> Self {
-        let cgroup_parent = format!("tollgate-test-{}-{test}", std::process::id());
+        let cgroup_parent = cgroup_parent_of(test);
         Self::spawn_on(
             (prefix, id, listen),
             data_dir,

@@ -29,12 +29,12 @@ pub struct RemoteNet {
     pub address: Ipv4Addr,
 }
 
-fn ip(args: &[&str]) {
+pub(crate) fn ip(args: &[&str]) {
     let status = Command::new("ip").args(args).status().expect("run ip");
     assert!(status.success(), "ip {}", args.join(" "));
 }
 
-fn ip_quiet(args: &[&str]) {
+pub(crate) fn ip_quiet(args: &[&str]) {
     let _ = Command::new("ip")
         .args(args)
         .stderr(std::process::Stdio::null())
