@@ -82,6 +82,9 @@ entry_kinds! {
     /// Files were copied out of a run's workspace (`tollgate cp`), or a kept workspace was
     /// removed.
     WorkspaceAccess => "workspace_access",
+    /// An operator's call to a supervisor about a run (list, get, watch, attach, copy, stop,
+    /// start), allowed or refused by who owns the run.
+    OperatorCall => "operator_call",
     /// An outbound connection of a run (egress) was decided (`phase` `open`) or ended
     /// (`phase` `closed`).
     Egress => "egress",

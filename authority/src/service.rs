@@ -133,6 +133,13 @@ impl Authority for AuthorityService {
         ))
     }
 
+    async fn who_am_i(
+        &self,
+        request: Request<pb::WhoAmIRequest>,
+    ) -> Result<Response<pb::OperatorInfo>, Status> {
+        Ok(Response::new(AuthorityService::who_am_i(self, &request)?))
+    }
+
     async fn rotate_key(
         &self,
         request: Request<pb::RotateKeyRequest>,

@@ -695,6 +695,7 @@ impl GlobalArgs {
                 .or_else(|| self.token_file.clone()),
             value: self.token.clone(),
             daemon: Daemon::Authority,
+            certificate: false,
         }
     }
 
@@ -707,6 +708,7 @@ impl GlobalArgs {
                 .or_else(|| self.token_file.clone()),
             value: self.token.clone(),
             daemon: Daemon::Supervisor,
+            certificate: self.cert.is_some(),
         }
     }
 }

@@ -64,16 +64,21 @@ pub struct TokenSource {
     pub value: Option<String>,
     /// Whose token it is.
     pub daemon: Daemon,
+    /// A client certificate is presented (`--cert`): a supervisor takes an operator's
+    /// certificate as its credential, so no token is needed.
+    pub certificate: bool,
 }
 
 impl TokenSource {
-    /// Reads the token (the file wins over the variable).
+    /// Reads the token (the file wins over the variable); empty when there is none but a
+    /// supervisor is shown a certificate ([`authed`] then sends no header).
     pub fn token(&self) -> Result<String, CliError> {
         if let Some(path) = &self.file {
             return read_token(path);
         }
         match &self.value {
             Some(token) if !token.trim().is_empty() => Ok(token.trim().to_owned()),
+            _ if self.certificate && self.daemon == Daemon::Supervisor => Ok(String::new()),
             _ => Err(CliError::NoToken(self.daemon)),
         }
     }
@@ -93,9 +98,13 @@ pub fn read_token(path: &Path) -> Result<String, CliError> {
     Ok(token.to_owned())
 }
 
-/// Wraps a message with the `authorization: Bearer` header.
+/// Wraps a message with the `authorization: Bearer` header (none for an empty token: the
+/// client certificate is the credential).
 pub fn authed<T>(token: &str, message: T) -> Result<tonic::Request<T>, CliError> {
     let mut request = tonic::Request::new(message);
+    if token.is_empty() {
+        return Ok(request);
+    }
     let value = format!("Bearer {token}").parse().map_err(|_| {
         CliError::Input("the token contains characters not allowed in a header".into())
     })?;

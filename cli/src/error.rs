@@ -144,7 +144,7 @@ impl CliError {
 fn no_token(daemon: &Daemon) -> &'static str {
     match daemon {
         Daemon::Authority => "no operator token: pass --token-file PATH or set TOLLGATE_AUTHORITY_TOKEN_FILE (the admin token is <authority data dir>/admin.token)",
-        Daemon::Supervisor => "no supervisor token: pass --token-file PATH or set TOLLGATE_SUPERVISOR_TOKEN_FILE (the token is <supervisor data dir>/admin.token)",
+        Daemon::Supervisor => "no supervisor token: pass --token-file PATH or set TOLLGATE_SUPERVISOR_TOKEN_FILE (the supervisor's <data dir>/admin.token, or your operator token from the authority), or --cert/--key with your operator certificate",
     }
 }
 

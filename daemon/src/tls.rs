@@ -241,9 +241,26 @@ pub enum PeerCertificate {
 
 /// What the caller of `request` presented.
 pub fn peer_certificate<T>(request: &tonic::Request<T>) -> PeerCertificate {
-    let Some(certificates) = request.peer_certs() else {
-        return PeerCertificate::None;
-    };
+    match request.peer_certs() {
+        None => PeerCertificate::None,
+        Some(certificates) => first_identity(&certificates),
+    }
+}
+
+/// What the client of a connection presented, from a request's HTTP extensions (for checks
+/// that run before tonic has made a `Request` of it).
+pub fn peer_certificate_in(extensions: &http::Extensions) -> PeerCertificate {
+    use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+    match extensions
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(TlsConnectInfo::peer_certs)
+    {
+        None => PeerCertificate::None,
+        Some(certificates) => first_identity(&certificates),
+    }
+}
+
+fn first_identity(certificates: &[tonic::transport::CertificateDer<'static>]) -> PeerCertificate {
     match certificates.first() {
         None => PeerCertificate::None,
         Some(first) => certificate_identity(first.as_ref())

@@ -17,14 +17,13 @@ pub const MAX_COPY_IN: u64 = 256 << 20;
 /// Most bytes of one file in it (each file is staged in memory, then renamed in).
 pub const MAX_COPY_IN_FILE: u64 = 64 << 20;
 
-/// Receives and unpacks one `CopyIn` stream.
+/// Receives and unpacks one `CopyIn` stream, whose `first` message (naming the run and the
+/// directory) the caller has read.
 pub async fn copy_in(
     manager: Arc<RunManager>,
+    first: pb::CopyInRequest,
     mut requests: tonic::Streaming<pb::CopyInRequest>,
 ) -> Result<pb::CopyInResponse, Status> {
-    let first = requests.message().await?.ok_or_else(|| {
-        Status::invalid_argument("the first message must name the run and the directory")
-    })?;
     let (run_id, path) = (first.run_id.clone(), first.path.clone());
     let refuse = |status: Status| {
         manager.audit_workspace(&run_id, "copy_in", &path, Err(status.message().to_owned()));

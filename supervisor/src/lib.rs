@@ -16,6 +16,7 @@ pub mod admission;
 // Files beneath a grant and their snapshots live in `tollgate-files` (the CLI's restore uses
 // them without linking the sandbox); re-exported under their old paths.
 pub use tollgate_files::{beneath, snapshot};
+pub mod callers;
 pub mod cgroup;
 pub mod copy_in;
 pub mod copy_out;

@@ -10,67 +10,104 @@ use tonic::{Request, Response, Status};
 
 use tollgate_shim_protocol::plan::AgentInput;
 
+use crate::callers::Caller;
 use crate::error::StartError;
+use crate::runs::access::OperatorCall;
 use crate::runs::RunManager;
 use crate::status::start_status;
 use crate::wire::{event_stream, run_proto, RunEventStream};
-
-/// Checks the `authorization: Bearer` header against the admin token's hash.
-#[derive(Debug, Clone)]
-pub struct TokenCheck {
-    hash: [u8; 32],
-}
-
-impl TokenCheck {
-    /// Accepts the token whose SHA-256 is `hash`.
-    pub fn new(hash: [u8; 32]) -> Self {
-        Self { hash }
-    }
-
-    /// Ok when the request carries the token.
-    #[allow(clippy::result_large_err)]
-    pub fn check<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        self.check_metadata(request.metadata())
-    }
-
-    /// Ok when `metadata` carries the token (checked on the headers, before any body).
-    #[allow(clippy::result_large_err)]
-    pub fn check_metadata(&self, metadata: &tonic::metadata::MetadataMap) -> Result<(), Status> {
-        use tollgate_daemon::token::{bearer, matches};
-        let token = bearer(metadata).map_err(crate::status::no_token)?;
-        if matches(token, &self.hash) {
-            Ok(())
-        } else {
-            Err(crate::status::wrong_token())
-        }
-    }
-}
 
 /// The gRPC service.
 #[derive(Debug)]
 pub struct SupervisorService {
     manager: Arc<RunManager>,
     last_revocation_seq: Arc<std::sync::atomic::AtomicU64>,
-    tokens: TokenCheck,
     info: pb::SupervisorInfo,
 }
 
 impl SupervisorService {
     /// A service over `manager`; `last_revocation_seq` is kept current by the revocation
-    /// follower.
+    /// follower. Every call but `GetSupervisorInfo` needs its [`Caller`] in the request's
+    /// extensions (the daemon's request layer resolves it from the headers).
     pub fn new(
         manager: Arc<RunManager>,
-        tokens: TokenCheck,
         info: pb::SupervisorInfo,
         last_revocation_seq: Arc<std::sync::atomic::AtomicU64>,
     ) -> Self {
         Self {
             manager,
             last_revocation_seq,
-            tokens,
             info,
         }
     }
+
+    /// Whether `caller` may make `method` about `run_id`: Ok for its own run (an admin's:
+    /// any), PERMISSION_DENIED for another operator's, NOT_FOUND for none. An operator's call
+    /// is audited either way; the admin token's is not (root on this host, audited by what it
+    /// does).
+    async fn authorize(
+        &self,
+        caller: &Caller,
+        method: &'static str,
+        run_id: &str,
+    ) -> Result<(), Status> {
+        let Some(operator) = caller.operator().cloned() else {
+            return Ok(());
+        };
+        let manager = self.manager.clone();
+        let run_id = run_id.to_owned();
+        blocking(move || {
+            let owner = manager
+                .get(&run_id)
+                .map_err(|e| crate::status::internal("the run store", &e))?
+                .map(|record| record.owner);
+            let refused = match &owner {
+                None => Some(crate::status::no_run(&run_id)),
+                Some(owner) if !operator.admin && *owner != operator.name => {
+                    Some(not_yours(&operator.name, &run_id))
+                }
+                Some(_) => None,
+            };
+            manager.audit_operator_call(
+                OperatorCall {
+                    operator: &operator.name,
+                    admin: operator.admin,
+                    method,
+                    run_id: Some(&run_id),
+                },
+                refused.as_ref().map(Status::message),
+            );
+            refused.map_or(Ok(()), Err)
+        })
+        .await?
+    }
+
+    /// Audits an operator's call that is about no one run (`ListRuns`).
+    async fn audit_call(&self, caller: &Caller, method: &'static str) -> Result<(), Status> {
+        let Some(operator) = caller.operator().cloned() else {
+            return Ok(());
+        };
+        let manager = self.manager.clone();
+        blocking(move || {
+            manager.audit_operator_call(
+                OperatorCall {
+                    operator: &operator.name,
+                    admin: operator.admin,
+                    method,
+                    run_id: None,
+                },
+                None,
+            );
+        })
+        .await
+    }
+}
+
+/// Another operator's run: refused without saying whose it is.
+fn not_yours(operator: &str, run_id: &str) -> Status {
+    Status::permission_denied(format!(
+        "run {run_id} is not operator {operator:?}'s: an operator may touch only the runs whose receipt it owns (an admin, every run)"
+    ))
 }
 
 /// A terminal size from the wire: both 1 to 65535.
@@ -127,7 +164,7 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::StartRunRequest>,
     ) -> Result<Response<pb::StartRunResponse>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let signed = match from_text(&request.receipt) {
             Ok(signed) => signed,
@@ -142,6 +179,36 @@ impl Supervisor for SupervisorService {
                 return Err(status);
             }
         };
+        if let Some(operator) = caller.operator().cloned() {
+            // The run will be the receipt's owner's: only it (or an admin) may start it. The
+            // owner is read before the signature is checked; a forged one fails that check.
+            let claimed = <pb::Receipt as prost::Message>::decode(signed.receipt.as_slice())
+                .map(|receipt| (receipt.owner, receipt.receipt_id))
+                .unwrap_or_default();
+            let refused = (!operator.admin && claimed.0 != operator.name).then(|| {
+                Status::permission_denied(format!(
+                    "this receipt is operator {:?}'s, not {:?}'s: an operator starts only its own receipts (an admin, any)",
+                    claimed.0, operator.name
+                ))
+            });
+            let manager = self.manager.clone();
+            let audited = refused.as_ref().map(|s| s.message().to_owned());
+            blocking(move || {
+                manager.audit_operator_call(
+                    OperatorCall {
+                        operator: &operator.name,
+                        admin: operator.admin,
+                        method: "StartRun",
+                        run_id: Some(&claimed.1),
+                    },
+                    audited.as_deref(),
+                );
+            })
+            .await?;
+            if let Some(refused) = refused {
+                return Err(refused);
+            }
+        }
         let argv = (!request.argv.is_empty()).then_some(request.argv);
         let input = match (request.terminal, request.stdin) {
             (Some(size), _) => {
@@ -162,8 +229,9 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::GetRunRequest>,
     ) -> Result<Response<pb::Run>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let run_id = request.into_inner().run_id;
+        self.authorize(&caller, "GetRun", &run_id).await?;
         let manager = self.manager.clone();
         let id = run_id.clone();
         let record = blocking(move || manager.get(&id))
@@ -177,13 +245,18 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::ListRunsRequest>,
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
+        self.audit_call(&caller, "ListRuns").await?;
         let manager = self.manager.clone();
         let runs = blocking(move || manager.list())
             .await?
             .map_err(|e| crate::status::internal("the run store", &e))?;
         Ok(Response::new(pb::ListRunsResponse {
-            runs: runs.iter().map(|run| self.manager.run_view(run)).collect(),
+            runs: runs
+                .iter()
+                .filter(|run| caller.may_touch(&run.owner))
+                .map(|run| self.manager.run_view(run))
+                .collect(),
         }))
     }
 
@@ -191,8 +264,9 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::StopRunRequest>,
     ) -> Result<Response<pb::StopRunResponse>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
+        self.authorize(&caller, "StopRun", &request.run_id).await?;
         let manager = self.manager.clone();
         let reason = if request.reason.is_empty() {
             "stopped by an operator".to_owned()
@@ -216,8 +290,9 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::GetRunTreeRequest>,
     ) -> Result<Response<pb::RunTree>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let run_id = request.into_inner().run_id;
+        self.authorize(&caller, "GetRunTree", &run_id).await?;
         let manager = self.manager.clone();
         let id = run_id.clone();
         let tree = blocking(move || manager.tree(&id))
@@ -235,8 +310,9 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::CopyOutRequest>,
     ) -> Result<Response<Self::CopyOutStream>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
+        self.authorize(&caller, "CopyOut", &request.run_id).await?;
         let manager = self.manager.clone();
         blocking(move || crate::copy_out::copy_out(manager, request.run_id, request.path))
             .await?
@@ -247,8 +323,13 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<tonic::Streaming<pb::CopyInRequest>>,
     ) -> Result<Response<pb::CopyInResponse>, Status> {
-        self.tokens.check(&request)?;
-        crate::copy_in::copy_in(self.manager.clone(), request.into_inner())
+        let caller = Caller::of(&request)?;
+        let mut requests = request.into_inner();
+        let first = requests.message().await?.ok_or_else(|| {
+            Status::invalid_argument("the first message must name the run and the directory")
+        })?;
+        self.authorize(&caller, "CopyIn", &first.run_id).await?;
+        crate::copy_in::copy_in(self.manager.clone(), first, requests)
             .await
             .map(Response::new)
     }
@@ -257,8 +338,9 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::RemoveWorkspaceRequest>,
     ) -> Result<Response<pb::RemoveWorkspaceResponse>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let run_id = request.into_inner().run_id;
+        self.authorize(&caller, "RemoveWorkspace", &run_id).await?;
         let manager = self.manager.clone();
         blocking(move || {
             let removed = manager.remove_workspace(&run_id);
@@ -281,13 +363,14 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<tonic::Streaming<pb::AttachRequest>>,
     ) -> Result<Response<Self::AttachStream>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let mut requests = request.into_inner();
         let first = requests
             .message()
             .await?
             .ok_or_else(|| Status::invalid_argument("the first message must name the run"))?;
         let run_id = first.run_id.clone();
+        self.authorize(&caller, "Attach", &run_id).await?;
         self.manager
             .takes_input(&run_id)
             .map_err(|e| crate::status::input_status(&e))?;
@@ -323,8 +406,9 @@ impl Supervisor for SupervisorService {
         &self,
         request: Request<pb::WatchRunRequest>,
     ) -> Result<Response<Self::WatchRunStream>, Status> {
-        self.tokens.check(&request)?;
+        let caller = Caller::of(&request)?;
         let run_id = request.into_inner().run_id;
+        self.authorize(&caller, "WatchRun", &run_id).await?;
         let (history, live) = match self.manager.hub().subscribe(&run_id) {
             Some(subscription) => subscription,
             None => {

@@ -94,10 +94,18 @@ pub fn no_token(error: tollgate_daemon::token::BearerError) -> Status {
     }
 }
 
-/// A token that is not this supervisor's (an authority's or an operator's, say).
+/// A token that is not this supervisor's, on a supervisor that trusts a key file (no
+/// authority to ask about operator tokens).
 pub fn wrong_token() -> Status {
     Status::unauthenticated(
-        "unknown token for this supervisor: it accepts only its own admin token, <supervisor data dir>/admin.token (an authority's token is not valid here)",
+        "unknown token for this supervisor: it trusts a key file, not an authority, so it accepts only its own admin token, <supervisor data dir>/admin.token (or an operator's client certificate)",
+    )
+}
+
+/// A token that is neither this supervisor's nor one its authority issued.
+pub fn unknown_token() -> Status {
+    Status::unauthenticated(
+        "unknown token for this supervisor: neither its admin token (<supervisor data dir>/admin.token) nor an operator token its authority issued",
     )
 }
 

@@ -202,6 +202,43 @@ impl Pki {
         self.dir.join(name).display().to_string()
     }
 
+    /// The flags that make supervisor `workstation` serve mutual TLS with these files and
+    /// reach its authority over TLS with its certificate.
+    pub fn supervisor_flags(&self) -> Vec<String> {
+        vec![
+            "--authority-ca".into(),
+            self.path("ca.pem"),
+            "--tls-cert".into(),
+            self.path("supervisor-workstation.pem"),
+            "--tls-key".into(),
+            self.path("supervisor-workstation.key"),
+            "--tls-client-ca".into(),
+            self.path("ca.pem"),
+        ]
+    }
+
+    /// A mutual-TLS connection to `addr` presenting `holder`'s certificate
+    /// (`operator-alice`, `supervisor-workstation`...). Panics if it cannot connect.
+    pub async fn channel(&self, addr: &str, holder: &str) -> Channel {
+        let read = |name: String| std::fs::read(self.dir.join(name)).expect("a PKI file");
+        tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+            .expect("an address")
+            .tls_config(
+                tonic::transport::ClientTlsConfig::new()
+                    .ca_certificate(tonic::transport::Certificate::from_pem(read(
+                        "ca.pem".into(),
+                    )))
+                    .identity(tonic::transport::Identity::from_pem(
+                        read(format!("{holder}.pem")),
+                        read(format!("{holder}.key")),
+                    )),
+            )
+            .expect("TLS settings")
+            .connect()
+            .await
+            .expect("mutual TLS")
+    }
+
     /// The flags that make an authority serve mutual TLS with these files.
     pub fn authority_flags(&self) -> Vec<String> {
         vec![

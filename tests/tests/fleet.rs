@@ -10,7 +10,7 @@ use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_tests::relay::Relay;
 use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, Pki, SupervisorProcess};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+use tonic::transport::Endpoint;
 use tonic::Code;
 
 fn tollgate(args: &[&str]) -> Output {
@@ -101,20 +101,9 @@ async fn every_link_speaks_mutual_tls_and_plaintext_or_no_certificate_is_refused
 
     // A supervisor's certificate is its identity at the authority: its revocation stream and
     // its delegation calls are refused under any other id.
-    let as_workstation = Endpoint::from_shared(format!("https://{}", authority.addr()))
-        .unwrap()
-        .tls_config(
-            ClientTlsConfig::new()
-                .ca_certificate(Certificate::from_pem(std::fs::read(&ca).unwrap()))
-                .identity(Identity::from_pem(
-                    std::fs::read(pki.path("supervisor-workstation.pem")).unwrap(),
-                    std::fs::read(pki.path("supervisor-workstation.key")).unwrap(),
-                )),
-        )
-        .unwrap()
-        .connect()
-        .await
-        .expect("TLS with the supervisor's certificate");
+    let as_workstation = pki
+        .channel(authority.addr(), "supervisor-workstation")
+        .await;
     let mut client = AuthorityClient::new(as_workstation);
     let watch = |supervisor_id: &str| pb::WatchRevocationsRequest {
         after_seq: 0,
@@ -168,18 +157,7 @@ async fn every_link_speaks_mutual_tls_and_plaintext_or_no_certificate_is_refused
         authority.addr(),
         "fleet-tls",
         210_000,
-        [
-            "--authority-ca",
-            &ca,
-            "--tls-cert",
-            &pki.path("supervisor-workstation.pem"),
-            "--tls-key",
-            &pki.path("supervisor-workstation.key"),
-            "--tls-client-ca",
-            &ca,
-        ]
-        .map(String::from)
-        .to_vec(),
+        pki.supervisor_flags(),
     );
     let spec = dir.path().join("run.toml");
     std::fs::write(

@@ -556,6 +556,8 @@ async fn supervisor_commands_find_and_name_the_supervisors_token() {
     );
     let authority_token = dir.path().join("authority.token");
     std::fs::write(&authority_token, authority.admin_token()).unwrap();
+    let made_up = dir.path().join("made-up.token");
+    std::fs::write(&made_up, "tgt_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA").unwrap();
     let ps = |env: Option<&std::path::Path>, token_file: Option<&std::path::Path>| {
         let mut command = Command::new(bin_path("tollgate"));
         command
@@ -586,14 +588,19 @@ async fn supervisor_commands_find_and_name_the_supervisors_token() {
         "{stderr}"
     );
 
-    let wrong = ps(None, Some(&authority_token));
+    let wrong = ps(None, Some(&made_up));
     assert_eq!(wrong.status.code(), Some(77));
     let stderr = one_line(&wrong);
     assert!(
         stderr.contains("unknown token for this supervisor")
-            && stderr.contains("<supervisor data dir>/admin.token"),
+            && stderr.contains("<supervisor data dir>/admin.token")
+            && stderr.contains("operator token its authority issued"),
         "{stderr}"
     );
+    // The authority's admin is an operator the supervisor asks its authority about: it sees
+    // every run.
+    let authority_admin = ps(None, Some(&authority_token));
+    assert!(authority_admin.status.success(), "{authority_admin:?}");
 
     // Both tokens set once: the supervisor's variable wins for supervisor commands.
     let both = ps(Some(&supervisor.token_file()), Some(&authority_token));

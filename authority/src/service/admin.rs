@@ -90,6 +90,15 @@ impl AuthorityService {
         })
     }
 
+    /// The calling operator, as [`pb::OperatorInfo`].
+    pub(super) fn who_am_i(
+        &self,
+        request: &Request<pb::WhoAmIRequest>,
+    ) -> Result<pb::OperatorInfo, CallError> {
+        let operator = self.operator(request.metadata())?;
+        Ok(operator_info(operator.as_ref().clone()))
+    }
+
     pub(super) async fn list_operators(
         &self,
         request: Request<pb::ListOperatorsRequest>,
@@ -99,13 +108,7 @@ impl AuthorityService {
         let operators = blocking(move || store.operators())
             .await?
             .into_iter()
-            .map(|(_, op)| pb::OperatorInfo {
-                name: op.name,
-                ceiling: Some(op.ceiling),
-                admin: op.admin,
-                created_at: Some(timestamp_from_unix(op.created_at)),
-                created_by: op.created_by,
-            })
+            .map(|(_, op)| operator_info(op))
             .collect();
         Ok(pb::ListOperatorsResponse { operators })
     }
@@ -140,5 +143,16 @@ impl AuthorityService {
             active: find(&active),
             retired: find(&retired),
         })
+    }
+}
+
+/// An operator as the API shows it (never its token).
+fn operator_info(op: Operator) -> pb::OperatorInfo {
+    pb::OperatorInfo {
+        name: op.name,
+        ceiling: Some(op.ceiling),
+        admin: op.admin,
+        created_at: Some(timestamp_from_unix(op.created_at)),
+        created_by: op.created_by,
     }
 }

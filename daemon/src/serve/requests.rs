@@ -17,6 +17,18 @@ use tonic::Status;
 /// (authentication): `Err` answers with that status at once.
 pub type HeaderCheck = dyn Fn(&str, &http::HeaderMap) -> Result<(), Status> + Send + Sync;
 
+/// What an [`Authenticate`] check answers: once it resolves, `Err` answers with that status
+/// (the body still unread), `Ok` passes the request on with these extensions added (who the
+/// caller is, for the handler).
+pub type AuthenticateFuture =
+    Pin<Box<dyn Future<Output = Result<http::Extensions, Status>> + Send>>;
+
+/// A check on a request's method path, headers and connection (its extensions: the peer's
+/// certificate) that may have to wait — for another daemon to say whose a token is — before
+/// any of its body is read.
+pub type Authenticate =
+    dyn Fn(&str, &http::HeaderMap, &http::Extensions) -> AuthenticateFuture + Send + Sync;
+
 /// What one listener's requests may make the daemon hold: a tower layer for
 /// `Server::layer`.
 #[derive(Clone)]
@@ -39,6 +51,7 @@ struct Shared {
     in_flight: AtomicUsize,
     body_deadline: Duration,
     check: Option<Box<HeaderCheck>>,
+    authenticate: Option<Box<Authenticate>>,
 }
 
 impl std::fmt::Debug for RequestLimits {
@@ -74,6 +87,7 @@ impl RequestLimits {
                 in_flight: AtomicUsize::new(0),
                 body_deadline,
                 check: None,
+                authenticate: None,
             },
         }
     }
@@ -112,6 +126,20 @@ impl RequestLimitsBuilder {
         check: impl Fn(&str, &http::HeaderMap) -> Result<(), Status> + Send + Sync + 'static,
     ) -> Self {
         self.shared.check = Some(Box::new(check));
+        self
+    }
+
+    /// Runs `authenticate` on every request's path, headers and connection before its body is
+    /// read, and passes it on only once it resolves `Ok` (with the extensions it adds); after
+    /// [`Self::check`], when both are given.
+    pub fn authenticate(
+        mut self,
+        authenticate: impl Fn(&str, &http::HeaderMap, &http::Extensions) -> AuthenticateFuture
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.shared.authenticate = Some(Box::new(authenticate));
         self
     }
 
@@ -161,95 +189,144 @@ impl Drop for Charge {
 
 impl<S, ResBody> tower_service::Service<http::Request<Body>> for Limited<S>
 where
-    S: tower_service::Service<http::Request<Body>, Response = http::Response<ResBody>>,
+    S: tower_service::Service<http::Request<Body>, Response = http::Response<ResBody>> + Clone,
     ResBody: Default,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = LimitedFuture<S::Future>;
+    type Future = LimitedFuture<S>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let path = request.uri().path().to_owned();
+        let path = request.uri().path();
         if let Some(check) = &self.limits.shared.check {
-            if let Err(status) = check(&path, request.headers()) {
+            if let Err(status) = check(path, request.headers()) {
                 return LimitedFuture::Refused {
                     response: Some(status.into_http()),
                 };
             }
         }
-        let charge = Arc::new(Charge {
-            limits: self.limits.clone(),
-            counted: AtomicUsize::new(0),
-        });
-        if self
-            .limits
-            .shared
-            .streams
-            .iter()
-            .any(|stream| *stream == path)
-        {
-            return LimitedFuture::Called {
-                future: self.inner.call(request),
-                _charge: charge,
+        if let Some(authenticate) = &self.limits.shared.authenticate {
+            let check = authenticate(path, request.headers(), request.extensions());
+            // The service made ready is the one called once the check resolves; this one
+            // keeps a fresh clone for the next call (the usual tower hand-over).
+            let fresh = self.inner.clone();
+            let ready = std::mem::replace(&mut self.inner, fresh);
+            return LimitedFuture::Authenticating {
+                check,
+                waiting: Some((ready, self.limits.clone(), request)),
             };
         }
-        let cap = self.limits.cap_of(&path);
-        let deadline = tokio::time::Instant::now() + self.limits.shared.body_deadline;
-        let request = request.map(|body| {
-            Body::new(LimitedBody {
-                inner: body,
-                charge: charge.clone(),
-                method: path,
-                cap,
-                seen: 0,
-                deadline,
-                timer: None,
-                done: false,
-            })
-        });
-        LimitedFuture::Called {
-            future: self.inner.call(request),
+        pass_on(&mut self.inner, &self.limits, request)
+    }
+}
+
+/// Calls `inner` with `request`, its body held to `limits`.
+fn pass_on<S, ResBody>(
+    inner: &mut S,
+    limits: &RequestLimits,
+    request: http::Request<Body>,
+) -> LimitedFuture<S>
+where
+    S: tower_service::Service<http::Request<Body>, Response = http::Response<ResBody>>,
+{
+    let path = request.uri().path().to_owned();
+    let charge = Arc::new(Charge {
+        limits: limits.clone(),
+        counted: AtomicUsize::new(0),
+    });
+    if limits.shared.streams.iter().any(|stream| *stream == path) {
+        return LimitedFuture::Called {
+            future: inner.call(request),
             _charge: charge,
-        }
+        };
+    }
+    let cap = limits.cap_of(&path);
+    let deadline = tokio::time::Instant::now() + limits.shared.body_deadline;
+    let request = request.map(|body| {
+        Body::new(LimitedBody {
+            inner: body,
+            charge: charge.clone(),
+            method: path,
+            cap,
+            seen: 0,
+            deadline,
+            timer: None,
+            done: false,
+        })
+    });
+    LimitedFuture::Called {
+        future: inner.call(request),
+        _charge: charge,
     }
 }
 
 pin_project_lite::pin_project! {
-    /// The response of a [`Limited`] service: refused on its headers, or the inner call,
-    /// holding the request's charge until it is answered.
+    /// The response of a [`Limited`] service: refused on its headers, waiting for its
+    /// authentication, or the inner call, holding the request's charge until it is answered.
     #[project = LimitedFutureProj]
     #[allow(missing_docs)] // variant fields are described on their variants
-    pub enum LimitedFuture<F> {
+    pub enum LimitedFuture<S>
+    where
+        S: tower_service::Service<http::Request<Body>>,
+    {
         /// Refused before the body was read: the refusal, taken when answered.
         Refused { response: Option<http::Response<Body>> },
+        /// Waiting for the authentication check; then the ready service, the limits and
+        /// the request (its body unread).
+        Authenticating {
+            check: AuthenticateFuture,
+            waiting: Option<(S, RequestLimits, http::Request<Body>)>,
+        },
         /// Passed on: the inner call, and the request's bytes, held until it is answered.
         Called {
             #[pin]
-            future: F,
+            future: S::Future,
             _charge: Arc<Charge>,
         },
     }
 }
 
-impl<F, ResBody, E> Future for LimitedFuture<F>
+impl<S, ResBody> Future for LimitedFuture<S>
 where
-    F: Future<Output = Result<http::Response<ResBody>, E>>,
+    S: tower_service::Service<http::Request<Body>, Response = http::Response<ResBody>>,
     ResBody: Default,
 {
-    type Output = Result<http::Response<ResBody>, E>;
+    type Output = Result<http::Response<ResBody>, S::Error>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            LimitedFutureProj::Refused { response } => {
-                let response = response.take().unwrap_or_default();
-                // The status travels in the headers; the body is empty.
-                Poll::Ready(Ok(response.map(|_| ResBody::default())))
-            }
-            LimitedFutureProj::Called { future, .. } => future.poll(cx),
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let next = match self.as_mut().project() {
+                LimitedFutureProj::Refused { response } => {
+                    let response = response.take().unwrap_or_default();
+                    // The status travels in the headers; the body is empty.
+                    return Poll::Ready(Ok(response.map(|_| ResBody::default())));
+                }
+                LimitedFutureProj::Called { future, .. } => return future.poll(cx),
+                LimitedFutureProj::Authenticating { check, waiting } => {
+                    let checked = std::task::ready!(check.as_mut().poll(cx));
+                    let Some((mut inner, limits, mut request)) = waiting.take() else {
+                        // Cannot happen (the state is replaced as soon as it is taken); a
+                        // status rather than a panic if it ever did.
+                        let refusal = Status::internal("request polled after its check");
+                        let response: http::Response<Body> = refusal.into_http();
+                        return Poll::Ready(Ok(response.map(|_| ResBody::default())));
+                    };
+                    match checked {
+                        Ok(extensions) => {
+                            request.extensions_mut().extend(extensions);
+                            pass_on(&mut inner, &limits, request)
+                        }
+                        Err(status) => LimitedFuture::Refused {
+                            response: Some(status.into_http()),
+                        },
+                    }
+                }
+            };
+            self.set(next);
         }
     }
 }

@@ -32,9 +32,10 @@ pub use error::DaemonError;
 /// A supervisor's claim on its host (in `tollgate-daemon`, which `tollgate doctor` reads too).
 pub use tollgate_daemon::host;
 
+use crate::callers::CallerCheck;
 use crate::cgroup::CgroupMode;
 use crate::runs::RunManager;
-use crate::service::{SupervisorService, TokenCheck};
+use crate::service::SupervisorService;
 use crate::COMPONENT;
 
 /// Where `--metrics-listen`'s bound address is written (for port 0).
@@ -180,7 +181,6 @@ impl Supervisor {
     ) -> Result<(), DaemonError> {
         let service = SupervisorService::new(
             self.manager.clone(),
-            TokenCheck::new(self.token_hash),
             self.info(),
             self.last_revocation_seq.clone(),
         );
@@ -207,7 +207,7 @@ impl Supervisor {
         let incoming = tollgate_daemon::incoming(listener, bounds.connections);
         let server = tollgate_daemon::tls::serve_tls(bounds.server(), &self.config.tls)
             .map_err(DaemonError::Tls)?
-            .layer(request_limits(self.token_hash))
+            .layer(request_limits(self.callers()))
             .add_service(health_service)
             .add_service(reflection)
             .add_service(reflection_v1alpha)
@@ -238,6 +238,16 @@ impl Supervisor {
         served
     }
 
+    /// Who may call: the admin token, operator certificates, and (following an authority)
+    /// the operator tokens it issued.
+    fn callers(&self) -> CallerCheck {
+        let authority = match &self.config.trust {
+            Trust::Authority(link) => Some(link),
+            Trust::KeyFile(_) => None,
+        };
+        CallerCheck::new(self.token_hash, authority)
+    }
+
     /// What `GetSupervisorInfo` answers.
     fn info(&self) -> pb::SupervisorInfo {
         pb::SupervisorInfo {
@@ -255,11 +265,11 @@ impl Supervisor {
     }
 }
 
-/// The supervisor API's request bounds. The token is checked on the headers, before any body
-/// is read: an unauthenticated peer cannot make the daemon hold a request (health,
-/// reflection and `GetSupervisorInfo` stay open; the public call's request is empty).
-fn request_limits(token_hash: [u8; 32]) -> RequestLimits {
-    let header_check = TokenCheck::new(token_hash);
+/// The supervisor API's request bounds. The caller is resolved from the headers (and the
+/// connection's certificate) before any body is read: an unauthenticated peer cannot make the
+/// daemon hold a request (health, reflection and `GetSupervisorInfo` stay open; the public
+/// call's request is empty).
+fn request_limits(callers: CallerCheck) -> RequestLimits {
     RequestLimits::builder(64 << 10, 16 << 20, Duration::from_secs(30))
         .cap("/tollgate.v1.Supervisor/StartRun", 256 << 10)
         // A run's input for as long as it runs; each message at most the service's
@@ -268,12 +278,11 @@ fn request_limits(token_hash: [u8; 32]) -> RequestLimits {
         // Spooled to disk as it comes, bounded by the handler (256 MiB).
         .stream("/tollgate.v1.Supervisor/CopyIn")
         .cap(PUBLIC_CALL, 1 << 10)
-        .check(move |path, headers| {
+        .authenticate(move |path, headers, connection| {
             if !path.starts_with("/tollgate.v1.Supervisor/") || path == PUBLIC_CALL {
-                return Ok(());
+                return Box::pin(std::future::ready(Ok(http::Extensions::new())));
             }
-            header_check
-                .check_metadata(&tonic::metadata::MetadataMap::from_headers(headers.clone()))
+            callers.authenticate(headers, connection)
         })
         .build()
 }

@@ -432,7 +432,7 @@ fn allowed_sensitivity(max: i32) -> Sensitivity {
 }
 
 /// What is classified: the request line, every header, the body (as text).
-fn request_text(method: &str, parts: &hyper::http::request::Parts, body: &Bytes) -> String {
+fn request_text(method: &str, parts: &http::request::Parts, body: &Bytes) -> String {
     let mut text = format!("{method} {}\n", parts.uri);
     for (name, value) in &parts.headers {
         text.push_str(name.as_str());

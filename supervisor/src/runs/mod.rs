@@ -28,6 +28,7 @@ use crate::warm::SandboxPool;
 use crate::COMPONENT;
 use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 
+pub mod access;
 mod admit;
 pub mod input;
 mod open;

@@ -37,7 +37,7 @@ fn remove_if_due(place: &Path, now: u64) -> bool {
 }
 
 /// A run id as a kept workspace's directory name: a UUID, nothing else (never a path).
-fn valid_id(run_id: &str) -> bool {
+pub(super) fn valid_id(run_id: &str) -> bool {
     uuid::Uuid::parse_str(run_id).is_ok() && !run_id.contains('/')
 }
 
