@@ -131,6 +131,10 @@ struct FsJson {
     mount: String,
     #[serde(default)]
     exec: bool,
+    /// Changes through the gateway wait for an operator (required beneath an asking grant
+    /// of the parent: the authority refuses a child that would skip it).
+    #[serde(default)]
+    ask: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -168,6 +172,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
                 access: access as i32,
                 mount: grant.mount,
                 exec: grant.exec,
+                ask: grant.ask,
             })
         })
         .collect::<Result<_, _>>()?;

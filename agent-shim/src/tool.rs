@@ -180,11 +180,9 @@ pub fn main(args: &[String]) -> i32 {
             "list" | "stat" => list_or_stat(&mut client, &verb, options).await,
             "write" => write(&mut client, options, input).await,
             "delete" => {
+                let path = options.path.clone();
                 let request = call(Tool::FsDelete(v1::FsDeleteRequest { path: options.path }));
-                match client.call_tool(request).await {
-                    Ok(_) => 0,
-                    Err(status) => refused(status),
-                }
+                changed(&mut client, "fs.delete", &path, request).await
             }
             "exec" => exec(&mut client, options, input).await,
             _ => usage(),
@@ -275,12 +273,54 @@ async fn write(client: &mut GatewayClient, options: Options, input: Vec<u8>) -> 
         );
         return EXIT_USAGE;
     }
+    let path = options.path.clone();
     let request = call(Tool::FsWrite(v1::FsWriteRequest {
         path: options.path,
         data: input,
         mode: options.mode,
     }));
-    match client.call_tool(request).await {
+    changed(client, "fs.write", &path, request).await
+}
+
+/// A change (`write`, `delete`): the call, and — when it waits for an operator's approval
+/// (its grant asks) — a line on stderr saying so, while it waits.
+async fn changed(
+    client: &mut GatewayClient,
+    tool: &str,
+    path: &str,
+    request: v1::CallToolRequest,
+) -> i32 {
+    let mut asker = client.clone();
+    let call = client.call_tool(request);
+    tokio::pin!(call);
+    let said = tokio::select! {
+        done = &mut call => Some(done),
+        () = tokio::time::sleep(std::time::Duration::from_millis(300)) => None,
+    };
+    let done = match said {
+        Some(done) => done,
+        None => {
+            if let Ok(waiting) = asker
+                .list_pending_calls(v1::ListPendingCallsRequest {})
+                .await
+            {
+                for pending in waiting
+                    .into_inner()
+                    .calls
+                    .iter()
+                    .filter(|c| c.tool == tool && c.path == path)
+                {
+                    eprintln!(
+                        "tollgate-shim: waiting for an operator to approve {tool} of {path} (call {}; denied at unix {} unless decided)",
+                        pending.call_id,
+                        pending.deadline.as_ref().map_or(0, |t| t.seconds)
+                    );
+                }
+            }
+            call.await
+        }
+    };
+    match done {
         Ok(_) => 0,
         Err(status) => refused(status),
     }

@@ -82,6 +82,12 @@ entry_kinds! {
     /// Files were copied out of a run's workspace (`tollgate cp`), or a kept workspace was
     /// removed.
     WorkspaceAccess => "workspace_access",
+    /// A gateway call under a grant that asks began to wait for an operator's approval
+    /// (tool, path, sizes, deadline; never data).
+    ApprovalPending => "approval_pending",
+    /// A wait for approval ended: approved or denied (by whom, why), timed out, cancelled by
+    /// the agent, or its run ended.
+    ApprovalDecided => "approval_decided",
     /// An operator's call to a supervisor about a run (list, get, watch, attach, copy, stop,
     /// start), allowed or refused by who owns the run.
     OperatorCall => "operator_call",

@@ -189,6 +189,12 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
     normalised_egress(&request.egress, "", false)?;
     tollgate_receipt::paths::Rootfs::parse(&request.rootfs, &request.fs)
         .map_err(|e| CallError::invalid("rootfs", e.to_string()))?;
+    if request.approval_timeout_seconds > tollgate_receipt::spec::MAX_APPROVAL_TIMEOUT.as_secs() {
+        return Err(CallError::invalid(
+            "approval_timeout_seconds",
+            "must be at most 86400 (1 day); 0 means the default, 300",
+        ));
+    }
     if request.workspace_keep_seconds > tollgate_receipt::spec::MAX_WORKSPACE_KEEP.as_secs() {
         return Err(CallError::invalid(
             "workspace_keep_seconds",
@@ -460,6 +466,12 @@ impl CeilingCheck<'_> {
                     grant.path,
                     access_name(grant.access)
                 ));
+            } else if let Some(asking) = tollgate_receipt::paths::ask_required(grant, &ceiling.fs) {
+                // The ceiling says a person approves each change there: no grant skips it.
+                found.push(format!(
+                    "fs[{i}] = {} without ask (the ceiling asks before changes beneath {})",
+                    grant.path, asking.path
+                ));
             }
             // An executable grant lets the agent load (and, for the listed programs, run)
             // anything its mount holds: the ceiling's exec list must cover the whole mount,
@@ -534,12 +546,14 @@ mod tests {
                     access: pb::FsAccess::Write as i32,
                     mount: String::new(),
                     exec: false,
+                    ask: false,
                 },
                 pb::FsGrant {
                     path: "/srv/data".into(),
                     access: pb::FsAccess::Read as i32,
                     mount: String::new(),
                     exec: false,
+                    ask: false,
                 },
             ],
             exec: vec!["/usr/bin/python3".into(), "/opt/tools/".into()],
@@ -601,6 +615,7 @@ mod tests {
             access: pb::FsAccess::Write as i32,
             mount: String::new(),
             exec: false,
+            ask: false,
         });
         assert!(denial(&r).contains("fs[0] = /srv/data/x (write)"));
 
@@ -610,6 +625,7 @@ mod tests {
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
             exec: false,
+            ask: false,
         });
         assert!(denial(&r).contains("fs[0] = /home/meow"));
 
@@ -712,6 +728,7 @@ mod tests {
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
             exec: false,
+            ask: false,
         });
         assert_eq!(field(&r), "fs[0].path");
         let mut r = request();
@@ -764,6 +781,7 @@ mod tests {
             access: access as i32,
             mount: mount.into(),
             exec: false,
+            ask: false,
         }
     }
 

@@ -327,6 +327,7 @@ fn bootstrap_admin(
                 access: pb::FsAccess::Write as i32,
                 mount: String::new(),
                 exec: false,
+                ask: false,
             }],
             exec: vec!["/".into()],
             routes: vec![pb::RouteGrant {

@@ -281,6 +281,53 @@ pub enum Command {
         /// The run id.
         run_id: String,
     },
+    /// The gateway calls waiting for an operator's approval (under a grant with `ask = true`)
+    /// on the runs you may see: what each would change and when it is denied unless decided.
+    /// Decide with `tollgate approve RUN CALL` or `tollgate deny RUN CALL`
+    #[command(
+        after_help = "Examples:\n  tollgate approvals\n  tollgate approvals --watch\n  tollgate approvals --run 0193f0c2-… --json"
+    )]
+    Approvals {
+        /// Only this run's calls.
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
+        /// Keep watching: each new waiting call and each end of a wait, until interrupted.
+        #[arg(long)]
+        watch: bool,
+        /// One JSON object per event.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a waiting call: it goes on at once (audited with your name)
+    Approve {
+        /// The run id.
+        run_id: String,
+        /// The call id (`tollgate approvals` lists them).
+        call_id: String,
+        /// Also let later calls of the same tool on the same path of this run through
+        /// without asking, for the rest of the run.
+        #[arg(long)]
+        remember: bool,
+        /// Why (audited).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Print the decision as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deny a waiting call: it fails in the agent with your reason (audited with your name)
+    Deny {
+        /// The run id.
+        run_id: String,
+        /// The call id (`tollgate approvals` lists them).
+        call_id: String,
+        /// Why (shown to the agent, audited).
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Print the decision as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Stop a live run; prints its teardown report.
     Stop {
         /// The run id.

@@ -2,6 +2,7 @@
 //! supervisors and keys talk to the authority; runs to the supervisor; audit reads log files;
 //! local runs nothing remote; quickstart tours throwaway daemons.
 
+pub(crate) mod approvals;
 pub mod audit;
 pub(crate) mod copy;
 pub(crate) mod doctor;

@@ -23,9 +23,11 @@ pub use cmd::audit;
 pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
 pub use cmd::rootfs::RootfsError;
 pub use error::CliError;
+use tollgate_proto::v1 as pb;
 
 use cmd::{
-    copy, doctor, keys, local, operators, pki, quickstart, receipts, rootfs, runs, supervisors,
+    approvals, copy, doctor, keys, local, operators, pki, quickstart, receipts, rootfs, runs,
+    supervisors,
 };
 
 /// Runs one command; output goes to stdout, the caller prints the error.
@@ -183,6 +185,40 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
         Command::Tree { run_id, json } => runs::tree(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
+        Command::Approvals { run, watch, json } => {
+            approvals::approvals(global, run, watch, json).await
+        }
+        Command::Approve {
+            run_id,
+            call_id,
+            remember,
+            reason,
+            json,
+        } => {
+            let request = pb::DecideApprovalRequest {
+                run_id,
+                call_id,
+                approve: true,
+                remember,
+                reason,
+            };
+            approvals::decide(global, request, json).await
+        }
+        Command::Deny {
+            run_id,
+            call_id,
+            reason,
+            json,
+        } => {
+            let request = pb::DecideApprovalRequest {
+                run_id,
+                call_id,
+                approve: false,
+                remember: false,
+                reason,
+            };
+            approvals::decide(global, request, json).await
+        }
         Command::Cp { source, dest } => copy::copy(global, &source, &dest).await,
         Command::Rm { run_id } => copy::remove(global, run_id).await,
     }

@@ -109,6 +109,16 @@ fn check_fs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, St
         let mounted = covering
             .iter()
             .any(|p| !p.mount.is_empty() && p.access >= grant.access);
+        // A change the parent must ask for, the child must ask for too.
+        if let Some(asking) = crate::paths::ask_required(grant, &parent.fs) {
+            return Err((
+                format!("fs[{i}].ask = false"),
+                format!(
+                    "the parent asks an operator before changing files beneath {}",
+                    asking.path
+                ),
+            ));
+        }
         if !grant.mount.is_empty() && !mounted {
             return Err((
                 format!("fs[{i}].mount = {}", grant.mount),
@@ -322,6 +332,7 @@ mod tests {
             access: access as i32,
             mount: mount.into(),
             exec: false,
+            ask: false,
         }
     }
 

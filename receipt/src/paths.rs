@@ -38,6 +38,24 @@ pub enum MountError {
         /// The reserved or system path it lies within.
         reserved: &'static str,
     },
+    /// A grant that asks for approval is mounted: the kernel reaches its files, and the
+    /// kernel cannot ask.
+    #[error("a grant that asks (ask = true) cannot be mounted: the kernel reaches a mounted grant's files and cannot ask; drop `mount` (the gateway's file tools then reach it) or `ask`")]
+    AskMounted {
+        /// The grant's index.
+        index: usize,
+    },
+    /// A grant that asks reaches the same host files as a WRITE mount, through which the
+    /// agent would change them without asking.
+    #[error("fs[{index}] asks for approval but fs[{other}] mounts {other_path:?} writable over the same files, where the agent changes them without asking")]
+    AskUnderWriteMount {
+        /// The asking grant's index.
+        index: usize,
+        /// The mounted grant's index.
+        other: usize,
+        /// The mounted grant's host path.
+        other_path: String,
+    },
     /// Two mount targets overlap (one at or beneath the other).
     #[error("mount {mount:?} overlaps fs[{other}].mount {other_mount:?}")]
     Overlaps {
@@ -59,14 +77,19 @@ impl MountError {
             Self::BadSource { index, .. }
             | Self::BadTarget { index, .. }
             | Self::Reserved { index, .. }
-            | Self::Overlaps { index, .. } => *index,
+            | Self::Overlaps { index, .. }
+            | Self::AskMounted { index }
+            | Self::AskUnderWriteMount { index, .. } => *index,
         }
     }
 
-    /// The request field at fault: `fs[i].path` or `fs[i].mount`.
+    /// The request field at fault: `fs[i].path`, `fs[i].mount` or `fs[i].ask`.
     pub fn field(&self) -> String {
         match self {
             Self::BadSource { index, .. } => format!("fs[{index}].path"),
+            Self::AskMounted { index } | Self::AskUnderWriteMount { index, .. } => {
+                format!("fs[{index}].ask")
+            }
             _ => format!("fs[{}].mount", self.index()),
         }
     }
@@ -92,10 +115,27 @@ pub fn reserved_mount(mount: &str) -> Option<&'static str> {
 
 /// Checks every mounted grant of `fs` (those with a `mount`): host path and target absolute,
 /// normalised and not `/`; the target not at or beneath [`RESERVED_MOUNTS`] or
-/// [`SYSTEM_PATHS`]; no two targets overlapping. Grants without a mount are not looked at.
+/// [`SYSTEM_PATHS`]; no two targets overlapping. A grant that asks for approval is not mounted
+/// and shares no host files with a WRITE mount (the kernel cannot ask). Grants without a mount
+/// are otherwise not looked at.
 pub fn check_mounts(fs: &[pb::FsGrant]) -> Result<(), MountError> {
     let mounted = || fs.iter().enumerate().filter(|(_, g)| !g.mount.is_empty());
     let normal = |path: &str| path != "/" && is_normal_absolute(path);
+    for (index, grant) in fs.iter().enumerate().filter(|(_, g)| g.ask) {
+        if !grant.mount.is_empty() {
+            return Err(MountError::AskMounted { index });
+        }
+        if let Some((other, o)) = mounted().find(|(_, o)| {
+            o.access == pb::FsAccess::Write as i32
+                && (path_within(&grant.path, &o.path) || path_within(&o.path, &grant.path))
+        }) {
+            return Err(MountError::AskUnderWriteMount {
+                index,
+                other,
+                other_path: o.path.clone(),
+            });
+        }
+    }
     for (index, grant) in mounted() {
         if !normal(&grant.path) {
             return Err(MountError::BadSource {
@@ -129,6 +169,30 @@ pub fn check_mounts(fs: &[pb::FsGrant]) -> Result<(), MountError> {
         }
     }
     Ok(())
+}
+
+/// The asking entry of `entries` (a ceiling's, or a parent receipt's grants) that makes
+/// `grant` ask for approval too, if one does: an asking entry beneath `grant` (its files
+/// would be changed without asking), or the most specific entry covering `grant` with enough
+/// access, when that one asks. A grant that asks itself is never held back.
+pub fn ask_required<'a>(
+    grant: &pb::FsGrant,
+    entries: &'a [pb::FsGrant],
+) -> Option<&'a pb::FsGrant> {
+    if grant.ask {
+        return None;
+    }
+    if let Some(nested) = entries
+        .iter()
+        .find(|e| e.ask && e.path != grant.path && path_within(&e.path, &grant.path))
+    {
+        return Some(nested);
+    }
+    entries
+        .iter()
+        .filter(|e| path_within(&grant.path, &e.path) && e.access >= grant.access)
+        .max_by_key(|e| (e.path.len(), e.ask))
+        .filter(|e| e.ask)
 }
 
 /// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
@@ -349,6 +413,7 @@ mod tests {
             access: pb::FsAccess::Write as i32,
             mount: mount.into(),
             exec: false,
+            ask: false,
         };
         assert_eq!(
             check_exec_grants(std::slice::from_ref(&venv), &exec),
@@ -424,6 +489,7 @@ mod tests {
             access: pb::FsAccess::Write as i32,
             mount: String::new(),
             exec: false,
+            ask: false,
         };
         let error = Rootfs::parse("/srv/rootfs", std::slice::from_ref(&write)).unwrap_err();
         assert!(error.to_string().contains("W^X"), "{error}");
@@ -460,6 +526,7 @@ mod tests {
             access: pb::FsAccess::Read as i32,
             mount: mount.into(),
             exec: false,
+            ask: false,
         }
     }
 
@@ -527,6 +594,75 @@ mod tests {
             ]),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_grant_that_asks_is_never_reached_by_the_kernel() {
+        let asking = |path: &str, mount: &str| pb::FsGrant {
+            access: pb::FsAccess::Write as i32,
+            ask: true,
+            ..grant(path, mount)
+        };
+        let writable = |path: &str, mount: &str| pb::FsGrant {
+            access: pb::FsAccess::Write as i32,
+            ..grant(path, mount)
+        };
+        let error = check_mounts(&[asking("/srv/a", "/data")]).unwrap_err();
+        assert_eq!(error, MountError::AskMounted { index: 0 });
+        assert_eq!(error.field(), "fs[0].ask");
+        // A WRITE mount over the same files, from above or below, lets the agent skip asking.
+        for mounted in ["/srv", "/srv/a/sub"] {
+            let error = check_mounts(&[asking("/srv/a", ""), writable(mounted, "/data")]);
+            assert!(
+                matches!(
+                    error,
+                    Err(MountError::AskUnderWriteMount {
+                        index: 0,
+                        other: 1,
+                        ..
+                    })
+                ),
+                "{mounted}: {error:?}"
+            );
+        }
+        // Reading through a mount is no change; other files are no concern.
+        assert_eq!(
+            check_mounts(&[asking("/srv/a", ""), grant("/srv", "/data")]),
+            Ok(())
+        );
+        assert_eq!(
+            check_mounts(&[asking("/srv/a", ""), writable("/srv/b", "/data")]),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn asking_is_inherited_from_the_most_specific_entry_and_from_any_beneath() {
+        let entry = |path: &str, ask: bool| pb::FsGrant {
+            access: pb::FsAccess::Write as i32,
+            ask,
+            ..grant(path, "")
+        };
+        let entries = [
+            entry("/srv", true),
+            entry("/srv/tmp", false),
+            entry("/", false),
+        ];
+        let asked =
+            |path: &str| ask_required(&entry(path, false), &entries).map(|e| e.path.clone());
+        assert_eq!(asked("/srv/app"), Some("/srv".into()));
+        assert_eq!(
+            asked("/srv/tmp/x"),
+            None,
+            "a more specific entry that does not ask"
+        );
+        assert_eq!(asked("/home"), None);
+        assert_eq!(
+            asked("/"),
+            Some("/srv".into()),
+            "an asking entry beneath it"
+        );
+        assert_eq!(ask_required(&entry("/srv/app", true), &entries), None);
     }
 
     #[test]

@@ -176,6 +176,10 @@ pub struct FsSpec {
     /// beneath it.
     #[serde(default)]
     pub exec: bool,
+    /// Each change the gateway makes beneath it waits for an operator's approval (grants
+    /// without `mount` only). In a ceiling: grants minted beneath it must ask.
+    #[serde(default)]
+    pub ask: bool,
 }
 
 /// Parses `read` / `write`.
@@ -215,10 +219,26 @@ fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
                 access: parse_access(&format!("fs[{i}].access"), &grant.access)? as i32,
                 mount: grant.mount.clone().unwrap_or_default(),
                 exec: grant.exec,
+                ask: grant.ask,
             })
         })
         .collect()
 }
+
+/// `[approvals]`: how calls that ask for approval wait.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalsSection {
+    /// How long a call waits for a decision before it is denied, e.g. `"2m"` (default 5m,
+    /// at most 1 day and the run's ttl).
+    pub timeout: String,
+}
+
+/// How long a call waits for approval when the run spec does not say.
+pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Longest wait for an approval a receipt may ask for.
+pub const MAX_APPROVAL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// One `[[routes]]` grant.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -424,6 +444,8 @@ pub struct RunSpec {
     /// Outbound connections through the supervisor.
     #[serde(default)]
     pub egress: Vec<EgressSpec>,
+    /// How calls that ask for approval wait.
+    pub approvals: Option<ApprovalsSection>,
 }
 
 fn syntax(error: toml::de::Error) -> SpecError {
@@ -485,6 +507,16 @@ impl RunSpec {
                 None => 0,
             },
             egress: egress_to_proto(&self.egress)?,
+            approval_timeout_seconds: match &self.approvals {
+                Some(approvals) => {
+                    let timeout = parse_duration("approvals.timeout", &approvals.timeout)?;
+                    if timeout.is_zero() || timeout > MAX_APPROVAL_TIMEOUT {
+                        return Err(invalid("approvals.timeout", "must be between 1s and 1 day"));
+                    }
+                    timeout.as_secs()
+                }
+                None => 0,
+            },
         })
     }
 }

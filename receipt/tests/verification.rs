@@ -39,6 +39,7 @@ fn sample_receipt() -> Receipt {
             access: pb::FsAccess::Read as i32,
             mount: "/project".into(),
             exec: false,
+            ask: false,
         }],
         exec: vec!["/usr/bin/python3".into()],
         ..Default::default()

@@ -13,6 +13,8 @@
 #![deny(unsafe_code)]
 
 pub mod admission;
+pub mod approval_api;
+pub mod approvals;
 // Files beneath a grant and their snapshots live in `tollgate-files` (the CLI's restore uses
 // them without linking the sandbox); re-exported under their old paths.
 pub use tollgate_files::{beneath, snapshot};

@@ -400,6 +400,40 @@ impl Supervisor for SupervisorService {
         Ok(Response::new(event_stream(history, live)))
     }
 
+    type WatchApprovalsStream = crate::approval_api::ApprovalStream;
+
+    async fn watch_approvals(
+        &self,
+        request: Request<pb::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        let caller = Caller::of(&request)?;
+        let run_id = request.into_inner().run_id;
+        if run_id.is_empty() {
+            self.audit_call(&caller, "WatchApprovals").await?;
+        } else {
+            self.authorize(&caller, "WatchApprovals", &run_id).await?;
+        }
+        Ok(Response::new(crate::approval_api::watch(
+            self.manager.approvals(),
+            caller,
+            run_id,
+        )))
+    }
+
+    async fn decide_approval(
+        &self,
+        request: Request<pb::DecideApprovalRequest>,
+    ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        self.authorize(&caller, "DecideApproval", &request.run_id)
+            .await?;
+        let decided = crate::approval_api::decide(self.manager.approvals(), &caller, request)?;
+        Ok(Response::new(pb::DecideApprovalResponse {
+            decided: Some(decided),
+        }))
+    }
+
     type WatchRunStream = RunEventStream;
 
     async fn watch_run(

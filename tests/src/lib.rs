@@ -722,6 +722,34 @@ impl SupervisorProcess {
         &self.data_dir
     }
 
+    /// `StartRun` of receipt `text` as the holder of `token` (an operator's, say).
+    pub async fn start_run_as(&self, token: &str, text: String) -> Result<String, tonic::Status> {
+        self.client()
+            .await
+            .start_run(authed(
+                token,
+                tollgate_proto::v1::StartRunRequest {
+                    receipt: text,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .map(|response| response.into_inner().run_id)
+    }
+
+    /// Every entry of the audit log in `dir` (a daemon's `<data dir>/audit`), in order.
+    pub fn audit_entries(dir: &Path) -> Vec<tollgate_audit::Entry> {
+        tollgate_audit::AuditReader::open(dir)
+            .expect("open the audit log")
+            .collect::<Result<_, _>>()
+            .expect("read the audit log")
+    }
+
+    /// Every entry of this supervisor's audit log, in order.
+    pub fn audit(&self) -> Vec<tollgate_audit::Entry> {
+        Self::audit_entries(&self.data_dir.join("audit"))
+    }
+
     /// Starts the receipt `text` with its pinned agent (as the supervisor's admin); the run id.
     pub async fn start_run(&self, text: String) -> String {
         self.client()

@@ -250,6 +250,7 @@ pub fn with_venv_agent(receipt: &mut pb::Receipt, script: &str, env: &[(&str, &s
         access: pb::FsAccess::Read as i32,
         mount: VENV_IN_SANDBOX.into(),
         exec: false,
+        ask: false,
     });
     receipt.exec.push(python.clone());
     receipt.agent = Some(pb::AgentSpec {

@@ -26,6 +26,7 @@ fn read_grant(path: &Path, mount: &str) -> pb::FsGrant {
         access: pb::FsAccess::Read as i32,
         mount: mount.into(),
         exec: false,
+        ask: false,
     }
 }
 

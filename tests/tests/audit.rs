@@ -44,6 +44,7 @@ fn request(subject: &str, paths: &[String]) -> pb::MintReceiptRequest {
                 access: pb::FsAccess::Read as i32,
                 mount: String::new(),
                 exec: false,
+                ask: false,
             })
             .collect(),
         ..Default::default()
@@ -222,6 +223,7 @@ async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
         access: pb::FsAccess::Read as i32,
         mount: "/secrets".into(),
         exec: false,
+        ask: false,
     }];
     let minted = authority
         .client()

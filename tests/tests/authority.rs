@@ -28,6 +28,7 @@ fn mint_request(subject: &str) -> pb::MintReceiptRequest {
             access: pb::FsAccess::Read as i32,
             mount: "/project".into(),
             exec: false,
+            ask: false,
         }],
         routes: vec![pb::RouteGrant {
             name: "local".into(),
@@ -281,6 +282,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
             exec: false,
+            ask: false,
         }],
         exec: vec!["/usr/bin/".into()],
         routes: vec![pb::RouteGrant {
@@ -792,6 +794,7 @@ async fn more_rejections_operator_input_and_bounds() {
             access: pb::FsAccess::Read as i32,
             mount: String::new(),
             exec: false,
+            ask: false,
         }],
         max_ttl_seconds: 600,
         ..Default::default()

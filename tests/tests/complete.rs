@@ -144,6 +144,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         models: Some(Arc::new(RunModels::new(shared, tokens))),
         children: Default::default(),
         egress: Default::default(),
+        approvals: Default::default(),
     }));
     let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
     let channel =

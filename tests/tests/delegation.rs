@@ -188,6 +188,7 @@ fn grant(path: &Path, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
         access: access as i32,
         mount: mount.into(),
         exec: false,
+        ask: false,
     }
 }
 

@@ -27,6 +27,7 @@ fn grant(path: &str, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
         access: access as i32,
         mount: mount.into(),
         exec: false,
+        ask: false,
     }
 }
 

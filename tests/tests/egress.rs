@@ -157,6 +157,7 @@ impl Egress {
                 access: pb::FsAccess::Read as i32,
                 mount: "/certs".into(),
                 exec: false,
+                ask: false,
             }],
             limits: Some(limits),
             egress,
@@ -663,6 +664,7 @@ fetch("https://api.example.test/").then(r => r.text()).then(t => console.log(t.t
         access: pb::FsAccess::Read as i32,
         mount: "/agent".into(),
         exec: false,
+        ask: false,
     });
     request
         .exec

@@ -152,7 +152,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
             ..Default::default()
         },
         expires_at: tollgate_receipt::unix_now() + 3600,
-        grants: vec![FsGrant::open(&grant.display().to_string(), true)],
+        grants: vec![FsGrant::open(&grant.display().to_string(), true, false)],
         max_calls: 1000,
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
@@ -162,6 +162,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         models: None,
         children: Default::default(),
         egress: Default::default(),
+        approvals: Default::default(),
     }));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

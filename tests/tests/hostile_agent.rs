@@ -58,6 +58,7 @@ fn write_grant(path: &Path, mount: &str) -> pb::FsGrant {
         access: pb::FsAccess::Write as i32,
         mount: mount.into(),
         exec: false,
+        ask: false,
     }
 }
 

@@ -63,6 +63,7 @@ impl Host {
                 access: pb::FsAccess::Write as i32,
                 mount: GRANT_IN_SANDBOX.into(),
                 exec: false,
+                ask: false,
             }],
             limits: Some(pb::Limits {
                 tool_calls: 10,

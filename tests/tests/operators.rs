@@ -7,7 +7,7 @@
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use tollgate_audit::{AuditReader, Decision, Entry, EntryKind, MetaValue};
+use tollgate_audit::{Decision, Entry, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::supervisor_client::SupervisorClient;
 use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, Pki, SupervisorProcess};
@@ -47,23 +47,6 @@ async fn mint(authority: &AuthorityProcess, token: &str, subject: &str) -> Strin
         .expect("mint")
         .into_inner()
         .text
-}
-
-async fn start(
-    client: &mut SupervisorClient<Channel>,
-    token: &str,
-    receipt: String,
-) -> Result<String, tonic::Status> {
-    client
-        .start_run(authed(
-            token,
-            pb::StartRunRequest {
-                receipt,
-                ..Default::default()
-            },
-        ))
-        .await
-        .map(|r| r.into_inner().run_id)
 }
 
 async fn listed(client: &mut SupervisorClient<Channel>, token: &str) -> Vec<String> {
@@ -187,24 +170,19 @@ async fn operators_see_watch_and_stop_only_their_own_runs_and_admins_every_run()
     let mut client = supervisor.client().await;
 
     // Each starts its own receipt with its own operator token.
-    let alices = start(
-        &mut client,
-        &alice,
-        mint(&authority, &alice, "alices").await,
-    )
-    .await
-    .expect("alice starts her own receipt");
-    let bobs = start(&mut client, &bob, mint(&authority, &bob, "bobs").await)
+    let alices = supervisor
+        .start_run_as(&alice, mint(&authority, &alice, "alices").await)
+        .await
+        .expect("alice starts her own receipt");
+    let bobs = supervisor
+        .start_run_as(&bob, mint(&authority, &bob, "bobs").await)
         .await
         .expect("bob starts his own receipt");
     // Not another operator's receipt: the run would be alice's, out of bob's sight.
-    let refused = start(
-        &mut client,
-        &bob,
-        mint(&authority, &alice, "alices-2").await,
-    )
-    .await
-    .unwrap_err();
+    let refused = supervisor
+        .start_run_as(&bob, mint(&authority, &alice, "alices-2").await)
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     assert!(
         refused.message().contains("operator \"alice\"'s"),
@@ -300,10 +278,7 @@ async fn operators_see_watch_and_stop_only_their_own_runs_and_admins_every_run()
         .expect("alice stops her own run");
 
     // The audit has every operator's call with its name: alice's refusals, the admin's stop.
-    let entries: Vec<Entry> = AuditReader::open(&supervisor.data_dir().join("audit"))
-        .expect("open the audit log")
-        .collect::<Result<_, _>>()
-        .expect("read the audit log");
+    let entries: Vec<Entry> = supervisor.audit();
     let calls: Vec<_> = entries
         .iter()
         .filter(|e| e.kind == EntryKind::OperatorCall)

@@ -171,6 +171,7 @@ fn a_warm_sandbox_binds_the_host_as_it_is_when_the_run_starts() {
         access: pb::FsAccess::Read as i32,
         mount: "/volume".into(),
         exec: false,
+        ask: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
@@ -209,6 +210,7 @@ fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
         exec: false,
+        ask: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
@@ -303,12 +305,14 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
         access: pb::FsAccess::Write as i32,
         mount: String::new(),
         exec: false,
+        ask: false,
     });
     receipt.fs.push(pb::FsGrant {
         path: docs.display().to_string(),
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
         exec: false,
+        ask: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
@@ -418,6 +422,7 @@ fn a_directory_swapped_for_a_symlink_between_two_calls_is_refused() {
         access: pb::FsAccess::Read as i32,
         mount: String::new(),
         exec: false,
+        ask: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);

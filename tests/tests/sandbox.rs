@@ -73,6 +73,7 @@ impl Harness {
                 access: pb::FsAccess::Read as i32,
                 mount: "/data".into(),
                 exec: false,
+                ask: false,
             }],
             limits: Some(pb::Limits {
                 tmpfs_bytes: 8 << 20,

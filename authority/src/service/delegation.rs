@@ -261,6 +261,8 @@ impl AuthorityService {
             // A child's workspace goes with it; its parent copies out what it needs.
             workspace_keep_seconds: 0,
             egress: spec.egress,
+            // A child waits for approval as long as its parent does.
+            approval_timeout_seconds: parent.approval_timeout_seconds,
         };
         // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
         validate_mint(&shape)?;
@@ -293,6 +295,10 @@ impl AuthorityService {
             rootfs: parent.rootfs.clone(),
             workspace_keep_seconds: 0,
             egress,
+            approval_timeout_seconds: super::receipts::approval_timeout(
+                shape.approval_timeout_seconds,
+                ttl,
+            ),
         };
         // Ceilings are not re-checked: child within parent within ceiling, and ceilings never
         // change.

@@ -104,6 +104,10 @@ impl AuthorityService {
             rootfs: request.rootfs,
             workspace_keep_seconds: request.workspace_keep_seconds,
             egress: request.egress,
+            approval_timeout_seconds: approval_timeout(
+                request.approval_timeout_seconds,
+                request.ttl_seconds,
+            ),
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting
@@ -236,4 +240,14 @@ impl AuthorityService {
             next_page_token,
         })
     }
+}
+
+/// How long a call of the receipt waits for approval: the request's (0: the default), never
+/// longer than the receipt lives.
+pub(super) fn approval_timeout(requested: u64, ttl_seconds: u64) -> u64 {
+    let timeout = match requested {
+        0 => tollgate_receipt::spec::DEFAULT_APPROVAL_TIMEOUT.as_secs(),
+        requested => requested,
+    };
+    timeout.min(ttl_seconds)
 }

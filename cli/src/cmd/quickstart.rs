@@ -406,12 +406,14 @@ async fn run_sample_agent(
                 access: pb::FsAccess::Read as i32,
                 mount: "/project".into(),
                 exec: false,
+                ask: false,
             },
             pb::FsGrant {
                 path: notes.display().to_string(),
                 access: pb::FsAccess::Write as i32,
                 mount: String::new(),
                 exec: false,
+                ask: false,
             },
         ],
         exec: ["/bin/sh", "/usr/bin/id", "/usr/bin/cat", "/usr/bin/ls"]

@@ -30,16 +30,19 @@ pub struct FsGrant {
     pub path: String,
     /// Whether writes are granted (the read tools need only a read grant).
     pub writable: bool,
+    /// Whether each change beneath it waits for an operator's approval.
+    pub ask: bool,
     /// The granted path, pinned when the run started (or why it could not be).
     pub root: Result<GrantRoot, Errno>,
 }
 
 impl FsGrant {
     /// The grant of `path`, pinned now: call before the agent exists.
-    pub fn open(path: &str, writable: bool) -> Self {
+    pub fn open(path: &str, writable: bool, ask: bool) -> Self {
         Self {
             path: path.to_owned(),
             writable,
+            ask,
             root: GrantRoot::open(path),
         }
     }
@@ -480,10 +483,46 @@ impl FsTools {
             })
     }
 
+    /// The change `tool` would make, when the grant it falls under asks for approval; `None`
+    /// when it needs none (reads; grants that do not ask; calls the checks refuse anyway).
+    pub(crate) fn approval_needed(&self, tool: &Option<Tool>) -> Option<Asked> {
+        if !self.grants.iter().any(|grant| grant.ask) {
+            return None;
+        }
+        let (name, path, bytes, mode) = match tool {
+            Some(Tool::FsWrite(r)) => (
+                "fs.write",
+                &r.path,
+                r.data.len() as u64,
+                pb::WriteMode::try_from(r.mode).map_or("unknown", |m| m.as_str_name()),
+            ),
+            Some(Tool::FsDelete(r)) => ("fs.delete", &r.path, 0, ""),
+            _ => return None,
+        };
+        let target = self.writable_target(path, name).ok()?;
+        target.grant.ask.then(|| Asked {
+            tool: name,
+            path: path.clone(),
+            bytes,
+            mode: mode.to_owned(),
+        })
+    }
+
     /// Runs one call: checks, the tool, the audit entry.
     pub(crate) fn call(&self, tool: Option<Tool>) -> Result<pb::CallToolResponse, Status> {
+        self.call_as(tool, new_call_id(), Approval::NotAsked)
+    }
+
+    /// Runs call `call_id`, which waited for `approval` when its grant asks: approved, it
+    /// runs as any call (its entry says who approved); refused, it is counted and audited as
+    /// refused.
+    pub(crate) fn call_as(
+        &self,
+        tool: Option<Tool>,
+        call_id: String,
+        approval: Approval,
+    ) -> Result<pb::CallToolResponse, Status> {
         let started = Instant::now();
-        let call_id = new_call_id();
         let (name, path) = match &tool {
             Some(Tool::FsRead(r)) => ("fs.read", r.path.clone()),
             Some(Tool::FsList(r)) => ("fs.list", r.path.clone()),
@@ -503,21 +542,21 @@ impl FsTools {
                     .into(),
             ));
         }
-        let outcome = self.gate.admit(name).and_then(|made| match &tool {
-            Some(Tool::FsRead(request)) => self.read(made, request).map(Step::Done),
-            Some(Tool::FsList(request)) => self.list(made, request).map(Step::Done),
-            Some(Tool::FsStat(request)) => self.stat(made, request).map(Step::Done),
-            Some(Tool::FsWrite(request)) => self.write(made, &call_id, request),
-            Some(Tool::FsDelete(request)) => self.delete(made, &call_id, request),
-            Some(Tool::Exec(_)) => Err(Refusal::with(
-                Status::internal,
-                "exec is served asynchronously".into(),
-            )),
-            None => Err(Refusal::with(
-                Status::invalid_argument,
-                "no tool given".into(),
-            )),
-        });
+        let refused = match approval {
+            Approval::NotAsked => None,
+            Approval::Approved { by } => {
+                meta.push(("approved_by", by.into()));
+                None
+            }
+            Approval::Refused(refusal) => Some(refusal),
+        };
+        let outcome = self
+            .gate
+            .admit(name)
+            .and_then(|made| match (refused, &tool) {
+                (Some(refusal), _) => Err(refusal),
+                (None, tool) => self.run(made, &call_id, tool),
+            });
         match &outcome {
             Ok(Step::Done(ToolResult::FsRead(read))) => {
                 meta.push(("bytes", (read.data.len() as i64).into()));
@@ -530,4 +569,50 @@ impl FsTools {
         self.gate
             .finish(name, call_id, started, meta, outcome, false)
     }
+
+    /// The tool itself, once admitted.
+    fn run(&self, made: u64, call_id: &str, tool: &Option<Tool>) -> Result<Step<'_>, Refusal> {
+        match tool {
+            Some(Tool::FsRead(request)) => self.read(made, request).map(Step::Done),
+            Some(Tool::FsList(request)) => self.list(made, request).map(Step::Done),
+            Some(Tool::FsStat(request)) => self.stat(made, request).map(Step::Done),
+            Some(Tool::FsWrite(request)) => self.write(made, call_id, request),
+            Some(Tool::FsDelete(request)) => self.delete(made, call_id, request),
+            Some(Tool::Exec(_)) => Err(Refusal::with(
+                Status::internal,
+                "exec is served asynchronously".into(),
+            )),
+            None => Err(Refusal::with(
+                Status::invalid_argument,
+                "no tool given".into(),
+            )),
+        }
+    }
+}
+
+/// A change that must wait for an operator: what the operator is shown (never the data).
+#[derive(Debug, Clone)]
+pub(crate) struct Asked {
+    /// `fs.write` or `fs.delete`.
+    pub(crate) tool: &'static str,
+    /// The host path it changes.
+    pub(crate) path: String,
+    /// `fs.write`: the bytes it writes.
+    pub(crate) bytes: u64,
+    /// `fs.write`: its mode.
+    pub(crate) mode: String,
+}
+
+/// Whether a call waited for approval, and how that ended.
+#[derive(Debug)]
+pub(crate) enum Approval {
+    /// Its grant does not ask.
+    NotAsked,
+    /// Approved (an operator, or a remembered approval): it runs.
+    Approved {
+        /// Who approved.
+        by: String,
+    },
+    /// Denied, timed out, or its run ended: refused with why.
+    Refused(Refusal),
 }

@@ -20,7 +20,9 @@
 //! are never opened.
 //!
 //! Inside, dependencies run one way: `input` (bounds) and `gate` (the checks, the budget
-//! and the audit entry every call passes) are leaves; the tool families `fs`, `exec`,
+//! and the audit entry every call passes) are leaves; `approval` (calls under a grant that
+//! asks, waiting on the supervisor's approval board) uses the gate and what `fs` says a call
+//! would change; the tool families `fs`, `exec`,
 //! `models` and `children` each depend on the gate only (delegation also on the grants
 //! and model budget it carves from; `egress`, outbound connections, also on the `egress`
 //! leaves); `run` assembles one run's gateway from them; `tunnel` sorts the connections
@@ -28,6 +30,7 @@
 //! `service` serves it on the run's socket. Delegation reaches the run manager through the
 //! [`ChildRuns`] trait declared here, never the manager's type.
 
+pub mod approval;
 pub mod children;
 pub mod egress;
 pub mod exec;

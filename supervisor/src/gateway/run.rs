@@ -7,6 +7,7 @@ use tollgate_audit::AuditLog;
 use tollgate_files::snapshot::SnapshotStore;
 use tollgate_proto::v1 as pb;
 
+use super::approval::RunApprovals;
 use super::children::{ChildState, Children};
 use super::egress::{EgressCalls, EgressSetup};
 use super::exec::ExecTools;
@@ -46,6 +47,8 @@ pub struct RunGatewayConfig {
     /// What outbound connections are served with: the administrator's settings, the run's
     /// certificate authority, the classifier.
     pub egress: EgressSetup,
+    /// Where calls under a grant that asks wait for an operator.
+    pub approvals: Arc<crate::approvals::ApprovalBoard>,
 }
 
 /// What the gateway of one run knows and counts: one call gate, and each tool family
@@ -66,6 +69,8 @@ pub struct RunGateway {
     pub children: Arc<Children>,
     /// Outbound connections.
     pub egress: Arc<EgressCalls>,
+    /// Calls waiting for an operator's approval.
+    pub approvals: RunApprovals,
 }
 
 impl RunGateway {
@@ -86,7 +91,17 @@ impl RunGateway {
             streams_end: tokio::sync::watch::Sender::new(false),
         });
         let grants: Arc<[FsGrant]> = config.grants.into();
+        // Receipts minted before approvals existed say 0: the default.
+        let timeout = match gate.receipt.approval_timeout_seconds {
+            0 => tollgate_receipt::spec::DEFAULT_APPROVAL_TIMEOUT,
+            seconds => std::time::Duration::from_secs(seconds),
+        };
         Self {
+            approvals: RunApprovals {
+                gate: gate.clone(),
+                board: config.approvals,
+                timeout,
+            },
             host_id: config.host_id,
             fs: FsTools {
                 gate: gate.clone(),

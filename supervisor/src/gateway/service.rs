@@ -125,6 +125,13 @@ impl Gateway for GatewayService {
         if let Some(Tool::Exec(request)) = tool {
             return self.run.exec.call(request).await.map(Response::new);
         }
+        if let Some(asked) = self.run.fs.approval_needed(&tool) {
+            // Waits (without a thread) for an operator; cancelling this call gives it up.
+            let call_id = super::gate::new_call_id();
+            let approval = self.run.approvals.approve(asked, &call_id).await?;
+            return tokio::task::block_in_place(|| self.run.fs.call_as(tool, call_id, approval))
+                .map(Response::new);
+        }
         // File system work blocks: let the runtime move its other work off this thread.
         tokio::task::block_in_place(|| self.run.fs.call(tool)).map(Response::new)
     }
@@ -157,6 +164,16 @@ impl Gateway for GatewayService {
     ) -> Result<Response<pb::RunTree>, Status> {
         self.check_peer(&request)?;
         self.run.children.list_children().await.map(Response::new)
+    }
+
+    async fn list_pending_calls(
+        &self,
+        request: Request<pb::ListPendingCallsRequest>,
+    ) -> Result<Response<pb::ListPendingCallsResponse>, Status> {
+        self.check_peer(&request)?;
+        Ok(Response::new(pb::ListPendingCallsResponse {
+            calls: self.run.approvals.waiting(),
+        }))
     }
 
     type EgressStream = super::egress::EgressStream;

@@ -52,10 +52,14 @@ fn fixture(max_calls: u64, expires_in: i64) -> Fixture {
         receipt: pb::Receipt::default(),
         expires_at: unix_now() + expires_in,
         grants: vec![
-            FsGrant::open(&grant.display().to_string(), false),
-            FsGrant::open(&dir.path().join("rw").display().to_string(), true),
+            FsGrant::open(&grant.display().to_string(), false, false),
+            FsGrant::open(&dir.path().join("rw").display().to_string(), true, false),
             // A grant inside another the agent may write.
-            FsGrant::open(&dir.path().join("rw/nested").display().to_string(), true),
+            FsGrant::open(
+                &dir.path().join("rw/nested").display().to_string(),
+                true,
+                false,
+            ),
         ],
         max_calls,
         closing: Arc::default(),
@@ -66,6 +70,7 @@ fn fixture(max_calls: u64, expires_in: i64) -> Fixture {
         models: None,
         children: Default::default(),
         egress: Default::default(),
+        approvals: Default::default(),
     });
     Fixture {
         _dir: dir,
@@ -422,6 +427,7 @@ fn a_child_grant_never_reaches_through_a_link_or_mounts_beneath_a_writable_grant
             access: access as i32,
             mount: mount.into(),
             exec: false,
+            ask: false,
         }],
         ..Default::default()
     };

@@ -32,6 +32,7 @@ pub(super) fn pin_grants(
             let pinned = FsGrant::open(
                 &grant.path,
                 grant.access == tollgate_proto::v1::FsAccess::Write as i32,
+                grant.ask,
             );
             match &pinned.root {
                 Err(Errno::ELOOP) => {

@@ -244,6 +244,8 @@ pub struct RunManager {
     freshness: OnceLock<Arc<crate::link::RevocationFreshness>>,
     /// Every run's output and end, for WatchRun and WatchChild.
     hub: Arc<RunHub>,
+    /// Gateway calls waiting for an operator's approval, across every run.
+    approvals: Arc<crate::approvals::ApprovalBoard>,
     /// Live children by id: their parent and what they hold of its limits (taken at
     /// admission, under `allocation`, given back at their end).
     child_holds: Mutex<HashMap<String, (String, Holds)>>,
@@ -425,6 +427,11 @@ impl RunManager {
     /// The runs' event hub.
     pub fn hub(&self) -> &RunHub {
         &self.hub
+    }
+
+    /// The calls waiting for an operator's approval.
+    pub fn approvals(&self) -> &crate::approvals::ApprovalBoard {
+        &self.approvals
     }
 
     /// Gives runs started from now on a way to delegate (once; later calls are ignored).

@@ -148,6 +148,7 @@ impl RunManager {
             key_refresh: OnceLock::new(),
             freshness: OnceLock::new(),
             hub: Arc::default(),
+            approvals: Arc::default(),
             child_holds: Mutex::new(HashMap::new()),
             settings,
             records,

@@ -607,6 +607,7 @@ impl RunManager {
                     Arc::new(move |text: &str| routes.classifier.classify(text)) as Classify
                 }),
             },
+            approvals: self.approvals.clone(),
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
                 plan: plan.clone(),

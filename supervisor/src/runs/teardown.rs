@@ -108,6 +108,7 @@ impl RunManager {
     ) {
         let tearing_down = std::time::Instant::now();
         live.closing.store(true, Ordering::SeqCst);
+        self.approvals.forget_run(run_id);
         let gateway = live
             .gateway
             .lock()
@@ -115,7 +116,8 @@ impl RunManager {
             .take();
         let ended_gateway = gateway.map(|(run, mut handle)| {
             handle.stop();
-            // Outbound connections end now, not when their peers next send.
+            // Outbound connections end now, not when their peers next send; so does every
+            // call waiting for approval.
             run.gate.end_streams();
             // Refusals of a spent run still being counted get their summary entry.
             run.gate.flush_refusals();

@@ -74,6 +74,7 @@ pub fn pin_child_grants(
             root => pinned.push(FsGrant {
                 path: grant.path.clone(),
                 writable,
+                ask: grant.ask,
                 root,
             }),
         }

@@ -331,6 +331,7 @@ impl Setup {
                 access: pb::FsAccess::Read as i32,
                 mount: "/certs".into(),
                 exec: false,
+                ask: false,
             }],
             // The machine's cores, as the host's clients have: the quota is not what is
             // measured.

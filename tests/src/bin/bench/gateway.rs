@@ -89,6 +89,13 @@ impl pb::gateway_server::Gateway for UnauditedReads {
         Err(tonic::Status::unimplemented("baseline"))
     }
 
+    async fn list_pending_calls(
+        &self,
+        _: tonic::Request<pb::ListPendingCallsRequest>,
+    ) -> Result<tonic::Response<pb::ListPendingCallsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
     async fn get_run_receipt(
         &self,
         _: tonic::Request<pb::GetRunReceiptRequest>,
@@ -197,7 +204,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         host_id: 0,
         receipt: pb::Receipt::default(),
         expires_at: tollgate_receipt::unix_now() + 3600,
-        grants: vec![FsGrant::open(&grant.display().to_string(), false)],
+        grants: vec![FsGrant::open(&grant.display().to_string(), false, false)],
         max_calls: u64::MAX,
         closing: Arc::new(AtomicBool::new(false)),
         is_revoked: Arc::new(|_: &str| false),
@@ -207,6 +214,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         models: None,
         children: Default::default(),
         egress: Default::default(),
+        approvals: Default::default(),
     }));
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()

@@ -168,6 +168,7 @@ fn sample_receipt() -> Receipt {
             access: pb::FsAccess::Read as i32,
             mount: "/project".into(),
             exec: false,
+            ask: false,
         }],
         exec: vec!["/usr/bin/python3".into(), "/usr/bin/grep".into()],
         routes: vec![pb::RouteGrant {

@@ -255,6 +255,7 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
                 access: pb::FsAccess::Write as i32,
                 mount: "/home/me".into(),
                 exec: false,
+                ask: false,
             });
         });
         let (idmapped_first, _) = measure(&tollgate, Some(idmapped))?;
@@ -264,6 +265,7 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
                 access: pb::FsAccess::Write as i32,
                 mount: "/home/me".into(),
                 exec: false,
+                ask: false,
             });
         });
         let (granted_first, _) = measure(&tollgate, Some(granted))?;
