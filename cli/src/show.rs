@@ -75,8 +75,9 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         },
         "fs": r.fs.iter().map(|g| json!({
             "path": g.path, "access": access(g.access), "mount": g.mount,
-            "executable": g.is_executable(&r.exec),
+            "executable": g.is_executable(&r.exec), "ask": g.ask,
         })).collect::<Vec<_>>(),
+        "approval_timeout_seconds": r.approval_timeout_seconds,
         "exec": r.exec,
         "routes": r.routes.iter().map(|g| json!({
             "name": g.name, "max_sensitivity": sensitivity(g.max_sensitivity),
@@ -151,7 +152,18 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
         } else {
             format!(" -> {}", g.mount)
         };
-        lines.push(("fs", format!("{:<5} {}{mount}", access(g.access), g.path)));
+        let ask = if g.ask {
+            format!(
+                ", changes wait for an operator (up to {} s)",
+                r.approval_timeout_seconds
+            )
+        } else {
+            String::new()
+        };
+        lines.push((
+            "fs",
+            format!("{:<5} {}{mount}{ask}", access(g.access), g.path),
+        ));
     }
     if !r.exec.is_empty() {
         lines.push(("exec", r.exec.join(", ")));

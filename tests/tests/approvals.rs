@@ -6,12 +6,13 @@
 //! around. Every wait and decision is in the supervisor's audit.
 
 use std::collections::HashMap;
+use std::process::Command;
 use std::time::Duration;
 
 use tollgate_audit::{Decision, Entry, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::supervisor_client::SupervisorClient;
-use tollgate_tests::{authed, require_root, AuthorityProcess, SupervisorProcess};
+use tollgate_tests::{authed, bin_path, require_root, AuthorityProcess, SupervisorProcess};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -133,6 +134,19 @@ async fn asked_changes_wait_for_the_owner_and_happen_only_as_decided() {
     let bob = authority.add_operator("bob", ceiling(&p)).await;
     let admin = supervisor.token();
     let mut client = supervisor.client().await;
+    let alice_file = dir.path().join("alice.token");
+    std::fs::write(&alice_file, &alice).unwrap();
+    let as_alice = |args: &[&str]| {
+        let output = Command::new(bin_path("tollgate"))
+            .env("RUST_LOG", "off")
+            .args(["--supervisor", supervisor.addr(), "--token-file"])
+            .arg(&alice_file)
+            .args(args)
+            .output()
+            .expect("run tollgate");
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
 
     let script = format!(
         "printf one | tollgate-shim tool write {p}/approved.txt; echo \"approved rc=$?\"\n\
@@ -183,11 +197,27 @@ async fn asked_changes_wait_for_the_owner_and_happen_only_as_decided() {
                             .unwrap();
                     }
                     "denied.txt" => {
-                        decide(&mut client, &alice, &call, false, false, "not today")
-                            .await
-                            .unwrap();
+                        // From the command line, as an operator would.
+                        let said = as_alice(&[
+                            "deny",
+                            &call.run_id,
+                            &call.call_id,
+                            "--reason",
+                            "not today",
+                        ]);
+                        assert!(
+                            said.contains("denied") && said.contains("by alice"),
+                            "{said}"
+                        );
                     }
-                    "late.txt" => {} // no one decides: denied at its 3 s deadline
+                    "late.txt" => {
+                        // Listed while it waits; no one decides: denied at its 3 s deadline.
+                        let listed = as_alice(&["approvals", "--json"]);
+                        assert!(
+                            listed.contains(&call.call_id) && listed.contains("late.txt"),
+                            "{listed}"
+                        );
+                    }
                     "kept.txt" => {
                         decide(&mut client, &alice, &call, true, true, "")
                             .await
@@ -290,6 +320,15 @@ async fn asked_changes_wait_for_the_owner_and_happen_only_as_decided() {
             .expect("a pending entry for every decision");
         assert!(question.seq < end.seq);
     }
+    // `tollgate calls` tells the waits beside the calls.
+    let calls_text = as_alice(&[
+        "calls",
+        &run_id,
+        supervisor.data_dir().join("audit").to_str().unwrap(),
+    ]);
+    assert!(calls_text.contains("approval waiting"), "{calls_text}");
+    assert!(calls_text.contains("approval timed_out"), "{calls_text}");
+    assert!(calls_text.contains("by alice  (not today)"), "{calls_text}");
     // The calls themselves: approved ones say by whom (the remembered one too).
     let calls = of_run(EntryKind::ToolCall);
     let approved_by: Vec<String> = calls

@@ -424,6 +424,39 @@ fn story_line(entry: &Entry) -> String {
                 format!(" ({reason})")
             }
         ),
+        EntryKind::ApprovalPending => format!(
+            "call {} waits for an operator: {} {} ({} bytes)",
+            entry.call_id.as_deref().unwrap_or("-"),
+            meta("tool"),
+            meta("path"),
+            meta("bytes"),
+        ),
+        EntryKind::ApprovalDecided => format!(
+            "call {} {}{}{}",
+            entry.call_id.as_deref().unwrap_or("-"),
+            meta("outcome").replace('_', " "),
+            if meta("decided_by").is_empty() {
+                String::new()
+            } else {
+                format!(" by {}", meta("decided_by"))
+            },
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {reason}")
+            }
+        ),
+        EntryKind::OperatorCall => format!(
+            "operator {} called {}: {}{}",
+            meta("operator"),
+            meta("method"),
+            entry.decision.map_or("-", |d| d.as_str()),
+            if reason.is_empty() {
+                String::new()
+            } else {
+                format!(" ({reason})")
+            }
+        ),
         EntryKind::Egress if meta("phase") == "closed" => format!(
             "outbound connection to {}:{} ended: {} (sent {} B, received {} B, {} ms){}",
             meta("host"),
@@ -652,6 +685,63 @@ fn is_follow_up(entry: &Entry) -> bool {
         || (entry.kind == EntryKind::Egress && phase.as_deref() == Some("closed"))
 }
 
+/// A call's wait for approval, beside the call in `tollgate calls`: its start (what it would
+/// change) or its end (how, by whom, why).
+fn approval_line(entry: &Entry, json_out: bool) {
+    let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
+    let (approval, detail) = if entry.kind == EntryKind::ApprovalPending {
+        (
+            "waiting".to_owned(),
+            format!(
+                "{} {} ({} bytes)",
+                meta("tool"),
+                meta("path"),
+                meta("bytes")
+            ),
+        )
+    } else {
+        let by = meta("decided_by");
+        (
+            meta("outcome"),
+            format!(
+                "{}{}",
+                if by.is_empty() {
+                    String::new()
+                } else {
+                    format!("by {by}")
+                },
+                entry
+                    .reason
+                    .as_deref()
+                    .filter(|r| !r.is_empty())
+                    .map(|r| format!("  ({r})"))
+                    .unwrap_or_default()
+            ),
+        )
+    };
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "time": entry.time,
+                "call_id": entry.call_id,
+                "approval": approval,
+                "tool": (entry.kind == EntryKind::ApprovalPending).then(|| meta("tool")),
+                "path": (entry.kind == EntryKind::ApprovalPending).then(|| meta("path")),
+                "decided_by": entry.metadata.get("decided_by").map(meta_text),
+                "reason": entry.reason,
+            })
+        );
+    } else {
+        say!(
+            "{}  {}  approval {:<9} {detail}",
+            entry.time,
+            entry.call_id.as_deref().unwrap_or("-"),
+            approval
+        );
+    }
+}
+
 /// `tollgate calls RUN LOG_DIR...`: a run's gateway calls (tools, model calls and outbound
 /// connections) with their decisions, in order.
 pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliError> {
@@ -667,7 +757,11 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
         .filter(|entry| {
             matches!(
                 entry.kind,
-                EntryKind::ToolCall | EntryKind::RouteDecision | EntryKind::Egress
+                EntryKind::ToolCall
+                    | EntryKind::RouteDecision
+                    | EntryKind::Egress
+                    | EntryKind::ApprovalPending
+                    | EntryKind::ApprovalDecided
             ) && !is_follow_up(entry)
         })
         .collect();
@@ -693,6 +787,13 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
         }
         if entry.kind == EntryKind::Egress {
             egress_line(&entry, ended, json_out);
+            continue;
+        }
+        if matches!(
+            entry.kind,
+            EntryKind::ApprovalPending | EntryKind::ApprovalDecided
+        ) {
+            approval_line(&entry, json_out);
             continue;
         }
         if json_out {
