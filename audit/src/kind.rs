@@ -82,6 +82,10 @@ entry_kinds! {
     /// Files were copied out of a run's workspace (`tollgate cp`), or a kept workspace was
     /// removed.
     WorkspaceAccess => "workspace_access",
+    /// The authority signed an amendment widening a live run (or refused to).
+    ReceiptAmended => "receipt_amended",
+    /// A supervisor changed a live run's powers: narrowed, or widened by a signed amendment.
+    RunAmended => "run_amended",
     /// A gateway call under a grant that asks began to wait for an operator's approval
     /// (tool, path, sizes, deadline; never data).
     ApprovalPending => "approval_pending",

@@ -89,6 +89,7 @@ fn code_name(error: &CallError) -> &'static str {
         CallError::PermissionDenied(_) => "permission_denied",
         CallError::InvalidArgument { .. } => "invalid_argument",
         CallError::NotFound(_) => "not_found",
+        CallError::FailedPrecondition(_) => "failed_precondition",
         CallError::AlreadyExists(_) => "already_exists",
         CallError::Internal(_) => "internal",
     }

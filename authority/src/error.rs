@@ -170,6 +170,9 @@ pub enum CallError {
     /// An operator with this name already exists.
     #[error("{0}")]
     AlreadyExists(String),
+    /// The object is not in a state that allows this (a revoked or expired receipt).
+    #[error("{0}")]
+    FailedPrecondition(String),
     /// Storage failed; details are logged, not sent.
     #[error("internal error: {0}")]
     Internal(#[from] AuthorityError),

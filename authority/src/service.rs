@@ -4,6 +4,7 @@
 //! authentication (`auth`). This module only maps each RPC onto them.
 
 mod admin;
+mod amend;
 mod auth;
 mod delegation;
 mod receipts;
@@ -77,6 +78,16 @@ impl Authority for AuthorityService {
                 .revocations
                 .inc_by(1 + response.cascaded.len() as u64);
         }
+        Ok(Response::new(response))
+    }
+
+    async fn amend_receipt(
+        &self,
+        request: Request<pb::AmendReceiptRequest>,
+    ) -> Result<Response<pb::AmendReceiptResponse>, Status> {
+        let response = self
+            .audited(request, amend::asked_amend, |r| self.amend(r))
+            .await?;
         Ok(Response::new(response))
     }
 

@@ -11,6 +11,7 @@ impl From<CallError> for tonic::Status {
             CallError::PermissionDenied(_) => Self::permission_denied(message),
             CallError::InvalidArgument { .. } => Self::invalid_argument(message),
             CallError::NotFound(_) => Self::not_found(message),
+            CallError::FailedPrecondition(_) => Self::failed_precondition(message),
             CallError::AlreadyExists(_) => Self::already_exists(message),
             CallError::Internal(inner) => {
                 tracing::error!(error = %inner, "call failed on storage");

@@ -16,6 +16,7 @@
 //! of outbound connections.
 #![forbid(unsafe_code)]
 
+pub mod amendment;
 pub mod delegation;
 pub mod egress;
 pub mod paths;
@@ -99,6 +100,11 @@ impl ReceiptSigner {
     /// This key's id.
     pub fn key_id(&self) -> &str {
         &self.key_id
+    }
+
+    /// The key itself, for the other things it signs (amendments), each under its own domain.
+    pub(crate) fn signing_key(&self) -> &SigningKey {
+        &self.key
     }
 
     /// Sets `receipt.key_id` to this key's id, encodes the receipt once and signs those bytes.

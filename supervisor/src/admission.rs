@@ -31,6 +31,11 @@ impl ReceiptAdmission {
         self.revoked.insert(receipt_id.into());
     }
 
+    /// The keys receipts (and amendments) are checked with.
+    pub fn keys(&self) -> &KeySet {
+        self.verifier.keys()
+    }
+
     /// Whether `receipt_id` has been revoked.
     pub fn is_revoked(&self, receipt_id: &str) -> bool {
         self.revoked.contains(receipt_id)

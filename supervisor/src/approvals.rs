@@ -406,7 +406,7 @@ mod tests {
         assert!(!board.remembered("r1", "fs.write", "/srv/a"));
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_wait_ends_at_its_deadline_at_the_runs_end_or_when_given_up() {
         let board = ApprovalBoard::default();
         let (_end, ended) = watch::channel(false);

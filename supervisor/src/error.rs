@@ -99,6 +99,26 @@ pub enum InputError {
     Write(std::io::Error),
 }
 
+/// Why a live run's powers could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum AmendError {
+    /// No live run has the id.
+    #[error("no live run {0}")]
+    NotLive(String),
+    /// A narrowing that would widen, or name a grant the run does not have.
+    #[error("{0}")]
+    NotANarrowing(String),
+    /// The amendment is refused (signature, run, freshness, shape).
+    #[error("amendment refused: {0}")]
+    Amendment(#[from] tollgate_receipt::amendment::AmendmentError),
+    /// The run's receipt was revoked: nothing widens it.
+    #[error("run {0}'s receipt is revoked")]
+    Revoked(String),
+    /// The change could not be audited, so it was not made.
+    #[error("the audit log: {0}")]
+    Audit(#[from] AuditError),
+}
+
 /// Why a workspace could not be found or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum WorkspaceError {

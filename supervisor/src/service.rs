@@ -400,6 +400,30 @@ impl Supervisor for SupervisorService {
         Ok(Response::new(event_stream(history, live)))
     }
 
+    async fn amend_run(
+        &self,
+        request: Request<pb::AmendRunRequest>,
+    ) -> Result<Response<pb::AmendRunResponse>, Status> {
+        use crate::runs::amend::RunChange;
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        self.authorize(&caller, "AmendRun", &request.run_id).await?;
+        let change = match request.change {
+            Some(pb::amend_run_request::Change::Narrow(narrow)) => RunChange::Narrow(narrow),
+            Some(pb::amend_run_request::Change::Amendment(signed)) => RunChange::Widen(signed),
+            None => return Err(Status::invalid_argument(
+                "change: give narrow (no signature needed) or amendment (signed by the authority)",
+            )),
+        };
+        let by = crate::approval_api::decider(&caller);
+        let manager = self.manager.clone();
+        let run_id = request.run_id;
+        blocking(move || manager.amend(&run_id, change, &by))
+            .await?
+            .map(Response::new)
+            .map_err(|e| crate::status::amend_status(&e))
+    }
+
     type WatchApprovalsStream = crate::approval_api::ApprovalStream;
 
     async fn watch_approvals(

@@ -58,6 +58,20 @@ pub fn workspace_status(error: &crate::error::WorkspaceError) -> Status {
     }
 }
 
+/// Maps a failure to change a live run (`AmendRun`) to its gRPC status.
+pub fn amend_status(error: &crate::error::AmendError) -> Status {
+    use crate::error::AmendError;
+    match error {
+        AmendError::NotLive(_) | AmendError::NotANarrowing(_) => {
+            Status::failed_precondition(error.to_string())
+        }
+        AmendError::Amendment(_) | AmendError::Revoked(_) => {
+            Status::permission_denied(error.to_string())
+        }
+        AmendError::Audit(_) => internal("auditing a change to a run", error),
+    }
+}
+
 /// Maps a failure to reach a run's input (`Attach`) to its gRPC status.
 pub fn input_status(error: &crate::error::InputError) -> Status {
     use crate::error::InputError;

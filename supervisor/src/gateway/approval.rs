@@ -46,7 +46,8 @@ impl RunApprovals {
             return Ok(Approval::NotAsked);
         }
         let now = SystemTime::now();
-        let expiry = UNIX_EPOCH + Duration::from_secs(u64::try_from(gate.expires_at).unwrap_or(0));
+        let expiry =
+            UNIX_EPOCH + Duration::from_secs(u64::try_from(gate.expires_at()).unwrap_or(0));
         let deadline = (now + self.timeout).min(expiry);
         let call = pb::PendingCall {
             run_id: gate.run_id.clone(),

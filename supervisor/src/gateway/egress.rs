@@ -683,7 +683,7 @@ impl EgressCalls {
     ) -> Result<&'static str, Refusal> {
         let mut ending = self.gate.streams_end.subscribe();
         let expires = std::time::UNIX_EPOCH
-            + Duration::from_secs(u64::try_from(self.gate.expires_at).unwrap_or(0));
+            + Duration::from_secs(u64::try_from(self.gate.expires_at()).unwrap_or(0));
         let until_expiry = expires
             .duration_since(std::time::SystemTime::now())
             .unwrap_or_default();
@@ -705,7 +705,7 @@ impl EgressCalls {
                 _ = ending.wait_for(|ended| *ended) => return Err(self.run_ended()),
                 () = &mut expiry => return Err(Refusal::denied(
                     &self.gate.run_id,
-                    format!("the receipt expired at unix {}", self.gate.expires_at),
+                    format!("the receipt expired at unix {}", self.gate.expires_at()),
                 )
                 .ran()
                 .coded("egress_expired")),

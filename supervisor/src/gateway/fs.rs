@@ -32,6 +32,8 @@ pub struct FsGrant {
     pub writable: bool,
     /// Whether each change beneath it waits for an operator's approval.
     pub ask: bool,
+    /// Added by a signed amendment to the live run (never handed on to children).
+    pub amended: bool,
     /// The granted path, pinned when the run started (or why it could not be).
     pub root: Result<GrantRoot, Errno>,
 }
@@ -43,8 +45,44 @@ impl FsGrant {
             path: path.to_owned(),
             writable,
             ask,
+            amended: false,
             root: GrantRoot::open(path),
         }
+    }
+}
+
+/// A run's fs grants as its gateway uses them now: pinned when it started, then narrowed or
+/// widened while it lives (an amendment). Each call works on the set it found when it began.
+#[derive(Debug)]
+pub struct LiveGrants(std::sync::RwLock<Arc<[Arc<FsGrant>]>>);
+
+impl LiveGrants {
+    /// The grants a run starts with.
+    pub fn new(grants: Vec<FsGrant>) -> Self {
+        Self(std::sync::RwLock::new(
+            grants.into_iter().map(Arc::new).collect(),
+        ))
+    }
+
+    /// The grants now.
+    pub fn current(&self) -> Arc<[Arc<FsGrant>]> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The grants now that the receipt itself signed (not an amendment's): what children are
+    /// pinned beneath.
+    pub fn signed(&self) -> Vec<Arc<FsGrant>> {
+        self.current()
+            .iter()
+            .filter(|grant| !grant.amended)
+            .cloned()
+            .collect()
+    }
+
+    /// Replaces the grants with what `change` makes of them.
+    pub fn change(&self, change: impl FnOnce(&[Arc<FsGrant>]) -> Vec<Arc<FsGrant>>) {
+        let mut grants = self.0.write().unwrap_or_else(|p| p.into_inner());
+        *grants = change(&grants).into();
     }
 }
 
@@ -53,8 +91,8 @@ impl FsGrant {
 pub struct FsTools {
     /// The run's call gate.
     pub gate: Arc<CallGate>,
-    /// The receipt's fs grants (shared with delegation, which pins children beneath them).
-    pub grants: Arc<[FsGrant]>,
+    /// The run's fs grants now (shared with delegation, which pins children beneath them).
+    pub grants: Arc<LiveGrants>,
     /// Where `fs.write` and `fs.delete` keep what they change.
     pub snapshots: SnapshotStore,
 }
@@ -82,25 +120,26 @@ fn info(name: String, stat: &FileStat) -> pb::FileInfo {
 }
 
 /// A path resolved to its grant: the grant's directory (or file) and the rest beneath it.
-struct Target<'a> {
-    grant: &'a FsGrant,
+struct Target {
+    grant: Arc<FsGrant>,
     rest: String,
 }
 
 impl FsTools {
     /// The grant `path` falls under (the most specific one), or why none does (naming the
     /// `access` the call needed).
-    fn target<'a>(&'a self, path: &str, access: &str) -> Result<Target<'a>, String> {
+    fn target(&self, path: &str, access: &str) -> Result<Target, String> {
         if !is_normal_absolute(path) {
             return Err(format!(
                 "{path:?} is not a normalised absolute host path (no '..', '.' or '//')"
             ));
         }
-        let grant = self
-            .grants
+        let grants = self.grants.current();
+        let grant = grants
             .iter()
             .filter(|g| path_within(path, &g.path))
             .max_by_key(|g| g.path.len())
+            .cloned()
             .ok_or_else(|| {
                 format!("no fs grant covers {path} (missing grant: fs {access} on {path})")
             })?;
@@ -124,15 +163,15 @@ impl FsTools {
     }
 
     /// Opens `target` with `flags`, never leaving its grant.
-    fn open(&self, target: &Target<'_>, flags: OFlag) -> Result<OwnedFd, Refusal> {
-        beneath::open_beneath(self.root(target.grant)?, &target.rest, flags)
+    fn open(&self, target: &Target, flags: OFlag) -> Result<OwnedFd, Refusal> {
+        beneath::open_beneath(self.root(&target.grant)?, &target.rest, flags)
             .map_err(|e| self.errno_refusal(&target.grant.path, e))
     }
 
     /// The directory holding `target` and its name; the grant itself (a directory) is
     /// never replaced or removed.
-    fn parent(&self, target: &Target<'_>, tool: &str) -> Result<ParentDir, Refusal> {
-        let root = self.root(target.grant)?;
+    fn parent(&self, target: &Target, tool: &str) -> Result<ParentDir, Refusal> {
+        let root = self.root(&target.grant)?;
         if target.rest.is_empty() && root.name.is_none() {
             return Err(Refusal::denied(
                 &self.gate.run_id,
@@ -147,7 +186,7 @@ impl FsTools {
     }
 
     /// `target`, checked to be under a write grant.
-    fn writable_target<'a>(&'a self, path: &str, tool: &str) -> Result<Target<'a>, Refusal> {
+    fn writable_target(&self, path: &str, tool: &str) -> Result<Target, Refusal> {
         let target = self
             .target(path, "write")
             .map_err(|reason| Refusal::denied(&self.gate.run_id, reason))?;
@@ -446,7 +485,7 @@ impl FsTools {
         &self,
         call_id: &str,
         tool: &str,
-        target: &Target<'_>,
+        target: &Target,
         path: &str,
         existing: Option<&FileStat>,
         content: Option<&OwnedFd>,
@@ -486,7 +525,7 @@ impl FsTools {
     /// The change `tool` would make, when the grant it falls under asks for approval; `None`
     /// when it needs none (reads; grants that do not ask; calls the checks refuse anyway).
     pub(crate) fn approval_needed(&self, tool: &Option<Tool>) -> Option<Asked> {
-        if !self.grants.iter().any(|grant| grant.ask) {
+        if !self.grants.current().iter().any(|grant| grant.ask) {
             return None;
         }
         let (name, path, bytes, mode) = match tool {

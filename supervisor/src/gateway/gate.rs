@@ -5,7 +5,7 @@
 //! and on nothing of each other's but what they share explicitly.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,10 +58,10 @@ pub struct CallGate {
     pub run_id: String,
     /// The receipt, for `GetRunReceipt` and the per-family grants.
     pub receipt: pb::Receipt,
-    /// Unix seconds; no call is served at or after it.
-    pub expires_at: i64,
-    /// The receipt's tool-call budget.
-    pub max_calls: u64,
+    /// Unix seconds; no call is served at or after it (moved by an amendment).
+    pub expires_at: AtomicI64,
+    /// The run's tool-call budget: the receipt's, as amended.
+    pub max_calls: AtomicU64,
     /// Set when the run is being torn down: no call is served from then on.
     pub closing: Arc<AtomicBool>,
     /// Whether the receipt has been revoked (asked on every call).
@@ -182,6 +182,16 @@ pub(crate) fn new_call_id() -> String {
 }
 
 impl CallGate {
+    /// Unix seconds at which the run's calls stop (its receipt's expiry, as amended).
+    pub fn expires_at(&self) -> i64 {
+        self.expires_at.load(Ordering::SeqCst)
+    }
+
+    /// The run's tool-call budget now.
+    pub fn max_calls(&self) -> u64 {
+        self.max_calls.load(Ordering::SeqCst)
+    }
+
     /// The checks every call passes before its tool runs.
     pub(crate) fn admit(&self, tool: &str) -> Result<u64, Refusal> {
         // Every call counts, refused or not, whatever refuses it.
@@ -210,7 +220,7 @@ impl CallGate {
 
     /// Refuses everything once the run has made the audit log hold its quota.
     pub(crate) fn check_audit_quota(&self) -> Result<(), Refusal> {
-        let quota = audit_quota(self.max_calls);
+        let quota = audit_quota(self.max_calls());
         if self.audit_use.bytes.load(Ordering::SeqCst) >= quota {
             return Err(Refusal::denied(
                 &self.run_id,
@@ -226,10 +236,11 @@ impl CallGate {
             return Err(Refusal::denied(&self.run_id, "the run is ending".into()));
         }
         let now = unix_now();
-        if now >= self.expires_at {
+        let expires_at = self.expires_at();
+        if now >= expires_at {
             return Err(Refusal::denied(
                 &self.run_id,
-                format!("the receipt expired at unix {}", self.expires_at),
+                format!("the receipt expired at unix {expires_at}"),
             ));
         }
         if (self.is_revoked)(&self.run_id) {
@@ -248,15 +259,15 @@ impl CallGate {
 
     /// Tool calls this run may still make or hand on to children.
     pub(crate) fn calls_left(&self) -> u64 {
-        self.max_calls
+        self.max_calls()
             .saturating_sub(self.calls.load(Ordering::SeqCst))
     }
 
     /// Whether the run is spent: its tool-call budget or its audit quota is used up. Its
     /// refusals are then summarised, not written one by one.
     fn spent(&self) -> bool {
-        self.calls.load(Ordering::SeqCst) > self.max_calls
-            || self.audit_use.bytes.load(Ordering::SeqCst) >= audit_quota(self.max_calls)
+        self.calls.load(Ordering::SeqCst) > self.max_calls()
+            || self.audit_use.bytes.load(Ordering::SeqCst) >= audit_quota(self.max_calls())
     }
 
     /// A refusal of a spent run: counted into the current window (no entry) and `true`, or,
@@ -391,10 +402,11 @@ impl CallGate {
     /// The last check before a tool acts: the budget left for the call numbered `made`.
     pub(crate) fn charge(&self, made: u64) -> Result<(), Refusal> {
         // `calls` also counts the calls handed on to children (delegation).
-        if made >= self.max_calls {
+        let max_calls = self.max_calls();
+        if made >= max_calls {
             return Err(Refusal::denied(
                 &self.run_id,
-                format!("the tool-call budget ({} calls) is spent", self.max_calls),
+                format!("the tool-call budget ({max_calls} calls) is spent"),
             ));
         }
         Ok(())

@@ -1,6 +1,6 @@
 //! One run's gateway, assembled: the call gate and the tool families that share it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use tollgate_audit::AuditLog;
@@ -11,7 +11,7 @@ use super::approval::RunApprovals;
 use super::children::{ChildState, Children};
 use super::egress::{EgressCalls, EgressSetup};
 use super::exec::ExecTools;
-use super::fs::{FsGrant, FsTools};
+use super::fs::{FsGrant, FsTools, LiveGrants};
 use super::gate::{AuditUse, CallGate};
 use super::models::{ModelCalls, RunModels};
 use crate::exec::ExecSandbox;
@@ -79,8 +79,8 @@ impl RunGateway {
         let gate = Arc::new(CallGate {
             run_id: config.run_id,
             receipt: config.receipt,
-            expires_at: config.expires_at,
-            max_calls: config.max_calls,
+            expires_at: AtomicI64::new(config.expires_at),
+            max_calls: AtomicU64::new(config.max_calls),
             closing: config.closing,
             is_revoked: config.is_revoked,
             audit: config.audit,
@@ -90,7 +90,7 @@ impl RunGateway {
             fs_granted: !config.grants.is_empty(),
             streams_end: tokio::sync::watch::Sender::new(false),
         });
-        let grants: Arc<[FsGrant]> = config.grants.into();
+        let grants = Arc::new(LiveGrants::new(config.grants));
         // Receipts minted before approvals existed say 0: the default.
         let timeout = match gate.receipt.approval_timeout_seconds {
             0 => tollgate_receipt::spec::DEFAULT_APPROVAL_TIMEOUT,

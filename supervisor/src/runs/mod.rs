@@ -30,6 +30,7 @@ use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 
 pub mod access;
 mod admit;
+pub mod amend;
 pub mod input;
 mod open;
 mod restore;
@@ -127,6 +128,9 @@ struct LiveRun {
     /// Set (with a notify) when teardown has finished.
     ended: Mutex<bool>,
     ended_signal: Condvar,
+    /// The expiry an amendment set (Unix seconds; 0: the receipt's). Changed with a notify on
+    /// `ended_signal`, so the expiry thread waits for the new one.
+    amended_expiry: std::sync::atomic::AtomicI64,
     /// What a live restore hands the shim; set once the agent runs (root runs only).
     restore: Mutex<Option<RestoreHandles>>,
     /// Set (with a notify) once pid 1 has confirmed a detach: this process leaves the run
@@ -139,6 +143,13 @@ struct LiveRun {
 }
 
 impl LiveRun {
+    /// Moves the run's expiry to `expires_at` (Unix seconds) and wakes its expiry thread.
+    fn set_expiry(&self, expires_at: i64) {
+        let _ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
+        self.amended_expiry.store(expires_at, Ordering::SeqCst);
+        self.ended_signal.notify_all();
+    }
+
     /// The trigger noted so far, if any.
     fn pending(&self) -> Option<(RunState, String)> {
         self.trigger

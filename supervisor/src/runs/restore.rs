@@ -236,7 +236,7 @@ impl RunManager {
                     .map_err(|e| format!("the gateway socket: {e}"))?,
                 run.gate.calls.load(Ordering::SeqCst),
                 tokens,
-                run.gate.expires_at,
+                run.gate.expires_at(),
             )
         };
         let live_dir = self.settings.data_dir.join("live");

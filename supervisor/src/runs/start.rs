@@ -310,6 +310,7 @@ impl RunManager {
             trigger: Mutex::new(None),
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
+            amended_expiry: std::sync::atomic::AtomicI64::new(0),
             restore: Mutex::new(None),
             detached: Mutex::new(false),
             detached_signal: Condvar::new(),
@@ -746,15 +747,19 @@ impl RunManager {
 /// The reason of a run that expired.
 pub(super) const EXPIRED: &str = "the receipt expired";
 
-/// Waits until `expires_at` (Unix seconds); `true` when it came, `false` when the run ended
-/// first.
+/// Waits until `expires_at` (Unix seconds), or the expiry an amendment moved it to; `true`
+/// when it came, `false` when the run ended first.
 pub(super) fn expire_at(live: &LiveRun, expires_at: i64) -> bool {
-    let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
     let mut ended = live.ended.lock().unwrap_or_else(|p| p.into_inner());
     loop {
         if *ended {
             return false;
         }
+        let expires_at = match live.amended_expiry.load(Ordering::SeqCst) {
+            0 => expires_at,
+            amended => amended,
+        };
+        let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
         let left = match deadline.duration_since(SystemTime::now()) {
             Ok(left) if !left.is_zero() => left,
             _ => break,

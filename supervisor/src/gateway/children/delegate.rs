@@ -60,7 +60,7 @@ impl Children {
                 .gate
                 .calls
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
-                    (made.saturating_add(calls).saturating_add(1) <= self.gate.max_calls)
+                    (made.saturating_add(calls).saturating_add(1) <= self.gate.max_calls())
                         .then_some(made + calls)
                 })
                 .is_ok();

@@ -107,8 +107,8 @@ impl std::fmt::Debug for ChildControl {
 pub struct Children {
     /// The run's call gate.
     pub gate: Arc<CallGate>,
-    /// The run's fs grants.
-    pub grants: Arc<[FsGrant]>,
+    /// The run's fs grants (children are pinned beneath the ones its receipt signed).
+    pub grants: Arc<crate::gateway::fs::LiveGrants>,
     /// The run's models (its token budget); `None`: the supervisor has no routes.
     pub models: Option<Arc<RunModels>>,
     /// Receipts, envelope and the supervisor link.
@@ -328,16 +328,17 @@ impl Children {
         if let Err(wider) = check_within(&self.gate.receipt, &child) {
             return Err(Refusal::denied(&self.gate.run_id, wider.to_string()).coded("delegated"));
         }
-        let grants = pin_child_grants(&self.grants, &child).map_err(|(code, reason)| {
-            Refusal::new(
-                Status::permission_denied(format!(
-                    "receipt {} refused ({code}): {reason}",
-                    child.receipt_id
-                )),
-                reason,
-            )
-            .coded(code)
-        })?;
+        let grants =
+            pin_child_grants(&self.grants.signed(), &child).map_err(|(code, reason)| {
+                Refusal::new(
+                    Status::permission_denied(format!(
+                        "receipt {} refused ({code}): {reason}",
+                        child.receipt_id
+                    )),
+                    reason,
+                )
+                .coded(code)
+            })?;
         Ok((manager, signed, child, grants))
     }
 

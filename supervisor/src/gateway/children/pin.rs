@@ -14,7 +14,7 @@ use crate::gateway::fs::FsGrant;
 /// is under it between the parent's start and this one (the mount itself is cloned from the
 /// descriptor pinned here).
 pub fn pin_child_grants(
-    parent: &[FsGrant],
+    parent: &[std::sync::Arc<FsGrant>],
     child: &pb::Receipt,
 ) -> Result<Vec<FsGrant>, (&'static str, String)> {
     let mut pinned = Vec::with_capacity(child.fs.len());
@@ -75,6 +75,7 @@ pub fn pin_child_grants(
                 path: grant.path.clone(),
                 writable,
                 ask: grant.ask,
+                amended: false,
                 root,
             }),
         }

@@ -1,0 +1,152 @@
+//! `AmendReceipt`: a signed widening of one live run (more gateway-only fs grants, a bigger
+//! tool-call budget, a later expiry), for the receipt's owner or an admin, within the caller's
+//! ceiling as a mint would be. Audited (`receipt_amended`) before it is handed out.
+
+use tollgate_audit::{Decision, EntryDraft, EntryKind};
+use tollgate_proto::v1 as pb;
+use tollgate_receipt::amendment::check_added_grants;
+use tollgate_receipt::{timestamp_from_unix, unix_now};
+use tonic::Request;
+
+use super::receipts::{check_owner, check_receipt_id};
+use super::state::{blocking, AuthorityService, Refusal};
+use crate::ceiling::CeilingCheck;
+use crate::entries::COMPONENT;
+use crate::error::CallError;
+
+/// What a refused `AmendReceipt` asked for, by whom.
+pub(super) fn asked_amend(
+    request: &pb::AmendReceiptRequest,
+    caller: String,
+) -> impl FnOnce() -> EntryDraft {
+    let claimed = request.receipt_id.clone();
+    || {
+        let draft = EntryDraft::new(COMPONENT, EntryKind::ReceiptAmended).meta("by", caller);
+        if check_receipt_id(&claimed).is_ok() {
+            draft.receipt(claimed)
+        } else {
+            draft.meta("claimed_receipt_id", crate::entries::clip(&claimed, 64))
+        }
+    }
+}
+
+impl AuthorityService {
+    pub(super) async fn amend(
+        &self,
+        request: Request<pb::AmendReceiptRequest>,
+    ) -> Result<pb::AmendReceiptResponse, Refusal> {
+        let operator = self.operator(request.metadata())?;
+        let request = request.into_inner();
+        check_receipt_id(&request.receipt_id)?;
+        check_added_grants(&request.add_fs)
+            .map_err(|e| CallError::invalid("add_fs", e.to_string()))?;
+        if request.add_fs.is_empty() && request.tool_calls == 0 && request.extend_seconds == 0 {
+            return Err(CallError::invalid(
+                "add_fs",
+                "an amendment must add something: add_fs, tool_calls or extend_seconds",
+            )
+            .into());
+        }
+        let store = self.store.clone();
+        let id = request.receipt_id.clone();
+        let stored = blocking(move || store.receipt(&id))
+            .await?
+            .ok_or_else(|| CallError::NotFound(format!("no receipt {}", request.receipt_id)))?;
+        check_owner(&operator, &stored.receipt)?;
+        let receipt = stored.receipt;
+        if stored.revocation.is_some() {
+            return Err(CallError::FailedPrecondition(format!(
+                "receipt {} is revoked: nothing widens a revoked run",
+                receipt.receipt_id
+            ))
+            .into());
+        }
+        let now = unix_now();
+        let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
+        if expires_at <= now {
+            return Err(CallError::FailedPrecondition(format!(
+                "receipt {} expired at unix {expires_at}: mint a new receipt instead",
+                receipt.receipt_id
+            ))
+            .into());
+        }
+        let budget = receipt.limits.unwrap_or_default().tool_calls;
+        if request.tool_calls != 0 && request.tool_calls <= budget {
+            return Err(CallError::invalid(
+                "tool_calls",
+                format!("must be above the receipt's {budget}: lowering needs no signature (Supervisor.AmendRun narrow)"),
+            )
+            .into());
+        }
+        let not_before = receipt.not_before.as_ref().map_or(now, |t| t.seconds);
+        let extended =
+            expires_at.saturating_add(i64::try_from(request.extend_seconds).unwrap_or(i64::MAX));
+        // The run as widened must still be one the caller could have minted: its grants, its
+        // budget and its whole lifetime within the ceiling.
+        let policy = self.mint_policy();
+        let check = CeilingCheck {
+            operator: &operator.name,
+            ceiling: &operator.ceiling,
+            defaults: &policy.default_limits,
+        };
+        let shape = pb::MintReceiptRequest {
+            subject: receipt.subject.clone(),
+            ttl_seconds: u64::try_from(extended - not_before).unwrap_or(u64::MAX),
+            audience: receipt.audience.clone(),
+            fs: request.add_fs.clone(),
+            limits: Some(pb::Limits {
+                tool_calls: request.tool_calls,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        if let Some(first) = check.violations(&shape, now).into_iter().next() {
+            return Err(CallError::PermissionDenied(format!(
+                "above operator {:?}'s ceiling: {first}",
+                operator.name
+            ))
+            .into());
+        }
+        let mut amendment = pb::Amendment {
+            amendment_id: uuid::Uuid::now_v7().hyphenated().to_string(),
+            receipt_id: receipt.receipt_id.clone(),
+            issuer: self.config.issuer.clone(),
+            key_id: String::new(), // set by the signer
+            owner: receipt.owner.clone(),
+            issued_at: Some(timestamp_from_unix(now)),
+            add_fs: request.add_fs,
+            tool_calls: request.tool_calls,
+            expires_at: (request.extend_seconds > 0).then(|| timestamp_from_unix(extended)),
+            amended_by: operator.name.clone(),
+        };
+        let signed = self.keys.active().sign_amendment(&mut amendment);
+        let entry = EntryDraft::new(COMPONENT, EntryKind::ReceiptAmended)
+            .receipt(receipt.receipt_id.as_str())
+            .decision(Decision::Allow)
+            .meta("by", operator.name.as_str())
+            .meta("amendment_id", amendment.amendment_id.as_str())
+            .meta(
+                "add_fs",
+                amendment
+                    .add_fs
+                    .iter()
+                    .map(|g| g.path.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .meta(
+                "tool_calls",
+                i64::try_from(amendment.tool_calls).unwrap_or(i64::MAX),
+            )
+            .meta(
+                "expires_at",
+                amendment.expires_at.as_ref().map_or(0, |t| t.seconds),
+            );
+        // On disk before the signed amendment leaves the authority.
+        self.commit_audited(entry, || Ok(())).await?;
+        tracing::info!(receipt_id = %amendment.receipt_id, amendment_id = %amendment.amendment_id, by = %operator.name, "amended receipt");
+        Ok(pb::AmendReceiptResponse {
+            signed: Some(signed),
+            amendment: Some(amendment),
+        })
+    }
+}

@@ -1,0 +1,273 @@
+//! Signed amendments: an authority's widening of one live run (more gateway fs grants, a
+//! bigger tool-call budget, a later expiry), signed like a receipt but under its own domain,
+//! so a receipt signature never verifies as an amendment's or the reverse. The rules here are
+//! the ones the authority applies before it signs and every supervisor applies again before it
+//! changes a run.
+
+use ed25519_dalek::Signer as _;
+use prost::Message as _;
+
+use crate::{verify_ed25519_strict, KeySet, ReceiptSigner};
+use tollgate_proto::v1::{Amendment, FsGrant, Receipt, SignedAmendment};
+
+/// Domain-separation prefix signed in front of every amendment's bytes.
+pub const AMENDMENT_DOMAIN: &[u8] = b"tollgate.amendment.v1\n";
+
+/// How old an amendment a supervisor still applies (seconds since it was minted).
+pub const MAX_AMENDMENT_AGE: i64 = 300;
+
+/// Why an amendment is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AmendmentError {
+    /// No trusted key has this id.
+    #[error("amendment signed by unknown key {0}")]
+    UnknownKey(String),
+    /// The signature does not verify.
+    #[error("amendment signature does not verify under key {0}")]
+    BadSignature(String),
+    /// The signed bytes are not an amendment, or say another key signed them.
+    #[error("malformed amendment: {0}")]
+    Malformed(String),
+    /// It widens another receipt than this run's.
+    #[error("amendment is for receipt {amended}, not this run's {run}")]
+    OtherRun {
+        /// The receipt it names.
+        amended: String,
+        /// The run's receipt.
+        run: String,
+    },
+    /// Minted too long ago (or in the future).
+    #[error("amendment minted at unix {issued_at} is not fresh (at most {MAX_AMENDMENT_AGE} s old); ask the authority for a new one")]
+    Stale {
+        /// When it says it was minted.
+        issued_at: i64,
+    },
+    /// It would do something an amendment may not (a mount, a lower budget, an earlier expiry).
+    #[error("{field}: {reason}")]
+    NotAWidening {
+        /// The field at fault.
+        field: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The exact bytes an amendment signature covers.
+pub fn amendment_signing_message(amendment_bytes: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(AMENDMENT_DOMAIN.len() + amendment_bytes.len());
+    message.extend_from_slice(AMENDMENT_DOMAIN);
+    message.extend_from_slice(amendment_bytes);
+    message
+}
+
+impl ReceiptSigner {
+    /// Sets `amendment.key_id` to this key's id and signs its encoding.
+    pub fn sign_amendment(&self, amendment: &mut Amendment) -> SignedAmendment {
+        amendment.key_id = self.key_id().to_owned();
+        let bytes = amendment.encode_to_vec();
+        let signature = self.signing_key().sign(&amendment_signing_message(&bytes));
+        SignedAmendment {
+            amendment: bytes,
+            key_id: self.key_id().to_owned(),
+            signature: signature.to_bytes().to_vec(),
+        }
+    }
+}
+
+/// Checks `signed`'s signature against `keys` and decodes it.
+pub fn verify_amendment(
+    keys: &KeySet,
+    signed: &SignedAmendment,
+) -> Result<Amendment, AmendmentError> {
+    let key = keys
+        .get(&signed.key_id)
+        .ok_or_else(|| AmendmentError::UnknownKey(signed.key_id.clone()))?;
+    if !verify_ed25519_strict(
+        key.as_bytes(),
+        &amendment_signing_message(&signed.amendment),
+        &signed.signature,
+    ) {
+        return Err(AmendmentError::BadSignature(signed.key_id.clone()));
+    }
+    let amendment = Amendment::decode(signed.amendment.as_slice()).map_err(|e| {
+        AmendmentError::Malformed(format!("signed bytes are not an Amendment: {e}"))
+    })?;
+    if amendment.key_id != signed.key_id {
+        return Err(AmendmentError::Malformed(format!(
+            "key_id {:?} inside, {:?} outside",
+            amendment.key_id, signed.key_id
+        )));
+    }
+    Ok(amendment)
+}
+
+/// Whether `amendment` only widens `receipt`'s gateway envelope as an amendment may, and is
+/// fresh at `now`: gateway-only fs grants (no mount, no exec), a budget no lower, an expiry no
+/// earlier than the receipt's.
+pub fn check_widening(
+    receipt: &Receipt,
+    amendment: &Amendment,
+    now: i64,
+) -> Result<(), AmendmentError> {
+    if amendment.receipt_id != receipt.receipt_id {
+        return Err(AmendmentError::OtherRun {
+            amended: amendment.receipt_id.clone(),
+            run: receipt.receipt_id.clone(),
+        });
+    }
+    let issued_at = amendment.issued_at.as_ref().map_or(0, |t| t.seconds);
+    if now - issued_at > MAX_AMENDMENT_AGE || issued_at - now > 30 {
+        return Err(AmendmentError::Stale { issued_at });
+    }
+    check_added_grants(&amendment.add_fs)?;
+    let budget = receipt.limits.unwrap_or_default().tool_calls;
+    if amendment.tool_calls != 0 && amendment.tool_calls < budget {
+        return Err(AmendmentError::NotAWidening {
+            field: "tool_calls".into(),
+            reason: format!(
+                "{} is below the receipt's {budget}; narrowing needs no amendment",
+                amendment.tool_calls
+            ),
+        });
+    }
+    let expiry = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
+    if let Some(new) = &amendment.expires_at {
+        if new.seconds < expiry {
+            return Err(AmendmentError::NotAWidening {
+                field: "expires_at".into(),
+                reason: format!(
+                    "unix {} is before the receipt's expiry (unix {expiry}); narrowing needs no amendment",
+                    new.seconds
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// An amendment's grants reach files through the gateway only: no mount (the kernel envelope
+/// is never widened on a live run), no exec, an absolute normalised path, read or write.
+pub fn check_added_grants(add_fs: &[FsGrant]) -> Result<(), AmendmentError> {
+    for (i, grant) in add_fs.iter().enumerate() {
+        let field = format!("add_fs[{i}]");
+        if !grant.mount.is_empty() || grant.exec {
+            return Err(AmendmentError::NotAWidening {
+                field,
+                reason: "an amendment adds gateway-only grants: a mount (or exec) would widen the kernel envelope of a live run; start a new run with a new receipt".into(),
+            });
+        }
+        if !crate::paths::is_normal_absolute(&grant.path) {
+            return Err(AmendmentError::NotAWidening {
+                field,
+                reason: format!("{:?} must be an absolute, normalised host path", grant.path),
+            });
+        }
+        if !matches!(grant.access, 1 | 2) {
+            return Err(AmendmentError::NotAWidening {
+                field,
+                reason: "access must be READ or WRITE".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{signing_message, timestamp_from_unix};
+    use tollgate_proto::v1 as pb;
+
+    fn receipt() -> Receipt {
+        Receipt {
+            receipt_id: "r1".into(),
+            expires_at: Some(timestamp_from_unix(1_000)),
+            limits: Some(pb::Limits {
+                tool_calls: 10,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn amendment() -> Amendment {
+        Amendment {
+            receipt_id: "r1".into(),
+            issued_at: Some(timestamp_from_unix(500)),
+            tool_calls: 20,
+            expires_at: Some(timestamp_from_unix(2_000)),
+            add_fs: vec![FsGrant {
+                path: "/srv/more".into(),
+                access: pb::FsAccess::Write as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_signed_amendment_under_its_own_domain_verifies() {
+        let signer = ReceiptSigner::from_seed(&[5; 32]);
+        let mut keys = KeySet::new();
+        keys.insert(signer.public_key());
+        let signed = signer.sign_amendment(&mut amendment());
+        assert_eq!(verify_amendment(&keys, &signed).unwrap().tool_calls, 20);
+        // Tampered bytes, a foreign key, a receipt's signing domain: all refused.
+        let mut tampered = signed.clone();
+        tampered.amendment[3] ^= 1;
+        assert!(matches!(
+            verify_amendment(&keys, &tampered),
+            Err(AmendmentError::BadSignature(_) | AmendmentError::Malformed(_))
+        ));
+        let stranger = ReceiptSigner::from_seed(&[6; 32]).sign_amendment(&mut amendment());
+        assert!(matches!(
+            verify_amendment(&keys, &stranger),
+            Err(AmendmentError::UnknownKey(_))
+        ));
+        let as_receipt = SignedAmendment {
+            signature: signer
+                .signing_key()
+                .sign(&signing_message(&signed.amendment))
+                .to_bytes()
+                .to_vec(),
+            ..signed
+        };
+        assert!(matches!(
+            verify_amendment(&keys, &as_receipt),
+            Err(AmendmentError::BadSignature(_))
+        ));
+    }
+
+    #[test]
+    fn an_amendment_only_widens_its_own_run_and_only_through_the_gateway() {
+        assert_eq!(check_widening(&receipt(), &amendment(), 600), Ok(()));
+        let other = Amendment {
+            receipt_id: "r2".into(),
+            ..amendment()
+        };
+        assert!(matches!(
+            check_widening(&receipt(), &other, 600),
+            Err(AmendmentError::OtherRun { .. })
+        ));
+        assert!(matches!(
+            check_widening(&receipt(), &amendment(), 900),
+            Err(AmendmentError::Stale { .. })
+        ));
+        let mut mounted = amendment();
+        mounted.add_fs[0].mount = "/more".into();
+        assert!(matches!(
+            check_widening(&receipt(), &mounted, 600),
+            Err(AmendmentError::NotAWidening { .. })
+        ));
+        let lower = Amendment {
+            tool_calls: 5,
+            ..amendment()
+        };
+        assert!(check_widening(&receipt(), &lower, 600).is_err());
+        let earlier = Amendment {
+            expires_at: Some(timestamp_from_unix(900)),
+            ..amendment()
+        };
+        assert!(check_widening(&receipt(), &earlier, 600).is_err());
+    }
+}

@@ -1,0 +1,311 @@
+//! Changing a live run without restarting it, with real daemons and a real sandbox: a signed
+//! amendment widens a gateway grant and extends the expiry (the agent's next call to the new
+//! path passes, and the run outlives its old expiry); a forged or foreign-signed one is
+//! refused; narrowing drops a grant (the agent's next call there is refused) and brings the
+//! expiry forward; neither widens through the other's door; another operator can do neither.
+
+use std::time::{Duration, Instant};
+
+use prost::Message as _;
+use tollgate_audit::EntryKind;
+use tollgate_proto::v1 as pb;
+use tollgate_proto::v1::supervisor_client::SupervisorClient;
+use tollgate_receipt::{timestamp_from_unix, unix_now, ReceiptSigner};
+use tollgate_tests::{authed, require_root, AuthorityProcess, SupervisorProcess};
+use tonic::transport::Channel;
+use tonic::Code;
+
+fn ceiling(root: &str) -> pb::Ceiling {
+    pb::Ceiling {
+        exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+        max_ttl_seconds: 3600,
+        audience: vec!["workstation".into()],
+        fs: vec![pb::FsGrant {
+            path: root.into(),
+            access: pb::FsAccess::Write as i32,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+async fn amend(
+    client: &mut SupervisorClient<Channel>,
+    token: &str,
+    run_id: &str,
+    change: pb::amend_run_request::Change,
+) -> Result<pb::AmendRunResponse, tonic::Status> {
+    client
+        .amend_run(authed(
+            token,
+            pb::AmendRunRequest {
+                run_id: run_id.into(),
+                change: Some(change),
+            },
+        ))
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Follows the run's output until it has printed `line` (30 s at most).
+async fn until_printed(supervisor: &SupervisorProcess, token: &str, run_id: &str, line: &str) {
+    let mut stream = supervisor
+        .client()
+        .await
+        .watch_run(authed(
+            token,
+            pb::WatchRunRequest {
+                run_id: run_id.into(),
+            },
+        ))
+        .await
+        .expect("WatchRun")
+        .into_inner();
+    let mut text = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let event = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("the run never printed {line:?}:\n{text}"))
+            .expect("event");
+        match event.and_then(|e| e.event) {
+            Some(pb::run_event::Event::Output(chunk)) => {
+                text.push_str(&String::from_utf8_lossy(&chunk.data));
+                // Only what follows the last such line counts: the agent loops.
+                if text.lines().any(|l| l == line) {
+                    return;
+                }
+            }
+            other => panic!("the run ended before printing {line:?}: {other:?}\n{text}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_owner() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "amendments",
+        211_400,
+    );
+    let files = dir.path().join("files");
+    let (a, b) = (files.join("a"), files.join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    std::fs::write(a.join("a.txt"), "a").unwrap();
+    std::fs::write(b.join("b.txt"), "b").unwrap();
+    let root = files.display().to_string();
+    let alice = authority.add_operator("alice", ceiling(&root)).await;
+    let bob = authority.add_operator("bob", ceiling(&root)).await;
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    // Each round: one call to each directory, its outcome printed.
+    let script = format!(
+        "while :; do \
+           tollgate-shim tool read {a}/a.txt >/dev/null 2>&1; echo \"a rc=$?\"; \
+           tollgate-shim tool read {b}/b.txt >/dev/null 2>&1; echo \"b rc=$?\"; \
+           sleep 0.2; \
+         done"
+    );
+    let ttl = 12;
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(
+            &alice,
+            pb::MintReceiptRequest {
+                subject: "amended".into(),
+                ttl_seconds: ttl,
+                audience: vec!["workstation".into()],
+                agent: Some(pb::AgentSpec {
+                    argv: vec!["/bin/sh".into(), "-c".into(), script],
+                    ..Default::default()
+                }),
+                exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+                fs: vec![pb::FsGrant {
+                    path: a.clone(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                limits: Some(pb::Limits {
+                    tool_calls: 10_000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("mint")
+        .into_inner();
+    let started = Instant::now();
+    let receipt = minted.receipt.unwrap();
+    let run_id = supervisor
+        .start_run_as(&alice, minted.text)
+        .await
+        .expect("alice starts her run");
+    until_printed(&supervisor, &alice, &run_id, "b rc=1").await;
+    let mut client = supervisor.client().await;
+
+    // The authority signs a widening for the owner: b, and 60 s more.
+    let widened = authority
+        .client()
+        .await
+        .amend_receipt(authed(
+            &alice,
+            pb::AmendReceiptRequest {
+                receipt_id: run_id.clone(),
+                add_fs: vec![pb::FsGrant {
+                    path: b.clone(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                extend_seconds: 60,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("AmendReceipt")
+        .into_inner();
+    let signed = widened.signed.unwrap();
+    // Beyond the ceiling, or with a mount, the authority signs nothing.
+    let refused = authority
+        .client()
+        .await
+        .amend_receipt(authed(
+            &alice,
+            pb::AmendReceiptRequest {
+                receipt_id: run_id.clone(),
+                add_fs: vec![pb::FsGrant {
+                    path: "/etc".into(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    // Forged (a byte changed) and foreign-signed (a key the supervisor does not trust): refused.
+    let mut forged = signed.clone();
+    let mut tampered = pb::Amendment::decode(forged.amendment.as_slice()).unwrap();
+    tampered.add_fs[0].path = root.clone();
+    forged.amendment = tampered.encode_to_vec();
+    let stranger = ReceiptSigner::from_seed(&[42; 32]).sign_amendment(&mut tampered);
+    for bad in [forged, stranger] {
+        let refused = amend(
+            &mut client,
+            &alice,
+            &run_id,
+            pb::amend_run_request::Change::Amendment(bad),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    }
+    // Bob does not own the run: even a good amendment is not his to apply.
+    let refused = amend(
+        &mut client,
+        &bob,
+        &run_id,
+        pb::amend_run_request::Change::Amendment(signed.clone()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    let after = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Amendment(signed),
+    )
+    .await
+    .expect("the signed amendment applies");
+    assert!(after.fs.iter().any(|g| g.path == b));
+    let old_expiry = receipt.expires_at.unwrap().seconds;
+    assert_eq!(after.expires_at.unwrap().seconds, old_expiry + 60);
+    until_printed(&supervisor, &alice, &run_id, "b rc=0").await;
+
+    // Narrowing cannot widen: a later expiry is refused without a signature.
+    let refused = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            expires_at: Some(timestamp_from_unix(old_expiry + 3600)),
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    // Alice drops a: the agent's next read there is refused.
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_fs: vec![a.clone()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("narrowing needs no signature");
+    until_printed(&supervisor, &alice, &run_id, "a rc=1").await;
+
+    // The run outlived its receipt's own expiry.
+    let left = Duration::from_secs(ttl + 1).saturating_sub(started.elapsed());
+    tokio::time::sleep(left).await;
+    let run = client
+        .get_run(authed(
+            &alice,
+            pb::GetRunRequest {
+                run_id: run_id.clone(),
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        run.report.is_none(),
+        "still running past the old expiry: {run:?}"
+    );
+
+    // Bringing the expiry forward ends it now.
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            expires_at: Some(timestamp_from_unix(unix_now())),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("narrow the expiry");
+    let ended = supervisor
+        .wait_ended(&run_id, Duration::from_secs(10))
+        .await;
+    assert_eq!(ended.state, pb::RunState::Expired as i32, "{ended:?}");
+
+    // Each change is in the supervisor's audit, the signed one at the authority's too.
+    let changes: Vec<_> = supervisor
+        .audit()
+        .into_iter()
+        .filter(|e| e.kind == EntryKind::RunAmended && e.run_id.as_deref() == Some(&run_id))
+        .collect();
+    assert_eq!(changes.len(), 3, "{changes:?}");
+    let authority_entries = SupervisorProcess::audit_entries(&authority.data_dir().join("audit"));
+    assert!(authority_entries
+        .iter()
+        .any(|e| e.kind == EntryKind::ReceiptAmended
+            && e.receipt_id.as_deref() == Some(&run_id)
+            && e.decision == Some(tollgate_audit::Decision::Allow)));
+}
