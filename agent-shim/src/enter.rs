@@ -78,6 +78,14 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     // pid 1 has exited this fails, and nothing runs.
     setns(&pid_one, NAMESPACES).map_err(|e| format!("joining the sandbox's namespaces: {e}"))?;
     drop(pid_one);
+    if let Some(target) = &request.unmount {
+        // Joining the mount namespace made its root (the sandbox's) this process's root: the
+        // target is the sandbox path. Detached at once; the agent's next path lookup beneath
+        // it finds the empty mount point.
+        nix::mount::umount2(target.as_str(), nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|e| format!("unmounting {target}: {e}"))?;
+        return Ok(EnterOutcome::Unmounted);
+    }
     let cpu_seconds = request.timeout_ms.div_ceil(1000).max(1);
     // Inherited by the command; the helper itself only waits.
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)

@@ -111,6 +111,14 @@ pub enum AmendError {
     /// The amendment is refused (signature, run, freshness, shape).
     #[error("amendment refused: {0}")]
     Amendment(#[from] tollgate_receipt::amendment::AmendmentError),
+    /// A mounted grant could not be unmounted from the live sandbox (nothing was changed).
+    #[error("unmounting {target} from the live sandbox: {reason}")]
+    Unmount {
+        /// The sandbox path.
+        target: String,
+        /// Why.
+        reason: String,
+    },
     /// The run's receipt was revoked: nothing widens it.
     #[error("run {0}'s receipt is revoked")]
     Revoked(String),

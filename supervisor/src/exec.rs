@@ -282,41 +282,9 @@ pub async fn run(
     let request = EnterRequest {
         plan,
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        unmount: None,
     };
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(ExecError::Spawn)?;
-    let procs: Vec<OwnedFd> = sandbox
-        .cgroup_procs
-        .iter()
-        .map(|file| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(file)
-                .map(OwnedFd::from)
-        })
-        .collect::<Result<_, _>>()
-        .map_err(ExecError::Spawn)?;
-    let mut command = std::process::Command::new(&sandbox.shim);
-    command
-        .arg("enter")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .env_clear();
-    in_cgroup_with_control(
-        &mut command,
-        procs.iter().map(|fd| fd.as_raw_fd()).collect(),
-        theirs.as_raw_fd(),
-        Some(pinned.pid_one.as_raw_fd()),
-    );
-    let mut command = tokio::process::Command::from(command);
-    command.kill_on_drop(true);
-    let mut child = command.spawn().map_err(ExecError::Spawn)?;
-    drop(theirs);
-    drop(procs);
-    let mut line = serde_json::to_vec(&request).map_err(|e| ExecError::Helper(e.into()))?;
-    line.push(b'\n');
-    ours.set_nonblocking(true).map_err(ExecError::Helper)?;
-    let mut control = tokio::net::UnixStream::from_std(ours).map_err(ExecError::Helper)?;
+    let (mut child, mut control, line) = spawn_helper(sandbox, pinned, &request)?;
     let output = Output::start(&mut child, sandbox.limits.output_cap);
     if let Some(mut pipe) = child.stdin.take() {
         tokio::spawn(async move {
@@ -359,6 +327,98 @@ pub async fn run(
             duration: started.elapsed(),
         }),
         Ok(EnterOutcome::Failed { reason }) => Err(ExecError::NotStarted(reason)),
+        Ok(EnterOutcome::Unmounted) => Err(ExecError::Helper(std::io::Error::other(
+            "the helper unmounted instead of running the command",
+        ))),
+        Err(_) if reply.is_empty() => Err(ExecError::NotStarted(format!(
+            "the helper ended without a report ({status}; the sandbox may be ending)"
+        ))),
+        Err(e) => Err(ExecError::Helper(std::io::Error::other(e))),
+    }
+}
+
+/// Starts `tollgate-shim enter` in the run's cgroup with its control socket and pid 1's pidfd;
+/// the child, our end of the socket and the request line to send on it.
+fn spawn_helper(
+    sandbox: &ExecSandbox,
+    pinned: &PinnedSandbox,
+    request: &EnterRequest,
+) -> Result<(tokio::process::Child, tokio::net::UnixStream, Vec<u8>), ExecError> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(ExecError::Spawn)?;
+    let procs: Vec<OwnedFd> = sandbox
+        .cgroup_procs
+        .iter()
+        .map(|file| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(file)
+                .map(OwnedFd::from)
+        })
+        .collect::<Result<_, _>>()
+        .map_err(ExecError::Spawn)?;
+    let mut command = std::process::Command::new(&sandbox.shim);
+    command
+        .arg("enter")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_clear();
+    in_cgroup_with_control(
+        &mut command,
+        procs.iter().map(|fd| fd.as_raw_fd()).collect(),
+        theirs.as_raw_fd(),
+        Some(pinned.pid_one.as_raw_fd()),
+    );
+    let mut command = tokio::process::Command::from(command);
+    command.kill_on_drop(true);
+    let child = command.spawn().map_err(ExecError::Spawn)?;
+    drop(theirs);
+    drop(procs);
+    let mut line = serde_json::to_vec(request).map_err(|e| ExecError::Helper(e.into()))?;
+    line.push(b'\n');
+    ours.set_nonblocking(true).map_err(ExecError::Helper)?;
+    let control = tokio::net::UnixStream::from_std(ours).map_err(ExecError::Helper)?;
+    Ok((child, control, line))
+}
+
+/// Detaches the mount at sandbox path `target` inside the live sandbox (a mounted grant
+/// narrowed away): `tollgate-shim enter` joins its mount namespace and unmounts it.
+pub async fn unmount(sandbox: &ExecSandbox, target: &str) -> Result<(), ExecError> {
+    let pinned = sandbox
+        .started
+        .wait(PIN_WAIT)
+        .await
+        .map_err(ExecError::NotStarted)?;
+    let request = EnterRequest {
+        plan: sandbox.plan.clone(),
+        timeout_ms: 0,
+        unmount: Some(target.to_owned()),
+    };
+    let (mut child, mut control, line) = spawn_helper(sandbox, pinned, &request)?;
+    let reply = async {
+        control.write_all(&line).await?;
+        let mut reply = String::new();
+        tokio::io::BufReader::new(&mut control)
+            .read_line(&mut reply)
+            .await?;
+        Ok::<_, std::io::Error>(reply)
+    };
+    let reply = match tokio::time::timeout(GRACE, reply).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(e)) => return Err(ExecError::Helper(e)),
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = bounded_wait(&mut child).await;
+            return Err(ExecError::Unresponsive);
+        }
+    };
+    let status = bounded_wait(&mut child).await;
+    match serde_json::from_str::<EnterOutcome>(&reply) {
+        Ok(EnterOutcome::Unmounted) => Ok(()),
+        Ok(EnterOutcome::Failed { reason }) => Err(ExecError::NotStarted(reason)),
+        Ok(other) => Err(ExecError::Helper(std::io::Error::other(format!(
+            "unexpected reply {other:?}"
+        )))),
         Err(_) if reply.is_empty() => Err(ExecError::NotStarted(format!(
             "the helper ended without a report ({status}; the sandbox may be ending)"
         ))),

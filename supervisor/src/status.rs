@@ -69,6 +69,7 @@ pub fn amend_status(error: &crate::error::AmendError) -> Status {
             Status::permission_denied(error.to_string())
         }
         AmendError::Audit(_) => internal("auditing a change to a run", error),
+        AmendError::Unmount { .. } => Status::failed_precondition(error.to_string()),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Changing a live run without restarting it, with real daemons and a real sandbox: a signed
 //! amendment widens a gateway grant and extends the expiry (the agent's next call to the new
 //! path passes, and the run outlives its old expiry); a forged or foreign-signed one is
-//! refused; narrowing drops a grant (the agent's next call there is refused) and brings the
+//! refused; narrowing drops a grant (the agent's next call there is refused), unmounts a
+//! mounted one from the live sandbox (the agent's next read there fails) and brings the
 //! expiry forward; neither widens through the other's door; another operator can do neither.
 
 use std::time::{Duration, Instant};
@@ -95,20 +96,23 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         211_400,
     );
     let files = dir.path().join("files");
-    let (a, b) = (files.join("a"), files.join("b"));
-    std::fs::create_dir_all(&a).unwrap();
-    std::fs::create_dir_all(&b).unwrap();
-    std::fs::write(a.join("a.txt"), "a").unwrap();
-    std::fs::write(b.join("b.txt"), "b").unwrap();
+    let (a, b, m) = (files.join("a"), files.join("b"), files.join("m"));
+    for (dir, name) in [(&a, "a.txt"), (&b, "b.txt"), (&m, "m.txt")] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(name), "bytes\n").unwrap();
+    }
+    let m = m.display().to_string();
     let root = files.display().to_string();
     let alice = authority.add_operator("alice", ceiling(&root)).await;
     let bob = authority.add_operator("bob", ceiling(&root)).await;
     let (a, b) = (a.display().to_string(), b.display().to_string());
-    // Each round: one call to each directory, its outcome printed.
+    // Each round: one call to each gateway directory and a read of the mounted one (a
+    // shell builtin: the kernel, not the gateway, answers it), each outcome printed.
     let script = format!(
         "while :; do \
            tollgate-shim tool read {a}/a.txt >/dev/null 2>&1; echo \"a rc=$?\"; \
            tollgate-shim tool read {b}/b.txt >/dev/null 2>&1; echo \"b rc=$?\"; \
+           if (read line < /data/m.txt) 2>/dev/null; then echo \"m read\"; else echo \"m refused\"; fi; \
            sleep 0.2; \
          done"
     );
@@ -127,11 +131,19 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
                     ..Default::default()
                 }),
                 exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
-                fs: vec![pb::FsGrant {
-                    path: a.clone(),
-                    access: pb::FsAccess::Read as i32,
-                    ..Default::default()
-                }],
+                fs: vec![
+                    pb::FsGrant {
+                        path: a.clone(),
+                        access: pb::FsAccess::Read as i32,
+                        ..Default::default()
+                    },
+                    pb::FsGrant {
+                        path: m.clone(),
+                        access: pb::FsAccess::Read as i32,
+                        mount: "/data".into(),
+                        ..Default::default()
+                    },
+                ],
                 limits: Some(pb::Limits {
                     tool_calls: 10_000,
                     ..Default::default()
@@ -149,6 +161,7 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         .await
         .expect("alice starts her run");
     until_printed(&supervisor, &alice, &run_id, "b rc=1").await;
+    until_printed(&supervisor, &alice, &run_id, "m read").await;
     let mut client = supervisor.client().await;
 
     // The authority signs a widening for the owner: b, and 60 s more.
@@ -259,6 +272,20 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
     .await
     .expect("narrowing needs no signature");
     until_printed(&supervisor, &alice, &run_id, "a rc=1").await;
+    // And the mounted grant: unmounted from the live sandbox, the agent's next read fails.
+    let narrowed = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_fs: vec![m.clone()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("a mounted grant is narrowed away too");
+    assert!(narrowed.fs.iter().all(|g| g.path != m && g.path != a));
+    until_printed(&supervisor, &alice, &run_id, "m refused").await;
 
     // The run outlived its receipt's own expiry.
     let left = Duration::from_secs(ttl + 1).saturating_sub(started.elapsed());
@@ -301,7 +328,7 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         .into_iter()
         .filter(|e| e.kind == EntryKind::RunAmended && e.run_id.as_deref() == Some(&run_id))
         .collect();
-    assert_eq!(changes.len(), 3, "{changes:?}");
+    assert_eq!(changes.len(), 4, "{changes:?}");
     let authority_entries = SupervisorProcess::audit_entries(&authority.data_dir().join("audit"));
     assert!(authority_entries
         .iter()

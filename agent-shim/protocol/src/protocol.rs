@@ -96,6 +96,10 @@ pub struct EnterRequest {
     pub plan: SandboxPlan,
     /// Wall-clock limit; also the CPU-time limit, rounded up to whole seconds.
     pub timeout_ms: u64,
+    /// Instead of running a command: detach the mount at this sandbox path (a grant an
+    /// operator narrowed away from the live run).
+    #[serde(default)]
+    pub unmount: Option<String>,
 }
 
 /// How a command run by `tollgate-shim enter` ended (one JSON line on fd 3).
@@ -109,6 +113,8 @@ pub enum EnterOutcome {
         /// Whether it was killed at the time limit.
         timed_out: bool,
     },
+    /// The mount was detached (`unmount`).
+    Unmounted,
     /// The command could not be started in the sandbox.
     Failed {
         /// Which step failed and why.

@@ -1,5 +1,7 @@
 //! Changing a live run's powers without restarting it (`AmendRun`). Narrowing needs no
-//! signature: drop gateway fs grants, lower the tool-call budget, bring the expiry forward.
+//! signature: drop fs grants (a mounted one is unmounted from the live sandbox first, by
+//! `tollgate-shim enter` in its mount namespace), lower the tool-call budget, bring the expiry
+//! forward.
 //! Widening needs an authority's signed amendment, checked with the receipts' key set: add
 //! gateway-only fs grants (pinned now, without following links), raise the budget, extend the
 //! expiry. Only what the gateway checks on each call moves; the kernel envelope (mounts,
@@ -71,24 +73,38 @@ impl RunManager {
                     )));
                 }
                 let grants = gateway.fs.grants.current();
+                let mut unmount = Vec::new();
                 for path in &narrow.drop_fs {
-                    match grants.iter().find(|g| g.path == *path) {
-                        None => {
-                            return Err(AmendError::NotANarrowing(format!(
-                                "drop_fs {path:?}: the run has no gateway grant of that path"
-                            )))
-                        }
-                        Some(_) if is_mounted(&gate.receipt, path) => {
-                            return Err(AmendError::NotANarrowing(format!(
-                                "drop_fs {path:?}: the grant is mounted in the sandbox; unmounting a live run's grant is not supported yet (stop the run, or revoke its receipt)"
-                            )))
-                        }
-                        Some(_) => {}
+                    if !grants.iter().any(|g| g.path == *path) {
+                        return Err(AmendError::NotANarrowing(format!(
+                            "drop_fs {path:?}: the run has no grant of that path"
+                        )));
+                    }
+                    if let Some(target) = mount_of(&gate.receipt, path) {
+                        unmount.push(target);
+                    }
+                }
+                // A mounted grant leaves the sandbox itself, before the entry says it is gone.
+                if !unmount.is_empty() {
+                    let Some(sandbox) = gateway.exec.sandbox.clone() else {
+                        return Err(AmendError::NotANarrowing(
+                            "this run's sandbox cannot be entered to unmount a grant".into(),
+                        ));
+                    };
+                    let runtime = tokio::runtime::Handle::current();
+                    for target in &unmount {
+                        runtime
+                            .block_on(crate::exec::unmount(&sandbox, target))
+                            .map_err(|e| AmendError::Unmount {
+                                target: target.clone(),
+                                reason: e.to_string(),
+                            })?;
                     }
                 }
                 let entry = entry
                     .meta("change", "narrow")
                     .meta("drop_fs", narrow.drop_fs.clone())
+                    .meta("unmounted", unmount.clone())
                     .meta(
                         "tool_calls",
                         i64::try_from(narrow.tool_calls).unwrap_or(i64::MAX),
@@ -185,12 +201,13 @@ impl RunManager {
     }
 }
 
-/// Whether the receipt mounts a grant of `path` into the sandbox.
-fn is_mounted(receipt: &pb::Receipt, path: &str) -> bool {
+/// Where in the sandbox the receipt mounts its grant of `path`, if it does.
+fn mount_of(receipt: &pb::Receipt, path: &str) -> Option<String> {
     receipt
         .fs
         .iter()
-        .any(|g| g.path == path && !g.mount.is_empty())
+        .find(|g| g.path == path && !g.mount.is_empty())
+        .map(|g| g.mount.clone())
 }
 
 /// What the run's gateway allows now.
