@@ -328,6 +328,46 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Take powers away from a live run without stopping it (no signature needed; the run's
+    /// owner or an admin): drop fs grants (a mounted one is unmounted from the sandbox), lower
+    /// its tool-call budget, bring its expiry forward. Prints what it may do now
+    Narrow {
+        /// The run id.
+        run_id: String,
+        /// A granted host path to drop (as the receipt names it); repeatable.
+        #[arg(long = "drop", value_name = "PATH")]
+        drop_fs: Vec<String>,
+        /// The new tool-call budget (at most the current one).
+        #[arg(long, value_name = "N")]
+        tool_calls: Option<u64>,
+        /// End the run this long from now, e.g. "2m" (no later than its current expiry).
+        #[arg(long, value_name = "DURATION")]
+        expires_in: Option<String>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Give a live run more through its gateway without restarting it: the authority signs an
+    /// amendment within your ceiling, the supervisor applies it. Gateway-only fs grants, a
+    /// bigger tool-call budget, a later expiry; never a mount or another kernel-level power
+    /// (start a new run for those). Prints what it may do now
+    Widen {
+        /// The run id (= its receipt id).
+        run_id: String,
+        /// A host path to grant: PATH, PATH:read, PATH:write, with :ask after either to have
+        /// each change approved; repeatable.
+        #[arg(long = "fs", value_name = "PATH[:ACCESS][:ask]")]
+        fs: Vec<String>,
+        /// The new tool-call budget (above the current one).
+        #[arg(long, value_name = "N")]
+        tool_calls: Option<u64>,
+        /// Extend the run's expiry by this much, e.g. "30m".
+        #[arg(long, value_name = "DURATION")]
+        extend: Option<String>,
+        /// Print the result as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Stop a live run; prints its teardown report.
     Stop {
         /// The run id.

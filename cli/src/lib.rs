@@ -185,6 +185,20 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
         Command::Tree { run_id, json } => runs::tree(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,
+        Command::Narrow {
+            run_id,
+            drop_fs,
+            tool_calls,
+            expires_in,
+            json,
+        } => approvals::narrow(global, run_id, drop_fs, tool_calls, expires_in, json).await,
+        Command::Widen {
+            run_id,
+            fs,
+            tool_calls,
+            extend,
+            json,
+        } => approvals::widen(global, run_id, fs, tool_calls, extend, json).await,
         Command::Approvals { run, watch, json } => {
             approvals::approvals(global, run, watch, json).await
         }

@@ -11,7 +11,7 @@ use prost::Message as _;
 use tollgate_audit::EntryKind;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::supervisor_client::SupervisorClient;
-use tollgate_receipt::{timestamp_from_unix, unix_now, ReceiptSigner};
+use tollgate_receipt::{timestamp_from_unix, ReceiptSigner};
 use tollgate_tests::{authed, require_root, AuthorityProcess, SupervisorProcess};
 use tonic::transport::Channel;
 use tonic::Code;
@@ -305,18 +305,31 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         "still running past the old expiry: {run:?}"
     );
 
-    // Bringing the expiry forward ends it now.
-    amend(
-        &mut client,
-        &alice,
-        &run_id,
-        pb::amend_run_request::Change::Narrow(pb::Narrowing {
-            expires_at: Some(timestamp_from_unix(unix_now())),
-            ..Default::default()
-        }),
-    )
-    .await
-    .expect("narrow the expiry");
+    // From the command line: widen the budget (the authority signs, the supervisor applies),
+    // then bring the expiry forward, which ends the run now.
+    let alice_file = dir.path().join("alice.token");
+    std::fs::write(&alice_file, &alice).unwrap();
+    let tollgate = |args: &[&str]| {
+        let output = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+            .env("RUST_LOG", "off")
+            .args([
+                "--authority",
+                authority.addr(),
+                "--supervisor",
+                supervisor.addr(),
+            ])
+            .arg("--token-file")
+            .arg(&alice_file)
+            .args(args)
+            .output()
+            .expect("run tollgate");
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let widened = tollgate(&["widen", &run_id, "--tool-calls", "20000", "--json"]);
+    assert!(widened.contains("\"tool_calls\":20000"), "{widened}");
+    let narrowed = tollgate(&["narrow", &run_id, "--expires-in", "1s"]);
+    assert!(narrowed.contains("tool_calls 20000"), "{narrowed}");
     let ended = supervisor
         .wait_ended(&run_id, Duration::from_secs(10))
         .await;
@@ -328,7 +341,7 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         .into_iter()
         .filter(|e| e.kind == EntryKind::RunAmended && e.run_id.as_deref() == Some(&run_id))
         .collect();
-    assert_eq!(changes.len(), 4, "{changes:?}");
+    assert_eq!(changes.len(), 5, "{changes:?}");
     let authority_entries = SupervisorProcess::audit_entries(&authority.data_dir().join("audit"));
     assert!(authority_entries
         .iter()

@@ -1,6 +1,9 @@
 //! `AmendReceipt`: a signed widening of one live run (more gateway-only fs grants, a bigger
 //! tool-call budget, a later expiry), for the receipt's owner or an admin, within the caller's
-//! ceiling as a mint would be. Audited (`receipt_amended`) before it is handed out.
+//! ceiling as a mint would be (the whole lifetime, from the receipt's `not_before` to the new
+//! expiry, within the ceiling's `max_ttl`). An extension counts from the receipt's expiry, or
+//! from now when that has passed (the run lives on by an earlier amendment). Audited
+//! (`receipt_amended`) before it is handed out.
 
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
@@ -62,14 +65,14 @@ impl AuthorityService {
             .into());
         }
         let now = unix_now();
-        let expires_at = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
-        if expires_at <= now {
-            return Err(CallError::FailedPrecondition(format!(
-                "receipt {} expired at unix {expires_at}: mint a new receipt instead",
-                receipt.receipt_id
-            ))
-            .into());
-        }
+        // A run may already live past its receipt's expiry (an earlier amendment): an
+        // extension counts from now then. Whether the run is still alive is the supervisor's
+        // to say when it applies the amendment (it refuses one for a run that has ended).
+        let expires_at = receipt
+            .expires_at
+            .as_ref()
+            .map_or(0, |t| t.seconds)
+            .max(now);
         let budget = receipt.limits.unwrap_or_default().tool_calls;
         if request.tool_calls != 0 && request.tool_calls <= budget {
             return Err(CallError::invalid(

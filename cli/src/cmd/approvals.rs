@@ -1,5 +1,5 @@
 //! `tollgate approvals`, `approve` and `deny`: the calls waiting for an operator on the
-//! supervisor, and deciding them.
+//! supervisor, and deciding them; `narrow` and `widen`: changing a live run's powers.
 
 use serde_json::json;
 use tokio_stream::StreamExt as _;
@@ -179,4 +179,164 @@ fn decided_json(decided: &pb::DecidedCall) -> serde_json::Value {
         "reason": decided.reason,
         "remember": decided.remember,
     })
+}
+
+/// `tollgate narrow RUN [--drop PATH]... [--tool-calls N] [--expires-in DURATION]`: takes
+/// powers away from a live run (no signature needed; the run's owner or an admin).
+pub(crate) async fn narrow(
+    global: &GlobalArgs,
+    run_id: String,
+    drop_fs: Vec<String>,
+    tool_calls: Option<u64>,
+    expires_in: Option<String>,
+    json: bool,
+) -> Result<(), CliError> {
+    let expires_at = expires_in
+        .map(|text| {
+            tollgate_receipt::spec::parse_duration("--expires-in", &text)
+                .map(|d| {
+                    let seconds = i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+                    tollgate_receipt::timestamp_from_unix(
+                        tollgate_receipt::unix_now().saturating_add(seconds),
+                    )
+                })
+                .map_err(|e| CliError::Input(e.to_string()))
+        })
+        .transpose()?;
+    if drop_fs.is_empty() && tool_calls.is_none() && expires_at.is_none() {
+        return Err(CliError::Input(
+            "nothing to narrow: give --drop PATH, --tool-calls N or --expires-in DURATION".into(),
+        ));
+    }
+    let change = pb::amend_run_request::Change::Narrow(pb::Narrowing {
+        drop_fs,
+        tool_calls: tool_calls.unwrap_or(0),
+        expires_at,
+    });
+    apply(global, run_id, change, json).await
+}
+
+/// `tollgate widen RUN [--fs PATH[:read|:write][:ask]]... [--tool-calls N] [--extend
+/// DURATION]`: asks the authority for a signed amendment, then has the supervisor apply it.
+pub(crate) async fn widen(
+    global: &GlobalArgs,
+    run_id: String,
+    fs: Vec<String>,
+    tool_calls: Option<u64>,
+    extend: Option<String>,
+    json: bool,
+) -> Result<(), CliError> {
+    let add_fs = fs
+        .iter()
+        .map(|spec| fs_grant(spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    let extend_seconds = extend
+        .map(|text| {
+            tollgate_receipt::spec::parse_duration("--extend", &text)
+                .map(|d| d.as_secs())
+                .map_err(|e| CliError::Input(e.to_string()))
+        })
+        .transpose()?
+        .unwrap_or(0);
+    let token = global.tokens().token()?;
+    let mut authority = crate::client::connect(&global.authority, &global.tls()).await?;
+    let amended = authority
+        .amend_receipt(authed(
+            &token,
+            pb::AmendReceiptRequest {
+                receipt_id: run_id.clone(),
+                add_fs,
+                tool_calls: tool_calls.unwrap_or(0),
+                extend_seconds,
+            },
+        )?)
+        .await?
+        .into_inner();
+    let signed = amended.signed.ok_or_else(|| {
+        CliError::Input("the authority answered without a signed amendment".into())
+    })?;
+    apply(
+        global,
+        run_id,
+        pb::amend_run_request::Change::Amendment(signed),
+        json,
+    )
+    .await
+}
+
+/// `PATH`, `PATH:read`, `PATH:write`, with `:ask` after either.
+fn fs_grant(spec: &str) -> Result<pb::FsGrant, CliError> {
+    let (rest, ask) = match spec.strip_suffix(":ask") {
+        Some(rest) => (rest, true),
+        None => (spec, false),
+    };
+    let (path, access) = match rest.rsplit_once(':') {
+        Some((path, "write")) => (path, pb::FsAccess::Write),
+        Some((path, "read")) => (path, pb::FsAccess::Read),
+        _ => (rest, pb::FsAccess::Read),
+    };
+    if !path.starts_with('/') {
+        return Err(CliError::Input(format!(
+            "--fs {spec:?}: give an absolute host path, optionally :read or :write, then :ask"
+        )));
+    }
+    Ok(pb::FsGrant {
+        path: path.to_owned(),
+        access: access as i32,
+        ask,
+        ..Default::default()
+    })
+}
+
+async fn apply(
+    global: &GlobalArgs,
+    run_id: String,
+    change: pb::amend_run_request::Change,
+    json: bool,
+) -> Result<(), CliError> {
+    let token = global.supervisor_tokens().token()?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
+    let after = client
+        .amend_run(authed(
+            &token,
+            pb::AmendRunRequest {
+                run_id,
+                change: Some(change),
+            },
+        )?)
+        .await?
+        .into_inner();
+    if json {
+        println!(
+            "{}",
+            json!({
+                "fs": after.fs.iter().map(|g| json!({
+                    "path": g.path,
+                    "access": if g.access == pb::FsAccess::Write as i32 { "write" } else { "read" },
+                    "mount": g.mount,
+                    "ask": g.ask,
+                })).collect::<Vec<_>>(),
+                "tool_calls": after.tool_calls,
+                "expires_at": after.expires_at.map(|t| t.seconds),
+            })
+        );
+        return Ok(());
+    }
+    for grant in &after.fs {
+        let access = if grant.access == pb::FsAccess::Write as i32 {
+            "write"
+        } else {
+            "read"
+        };
+        let mount = if grant.mount.is_empty() {
+            " (gateway only)".to_owned()
+        } else {
+            format!(" -> {}", grant.mount)
+        };
+        let ask = if grant.ask { ", asks" } else { "" };
+        say!("fs         {access:<5} {}{mount}{ask}", grant.path);
+    }
+    say!("tool_calls {}", after.tool_calls);
+    say!("expires    {}", show::time_text(after.expires_at.as_ref()));
+    Ok(())
 }
