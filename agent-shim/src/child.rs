@@ -108,6 +108,8 @@ struct EgressJson {
     paths: Vec<String>,
     #[serde(default)]
     inspect: bool,
+    #[serde(default)]
+    ask: bool,
 }
 
 /// `low` / `medium` / `high`, or why not.
@@ -208,6 +210,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
                 methods: grant.methods,
                 paths: grant.paths,
                 inspect: grant.inspect,
+                ask: grant.ask,
             })
         })
         .collect::<Result<_, String>>()?;

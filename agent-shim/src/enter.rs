@@ -80,10 +80,18 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     drop(pid_one);
     if let Some(target) = &request.unmount {
         // Joining the mount namespace made its root (the sandbox's) this process's root: the
-        // target is the sandbox path. Detached at once; the agent's next path lookup beneath
-        // it finds the empty mount point.
-        nix::mount::umount2(target.as_str(), nix::mount::MntFlags::MNT_DETACH)
-            .map_err(|e| format!("unmounting {target}: {e}"))?;
+        // target is the sandbox path. Not a lazy unmount: while the agent holds a file or its
+        // working directory beneath it, a detached mount would stay reachable through them,
+        // so the unmount is refused instead (EBUSY) and the operator told.
+        match nix::mount::umount2(target.as_str(), nix::mount::MntFlags::UMOUNT_NOFOLLOW) {
+            Ok(()) => {}
+            Err(nix::errno::Errno::EBUSY) => {
+                return Err(format!(
+                    "the agent holds files or a working directory beneath {target}; the grant stays until they are closed (or stop the run)"
+                ))
+            }
+            Err(e) => return Err(format!("unmounting {target}: {e}")),
+        }
         return Ok(EnterOutcome::Unmounted);
     }
     let cpu_seconds = request.timeout_ms.div_ceil(1000).max(1);

@@ -16,6 +16,9 @@ pub const AMENDMENT_DOMAIN: &[u8] = b"tollgate.amendment.v1\n";
 /// How old an amendment a supervisor still applies (seconds since it was minted).
 pub const MAX_AMENDMENT_AGE: i64 = 300;
 
+/// Most fs grants one amendment adds.
+pub const MAX_ADDED_GRANTS: usize = 16;
+
 /// Why an amendment is refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AmendmentError {
@@ -115,11 +118,13 @@ pub fn check_widening(
             run: receipt.receipt_id.clone(),
         });
     }
+    check_amendable(receipt)?;
     let issued_at = amendment.issued_at.as_ref().map_or(0, |t| t.seconds);
     if now - issued_at > MAX_AMENDMENT_AGE || issued_at - now > 30 {
         return Err(AmendmentError::Stale { issued_at });
     }
     check_added_grants(&amendment.add_fs)?;
+    check_write_exec(receipt, &amendment.add_fs)?;
     let budget = receipt.limits.unwrap_or_default().tool_calls;
     if amendment.tool_calls != 0 && amendment.tool_calls < budget {
         return Err(AmendmentError::NotAWidening {
@@ -145,9 +150,53 @@ pub fn check_widening(
     Ok(())
 }
 
+/// Whether `receipt` may be amended at all: not a delegated child's (its powers come from its
+/// parent's receipt, and an amendment to it would reach past its parent).
+pub fn check_amendable(receipt: &Receipt) -> Result<(), AmendmentError> {
+    if receipt.parent_receipt_id.is_empty() {
+        Ok(())
+    } else {
+        Err(AmendmentError::NotAWidening {
+            field: "receipt_id".into(),
+            reason: format!(
+                "receipt {} is a delegated child's (of {}): amend its parent's run instead",
+                receipt.receipt_id, receipt.parent_receipt_id
+            ),
+        })
+    }
+}
+
+/// W^X holds for the run as amended: no added WRITE grant reaches what one of the receipt's
+/// executable grants or its root file system shows (by path; the rule a mint applies).
+pub fn check_write_exec(receipt: &Receipt, add_fs: &[FsGrant]) -> Result<(), AmendmentError> {
+    let combined: Vec<FsGrant> = receipt.fs.iter().chain(add_fs).cloned().collect();
+    let refuse = |reason: String| AmendmentError::NotAWidening {
+        field: "add_fs".into(),
+        reason,
+    };
+    crate::paths::check_exec_grants(&combined, &receipt.exec).map_err(|e| {
+        refuse(format!(
+            "{e} (W^X: the agent could write a program it runs)"
+        ))
+    })?;
+    crate::paths::Rootfs::parse(&receipt.rootfs, &combined).map_err(|e| {
+        refuse(format!(
+            "{e} (W^X: the agent could write a program it runs)"
+        ))
+    })?;
+    Ok(())
+}
+
 /// An amendment's grants reach files through the gateway only: no mount (the kernel envelope
-/// is never widened on a live run), no exec, an absolute normalised path, read or write.
+/// is never widened on a live run), no exec, an absolute normalised path, read or write; at
+/// most [`MAX_ADDED_GRANTS`].
 pub fn check_added_grants(add_fs: &[FsGrant]) -> Result<(), AmendmentError> {
+    if add_fs.len() > MAX_ADDED_GRANTS {
+        return Err(AmendmentError::NotAWidening {
+            field: "add_fs".into(),
+            reason: format!("at most {MAX_ADDED_GRANTS} grants an amendment"),
+        });
+    }
     for (i, grant) in add_fs.iter().enumerate() {
         let field = format!("add_fs[{i}]");
         if !grant.mount.is_empty() || grant.exec {
@@ -269,5 +318,43 @@ mod tests {
             ..amendment()
         };
         assert!(check_widening(&receipt(), &earlier, 600).is_err());
+    }
+
+    #[test]
+    fn no_amendment_reaches_a_child_breaks_w_x_or_adds_too_much() {
+        let child = Receipt {
+            parent_receipt_id: "r0".into(),
+            ..receipt()
+        };
+        assert!(check_widening(&child, &amendment(), 600).is_err());
+        // The receipt runs programs from /opt/tools: no write may be added over them.
+        let tools = Receipt {
+            fs: vec![FsGrant {
+                path: "/opt/tools".into(),
+                access: pb::FsAccess::Read as i32,
+                mount: "/tools".into(),
+                exec: true,
+                ..Default::default()
+            }],
+            exec: vec!["/tools/bin/run".into()],
+            ..receipt()
+        };
+        for path in ["/opt/tools", "/opt/tools/bin", "/opt"] {
+            let mut over = amendment();
+            over.add_fs[0].path = path.into();
+            assert!(
+                matches!(
+                    check_widening(&tools, &over, 600),
+                    Err(AmendmentError::NotAWidening { .. })
+                ),
+                "{path}"
+            );
+        }
+        assert_eq!(check_widening(&tools, &amendment(), 600), Ok(()));
+        let many = Amendment {
+            add_fs: vec![amendment().add_fs[0].clone(); MAX_ADDED_GRANTS + 1],
+            ..amendment()
+        };
+        assert!(check_widening(&receipt(), &many, 600).is_err());
     }
 }

@@ -418,6 +418,12 @@ pub fn within(
             tollgate_proto::sensitivity_name(wider.max_sensitivity)
         ));
     }
+    if wider.ask && !narrower.ask {
+        return Err(format!(
+            "{} asks an operator before each connection; so must this (ask = true)",
+            wider.host
+        ));
+    }
     if wider.inspect && !narrower.is_inspected() {
         return Err(format!(
             "{} is inspected; so must this be (inspect = true)",
@@ -470,6 +476,22 @@ pub fn covered(
 ) -> Result<(), String> {
     let mut why = format!("nothing grants egress to {}", grant.host);
     let inner = HostPattern::parse(&grant.host, false).ok();
+    // An entry that asks binds every grant it overlaps, whatever else covers it too: asking
+    // wins over allowing.
+    if !grant.ask {
+        if let Some(asking) = wider.iter().find(|entry| {
+            entry.ask
+                && HostPattern::parse(&entry.host, ceiling)
+                    .ok()
+                    .zip(inner.as_ref())
+                    .is_some_and(|(outer, inner)| outer.covers(inner) || inner.covers(&outer))
+        }) {
+            return Err(format!(
+                "{} asks an operator before each connection; so must this (ask = true)",
+                asking.host
+            ));
+        }
+    }
     for entry in wider {
         match within(grant, entry, ceiling) {
             Ok(()) => return Ok(()),
@@ -533,6 +555,34 @@ mod tests {
         }];
         normalise(&mut grants, "", false).unwrap();
         grants[0].clone()
+    }
+
+    #[test]
+    fn a_host_that_asks_binds_every_grant_it_overlaps() {
+        let asking = |host: &str| pb::EgressGrant {
+            ask: true,
+            ..grant(host)
+        };
+        let entry = |host: &str, ask: bool| {
+            let mut entries = [pb::EgressGrant {
+                host: host.into(),
+                max_sensitivity: pb::Sensitivity::High as i32,
+                ask,
+                ..Default::default()
+            }];
+            normalise(&mut entries, "ceiling.", true).unwrap();
+            entries[0].clone()
+        };
+        let ceiling = [entry("*", false), entry("*.push.example", true)];
+        assert!(covered(&grant("api.example"), &ceiling, true).is_ok());
+        let refused = covered(&grant("git.push.example"), &ceiling, true).unwrap_err();
+        assert!(refused.contains("ask = true"), "{refused}");
+        assert!(covered(&asking("git.push.example"), &ceiling, true).is_ok());
+        // A wildcard grant would reach the asking hosts too.
+        let wide = [entry("*", false), entry("git.push.example", true)];
+        assert!(covered(&grant("*.example"), &wide, true).is_err());
+        // A delegated child under an asking parent grant asks too.
+        assert!(within(&grant("api.example"), &asking("api.example"), false).is_err());
     }
 
     #[test]

@@ -287,6 +287,10 @@ pub struct EgressSpec {
     pub paths: Vec<String>,
     /// Terminate TLS and read each request; implied by `inject`, `methods` and `paths`.
     pub inspect: Option<bool>,
+    /// Each new connection waits for an operator's approval. In a ceiling: grants minted
+    /// beneath it must ask.
+    #[serde(default)]
+    pub ask: bool,
 }
 
 fn egress_to_proto(grants: &[EgressSpec]) -> Result<Vec<pb::EgressGrant>, SpecError> {
@@ -315,6 +319,7 @@ fn egress_to_proto(grants: &[EgressSpec]) -> Result<Vec<pb::EgressGrant>, SpecEr
                 methods: grant.methods.clone(),
                 paths: grant.paths.clone(),
                 inspect: grant.inspect.unwrap_or(needs_inspection),
+                ask: grant.ask,
             })
         })
         .collect()

@@ -178,28 +178,26 @@ impl ApprovalBoard {
         verdict: Verdict,
     ) -> Result<pb::DecidedCall, DecideError> {
         let key = (run_id.to_owned(), call_id.to_owned());
-        let waiting = {
+        let decided = decided_call(&key, &verdict);
+        {
             let mut board = self.lock();
-            let waiting = board.waiting.remove(&key);
-            if let (Some(waiting), Verdict::Approved { remember: true, .. }) = (&waiting, &verdict)
-            {
+            let Some(waiting) = board.waiting.remove(&key) else {
+                return Err(DecideError::NotWaiting {
+                    run_id: run_id.to_owned(),
+                    call_id: call_id.to_owned(),
+                });
+            };
+            if let Verdict::Approved { remember: true, .. } = &verdict {
                 let rules = board.remembered.entry(run_id.to_owned()).or_default();
                 if rules.len() < MAX_REMEMBERED_PER_RUN {
                     rules.insert((waiting.call.tool.clone(), waiting.call.path.clone()));
                 }
             }
-            waiting
-        };
-        let Some(waiting) = waiting else {
-            return Err(DecideError::NotWaiting {
-                run_id: run_id.to_owned(),
-                call_id: call_id.to_owned(),
-            });
-        };
-        let decided = decided_call(&key, &verdict);
-        // The waiting call may have gone in between (its client hung up): the decision
-        // stands on the board either way; nothing waits to act on it.
-        let _ = waiting.verdict.send(verdict);
+            // Sent under the lock: a deadline that finds the call gone finds its verdict too
+            // (a decision and a timeout never both win). A waiting call whose client hung up
+            // in between drops it.
+            let _ = waiting.verdict.send(verdict);
+        }
         let _ = self.changes.send(pb::ApprovalEvent {
             event: Some(pb::approval_event::Event::Decided(decided.clone())),
         });

@@ -947,3 +947,110 @@ echo "== end"
         "{entries:#?}"
     );
 }
+
+/// A host granted with `ask = true`: each new connection waits for an operator before the
+/// supervisor resolves or connects anything; approved with `remember`, the run's next
+/// connection to the same host and port goes through unasked; denied, the client gets no
+/// connection and the host never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_to_a_host_that_asks_wait_for_an_operator() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-ask", 11, 211_500, None).await;
+    let script = r#"
+echo "== first"; curl -sS --max-time 60 https://api.example.test/ 2>&1; echo "rc=$?"
+echo "== again"; curl -sS --max-time 60 https://api.example.test/ 2>&1; echo "rc=$?"
+echo "== other"; curl -sS --max-time 60 https://other.example.test/ 2>&1; echo "rc=$?"
+echo "== end"
+"#;
+    let asking = |host: &str| pb::EgressGrant {
+        ask: true,
+        ..grant(host, &[443])
+    };
+    let minted = egress
+        .mint(egress.request(
+            script,
+            vec![asking("api.example.test"), asking("other.example.test")],
+            pb::Limits::default(),
+        ))
+        .await;
+    let admin = egress.supervisor.token();
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let mut client = egress.supervisor.client().await;
+    let mut events = client
+        .watch_approvals(authed(
+            &admin,
+            pb::WatchApprovalsRequest {
+                run_id: run_id.clone(),
+            },
+        ))
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut asked = Vec::new();
+    while asked.len() < 2 {
+        let event = tokio::time::timeout(Duration::from_secs(60), events.message())
+            .await
+            .expect("the connections reach the board in time")
+            .expect("event")
+            .expect("stream open");
+        let Some(pb::approval_event::Event::Pending(call)) = event.event else {
+            continue;
+        };
+        assert_eq!(call.tool, "egress");
+        // Nothing has reached the host while the connection waits.
+        assert!(egress.server.requests().is_empty() || call.path.starts_with("other"));
+        let approve = call.path == "api.example.test:443";
+        client
+            .decide_approval(authed(
+                &admin,
+                pb::DecideApprovalRequest {
+                    run_id: run_id.clone(),
+                    call_id: call.call_id.clone(),
+                    approve,
+                    remember: approve,
+                    reason: if approve { "" } else { "not that one" }.into(),
+                },
+            ))
+            .await
+            .expect("decide");
+        asked.push(call.path);
+    }
+    assert_eq!(asked, ["api.example.test:443", "other.example.test:443"]);
+    let output = egress.supervisor.output(&run_id).await;
+    let section = |name: &str| {
+        output
+            .split(&format!("== {name}"))
+            .nth(1)
+            .and_then(|s| s.split("\n== ").next())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        section("first").contains("hello from the remote host"),
+        "{output}"
+    );
+    assert!(
+        section("again").contains("hello from the remote host"),
+        "{output}"
+    );
+    assert!(!section("other").contains("rc=0"), "{output}");
+    let entries = egress.entries(&run_id);
+    let opens = find(&entries, "api.example.test", "open");
+    assert_eq!(opens.len(), 2, "{entries:#?}");
+    assert!(opens.iter().all(|e| e.decision == Some(Decision::Allow)));
+    assert_eq!(text(opens[0], "approved_by"), "admin");
+    assert_eq!(text(opens[1], "approved_by"), "(remembered)");
+    let other = find(&entries, "other.example.test", "open");
+    assert_eq!(other.len(), 1, "{entries:#?}");
+    assert_eq!(other[0].decision, Some(Decision::Deny));
+    assert!(
+        other[0]
+            .reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("not that one"),
+        "{other:#?}"
+    );
+}

@@ -57,6 +57,10 @@ impl AuthorityService {
             .ok_or_else(|| CallError::NotFound(format!("no receipt {}", request.receipt_id)))?;
         check_owner(&operator, &stored.receipt)?;
         let receipt = stored.receipt;
+        tollgate_receipt::amendment::check_amendable(&receipt)
+            .map_err(|e| CallError::FailedPrecondition(e.to_string()))?;
+        tollgate_receipt::amendment::check_write_exec(&receipt, &request.add_fs)
+            .map_err(|e| CallError::invalid("add_fs", e.to_string()))?;
         if stored.revocation.is_some() {
             return Err(CallError::FailedPrecondition(format!(
                 "receipt {} is revoked: nothing widens a revoked run",

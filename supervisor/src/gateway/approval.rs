@@ -20,7 +20,7 @@ use crate::COMPONENT;
 pub const REMEMBERED: &str = "(remembered)";
 
 /// One run's side of the approval board.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct RunApprovals {
     /// The run's call gate (its audit quota counts the approval entries).
     pub gate: Arc<CallGate>,

@@ -137,6 +137,8 @@ pub struct EgressCalls {
     /// Connections opened and waiting for their tunnel, by token (at most `max_open`: each
     /// holds a slot).
     waiting: std::sync::Mutex<std::collections::HashMap<TunnelToken, oneshot::Sender<Tunnel>>>,
+    /// Where a connection under a grant that asks waits for an operator.
+    approvals: super::approval::RunApprovals,
 }
 
 /// A connection slot being taken: given back if the connection is not made.
@@ -167,6 +169,8 @@ struct Connected {
     inspected: bool,
     /// The sandbox's proxy forwards plain HTTP on it (never TLS).
     http: bool,
+    /// Who approved it, when its grant asks.
+    approved_by: Option<String>,
 }
 
 /// What the sandbox asked to connect to, as the audit entry shows it.
@@ -177,7 +181,11 @@ struct Target {
 
 impl EgressCalls {
     /// The outbound connections of the run `gate` guards, bounded by its receipt's limits.
-    pub fn new(gate: Arc<CallGate>, setup: EgressSetup) -> Self {
+    pub fn new(
+        gate: Arc<CallGate>,
+        setup: EgressSetup,
+        approvals: super::approval::RunApprovals,
+    ) -> Self {
         let (max_open, max_bytes, idle) =
             tollgate_proto::effective_egress(&gate.receipt.limits.unwrap_or_default());
         Self {
@@ -188,6 +196,7 @@ impl EgressCalls {
             max_bytes,
             idle: Duration::from_secs(idle.into()),
             waiting: Default::default(),
+            approvals,
         }
     }
 
@@ -247,7 +256,7 @@ impl EgressCalls {
             host: clip(&open.host),
             port: open.port,
         };
-        let connected = match self.connect(&open).await {
+        let connected = match self.connect(&open, &call_id).await {
             Ok(connected) => connected,
             Err(refusal) => {
                 // A run past its budget or audit quota has its refusals summarised, not
@@ -272,7 +281,12 @@ impl EgressCalls {
             }
         };
         let inspected = connected.inspected;
+        let approved_by = connected.approved_by.clone();
         let recorded = self.record(&call_id, &target, Decision::Allow, |entry| {
+            let entry = match approved_by {
+                Some(by) => entry.meta("approved_by", by),
+                None => entry,
+            };
             entry
                 .meta("phase", "open")
                 .meta("address", connected.address.to_string())
@@ -325,8 +339,9 @@ impl EgressCalls {
         Ok(slot)
     }
 
-    /// Every check of a new connection, then the connection itself.
-    async fn connect(&self, open: &pb::EgressOpen) -> Result<Connected, Refusal> {
+    /// Every check of a new connection (with an operator's approval when its grant asks),
+    /// then the connection itself.
+    async fn connect(&self, open: &pb::EgressOpen, call_id: &str) -> Result<Connected, Refusal> {
         let gate = &self.gate;
         gate.check_audit_quota()?;
         gate.check_alive()?;
@@ -360,6 +375,31 @@ impl EgressCalls {
             .coded("egress_inspection"));
         }
         let grant = grant.clone();
+        // Asked before anything is resolved or connected: nothing reaches the host unapproved.
+        let approved_by = if grant.ask {
+            let asked = super::fs::Asked {
+                tool: "egress",
+                path: format!("{host}:{port}"),
+                bytes: 0,
+                mode: String::new(),
+            };
+            match self
+                .approvals
+                .approve(asked, call_id)
+                .await
+                .map_err(|status| {
+                    let reason = status.message().to_owned();
+                    Refusal::new(status, reason)
+                })? {
+                super::fs::Approval::Approved { by } => Some(by),
+                super::fs::Approval::Refused(refusal) => return Err(refusal.coded("egress_denied")),
+                // The run cannot take it (ending, expired): the checks below refuse it.
+                super::fs::Approval::NotAsked => None,
+            }
+        } else {
+            None
+        };
+        gate.check_alive()?;
         // A slot is held across the resolution and connect, so the bound holds while many
         // connections are being made at once.
         let slot = self.take_slot()?;
@@ -396,6 +436,7 @@ impl EgressCalls {
                         grant,
                         inspected,
                         http: open.http,
+                        approved_by,
                     });
                 }
                 Ok(Err(e)) => failures.push(format!("{address}: {}", e.kind())),

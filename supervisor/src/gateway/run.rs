@@ -71,6 +71,9 @@ pub struct RunGateway {
     pub egress: Arc<EgressCalls>,
     /// Calls waiting for an operator's approval.
     pub approvals: RunApprovals,
+    /// Changes to the live run are made one at a time (check, audit, apply under this lock),
+    /// and each signed amendment applies once: the ids of those applied.
+    pub amendments: Mutex<std::collections::HashSet<String>>,
 }
 
 impl RunGateway {
@@ -96,12 +99,14 @@ impl RunGateway {
             0 => tollgate_receipt::spec::DEFAULT_APPROVAL_TIMEOUT,
             seconds => std::time::Duration::from_secs(seconds),
         };
+        let approvals = RunApprovals {
+            gate: gate.clone(),
+            board: config.approvals,
+            timeout,
+        };
         Self {
-            approvals: RunApprovals {
-                gate: gate.clone(),
-                board: config.approvals,
-                timeout,
-            },
+            amendments: Mutex::default(),
+            approvals: approvals.clone(),
             host_id: config.host_id,
             fs: FsTools {
                 gate: gate.clone(),
@@ -116,7 +121,7 @@ impl RunGateway {
                 gate: gate.clone(),
                 models: config.models.clone(),
             },
-            egress: Arc::new(EgressCalls::new(gate.clone(), config.egress)),
+            egress: Arc::new(EgressCalls::new(gate.clone(), config.egress, approvals)),
             children: Arc::new(Children {
                 gate: gate.clone(),
                 grants,

@@ -22,6 +22,10 @@ use crate::gateway::fs::FsGrant;
 use crate::gateway::RunGateway;
 use crate::COMPONENT;
 
+/// Most fs grants a live run holds, its receipt's and its amendments' together (each pinned
+/// grant holds descriptors).
+pub const MAX_LIVE_GRANTS: usize = 64;
+
 /// One change to a live run.
 #[derive(Debug, Clone)]
 pub enum RunChange {
@@ -49,8 +53,11 @@ impl RunManager {
             .as_ref()
             .map(|(gateway, _)| gateway.clone())
             .ok_or_else(|| AmendError::NotLive(run_id.to_owned()))?;
+        // One change at a time: each is checked against, and applied to, what the last left.
+        let mut applied = gateway.amendments.lock().unwrap_or_else(|p| p.into_inner());
         let gate = &gateway.gate;
         let now = unix_now();
+        let mut applied_id = None;
         let entry = EntryDraft::new(COMPONENT, EntryKind::RunAmended)
             .receipt(run_id)
             .run(run_id)
@@ -72,15 +79,22 @@ impl RunManager {
                         "expires_at unix {new} is after the run's (unix {expiry}): extending it needs a signed amendment"
                     )));
                 }
+                if new_expiry.is_some_and(|new| new <= 0) {
+                    return Err(AmendError::NotANarrowing(
+                        "expires_at must be a time (Unix seconds above 0); to end the run now, give the current time or stop it".into(),
+                    ));
+                }
                 let grants = gateway.fs.grants.current();
                 let mut unmount = Vec::new();
                 for path in &narrow.drop_fs {
-                    if !grants.iter().any(|g| g.path == *path) {
+                    let Some(live) = grants.iter().find(|g| g.path == *path) else {
                         return Err(AmendError::NotANarrowing(format!(
                             "drop_fs {path:?}: the run has no grant of that path"
                         )));
-                    }
-                    if let Some(target) = mount_of(&gate.receipt, path) {
+                    };
+                    // Only the receipt's own grant of the path is mounted (an amendment's never
+                    // is), and only while it is still in force.
+                    if let Some(target) = mount_of(&gate.receipt, path).filter(|_| !live.amended) {
                         unmount.push(target);
                     }
                 }
@@ -127,8 +141,8 @@ impl RunManager {
                             .store(narrow.tool_calls, Ordering::SeqCst);
                     }
                     if let Some(new) = new_expiry {
-                        run.gate.expires_at.store(new, Ordering::SeqCst);
-                        live.set_expiry(new);
+                        run.gate.expires_at.fetch_min(new, Ordering::SeqCst);
+                        live.set_expiry(run.gate.expires_at());
                     }
                 };
                 (entry, Box::new(apply))
@@ -143,10 +157,28 @@ impl RunManager {
                     amendment
                 };
                 check_widening(&gate.receipt, &amendment, now)?;
-                // Pinned now, as a run's grants are at its start: no link followed.
+                if applied.contains(&amendment.amendment_id) {
+                    // Applied once already: a replay changes nothing (and undoes no narrowing).
+                    return Ok(envelope(&gateway));
+                }
+                let current = gateway.fs.grants.current();
+                if current.len() + amendment.add_fs.len() > MAX_LIVE_GRANTS {
+                    return Err(AmendError::NotANarrowing(format!(
+                        "the run would hold more than {MAX_LIVE_GRANTS} fs grants; start a new run instead"
+                    )));
+                }
+                // Pinned now, as a run's grants are at its start: no link followed. A grant the
+                // run already has as asked is not pinned twice.
                 let added: Vec<Arc<FsGrant>> = amendment
                     .add_fs
                     .iter()
+                    .filter(|g| {
+                        !current.iter().any(|have| {
+                            have.path == g.path
+                                && have.writable == (g.access == pb::FsAccess::Write as i32)
+                                && have.ask == g.ask
+                        })
+                    })
                     .map(|g| {
                         let mut grant =
                             FsGrant::open(&g.path, g.access == pb::FsAccess::Write as i32, g.ask);
@@ -172,6 +204,7 @@ impl RunManager {
                         i64::try_from(amendment.tool_calls).unwrap_or(i64::MAX),
                     )
                     .meta("expires_at", new_expiry.unwrap_or(0));
+                applied_id = Some(amendment.amendment_id.clone());
                 let (run, live) = (gateway.clone(), live.clone());
                 let apply = move || {
                     if !added.is_empty() {
@@ -186,9 +219,8 @@ impl RunManager {
                             .fetch_max(amendment.tool_calls, Ordering::SeqCst);
                     }
                     if let Some(new) = new_expiry {
-                        if run.gate.expires_at.fetch_max(new, Ordering::SeqCst) < new {
-                            live.set_expiry(new);
-                        }
+                        run.gate.expires_at.fetch_max(new, Ordering::SeqCst);
+                        live.set_expiry(run.gate.expires_at());
                     }
                 };
                 (entry, Box::new(apply))
@@ -197,6 +229,14 @@ impl RunManager {
         // On disk before the run's powers change.
         self.audit.append(entry)?;
         apply();
+        if let Some(id) = applied_id {
+            // Bounded: amendments are signed by the authority, and past this many a run's
+            // replays are refused as stale anyway (5 minutes).
+            if applied.len() >= 1024 {
+                applied.clear();
+            }
+            applied.insert(id);
+        }
         Ok(envelope(&gateway))
     }
 }

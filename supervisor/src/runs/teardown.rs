@@ -108,7 +108,6 @@ impl RunManager {
     ) {
         let tearing_down = std::time::Instant::now();
         live.closing.store(true, Ordering::SeqCst);
-        self.approvals.forget_run(run_id);
         let gateway = live
             .gateway
             .lock()
@@ -117,8 +116,9 @@ impl RunManager {
         let ended_gateway = gateway.map(|(run, mut handle)| {
             handle.stop();
             // Outbound connections end now, not when their peers next send; so does every
-            // call waiting for approval.
+            // call waiting for approval (then what its operators remembered goes).
             run.gate.end_streams();
+            self.approvals.forget_run(run_id);
             // Refusals of a spent run still being counted get their summary entry.
             run.gate.flush_refusals();
             let last_call = run
