@@ -22,15 +22,7 @@ pub(super) fn asked_amend(
     request: &pb::AmendReceiptRequest,
     caller: String,
 ) -> impl FnOnce() -> EntryDraft {
-    let claimed = request.receipt_id.clone();
-    || {
-        let draft = EntryDraft::new(COMPONENT, EntryKind::ReceiptAmended).meta("by", caller);
-        if check_receipt_id(&claimed).is_ok() {
-            draft.receipt(claimed)
-        } else {
-            draft.meta("claimed_receipt_id", crate::entries::clip(&claimed, 64))
-        }
-    }
+    super::revocation::asked_about_receipt(EntryKind::ReceiptAmended, &request.receipt_id, caller)
 }
 
 impl AuthorityService {

@@ -93,10 +93,20 @@ pub(super) fn asked_revoke(
     request: &pb::RevokeReceiptRequest,
     caller: String,
 ) -> impl FnOnce() -> EntryDraft {
-    let claimed = request.receipt_id.clone();
-    || {
-        let draft = EntryDraft::new(COMPONENT, EntryKind::ReceiptRevoked).meta("by", caller);
-        // Only a well-formed id goes in the (never redacted) id field.
+    asked_about_receipt(EntryKind::ReceiptRevoked, &request.receipt_id, caller)
+}
+
+/// What a refused call about one receipt asked for, by whom: an entry of `kind` naming the
+/// receipt (only a well-formed id goes in the never-redacted id field; anything else is kept,
+/// clipped, as what was claimed).
+pub(super) fn asked_about_receipt(
+    kind: EntryKind,
+    receipt_id: &str,
+    caller: String,
+) -> impl FnOnce() -> EntryDraft {
+    let claimed = receipt_id.to_owned();
+    move || {
+        let draft = EntryDraft::new(COMPONENT, kind).meta("by", caller);
         if check_receipt_id(&claimed).is_ok() {
             draft.receipt(claimed)
         } else {

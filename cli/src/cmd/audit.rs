@@ -335,6 +335,15 @@ pub fn export(dirs: &[PathBuf], since: Option<SystemTime>) -> Result<(), CliErro
     })
 }
 
+/// ` (reason)`, or nothing for no reason.
+fn parenthesised(reason: &str) -> String {
+    if reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({reason})")
+    }
+}
+
 /// One step of a run's story, in words.
 fn story_line(entry: &Entry) -> String {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
@@ -395,11 +404,7 @@ fn story_line(entry: &Entry) -> String {
             meta("prompt_source"),
             meta("completion_source"),
             meta("finish_reason"),
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({reason})")
-            }
+            parenthesised(&reason)
         ),
         EntryKind::RouteDecision if entry.decision == Some(tollgate_audit::Decision::Deny) => {
             format!("model call refused: {reason}")
@@ -418,11 +423,7 @@ fn story_line(entry: &Entry) -> String {
             meta("tool"),
             meta("path"),
             entry.decision.map_or("-", |d| d.as_str()),
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({reason})")
-            }
+            parenthesised(&reason)
         ),
         EntryKind::ApprovalPending => format!(
             "call {} waits for an operator: {} {} ({} bytes)",
@@ -451,11 +452,7 @@ fn story_line(entry: &Entry) -> String {
             meta("operator"),
             meta("method"),
             entry.decision.map_or("-", |d| d.as_str()),
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({reason})")
-            }
+            parenthesised(&reason)
         ),
         EntryKind::Egress if meta("phase") == "closed" => format!(
             "outbound connection to {}:{} ended: {} (sent {} B, received {} B, {} ms){}",
@@ -465,11 +462,7 @@ fn story_line(entry: &Entry) -> String {
             meta("bytes_sent"),
             meta("bytes_received"),
             meta("duration_ms"),
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!(" ({reason})")
-            }
+            parenthesised(&reason)
         ),
         EntryKind::Egress => format!(
             "outbound connection to {}:{}: {}{}",
