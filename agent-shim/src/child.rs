@@ -144,6 +144,8 @@ struct FsJson {
 struct RouteJson {
     name: String,
     max_sensitivity: String,
+    #[serde(default)]
+    ask: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -190,6 +192,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
             Ok(v1::RouteGrant {
                 name: route.name,
                 max_sensitivity: sensitivity as i32,
+                ask: route.ask,
             })
         })
         .collect::<Result<_, String>>()?;

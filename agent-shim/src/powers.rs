@@ -286,10 +286,12 @@ mod tests {
                     v1::RouteGrant {
                         name: "local".into(),
                         max_sensitivity: v1::Sensitivity::High as i32,
+                        ask: false,
                     },
                     v1::RouteGrant {
                         name: "claude".into(),
                         max_sensitivity: v1::Sensitivity::Low as i32,
+                        ask: false,
                     },
                 ],
                 limits: Some(v1::Limits {

@@ -509,6 +509,15 @@ impl CeilingCheck<'_> {
                     route.name,
                     sensitivity_name(route.max_sensitivity)
                 ));
+            } else if !route.ask
+                && ceiling.routes.iter().any(|allowed| {
+                    allowed.ask && (allowed.name == route.name || allowed.name == "*")
+                })
+            {
+                found.push(format!(
+                    "routes[{i}] = {} without ask (the ceiling asks before each call on it)",
+                    route.name
+                ));
             }
         }
         // Requests are compared as a receipt would carry them (default ports filled in).
@@ -560,6 +569,7 @@ mod tests {
             routes: vec![pb::RouteGrant {
                 name: "local".into(),
                 max_sensitivity: pb::Sensitivity::High as i32,
+                ask: false,
             }],
             limits: Some(pb::Limits {
                 memory_bytes: 1 << 30,
@@ -637,6 +647,7 @@ mod tests {
         r.routes.push(pb::RouteGrant {
             name: "claude".into(),
             max_sensitivity: pb::Sensitivity::Low as i32,
+            ask: false,
         });
         assert!(denial(&r).contains("routes[0] = claude (low)"));
 
@@ -756,12 +767,14 @@ mod tests {
         r.routes.push(pb::RouteGrant {
             name: "local".into(),
             max_sensitivity: 0,
+            ask: false,
         });
         assert_eq!(field(&r), "routes[0].max_sensitivity");
         let mut r = request();
         r.routes.push(pb::RouteGrant {
             name: "*".into(),
             max_sensitivity: pb::Sensitivity::Low as i32,
+            ask: false,
         });
         assert_eq!(field(&r), "routes[0].name");
         let mut r = request();

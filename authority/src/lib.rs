@@ -333,6 +333,7 @@ fn bootstrap_admin(
             routes: vec![pb::RouteGrant {
                 name: "*".into(),
                 max_sensitivity: pb::Sensitivity::High as i32,
+                ask: false,
             }],
             limits: Some(pb::Limits::default()),
             max_ttl_seconds: config.admin_max_ttl.as_secs(),

@@ -215,6 +215,12 @@ fn check_routes(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
                     ),
                 ))
             }
+            Some(p) if p.ask && !route.ask => {
+                return Err((
+                    format!("{name} without ask"),
+                    format!("the parent asks an operator before each call on {}", p.name),
+                ))
+            }
             Some(_) => {}
         }
     }
@@ -352,6 +358,7 @@ mod tests {
             routes: vec![pb::RouteGrant {
                 name: "claude".into(),
                 max_sensitivity: pb::Sensitivity::Low as i32,
+                ask: false,
             }],
             limits: Some(pb::Limits {
                 memory_bytes: 512 << 20,
@@ -384,6 +391,7 @@ mod tests {
             routes: vec![pb::RouteGrant {
                 name: "claude".into(),
                 max_sensitivity: pb::Sensitivity::Low as i32,
+                ask: false,
             }],
             limits: Some(pb::Limits {
                 memory_bytes: 256 << 20,
@@ -514,6 +522,7 @@ mod tests {
         c.routes.push(pb::RouteGrant {
             name: "local".into(),
             max_sensitivity: pb::Sensitivity::Low as i32,
+            ask: false,
         });
         assert!(refused(c).contains("route not granted"));
         let mut c = narrower();

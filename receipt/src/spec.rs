@@ -248,6 +248,10 @@ pub struct RouteSpec {
     pub name: String,
     /// `"low"`, `"medium"` or `"high"`.
     pub max_sensitivity: String,
+    /// Each call this route carries waits for an operator's approval. In a ceiling: grants
+    /// of the route must ask.
+    #[serde(default)]
+    pub ask: bool,
 }
 
 fn routes_to_proto(routes: &[RouteSpec]) -> Result<Vec<pb::RouteGrant>, SpecError> {
@@ -261,6 +265,7 @@ fn routes_to_proto(routes: &[RouteSpec]) -> Result<Vec<pb::RouteGrant>, SpecErro
                     &format!("routes[{i}].max_sensitivity"),
                     &route.max_sensitivity,
                 )? as i32,
+                ask: route.ask,
             })
         })
         .collect()

@@ -360,6 +360,7 @@ mod tests {
                 .map(|(name, s)| pb::RouteGrant {
                     name: (*name).into(),
                     max_sensitivity: *s as i32,
+                    ask: false,
                 })
                 .collect(),
             ..Default::default()

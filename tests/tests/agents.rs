@@ -91,6 +91,7 @@ fn a_python_agent_runs_from_its_own_virtualenv() {
     receipt.routes = vec![pb::RouteGrant {
         name: "local".into(),
         max_sensitivity: pb::Sensitivity::High as i32,
+        ask: false,
     }];
     let (output, errors) = run_to_end(&fx, receipt);
     assert_eq!(output, "reply forty-two\nwrote\n", "{errors}");

@@ -403,6 +403,12 @@ async fn a_ceiling_that_asks_cannot_be_minted_around_and_mounts_cannot_ask() {
     let authority = AuthorityProcess::start(&dir.path().join("authority"));
     let mut ceiling = ceiling("/srv");
     ceiling.fs[0].ask = true;
+    // Any route, but every call on it asks.
+    ceiling.routes = vec![pb::RouteGrant {
+        name: "*".into(),
+        max_sensitivity: pb::Sensitivity::High as i32,
+        ask: true,
+    }];
     let carol = authority.add_operator("carol", ceiling).await;
     let mut client = authority.client().await;
     let mut request = receipt("/srv/app", "true", 60, 0);
@@ -416,8 +422,24 @@ async fn a_ceiling_that_asks_cannot_be_minted_around_and_mounts_cannot_ask() {
         refused.message().contains("without ask"),
         "names the grant: {refused:?}"
     );
-    // With ask it is minted, and the receipt carries the rule and the default wait.
+    // A route without ask is refused the same way.
     request.fs[0].ask = true;
+    request.routes = vec![pb::RouteGrant {
+        name: "cloud".into(),
+        max_sensitivity: pb::Sensitivity::Low as i32,
+        ask: false,
+    }];
+    let refused = client
+        .mint_receipt(authed(&carol, request.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("routes[0] = cloud without ask"),
+        "{refused:?}"
+    );
+    request.routes[0].ask = true;
+    // With ask it is minted, and the receipt carries the rule and the default wait.
     let minted = client
         .mint_receipt(authed(&carol, request.clone()))
         .await

@@ -33,6 +33,7 @@ fn mint_request(subject: &str) -> pb::MintReceiptRequest {
         routes: vec![pb::RouteGrant {
             name: "local".into(),
             max_sensitivity: pb::Sensitivity::High as i32,
+            ask: false,
         }],
         ..Default::default()
     }
@@ -288,6 +289,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
         routes: vec![pb::RouteGrant {
             name: "local".into(),
             max_sensitivity: pb::Sensitivity::High as i32,
+            ask: false,
         }],
         limits: Some(pb::Limits {
             memory_bytes: 1 << 30,
@@ -355,6 +357,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
                 r.routes.push(pb::RouteGrant {
                     name: "claude".into(),
                     max_sensitivity: pb::Sensitivity::Low as i32,
+                    ask: false,
                 })
             }),
             "routes[1] = claude",
@@ -787,6 +790,7 @@ async fn more_rejections_operator_input_and_bounds() {
         routes: vec![pb::RouteGrant {
             name: "claude".into(),
             max_sensitivity: pb::Sensitivity::Low as i32,
+            ask: false,
         }],
         exec: vec!["/usr/bin/".into()],
         fs: vec![pb::FsGrant {
@@ -838,6 +842,7 @@ async fn more_rejections_operator_input_and_bounds() {
         routes: vec![pb::RouteGrant {
             name: "claude".into(),
             max_sensitivity: pb::Sensitivity::Low as i32,
+            ask: false,
         }],
         ..mint_request("lower")
     });
@@ -851,6 +856,7 @@ async fn more_rejections_operator_input_and_bounds() {
     too_sensitive.routes = vec![pb::RouteGrant {
         name: "claude".into(),
         max_sensitivity: pb::Sensitivity::Medium as i32,
+        ask: false,
     }];
     let status = client
         .mint_receipt(authed(&dave, too_sensitive))

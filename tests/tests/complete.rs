@@ -37,6 +37,8 @@ struct Setup {
     audit_dir: std::path::PathBuf,
     audit: AuditLog,
     client: pb::gateway_client::GatewayClient<tonic::transport::Channel>,
+    /// The supervisor's approval board (for routes that ask).
+    board: Arc<tollgate_supervisor::approvals::ApprovalBoard>,
     _handle: gateway::GatewayHandle,
     _dir: tempfile::TempDir,
 }
@@ -119,6 +121,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         "complete-test",
     ))
     .unwrap();
+    let board = Arc::new(tollgate_supervisor::approvals::ApprovalBoard::default());
     let run = Arc::new(RunGateway::new(RunGatewayConfig {
         run_id: RUN_ID.into(),
         host_id: nix::unistd::geteuid().as_raw(),
@@ -126,9 +129,11 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
             receipt_id: RUN_ID.into(),
             routes: grants
                 .iter()
+                // "name?" grants the route with ask = true.
                 .map(|(name, s)| pb::RouteGrant {
-                    name: (*name).into(),
+                    name: name.trim_end_matches('?').into(),
                     max_sensitivity: *s as i32,
+                    ask: name.ends_with('?'),
                 })
                 .collect(),
             ..Default::default()
@@ -144,7 +149,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         models: Some(Arc::new(RunModels::new(shared, tokens))),
         children: Default::default(),
         egress: Default::default(),
-        approvals: Default::default(),
+        approvals: board.clone(),
     }));
     let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
     let channel =
@@ -159,6 +164,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         audit_dir,
         audit,
         client: pb::gateway_client::GatewayClient::new(channel),
+        board,
         _handle: handle,
         _dir: dir,
     }
@@ -570,4 +576,79 @@ async fn a_failing_tokenizer_falls_back_to_an_estimate_and_never_fails_the_call(
         ["/tokenize", "/v1/chat/completions", "/tokenize"],
         "the tokenizer was asked, and failed"
     );
+}
+
+/// A route granted with `ask = true`: each call waits for an operator, who is shown the
+/// route, the size and the classifier's judgement of what would leave — never the text —
+/// and nothing reaches the backend unless approved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_that_asks_waits_for_an_operator_who_sees_the_judgement_not_the_text() {
+    let mut setup = setup(&[("claude?", pb::Sensitivity::High)], 10_000).await;
+    let secret = github_token();
+    let text = format!("summarise this: {secret}");
+    let board = setup.board.clone();
+    let (_, mut changes) = board.watch(|_| true);
+    for approve in [true, false] {
+        let mut client = setup.client.clone();
+        let request = request("claude", &text, false);
+        let call = tokio::spawn(async move { client.complete(request).await });
+        let pending = loop {
+            match tokio::time::timeout(std::time::Duration::from_secs(20), changes.recv())
+                .await
+                .expect("the call reaches the board")
+                .expect("board open")
+                .event
+            {
+                Some(pb::approval_event::Event::Pending(pending)) => break pending,
+                _ => continue,
+            }
+        };
+        assert_eq!(pending.tool, "model.complete");
+        assert_eq!(pending.path, "claude");
+        assert_eq!(pending.sensitivity, "high", "{pending:?}");
+        assert!(!pending.reasons.is_empty(), "{pending:?}");
+        assert!(!format!("{pending:?}").contains(&secret), "never the text");
+        let verdict = if approve {
+            tollgate_supervisor::approvals::Verdict::Approved {
+                by: "alice".into(),
+                remember: false,
+                reason: String::new(),
+            }
+        } else {
+            tollgate_supervisor::approvals::Verdict::Denied {
+                by: "alice".into(),
+                reason: "not to the cloud".into(),
+            }
+        };
+        board
+            .decide(&pending.run_id, &pending.call_id, verdict)
+            .unwrap();
+        let answered = call.await.unwrap();
+        if approve {
+            let mut stream = answered.expect("approved").into_inner();
+            let mut answer = String::new();
+            while let Some(event) = stream.next().await {
+                if let Some(pb::complete_event::Event::Delta(d)) = event.unwrap().event {
+                    answer.push_str(&d.text);
+                }
+            }
+            assert_eq!(answer, "cloud answer");
+        } else {
+            let refused = answered.unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+            assert!(
+                refused.message().contains("not to the cloud"),
+                "{refused:?}"
+            );
+        }
+    }
+    assert_eq!(
+        setup.cloud.chat_requests().len(),
+        1,
+        "only the approved call left"
+    );
+    let audit = audit_text(&setup);
+    assert!(audit.contains("\"approved_by\":\"alice\""), "{audit}");
+    assert!(!audit.contains(&secret));
+    let _ = &mut setup;
 }

@@ -35,6 +35,7 @@ fn route(name: &str, sensitivity: pb::Sensitivity) -> pb::RouteGrant {
     pb::RouteGrant {
         name: name.into(),
         max_sensitivity: sensitivity as i32,
+        ask: false,
     }
 }
 

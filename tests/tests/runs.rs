@@ -611,6 +611,7 @@ fn a_real_llama_cpp_server_serves_a_local_route() {
     receipt.routes = vec![pb::RouteGrant {
         name: "local".into(),
         max_sensitivity: pb::Sensitivity::High as i32,
+        ask: false,
     }];
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(60)).unwrap();
@@ -683,10 +684,12 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
         pb::RouteGrant {
             name: "local".into(),
             max_sensitivity: pb::Sensitivity::High as i32,
+            ask: false,
         },
         pb::RouteGrant {
             name: "claude".into(),
             max_sensitivity: pb::Sensitivity::Low as i32,
+            ask: false,
         },
     ];
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
@@ -1168,6 +1171,7 @@ fn a_live_runs_model_use_is_on_the_run() {
     receipt.routes = vec![pb::RouteGrant {
         name: "local".into(),
         max_sensitivity: pb::Sensitivity::High as i32,
+        ask: false,
     }];
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);

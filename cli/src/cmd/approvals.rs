@@ -109,6 +109,18 @@ fn what(call: &pb::PendingCall) -> String {
                 .unwrap_or(&call.mode)
                 .to_ascii_lowercase()
         ),
+        "model.complete" => format!(
+            "a model call on route {} ({} bytes of text, classified {}{})",
+            call.path,
+            call.bytes,
+            call.sensitivity,
+            if call.reasons.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", call.reasons.join(", "))
+            }
+        ),
+        "egress" => format!("a connection to {}", call.path),
         tool => format!("{tool} {}", call.path),
     }
 }
@@ -164,6 +176,8 @@ fn pending_json(call: &pb::PendingCall) -> serde_json::Value {
         "path": call.path,
         "bytes": call.bytes,
         "mode": call.mode,
+        "sensitivity": call.sensitivity,
+        "reasons": call.reasons,
         "asked_at": call.asked_at.map(|t| t.seconds),
         "deadline": call.deadline.map(|t| t.seconds),
     })

@@ -60,6 +60,8 @@ impl RunApprovals {
             mode: asked.mode.clone(),
             asked_at: Some(timestamp(now)),
             deadline: Some(timestamp(deadline)),
+            sensitivity: asked.sensitivity.clone(),
+            reasons: asked.reasons.clone(),
         };
         let ticket = match self.board.ask(call) {
             Ok(ticket) => ticket,
@@ -77,6 +79,8 @@ impl RunApprovals {
             .meta("tool", asked.tool)
             .meta("path", asked.path.as_str())
             .meta("bytes", i64::try_from(asked.bytes).unwrap_or(i64::MAX))
+            .meta("sensitivity", asked.sensitivity.as_str())
+            .meta("reasons", asked.reasons.clone())
             .meta(
                 "deadline",
                 i64::try_from(

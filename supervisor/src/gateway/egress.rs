@@ -382,6 +382,8 @@ impl EgressCalls {
                 path: format!("{host}:{port}"),
                 bytes: 0,
                 mode: String::new(),
+                sensitivity: String::new(),
+                reasons: Vec::new(),
             };
             match self
                 .approvals

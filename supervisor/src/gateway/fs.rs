@@ -544,6 +544,8 @@ impl FsTools {
             path: path.clone(),
             bytes,
             mode: mode.to_owned(),
+            sensitivity: String::new(),
+            reasons: Vec::new(),
         })
     }
 
@@ -640,6 +642,10 @@ pub(crate) struct Asked {
     pub(crate) bytes: u64,
     /// `fs.write`: its mode.
     pub(crate) mode: String,
+    /// `model.complete`: the classifier's judgement of what would leave, and why.
+    pub(crate) sensitivity: String,
+    /// See `sensitivity`.
+    pub(crate) reasons: Vec<String>,
 }
 
 /// Whether a call waited for approval, and how that ended.

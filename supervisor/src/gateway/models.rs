@@ -178,6 +178,8 @@ pub struct ModelCalls {
     pub gate: Arc<CallGate>,
     /// The run's models (its token budget); `None`: the supervisor has no routes.
     pub models: Option<Arc<RunModels>>,
+    /// Where a call on a route that asks waits for an operator.
+    pub approvals: super::approval::RunApprovals,
 }
 
 /// Releases an in-flight slot when dropped.
@@ -217,7 +219,7 @@ impl ModelCalls {
                 }
                 entry
             };
-        let prepared = self.prepare(&request).await;
+        let prepared = self.prepare(&request, &call_id).await;
         let (plan, slot) = match prepared {
             Ok(prepared) => prepared,
             Err(refused) => {
@@ -270,7 +272,11 @@ impl ModelCalls {
     }
 
     /// Every check before a call is sent; the plan to send it.
-    async fn prepare(&self, request: &pb::CompleteRequest) -> Result<(CallPlan, Slot), Refused> {
+    async fn prepare(
+        &self,
+        request: &pb::CompleteRequest,
+        call_id: &str,
+    ) -> Result<(CallPlan, Slot), Refused> {
         let made = self.gate.admit("model.complete").map_err(Refused::from)?;
         let Some(models) = self.models.clone() else {
             return Err(Refused::new(
@@ -297,6 +303,44 @@ impl ModelCalls {
             &texts,
         )
         .map_err(|no_route| no_route_refusal(&no_route, force_local))?;
+        // A route that asks: an operator sees the classifier's judgement of what would leave
+        // (never the text) and decides before anything is sent.
+        let asks = self
+            .gate
+            .receipt
+            .routes
+            .iter()
+            .any(|grant| grant.name == choice.route.name && grant.ask);
+        let mut approved_by = None;
+        if asks {
+            let asked = super::fs::Asked {
+                tool: "model.complete",
+                path: choice.route.name.clone(),
+                bytes: texts.iter().map(|t| t.len() as u64).sum(),
+                mode: String::new(),
+                sensitivity: choice.sent_sensitivity().name().to_owned(),
+                reasons: choice
+                    .assessment
+                    .findings
+                    .iter()
+                    .map(|f| f.compact())
+                    .collect(),
+            };
+            match self.approvals.approve(asked, call_id).await {
+                Ok(super::fs::Approval::Approved { by }) => approved_by = Some(by),
+                Ok(super::fs::Approval::Refused(refusal)) => return Err(Refused::from(refusal)),
+                // The run cannot take it: the checks below refuse it.
+                Ok(super::fs::Approval::NotAsked) => {}
+                Err(status) => {
+                    let reason = status.message().to_owned();
+                    return Err(Refused {
+                        status,
+                        reason,
+                        meta: Vec::new(),
+                    });
+                }
+            }
+        }
         self.gate.charge(made).map_err(Refused::from)?;
         let in_flight = models.in_flight.fetch_add(1, Ordering::SeqCst);
         let slot = Slot(models.clone());
@@ -338,7 +382,10 @@ impl ModelCalls {
                     format!("receipt {}: {spent}", self.gate.run_id),
                 )
             })?;
-        let meta = decision_meta(&choice, force_local, reservation.max_tokens);
+        let mut meta = decision_meta(&choice, force_local, reservation.max_tokens);
+        if let Some(by) = approved_by {
+            meta.push(("approved_by", by.into()));
+        }
         let chat = ChatRequest {
             model: route.model.clone(),
             messages: sent_messages,

@@ -120,6 +120,7 @@ impl RunGateway {
             models: ModelCalls {
                 gate: gate.clone(),
                 models: config.models.clone(),
+                approvals: approvals.clone(),
             },
             egress: Arc::new(EgressCalls::new(gate.clone(), config.egress, approvals)),
             children: Arc::new(Children {

@@ -174,6 +174,7 @@ fn sample_receipt() -> Receipt {
         routes: vec![pb::RouteGrant {
             name: "local".into(),
             max_sensitivity: pb::Sensitivity::High as i32,
+            ask: false,
         }],
         ..Default::default()
     }
