@@ -245,6 +245,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
         egress,
         delegate: spec.delegate.map(|d| v1::Delegation {
             max_depth: d.max_depth,
+            ask: false,
         }),
     })
 }

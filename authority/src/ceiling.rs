@@ -538,6 +538,9 @@ impl CeilingCheck<'_> {
                     delegate.max_depth, ceiling.max_delegate_depth
                 ));
             }
+            if ceiling.delegate_ask && delegate.max_depth > 0 && !delegate.ask {
+                found.push("delegate without ask (the ceiling asks before each delegation)".into());
+            }
         }
         found
     }
@@ -584,6 +587,7 @@ mod tests {
                 max_sensitivity: pb::Sensitivity::Medium as i32,
                 ..Default::default()
             }],
+            delegate_ask: false,
         }
     }
 
@@ -652,7 +656,10 @@ mod tests {
         assert!(denial(&r).contains("routes[0] = claude (low)"));
 
         let mut r = request();
-        r.delegate = Some(pb::Delegation { max_depth: 2 });
+        r.delegate = Some(pb::Delegation {
+            max_depth: 2,
+            ask: false,
+        });
         assert!(denial(&r).contains("delegate.max_depth = 2"));
 
         let egress = |host: &str, ports: Vec<u32>, sensitivity: pb::Sensitivity| {

@@ -340,6 +340,7 @@ fn bootstrap_admin(
             audience: Vec::new(),
             max_delegate_depth: config.admin_max_delegate_depth,
             egress: admin_egress(),
+            delegate_ask: false,
         },
         created_at: tollgate_receipt::unix_now(),
         created_by: String::new(),

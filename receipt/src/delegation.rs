@@ -308,6 +308,13 @@ fn check_window(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
 
 /// The parent may delegate, and the child fewer levels than it.
 fn check_depth(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
+    let asks = |r: &pb::Receipt| r.delegate.is_some_and(|d| d.ask);
+    if asks(parent) && child.delegate.is_some_and(|d| d.max_depth > 0) && !asks(child) {
+        return Err((
+            "delegate.ask = false".into(),
+            "the parent asks an operator before each delegation; so must the child".into(),
+        ));
+    }
     let parent_depth = parent.delegate.as_ref().map_or(0, |d| d.max_depth);
     if parent_depth == 0 {
         return Err((
@@ -371,7 +378,10 @@ mod tests {
                 files: 0,
                 ..Default::default()
             }),
-            delegate: Some(pb::Delegation { max_depth: 2 }),
+            delegate: Some(pb::Delegation {
+                max_depth: 2,
+                ask: false,
+            }),
             ..Default::default()
         }
     }
@@ -399,7 +409,10 @@ mod tests {
                 tokens: 100,
                 ..Default::default()
             }),
-            delegate: Some(pb::Delegation { max_depth: 1 }),
+            delegate: Some(pb::Delegation {
+                max_depth: 1,
+                ask: false,
+            }),
             ..Default::default()
         }
     }
@@ -537,7 +550,10 @@ mod tests {
         });
         assert!(refused(c).contains("it expires at unix 2000"));
         let mut c = narrower();
-        c.delegate = Some(pb::Delegation { max_depth: 2 });
+        c.delegate = Some(pb::Delegation {
+            max_depth: 2,
+            ask: false,
+        });
         assert!(refused(c).contains("its children may delegate at most 1 levels"));
         let mut p = parent();
         p.delegate = None;

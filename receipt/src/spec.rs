@@ -419,6 +419,9 @@ pub const MAX_WORKSPACE_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
 pub struct DelegateSection {
     /// Levels of descendants allowed.
     pub max_depth: u32,
+    /// Each child receipt asked for waits for an operator's approval.
+    #[serde(default)]
+    pub ask: bool,
 }
 
 /// A run spec: what an operator asks the authority to sign.
@@ -500,6 +503,7 @@ impl RunSpec {
             routes: routes_to_proto(&self.routes)?,
             delegate: self.delegate.as_ref().map(|d| pb::Delegation {
                 max_depth: d.max_depth,
+                ask: d.ask,
             }),
             not_before: None,
             rootfs: match &self.rootfs {
@@ -546,6 +550,9 @@ pub struct CeilingSpec {
     /// Highest delegation depth.
     #[serde(default)]
     pub max_delegate_depth: u32,
+    /// Every delegate grant minted under it must ask.
+    #[serde(default)]
+    pub delegate_ask: bool,
     /// Path grants that cover requested paths beneath them.
     #[serde(default)]
     pub fs: Vec<FsSpec>,
@@ -576,6 +583,7 @@ impl CeilingSpec {
             max_ttl_seconds: parse_duration("max_ttl", &self.max_ttl)?.as_secs(),
             audience: self.audience.clone(),
             max_delegate_depth: self.max_delegate_depth,
+            delegate_ask: self.delegate_ask,
             egress: egress_to_proto(&self.egress)?,
         })
     }

@@ -299,6 +299,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
         audience: vec!["workstation".into()],
         max_delegate_depth: 0,
         egress: Vec::new(),
+        delegate_ask: false,
     };
     let bob = client
         .add_operator(authed(
@@ -372,7 +373,12 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
             "limits.memory_bytes",
         ),
         (
-            Box::new(|r| r.delegate = Some(pb::Delegation { max_depth: 1 })),
+            Box::new(|r| {
+                r.delegate = Some(pb::Delegation {
+                    max_depth: 1,
+                    ask: false,
+                })
+            }),
             "delegate.max_depth",
         ),
     ];

@@ -78,7 +78,10 @@ impl Tree {
                 ..limits
             }),
             fs,
-            delegate: Some(pb::Delegation { max_depth: depth }),
+            delegate: Some(pb::Delegation {
+                max_depth: depth,
+                ask: false,
+            }),
             ..Default::default()
         };
         self.authority
@@ -761,4 +764,108 @@ async fn the_fan_out_example_counts_each_file_in_a_child_of_its_own() {
         assert_eq!(child.report.as_ref().unwrap().exit_code, Some(0));
     }
     tree.assert_clean();
+}
+
+/// A delegate grant that asks: each child receipt the agent asks for waits for an operator,
+/// who sees the child's subject; approved, the child is minted; denied, the agent is told why
+/// and nothing is minted. A child of an asking parent cannot drop the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegate_grant_that_asks_waits_for_an_operator() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-ask", 211_600).await;
+    let script = r#"
+echo '{"subject": "approved-child", "exec": ["/bin/sh"], "agent": {"argv": ["/bin/sh", "-c", "true"]}}' > /tmp/a
+echo '{"subject": "denied-child", "exec": ["/bin/sh"], "agent": {"argv": ["/bin/sh", "-c", "true"]}}' > /tmp/d
+echo '{"subject": "no-ask", "exec": ["/bin/sh"], "delegate": {"max_depth": 1}, "agent": {"argv": ["/bin/sh", "-c", "true"]}}' > /tmp/n
+tollgate-shim child delegate < /tmp/a > /dev/null 2>&1; echo "approved rc=$?"
+tollgate-shim child delegate < /tmp/d 2>&1; echo "denied rc=$?"
+tollgate-shim child delegate < /tmp/n 2>&1; echo "no-ask rc=$?"
+"#;
+    let request = pb::MintReceiptRequest {
+        subject: "orchestrator".into(),
+        ttl_seconds: 120,
+        audience: vec!["workstation".into()],
+        agent: Some(pb::AgentSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            ..Default::default()
+        }),
+        exec: vec!["/bin/sh".into()],
+        limits: Some(pb::Limits {
+            tool_calls: 200,
+            ..Default::default()
+        }),
+        delegate: Some(pb::Delegation {
+            max_depth: 2,
+            ask: true,
+        }),
+        ..Default::default()
+    };
+    let text = tree
+        .authority
+        .client()
+        .await
+        .mint_receipt(authed(&tree.authority.admin_token(), request))
+        .await
+        .expect("mint")
+        .into_inner()
+        .text;
+    let run_id = tree.start_run(text).await;
+    let admin = tree.supervisor.token();
+    let mut client = tree.supervisor.client().await;
+    let mut events = client
+        .watch_approvals(authed(
+            &admin,
+            pb::WatchApprovalsRequest {
+                run_id: run_id.clone(),
+            },
+        ))
+        .await
+        .expect("watch")
+        .into_inner();
+    let mut asked = Vec::new();
+    while asked.len() < 3 {
+        let event = tokio::time::timeout(Duration::from_secs(60), events.message())
+            .await
+            .expect("the delegations reach the board")
+            .expect("event")
+            .expect("stream open");
+        let Some(pb::approval_event::Event::Pending(call)) = event.event else {
+            continue;
+        };
+        assert_eq!(call.tool, "delegate");
+        let approve = call.path != "denied-child";
+        client
+            .decide_approval(authed(
+                &admin,
+                pb::DecideApprovalRequest {
+                    run_id: run_id.clone(),
+                    call_id: call.call_id.clone(),
+                    approve,
+                    remember: false,
+                    reason: if approve { "" } else { "no more children" }.into(),
+                },
+            ))
+            .await
+            .expect("decide");
+        asked.push(call.path);
+    }
+    assert_eq!(asked, ["approved-child", "denied-child", "no-ask"]);
+    let run = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(30))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert!(output.contains("approved rc=0"), "{output}");
+    assert!(
+        output.contains("denied rc=1") && output.contains("no more children"),
+        "{output}"
+    );
+    // Approved by the operator, yet the authority refuses a child that would not ask.
+    assert!(
+        output.contains("no-ask rc=1") && output.contains("delegate.ask"),
+        "{output}"
+    );
+    assert_eq!(state(&run), pb::RunState::Exited, "{output}");
 }

@@ -70,7 +70,10 @@ fn parent_request(audience: &str, max_depth: u32, ttl_seconds: u64) -> pb::MintR
             route("local", pb::Sensitivity::High),
         ],
         limits: Some(parent_limits()),
-        delegate: Some(pb::Delegation { max_depth }),
+        delegate: Some(pb::Delegation {
+            max_depth,
+            ask: false,
+        }),
         ..Default::default()
     }
 }
@@ -92,7 +95,10 @@ fn child_spec(max_depth: u32) -> pb::ChildSpec {
             tokens: 100,
             ..Default::default()
         }),
-        delegate: (max_depth > 0).then_some(pb::Delegation { max_depth }),
+        delegate: (max_depth > 0).then_some(pb::Delegation {
+            max_depth,
+            ask: false,
+        }),
         ..Default::default()
     }
 }
@@ -364,7 +370,7 @@ async fn wider_delegations_are_refused_naming_the_grant() {
         (
             "one level more than the parent may hand on",
             denied,
-            Box::new(|c| c.delegate = Some(pb::Delegation { max_depth: 1 })),
+            Box::new(|c| c.delegate = Some(pb::Delegation { max_depth: 1, ask: false })),
             above(
                 "delegate.max_depth = 1",
                 "its children may delegate at most 0 levels",
@@ -504,7 +510,10 @@ async fn depth_limit_is_enforced() {
     assert_eq!(child_receipt.depth, 1);
     assert_eq!(
         child_receipt.delegate,
-        Some(pb::Delegation { max_depth: 1 })
+        Some(pb::Delegation {
+            max_depth: 1,
+            ask: false
+        })
     );
     let mut narrower = child_spec(0);
     narrower.fs.truncate(1);

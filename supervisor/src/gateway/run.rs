@@ -122,12 +122,17 @@ impl RunGateway {
                 models: config.models.clone(),
                 approvals: approvals.clone(),
             },
-            egress: Arc::new(EgressCalls::new(gate.clone(), config.egress, approvals)),
+            egress: Arc::new(EgressCalls::new(
+                gate.clone(),
+                config.egress,
+                approvals.clone(),
+            )),
             children: Arc::new(Children {
                 gate: gate.clone(),
                 grants,
                 models: config.models,
                 state: config.children,
+                approvals: approvals.clone(),
             }),
             gate,
         }

@@ -110,7 +110,7 @@ impl Children {
         let call_id = new_call_id();
         let spec = request.child.unwrap_or_default();
         let mut meta: CallMeta = vec![("subject", clip(&spec.subject).into())];
-        let outcome = self.delegate_checked(spec, &mut meta).await;
+        let outcome = self.delegate_checked(spec, &mut meta, &call_id).await;
         if let Ok(minted) = &outcome {
             if let Some(receipt) = &minted.response.receipt {
                 meta.push(("child_receipt_id", receipt.receipt_id.clone().into()));
@@ -219,6 +219,7 @@ impl Children {
         &self,
         mut spec: pb::ChildSpec,
         meta: &mut CallMeta,
+        call_id: &str,
     ) -> Result<Minted, Refusal> {
         let made = self.gate.admit("delegate")?;
         let max_depth = self.gate.receipt.delegate.map_or(0, |d| d.max_depth);
@@ -227,6 +228,31 @@ impl Children {
                 &self.gate.run_id,
                 "delegate needs a delegate grant (missing grant: delegate max_depth >= 1)".into(),
             ));
+        }
+        if self.gate.receipt.delegate.is_some_and(|d| d.ask) {
+            let asked = crate::gateway::fs::Asked {
+                tool: "delegate",
+                path: clip(&spec.subject),
+                bytes: 0,
+                mode: String::new(),
+                sensitivity: String::new(),
+                reasons: Vec::new(),
+            };
+            match self
+                .approvals
+                .approve(asked, call_id)
+                .await
+                .map_err(|status| {
+                    let reason = status.message().to_owned();
+                    Refusal::new(status, reason)
+                })? {
+                crate::gateway::fs::Approval::Approved { by } => {
+                    meta.push(("approved_by", by.into()));
+                }
+                crate::gateway::fs::Approval::Refused(refusal) => return Err(refusal),
+                // The run cannot take it: the checks below refuse it.
+                crate::gateway::fs::Approval::NotAsked => {}
+            }
         }
         self.gate.charge(made)?;
         let delegator = self

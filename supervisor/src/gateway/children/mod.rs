@@ -113,6 +113,8 @@ pub struct Children {
     pub models: Option<Arc<RunModels>>,
     /// Receipts, envelope and the supervisor link.
     pub state: ChildState,
+    /// Where a delegation under a grant that asks waits for an operator.
+    pub approvals: crate::gateway::approval::RunApprovals,
 }
 
 /// What a run's gateway keeps for delegation.
