@@ -11,10 +11,54 @@ use tollgate_audit::{Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tonic::Status;
 
-use super::fs::{Approval, Asked};
 use super::gate::{CallGate, Refusal};
 use crate::approvals::{ApprovalBoard, Verdict, WaitOutcome};
 use crate::COMPONENT;
+
+/// A call that must wait for an operator: what the operator is shown (never data).
+#[derive(Debug, Clone)]
+pub(crate) struct Asked {
+    /// `fs.write`, `fs.delete`, `egress`, `model.complete` or `delegate`.
+    pub(crate) tool: &'static str,
+    /// What it reaches: the host path it changes, `host:port`, the route, the child's subject.
+    pub(crate) path: String,
+    /// `fs.write`: the bytes it writes; `model.complete`: the bytes of text that would leave.
+    pub(crate) bytes: u64,
+    /// `fs.write`: its mode.
+    pub(crate) mode: String,
+    /// `model.complete`: the classifier's judgement of what would leave, and why.
+    pub(crate) sensitivity: String,
+    /// See `sensitivity`.
+    pub(crate) reasons: Vec<String>,
+}
+
+impl Asked {
+    /// A call of `tool` reaching `path`, with nothing else to show.
+    pub(crate) fn new(tool: &'static str, path: String) -> Self {
+        Self {
+            tool,
+            path,
+            bytes: 0,
+            mode: String::new(),
+            sensitivity: String::new(),
+            reasons: Vec::new(),
+        }
+    }
+}
+
+/// Whether a call waited for approval, and how that ended.
+#[derive(Debug)]
+pub(crate) enum Approval {
+    /// Its grant does not ask, or the run cannot take the call (its own checks refuse it).
+    NotAsked,
+    /// Approved (an operator, or a remembered approval): it runs.
+    Approved {
+        /// Who approved.
+        by: String,
+    },
+    /// Denied, timed out, or its run ended: refused with why.
+    Refused(Refusal),
+}
 
 /// What a remembered approval is recorded as having been approved by.
 pub const REMEMBERED: &str = "(remembered)";
@@ -154,6 +198,25 @@ impl RunApprovals {
         };
         gate.audited(decided, true)?;
         Ok(approval)
+    }
+
+    /// [`Self::approve`] for a call that goes on by itself once approved: who approved it
+    /// (`None` when it was not asked about: the run cannot take it, and the call's own checks
+    /// refuse it), or why it is refused.
+    pub(crate) async fn approved_by(
+        &self,
+        asked: Asked,
+        call_id: &str,
+    ) -> Result<Option<String>, Refusal> {
+        match self.approve(asked, call_id).await {
+            Ok(Approval::Approved { by }) => Ok(Some(by)),
+            Ok(Approval::NotAsked) => Ok(None),
+            Ok(Approval::Refused(refusal)) => Err(refusal),
+            Err(status) => {
+                let reason = status.message().to_owned();
+                Err(Refusal::new(status, reason))
+            }
+        }
     }
 
     /// This run's calls waiting now, oldest first.

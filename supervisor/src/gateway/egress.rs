@@ -28,6 +28,7 @@ use tollgate_proto::EGRESS_TUNNEL_TOKEN_LEN;
 use tollgate_receipt::egress::{grant_for, Host};
 use tonic::{Status, Streaming};
 
+use super::approval::Asked;
 use super::gate::{new_call_id, CallGate, Refusal};
 use super::inspection::{Classify, Inspection};
 use crate::egress::ca::RunCa;
@@ -377,27 +378,11 @@ impl EgressCalls {
         let grant = grant.clone();
         // Asked before anything is resolved or connected: nothing reaches the host unapproved.
         let approved_by = if grant.ask {
-            let asked = super::fs::Asked {
-                tool: "egress",
-                path: format!("{host}:{port}"),
-                bytes: 0,
-                mode: String::new(),
-                sensitivity: String::new(),
-                reasons: Vec::new(),
-            };
-            match self
-                .approvals
-                .approve(asked, call_id)
+            let asked = Asked::new("egress", format!("{host}:{port}"));
+            self.approvals
+                .approved_by(asked, call_id)
                 .await
-                .map_err(|status| {
-                    let reason = status.message().to_owned();
-                    Refusal::new(status, reason)
-                })? {
-                super::fs::Approval::Approved { by } => Some(by),
-                super::fs::Approval::Refused(refusal) => return Err(refusal.coded("egress_denied")),
-                // The run cannot take it (ending, expired): the checks below refuse it.
-                super::fs::Approval::NotAsked => None,
-            }
+                .map_err(|refusal| refusal.coded("egress_denied"))?
         } else {
             None
         };

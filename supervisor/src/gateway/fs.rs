@@ -20,6 +20,7 @@ use tollgate_receipt::paths::{is_normal_absolute, path_within};
 use tollgate_receipt::unix_now;
 use tonic::Status;
 
+use super::approval::{Approval, Asked};
 use super::gate::{new_call_id, CallGate, CallMeta, Refusal, Step};
 use super::input::{MAX_LIST, MAX_READ, MAX_WRITE};
 
@@ -540,12 +541,9 @@ impl FsTools {
         };
         let target = self.writable_target(path, name).ok()?;
         target.grant.ask.then(|| Asked {
-            tool: name,
-            path: path.clone(),
             bytes,
             mode: mode.to_owned(),
-            sensitivity: String::new(),
-            reasons: Vec::new(),
+            ..Asked::new(name, path.clone())
         })
     }
 
@@ -629,35 +627,4 @@ impl FsTools {
             )),
         }
     }
-}
-
-/// A change that must wait for an operator: what the operator is shown (never the data).
-#[derive(Debug, Clone)]
-pub(crate) struct Asked {
-    /// `fs.write` or `fs.delete`.
-    pub(crate) tool: &'static str,
-    /// The host path it changes.
-    pub(crate) path: String,
-    /// `fs.write`: the bytes it writes.
-    pub(crate) bytes: u64,
-    /// `fs.write`: its mode.
-    pub(crate) mode: String,
-    /// `model.complete`: the classifier's judgement of what would leave, and why.
-    pub(crate) sensitivity: String,
-    /// See `sensitivity`.
-    pub(crate) reasons: Vec<String>,
-}
-
-/// Whether a call waited for approval, and how that ended.
-#[derive(Debug)]
-pub(crate) enum Approval {
-    /// Its grant does not ask.
-    NotAsked,
-    /// Approved (an operator, or a remembered approval): it runs.
-    Approved {
-        /// Who approved.
-        by: String,
-    },
-    /// Denied, timed out, or its run ended: refused with why.
-    Refused(Refusal),
 }

@@ -21,8 +21,8 @@
 //!
 //! Inside, dependencies run one way: `input` (bounds) and `gate` (the checks, the budget
 //! and the audit entry every call passes) are leaves; `approval` (calls under a grant that
-//! asks, waiting on the supervisor's approval board) uses the gate and what `fs` says a call
-//! would change; the tool families `fs`, `exec`,
+//! asks, waiting on the supervisor's approval board) uses only the gate, and the tool families
+//! ask through it; the tool families `fs`, `exec`,
 //! `models` and `children` each depend on the gate only (delegation also on the grants
 //! and model budget it carves from; `egress`, outbound connections, also on the `egress`
 //! leaves); `run` assembles one run's gateway from them; `tunnel` sorts the connections

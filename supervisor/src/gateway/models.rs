@@ -30,6 +30,7 @@ use tollgate_router::Sensitivity;
 use tollgate_router_backends::{has_tokenizer, BackendError, Backends, ModelRoutes, CALL_TIMEOUT};
 use tonic::Status;
 
+use super::approval::Asked;
 use super::gate::{new_call_id, CallGate, Refusal};
 use crate::records::RouteUsage;
 use crate::COMPONENT;
@@ -313,11 +314,8 @@ impl ModelCalls {
             .any(|grant| grant.name == choice.route.name && grant.ask);
         let mut approved_by = None;
         if asks {
-            let asked = super::fs::Asked {
-                tool: "model.complete",
-                path: choice.route.name.clone(),
+            let asked = Asked {
                 bytes: texts.iter().map(|t| t.len() as u64).sum(),
-                mode: String::new(),
                 sensitivity: choice.sent_sensitivity().name().to_owned(),
                 reasons: choice
                     .assessment
@@ -325,21 +323,13 @@ impl ModelCalls {
                     .iter()
                     .map(|f| f.compact())
                     .collect(),
+                ..Asked::new("model.complete", choice.route.name.clone())
             };
-            match self.approvals.approve(asked, call_id).await {
-                Ok(super::fs::Approval::Approved { by }) => approved_by = Some(by),
-                Ok(super::fs::Approval::Refused(refusal)) => return Err(Refused::from(refusal)),
-                // The run cannot take it: the checks below refuse it.
-                Ok(super::fs::Approval::NotAsked) => {}
-                Err(status) => {
-                    let reason = status.message().to_owned();
-                    return Err(Refused {
-                        status,
-                        reason,
-                        meta: Vec::new(),
-                    });
-                }
-            }
+            approved_by = self
+                .approvals
+                .approved_by(asked, call_id)
+                .await
+                .map_err(Refused::from)?;
         }
         self.gate.charge(made).map_err(Refused::from)?;
         let in_flight = models.in_flight.fetch_add(1, Ordering::SeqCst);

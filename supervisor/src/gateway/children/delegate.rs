@@ -230,28 +230,9 @@ impl Children {
             ));
         }
         if self.gate.receipt.delegate.is_some_and(|d| d.ask) {
-            let asked = crate::gateway::fs::Asked {
-                tool: "delegate",
-                path: clip(&spec.subject),
-                bytes: 0,
-                mode: String::new(),
-                sensitivity: String::new(),
-                reasons: Vec::new(),
-            };
-            match self
-                .approvals
-                .approve(asked, call_id)
-                .await
-                .map_err(|status| {
-                    let reason = status.message().to_owned();
-                    Refusal::new(status, reason)
-                })? {
-                crate::gateway::fs::Approval::Approved { by } => {
-                    meta.push(("approved_by", by.into()));
-                }
-                crate::gateway::fs::Approval::Refused(refusal) => return Err(refusal),
-                // The run cannot take it: the checks below refuse it.
-                crate::gateway::fs::Approval::NotAsked => {}
+            let asked = crate::gateway::approval::Asked::new("delegate", clip(&spec.subject));
+            if let Some(by) = self.approvals.approved_by(asked, call_id).await? {
+                meta.push(("approved_by", by.into()));
             }
         }
         self.gate.charge(made)?;
