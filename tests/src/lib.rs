@@ -737,6 +737,57 @@ impl SupervisorProcess {
             .map(|response| response.into_inner().run_id)
     }
 
+    /// Follows run `run_id`'s calls waiting for approval (as the holder of `token`) and
+    /// decides each of the first `count` with `decide` (approve?, remember?, reason), 60 s at
+    /// most for each to arrive; the calls, in the order they came.
+    pub async fn decide_pending(
+        &self,
+        token: &str,
+        run_id: &str,
+        count: usize,
+        mut decide: impl FnMut(&tollgate_proto::v1::PendingCall) -> (bool, bool, &'static str),
+    ) -> Vec<tollgate_proto::v1::PendingCall> {
+        use tollgate_proto::v1 as pb;
+        let mut client = self.client().await;
+        let mut events = client
+            .watch_approvals(authed(
+                token,
+                pb::WatchApprovalsRequest {
+                    run_id: run_id.into(),
+                },
+            ))
+            .await
+            .expect("WatchApprovals")
+            .into_inner();
+        let mut asked = Vec::new();
+        while asked.len() < count {
+            let event = tokio::time::timeout(Duration::from_secs(60), events.message())
+                .await
+                .expect("the calls reach the approval board in time")
+                .expect("event")
+                .expect("stream open");
+            let Some(pb::approval_event::Event::Pending(call)) = event.event else {
+                continue;
+            };
+            let (approve, remember, reason) = decide(&call);
+            client
+                .decide_approval(authed(
+                    token,
+                    pb::DecideApprovalRequest {
+                        run_id: run_id.into(),
+                        call_id: call.call_id.clone(),
+                        approve,
+                        remember,
+                        reason: reason.into(),
+                    },
+                ))
+                .await
+                .expect("DecideApproval");
+            asked.push(call);
+        }
+        asked
+    }
+
     /// Every entry of the audit log in `dir` (a daemon's `<data dir>/audit`), in order.
     pub fn audit_entries(dir: &Path) -> Vec<tollgate_audit::Entry> {
         tollgate_audit::AuditReader::open(dir)

@@ -813,44 +813,19 @@ tollgate-shim child delegate < /tmp/n 2>&1; echo "no-ask rc=$?"
         .text;
     let run_id = tree.start_run(text).await;
     let admin = tree.supervisor.token();
-    let mut client = tree.supervisor.client().await;
-    let mut events = client
-        .watch_approvals(authed(
-            &admin,
-            pb::WatchApprovalsRequest {
-                run_id: run_id.clone(),
-            },
-        ))
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut asked = Vec::new();
-    while asked.len() < 3 {
-        let event = tokio::time::timeout(Duration::from_secs(60), events.message())
-            .await
-            .expect("the delegations reach the board")
-            .expect("event")
-            .expect("stream open");
-        let Some(pb::approval_event::Event::Pending(call)) = event.event else {
-            continue;
-        };
-        assert_eq!(call.tool, "delegate");
-        let approve = call.path != "denied-child";
-        client
-            .decide_approval(authed(
-                &admin,
-                pb::DecideApprovalRequest {
-                    run_id: run_id.clone(),
-                    call_id: call.call_id.clone(),
-                    approve,
-                    remember: false,
-                    reason: if approve { "" } else { "no more children" }.into(),
-                },
-            ))
-            .await
-            .expect("decide");
-        asked.push(call.path);
-    }
+    let asked = tree
+        .supervisor
+        .decide_pending(&admin, &run_id, 3, |call| {
+            assert_eq!(call.tool, "delegate");
+            let approve = call.path != "denied-child";
+            (
+                approve,
+                false,
+                if approve { "" } else { "no more children" },
+            )
+        })
+        .await;
+    let asked: Vec<&str> = asked.iter().map(|call| call.path.as_str()).collect();
     assert_eq!(asked, ["approved-child", "denied-child", "no-ask"]);
     let run = tree
         .supervisor

@@ -977,46 +977,17 @@ echo "== end"
         .await;
     let admin = egress.supervisor.token();
     let run_id = egress.supervisor.start_run(minted.text).await;
-    let mut client = egress.supervisor.client().await;
-    let mut events = client
-        .watch_approvals(authed(
-            &admin,
-            pb::WatchApprovalsRequest {
-                run_id: run_id.clone(),
-            },
-        ))
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut asked = Vec::new();
-    while asked.len() < 2 {
-        let event = tokio::time::timeout(Duration::from_secs(60), events.message())
-            .await
-            .expect("the connections reach the board in time")
-            .expect("event")
-            .expect("stream open");
-        let Some(pb::approval_event::Event::Pending(call)) = event.event else {
-            continue;
-        };
-        assert_eq!(call.tool, "egress");
-        // Nothing has reached the host while the connection waits.
-        assert!(egress.server.requests().is_empty() || call.path.starts_with("other"));
-        let approve = call.path == "api.example.test:443";
-        client
-            .decide_approval(authed(
-                &admin,
-                pb::DecideApprovalRequest {
-                    run_id: run_id.clone(),
-                    call_id: call.call_id.clone(),
-                    approve,
-                    remember: approve,
-                    reason: if approve { "" } else { "not that one" }.into(),
-                },
-            ))
-            .await
-            .expect("decide");
-        asked.push(call.path);
-    }
+    let asked = egress
+        .supervisor
+        .decide_pending(&admin, &run_id, 2, |call| {
+            assert_eq!(call.tool, "egress");
+            // Nothing has reached the host while the connection waits.
+            assert!(egress.server.requests().is_empty() || call.path.starts_with("other"));
+            let approve = call.path == "api.example.test:443";
+            (approve, approve, if approve { "" } else { "not that one" })
+        })
+        .await;
+    let asked: Vec<&str> = asked.iter().map(|call| call.path.as_str()).collect();
     assert_eq!(asked, ["api.example.test:443", "other.example.test:443"]);
     let output = egress.supervisor.output(&run_id).await;
     let section = |name: &str| {
