@@ -330,7 +330,9 @@ pub enum Command {
     },
     /// Take powers away from a live run without stopping it (no signature needed; the run's
     /// owner or an admin): drop fs grants (a mounted one is unmounted from the sandbox), lower
-    /// its tool-call budget, bring its expiry forward. Prints what it may do now
+    /// its budgets (tool calls, model tokens, relayed output, outbound bytes), bring its expiry
+    /// forward. Each budget is the run's in all, at most the current one; what was spent stays
+    /// spent. Prints what it may do now
     Narrow {
         /// The run id.
         run_id: String,
@@ -340,6 +342,15 @@ pub enum Command {
         /// The new tool-call budget (at most the current one).
         #[arg(long, value_name = "N")]
         tool_calls: Option<u64>,
+        /// The new model-token budget (at most the current one).
+        #[arg(long, value_name = "N")]
+        tokens: Option<u64>,
+        /// The new budget of agent output relayed, e.g. "1MiB" (at most the current one).
+        #[arg(long, value_name = "SIZE")]
+        output_bytes: Option<String>,
+        /// The new budget of outbound bytes, each way, e.g. "10MiB" (at most the current one).
+        #[arg(long, value_name = "SIZE")]
+        egress_bytes: Option<String>,
         /// End the run this long from now, e.g. "2m" (no later than its current expiry).
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,

@@ -189,9 +189,22 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             run_id,
             drop_fs,
             tool_calls,
+            tokens,
+            output_bytes,
+            egress_bytes,
             expires_in,
             json,
-        } => approvals::narrow(global, run_id, drop_fs, tool_calls, expires_in, json).await,
+        } => {
+            let asked = approvals::NarrowArgs {
+                drop_fs,
+                tool_calls,
+                tokens,
+                output_bytes,
+                egress_bytes,
+                expires_in,
+            };
+            approvals::narrow(global, run_id, asked, json).await
+        }
         Command::Widen {
             run_id,
             fs,

@@ -64,6 +64,15 @@ impl SizeValue {
     }
 }
 
+/// Parses a size like `"512MiB"`, `"2 GB"` or `"4096"` (bytes); never zero.
+pub fn parse_size(field: &str, text: &str) -> Result<u64, SpecError> {
+    match text.trim().parse::<u64>() {
+        Ok(bytes) => SizeValue::Bytes(bytes),
+        Err(_) => SizeValue::Text(text.to_owned()),
+    }
+    .bytes(field)
+}
+
 /// Parses a duration like `"10m"`, `"1h 30m"` or `"90s"`.
 pub fn parse_duration(field: &str, text: &str) -> Result<Duration, SpecError> {
     let duration = humantime::parse_duration(text.trim()).map_err(|e| {

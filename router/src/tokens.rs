@@ -100,6 +100,17 @@ impl Ledger {
         self.used = used;
     }
 
+    /// The budget in all.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Lowers the budget to `limit` (never raises it): what is used stays used, calls in
+    /// flight keep what they hold, and a budget at or below that refuses every further call.
+    pub fn lower_to(&mut self, limit: u64) {
+        self.limit = self.limit.min(limit);
+    }
+
     /// Tokens neither used nor held.
     pub fn remaining(&self) -> u64 {
         self.limit
@@ -164,6 +175,19 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lowered_budget_keeps_what_was_used_and_never_rises() {
+        let mut ledger = Ledger::new(100);
+        let held = ledger.reserve(10, 20).unwrap();
+        ledger.settle(held, 10, 20);
+        ledger.lower_to(40);
+        assert_eq!((ledger.limit(), ledger.remaining()), (40, 10));
+        ledger.lower_to(500);
+        assert_eq!(ledger.limit(), 40, "a narrowing never raises the budget");
+        ledger.lower_to(25);
+        assert!(ledger.reserve(1, 1).is_err(), "below what was used: spent");
+    }
 
     #[test]
     fn reservations_lower_the_cap_then_settle_to_what_was_used() {

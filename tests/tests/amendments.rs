@@ -349,3 +349,128 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
             && e.receipt_id.as_deref() == Some(&run_id)
             && e.decision == Some(tollgate_audit::Decision::Allow)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_narrowing_lowers_the_budgets_of_a_live_run_and_never_raises_one() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "budgets",
+        211_700,
+    );
+    let alice = authority
+        .add_operator("alice", ceiling(&dir.path().display().to_string()))
+        .await;
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(
+            &alice,
+            pb::MintReceiptRequest {
+                subject: "budgets".into(),
+                ttl_seconds: 30,
+                audience: vec!["workstation".into()],
+                agent: Some(pb::AgentSpec {
+                    argv: vec![
+                        "/bin/sh".into(),
+                        "-c".into(),
+                        "i=0; while :; do i=$((i+1)); echo \"tick $i\"; sleep 0.1; done".into(),
+                    ],
+                    ..Default::default()
+                }),
+                exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+                limits: Some(pb::Limits {
+                    output_bytes: 1 << 20,
+                    egress_bytes: 1 << 30,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("mint")
+        .into_inner();
+    let run_id = supervisor
+        .start_run_as(&alice, minted.text)
+        .await
+        .expect("alice starts her run");
+    until_printed(&supervisor, &alice, &run_id, "tick 3").await;
+    let mut client = supervisor.client().await;
+    let narrow = |narrowing: pb::Narrowing| pb::amend_run_request::Change::Narrow(narrowing);
+
+    // Raising a budget is not a narrowing, and this run has no model calls to budget.
+    for (asked, code) in [
+        (
+            pb::Narrowing {
+                output_bytes: 2 << 20,
+                ..Default::default()
+            },
+            Code::FailedPrecondition,
+        ),
+        (
+            pb::Narrowing {
+                egress_bytes: 2 << 30,
+                ..Default::default()
+            },
+            Code::FailedPrecondition,
+        ),
+        (
+            pb::Narrowing {
+                tokens: 10,
+                ..Default::default()
+            },
+            Code::FailedPrecondition,
+        ),
+    ] {
+        let refused = amend(&mut client, &alice, &run_id, narrow(asked.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), code, "{asked:?}: {refused:?}");
+    }
+    let after = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        narrow(pb::Narrowing {
+            egress_bytes: 4096,
+            output_bytes: 1,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("lowering budgets needs no signature");
+    assert_eq!((after.egress_bytes, after.output_bytes), (4096, 1));
+    // The output budget is spent: nothing more of the agent's output is relayed, and the
+    // report says its output was cut (the agent prints every 0.1 s).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let run = client
+        .stop_run(authed(
+            &alice,
+            pb::StopRunRequest {
+                run_id: run_id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .expect("stop")
+        .into_inner()
+        .run
+        .expect("the run");
+    let report = run.report.expect("a teardown report");
+    assert!(report.output_truncated, "{report:?}");
+    let change = supervisor
+        .audit()
+        .into_iter()
+        .find(|e| e.kind == EntryKind::RunAmended && e.run_id.as_deref() == Some(&run_id))
+        .expect("the narrowing is audited");
+    assert_eq!(
+        change.metadata.get("egress_bytes"),
+        Some(&tollgate_audit::MetaValue::from(4096_i64)),
+        "{change:?}"
+    );
+}

@@ -195,17 +195,33 @@ fn decided_json(decided: &pb::DecidedCall) -> serde_json::Value {
     })
 }
 
-/// `tollgate narrow RUN [--drop PATH]... [--tool-calls N] [--expires-in DURATION]`: takes
-/// powers away from a live run (no signature needed; the run's owner or an admin).
+/// What `tollgate narrow` was asked to take away.
+pub(crate) struct NarrowArgs {
+    /// Granted host paths to drop.
+    pub drop_fs: Vec<String>,
+    /// The new tool-call budget.
+    pub tool_calls: Option<u64>,
+    /// The new model-token budget.
+    pub tokens: Option<u64>,
+    /// The new output budget, as given.
+    pub output_bytes: Option<String>,
+    /// The new outbound-bytes budget, as given.
+    pub egress_bytes: Option<String>,
+    /// How long from now the run ends, as given.
+    pub expires_in: Option<String>,
+}
+
+/// `tollgate narrow RUN [--drop PATH]... [--tool-calls N] [--tokens N] [--output-bytes SIZE]
+/// [--egress-bytes SIZE] [--expires-in DURATION]`: takes powers away from a live run (no
+/// signature needed; the run's owner or an admin).
 pub(crate) async fn narrow(
     global: &GlobalArgs,
     run_id: String,
-    drop_fs: Vec<String>,
-    tool_calls: Option<u64>,
-    expires_in: Option<String>,
+    asked: NarrowArgs,
     json: bool,
 ) -> Result<(), CliError> {
-    let expires_at = expires_in
+    let expires_at = asked
+        .expires_in
         .map(|text| {
             tollgate_receipt::spec::parse_duration("--expires-in", &text)
                 .map(|d| {
@@ -217,17 +233,33 @@ pub(crate) async fn narrow(
                 .map_err(|e| CliError::Input(e.to_string()))
         })
         .transpose()?;
-    if drop_fs.is_empty() && tool_calls.is_none() && expires_at.is_none() {
+    let size = |field: &str, text: Option<String>| {
+        text.map(|text| {
+            tollgate_receipt::spec::parse_size(field, &text)
+                .map_err(|e| CliError::Input(e.to_string()))
+        })
+        .transpose()
+        .map(Option::unwrap_or_default)
+    };
+    let narrowing = pb::Narrowing {
+        output_bytes: size("--output-bytes", asked.output_bytes)?,
+        egress_bytes: size("--egress-bytes", asked.egress_bytes)?,
+        drop_fs: asked.drop_fs,
+        tool_calls: asked.tool_calls.unwrap_or(0),
+        tokens: asked.tokens.unwrap_or(0),
+        expires_at,
+    };
+    if narrowing == pb::Narrowing::default() {
         return Err(CliError::Input(
-            "nothing to narrow: give --drop PATH, --tool-calls N or --expires-in DURATION".into(),
+            "nothing to narrow: give --drop PATH, --tool-calls N, --tokens N, --output-bytes SIZE, --egress-bytes SIZE or --expires-in DURATION".into(),
         ));
     }
-    let change = pb::amend_run_request::Change::Narrow(pb::Narrowing {
-        drop_fs,
-        tool_calls: tool_calls.unwrap_or(0),
-        expires_at,
-    });
-    apply(global, run_id, change, json).await
+    if asked.tool_calls == Some(0) || asked.tokens == Some(0) {
+        return Err(CliError::Input(
+            "a budget of 0 is not a narrowing: give at least 1 (or stop the run)".into(),
+        ));
+    }
+    apply(global, run_id, pb::amend_run_request::Change::Narrow(narrowing), json).await
 }
 
 /// `tollgate widen RUN [--fs PATH[:read|:write][:ask]]... [--tool-calls N] [--extend
@@ -331,6 +363,9 @@ async fn apply(
                     "ask": g.ask,
                 })).collect::<Vec<_>>(),
                 "tool_calls": after.tool_calls,
+                "tokens": after.tokens,
+                "output_bytes": after.output_bytes,
+                "egress_bytes": after.egress_bytes,
                 "expires_at": after.expires_at.map(|t| t.seconds),
             })
         );
@@ -351,6 +386,11 @@ async fn apply(
         say!("fs         {access:<5} {}{mount}{ask}", grant.path);
     }
     say!("tool_calls {}", after.tool_calls);
+    if after.tokens != 0 {
+        say!("tokens     {}", after.tokens);
+    }
+    say!("output     {} bytes", after.output_bytes);
+    say!("egress     {} bytes each way", after.egress_bytes);
     say!("expires    {}", show::time_text(after.expires_at.as_ref()));
     Ok(())
 }

@@ -133,7 +133,8 @@ pub struct EgressCalls {
     /// What the run's connections have used.
     pub usage: EgressUsage,
     max_open: u32,
-    max_bytes: u64,
+    /// Bytes each way over the whole run (lowered by a narrowing, never raised).
+    max_bytes: AtomicU64,
     idle: Duration,
     /// Connections opened and waiting for their tunnel, by token (at most `max_open`: each
     /// holds a slot).
@@ -194,7 +195,7 @@ impl EgressCalls {
             setup,
             usage: EgressUsage::default(),
             max_open: max_open.min(MAX_EGRESS_CONNECTIONS),
-            max_bytes,
+            max_bytes: AtomicU64::new(max_bytes),
             idle: Duration::from_secs(idle.into()),
             waiting: Default::default(),
             approvals,
@@ -394,7 +395,7 @@ impl EgressCalls {
             (&self.usage.sent, "sent"),
             (&self.usage.received, "received"),
         ] {
-            if counter.load(Ordering::SeqCst) >= self.max_bytes {
+            if counter.load(Ordering::SeqCst) >= self.max_bytes() {
                 return Err(self.bytes_spent(way));
             }
         }
@@ -444,12 +445,23 @@ impl EgressCalls {
         .coded("egress_connect"))
     }
 
+    /// The bytes the run's connections may carry each way, in all, now.
+    pub fn max_bytes(&self) -> u64 {
+        self.max_bytes.load(Ordering::SeqCst)
+    }
+
+    /// Lowers that budget to `bytes` (a narrowing; never raises it). Connections past it are
+    /// cut at their next chunk.
+    pub fn lower_bytes(&self, bytes: u64) {
+        self.max_bytes.fetch_min(bytes, Ordering::SeqCst);
+    }
+
     fn bytes_spent(&self, way: &str) -> Refusal {
         Refusal::with(
             Status::resource_exhausted,
             format!(
                 "the run's outbound connections have {way} their {} bytes (limits.egress_bytes)",
-                self.max_bytes
+                self.max_bytes()
             ),
         )
         .coded("egress_bytes")
@@ -459,7 +471,7 @@ impl EgressCalls {
     fn charge(&self, counter: &AtomicU64, bytes: usize, way: &str) -> Result<(), Refusal> {
         let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
         let before = counter.fetch_add(bytes, Ordering::SeqCst);
-        if before.saturating_add(bytes) > self.max_bytes {
+        if before.saturating_add(bytes) > self.max_bytes() {
             return Err(self.bytes_spent(way));
         }
         Ok(())

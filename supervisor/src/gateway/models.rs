@@ -85,6 +85,22 @@ impl RunModels {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner()).used()
     }
 
+    /// The run's token budget now.
+    pub fn token_limit(&self) -> u64 {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .limit()
+    }
+
+    /// Lowers the run's token budget to `limit` (a narrowing; never raises it).
+    pub fn lower_tokens(&self, limit: u64) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .lower_to(limit);
+    }
+
     /// Counts `used` tokens as spent before this supervisor re-adopted the run.
     pub fn charge_restored(&self, used: u64) {
         self.ledger

@@ -1,7 +1,7 @@
 //! Changing a live run's powers without restarting it (`AmendRun`). Narrowing needs no
 //! signature: drop fs grants (a mounted one is unmounted from the live sandbox first, by
-//! `tollgate-shim enter` in its mount namespace), lower the tool-call budget, bring the expiry
-//! forward.
+//! `tollgate-shim enter` in its mount namespace), lower a budget (tool calls, model tokens,
+//! relayed output, outbound bytes), bring the expiry forward.
 //! Widening needs an authority's signed amendment, checked with the receipts' key set: add
 //! gateway-only fs grants (pinned now, without following links), raise the budget, extend the
 //! expiry. Only what the gateway checks on each call moves; the kernel envelope (mounts,
@@ -16,7 +16,7 @@ use tollgate_proto::v1 as pb;
 use tollgate_receipt::amendment::{check_widening, verify_amendment};
 use tollgate_receipt::{timestamp_from_unix, unix_now};
 
-use super::RunManager;
+use super::{LiveRun, RunManager};
 use crate::error::AmendError;
 use crate::gateway::fs::FsGrant;
 use crate::gateway::RunGateway;
@@ -84,6 +84,23 @@ impl RunManager {
                         "expires_at must be a time (Unix seconds above 0); to end the run now, give the current time or stop it".into(),
                     ));
                 }
+                let budgets = Budgets::now(&gateway, &live);
+                for (field, new, current) in [
+                    ("tokens", narrow.tokens, budgets.tokens),
+                    ("output_bytes", narrow.output_bytes, budgets.output_bytes),
+                    ("egress_bytes", narrow.egress_bytes, budgets.egress_bytes),
+                ] {
+                    if new > current {
+                        return Err(AmendError::NotANarrowing(format!(
+                            "{field} {new} is above the run's {current}: a narrowing only lowers a budget"
+                        )));
+                    }
+                }
+                if narrow.tokens != 0 && gateway.models.models.is_none() {
+                    return Err(AmendError::NotANarrowing(
+                        "tokens: this run makes no model calls (the supervisor has no model routes)".into(),
+                    ));
+                }
                 let grants = gateway.fs.grants.current();
                 let mut unmount = Vec::new();
                 for path in &narrow.drop_fs {
@@ -123,9 +140,29 @@ impl RunManager {
                         "tool_calls",
                         i64::try_from(narrow.tool_calls).unwrap_or(i64::MAX),
                     )
-                    .meta("expires_at", new_expiry.unwrap_or(0));
+                    .meta("expires_at", new_expiry.unwrap_or(0))
+                    .meta("tokens", i64::try_from(narrow.tokens).unwrap_or(i64::MAX))
+                    .meta(
+                        "output_bytes",
+                        i64::try_from(narrow.output_bytes).unwrap_or(i64::MAX),
+                    )
+                    .meta(
+                        "egress_bytes",
+                        i64::try_from(narrow.egress_bytes).unwrap_or(i64::MAX),
+                    );
                 let (run, live) = (gateway.clone(), live.clone());
                 let apply = move || {
+                    if narrow.tokens != 0 {
+                        if let Some(models) = &run.models.models {
+                            models.lower_tokens(narrow.tokens);
+                        }
+                    }
+                    if narrow.output_bytes != 0 {
+                        live.lower_output(narrow.output_bytes);
+                    }
+                    if narrow.egress_bytes != 0 {
+                        run.egress.lower_bytes(narrow.egress_bytes);
+                    }
                     if !narrow.drop_fs.is_empty() {
                         run.fs.grants.change(|grants| {
                             grants
@@ -159,7 +196,7 @@ impl RunManager {
                 check_widening(&gate.receipt, &amendment, now)?;
                 if applied.contains(&amendment.amendment_id) {
                     // Applied once already: a replay changes nothing (and undoes no narrowing).
-                    return Ok(envelope(&gateway));
+                    return Ok(envelope(&gateway, &live));
                 }
                 let current = gateway.fs.grants.current();
                 if current.len() + amendment.add_fs.len() > MAX_LIVE_GRANTS {
@@ -237,7 +274,28 @@ impl RunManager {
             }
             applied.insert(id);
         }
-        Ok(envelope(&gateway))
+        Ok(envelope(&gateway, &live))
+    }
+}
+
+/// A live run's budgets in all, now.
+struct Budgets {
+    tokens: u64,
+    output_bytes: u64,
+    egress_bytes: u64,
+}
+
+impl Budgets {
+    fn now(gateway: &RunGateway, live: &LiveRun) -> Self {
+        Self {
+            tokens: gateway
+                .models
+                .models
+                .as_ref()
+                .map_or(0, |models| models.token_limit()),
+            output_bytes: live.output_limit.load(Ordering::SeqCst),
+            egress_bytes: gateway.egress.max_bytes(),
+        }
     }
 }
 
@@ -251,8 +309,9 @@ fn mount_of(receipt: &pb::Receipt, path: &str) -> Option<String> {
 }
 
 /// What the run's gateway allows now.
-fn envelope(gateway: &RunGateway) -> pb::AmendRunResponse {
+fn envelope(gateway: &RunGateway, live: &LiveRun) -> pb::AmendRunResponse {
     let receipt = &gateway.gate.receipt;
+    let budgets = Budgets::now(gateway, live);
     pb::AmendRunResponse {
         fs: gateway
             .fs
@@ -278,5 +337,8 @@ fn envelope(gateway: &RunGateway) -> pb::AmendRunResponse {
             .collect(),
         tool_calls: gateway.gate.max_calls(),
         expires_at: Some(timestamp_from_unix(gateway.gate.expires_at())),
+        tokens: budgets.tokens,
+        output_bytes: budgets.output_bytes,
+        egress_bytes: budgets.egress_bytes,
     }
 }

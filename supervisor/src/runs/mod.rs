@@ -114,6 +114,9 @@ struct LiveRun {
     cgroup: RunCgroup,
     /// Bytes of output the run may still relay; children's `output_bytes` are carved from it.
     output_left: Arc<AtomicU64>,
+    /// The run's output budget in all (the receipt's, or lower after a narrowing): what a
+    /// narrowing's new budget is measured against.
+    output_limit: AtomicU64,
     /// The run that delegated this one, if any: its end ends this run too.
     parent: Option<String>,
     /// The Landlock ABI the shim reported.
@@ -143,6 +146,18 @@ struct LiveRun {
 }
 
 impl LiveRun {
+    /// Lowers the run's output budget in all to `limit` (never raises it): what it has left
+    /// loses as much as the budget did.
+    fn lower_output(&self, limit: u64) {
+        let before = self.output_limit.fetch_min(limit, Ordering::SeqCst);
+        let cut = before.saturating_sub(limit);
+        let _ = self
+            .output_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                Some(left.saturating_sub(cut))
+            });
+    }
+
     /// Moves the run's expiry to `expires_at` (Unix seconds) and wakes its expiry thread.
     fn set_expiry(&self, expires_at: i64) {
         let _ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());

@@ -326,6 +326,11 @@ impl RunManager {
         } = sandbox;
         match self.serve_adopted(&signed, &state, &dirs, &live, gateway, (execute, pid_one)) {
             Ok(receipt) => {
+                // What is left came from the record; the budget in all is the receipt's.
+                live.output_limit.store(
+                    receipt.limits.unwrap_or_default().output_bytes,
+                    Ordering::SeqCst,
+                );
                 if let Err(e) = self.records.set_detached(&run_id, None) {
                     tracing::warn!(run_id = %run_id, error = %e, "could not clear the run's detached record");
                 }

@@ -303,6 +303,7 @@ impl RunManager {
         let live = Arc::new(LiveRun {
             cgroup,
             output_left: Arc::new(AtomicU64::new(output_bytes)),
+            output_limit: AtomicU64::new(output_bytes),
             parent: parent.map(str::to_owned),
             landlock_abi: OnceLock::new(),
             closing: Arc::default(),
