@@ -100,6 +100,9 @@ pub enum AuthorityError {
     /// A blocking storage task panicked or was cancelled.
     #[error("storage task failed: {0}")]
     Task(String),
+    /// The public keys in the database do not form a key set (a key that does not parse).
+    #[error("the stored public keys do not form a key set: {0}")]
+    StoredKeys(#[from] tollgate_receipt::KeySetError),
 }
 
 impl AuthorityError {
@@ -109,6 +112,7 @@ impl AuthorityError {
             Self::Config(_) => 78,              // EX_CONFIG
             Self::DatabaseCorrupt { .. } => 65, // EX_DATAERR
             Self::SchemaTooNew { .. } => 65,    // EX_DATAERR
+            Self::StoredKeys(_) => 65,          // EX_DATAERR
             Self::DatabaseUnreadable { .. } | Self::DatabaseMissing { .. } => 66, // EX_NOINPUT
             Self::DataDirInUse { .. } => 75,    // EX_TEMPFAIL
             Self::Bind { .. } => 69,            // EX_UNAVAILABLE

@@ -375,6 +375,10 @@ pub enum Command {
         /// Extend the run's expiry by this much, e.g. "30m".
         #[arg(long, value_name = "DURATION")]
         extend: Option<String>,
+        /// Let the run's future delegated children be granted what this adds too (by default
+        /// they never gain what an amendment gives their parent).
+        #[arg(long)]
+        for_children: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,

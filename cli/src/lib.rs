@@ -210,8 +210,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             fs,
             tool_calls,
             extend,
+            for_children,
             json,
-        } => approvals::widen(global, run_id, fs, tool_calls, extend, json).await,
+        } => {
+            let asked = approvals::WidenArgs {
+                fs,
+                tool_calls,
+                extend,
+                for_children,
+            };
+            approvals::widen(global, run_id, asked, json).await
+        }
         Command::Approvals { run, watch, json } => {
             approvals::approvals(global, run, watch, json).await
         }

@@ -166,6 +166,41 @@ pub fn check_amendable(receipt: &Receipt) -> Result<(), AmendmentError> {
     }
 }
 
+/// Most amendments for children a delegation request carries.
+pub const MAX_CHILD_AMENDMENTS: usize = 64;
+
+/// `receipt` as the amendments for its children among `amendments` widen it: what a
+/// delegated child of the run is checked against (grants, tool-call budget, expiry). An
+/// amendment of another receipt, or one not for children, changes nothing: children never
+/// gain what an amendment gives their parent unless it says so.
+pub fn widened_for_children(receipt: &Receipt, amendments: &[Amendment]) -> Receipt {
+    let mut widened = receipt.clone();
+    for amendment in amendments
+        .iter()
+        .filter(|a| a.for_children && a.receipt_id == receipt.receipt_id)
+    {
+        for grant in &amendment.add_fs {
+            if !widened.fs.contains(grant) {
+                widened.fs.push(grant.clone());
+            }
+        }
+        if amendment.tool_calls != 0 {
+            let limits = widened.limits.get_or_insert_with(Default::default);
+            limits.tool_calls = limits.tool_calls.max(amendment.tool_calls);
+        }
+        if let Some(new) = &amendment.expires_at {
+            if widened
+                .expires_at
+                .as_ref()
+                .is_none_or(|old| new.seconds > old.seconds)
+            {
+                widened.expires_at = Some(*new);
+            }
+        }
+    }
+    widened
+}
+
 /// W^X holds for the run as amended: no added WRITE grant reaches what one of the receipt's
 /// executable grants or its root file system shows (by path; the rule a mint applies).
 pub fn check_write_exec(receipt: &Receipt, add_fs: &[FsGrant]) -> Result<(), AmendmentError> {
@@ -356,5 +391,28 @@ mod tests {
             ..amendment()
         };
         assert!(check_widening(&receipt(), &many, 600).is_err());
+    }
+
+    #[test]
+    fn children_are_checked_against_only_the_amendments_for_them() {
+        let plain = amendment();
+        let other_run = Amendment {
+            receipt_id: "r2".into(),
+            for_children: true,
+            ..amendment()
+        };
+        assert_eq!(
+            widened_for_children(&receipt(), &[plain.clone(), other_run]),
+            receipt(),
+            "an amendment not for children, or of another run, changes nothing"
+        );
+        let for_children = Amendment {
+            for_children: true,
+            ..plain
+        };
+        let widened = widened_for_children(&receipt(), &[for_children.clone(), for_children]);
+        assert_eq!(widened.fs.len(), 1, "each grant once");
+        assert_eq!(widened.limits.unwrap().tool_calls, 20);
+        assert_eq!(widened.expires_at.unwrap().seconds, 2_000);
     }
 }

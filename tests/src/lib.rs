@@ -850,6 +850,39 @@ impl SupervisorProcess {
         text
     }
 
+    /// Follows the run's output until it has printed `line` (30 s at most).
+    pub async fn until_printed(&self, token: &str, run_id: &str, line: &str) {
+        let mut stream = self
+            .client()
+            .await
+            .watch_run(authed(
+                token,
+                tollgate_proto::v1::WatchRunRequest {
+                    run_id: run_id.into(),
+                },
+            ))
+            .await
+            .expect("WatchRun")
+            .into_inner();
+        let mut text = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let event = tokio::time::timeout_at(deadline, stream.message())
+                .await
+                .unwrap_or_else(|_| panic!("the run never printed {line:?}:\n{text}"))
+                .expect("event");
+            match event.and_then(|e| e.event) {
+                Some(tollgate_proto::v1::run_event::Event::Output(chunk)) => {
+                    text.push_str(&String::from_utf8_lossy(&chunk.data));
+                    if text.lines().any(|l| l == line) {
+                        return;
+                    }
+                }
+                other => panic!("the run ended before printing {line:?}: {other:?}\n{text}"),
+            }
+        }
+    }
+
     /// Polls the run until it has ended (its record has a report); panics after `limit`.
     pub async fn wait_ended(&self, run_id: &str, limit: Duration) -> tollgate_proto::v1::Run {
         let mut client = self.client().await;

@@ -48,40 +48,6 @@ async fn amend(
         .map(|r| r.into_inner())
 }
 
-/// Follows the run's output until it has printed `line` (30 s at most).
-async fn until_printed(supervisor: &SupervisorProcess, token: &str, run_id: &str, line: &str) {
-    let mut stream = supervisor
-        .client()
-        .await
-        .watch_run(authed(
-            token,
-            pb::WatchRunRequest {
-                run_id: run_id.into(),
-            },
-        ))
-        .await
-        .expect("WatchRun")
-        .into_inner();
-    let mut text = String::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let event = tokio::time::timeout_at(deadline, stream.message())
-            .await
-            .unwrap_or_else(|_| panic!("the run never printed {line:?}:\n{text}"))
-            .expect("event");
-        match event.and_then(|e| e.event) {
-            Some(pb::run_event::Event::Output(chunk)) => {
-                text.push_str(&String::from_utf8_lossy(&chunk.data));
-                // Only what follows the last such line counts: the agent loops.
-                if text.lines().any(|l| l == line) {
-                    return;
-                }
-            }
-            other => panic!("the run ended before printing {line:?}: {other:?}\n{text}"),
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_owner() {
     if !require_root() {
@@ -160,8 +126,8 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         .start_run_as(&alice, minted.text)
         .await
         .expect("alice starts her run");
-    until_printed(&supervisor, &alice, &run_id, "b rc=1").await;
-    until_printed(&supervisor, &alice, &run_id, "m read").await;
+    supervisor.until_printed(&alice, &run_id, "b rc=1").await;
+    supervisor.until_printed(&alice, &run_id, "m read").await;
     let mut client = supervisor.client().await;
 
     // The authority signs a widening for the owner: b, and 60 s more.
@@ -244,7 +210,7 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
     assert!(after.fs.iter().any(|g| g.path == b));
     let old_expiry = receipt.expires_at.unwrap().seconds;
     assert_eq!(after.expires_at.unwrap().seconds, old_expiry + 60);
-    until_printed(&supervisor, &alice, &run_id, "b rc=0").await;
+    supervisor.until_printed(&alice, &run_id, "b rc=0").await;
 
     // Narrowing cannot widen: a later expiry is refused without a signature.
     let refused = amend(
@@ -271,7 +237,7 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
     )
     .await
     .expect("narrowing needs no signature");
-    until_printed(&supervisor, &alice, &run_id, "a rc=1").await;
+    supervisor.until_printed(&alice, &run_id, "a rc=1").await;
     // And the mounted grant: unmounted from the live sandbox, the agent's next read fails.
     let narrowed = amend(
         &mut client,
@@ -285,7 +251,7 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
     .await
     .expect("a mounted grant is narrowed away too");
     assert!(narrowed.fs.iter().all(|g| g.path != m && g.path != a));
-    until_printed(&supervisor, &alice, &run_id, "m refused").await;
+    supervisor.until_printed(&alice, &run_id, "m refused").await;
 
     // The run outlived its receipt's own expiry.
     let left = Duration::from_secs(ttl + 1).saturating_sub(started.elapsed());
@@ -399,7 +365,7 @@ async fn a_narrowing_lowers_the_budgets_of_a_live_run_and_never_raises_one() {
         .start_run_as(&alice, minted.text)
         .await
         .expect("alice starts her run");
-    until_printed(&supervisor, &alice, &run_id, "tick 3").await;
+    supervisor.until_printed(&alice, &run_id, "tick 3").await;
     let mut client = supervisor.client().await;
     let narrow = |narrowing: pb::Narrowing| pb::amend_run_request::Change::Narrow(narrowing);
 

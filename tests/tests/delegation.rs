@@ -844,3 +844,104 @@ tollgate-shim child delegate < /tmp/n 2>&1; echo "no-ask rc=$?"
     );
     assert_eq!(state(&run), pb::RunState::Exited, "{output}");
 }
+
+/// Applies a signed amendment of `run_id` adding a gateway-only read of `path`, for its
+/// children too or not.
+async fn widen(tree: &Tree, run_id: &str, path: &Path, for_children: bool) {
+    let admin = tree.authority.admin_token();
+    let signed = tree
+        .authority
+        .client()
+        .await
+        .amend_receipt(authed(
+            &admin,
+            pb::AmendReceiptRequest {
+                receipt_id: run_id.into(),
+                add_fs: vec![grant(path, pb::FsAccess::Read, "")],
+                for_children,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("AmendReceipt")
+        .into_inner()
+        .signed;
+    tree.supervisor
+        .client()
+        .await
+        .amend_run(authed(
+            &tree.supervisor.token(),
+            pb::AmendRunRequest {
+                run_id: run_id.into(),
+                change: Some(pb::amend_run_request::Change::Amendment(signed.unwrap())),
+            },
+        ))
+        .await
+        .expect("AmendRun");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn children_gain_what_an_amendment_gives_their_parent_only_when_it_says_so() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-amend", 211_800).await;
+    let (kept, shared) = (tree.dir.path().join("kept"), tree.dir.path().join("shared"));
+    for dir in [&kept, &shared] {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join("f.txt"), "for the child\n").unwrap();
+    }
+    let (k, s) = (kept.display(), shared.display());
+    // The parent asks for a child reading `shared` until it gets one (the amendment for
+    // children is applied after the one that is not), starts it, then asks for one reading
+    // `kept`.
+    let script = format!(
+        r#"echo '{{"subject": "shared", "fs": [{{"path": "{s}", "access": "read"}}], "exec": ["/bin/sh"], "agent": {{"argv": ["/bin/sh", "-c", "tollgate-shim tool read {s}/f.txt"]}}}}' > /tmp/s
+echo '{{"subject": "kept", "fs": [{{"path": "{k}", "access": "read"}}], "exec": ["/bin/sh"], "agent": {{"argv": ["/bin/sh", "-c", "true"]}}}}' > /tmp/k
+tollgate-shim child delegate < /tmp/s > /tmp/id 2>/dev/null; echo "shared before rc=$?"
+until tollgate-shim child delegate < /tmp/s > /tmp/id 2>/dev/null; do sleep 0.2; done
+read id < /tmp/id
+tollgate-shim child start "$id" >/dev/null || exit 12
+tollgate-shim child watch "$id"; echo "watch rc=$?"
+tollgate-shim child delegate < /tmp/k 2>&1; echo "kept rc=$?"
+"#
+    );
+    let text = tree
+        .mint_with(
+            &script,
+            120,
+            1,
+            vec![],
+            pb::Limits {
+                tool_calls: 2_000,
+                ..Default::default()
+            },
+        )
+        .await;
+    let run_id = tree.start_run(text).await;
+    // Widened only once the child was refused without it.
+    let admin = tree.supervisor.token();
+    tree.supervisor
+        .until_printed(&admin, &run_id, "shared before rc=1")
+        .await;
+    widen(&tree, &run_id, &kept, false).await;
+    widen(&tree, &run_id, &shared, true).await;
+    let run = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(60))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert_eq!(state(&run), pb::RunState::Exited, "{output}");
+    // Before the amendment, the child was above its parent; after it, the child reads there.
+    assert!(output.contains("shared before rc=1"), "{output}");
+    assert!(
+        output.contains("for the child") && output.contains("watch rc=0"),
+        "{output}"
+    );
+    // The parent reads `kept` itself, but no child of it may.
+    assert!(
+        output.contains("kept rc=1") && output.contains(&format!("{k}")),
+        "{output}"
+    );
+    tree.assert_clean();
+}

@@ -129,6 +129,17 @@ async fn delegate(
     parent: &pb::SignedReceipt,
     child: pb::ChildSpec,
 ) -> Result<pb::MintReceiptResponse, tonic::Status> {
+    delegate_amended(client, token, parent, vec![], child).await
+}
+
+/// [`delegate`] with the parent's amendments for children.
+async fn delegate_amended(
+    client: &mut AuthorityClient<Channel>,
+    token: &str,
+    parent: &pb::SignedReceipt,
+    amendments: Vec<pb::SignedAmendment>,
+    child: pb::ChildSpec,
+) -> Result<pb::MintReceiptResponse, tonic::Status> {
     client
         .delegate_receipt(authed(
             token,
@@ -136,6 +147,7 @@ async fn delegate(
                 supervisor_id: SUP.into(),
                 parent: Some(parent.clone()),
                 child: Some(child),
+                amendments,
             },
         ))
         .await
@@ -484,6 +496,86 @@ async fn wider_delegations_are_refused_naming_the_grant() {
         .any(|e| e.kind == EntryKind::ReceiptMinted && e.metadata.contains_key("delegated_by")));
 }
 
+/// A signed amendment of `receipt_id` adding a gateway-only read of `path`.
+async fn amendment(
+    client: &mut AuthorityClient<Channel>,
+    admin: &str,
+    receipt_id: &str,
+    path: &str,
+    for_children: bool,
+) -> pb::SignedAmendment {
+    client
+        .amend_receipt(authed(
+            admin,
+            pb::AmendReceiptRequest {
+                receipt_id: receipt_id.into(),
+                add_fs: vec![grant(path, pb::FsAccess::Read, "")],
+                for_children,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("AmendReceipt")
+        .into_inner()
+        .signed
+        .expect("signed")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_parents_own_amendments_for_children_widen_a_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let (authority, admin, token) = start(dir.path()).await;
+    let mut client = authority.client().await;
+    let parent = mint(&mut client, &admin, parent_request(SUP, 1, 300)).await;
+    let other = mint(&mut client, &admin, parent_request(SUP, 1, 300)).await;
+    let not_for_children = amendment(&mut client, &admin, &id(&parent), "/srv/extra", false).await;
+    let for_children = amendment(&mut client, &admin, &id(&parent), "/srv/extra", true).await;
+    let others = amendment(&mut client, &admin, &id(&other), "/srv/extra", true).await;
+    let mut forged = for_children.clone();
+    let mut changed = pb::Amendment::decode(forged.amendment.as_slice()).unwrap();
+    changed.add_fs[0].path = "/".into();
+    forged.amendment = changed.encode_to_vec();
+    let child = pb::ChildSpec {
+        fs: vec![grant("/srv/extra/data", pb::FsAccess::Read, "")],
+        ..child_spec(0)
+    };
+    for (name, amendments) in [
+        ("none", vec![]),
+        ("not for children", vec![not_for_children]),
+        ("another receipt's", vec![others]),
+        ("forged", vec![forged]),
+    ] {
+        let refused = delegate_amended(
+            &mut client,
+            &token,
+            &signed(&parent),
+            amendments,
+            child.clone(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::PermissionDenied,
+            "{name}: {refused:?}"
+        );
+    }
+    let minted = delegate_amended(
+        &mut client,
+        &token,
+        &signed(&parent),
+        vec![for_children],
+        child,
+    )
+    .await
+    .expect("an amendment for children reaches the child");
+    assert_eq!(
+        minted.receipt.unwrap().fs[0].path,
+        "/srv/extra/data",
+        "the child holds what the amendment added"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn depth_limit_is_enforced() {
     let dir = tempfile::tempdir().unwrap();
@@ -619,6 +711,7 @@ async fn only_an_enrolled_supervisor_may_delegate_for_its_own_audience() {
             supervisor_id: SUP.into(),
             parent: parent.signed.clone(),
             child: Some(child_spec(0)),
+            amendments: vec![],
         })
         .await
         .unwrap_err();
@@ -662,6 +755,7 @@ async fn only_an_enrolled_supervisor_may_delegate_for_its_own_audience() {
                 supervisor_id: "other".into(),
                 parent: parent.signed.clone(),
                 child: Some(child_spec(0)),
+                amendments: vec![],
             },
         ))
         .await

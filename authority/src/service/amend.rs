@@ -1,5 +1,6 @@
 //! `AmendReceipt`: a signed widening of one live run (more gateway-only fs grants, a bigger
-//! tool-call budget, a later expiry), for the receipt's owner or an admin, within the caller's
+//! tool-call budget, a later expiry; for its future children too only when asked), for the
+//! receipt's owner or an admin, within the caller's
 //! ceiling as a mint would be (the whole lifetime, from the receipt's `not_before` to the new
 //! expiry, within the ceiling's `max_ttl`). An extension counts from the receipt's expiry, or
 //! from now when that has passed (the run lives on by an earlier amendment). Audited
@@ -117,6 +118,7 @@ impl AuthorityService {
             tool_calls: request.tool_calls,
             expires_at: (request.extend_seconds > 0).then(|| timestamp_from_unix(extended)),
             amended_by: operator.name.clone(),
+            for_children: request.for_children,
         };
         let signed = self.keys.active().sign_amendment(&mut amendment);
         let entry = EntryDraft::new(COMPONENT, EntryKind::ReceiptAmended)
@@ -139,7 +141,8 @@ impl AuthorityService {
             .meta(
                 "expires_at",
                 amendment.expires_at.as_ref().map_or(0, |t| t.seconds),
-            );
+            )
+            .meta("for_children", amendment.for_children);
         // On disk before the signed amendment leaves the authority.
         self.commit_audited(entry, || Ok(())).await?;
         tracing::info!(receipt_id = %amendment.receipt_id, amendment_id = %amendment.amendment_id, by = %operator.name, "amended receipt");

@@ -5,7 +5,9 @@ use prost::Message as _;
 use tollgate_audit::{Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_daemon::token;
 use tollgate_proto::v1 as pb;
+use tollgate_receipt::amendment::{verify_amendment, widened_for_children, MAX_CHILD_AMENDMENTS};
 use tollgate_receipt::delegation::check_within;
+use tollgate_receipt::KeySet;
 use tollgate_receipt::{timestamp_from_unix, to_text, unix_now};
 use tonic::Request;
 
@@ -160,6 +162,12 @@ impl AuthorityService {
             .ok_or_else(|| CallError::invalid("child", "is required"))?;
         let parent = self.minted_parent(envelope).await?;
         let now = unix_now();
+        // The parent as its amendments for children widen it: what the child is checked
+        // against. Without them, the receipt as signed.
+        let amendments = self
+            .amendments_for_children(&parent, &request.amendments, now)
+            .await?;
+        let parent = widened_for_children(&parent, &amendments);
         check_parent_may_delegate(&parent, &supervisor.supervisor_id, now)?;
         let mut receipt = self.child_receipt(&parent, spec, &supervisor.supervisor_id, now)?;
         let signed = self.keys.active().sign(&mut receipt);
@@ -185,6 +193,47 @@ impl AuthorityService {
             signed: Some(signed),
             receipt: Some(receipt),
         })
+    }
+
+    /// The parent's amendments for children that `signed` carries, each verified with this
+    /// authority's keys and bound to `parent`; any other is refused, naming it.
+    async fn amendments_for_children(
+        &self,
+        parent: &pb::Receipt,
+        signed: &[pb::SignedAmendment],
+        now: i64,
+    ) -> Result<Vec<pb::Amendment>, Refusal> {
+        if signed.is_empty() {
+            return Ok(Vec::new());
+        }
+        if signed.len() > MAX_CHILD_AMENDMENTS {
+            return Err(CallError::invalid(
+                "amendments",
+                format!("at most {MAX_CHILD_AMENDMENTS} amendments for children"),
+            )
+            .into());
+        }
+        let store = self.store.clone();
+        let issuer = self.config.issuer.clone();
+        let set = blocking(move || crate::keys::key_set(&store, &issuer, now)).await?;
+        let keys = KeySet::from_proto(&set).map_err(|e| CallError::Internal(e.into()))?;
+        signed
+            .iter()
+            .enumerate()
+            .map(|(i, signed)| {
+                let amendment = verify_amendment(&keys, signed).map_err(|e| {
+                    CallError::PermissionDenied(format!("amendments[{i}]: {e}"))
+                })?;
+                if amendment.receipt_id != parent.receipt_id || !amendment.for_children {
+                    return Err(CallError::PermissionDenied(format!(
+                        "amendments[{i}]: amendment {} is not one of parent receipt {} for its children",
+                        amendment.amendment_id, parent.receipt_id
+                    ))
+                    .into());
+                }
+                Ok(amendment)
+            })
+            .collect()
     }
 
     /// The parent receipt the envelope carries, if this authority minted it byte for byte

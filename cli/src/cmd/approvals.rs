@@ -259,19 +259,42 @@ pub(crate) async fn narrow(
             "a budget of 0 is not a narrowing: give at least 1 (or stop the run)".into(),
         ));
     }
-    apply(global, run_id, pb::amend_run_request::Change::Narrow(narrowing), json).await
+    apply(
+        global,
+        run_id,
+        pb::amend_run_request::Change::Narrow(narrowing),
+        json,
+    )
+    .await
+}
+
+/// What `tollgate widen` was asked to add.
+pub(crate) struct WidenArgs {
+    /// Grants to add, as given (`PATH[:read|:write][:ask]`).
+    pub fs: Vec<String>,
+    /// The new tool-call budget.
+    pub tool_calls: Option<u64>,
+    /// How much later the run ends, as given.
+    pub extend: Option<String>,
+    /// Whether the run's future children may be granted it too.
+    pub for_children: bool,
 }
 
 /// `tollgate widen RUN [--fs PATH[:read|:write][:ask]]... [--tool-calls N] [--extend
-/// DURATION]`: asks the authority for a signed amendment, then has the supervisor apply it.
+/// DURATION] [--for-children]`: asks the authority for a signed amendment, then has the
+/// supervisor apply it.
 pub(crate) async fn widen(
     global: &GlobalArgs,
     run_id: String,
-    fs: Vec<String>,
-    tool_calls: Option<u64>,
-    extend: Option<String>,
+    asked: WidenArgs,
     json: bool,
 ) -> Result<(), CliError> {
+    let WidenArgs {
+        fs,
+        tool_calls,
+        extend,
+        for_children,
+    } = asked;
     let add_fs = fs
         .iter()
         .map(|spec| fs_grant(spec))
@@ -294,6 +317,7 @@ pub(crate) async fn widen(
                 add_fs,
                 tool_calls: tool_calls.unwrap_or(0),
                 extend_seconds,
+                for_children,
             },
         )?)
         .await?

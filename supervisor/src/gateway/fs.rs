@@ -33,8 +33,8 @@ pub struct FsGrant {
     pub writable: bool,
     /// Whether each change beneath it waits for an operator's approval.
     pub ask: bool,
-    /// Added by a signed amendment to the live run (never handed on to children).
-    pub amended: bool,
+    /// Where the grant came from: what decides whether children may be pinned beneath it.
+    pub origin: GrantOrigin,
     /// The granted path, pinned when the run started (or why it could not be).
     pub root: Result<GrantRoot, Errno>,
 }
@@ -46,9 +46,27 @@ impl FsGrant {
             path: path.to_owned(),
             writable,
             ask,
-            amended: false,
+            origin: GrantOrigin::Receipt,
             root: GrantRoot::open(path),
         }
+    }
+}
+
+/// Where a live run's grant came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrantOrigin {
+    /// The receipt signed it.
+    Receipt,
+    /// A signed amendment added it to the live run; children never gain it.
+    Amendment,
+    /// A signed amendment for the run's children too (`for_children`) added it.
+    AmendmentForChildren,
+}
+
+impl GrantOrigin {
+    /// Whether the run's delegated children may be pinned beneath a grant of this origin.
+    pub fn reaches_children(self) -> bool {
+        self != Self::Amendment
     }
 }
 
@@ -70,12 +88,12 @@ impl LiveGrants {
         self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The grants now that the receipt itself signed (not an amendment's): what children are
-    /// pinned beneath.
-    pub fn signed(&self) -> Vec<Arc<FsGrant>> {
+    /// The grants now that the receipt signed, or an amendment for children added: what
+    /// children are pinned beneath.
+    pub fn for_children(&self) -> Vec<Arc<FsGrant>> {
         self.current()
             .iter()
-            .filter(|grant| !grant.amended)
+            .filter(|grant| grant.origin.reaches_children())
             .cloned()
             .collect()
     }

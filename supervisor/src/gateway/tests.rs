@@ -431,8 +431,9 @@ fn a_child_grant_never_reaches_through_a_link_or_mounts_beneath_a_writable_grant
         }],
         ..Default::default()
     };
-    let pin =
-        |receipt: pb::Receipt| children::pin_child_grants(&fx.gateway.fs.grants.signed(), &receipt);
+    let pin = |receipt: pb::Receipt| {
+        children::pin_child_grants(&fx.gateway.fs.grants.for_children(), &receipt)
+    };
     // Beneath the grant, no link on the way: pinned, by descriptor.
     let pinned = pin(child(&fx.grant.join("sub"), pb::FsAccess::Read, "")).unwrap();
     let root = pinned[0].root.as_ref().unwrap();

@@ -13,12 +13,12 @@ use std::sync::Arc;
 
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
-use tollgate_receipt::amendment::{check_widening, verify_amendment};
+use tollgate_receipt::amendment::{check_widening, verify_amendment, MAX_CHILD_AMENDMENTS};
 use tollgate_receipt::{timestamp_from_unix, unix_now};
 
 use super::{LiveRun, RunManager};
 use crate::error::AmendError;
-use crate::gateway::fs::FsGrant;
+use crate::gateway::fs::{FsGrant, GrantOrigin};
 use crate::gateway::RunGateway;
 use crate::COMPONENT;
 
@@ -111,7 +111,9 @@ impl RunManager {
                     };
                     // Only the receipt's own grant of the path is mounted (an amendment's never
                     // is), and only while it is still in force.
-                    if let Some(target) = mount_of(&gate.receipt, path).filter(|_| !live.amended) {
+                    if let Some(target) = mount_of(&gate.receipt, path)
+                        .filter(|_| live.origin == GrantOrigin::Receipt)
+                    {
                         unmount.push(target);
                     }
                 }
@@ -198,6 +200,14 @@ impl RunManager {
                     // Applied once already: a replay changes nothing (and undoes no narrowing).
                     return Ok(envelope(&gateway, &live));
                 }
+                // Each is handed to the authority with every delegation: bounded like its list.
+                if amendment.for_children
+                    && gateway.children.state.for_children_count() >= MAX_CHILD_AMENDMENTS
+                {
+                    return Err(AmendError::NotANarrowing(format!(
+                        "the run already holds {MAX_CHILD_AMENDMENTS} amendments for its children; start a new run instead"
+                    )));
+                }
                 let current = gateway.fs.grants.current();
                 if current.len() + amendment.add_fs.len() > MAX_LIVE_GRANTS {
                     return Err(AmendError::NotANarrowing(format!(
@@ -219,7 +229,11 @@ impl RunManager {
                     .map(|g| {
                         let mut grant =
                             FsGrant::open(&g.path, g.access == pb::FsAccess::Write as i32, g.ask);
-                        grant.amended = true;
+                        grant.origin = if amendment.for_children {
+                            GrantOrigin::AmendmentForChildren
+                        } else {
+                            GrantOrigin::Amendment
+                        };
                         Arc::new(grant)
                     })
                     .collect();
@@ -240,10 +254,14 @@ impl RunManager {
                         "tool_calls",
                         i64::try_from(amendment.tool_calls).unwrap_or(i64::MAX),
                     )
-                    .meta("expires_at", new_expiry.unwrap_or(0));
+                    .meta("expires_at", new_expiry.unwrap_or(0))
+                    .meta("for_children", amendment.for_children);
                 applied_id = Some(amendment.amendment_id.clone());
                 let (run, live) = (gateway.clone(), live.clone());
                 let apply = move || {
+                    if amendment.for_children {
+                        run.children.state.for_children(signed, amendment.clone());
+                    }
                     if !added.is_empty() {
                         run.fs
                             .grants
@@ -328,7 +346,7 @@ fn envelope(gateway: &RunGateway, live: &LiveRun) -> pb::AmendRunResponse {
                 mount: receipt
                     .fs
                     .iter()
-                    .find(|r| r.path == g.path && !g.amended)
+                    .find(|r| r.path == g.path && g.origin == GrantOrigin::Receipt)
                     .map(|r| r.mount.clone())
                     .unwrap_or_default(),
                 exec: false,

@@ -45,10 +45,12 @@ impl Delegator {
         }
     }
 
-    /// Asks the authority for a child of `parent`; its status passes through unchanged.
+    /// Asks the authority for a child of `parent` (as the signed `amendments` for its children
+    /// widen it); its status passes through unchanged.
     pub(super) async fn delegate(
         &self,
         parent: &SignedReceipt,
+        amendments: Vec<pb::SignedAmendment>,
         child: pb::ChildSpec,
     ) -> Result<SignedReceipt, Status> {
         let channel = self
@@ -72,6 +74,7 @@ impl Delegator {
             supervisor_id: self.supervisor_id.clone(),
             parent: Some(parent.clone()),
             child: Some(child),
+            amendments,
         });
         let mut header: tonic::metadata::MetadataValue<_> =
             format!("Bearer {}", self.token.expose())

@@ -265,7 +265,11 @@ impl Children {
             "tokens",
             i64::try_from(limits.tokens).unwrap_or(i64::MAX).into(),
         ));
-        let minted = match delegator.delegate(&self.state.signed, spec).await {
+        let (amendments, _) = self.state.amendments();
+        let minted = match delegator
+            .delegate(&self.state.signed, amendments, spec)
+            .await
+        {
             Ok(minted) => minted,
             Err(status) => {
                 self.refund(&carved);

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use tollgate_audit::Decision;
 use tollgate_proto::v1 as pb;
+use tollgate_receipt::amendment::widened_for_children;
 use tollgate_receipt::delegation::check_within;
 use tollgate_receipt::{unix_now, SignedReceipt};
 use tonic::Status;
@@ -131,6 +132,9 @@ pub struct ChildState {
     /// The output the run may still relay (shared with its relays): children's
     /// `output_bytes` are carved from it. `None`: not carved (a gateway without a run).
     output_left: Option<Arc<AtomicU64>>,
+    /// The signed amendments applied to the run that are for its children too: handed to the
+    /// authority with each delegation, and what children are checked against here.
+    amendments: Mutex<Vec<(pb::SignedAmendment, pb::Amendment)>>,
 }
 
 /// A place held in a run's pending children while its delegation asks the authority.
@@ -152,6 +156,32 @@ impl ChildState {
             output_left: Some(output_left),
             ..Default::default()
         }
+    }
+
+    /// Notes an applied amendment that is for the run's children too.
+    pub fn for_children(&self, signed: pb::SignedAmendment, amendment: pb::Amendment) {
+        self.amendments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((signed, amendment));
+    }
+
+    /// How many applied amendments are for children.
+    pub fn for_children_count(&self) -> usize {
+        self.amendments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+    }
+
+    /// The applied amendments for children: as signed, and decoded.
+    fn amendments(&self) -> (Vec<pb::SignedAmendment>, Vec<pb::Amendment>) {
+        self.amendments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .unzip()
     }
 
     /// Holds a place for one more child: expired children are dropped first; `None` when
@@ -326,12 +356,15 @@ impl Children {
                 ),
             ));
         };
-        // The authority checked it; checked again here, against the receipt this run has.
-        if let Err(wider) = check_within(&self.gate.receipt, &child) {
+        // The authority checked it; checked again here, against the receipt this run has (as
+        // its amendments for children widen it).
+        let (_, amendments) = self.state.amendments();
+        let parent = widened_for_children(&self.gate.receipt, &amendments);
+        if let Err(wider) = check_within(&parent, &child) {
             return Err(Refusal::denied(&self.gate.run_id, wider.to_string()).coded("delegated"));
         }
         let grants =
-            pin_child_grants(&self.grants.signed(), &child).map_err(|(code, reason)| {
+            pin_child_grants(&self.grants.for_children(), &child).map_err(|(code, reason)| {
                 Refusal::new(
                     Status::permission_denied(format!(
                         "receipt {} refused ({code}): {reason}",

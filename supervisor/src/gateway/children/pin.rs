@@ -75,7 +75,7 @@ pub fn pin_child_grants(
                 path: grant.path.clone(),
                 writable,
                 ask: grant.ask,
-                amended: false,
+                origin: crate::gateway::fs::GrantOrigin::Receipt,
                 root,
             }),
         }
