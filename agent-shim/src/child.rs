@@ -22,7 +22,8 @@ const USAGE: &str = "usage: tollgate-shim child delegate < SPEC.json   (prints t
                      tollgate-shim child stop ID [--reason TEXT]\n\
                      SPEC.json: {\"subject\": \"reader\", \"ttl_seconds\": 0, \"agent\": {\"argv\": [...]},\n  \
                      \"limits\": {\"memory_bytes\": 0, ...}, \"fs\": [{\"path\": \"/host/dir\", \"access\": \"read\", \"mount\": \"/data\"}],\n  \
-                     \"exec\": [\"/bin/sh\"], \"routes\": [{\"name\": \"local\", \"max_sensitivity\": \"high\"}], \"delegate\": {\"max_depth\": 0}}\n\
+                     \"exec\": [\"/bin/sh\"], \"gateway_exec\": [{\"program\": \"/usr/bin/git\", \"ask\": true}],\n  \
+                     \"routes\": [{\"name\": \"local\", \"max_sensitivity\": \"high\"}], \"delegate\": {\"max_depth\": 0, \"ask\": false}}\n\
                      Every grant must lie within this run's receipt; ttl 0 means until this run expires; zero\n\
                      limits take this run's, except tool_calls, tokens and output_bytes: half of what this run\n\
                      has left (they are carved from it).";
@@ -53,6 +54,8 @@ struct SpecJson {
     delegate: Option<DelegateJson>,
     #[serde(default)]
     egress: Vec<EgressJson>,
+    #[serde(default)]
+    gateway_exec: Vec<GatewayExecJson>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -152,6 +155,18 @@ struct RouteJson {
 #[serde(deny_unknown_fields)]
 struct DelegateJson {
     max_depth: u32,
+    /// Each grandchild waits for an operator (required where this run's delegate grant asks).
+    #[serde(default)]
+    ask: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GatewayExecJson {
+    program: String,
+    /// Each run waits for an operator (required where this run's grant of it asks).
+    #[serde(default)]
+    ask: bool,
 }
 
 /// Parses a JSON child spec; one line naming what is wrong.
@@ -245,8 +260,16 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
         egress,
         delegate: spec.delegate.map(|d| v1::Delegation {
             max_depth: d.max_depth,
-            ask: false,
+            ask: d.ask,
         }),
+        gateway_exec: spec
+            .gateway_exec
+            .into_iter()
+            .map(|grant| v1::GatewayExecGrant {
+                program: grant.program,
+                ask: grant.ask,
+            })
+            .collect(),
     })
 }
 

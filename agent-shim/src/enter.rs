@@ -98,7 +98,18 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
     // Inherited by the command; the helper itself only waits.
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)
         .map_err(|e| format!("setting the CPU-time limit: {e}"))?;
-    let (child, _) = crate::agent::start_agent(&request.plan, &seccomp, &host_proc, None)?;
+    let mut plan = request.plan;
+    if let Some(program) = &request.also_execute {
+        // Resolved here, through the sandbox's root (joined above): the program and its
+        // loader as this sandbox shows them. This command's Landlock domain alone gets them;
+        // the agent's never does.
+        for path in crate::confine::with_interpreters(std::slice::from_ref(program)) {
+            if !plan.landlock.execute.contains(&path) {
+                plan.landlock.execute.push(path);
+            }
+        }
+    }
+    let (child, _) = crate::agent::start_agent(&plan, &seccomp, &host_proc, None)?;
     // No threads here: a process that joined another pid namespace cannot create them. The
     // command stays unreaped (its pid, and so its group's number, reserved) until after its
     // group is signalled, so a kill never reaches a recycled pid.

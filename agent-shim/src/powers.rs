@@ -97,6 +97,10 @@ impl<'a> Powers<'a> {
                 "executable": g.is_executable(&r.exec),
             })).collect::<Vec<_>>(),
             "exec": r.exec,
+            "gateway_exec": r.gateway_exec.iter().map(|g| json!({
+                "program": g.program,
+                "ask": g.ask,
+            })).collect::<Vec<_>>(),
             "routes": r.routes.iter().map(|g| json!({
                 "name": g.name,
                 "max_sensitivity": sensitivity_name(g.max_sensitivity),
@@ -174,12 +178,21 @@ impl<'a> Powers<'a> {
                 format!("{} {} {place}", grant.path, access_name(grant.access)),
             );
         }
+        let programs: Vec<String> = r
+            .exec
+            .iter()
+            .cloned()
+            .chain(r.gateway_exec.iter().map(|g| {
+                let ask = if g.ask { ", each run approved" } else { "" };
+                format!("{} (only with tollgate-shim tool exec{ask})", g.program)
+            }))
+            .collect();
         line(
             "exec",
-            if r.exec.is_empty() {
+            if programs.is_empty() {
                 "none".into()
             } else {
-                r.exec.join(", ")
+                programs.join(", ")
             },
         );
         let routes: Vec<String> = r

@@ -28,8 +28,9 @@ const USAGE: &str = "usage: tollgate-shim tool read PATH [--offset N] [--length 
                      tollgate-shim tool exec [--timeout SECONDS] [--cwd DIR] [--stdin] -- ARGV...\n\
                      PATH is a host path beneath one of the receipt's fs grants (write and delete \
                      need a write grant);\n\
-                     exec runs ARGV inside this sandbox (ARGV[0] must be in the receipt's exec list), \
-                     prints its output and exits with its status.";
+                     exec runs ARGV inside this sandbox (ARGV[0] must be in the receipt's exec list, or \
+                     granted only through the gateway), prints its output and exits with its status.\n\
+                     A call whose grant asks waits for an operator's approval (said on stderr).";
 
 /// Largest response the client accepts: an exec result carries up to 5 MiB of output.
 const MAX_RESPONSE: usize = 16 << 20;
@@ -282,14 +283,27 @@ async fn write(client: &mut GatewayClient, options: Options, input: Vec<u8>) -> 
     changed(client, "fs.write", &path, request).await
 }
 
-/// A change (`write`, `delete`): the call, and — when it waits for an operator's approval
-/// (its grant asks) — a line on stderr saying so, while it waits.
+/// A change (`write`, `delete`): the call, saying so while it waits for an operator.
 async fn changed(
     client: &mut GatewayClient,
     tool: &str,
     path: &str,
     request: v1::CallToolRequest,
 ) -> i32 {
+    match awaited(client, tool, path, request).await {
+        Ok(_) => 0,
+        Err(status) => refused(status),
+    }
+}
+
+/// A call that may wait for an operator's approval (its grant asks): the call, and — while it
+/// waits — a line on stderr saying so.
+async fn awaited(
+    client: &mut GatewayClient,
+    tool: &str,
+    path: &str,
+    request: v1::CallToolRequest,
+) -> Result<tonic::Response<v1::CallToolResponse>, tonic::Status> {
     let mut asker = client.clone();
     let call = client.call_tool(request);
     tokio::pin!(call);
@@ -320,21 +334,19 @@ async fn changed(
             call.await
         }
     };
-    match done {
-        Ok(_) => 0,
-        Err(status) => refused(status),
-    }
+    done
 }
 
 /// `exec`: runs the command in this sandbox, relays its output and exits with its status.
 async fn exec(client: &mut GatewayClient, options: Options, input: Vec<u8>) -> i32 {
+    let program = options.argv.first().cloned().unwrap_or_default();
     let request = call(Tool::Exec(v1::ExecRequest {
         argv: options.argv,
         stdin: input,
         cwd: options.cwd,
         timeout_ms: options.timeout_ms,
     }));
-    let ran = match client.call_tool(request).await {
+    let ran = match awaited(client, "exec", &program, request).await {
         Ok(response) => match response.into_inner().result {
             Some(ToolResult::Exec(ran)) => ran,
             _ => return EXIT_REFUSED,

@@ -185,6 +185,8 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
             ));
         }
     }
+    tollgate_receipt::paths::check_gateway_exec(&request.gateway_exec, &request.fs, &request.exec)
+        .map_err(|e| CallError::invalid(e.field(), e.to_string()))?;
     check_routes(&request.routes, "")?;
     normalised_egress(&request.egress, "", false)?;
     tollgate_receipt::paths::Rootfs::parse(&request.rootfs, &request.fs)
@@ -245,16 +247,18 @@ pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
             "a ceiling's fs grants take no exec: its exec list says where executable grants may be mounted (an entry ending in '/' covering the mount)",
         ));
     }
-    for (i, exec) in ceiling.exec.iter().enumerate() {
-        let path = exec
-            .strip_suffix('/')
-            .filter(|p| !p.is_empty())
-            .unwrap_or(exec);
-        if !is_normal_absolute(path) {
-            return Err(CallError::invalid(
-                format!("ceiling.exec[{i}]"),
-                format!("{exec:?} must be an absolute path, or a directory ending in '/'"),
-            ));
+    for (list, entries) in [("exec", &ceiling.exec), ("exec_ask", &ceiling.exec_ask)] {
+        for (i, exec) in entries.iter().enumerate() {
+            let path = exec
+                .strip_suffix('/')
+                .filter(|p| !p.is_empty())
+                .unwrap_or(exec);
+            if !is_normal_absolute(path) {
+                return Err(CallError::invalid(
+                    format!("ceiling.{list}[{i}]"),
+                    format!("{exec:?} must be an absolute path, or a directory ending in '/'"),
+                ));
+            }
         }
     }
     check_routes(&ceiling.routes, "ceiling.")?;
@@ -493,9 +497,35 @@ impl CeilingCheck<'_> {
                 found.push(format!("rootfs = {path}"));
             }
         }
+        let asks = |path: &str| {
+            ceiling
+                .exec_ask
+                .iter()
+                .any(|asking| match asking.strip_suffix('/') {
+                    Some(dir) => path_within(path, if dir.is_empty() { "/" } else { dir }),
+                    None => asking == path,
+                })
+        };
         for (i, exec) in request.exec.iter().enumerate() {
-            if !exec_covered(exec, false) {
+            if asks(exec) {
+                // The agent would run it directly: no one could be asked.
+                found.push(format!(
+                    "exec[{i}] = {exec} (the ceiling asks before each run of it: grant it in gateway_exec with ask)"
+                ));
+            } else if !exec_covered(exec, false) {
                 found.push(format!("exec[{i}] = {exec}"));
+            }
+        }
+        for (i, grant) in request.gateway_exec.iter().enumerate() {
+            let program = &grant.program;
+            if asks(program) {
+                if !grant.ask {
+                    found.push(format!(
+                        "gateway_exec[{i}] = {program} without ask (the ceiling asks before each run of it)"
+                    ));
+                }
+            } else if !exec_covered(program, false) {
+                found.push(format!("gateway_exec[{i}] = {program}"));
             }
         }
         for (i, route) in request.routes.iter().enumerate() {
@@ -588,6 +618,7 @@ mod tests {
                 ..Default::default()
             }],
             delegate_ask: false,
+            exec_ask: Vec::new(),
         }
     }
 

@@ -341,6 +341,7 @@ fn bootstrap_admin(
             max_delegate_depth: config.admin_max_delegate_depth,
             egress: admin_egress(),
             delegate_ask: false,
+            exec_ask: Vec::new(),
         },
         created_at: tollgate_receipt::unix_now(),
         created_by: String::new(),

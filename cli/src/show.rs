@@ -79,6 +79,9 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         })).collect::<Vec<_>>(),
         "approval_timeout_seconds": r.approval_timeout_seconds,
         "exec": r.exec,
+        "gateway_exec": r.gateway_exec.iter().map(|g| json!({
+            "program": g.program, "ask": g.ask,
+        })).collect::<Vec<_>>(),
         "routes": r.routes.iter().map(|g| json!({
             "name": g.name, "max_sensitivity": sensitivity(g.max_sensitivity),
         })).collect::<Vec<_>>(),
@@ -167,6 +170,10 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     }
     if !r.exec.is_empty() {
         lines.push(("exec", r.exec.join(", ")));
+    }
+    for g in &r.gateway_exec {
+        let ask = if g.ask { ", asks" } else { "" };
+        lines.push(("exec", format!("{} (gateway only{ask})", g.program)));
     }
     for g in &r.routes {
         lines.push((

@@ -152,7 +152,9 @@ fn check_rootfs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
     ))
 }
 
-/// Every program is in the parent's exec list.
+/// Every program is in the parent's exec list; every gateway-only program in its exec list
+/// or its own gateway-only grants, asking where the parent's grant of it asks (and never in
+/// the child's exec list where the parent runs it only through the gateway).
 fn check_exec(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, program) in child.exec.iter().enumerate() {
         if !parent.exec.iter().any(|p| p == program) {
@@ -160,6 +162,27 @@ fn check_exec(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, 
                 format!("exec[{i}] = {program}"),
                 "not in its exec list".into(),
             ));
+        }
+    }
+    for (i, grant) in child.gateway_exec.iter().enumerate() {
+        let program = &grant.program;
+        if parent.exec.contains(program) {
+            continue;
+        }
+        match parent.gateway_exec.iter().find(|p| p.program == *program) {
+            None => {
+                return Err((
+                    format!("gateway_exec[{i}] = {program}"),
+                    "not in its exec list or gateway_exec".into(),
+                ))
+            }
+            Some(asking) if asking.ask && !grant.ask => {
+                return Err((
+                    format!("gateway_exec[{i}].ask = false"),
+                    format!("the parent asks an operator before each run of {program}"),
+                ))
+            }
+            Some(_) => {}
         }
     }
     Ok(())
@@ -419,6 +442,45 @@ mod tests {
 
     fn refused(child: pb::Receipt) -> String {
         check_within(&parent(), &child).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn gateway_only_programs_narrow_and_keep_asking() {
+        let gateway = |program: &str, ask: bool| pb::GatewayExecGrant {
+            program: program.into(),
+            ask,
+        };
+        let mut p = parent();
+        p.gateway_exec = vec![
+            gateway("/usr/bin/git", true),
+            gateway("/usr/bin/make", false),
+        ];
+        let within = |gateway_exec: Vec<pb::GatewayExecGrant>| {
+            let child = pb::Receipt {
+                gateway_exec,
+                ..narrower()
+            };
+            check_within(&p, &child).map_err(|e| e.to_string())
+        };
+        // The parent's exec list and gateway-only programs reach children gateway-only.
+        within(vec![
+            gateway("/bin/sh", false),
+            gateway("/usr/bin/make", true),
+        ])
+        .unwrap();
+        within(vec![gateway("/usr/bin/git", true)]).unwrap();
+        assert!(within(vec![gateway("/usr/bin/git", false)])
+            .unwrap_err()
+            .contains("gateway_exec[0].ask = false"));
+        assert!(within(vec![gateway("/usr/bin/curl", true)])
+            .unwrap_err()
+            .contains("not in its exec list or gateway_exec"));
+        // A program the parent runs only through the gateway never becomes the child's own.
+        let child = pb::Receipt {
+            exec: vec!["/usr/bin/git".into()],
+            ..narrower()
+        };
+        assert!(check_within(&p, &child).is_err());
     }
 
     #[test]

@@ -226,6 +226,53 @@ pub fn executable_in_sandbox(path: &str, fs: &[pb::FsGrant], exec: &[String]) ->
                 .any(|grant| grant.is_executable(exec) && path_within(path, &grant.mount)))
 }
 
+/// Why a receipt's gateway-only exec grant (`gateway_exec[index]`) cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct GatewayExecError {
+    /// The grant's index in `gateway_exec`.
+    pub index: usize,
+    /// Why, in one line.
+    pub reason: String,
+}
+
+impl GatewayExecError {
+    /// The request field at fault: `gateway_exec[i].program`.
+    pub fn field(&self) -> String {
+        format!("gateway_exec[{}].program", self.index)
+    }
+}
+
+/// The rule for gateway-only exec grants, applied by the authority before it signs and by
+/// every supervisor again: each program an absolute, normalised path that can run in the
+/// sandbox (see [`executable_in_sandbox`]: W^X holds for it as for `exec`), listed once, and
+/// never also in `exec` (the agent could then run it without the gateway).
+pub fn check_gateway_exec(
+    grants: &[pb::GatewayExecGrant],
+    fs: &[pb::FsGrant],
+    exec: &[String],
+) -> Result<(), GatewayExecError> {
+    for (index, grant) in grants.iter().enumerate() {
+        let program = &grant.program;
+        let reason = if program == "/" || !is_normal_absolute(program) {
+            format!("{program:?} must be the absolute, normalised path of an executable")
+        } else if exec.contains(program) {
+            format!("{program} is also in exec, where the agent runs it without the gateway: list it in one of the two")
+        } else if grants[..index].iter().any(|g| g.program == *program) {
+            format!("{program} is listed twice")
+        } else if !executable_in_sandbox(program, fs, exec) {
+            format!(
+                "{program} cannot run in a sandbox: only programs under {} or beneath an executable read grant's mount are executable there",
+                SYSTEM_PATHS.join(", ")
+            )
+        } else {
+            continue;
+        };
+        return Err(GatewayExecError { index, reason });
+    }
+    Ok(())
+}
+
 /// Why a receipt's executable grants break W^X: what the agent (or the gateway on its
 /// behalf) can write must never be what it can execute.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -367,6 +414,29 @@ pub use tollgate_proto::path_within;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gateway_only_program_runs_in_the_sandbox_and_only_through_the_gateway() {
+        let grant = |program: &str| pb::GatewayExecGrant {
+            program: program.into(),
+            ask: true,
+        };
+        let exec = ["/bin/sh".to_owned()];
+        assert!(check_gateway_exec(&[grant("/usr/bin/git")], &[], &exec).is_ok());
+        for (bad, why) in [
+            (vec![grant("/bin/sh")], "also in exec"),
+            (
+                vec![grant("/usr/bin/git"), grant("/usr/bin/git")],
+                "listed twice",
+            ),
+            (vec![grant("/work/tool")], "cannot run in a sandbox"),
+            (vec![grant("usr/bin/git")], "absolute, normalised"),
+        ] {
+            let error = check_gateway_exec(&bad, &[], &exec).unwrap_err();
+            assert!(error.to_string().contains(why), "{bad:?}: {error}");
+            assert!(error.field().starts_with("gateway_exec["), "{error:?}");
+        }
+    }
 
     #[test]
     fn only_programs_on_the_system_paths_or_executable_grants_can_be_an_agent() {

@@ -356,9 +356,47 @@ pub struct AgentSection {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExecSection {
-    /// Absolute paths of allowed executables.
+    /// Absolute paths of executables the agent may run (directly, or with the exec tool).
     #[serde(default)]
     pub allow: Vec<String>,
+    /// Programs the agent may run only through the gateway's exec tool: each run checked and
+    /// audited with its argv; the agent cannot execute them itself.
+    #[serde(default)]
+    pub gateway: Vec<String>,
+    /// Programs run only through the gateway's exec tool, each run approved by an operator
+    /// first.
+    #[serde(default)]
+    pub ask: Vec<String>,
+}
+
+impl ExecSection {
+    /// The gateway-only grants: `gateway` then `ask`.
+    pub fn gateway_grants(&self) -> Result<Vec<pb::GatewayExecGrant>, SpecError> {
+        let grants: Vec<pb::GatewayExecGrant> = self
+            .gateway
+            .iter()
+            .map(|program| (program, false))
+            .chain(self.ask.iter().map(|program| (program, true)))
+            .map(|(program, ask)| pb::GatewayExecGrant {
+                program: program.clone(),
+                ask,
+            })
+            .collect();
+        for (i, grant) in grants.iter().enumerate() {
+            if self.allow.contains(&grant.program)
+                || grants[..i].iter().any(|g| g.program == grant.program)
+            {
+                return Err(invalid(
+                    if grant.ask { "exec.ask" } else { "exec.gateway" },
+                    format!(
+                        "{:?} is listed twice: a program is in exactly one of allow (the agent runs it), gateway (only through the gateway) and ask (only through the gateway, each run approved)",
+                        grant.program
+                    ),
+                ));
+            }
+        }
+        Ok(grants)
+    }
 }
 
 /// `[rootfs]`: the userland the sandbox runs on instead of the host's; exactly one of the two.
@@ -509,6 +547,7 @@ impl RunSpec {
             limits: Some(self.limits.to_proto()?),
             fs: fs_to_proto(&self.fs)?,
             exec: self.exec.allow.clone(),
+            gateway_exec: self.exec.gateway_grants()?,
             routes: routes_to_proto(&self.routes)?,
             delegate: self.delegate.as_ref().map(|d| pb::Delegation {
                 max_depth: d.max_depth,
@@ -556,6 +595,10 @@ pub struct CeilingSpec {
     /// Allowed executables; an entry ending in `/` covers a directory.
     #[serde(default)]
     pub exec: Vec<String>,
+    /// Executables granted only through the gateway, each run approved (`[exec] ask` of a run
+    /// spec); an entry ending in `/` covers a directory.
+    #[serde(default)]
+    pub exec_ask: Vec<String>,
     /// Highest delegation depth.
     #[serde(default)]
     pub max_delegate_depth: u32,
@@ -594,6 +637,7 @@ impl CeilingSpec {
             max_delegate_depth: self.max_delegate_depth,
             delegate_ask: self.delegate_ask,
             egress: egress_to_proto(&self.egress)?,
+            exec_ask: self.exec_ask.clone(),
         })
     }
 }
@@ -656,6 +700,34 @@ mod tests {
             .to_request()
             .unwrap_err();
         assert!(error.to_string().starts_with("audience:"), "{error}");
+    }
+
+    #[test]
+    fn gateway_only_programs_are_listed_once_each() {
+        let spec = |exec: &str| {
+            RunSpec::parse(&format!(
+                "subject='a'\nttl='1m'\naudience=['w']\n[exec]\n{exec}\n"
+            ))
+            .unwrap()
+            .to_request()
+        };
+        let request =
+            spec("allow = ['/bin/sh']\ngateway = ['/usr/bin/make']\nask = ['/usr/bin/git']")
+                .unwrap();
+        assert_eq!(request.exec, ["/bin/sh"]);
+        let gateway: Vec<(&str, bool)> = request
+            .gateway_exec
+            .iter()
+            .map(|g| (g.program.as_str(), g.ask))
+            .collect();
+        assert_eq!(gateway, [("/usr/bin/make", false), ("/usr/bin/git", true)]);
+        for bad in [
+            "allow = ['/usr/bin/git']\nask = ['/usr/bin/git']",
+            "gateway = ['/usr/bin/git']\nask = ['/usr/bin/git']",
+        ] {
+            let error = spec(bad).unwrap_err().to_string();
+            assert!(error.contains("listed twice"), "{bad}: {error}");
+        }
     }
 
     #[test]

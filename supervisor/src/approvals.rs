@@ -99,6 +99,18 @@ struct Board {
     remembered: HashMap<String, HashSet<(String, String)>>,
 }
 
+/// What a remembered approval of a call reaching `path` with command line `argv` lets
+/// through again: the same path; for a command, the same whole argv (approving `git status`
+/// never approves `git push`).
+pub fn remembered_as(path: &str, argv: &[String]) -> String {
+    if argv.is_empty() {
+        path.to_owned()
+    } else {
+        // Unambiguous: each argument quoted and escaped.
+        format!("{argv:?}")
+    }
+}
+
 /// The calls waiting for approval on this supervisor.
 pub struct ApprovalBoard {
     board: Mutex<Board>,
@@ -125,12 +137,13 @@ impl ApprovalBoard {
         self.board.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether an operator approved `tool` on `path` for the rest of run `run_id`.
-    pub fn remembered(&self, run_id: &str, tool: &str, path: &str) -> bool {
+    /// Whether an operator approved `tool` on `target` ([`remembered_as`]) for the rest of
+    /// run `run_id`.
+    pub fn remembered(&self, run_id: &str, tool: &str, target: &str) -> bool {
         self.lock()
             .remembered
             .get(run_id)
-            .is_some_and(|rules| rules.contains(&(tool.to_owned(), path.to_owned())))
+            .is_some_and(|rules| rules.contains(&(tool.to_owned(), target.to_owned())))
     }
 
     /// Puts `call` on the board; its [`Ticket`] waits for the outcome.
@@ -190,7 +203,10 @@ impl ApprovalBoard {
             if let Verdict::Approved { remember: true, .. } = &verdict {
                 let rules = board.remembered.entry(run_id.to_owned()).or_default();
                 if rules.len() < MAX_REMEMBERED_PER_RUN {
-                    rules.insert((waiting.call.tool.clone(), waiting.call.path.clone()));
+                    rules.insert((
+                        waiting.call.tool.clone(),
+                        remembered_as(&waiting.call.path, &waiting.call.argv),
+                    ));
                 }
             }
             // Sent under the lock: a deadline that finds the call gone finds its verdict too

@@ -256,14 +256,33 @@ impl Output {
     }
 }
 
-/// Runs `argv` in the sandbox with `stdin`, in `cwd`, for at most `timeout`.
-pub async fn run(
-    sandbox: &ExecSandbox,
-    argv: Vec<String>,
-    stdin: Vec<u8>,
-    cwd: PathBuf,
-    timeout: Duration,
-) -> Result<ExecResult, ExecError> {
+/// One command to run in a sandbox.
+#[derive(Debug)]
+pub struct Command {
+    /// The command line, program first.
+    pub argv: Vec<String>,
+    /// What it reads on stdin.
+    pub stdin: Vec<u8>,
+    /// Where it runs (a sandbox path).
+    pub cwd: PathBuf,
+    /// Its wall-clock (and CPU-time) limit.
+    pub timeout: Duration,
+    /// A gateway-only program this command (and only this command) may execute beside the
+    /// sandbox's own executables: its program, when the receipt grants it only through the
+    /// gateway.
+    pub also_execute: Option<PathBuf>,
+}
+
+/// Runs `command` in the sandbox: its argv with its stdin, in its cwd, for at most its
+/// timeout.
+pub async fn run(sandbox: &ExecSandbox, command: Command) -> Result<ExecResult, ExecError> {
+    let Command {
+        argv,
+        stdin,
+        cwd,
+        timeout,
+        also_execute,
+    } = command;
     let started = Instant::now();
     let pinned = sandbox
         .started
@@ -283,6 +302,7 @@ pub async fn run(
         plan,
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         unmount: None,
+        also_execute,
     };
     let (mut child, mut control, line) = spawn_helper(sandbox, pinned, &request)?;
     let output = Output::start(&mut child, sandbox.limits.output_cap);
@@ -393,6 +413,7 @@ pub async fn unmount(sandbox: &ExecSandbox, target: &str) -> Result<(), ExecErro
         plan: sandbox.plan.clone(),
         timeout_ms: 0,
         unmount: Some(target.to_owned()),
+        also_execute: None,
     };
     let (mut child, mut control, line) = spawn_helper(sandbox, pinned, &request)?;
     let reply = async {

@@ -163,13 +163,19 @@ impl RunDirs {
     }
 }
 
-/// Re-checks the receipt's mounts with the receipt crate's rule, the one the authority
-/// applies before it signs (the supervisor does not rely on every signer having done so).
+/// Re-checks the receipt's mounts and gateway-only programs with the receipt crate's rules,
+/// the ones the authority applies before it signs (the supervisor does not rely on every
+/// signer having done so).
 fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
     tollgate_receipt::paths::check_mounts(&receipt.fs).map_err(|e| SandboxError::BadGrant {
         path: receipt.fs[e.index()].path.clone(),
         reason: e.to_string(),
-    })
+    })?;
+    tollgate_receipt::paths::check_gateway_exec(&receipt.gateway_exec, &receipt.fs, &receipt.exec)
+        .map_err(|e| SandboxError::BadGrant {
+            path: receipt.gateway_exec[e.index].program.clone(),
+            reason: e.to_string(),
+        })
 }
 
 /// Builds the sandbox plan for `receipt`. `argv` overrides the receipt's pinned agent (the

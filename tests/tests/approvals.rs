@@ -453,11 +453,157 @@ async fn a_ceiling_that_asks_cannot_be_minted_around_and_mounts_cannot_ask() {
         "the default wait, cut to the ttl"
     );
     // The kernel cannot ask: a mounted grant that asks is refused, naming the field.
-    request.fs[0].mount = "/app".into();
+    let mut mounted = request.clone();
+    mounted.fs[0].mount = "/app".into();
+    let refused = client
+        .mint_receipt(authed(&carol, mounted))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("fs[0].ask"), "{refused:?}");
+
+    // A program the ceiling asks about is granted only through the gateway, asking: never in
+    // exec (the agent would run it directly), never without ask.
+    let mut ceiling = self::ceiling("/srv");
+    ceiling.exec_ask = vec!["/usr/bin/id".into()];
+    let dave = authority.add_operator("dave", ceiling).await;
+    let mut request = receipt("/srv/app", "true", 60, 0);
+    request.exec.push("/usr/bin/id".into());
+    let refused = client
+        .mint_receipt(authed(&dave, request.clone()))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .contains("exec[2] = /usr/bin/id (the ceiling asks"),
+        "{refused:?}"
+    );
+    request.exec.pop();
+    request.gateway_exec = vec![pb::GatewayExecGrant {
+        program: "/usr/bin/id".into(),
+        ask: false,
+    }];
+    let refused = client
+        .mint_receipt(authed(&dave, request.clone()))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .message()
+            .contains("gateway_exec[0] = /usr/bin/id without ask"),
+        "{refused:?}"
+    );
+    request.gateway_exec[0].ask = true;
+    client
+        .mint_receipt(authed(&dave, request.clone()))
+        .await
+        .expect("a gateway-only program that asks, under a ceiling that asks");
+    // Listed in exec and gateway_exec at once: the agent could skip the gateway.
+    request.exec.push("/usr/bin/id".into());
     let refused = client
         .mint_receipt(authed(&carol, request))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
-    assert!(refused.message().contains("fs[0].ask"), "{refused:?}");
+    assert!(
+        refused.message().contains("gateway_exec[0].program"),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_only_program_runs_only_through_the_gateway_and_asks_for_each_command() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "approvals-exec",
+        211_900,
+    );
+    let mut ceiling = ceiling(&dir.path().display().to_string());
+    ceiling.exec.push("/usr/bin/".into());
+    let alice = authority.add_operator("alice", ceiling).await;
+    // The agent tries each program itself (the kernel refuses: Landlock does not let it
+    // execute them), then through the gateway: uname does not ask; id asks for each command.
+    let script = r#"
+/usr/bin/uname -s >/dev/null 2>&1; echo "direct uname rc=$?"
+/usr/bin/id -u >/dev/null 2>&1; echo "direct id rc=$?"
+tollgate-shim tool exec -- /usr/bin/uname -s; echo "gateway uname rc=$?"
+tollgate-shim tool exec -- /usr/bin/id -u; echo "approved rc=$?"
+tollgate-shim tool exec -- /usr/bin/id -u; echo "remembered rc=$?"
+tollgate-shim tool exec -- /usr/bin/id -g 2>&1; echo "denied rc=$?"
+"#;
+    let mut request = receipt(&dir.path().display().to_string(), script, 60, 0);
+    request.gateway_exec = vec![
+        pb::GatewayExecGrant {
+            program: "/usr/bin/uname".into(),
+            ask: false,
+        },
+        pb::GatewayExecGrant {
+            program: "/usr/bin/id".into(),
+            ask: true,
+        },
+    ];
+    let minted = mint(&authority, &alice, request).await;
+    let run_id = supervisor
+        .start_run_as(&alice, minted)
+        .await
+        .expect("alice starts her run");
+    let asked = supervisor
+        .decide_pending(&alice, &run_id, 2, |call| {
+            assert_eq!(
+                (call.tool.as_str(), call.path.as_str()),
+                ("exec", "/usr/bin/id")
+            );
+            assert_eq!(call.cwd, "/work", "{call:?}");
+            if call.argv == ["/usr/bin/id", "-u"] {
+                (true, true, "")
+            } else {
+                (false, false, "no group ids today")
+            }
+        })
+        .await;
+    let argvs: Vec<Vec<String>> = asked.iter().map(|call| call.argv.clone()).collect();
+    assert_eq!(
+        argvs,
+        [["/usr/bin/id", "-u"], ["/usr/bin/id", "-g"]],
+        "the remembered command line was not asked about again, a different one was"
+    );
+    let run = supervisor
+        .wait_ended(&run_id, Duration::from_secs(30))
+        .await;
+    let output = supervisor.output(&run_id).await;
+    assert_eq!(run.state, pb::RunState::Exited as i32, "{output}");
+    // The kernel refuses the agent itself (126: found, but not executable).
+    assert!(output.contains("direct uname rc=126"), "{output}");
+    assert!(output.contains("direct id rc=126"), "{output}");
+    assert!(
+        output.contains(
+            "Linux
+gateway uname rc=0"
+        ),
+        "a gateway-only program that does not ask runs at once: {output}"
+    );
+    assert!(output.contains("approved rc=0"), "{output}");
+    assert!(output.contains("remembered rc=0"), "{output}");
+    assert!(
+        output.contains("no group ids today") && output.contains("denied rc=1"),
+        "{output}"
+    );
+    // Each command is audited with its argv, the approved ones with who approved them.
+    let execs: Vec<Entry> = supervisor
+        .audit()
+        .into_iter()
+        .filter(|e| e.kind == EntryKind::ToolCall && text(e, "tool") == "exec")
+        .collect();
+    assert_eq!(execs.len(), 4, "{execs:?}");
+    let approved: Vec<String> = execs.iter().map(|e| text(e, "approved_by")).collect();
+    assert_eq!(approved, ["", "alice", "(remembered)", ""], "{execs:?}");
+    assert_eq!(execs[3].decision, Some(Decision::Deny), "{execs:?}");
 }

@@ -300,6 +300,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
         max_delegate_depth: 0,
         egress: Vec::new(),
         delegate_ask: false,
+        exec_ask: Vec::new(),
     };
     let bob = client
         .add_operator(authed(

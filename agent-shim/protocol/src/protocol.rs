@@ -100,6 +100,11 @@ pub struct EnterRequest {
     /// operator narrowed away from the live run).
     #[serde(default)]
     pub unmount: Option<String>,
+    /// A program this command may execute beside `plan.landlock.execute` (a gateway-only
+    /// grant's, which the agent itself may not execute). Resolved, with its ELF interpreter,
+    /// inside the sandbox's mount namespace.
+    #[serde(default)]
+    pub also_execute: Option<std::path::PathBuf>,
 }
 
 /// How a command run by `tollgate-shim enter` ended (one JSON line on fd 3).

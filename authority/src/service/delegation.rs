@@ -312,6 +312,7 @@ impl AuthorityService {
             egress: spec.egress,
             // A child waits for approval as long as its parent does.
             approval_timeout_seconds: parent.approval_timeout_seconds,
+            gateway_exec: spec.gateway_exec,
         };
         // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
         validate_mint(&shape)?;
@@ -348,6 +349,7 @@ impl AuthorityService {
                 shape.approval_timeout_seconds,
                 ttl,
             ),
+            gateway_exec: shape.gateway_exec,
         };
         // Ceilings are not re-checked: child within parent within ceiling, and ceilings never
         // change.

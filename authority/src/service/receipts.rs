@@ -108,6 +108,7 @@ impl AuthorityService {
                 request.approval_timeout_seconds,
                 request.ttl_seconds,
             ),
+            gateway_exec: request.gateway_exec,
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting

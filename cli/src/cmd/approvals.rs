@@ -121,8 +121,33 @@ fn what(call: &pb::PendingCall) -> String {
             }
         ),
         "egress" => format!("a connection to {}", call.path),
+        "exec" => format!(
+            "the command {} in {} ({} bytes of stdin)",
+            command_line(&call.argv),
+            call.cwd,
+            call.bytes
+        ),
         tool => format!("{tool} {}", call.path),
     }
+}
+
+/// A command line as an operator reads it: plain words as they are, anything else quoted
+/// with its control characters escaped (the agent chose every byte of it).
+fn command_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|arg| {
+            let plain = !arg.is_empty()
+                && arg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+            if plain {
+                arg.clone()
+            } else {
+                format!("{arg:?}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn pending_line(call: &pb::PendingCall) -> String {
@@ -148,7 +173,7 @@ fn decided_line(decided: &pb::DecidedCall) -> String {
         format!(" by {}", decided.decided_by)
     };
     let remember = if decided.remember {
-        " (remembered for this tool and path for the rest of the run)"
+        " (remembered for this tool and path, or command line, for the rest of the run)"
     } else {
         ""
     };
@@ -178,6 +203,8 @@ fn pending_json(call: &pb::PendingCall) -> serde_json::Value {
         "mode": call.mode,
         "sensitivity": call.sensitivity,
         "reasons": call.reasons,
+        "argv": call.argv,
+        "cwd": call.cwd,
         "asked_at": call.asked_at.map(|t| t.seconds),
         "deadline": call.deadline.map(|t| t.seconds),
     })

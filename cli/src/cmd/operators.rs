@@ -85,6 +85,7 @@ pub(crate) async fn list_operators(global: &GlobalArgs, json: bool) -> Result<()
                     "max_ttl_seconds": ceiling.max_ttl_seconds,
                     "fs": ceiling.fs.iter().map(|g| json!({"path": g.path, "access": show::access(g.access)})).collect::<Vec<_>>(),
                     "exec": ceiling.exec,
+                    "exec_ask": ceiling.exec_ask,
                     "routes": ceiling.routes.iter().map(|g| json!({"name": g.name, "max_sensitivity": show::sensitivity(g.max_sensitivity)})).collect::<Vec<_>>(),
                     "audience": ceiling.audience,
                     "max_delegate_depth": ceiling.max_delegate_depth,

@@ -18,12 +18,18 @@ use crate::COMPONENT;
 /// A call that must wait for an operator: what the operator is shown (never data).
 #[derive(Debug, Clone)]
 pub(crate) struct Asked {
-    /// `fs.write`, `fs.delete`, `egress`, `model.complete` or `delegate`.
+    /// `fs.write`, `fs.delete`, `exec`, `egress`, `model.complete` or `delegate`.
     pub(crate) tool: &'static str,
-    /// What it reaches: the host path it changes, `host:port`, the route, the child's subject.
+    /// What it reaches: the host path it changes, the program, `host:port`, the route, the
+    /// child's subject.
     pub(crate) path: String,
-    /// `fs.write`: the bytes it writes; `model.complete`: the bytes of text that would leave.
+    /// `fs.write`: the bytes it writes; `exec`: the bytes of stdin; `model.complete`: the
+    /// bytes of text that would leave.
     pub(crate) bytes: u64,
+    /// `exec`: the command line (what a remembered approval lets through again).
+    pub(crate) argv: Vec<String>,
+    /// `exec`: where it runs in the sandbox.
+    pub(crate) cwd: String,
     /// `fs.write`: its mode.
     pub(crate) mode: String,
     /// `model.complete`: the classifier's judgement of what would leave, and why.
@@ -39,6 +45,8 @@ impl Asked {
             tool,
             path,
             bytes: 0,
+            argv: Vec::new(),
+            cwd: String::new(),
             mode: String::new(),
             sensitivity: String::new(),
             reasons: Vec::new(),
@@ -81,7 +89,8 @@ impl RunApprovals {
     /// call goes on to be refused by the same checks as any other.
     pub(crate) async fn approve(&self, asked: Asked, call_id: &str) -> Result<Approval, Status> {
         let gate = &self.gate;
-        if self.board.remembered(&gate.run_id, asked.tool, &asked.path) {
+        let target = crate::approvals::remembered_as(&asked.path, &asked.argv);
+        if self.board.remembered(&gate.run_id, asked.tool, &target) {
             return Ok(Approval::Approved {
                 by: REMEMBERED.into(),
             });
@@ -106,6 +115,8 @@ impl RunApprovals {
             deadline: Some(timestamp(deadline)),
             sensitivity: asked.sensitivity.clone(),
             reasons: asked.reasons.clone(),
+            argv: asked.argv.clone(),
+            cwd: asked.cwd.clone(),
         };
         let ticket = match self.board.ask(call) {
             Ok(ticket) => ticket,
@@ -125,6 +136,8 @@ impl RunApprovals {
             .meta("bytes", i64::try_from(asked.bytes).unwrap_or(i64::MAX))
             .meta("sensitivity", asked.sensitivity.as_str())
             .meta("reasons", asked.reasons.clone())
+            .meta("argv", asked.argv.clone())
+            .meta("cwd", asked.cwd.as_str())
             .meta(
                 "deadline",
                 i64::try_from(

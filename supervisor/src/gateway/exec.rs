@@ -12,6 +12,7 @@ use tollgate_receipt::paths::is_normal_absolute;
 use tollgate_shim_protocol::protocol::AgentExit;
 use tonic::Status;
 
+use super::approval::{Asked, RunApprovals};
 use super::gate::{new_call_id, CallGate, CallMeta, Refusal, Step};
 use super::input::MAX_STDIN;
 use crate::exec::{self, ExecError, ExecSandbox, ExecSlot};
@@ -24,49 +25,57 @@ pub struct ExecTools {
     /// How `exec` reaches the sandbox; `None`: no exec (e.g. the sandbox is not started by
     /// a shim this gateway knows).
     pub sandbox: Option<Arc<ExecSandbox>>,
+    /// Where a command of a gateway-only program that asks waits for an operator.
+    pub approvals: RunApprovals,
+}
+
+/// An `exec` call that passed its checks: where it runs, the slot it holds, and the
+/// gateway-only program it may execute (which the agent itself may not).
+struct Admitted {
+    sandbox: Arc<ExecSandbox>,
+    slot: ExecSlot,
+    gateway_only: Option<PathBuf>,
 }
 
 impl ExecTools {
-    /// Checks an `exec` call and takes one of the run's command slots.
-    fn admitted(
+    /// Checks an `exec` call (waiting for an operator when its program's grant asks) and
+    /// takes one of the run's command slots.
+    async fn admitted(
         &self,
-        made: u64,
         request: &pb::ExecRequest,
-    ) -> Result<(Arc<ExecSandbox>, ExecSlot), Refusal> {
+        call_id: &str,
+        meta: &mut CallMeta,
+    ) -> Result<Admitted, Refusal> {
+        let made = self.gate.admit("exec")?;
         let Some(program) = request.argv.first() else {
             return Err(Refusal::with(
                 Status::invalid_argument,
                 "exec needs argv (the executable's absolute path first)".into(),
             ));
         };
-        if !self
-            .gate
-            .receipt
-            .exec
-            .iter()
-            .any(|granted| granted == program)
-        {
+        let receipt = &self.gate.receipt;
+        // A program in `exec` the agent may run itself; one in `gateway_exec` only here.
+        let gateway_only = if receipt.exec.iter().any(|granted| granted == program) {
+            None
+        } else if let Some(grant) = receipt.gateway_exec.iter().find(|g| g.program == *program) {
+            Some(grant)
+        } else {
             return Err(Refusal::denied(
                 &self.gate.run_id,
                 format!("exec of {program} is not granted (missing grant: exec {program})"),
             ));
+        };
+        self.check_shape(request)?;
+        if gateway_only.is_some_and(|grant| grant.ask) {
+            let mut asked = Asked::new("exec", program.clone());
+            asked.argv = request.argv.clone();
+            asked.cwd = self.cwd(request).display().to_string();
+            asked.bytes = request.stdin.len() as u64;
+            if let Some(by) = self.approvals.approved_by(asked, call_id).await? {
+                meta.push(("approved_by", by.into()));
+            }
         }
         self.gate.charge(made)?;
-        if !request.cwd.is_empty() && !is_normal_absolute(&request.cwd) {
-            return Err(Refusal::with(
-                Status::invalid_argument,
-                format!(
-                    "cwd {:?} is not a normalised absolute path in the sandbox",
-                    request.cwd
-                ),
-            ));
-        }
-        if request.stdin.len() > MAX_STDIN {
-            return Err(Refusal::with(
-                Status::invalid_argument,
-                format!("at most {MAX_STDIN} bytes of stdin per exec"),
-            ));
-        }
         let Some(sandbox) = self.sandbox.clone() else {
             return Err(Refusal::with(
                 Status::unavailable,
@@ -82,7 +91,42 @@ impl ExecTools {
                 ),
             )
         })?;
-        Ok((sandbox, slot))
+        Ok(Admitted {
+            sandbox,
+            slot,
+            gateway_only: gateway_only.map(|grant| PathBuf::from(&grant.program)),
+        })
+    }
+
+    /// Where a command runs: the request's directory, or the agent's.
+    fn cwd(&self, request: &pb::ExecRequest) -> PathBuf {
+        if request.cwd.is_empty() {
+            self.sandbox
+                .as_ref()
+                .map_or_else(|| PathBuf::from("/work"), |s| s.plan.agent.cwd.clone())
+        } else {
+            PathBuf::from(&request.cwd)
+        }
+    }
+
+    /// The request's own shape: a normalised cwd, stdin within its cap.
+    fn check_shape(&self, request: &pb::ExecRequest) -> Result<(), Refusal> {
+        if !request.cwd.is_empty() && !is_normal_absolute(&request.cwd) {
+            return Err(Refusal::with(
+                Status::invalid_argument,
+                format!(
+                    "cwd {:?} is not a normalised absolute path in the sandbox",
+                    request.cwd
+                ),
+            ));
+        }
+        if request.stdin.len() > MAX_STDIN {
+            return Err(Refusal::with(
+                Status::invalid_argument,
+                format!("at most {MAX_STDIN} bytes of stdin per exec"),
+            ));
+        }
+        Ok(())
     }
 
     /// Runs an `exec` call: checks, the command in the sandbox, the audit entry.
@@ -110,20 +154,25 @@ impl ExecTools {
             ("argv", request.argv.clone().into()),
             ("stdin_bytes", (request.stdin.len() as i64).into()),
         ];
-        let admitted = self
-            .gate
-            .admit("exec")
-            .and_then(|made| self.admitted(made, &request));
+        let admitted = self.admitted(&request, &call_id, &mut meta).await;
         let outcome = match admitted {
             Err(refusal) => Err(refusal),
-            Ok((sandbox, slot)) => {
-                let cwd = if request.cwd.is_empty() {
-                    sandbox.plan.agent.cwd.clone()
-                } else {
-                    PathBuf::from(&request.cwd)
-                };
+            Ok(Admitted {
+                sandbox,
+                slot,
+                gateway_only,
+            }) => {
+                let cwd = self.cwd(&request);
                 let timeout = sandbox.timeout_for(request.timeout_ms);
-                let ran = exec::run(&sandbox, request.argv, request.stdin, cwd, timeout).await;
+                meta.push(("gateway_only", gateway_only.is_some().into()));
+                let command = exec::Command {
+                    argv: request.argv,
+                    stdin: request.stdin,
+                    cwd,
+                    timeout,
+                    also_execute: gateway_only,
+                };
+                let ran = exec::run(&sandbox, command).await;
                 drop(slot);
                 match ran {
                     Ok(result) => {

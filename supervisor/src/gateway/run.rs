@@ -116,6 +116,7 @@ impl RunGateway {
             exec: ExecTools {
                 gate: gate.clone(),
                 sandbox: config.exec,
+                approvals: approvals.clone(),
             },
             models: ModelCalls {
                 gate: gate.clone(),
