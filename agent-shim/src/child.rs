@@ -140,6 +140,10 @@ struct FsJson {
     /// of the parent: the authority refuses a child that would skip it).
     #[serde(default)]
     ask: bool,
+    /// Reads through the gateway wait for an operator too (required beneath a grant of the
+    /// parent that asks before reads).
+    #[serde(default)]
+    ask_reads: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,6 +196,7 @@ fn parse_spec(text: &str) -> Result<v1::ChildSpec, String> {
                 mount: grant.mount,
                 exec: grant.exec,
                 ask: grant.ask,
+                ask_reads: grant.ask_reads,
             })
         })
         .collect::<Result<_, _>>()?;

@@ -95,6 +95,8 @@ impl<'a> Powers<'a> {
                 "access": access_name(g.access),
                 "mount": if g.mount.is_empty() { Value::Null } else { Value::from(g.mount.clone()) },
                 "executable": g.is_executable(&r.exec),
+                "ask": g.ask,
+                "ask_reads": g.ask_reads,
             })).collect::<Vec<_>>(),
             "exec": r.exec,
             "gateway_exec": r.gateway_exec.iter().map(|g| json!({
@@ -173,9 +175,15 @@ impl<'a> Powers<'a> {
             } else {
                 format!("mounted at {}", grant.mount)
             };
+            let asks = match (grant.ask_reads, grant.ask) {
+                (true, true) => ", each read and change approved first",
+                (true, false) => ", each read approved first",
+                (false, true) => ", each change approved first",
+                (false, false) => "",
+            };
             line(
                 if i == 0 { "fs" } else { "" },
-                format!("{} {} {place}", grant.path, access_name(grant.access)),
+                format!("{} {} {place}{asks}", grant.path, access_name(grant.access)),
             );
         }
         let programs: Vec<String> = r
@@ -285,6 +293,7 @@ mod tests {
                         mount: "/project".into(),
                         exec: false,
                         ask: false,
+                        ask_reads: false,
                     },
                     v1::FsGrant {
                         path: "/home/me/out".into(),
@@ -292,6 +301,7 @@ mod tests {
                         mount: String::new(),
                         exec: false,
                         ask: false,
+                        ask_reads: false,
                     },
                 ],
                 exec: vec!["/project/.venv/bin/python".into()],

@@ -212,7 +212,7 @@ async fn read(client: &mut GatewayClient, options: Options) -> i32 {
             offset,
             length: left,
         }));
-        let data = match client.call_tool(request).await {
+        let data = match awaited(client, "fs.read", &path, request).await {
             Ok(response) => match response.into_inner().result {
                 Some(ToolResult::FsRead(data)) => data,
                 _ => return EXIT_REFUSED,
@@ -235,12 +235,18 @@ async fn read(client: &mut GatewayClient, options: Options) -> i32 {
 /// `list` and `stat`: one line per entry, tab-separated or (`--json`) a JSON object.
 async fn list_or_stat(client: &mut GatewayClient, verb: &str, options: Options) -> i32 {
     let Options { path, json, .. } = options;
-    let tool = if verb == "list" {
-        Tool::FsList(v1::FsListRequest { path })
+    let (name, tool) = if verb == "list" {
+        (
+            "fs.list",
+            Tool::FsList(v1::FsListRequest { path: path.clone() }),
+        )
     } else {
-        Tool::FsStat(v1::FsStatRequest { path })
+        (
+            "fs.stat",
+            Tool::FsStat(v1::FsStatRequest { path: path.clone() }),
+        )
     };
-    let entries = match client.call_tool(call(tool)).await {
+    let entries = match awaited(client, name, &path, call(tool)).await {
         Ok(response) => match response.into_inner().result {
             Some(ToolResult::FsList(list)) => list.entries,
             Some(ToolResult::FsStat(stat)) => stat.info.into_iter().collect(),

@@ -476,6 +476,13 @@ impl CeilingCheck<'_> {
                     "fs[{i}] = {} without ask (the ceiling asks before changes beneath {})",
                     grant.path, asking.path
                 ));
+            } else if let Some(asking) =
+                tollgate_receipt::paths::ask_reads_required(grant, &ceiling.fs)
+            {
+                found.push(format!(
+                    "fs[{i}] = {} without ask_reads (the ceiling asks before reads beneath {})",
+                    grant.path, asking.path
+                ));
             }
             // An executable grant lets the agent load (and, for the listed programs, run)
             // anything its mount holds: the ceiling's exec list must cover the whole mount,
@@ -589,6 +596,7 @@ mod tests {
                     mount: String::new(),
                     exec: false,
                     ask: false,
+                    ask_reads: false,
                 },
                 pb::FsGrant {
                     path: "/srv/data".into(),
@@ -596,6 +604,7 @@ mod tests {
                     mount: String::new(),
                     exec: false,
                     ask: false,
+                    ask_reads: false,
                 },
             ],
             exec: vec!["/usr/bin/python3".into(), "/opt/tools/".into()],
@@ -661,6 +670,7 @@ mod tests {
             mount: String::new(),
             exec: false,
             ask: false,
+            ask_reads: false,
         });
         assert!(denial(&r).contains("fs[0] = /srv/data/x (write)"));
 
@@ -671,6 +681,7 @@ mod tests {
             mount: String::new(),
             exec: false,
             ask: false,
+            ask_reads: false,
         });
         assert!(denial(&r).contains("fs[0] = /home/meow"));
 
@@ -778,6 +789,7 @@ mod tests {
             mount: String::new(),
             exec: false,
             ask: false,
+            ask_reads: false,
         });
         assert_eq!(field(&r), "fs[0].path");
         let mut r = request();
@@ -833,6 +845,7 @@ mod tests {
             mount: mount.into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }
     }
 

@@ -328,6 +328,7 @@ fn bootstrap_admin(
                 mount: String::new(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             }],
             exec: vec!["/".into()],
             routes: vec![pb::RouteGrant {

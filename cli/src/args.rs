@@ -366,8 +366,8 @@ pub enum Command {
         /// The run id (= its receipt id).
         run_id: String,
         /// A host path to grant: PATH, PATH:read, PATH:write, with :ask after either to have
-        /// each change approved; repeatable.
-        #[arg(long = "fs", value_name = "PATH[:ACCESS][:ask]")]
+        /// each change approved and :ask-reads (last) each read; repeatable.
+        #[arg(long = "fs", value_name = "PATH[:ACCESS][:ask][:ask-reads]")]
         fs: Vec<String>,
         /// The new tool-call budget (above the current one).
         #[arg(long, value_name = "N")]

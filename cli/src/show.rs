@@ -76,6 +76,7 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         "fs": r.fs.iter().map(|g| json!({
             "path": g.path, "access": access(g.access), "mount": g.mount,
             "executable": g.is_executable(&r.exec), "ask": g.ask,
+            "ask_reads": g.ask_reads,
         })).collect::<Vec<_>>(),
         "approval_timeout_seconds": r.approval_timeout_seconds,
         "exec": r.exec,
@@ -155,13 +156,20 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
         } else {
             format!(" -> {}", g.mount)
         };
-        let ask = if g.ask {
-            format!(
+        let ask = match (g.ask_reads, g.ask) {
+            (true, true) => format!(
+                ", reads and changes wait for an operator (up to {} s)",
+                r.approval_timeout_seconds
+            ),
+            (true, false) => format!(
+                ", reads wait for an operator (up to {} s)",
+                r.approval_timeout_seconds
+            ),
+            (false, true) => format!(
                 ", changes wait for an operator (up to {} s)",
                 r.approval_timeout_seconds
-            )
-        } else {
-            String::new()
+            ),
+            (false, false) => String::new(),
         };
         lines.push((
             "fs",

@@ -124,7 +124,7 @@ pub fn check_widening(
         return Err(AmendmentError::Stale { issued_at });
     }
     check_added_grants(&amendment.add_fs)?;
-    check_write_exec(receipt, &amendment.add_fs)?;
+    check_amended_grants(receipt, &amendment.add_fs)?;
     let budget = receipt.limits.unwrap_or_default().tool_calls;
     if amendment.tool_calls != 0 && amendment.tool_calls < budget {
         return Err(AmendmentError::NotAWidening {
@@ -201,14 +201,17 @@ pub fn widened_for_children(receipt: &Receipt, amendments: &[Amendment]) -> Rece
     widened
 }
 
-/// W^X holds for the run as amended: no added WRITE grant reaches what one of the receipt's
-/// executable grants or its root file system shows (by path; the rule a mint applies).
-pub fn check_write_exec(receipt: &Receipt, add_fs: &[FsGrant]) -> Result<(), AmendmentError> {
+/// The run as amended keeps the rules a mint applies: W^X (no added WRITE grant reaches what
+/// one of the receipt's executable grants or its root file system shows, by path), and an
+/// added grant that asks is reached by no mount the kernel would let the agent use instead
+/// (a WRITE mount for changes, any mount for reads).
+pub fn check_amended_grants(receipt: &Receipt, add_fs: &[FsGrant]) -> Result<(), AmendmentError> {
     let combined: Vec<FsGrant> = receipt.fs.iter().chain(add_fs).cloned().collect();
     let refuse = |reason: String| AmendmentError::NotAWidening {
         field: "add_fs".into(),
         reason,
     };
+    crate::paths::check_mounts(&combined).map_err(|e| refuse(e.to_string()))?;
     crate::paths::check_exec_grants(&combined, &receipt.exec).map_err(|e| {
         refuse(format!(
             "{e} (W^X: the agent could write a program it runs)"

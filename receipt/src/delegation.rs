@@ -119,6 +119,15 @@ fn check_fs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, St
                 ),
             ));
         }
+        if let Some(asking) = crate::paths::ask_reads_required(grant, &parent.fs) {
+            return Err((
+                format!("fs[{i}].ask_reads = false"),
+                format!(
+                    "the parent asks an operator before reading files beneath {}",
+                    asking.path
+                ),
+            ));
+        }
         if !grant.mount.is_empty() && !mounted {
             return Err((
                 format!("fs[{i}].mount = {}", grant.mount),
@@ -369,6 +378,7 @@ mod tests {
             mount: mount.into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }
     }
 

@@ -40,15 +40,28 @@ pub enum MountError {
     },
     /// A grant that asks for approval is mounted: the kernel reaches its files, and the
     /// kernel cannot ask.
-    #[error("a grant that asks (ask = true) cannot be mounted: the kernel reaches a mounted grant's files and cannot ask; drop `mount` (the gateway's file tools then reach it) or `ask`")]
+    #[error("a grant that asks ({}) cannot be mounted: the kernel reaches a mounted grant's files and cannot ask; drop `mount` (the gateway's file tools then reach it) or `{}`", if *.reads { "ask_reads = true" } else { "ask = true" }, if *.reads { "ask_reads" } else { "ask" })]
     AskMounted {
         /// The grant's index.
         index: usize,
+        /// Whether it is `ask_reads` (not `ask`) that asks.
+        reads: bool,
     },
     /// A grant that asks reaches the same host files as a WRITE mount, through which the
     /// agent would change them without asking.
     #[error("fs[{index}] asks for approval but fs[{other}] mounts {other_path:?} writable over the same files, where the agent changes them without asking")]
     AskUnderWriteMount {
+        /// The asking grant's index.
+        index: usize,
+        /// The mounted grant's index.
+        other: usize,
+        /// The mounted grant's host path.
+        other_path: String,
+    },
+    /// A grant that asks before reads reaches the same host files as a mount, through which
+    /// the agent would read them without asking.
+    #[error("fs[{index}] asks before reads but fs[{other}] mounts {other_path:?} over the same files, where the agent reads them without asking")]
+    AskReadsUnderMount {
         /// The asking grant's index.
         index: usize,
         /// The mounted grant's index.
@@ -78,8 +91,9 @@ impl MountError {
             | Self::BadTarget { index, .. }
             | Self::Reserved { index, .. }
             | Self::Overlaps { index, .. }
-            | Self::AskMounted { index }
-            | Self::AskUnderWriteMount { index, .. } => *index,
+            | Self::AskMounted { index, .. }
+            | Self::AskUnderWriteMount { index, .. }
+            | Self::AskReadsUnderMount { index, .. } => *index,
         }
     }
 
@@ -87,9 +101,11 @@ impl MountError {
     pub fn field(&self) -> String {
         match self {
             Self::BadSource { index, .. } => format!("fs[{index}].path"),
-            Self::AskMounted { index } | Self::AskUnderWriteMount { index, .. } => {
+            Self::AskMounted { index, reads: true } => format!("fs[{index}].ask_reads"),
+            Self::AskMounted { index, .. } | Self::AskUnderWriteMount { index, .. } => {
                 format!("fs[{index}].ask")
             }
+            Self::AskReadsUnderMount { index, .. } => format!("fs[{index}].ask_reads"),
             _ => format!("fs[{}].mount", self.index()),
         }
     }
@@ -121,14 +137,28 @@ pub fn reserved_mount(mount: &str) -> Option<&'static str> {
 pub fn check_mounts(fs: &[pb::FsGrant]) -> Result<(), MountError> {
     let mounted = || fs.iter().enumerate().filter(|(_, g)| !g.mount.is_empty());
     let normal = |path: &str| path != "/" && is_normal_absolute(path);
-    for (index, grant) in fs.iter().enumerate().filter(|(_, g)| g.ask) {
+    let reaches = |a: &pb::FsGrant, b: &pb::FsGrant| {
+        path_within(&a.path, &b.path) || path_within(&b.path, &a.path)
+    };
+    for (index, grant) in fs.iter().enumerate().filter(|(_, g)| g.ask || g.ask_reads) {
         if !grant.mount.is_empty() {
-            return Err(MountError::AskMounted { index });
+            return Err(MountError::AskMounted {
+                index,
+                reads: !grant.ask,
+            });
         }
-        if let Some((other, o)) = mounted().find(|(_, o)| {
-            o.access == pb::FsAccess::Write as i32
-                && (path_within(&grant.path, &o.path) || path_within(&o.path, &grant.path))
-        }) {
+        if grant.ask_reads {
+            if let Some((other, o)) = mounted().find(|(_, o)| reaches(grant, o)) {
+                return Err(MountError::AskReadsUnderMount {
+                    index,
+                    other,
+                    other_path: o.path.clone(),
+                });
+            }
+        }
+        if let Some((other, o)) =
+            mounted().find(|(_, o)| o.access == pb::FsAccess::Write as i32 && reaches(grant, o))
+        {
             return Err(MountError::AskUnderWriteMount {
                 index,
                 other,
@@ -179,20 +209,40 @@ pub fn ask_required<'a>(
     grant: &pb::FsGrant,
     entries: &'a [pb::FsGrant],
 ) -> Option<&'a pb::FsGrant> {
-    if grant.ask {
+    required(grant, entries, |g| g.ask)
+}
+
+/// [`ask_required`] for reads: the entry of `entries` asking before reads that makes `grant`
+/// ask before reads too, if one does (an entry beneath `grant`, or the most specific entry
+/// covering it).
+pub fn ask_reads_required<'a>(
+    grant: &pb::FsGrant,
+    entries: &'a [pb::FsGrant],
+) -> Option<&'a pb::FsGrant> {
+    required(grant, entries, |g| g.ask_reads)
+}
+
+/// The entry of `entries` whose `asks` makes `grant` ask too: one beneath it, or the most
+/// specific one covering it with enough access.
+fn required<'a>(
+    grant: &pb::FsGrant,
+    entries: &'a [pb::FsGrant],
+    asks: impl Fn(&pb::FsGrant) -> bool,
+) -> Option<&'a pb::FsGrant> {
+    if asks(grant) {
         return None;
     }
     if let Some(nested) = entries
         .iter()
-        .find(|e| e.ask && e.path != grant.path && path_within(&e.path, &grant.path))
+        .find(|e| asks(e) && e.path != grant.path && path_within(&e.path, &grant.path))
     {
         return Some(nested);
     }
     entries
         .iter()
         .filter(|e| path_within(&grant.path, &e.path) && e.access >= grant.access)
-        .max_by_key(|e| (e.path.len(), e.ask))
-        .filter(|e| e.ask)
+        .max_by_key(|e| (e.path.len(), asks(e)))
+        .filter(|e| asks(e))
 }
 
 /// Whether `path` is absolute and normalised: no empty, `.` or `..` components, no trailing
@@ -484,6 +534,7 @@ mod tests {
             mount: mount.into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         };
         assert_eq!(
             check_exec_grants(std::slice::from_ref(&venv), &exec),
@@ -560,6 +611,7 @@ mod tests {
             mount: String::new(),
             exec: false,
             ask: false,
+            ask_reads: false,
         };
         let error = Rootfs::parse("/srv/rootfs", std::slice::from_ref(&write)).unwrap_err();
         assert!(error.to_string().contains("W^X"), "{error}");
@@ -597,6 +649,7 @@ mod tests {
             mount: mount.into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }
     }
 
@@ -678,7 +731,13 @@ mod tests {
             ..grant(path, mount)
         };
         let error = check_mounts(&[asking("/srv/a", "/data")]).unwrap_err();
-        assert_eq!(error, MountError::AskMounted { index: 0 });
+        assert_eq!(
+            error,
+            MountError::AskMounted {
+                index: 0,
+                reads: false
+            }
+        );
         assert_eq!(error.field(), "fs[0].ask");
         // A WRITE mount over the same files, from above or below, lets the agent skip asking.
         for mounted in ["/srv", "/srv/a/sub"] {
@@ -702,6 +761,32 @@ mod tests {
         );
         assert_eq!(
             check_mounts(&[asking("/srv/a", ""), writable("/srv/b", "/data")]),
+            Ok(())
+        );
+        // Asking before reads: no mount at all may reach the same files.
+        let reading = |path: &str, mount: &str| pb::FsGrant {
+            ask_reads: true,
+            ..grant(path, mount)
+        };
+        let error = check_mounts(&[reading("/srv/a", "/data")]).unwrap_err();
+        assert_eq!(error.field(), "fs[0].ask_reads");
+        assert!(error.to_string().contains("ask_reads = true"), "{error}");
+        for mounted in ["/srv", "/srv/a/sub"] {
+            let error = check_mounts(&[reading("/srv/a", ""), grant(mounted, "/data")]);
+            assert!(
+                matches!(
+                    error,
+                    Err(MountError::AskReadsUnderMount {
+                        index: 0,
+                        other: 1,
+                        ..
+                    })
+                ),
+                "{mounted}: {error:?}"
+            );
+        }
+        assert_eq!(
+            check_mounts(&[reading("/srv/a", ""), grant("/srv/b", "/data")]),
             Ok(())
         );
     }

@@ -189,6 +189,11 @@ pub struct FsSpec {
     /// without `mount` only). In a ceiling: grants minted beneath it must ask.
     #[serde(default)]
     pub ask: bool,
+    /// Each read the gateway makes beneath it waits for an operator's approval too (grants
+    /// without `mount`, and no mount reaching the same files). In a ceiling: grants minted
+    /// beneath it must ask before reads.
+    #[serde(default)]
+    pub ask_reads: bool,
 }
 
 /// Parses `read` / `write`.
@@ -229,6 +234,7 @@ fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
                 mount: grant.mount.clone().unwrap_or_default(),
                 exec: grant.exec,
                 ask: grant.ask,
+                ask_reads: grant.ask_reads,
             })
         })
         .collect()

@@ -40,6 +40,7 @@ fn sample_receipt() -> Receipt {
             mount: "/project".into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }],
         exec: vec!["/usr/bin/python3".into()],
         ..Default::default()

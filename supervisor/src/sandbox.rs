@@ -941,6 +941,7 @@ mod tests {
                     mount: "/data".into(),
                     exec: false,
                     ask: false,
+                    ask_reads: false,
                 },
                 pb::FsGrant {
                     path: "/srv/out".into(),
@@ -948,6 +949,7 @@ mod tests {
                     mount: "/out".into(),
                     exec: false,
                     ask: false,
+                    ask_reads: false,
                 },
                 pb::FsGrant {
                     path: "/srv/gateway-only".into(),
@@ -955,6 +957,7 @@ mod tests {
                     mount: String::new(),
                     exec: false,
                     ask: false,
+                    ask_reads: false,
                 },
             ],
             exec: vec!["/usr/bin/python3".into()],

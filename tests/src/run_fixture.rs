@@ -251,6 +251,7 @@ pub fn with_venv_agent(receipt: &mut pb::Receipt, script: &str, env: &[(&str, &s
         mount: VENV_IN_SANDBOX.into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     receipt.exec.push(python.clone());
     receipt.agent = Some(pb::AgentSpec {

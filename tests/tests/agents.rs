@@ -27,6 +27,7 @@ fn read_grant(path: &Path, mount: &str) -> pb::FsGrant {
         mount: mount.into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     }
 }
 

@@ -607,3 +607,97 @@ gateway uname rc=0"
     assert_eq!(approved, ["", "alice", "(remembered)", ""], "{execs:?}");
     assert_eq!(execs[3].decision, Some(Decision::Deny), "{execs:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_under_a_grant_that_asks_before_reads_wait_for_an_operator() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "approvals-reads",
+        211_950,
+    );
+    let (secret, public) = (dir.path().join("secret"), dir.path().join("public"));
+    for (d, name) in [(&secret, "s.txt"), (&public, "p.txt")] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join(name), format!("contents of {name}\n")).unwrap();
+    }
+    let (s, p) = (secret.display(), public.display());
+    let alice = authority
+        .add_operator("alice", ceiling(&dir.path().display().to_string()))
+        .await;
+    // A read elsewhere does not ask; under the asking grant a read is approved, a listing
+    // denied.
+    let script = format!(
+        "tollgate-shim tool read {p}/p.txt; echo \"public rc=$?\"\n\
+         tollgate-shim tool read {s}/s.txt; echo \"approved rc=$?\"\n\
+         tollgate-shim tool list {s} 2>&1; echo \"listed rc=$?\""
+    );
+    let mut request = receipt(&dir.path().display().to_string(), &script, 60, 0);
+    request.fs = vec![
+        pb::FsGrant {
+            path: secret.display().to_string(),
+            access: pb::FsAccess::Read as i32,
+            ask_reads: true,
+            ..Default::default()
+        },
+        pb::FsGrant {
+            path: public.display().to_string(),
+            access: pb::FsAccess::Read as i32,
+            ..Default::default()
+        },
+    ];
+    let minted = mint(&authority, &alice, request.clone()).await;
+    let run_id = supervisor
+        .start_run_as(&alice, minted)
+        .await
+        .expect("alice starts her run");
+    let asked = supervisor
+        .decide_pending(&alice, &run_id, 2, |call| match call.tool.as_str() {
+            "fs.read" => (true, false, ""),
+            _ => (false, false, "not the listing"),
+        })
+        .await;
+    let asked: Vec<(&str, String)> = asked
+        .iter()
+        .map(|call| (call.tool.as_str(), call.path.clone()))
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            ("fs.read", format!("{s}/s.txt")),
+            ("fs.list", s.to_string())
+        ]
+    );
+    let run = supervisor
+        .wait_ended(&run_id, Duration::from_secs(30))
+        .await;
+    let output = supervisor.output(&run_id).await;
+    assert_eq!(run.state, pb::RunState::Exited as i32, "{output}");
+    assert!(
+        output.contains("contents of p.txt\npublic rc=0"),
+        "{output}"
+    );
+    assert!(
+        output.contains("contents of s.txt\napproved rc=0"),
+        "{output}"
+    );
+    assert!(
+        output.contains("not the listing") && output.contains("listed rc=1"),
+        "{output}"
+    );
+    // The kernel reads a mounted grant without asking: refused at mint, naming the field.
+    request.fs[0].mount = "/secret".into();
+    let refused = authority
+        .client()
+        .await
+        .mint_receipt(authed(&alice, request))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    assert!(refused.message().contains("fs[0].ask_reads"), "{refused:?}");
+}

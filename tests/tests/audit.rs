@@ -45,6 +45,7 @@ fn request(subject: &str, paths: &[String]) -> pb::MintReceiptRequest {
                 mount: String::new(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             })
             .collect(),
         ..Default::default()
@@ -224,6 +225,7 @@ async fn no_corpus_secret_in_a_gateway_call_reaches_any_log() {
         mount: "/secrets".into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     }];
     let minted = authority
         .client()

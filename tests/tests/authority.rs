@@ -29,6 +29,7 @@ fn mint_request(subject: &str) -> pb::MintReceiptRequest {
             mount: "/project".into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }],
         routes: vec![pb::RouteGrant {
             name: "local".into(),
@@ -284,6 +285,7 @@ async fn every_rejection_has_its_status_and_names_the_problem() {
             mount: String::new(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }],
         exec: vec!["/usr/bin/".into()],
         routes: vec![pb::RouteGrant {
@@ -806,6 +808,7 @@ async fn more_rejections_operator_input_and_bounds() {
             mount: String::new(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }],
         max_ttl_seconds: 600,
         ..Default::default()

@@ -192,6 +192,7 @@ fn grant(path: &Path, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
         mount: mount.into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     }
 }
 

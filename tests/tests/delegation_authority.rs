@@ -28,6 +28,7 @@ fn grant(path: &str, access: pb::FsAccess, mount: &str) -> pb::FsGrant {
         mount: mount.into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     }
 }
 

@@ -158,6 +158,7 @@ impl Egress {
                 mount: "/certs".into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             }],
             limits: Some(limits),
             egress,
@@ -665,6 +666,7 @@ fetch("https://api.example.test/").then(r => r.text()).then(t => console.log(t.t
         mount: "/agent".into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     request
         .exec

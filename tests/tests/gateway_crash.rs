@@ -99,6 +99,7 @@ async fn a_supervisor_killed_mid_write_leaves_a_whole_file_and_a_restorable_snap
                             mount: String::new(),
                             exec: false,
                             ask: false,
+                            ask_reads: false,
                         },
                         pb::FsGrant {
                             path: sources.display().to_string(),
@@ -106,6 +107,7 @@ async fn a_supervisor_killed_mid_write_leaves_a_whole_file_and_a_restorable_snap
                             mount: "/sources".into(),
                             exec: false,
                             ask: false,
+                            ask_reads: false,
                         },
                     ],
                     exec: vec!["/bin/sh".into()],

@@ -59,6 +59,7 @@ fn write_grant(path: &Path, mount: &str) -> pb::FsGrant {
         mount: mount.into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     }
 }
 

@@ -64,6 +64,7 @@ impl Host {
                 mount: GRANT_IN_SANDBOX.into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             }],
             limits: Some(pb::Limits {
                 tool_calls: 10,

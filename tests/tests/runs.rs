@@ -172,6 +172,7 @@ fn a_warm_sandbox_binds_the_host_as_it_is_when_the_run_starts() {
         mount: "/volume".into(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
@@ -211,6 +212,7 @@ fn the_agent_reads_its_grant_through_the_gateway_and_nothing_else() {
         mount: String::new(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
@@ -306,6 +308,7 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
         mount: String::new(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     receipt.fs.push(pb::FsGrant {
         path: docs.display().to_string(),
@@ -313,6 +316,7 @@ fn the_agent_writes_and_execs_through_the_gateway_within_its_grants() {
         mount: String::new(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
@@ -423,6 +427,7 @@ fn a_directory_swapped_for_a_symlink_between_two_calls_is_refused() {
         mount: String::new(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(15);

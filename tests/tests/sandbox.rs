@@ -74,6 +74,7 @@ impl Harness {
                 mount: "/data".into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             }],
             limits: Some(pb::Limits {
                 tmpfs_bytes: 8 << 20,

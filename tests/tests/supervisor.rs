@@ -912,6 +912,7 @@ async fn live_restore_re_adopts_a_running_sandbox_and_a_detached_one_expires_on_
         mount: String::new(),
         exec: false,
         ask: false,
+        ask_reads: false,
     });
     let (text, kept) = mint(&authority, request).await;
     client.start_run(authed(&token, start(text))).await.unwrap();

@@ -52,7 +52,7 @@ impl AuthorityService {
         let receipt = stored.receipt;
         tollgate_receipt::amendment::check_amendable(&receipt)
             .map_err(|e| CallError::FailedPrecondition(e.to_string()))?;
-        tollgate_receipt::amendment::check_write_exec(&receipt, &request.add_fs)
+        tollgate_receipt::amendment::check_amended_grants(&receipt, &request.add_fs)
             .map_err(|e| CallError::invalid("add_fs", e.to_string()))?;
         if stored.revocation.is_some() {
             return Err(CallError::FailedPrecondition(format!(

@@ -361,11 +361,15 @@ pub(crate) async fn widen(
     .await
 }
 
-/// `PATH`, `PATH:read`, `PATH:write`, with `:ask` after either.
+/// `PATH`, `PATH:read`, `PATH:write`, with `:ask` after either, then `:ask-reads`.
 fn fs_grant(spec: &str) -> Result<pb::FsGrant, CliError> {
-    let (rest, ask) = match spec.strip_suffix(":ask") {
+    let (rest, ask_reads) = match spec.strip_suffix(":ask-reads") {
         Some(rest) => (rest, true),
         None => (spec, false),
+    };
+    let (rest, ask) = match rest.strip_suffix(":ask") {
+        Some(rest) => (rest, true),
+        None => (rest, false),
     };
     let (path, access) = match rest.rsplit_once(':') {
         Some((path, "write")) => (path, pb::FsAccess::Write),
@@ -374,13 +378,14 @@ fn fs_grant(spec: &str) -> Result<pb::FsGrant, CliError> {
     };
     if !path.starts_with('/') {
         return Err(CliError::Input(format!(
-            "--fs {spec:?}: give an absolute host path, optionally :read or :write, then :ask"
+            "--fs {spec:?}: give an absolute host path, optionally :read or :write, then :ask, then :ask-reads"
         )));
     }
     Ok(pb::FsGrant {
         path: path.to_owned(),
         access: access as i32,
         ask,
+        ask_reads,
         ..Default::default()
     })
 }

@@ -407,6 +407,7 @@ async fn run_sample_agent(
                 mount: "/project".into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             },
             pb::FsGrant {
                 path: notes.display().to_string(),
@@ -414,6 +415,7 @@ async fn run_sample_agent(
                 mount: String::new(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             },
         ],
         exec: ["/bin/sh", "/usr/bin/id", "/usr/bin/cat", "/usr/bin/ls"]

@@ -33,6 +33,8 @@ pub struct FsGrant {
     pub writable: bool,
     /// Whether each change beneath it waits for an operator's approval.
     pub ask: bool,
+    /// Whether each read beneath it waits for an operator's approval too.
+    pub ask_reads: bool,
     /// Where the grant came from: what decides whether children may be pinned beneath it.
     pub origin: GrantOrigin,
     /// The granted path, pinned when the run started (or why it could not be).
@@ -40,12 +42,26 @@ pub struct FsGrant {
 }
 
 impl FsGrant {
+    /// The receipt's (or an amendment's) grant `grant`, pinned now: call before the agent
+    /// exists.
+    pub fn pin(grant: &pb::FsGrant) -> Self {
+        Self {
+            ask_reads: grant.ask_reads,
+            ..Self::open(
+                &grant.path,
+                grant.access == pb::FsAccess::Write as i32,
+                grant.ask,
+            )
+        }
+    }
+
     /// The grant of `path`, pinned now: call before the agent exists.
     pub fn open(path: &str, writable: bool, ask: bool) -> Self {
         Self {
             path: path.to_owned(),
             writable,
             ask,
+            ask_reads: false,
             origin: GrantOrigin::Receipt,
             root: GrantRoot::open(path),
         }
@@ -541,11 +557,30 @@ impl FsTools {
             })
     }
 
-    /// The change `tool` would make, when the grant it falls under asks for approval; `None`
-    /// when it needs none (reads; grants that do not ask; calls the checks refuse anyway).
+    /// What `tool` would do, when the grant it falls under asks for approval; `None` when it
+    /// needs none (grants that do not ask; calls the checks refuse anyway).
     pub(crate) fn approval_needed(&self, tool: &Option<Tool>) -> Option<Asked> {
-        if !self.grants.current().iter().any(|grant| grant.ask) {
+        if !self
+            .grants
+            .current()
+            .iter()
+            .any(|grant| grant.ask || grant.ask_reads)
+        {
             return None;
+        }
+        // A read asks when the most specific grant covering its path asks before reads.
+        let read = match tool {
+            Some(Tool::FsRead(r)) => Some(("fs.read", &r.path)),
+            Some(Tool::FsList(r)) => Some(("fs.list", &r.path)),
+            Some(Tool::FsStat(r)) => Some(("fs.stat", &r.path)),
+            _ => None,
+        };
+        if let Some((name, path)) = read {
+            let target = self.target(path, "read").ok()?;
+            return target
+                .grant
+                .ask_reads
+                .then(|| Asked::new(name, path.clone()));
         }
         let (name, path, bytes, mode) = match tool {
             Some(Tool::FsWrite(r)) => (

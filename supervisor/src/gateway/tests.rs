@@ -428,6 +428,7 @@ fn a_child_grant_never_reaches_through_a_link_or_mounts_beneath_a_writable_grant
             mount: mount.into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }],
         ..Default::default()
     };

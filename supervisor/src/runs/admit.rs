@@ -29,11 +29,7 @@ pub(super) fn pin_grants(
         .iter()
         .enumerate()
         .map(|(i, grant)| {
-            let pinned = FsGrant::open(
-                &grant.path,
-                grant.access == tollgate_proto::v1::FsAccess::Write as i32,
-                grant.ask,
-            );
+            let pinned = FsGrant::pin(grant);
             match &pinned.root {
                 Err(Errno::ELOOP) => {
                     let link = crate::beneath::first_link(&grant.path)

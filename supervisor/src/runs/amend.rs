@@ -224,11 +224,11 @@ impl RunManager {
                             have.path == g.path
                                 && have.writable == (g.access == pb::FsAccess::Write as i32)
                                 && have.ask == g.ask
+                                && have.ask_reads == g.ask_reads
                         })
                     })
                     .map(|g| {
-                        let mut grant =
-                            FsGrant::open(&g.path, g.access == pb::FsAccess::Write as i32, g.ask);
+                        let mut grant = FsGrant::pin(g);
                         grant.origin = if amendment.for_children {
                             GrantOrigin::AmendmentForChildren
                         } else {
@@ -351,6 +351,7 @@ fn envelope(gateway: &RunGateway, live: &LiveRun) -> pb::AmendRunResponse {
                     .unwrap_or_default(),
                 exec: false,
                 ask: g.ask,
+                ask_reads: g.ask_reads,
             })
             .collect(),
         tool_calls: gateway.gate.max_calls(),

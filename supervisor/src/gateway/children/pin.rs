@@ -75,6 +75,7 @@ pub fn pin_child_grants(
                 path: grant.path.clone(),
                 writable,
                 ask: grant.ask,
+                ask_reads: grant.ask_reads,
                 origin: crate::gateway::fs::GrantOrigin::Receipt,
                 root,
             }),

@@ -332,6 +332,7 @@ impl Setup {
                 mount: "/certs".into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             }],
             // The machine's cores, as the host's clients have: the quota is not what is
             // measured.

@@ -169,6 +169,7 @@ fn sample_receipt() -> Receipt {
             mount: "/project".into(),
             exec: false,
             ask: false,
+            ask_reads: false,
         }],
         exec: vec!["/usr/bin/python3".into(), "/usr/bin/grep".into()],
         routes: vec![pb::RouteGrant {

@@ -256,6 +256,7 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
                 mount: "/home/me".into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             });
         });
         let (idmapped_first, _) = measure(&tollgate, Some(idmapped))?;
@@ -266,6 +267,7 @@ pub(crate) fn bench(runs: usize) -> anyhow::Result<()> {
                 mount: "/home/me".into(),
                 exec: false,
                 ask: false,
+                ask_reads: false,
             });
         });
         let (granted_first, _) = measure(&tollgate, Some(granted))?;
