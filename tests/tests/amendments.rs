@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use nix::sys::signal::Signal;
 use prost::Message as _;
 use tollgate_audit::EntryKind;
 use tollgate_proto::v1 as pb;
@@ -439,4 +440,167 @@ async fn a_narrowing_lowers_the_budgets_of_a_live_run_and_never_raises_one() {
         Some(&tollgate_audit::MetaValue::from(4096_i64)),
         "{change:?}"
     );
+}
+
+/// A live restore keeps what amendments made of a run: the next supervisor re-adopts it with
+/// the grant a narrowing dropped still gone, the grant an amendment added still there, and
+/// its budget and later expiry as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "amend-restore",
+        212_000,
+        vec![
+            "--live-restore".into(),
+            "--live-restore-window".into(),
+            "120".into(),
+        ],
+    );
+    let files = dir.path().join("files");
+    let (a, c) = (files.join("a"), files.join("c"));
+    for d in [&a, &c] {
+        std::fs::create_dir_all(d).unwrap();
+        std::fs::write(d.join("f.txt"), "bytes\n").unwrap();
+    }
+    let alice = authority
+        .add_operator("alice", ceiling(&files.display().to_string()))
+        .await;
+    let (a, c) = (a.display().to_string(), c.display().to_string());
+    // Calls the gateway only once a file the test writes while no supervisor runs exists.
+    let script = format!(
+        "while [ ! -e /work/go ]; do sleep 0.05; done; \
+         tollgate-shim tool read {a}/f.txt >/dev/null 2>&1; echo \"a rc=$?\"; \
+         tollgate-shim tool read {c}/f.txt >/dev/null 2>&1; echo \"c rc=$?\"; \
+         sleep 3600"
+    );
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(
+            &alice,
+            pb::MintReceiptRequest {
+                subject: "restored".into(),
+                ttl_seconds: 300,
+                audience: vec!["workstation".into()],
+                agent: Some(pb::AgentSpec {
+                    argv: vec!["/bin/sh".into(), "-c".into(), script],
+                    ..Default::default()
+                }),
+                exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+                fs: vec![pb::FsGrant {
+                    path: a.clone(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                limits: Some(pb::Limits {
+                    tool_calls: 1_000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("mint")
+        .into_inner();
+    let expiry = minted.receipt.unwrap().expires_at.unwrap().seconds;
+    let run_id = supervisor
+        .start_run_as(&alice, minted.text)
+        .await
+        .expect("alice starts her run");
+    let mut client = supervisor.client().await;
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_fs: vec![a.clone()],
+            tool_calls: 500,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("narrow");
+    let signed = authority
+        .client()
+        .await
+        .amend_receipt(authed(
+            &alice,
+            pb::AmendReceiptRequest {
+                receipt_id: run_id.clone(),
+                add_fs: vec![pb::FsGrant {
+                    path: c.clone(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                extend_seconds: 600,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("AmendReceipt")
+        .into_inner()
+        .signed
+        .unwrap();
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Amendment(signed.clone()),
+    )
+    .await
+    .expect("widen");
+    drop(client);
+
+    let runs = supervisor.data_dir().join("runs");
+    let supervisor = supervisor.restart_after(Signal::SIGTERM, || {
+        std::fs::write(runs.join(&run_id).join("work/go"), "").unwrap();
+    });
+    // The agent's first calls after the restart: the dropped grant stays dropped, the added
+    // one stays added.
+    supervisor.until_printed(&alice, &run_id, "a rc=1").await;
+    supervisor.until_printed(&alice, &run_id, "c rc=0").await;
+    // Budget and expiry as amended (a narrowing that changes nothing shows them), and the
+    // amendment, applied once, does not apply again.
+    let mut client = supervisor.client().await;
+    let now = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            tool_calls: 500,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("the re-adopted run can be amended");
+    assert_eq!(now.tool_calls, 500);
+    assert_eq!(now.expires_at.unwrap().seconds, expiry + 600);
+    let paths: Vec<&str> = now.fs.iter().map(|g| g.path.as_str()).collect();
+    assert_eq!(paths, [c.as_str()]);
+    let again = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Amendment(signed),
+    )
+    .await
+    .expect("a replay changes nothing");
+    assert_eq!(again.tool_calls, 500, "a replay undoes no narrowing");
+    client
+        .stop_run(authed(
+            &alice,
+            pb::StopRunRequest {
+                run_id: run_id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .expect("stop");
 }

@@ -69,7 +69,8 @@ impl FsGrant {
 }
 
 /// Where a live run's grant came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum GrantOrigin {
     /// The receipt signed it.
     Receipt,

@@ -11,6 +11,8 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use prost::Message as _;
+use serde::{Deserialize, Serialize};
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::amendment::{check_widening, verify_amendment, MAX_CHILD_AMENDMENTS};
@@ -359,5 +361,134 @@ fn envelope(gateway: &RunGateway, live: &LiveRun) -> pb::AmendRunResponse {
         tokens: budgets.tokens,
         output_bytes: budgets.output_bytes,
         egress_bytes: budgets.egress_bytes,
+    }
+}
+
+/// What amendments and narrowings made of a live run: kept in its record when it is left
+/// running for a live restore, and put back when the next supervisor re-adopts it (so a
+/// narrowing is never undone, nor an extension lost, by a restart).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct AmendedRun {
+    /// The fs grants in force, in order: the receipt's still kept, then those amendments
+    /// added.
+    grants: Vec<KeptGrant>,
+    /// The tool-call budget.
+    tool_calls: u64,
+    /// The expiry (Unix seconds).
+    expires_at: i64,
+    /// The model-token budget (0: no model calls).
+    tokens: u64,
+    /// The output budget in all.
+    output_bytes: u64,
+    /// The outbound-bytes budget.
+    egress_bytes: u64,
+    /// The applied amendments for children, each a `SignedAmendment`'s protobuf encoding.
+    for_children: Vec<Vec<u8>>,
+    /// The ids of the amendments applied (each applies once).
+    applied: Vec<String>,
+}
+
+/// One live fs grant as [`AmendedRun`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct KeptGrant {
+    path: String,
+    writable: bool,
+    ask: bool,
+    ask_reads: bool,
+    origin: GrantOrigin,
+}
+
+impl AmendedRun {
+    /// What `gateway` and `live` hold now.
+    pub(super) fn of(gateway: &RunGateway, live: &LiveRun) -> Self {
+        let budgets = Budgets::now(gateway, live);
+        let applied = gateway
+            .amendments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        Self {
+            grants: gateway
+                .fs
+                .grants
+                .current()
+                .iter()
+                .map(|g| KeptGrant {
+                    path: g.path.clone(),
+                    writable: g.writable,
+                    ask: g.ask,
+                    ask_reads: g.ask_reads,
+                    origin: g.origin,
+                })
+                .collect(),
+            tool_calls: gateway.gate.max_calls(),
+            expires_at: gateway.gate.expires_at(),
+            tokens: budgets.tokens,
+            output_bytes: budgets.output_bytes,
+            egress_bytes: budgets.egress_bytes,
+            for_children: gateway
+                .children
+                .state
+                .signed_for_children()
+                .iter()
+                .map(prost::Message::encode_to_vec)
+                .collect(),
+            applied,
+        }
+    }
+
+    /// Puts what was kept back on the re-adopted run's fresh gateway (built from its
+    /// receipt): the receipt's grants dropped since are dropped again (a mounted one was
+    /// already unmounted from the sandbox, which lived on), amendments' grants pinned again
+    /// (no link followed), budgets and expiry as they were.
+    pub(super) fn restore(self, gateway: &RunGateway, live: &LiveRun) {
+        let signed = gateway.fs.grants.current();
+        let grants: Vec<Arc<FsGrant>> = self
+            .grants
+            .iter()
+            .filter_map(|kept| match kept.origin {
+                GrantOrigin::Receipt => signed
+                    .iter()
+                    .find(|g| g.path == kept.path && g.writable == kept.writable)
+                    .cloned(),
+                origin => {
+                    let mut grant = FsGrant::open(&kept.path, kept.writable, kept.ask);
+                    grant.ask_reads = kept.ask_reads;
+                    grant.origin = origin;
+                    Some(Arc::new(grant))
+                }
+            })
+            .collect();
+        gateway.fs.grants.change(|_| grants);
+        gateway
+            .gate
+            .max_calls
+            .store(self.tool_calls, Ordering::SeqCst);
+        gateway
+            .gate
+            .expires_at
+            .store(self.expires_at, Ordering::SeqCst);
+        live.set_expiry(self.expires_at);
+        if let Some(models) = &gateway.models.models {
+            models.lower_tokens(self.tokens);
+        }
+        // What was left of it came back with the run's record.
+        live.output_limit.store(self.output_bytes, Ordering::SeqCst);
+        gateway.egress.lower_bytes(self.egress_bytes);
+        for bytes in &self.for_children {
+            let Ok(signed) = pb::SignedAmendment::decode(bytes.as_slice()) else {
+                continue;
+            };
+            if let Ok(amendment) = pb::Amendment::decode(signed.amendment.as_slice()) {
+                gateway.children.state.for_children(signed, amendment);
+            }
+        }
+        gateway
+            .amendments
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(self.applied);
     }
 }

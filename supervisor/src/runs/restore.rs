@@ -30,6 +30,7 @@ use tollgate_audit::{EntryDraft, EntryKind};
 use tollgate_receipt::{parse_envelope, SignedReceipt};
 use tollgate_shim_protocol::protocol::ToShim;
 
+use super::amend::AmendedRun;
 use super::start::{RunThreads, Watched};
 use super::{now_ms, LiveRun, RunManager, RunState};
 use crate::cgroup::RunCgroup;
@@ -64,6 +65,10 @@ pub(super) struct DetachedRun {
     pub tokens_used: u64,
     /// When the run was admitted (Unix milliseconds), for its report's duration.
     pub started_ms: u64,
+    /// What amendments and narrowings made of it (absent in records of older supervisors:
+    /// the receipt's envelope).
+    #[serde(default)]
+    pub amended: Option<AmendedRun>,
 }
 
 /// Where the detached run `run_id`'s pid 1 listens for the next supervisor.
@@ -219,7 +224,7 @@ impl RunManager {
         else {
             return Err("its agent is not running".into());
         };
-        let (gateway, tool_calls, tokens_used, expires_at) = {
+        let (gateway, tool_calls, tokens_used, expires_at, amended) = {
             let guard = live.gateway.lock().unwrap_or_else(|p| p.into_inner());
             let Some((run, handle)) = guard.as_ref() else {
                 return Err("its gateway is gone".into());
@@ -237,6 +242,7 @@ impl RunManager {
                 run.gate.calls.load(Ordering::SeqCst),
                 tokens,
                 run.gate.expires_at(),
+                AmendedRun::of(run, live),
             )
         };
         let live_dir = self.settings.data_dir.join("live");
@@ -258,6 +264,7 @@ impl RunManager {
             tool_calls,
             tokens_used,
             started_ms: handles.started_ms,
+            amended: Some(amended),
         };
         let json = serde_json::to_string(&state).map_err(|e| e.to_string())?;
         // On disk before pid 1 is told: a crash in between leaves a record that names a
@@ -326,11 +333,6 @@ impl RunManager {
         } = sandbox;
         match self.serve_adopted(&signed, &state, &dirs, &live, gateway, (execute, pid_one)) {
             Ok(receipt) => {
-                // What is left came from the record; the budget in all is the receipt's.
-                live.output_limit.store(
-                    receipt.limits.unwrap_or_default().output_bytes,
-                    Ordering::SeqCst,
-                );
                 if let Err(e) = self.records.set_detached(&run_id, None) {
                     tracing::warn!(run_id = %run_id, error = %e, "could not clear the run's detached record");
                 }
@@ -419,6 +421,15 @@ impl RunManager {
         };
         let run = self.gateway_for(&receipt, &plan, live, (signed, grants), ca);
         run.gate.calls.store(state.tool_calls, Ordering::SeqCst);
+        // What is left of its output came from the record; the budget in all is the
+        // receipt's, or what a narrowing made of it.
+        live.output_limit.store(
+            receipt.limits.unwrap_or_default().output_bytes,
+            Ordering::SeqCst,
+        );
+        if let Some(amended) = state.amended.clone() {
+            amended.restore(&run, live);
+        }
         if let Some(models) = &run.models.models {
             models.charge_restored(state.tokens_used);
         }

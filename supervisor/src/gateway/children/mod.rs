@@ -166,6 +166,11 @@ impl ChildState {
             .push((signed, amendment));
     }
 
+    /// The applied amendments for children, as signed.
+    pub fn signed_for_children(&self) -> Vec<pb::SignedAmendment> {
+        self.amendments().0
+    }
+
     /// How many applied amendments are for children.
     pub fn for_children_count(&self) -> usize {
         self.amendments
