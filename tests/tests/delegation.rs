@@ -946,3 +946,82 @@ tollgate-shim child delegate < /tmp/k 2>&1; echo "kept rc=$?"
     );
     tree.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_narrowed_away_from_a_parent_leaves_its_live_children_too() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-narrow", 212_100).await;
+    let shared = tree.dir.path().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::write(shared.join("f.txt"), "bytes\n").unwrap();
+    let s = shared.display();
+    // The child reads the parent's grant in a loop; the parent relays what it prints.
+    let script = format!(
+        r#"echo '{{"subject": "reader", "fs": [{{"path": "{s}", "access": "read"}}], "exec": ["/bin/sh", "/usr/bin/sleep"], "agent": {{"argv": ["/bin/sh", "-c", "while :; do tollgate-shim tool read {s}/f.txt >/dev/null 2>&1; echo child rc=$?; sleep 0.2; done"]}}}}' > /tmp/s
+tollgate-shim child delegate < /tmp/s > /tmp/id || exit 11
+read id < /tmp/id
+tollgate-shim child start "$id" >/dev/null || exit 12
+tollgate-shim child watch "$id"
+"#
+    );
+    let text = tree
+        .mint_with(
+            &script,
+            120,
+            1,
+            vec![grant(&shared, pb::FsAccess::Read, "")],
+            pb::Limits {
+                tool_calls: 2_000,
+                ..Default::default()
+            },
+        )
+        .await;
+    let run_id = tree.start_run(text).await;
+    let admin = tree.supervisor.token();
+    tree.supervisor
+        .until_printed(&admin, &run_id, "child rc=0")
+        .await;
+    tree.supervisor
+        .client()
+        .await
+        .amend_run(authed(
+            &admin,
+            pb::AmendRunRequest {
+                run_id: run_id.clone(),
+                change: Some(pb::amend_run_request::Change::Narrow(pb::Narrowing {
+                    drop_fs: vec![s.to_string()],
+                    ..Default::default()
+                })),
+            },
+        ))
+        .await
+        .expect("narrow the parent");
+    tree.supervisor
+        .until_printed(&admin, &run_id, "child rc=1")
+        .await;
+    // The child's narrowing is its own entry, before the parent's.
+    let amended: Vec<String> = tree
+        .supervisor
+        .audit()
+        .into_iter()
+        .filter(|e| e.kind == tollgate_audit::EntryKind::RunAmended)
+        .filter_map(|e| e.run_id)
+        .collect();
+    assert_eq!(amended.len(), 2, "{amended:?}");
+    assert_eq!(amended[1], run_id, "{amended:?}");
+    tree.supervisor
+        .client()
+        .await
+        .stop_run(authed(
+            &admin,
+            pb::StopRunRequest {
+                run_id: run_id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .expect("stop");
+    tree.assert_clean();
+}

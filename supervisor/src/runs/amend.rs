@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tollgate_audit::{Decision, EntryDraft, EntryKind};
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::amendment::{check_widening, verify_amendment, MAX_CHILD_AMENDMENTS};
+use tollgate_receipt::paths::path_within;
 use tollgate_receipt::{timestamp_from_unix, unix_now};
 
 use super::{LiveRun, RunManager};
@@ -48,6 +49,14 @@ impl RunManager {
         let live = self
             .live_run(run_id)
             .ok_or_else(|| AmendError::NotLive(run_id.to_owned()))?;
+        // A grant taken from a run is taken from its live children too (theirs beneath it),
+        // first: should one of theirs not leave (a mount still in use), the run keeps its own
+        // and the operator is told.
+        if let RunChange::Narrow(narrow) = &change {
+            if !narrow.drop_fs.is_empty() {
+                self.narrow_children(run_id, &narrow.drop_fs, by)?;
+            }
+        }
         let gateway = live
             .gateway
             .lock()
@@ -316,6 +325,61 @@ impl Budgets {
             output_bytes: live.output_limit.load(Ordering::SeqCst),
             egress_bytes: gateway.egress.max_bytes(),
         }
+    }
+}
+
+impl RunManager {
+    /// Drops from each live child of `run_id` (and theirs, in turn) its grants at or beneath
+    /// one of `dropped`.
+    fn narrow_children(
+        &self,
+        run_id: &str,
+        dropped: &[String],
+        by: &str,
+    ) -> Result<(), AmendError> {
+        let children: Vec<(String, Arc<LiveRun>)> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, child)| child.parent.as_deref() == Some(run_id))
+            .map(|(id, child)| (id.clone(), child.clone()))
+            .collect();
+        for (child_id, child) in children {
+            let Some(gateway) = child
+                .gateway
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map(|(gateway, _)| gateway.clone())
+            else {
+                continue;
+            };
+            let drop_fs: Vec<String> = gateway
+                .fs
+                .grants
+                .current()
+                .iter()
+                .filter(|g| dropped.iter().any(|d| path_within(&g.path, d)))
+                .map(|g| g.path.clone())
+                .collect();
+            if drop_fs.is_empty() {
+                continue;
+            }
+            let narrowing = pb::Narrowing {
+                drop_fs,
+                ..Default::default()
+            };
+            match self.amend(&child_id, RunChange::Narrow(narrowing), by) {
+                Ok(_) | Err(AmendError::NotLive(_)) => {}
+                Err(e) => {
+                    return Err(AmendError::NotANarrowing(format!(
+                        "child run {child_id} keeps a grant beneath a dropped one ({e}); nothing of this run was changed"
+                    )))
+                }
+            }
+        }
+        Ok(())
     }
 }
 
