@@ -411,6 +411,16 @@ impl RunRecords {
         Ok(())
     }
 
+    /// Moves a live run's recorded expiry (an amendment extended it, or a narrowing brought
+    /// it forward), so listings and a later restart see the one in force.
+    pub fn set_expiry(&self, run_id: &str, expires_at: i64) -> Result<(), RecordsError> {
+        self.conn().execute(
+            "UPDATE runs SET expires_at = ?2 WHERE run_id = ?1",
+            params![run_id, expires_at],
+        )?;
+        Ok(())
+    }
+
     /// Notes (durably) that `run_id` is left running detached, with what re-adopting it
     /// takes (`state`, JSON), or clears it (`None`: re-adopted, or the detach did not happen).
     pub fn set_detached(&self, run_id: &str, state: Option<&str>) -> Result<(), RecordsError> {

@@ -271,6 +271,11 @@ async fn a_live_run_is_widened_only_by_a_signed_amendment_and_narrowed_by_its_ow
         run.report.is_none(),
         "still running past the old expiry: {run:?}"
     );
+    assert_eq!(
+        run.expires_at.map(|t| t.seconds),
+        Some(old_expiry + 60),
+        "listings show the expiry in force"
+    );
 
     // From the command line: widen the budget (the authority signs, the supervisor applies),
     // then bring the expiry forward, which ends the run now.

@@ -294,7 +294,14 @@ impl RunManager {
         };
         // On disk before the run's powers change.
         self.audit.append(entry)?;
+        let expiry = gate.expires_at();
         apply();
+        if gate.expires_at() != expiry {
+            // Shown by listings; the run's own expiry is the gateway's and its thread's.
+            if let Err(e) = self.records.set_expiry(run_id, gate.expires_at()) {
+                tracing::warn!(run_id, error = %e, "could not record the amended expiry");
+            }
+        }
         if let Some(id) = applied_id {
             // Bounded: amendments are signed by the authority, and past this many a run's
             // replays are refused as stale anyway (5 minutes).
