@@ -8,8 +8,9 @@
 //! ([`ApprovalBoard::watch`]) get the calls waiting now and then every change.
 //!
 //! What a run can make the supervisor hold here is bounded: [`MAX_WAITING_PER_RUN`] waiting
-//! calls a run, [`MAX_WAITING`] in all, [`MAX_REMEMBERED_PER_RUN`] remembered approvals a
-//! run. A leaf: it knows nothing of the gateway or the API that use it.
+//! calls a run, [`MAX_WAITING_PER_OWNER`] an owner's runs together (one operator's many runs
+//! never fill the board for the others), [`MAX_WAITING`] in all, [`MAX_REMEMBERED_PER_RUN`]
+//! remembered approvals a run. A leaf: it knows nothing of the gateway or the API that use it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Mutex;
@@ -20,6 +21,8 @@ use tollgate_proto::v1 as pb;
 
 /// Most calls of one run waiting at once.
 pub const MAX_WAITING_PER_RUN: usize = 16;
+/// Most calls of one owner's runs waiting at once.
+pub const MAX_WAITING_PER_OWNER: usize = 256;
 /// Most calls waiting at once on this supervisor.
 pub const MAX_WAITING: usize = 1024;
 /// Most remembered approvals (tool and path) of one run.
@@ -68,6 +71,9 @@ pub enum AskError {
     /// The run already has as many calls waiting as it may.
     #[error("{MAX_WAITING_PER_RUN} calls of this run already wait for approval; wait for a decision, or cancel one")]
     RunFull,
+    /// The runs of the call's owner already have as many calls waiting as they may.
+    #[error("{MAX_WAITING_PER_OWNER} calls of this operator's runs already wait for approval; retry once some are decided")]
+    OwnerFull,
     /// The supervisor already has as many calls waiting as it may.
     #[error("{MAX_WAITING} calls already wait for approval on this supervisor; retry once operators have decided")]
     BoardFull,
@@ -162,6 +168,15 @@ impl ApprovalBoard {
                 .count();
             if of_run >= MAX_WAITING_PER_RUN {
                 return Err(AskError::RunFull);
+            }
+            let of_owner = board
+                .waiting
+                .values()
+                .filter(|w| w.call.owner == call.owner)
+                .take(MAX_WAITING_PER_OWNER)
+                .count();
+            if of_owner >= MAX_WAITING_PER_OWNER {
+                return Err(AskError::OwnerFull);
             }
             board.waiting.insert(
                 key.clone(),
@@ -459,6 +474,20 @@ mod tests {
             Err(AskError::RunFull)
         ));
         assert!(board.ask(call("r2", "c0")).is_ok(), "other runs still ask");
+        // One owner's many runs fill only that owner's share.
+        let owned = |run: usize, id: usize| pb::PendingCall {
+            owner: "mallory".into(),
+            ..call(&format!("m{run:03}"), &format!("c{id:03}"))
+        };
+        let many: Vec<_> = (0..MAX_WAITING_PER_OWNER)
+            .map(|i| board.ask(owned(i / MAX_WAITING_PER_RUN, i)).unwrap())
+            .collect();
+        assert!(matches!(board.ask(owned(999, 0)), Err(AskError::OwnerFull)));
+        assert!(
+            board.ask(call("r3", "c0")).is_ok(),
+            "other owners still ask"
+        );
+        drop(many);
         let waiting = board.waiting_of("r1");
         assert_eq!(waiting.len(), MAX_WAITING_PER_RUN);
         assert_eq!(waiting[0].call_id, "c000", "oldest first");
