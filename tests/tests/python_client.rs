@@ -277,6 +277,7 @@ async fn python_client_runs_three_scoped_agents_in_parallel_on_the_supervisor() 
             "start_watch_get_list",
             "unpinned_receipt_takes_argv_within_exec",
             "stop_tears_down_a_live_run",
+            "approvals_are_watched_and_decided_and_live_runs_amended",
             "tree_shows_a_delegated_child_that_ends_with_its_parent",
             "refused_receipts_raise_tollgate_error",
             "revoked_receipt_is_refused_once_the_supervisor_knows",

@@ -37,9 +37,11 @@ import tollgate
 from tollgate import (
     Authority,
     Ceiling,
+    DecidedCall,
     FsGrant,
     Limits,
     OutputChunk,
+    PendingCall,
     ReceiptError,
     Run,
     RunState,
@@ -573,6 +575,69 @@ def test_stop_tears_down_a_live_run() -> None:
     assert rest and isinstance(rest[-1], Run) and rest[-1].state == RunState.STOPPED, rest
     # Stopping it again returns it as it ended.
     assert supervisor().stop(run_id).state == RunState.STOPPED
+
+
+@test(SUPERVISOR)
+def test_approvals_are_watched_and_decided_and_live_runs_amended() -> None:
+    workdir = tempfile.mkdtemp(prefix="tollgate-py-approvals-")
+    os.chmod(workdir, 0o755)
+    script = (
+        f"printf hi | tollgate-shim tool write {workdir}/x.txt --create; echo write rc=$?; "
+        "tollgate-shim tool exec -- /usr/bin/id -u 2>&1; echo exec rc=$?"
+    )
+    minted = mint_script(
+        script,
+        fs=[FsGrant.write(workdir, ask=True)],
+        exec_ask=["/usr/bin/id"],
+        approval_timeout="1m",
+    )
+    assert minted.receipt.approval_timeout_seconds == 60, minted.receipt
+    run_id = supervisor().start(minted.text)
+    asked: List[PendingCall] = []
+    decided: List[DecidedCall] = []
+    for event in supervisor().approvals(run_id, timeout=60):
+        if isinstance(event, PendingCall):
+            asked.append(event)
+            if event.tool == "fs.write":
+                supervisor().approve(run_id, event.call_id)
+            else:
+                supervisor().deny(run_id, event.call_id, "not this command")
+        elif isinstance(event, DecidedCall):
+            decided.append(event)
+            if len(decided) == 2:
+                break
+    assert [(c.tool, c.path) for c in asked] == [
+        ("fs.write", f"{workdir}/x.txt"),
+        ("exec", "/usr/bin/id"),
+    ], asked
+    assert asked[1].argv == ("/usr/bin/id", "-u") and asked[0].bytes == 2, asked
+    assert [d.outcome for d in decided] == ["approved", "denied"], decided
+    out, _, final = collect(run_id)
+    assert "write rc=0" in out and "not this command" in out and "exec rc=1" in out, out
+    assert final.state == RunState.EXITED, final
+    with open(os.path.join(workdir, "x.txt")) as f:
+        assert f.read() == "hi"
+    expect_error(
+        grpc.StatusCode.NOT_FOUND, lambda: supervisor().approve(run_id, asked[0].call_id)
+    )
+
+    # A live run: narrowed without a signature, widened with one.
+    a, b = (os.path.join(workdir, name) for name in ("a", "b"))
+    for path in (a, b):
+        os.mkdir(path)
+    minted = mint_script("echo started; exec /usr/bin/sleep 60", fs=[FsGrant.read(a)])
+    run_id = supervisor().start(minted.text)
+    narrowed = supervisor().narrow(run_id, drop_fs=[a], tool_calls=50, egress_bytes="1MiB")
+    assert narrowed.fs == () and narrowed.tool_calls == 50, narrowed
+    assert narrowed.egress_bytes == 1 << 20, narrowed
+    expect_error(grpc.StatusCode.FAILED_PRECONDITION, lambda: supervisor().narrow(run_id, tool_calls=500))
+    amendment = authority().amend(run_id, add_fs=[FsGrant.read(b)], extend="1m")
+    assert amendment.receipt_id == run_id and amendment.add_fs[0].path == b, amendment
+    widened = supervisor().amend(run_id, amendment)
+    assert [g.path for g in widened.fs] == [b], widened
+    assert widened.expires_at is not None and narrowed.expires_at is not None
+    assert widened.expires_at - narrowed.expires_at == timedelta(minutes=1), widened
+    supervisor().stop(run_id)
 
 
 @test(SUPERVISOR)

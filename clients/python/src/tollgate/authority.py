@@ -10,6 +10,7 @@ import grpc
 from ._channel import DEFAULT_TIMEOUT, PathLike, _Client
 from ._pb import authority_pb2, authority_pb2_grpc, receipt_pb2
 from .types import (
+    Amendment,
     Ceiling,
     Duration,
     EgressGrant,
@@ -102,6 +103,9 @@ class Authority(_Client):
         delegate_depth: Optional[int] = None,
         not_before: Union[datetime, float, None] = None,
         egress: Iterable[Union[EgressGrant, str]] = (),
+        gateway_exec: Iterable[str] = (),
+        exec_ask: Iterable[str] = (),
+        approval_timeout: Optional[Duration] = None,
     ) -> MintedReceipt:
         """Mints and signs a receipt for the calling operator, within its ceiling.
 
@@ -122,6 +126,12 @@ class Authority(_Client):
             delegate_depth: Levels of delegation allowed; None means none.
             not_before: Start of validity (aware datetime or Unix seconds); None means now.
             egress: Outbound connections: :class:`EgressGrant` or a host name (port 443).
+            gateway_exec: Programs the agent may run only through the gateway's exec tool
+                (never directly), each command audited.
+            exec_ask: Programs run only through the gateway, each command approved by an
+                operator first.
+            approval_timeout: How long a call waits for an operator before it is denied
+                (default 5 minutes).
 
         Returns:
             The minted receipt: its text form, id and decoded fields.
@@ -134,7 +144,11 @@ class Authority(_Client):
             exec=strings(exec),
             routes=[RouteGrant.coerce(r).to_proto() for r in routes],
             egress=[EgressGrant.coerce(g).to_proto() for g in egress],
+            gateway_exec=[receipt_pb2.GatewayExecGrant(program=p, ask=False) for p in strings(gateway_exec)]
+            + [receipt_pb2.GatewayExecGrant(program=p, ask=True) for p in strings(exec_ask)],
         )
+        if approval_timeout is not None:
+            request.approval_timeout_seconds = parse_duration(approval_timeout)
         if argv is not None or env or workdir:
             request.agent.CopyFrom(
                 receipt_pb2.AgentSpec(argv=strings(argv), env=dict(env or {}), workdir=workdir)
@@ -148,6 +162,29 @@ class Authority(_Client):
             request.not_before.CopyFrom(_timestamp(not_before))
         response = self._unary("MintReceipt", self._stub.MintReceipt, request)
         return MintedReceipt.from_signed(response.text, response.signed)
+
+    def amend(
+        self,
+        receipt_id: str,
+        *,
+        add_fs: Iterable[Union[FsGrant, Sequence[str]]] = (),
+        tool_calls: int = 0,
+        extend: Optional[Duration] = None,
+        for_children: bool = False,
+    ) -> Amendment:
+        """Signs a widening of a live run (the receipt's owner, or an admin; within the
+        caller's ceiling): gateway-only fs grants, a bigger tool-call budget, a later expiry.
+        Hand the result to :meth:`Supervisor.amend` within 5 minutes. ``for_children`` lets
+        the run's future delegated children be granted it too."""
+        request = authority_pb2.AmendReceiptRequest(
+            receipt_id=receipt_id,
+            add_fs=[FsGrant.coerce(g).to_proto() for g in add_fs],
+            tool_calls=tool_calls,
+            extend_seconds=parse_duration(extend) if extend is not None else 0,
+            for_children=for_children,
+        )
+        response = self._unary("AmendReceipt", self._stub.AmendReceipt, request)
+        return Amendment.from_proto(response.amendment, response.signed)
 
     def key_set(self) -> KeySet:
         """The public keys that verify this authority's receipts (public: no token needed)."""

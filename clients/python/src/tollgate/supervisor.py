@@ -2,22 +2,39 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List, Optional, Sequence, Union
+from datetime import datetime
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Union
 
 import grpc
 
 from ._channel import DEFAULT_TIMEOUT, PathLike, _Client
 from ._pb import supervisor_pb2, supervisor_pb2_grpc
 from .errors import TollgateError
-from .types import OutputChunk, Run, RunTree, SupervisorInfo, strings
+from .types import (
+    Amendment,
+    DecidedCall,
+    OutputChunk,
+    PendingCall,
+    Run,
+    RunEnvelope,
+    RunTree,
+    SupervisorInfo,
+    _timestamp,
+    parse_size,
+    strings,
+)
 
-__all__ = ["Supervisor", "RunEvent", "DEFAULT_SUPERVISOR"]
+__all__ = ["Supervisor", "RunEvent", "ApprovalEvent", "DEFAULT_SUPERVISOR"]
 
 DEFAULT_SUPERVISOR = "127.0.0.1:7701"
 """The supervisor's default listen address."""
 
 RunEvent = Union[OutputChunk, Run]
 """What :meth:`Supervisor.watch` yields: output, then the ended :class:`Run` last."""
+
+ApprovalEvent = Union[PendingCall, DecidedCall, None]
+"""What :meth:`Supervisor.approvals` yields: a call that waits, a wait that ended, or None
+once every call waiting when the watch began has been yielded (what follows is live)."""
 
 
 class Supervisor(_Client):
@@ -194,3 +211,88 @@ class Supervisor(_Client):
     ) -> Run:
         """:meth:`start` then :meth:`wait`: runs a receipt to its end."""
         return self.wait(self.start(receipt_text, argv), on_output=on_output, timeout=timeout)
+
+    def approvals(self, run_id: str = "", timeout: Optional[float] = None) -> Iterator[ApprovalEvent]:
+        """Follows the calls waiting for an operator's approval: those waiting now, then
+        ``None``, then each new :class:`PendingCall` and each :class:`DecidedCall` as it
+        happens. An operator sees only its own runs' calls; the admin token sees all.
+
+        Args:
+            run_id: Only this run's calls; empty for every run the caller may see.
+            timeout: Seconds the whole stream may last; None for no limit.
+
+        Raises:
+            TollgateError: ``DATA_LOSS`` when this watcher fell too far behind (watch
+                again); ``NOT_FOUND`` / ``PERMISSION_DENIED`` for a run it may not see.
+        """
+        call = self._stub.WatchApprovals(
+            supervisor_pb2.WatchApprovalsRequest(run_id=run_id), metadata=self._metadata(), timeout=timeout
+        )
+        try:
+            for event in call:
+                kind = event.WhichOneof("event")
+                if kind == "pending":
+                    yield PendingCall.from_proto(event.pending)
+                elif kind == "decided":
+                    yield DecidedCall.from_proto(event.decided)
+                elif kind == "caught_up":
+                    yield None
+        except grpc.RpcError as e:
+            raise TollgateError.from_rpc("WatchApprovals", e) from None
+        finally:
+            call.cancel()
+
+    def decide(
+        self, run_id: str, call_id: str, approve: bool, *, remember: bool = False, reason: str = ""
+    ) -> DecidedCall:
+        """Approves or denies one waiting call. ``remember`` (with approve) lets the run's
+        later identical calls (same tool and path; for ``exec`` the same argv) through
+        without asking. ``NOT_FOUND`` once the call no longer waits."""
+        request = supervisor_pb2.DecideApprovalRequest(
+            run_id=run_id, call_id=call_id, approve=approve, remember=remember, reason=reason
+        )
+        response = self._unary("DecideApproval", self._stub.DecideApproval, request)
+        return DecidedCall.from_proto(response.decided)
+
+    def approve(self, run_id: str, call_id: str, *, remember: bool = False) -> DecidedCall:
+        """:meth:`decide` approving."""
+        return self.decide(run_id, call_id, True, remember=remember)
+
+    def deny(self, run_id: str, call_id: str, reason: str = "") -> DecidedCall:
+        """:meth:`decide` denying; the agent is told ``reason``."""
+        return self.decide(run_id, call_id, False, reason=reason)
+
+    def narrow(
+        self,
+        run_id: str,
+        *,
+        drop_fs: Iterable[str] = (),
+        tool_calls: int = 0,
+        tokens: int = 0,
+        output_bytes: Union[int, str] = 0,
+        egress_bytes: Union[int, str] = 0,
+        expires_at: Union[datetime, float, None] = None,
+    ) -> RunEnvelope:
+        """Takes powers away from a live run without stopping it (its owner or an admin; no
+        signature needed): drops fs grants (a mounted one is unmounted from the sandbox, and
+        the run's live children lose theirs beneath it), lowers budgets (each the run's in
+        all; 0 leaves it), brings the expiry forward. Anything that would widen is
+        ``FAILED_PRECONDITION``. Returns what the run may do now."""
+        narrowing = supervisor_pb2.Narrowing(
+            drop_fs=strings(drop_fs),
+            tool_calls=tool_calls,
+            tokens=tokens,
+            output_bytes=parse_size(output_bytes) if output_bytes else 0,
+            egress_bytes=parse_size(egress_bytes) if egress_bytes else 0,
+        )
+        if expires_at is not None:
+            narrowing.expires_at.CopyFrom(_timestamp(expires_at))
+        request = supervisor_pb2.AmendRunRequest(run_id=run_id, narrow=narrowing)
+        return RunEnvelope.from_proto(self._unary("AmendRun", self._stub.AmendRun, request))
+
+    def amend(self, run_id: str, amendment: Amendment) -> RunEnvelope:
+        """Applies a widening the authority signed (:meth:`Authority.amend`) to the live run.
+        A forged, stale or other run's amendment is ``PERMISSION_DENIED``; one applied before
+        changes nothing. Returns what the run may do now."""
+        request = supervisor_pb2.AmendRunRequest(run_id=run_id, amendment=amendment.signed)
+        return RunEnvelope.from_proto(self._unary("AmendRun", self._stub.AmendRun, request))

@@ -35,6 +35,10 @@ __all__ = [
     "RunTree",
     "PendingChild",
     "OutputChunk",
+    "PendingCall",
+    "DecidedCall",
+    "RunEnvelope",
+    "Amendment",
     "parse_duration",
     "parse_size",
 ]
@@ -198,24 +202,30 @@ class FsGrant:
         mount: Optional absolute path inside the sandbox where the host path is bind-mounted;
             empty means reachable only through the gateway's file tools
             (``tollgate-shim tool read PATH``).
+        ask: Each change the gateway makes beneath it waits for an operator's approval
+            (gateway-only grants: no ``mount``).
+        ask_reads: Each read through the gateway beneath it waits for an operator too (no
+            mount may reach the same files).
     """
 
     path: str
     access: FsAccess = FsAccess.READ
     mount: str = ""
+    ask: bool = False
+    ask_reads: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "access", FsAccess(self.access))
 
     @classmethod
-    def read(cls, path: str, mount: str = "") -> "FsGrant":
-        """A read grant."""
-        return cls(path, FsAccess.READ, mount)
+    def read(cls, path: str, mount: str = "", *, ask_reads: bool = False) -> "FsGrant":
+        """A read grant (``ask_reads``: each read waits for an operator)."""
+        return cls(path, FsAccess.READ, mount, ask_reads=ask_reads)
 
     @classmethod
-    def write(cls, path: str, mount: str = "") -> "FsGrant":
-        """A write grant."""
-        return cls(path, FsAccess.WRITE, mount)
+    def write(cls, path: str, mount: str = "", *, ask: bool = False, ask_reads: bool = False) -> "FsGrant":
+        """A write grant (``ask``: each change waits for an operator)."""
+        return cls(path, FsAccess.WRITE, mount, ask=ask, ask_reads=ask_reads)
 
     @classmethod
     def coerce(cls, value: Union["FsGrant", Sequence[str]]) -> "FsGrant":
@@ -228,11 +238,17 @@ class FsGrant:
         return cls(value[0], access, value[2] if len(value) > 2 else "")
 
     def to_proto(self) -> Any:
-        return receipt_pb2.FsGrant(path=self.path, access=self.access.to_proto(), mount=self.mount)
+        return receipt_pb2.FsGrant(
+            path=self.path,
+            access=self.access.to_proto(),
+            mount=self.mount,
+            ask=self.ask,
+            ask_reads=self.ask_reads,
+        )
 
     @classmethod
     def from_proto(cls, m: Any) -> "FsGrant":
-        return cls(m.path, FsAccess.from_proto(m.access), m.mount)
+        return cls(m.path, FsAccess.from_proto(m.access), m.mount, ask=m.ask, ask_reads=m.ask_reads)
 
 
 @dataclass(frozen=True)
@@ -401,7 +417,11 @@ class AgentSpec:
 
 @dataclass(frozen=True)
 class Receipt:
-    """A decoded receipt: what one run may do. See ``proto/tollgate/v1/receipt.proto``."""
+    """A decoded receipt: what one run may do. See ``proto/tollgate/v1/receipt.proto``.
+
+    ``gateway_exec`` and ``exec_ask`` are the programs the agent may run only through the
+    gateway's exec tool (each command approved first, for ``exec_ask``);
+    ``approval_timeout_seconds`` is how long a call waits for an operator."""
 
     receipt_id: str
     issuer: str
@@ -422,6 +442,9 @@ class Receipt:
     routes: Tuple[RouteGrant, ...]
     delegate_depth: Optional[int]
     egress: Tuple[EgressGrant, ...] = ()
+    gateway_exec: Tuple[str, ...] = ()
+    exec_ask: Tuple[str, ...] = ()
+    approval_timeout_seconds: int = 0
 
     @classmethod
     def from_proto(cls, m: Any) -> "Receipt":
@@ -445,6 +468,9 @@ class Receipt:
             routes=tuple(RouteGrant.from_proto(r) for r in m.routes),
             delegate_depth=m.delegate.max_depth if m.HasField("delegate") else None,
             egress=tuple(EgressGrant.from_proto(g) for g in m.egress),
+            gateway_exec=tuple(g.program for g in m.gateway_exec if not g.ask),
+            exec_ask=tuple(g.program for g in m.gateway_exec if g.ask),
+            approval_timeout_seconds=m.approval_timeout_seconds,
         )
 
     @classmethod
@@ -763,3 +789,151 @@ def strings(value: Union[str, Iterable[str], None]) -> List[str]:
     if isinstance(value, str):
         return [value]
     return [str(v) for v in value]
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """A gateway call waiting for an operator's approval: what it would do, never its data.
+
+    Attributes:
+        run_id, call_id: The run and the call (what :meth:`Supervisor.decide` names).
+        owner, subject: The run's owner (operator) and agent name.
+        tool: ``fs.write``, ``fs.delete``, ``fs.read``, ``fs.list``, ``fs.stat``, ``exec``,
+            ``egress``, ``model.complete`` or ``delegate``.
+        path: What it reaches: the host path, the program, ``host:port``, the route, the
+            child's subject.
+        bytes: ``fs.write``: bytes written; ``exec``: bytes of stdin; ``model.complete``:
+            bytes of text that would leave.
+        mode: ``fs.write``: how it writes.
+        sensitivity, reasons: ``model.complete``: the classifier's judgement and why.
+        argv, cwd: ``exec``: the command line and where it runs.
+        asked_at, deadline: When it began to wait, and when it is denied unless decided.
+    """
+
+    run_id: str
+    call_id: str
+    owner: str
+    subject: str
+    tool: str
+    path: str
+    bytes: int
+    mode: str
+    sensitivity: str
+    reasons: Tuple[str, ...]
+    argv: Tuple[str, ...]
+    cwd: str
+    asked_at: Optional[datetime]
+    deadline: Optional[datetime]
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "PendingCall":
+        return cls(
+            run_id=m.run_id,
+            call_id=m.call_id,
+            owner=m.owner,
+            subject=m.subject,
+            tool=m.tool,
+            path=m.path,
+            bytes=m.bytes,
+            mode=m.mode,
+            sensitivity=m.sensitivity,
+            reasons=tuple(m.reasons),
+            argv=tuple(m.argv),
+            cwd=m.cwd,
+            asked_at=_dt(m, "asked_at"),
+            deadline=_dt(m, "deadline"),
+        )
+
+
+@dataclass(frozen=True)
+class DecidedCall:
+    """How a wait for approval ended.
+
+    Attributes:
+        outcome: ``"approved"``, ``"denied"``, ``"timed_out"``, ``"cancelled"`` or
+            ``"run_ended"``.
+        decided_by: The operator who decided (empty when no one did).
+        reason: Why, as the decider gave it or as the supervisor says.
+        remember: Whether later identical calls of the run pass without asking.
+    """
+
+    run_id: str
+    call_id: str
+    outcome: str
+    decided_by: str
+    reason: str
+    remember: bool
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "DecidedCall":
+        name = supervisor_pb2.ApprovalOutcome.Name(m.outcome)
+        return cls(
+            run_id=m.run_id,
+            call_id=m.call_id,
+            outcome=name.removeprefix("APPROVAL_OUTCOME_").lower(),
+            decided_by=m.decided_by,
+            reason=m.reason,
+            remember=m.remember,
+        )
+
+
+@dataclass(frozen=True)
+class RunEnvelope:
+    """What a live run's gateway allows after an amendment: its fs grants in force, its
+    budgets (``tokens`` 0: no model calls) and its expiry."""
+
+    fs: Tuple[FsGrant, ...]
+    tool_calls: int
+    tokens: int
+    output_bytes: int
+    egress_bytes: int
+    expires_at: Optional[datetime]
+
+    @classmethod
+    def from_proto(cls, m: Any) -> "RunEnvelope":
+        return cls(
+            fs=tuple(FsGrant.from_proto(g) for g in m.fs),
+            tool_calls=m.tool_calls,
+            tokens=m.tokens,
+            output_bytes=m.output_bytes,
+            egress_bytes=m.egress_bytes,
+            expires_at=_dt(m, "expires_at"),
+        )
+
+
+@dataclass(frozen=True)
+class Amendment:
+    """A widening of one live run that the authority signed (:meth:`Authority.amend`); hand
+    it to :meth:`Supervisor.amend` within 5 minutes.
+
+    Attributes:
+        amendment_id, receipt_id: The amendment and the receipt (= run) it widens.
+        add_fs: Gateway-only grants it adds.
+        tool_calls: The new tool-call budget (0: unchanged).
+        expires_at: The new expiry (None: unchanged).
+        for_children: Whether the run's future children may be granted it too.
+        amended_by: The operator who asked for it.
+        signed: The signed envelope (``tollgate.v1.SignedAmendment``), passed on unchanged.
+    """
+
+    amendment_id: str
+    receipt_id: str
+    add_fs: Tuple[FsGrant, ...]
+    tool_calls: int
+    expires_at: Optional[datetime]
+    for_children: bool
+    amended_by: str
+    signed: Any = field(repr=False, compare=False)
+
+    @classmethod
+    def from_proto(cls, amendment: Any, signed: Any) -> "Amendment":
+        return cls(
+            amendment_id=amendment.amendment_id,
+            receipt_id=amendment.receipt_id,
+            add_fs=tuple(FsGrant.from_proto(g) for g in amendment.add_fs),
+            tool_calls=amendment.tool_calls,
+            expires_at=_dt(amendment, "expires_at"),
+            for_children=amendment.for_children,
+            amended_by=amendment.amended_by,
+            signed=signed,
+        )
