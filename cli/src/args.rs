@@ -330,8 +330,8 @@ pub enum Command {
     },
     /// Take powers away from a live run without stopping it (no signature needed; the run's
     /// owner or an admin): drop fs grants (a mounted one is unmounted from the sandbox), lower
-    /// its budgets (tool calls, model tokens, relayed output, outbound bytes), bring its expiry
-    /// forward. Each budget is the run's in all, at most the current one; what was spent stays
+    /// its budgets (tool calls, model tokens, relayed output, outbound bytes), take
+    /// gateway-only programs away, bring its expiry forward. Each budget is the run's in all, at most the current one; what was spent stays
     /// spent. Prints what it may do now
     Narrow {
         /// The run id.
@@ -351,6 +351,9 @@ pub enum Command {
         /// The new budget of outbound bytes, each way, e.g. "10MiB" (at most the current one).
         #[arg(long, value_name = "SIZE")]
         egress_bytes: Option<String>,
+        /// A gateway-only program to take away (as granted); repeatable.
+        #[arg(long = "drop-exec", value_name = "PROGRAM")]
+        drop_gateway_exec: Vec<String>,
         /// End the run this long from now, e.g. "2m" (no later than its current expiry).
         #[arg(long, value_name = "DURATION")]
         expires_in: Option<String>,
@@ -359,8 +362,8 @@ pub enum Command {
         json: bool,
     },
     /// Give a live run more through its gateway without restarting it: the authority signs an
-    /// amendment within your ceiling, the supervisor applies it. Gateway-only fs grants, a
-    /// bigger tool-call budget, a later expiry; never a mount or another kernel-level power
+    /// amendment within your ceiling, the supervisor applies it. Gateway-only fs grants and
+    /// programs, bigger budgets, a later expiry; never a mount or another kernel-level power
     /// (start a new run for those). Prints what it may do now
     Widen {
         /// The run id (= its receipt id).
@@ -372,6 +375,19 @@ pub enum Command {
         /// The new tool-call budget (above the current one).
         #[arg(long, value_name = "N")]
         tool_calls: Option<u64>,
+        /// The new model-token budget (above the receipt's).
+        #[arg(long, value_name = "N")]
+        tokens: Option<u64>,
+        /// The new budget of agent output relayed, e.g. "10MiB" (above the receipt's).
+        #[arg(long, value_name = "SIZE")]
+        output_bytes: Option<String>,
+        /// The new budget of outbound bytes, each way, e.g. "2GiB" (above the receipt's).
+        #[arg(long, value_name = "SIZE")]
+        egress_bytes: Option<String>,
+        /// A program the exec tool may run, only through the gateway; :ask after it to have
+        /// each command approved; repeatable.
+        #[arg(long = "gateway-exec", value_name = "PROGRAM[:ask]")]
+        gateway_exec: Vec<String>,
         /// Extend the run's expiry by this much, e.g. "30m".
         #[arg(long, value_name = "DURATION")]
         extend: Option<String>,

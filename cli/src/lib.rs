@@ -192,6 +192,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             tokens,
             output_bytes,
             egress_bytes,
+            drop_gateway_exec,
             expires_in,
             json,
         } => {
@@ -201,6 +202,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
                 tokens,
                 output_bytes,
                 egress_bytes,
+                drop_gateway_exec,
                 expires_in,
             };
             approvals::narrow(global, run_id, asked, json).await
@@ -209,6 +211,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             run_id,
             fs,
             tool_calls,
+            tokens,
+            output_bytes,
+            egress_bytes,
+            gateway_exec,
             extend,
             for_children,
             json,
@@ -216,6 +222,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             let asked = approvals::WidenArgs {
                 fs,
                 tool_calls,
+                tokens,
+                output_bytes,
+                egress_bytes,
+                gateway_exec,
                 extend,
                 for_children,
             };

@@ -105,8 +105,8 @@ pub fn verify_amendment(
 }
 
 /// Whether `amendment` only widens `receipt`'s gateway envelope as an amendment may, and is
-/// fresh at `now`: gateway-only fs grants (no mount, no exec), a budget no lower, an expiry no
-/// earlier than the receipt's.
+/// fresh at `now`: gateway-only fs grants (no mount, no exec) and programs, budgets no lower,
+/// an expiry no earlier than the receipt's.
 pub fn check_widening(
     receipt: &Receipt,
     amendment: &Amendment,
@@ -125,15 +125,26 @@ pub fn check_widening(
     }
     check_added_grants(&amendment.add_fs)?;
     check_amended_grants(receipt, &amendment.add_fs)?;
-    let budget = receipt.limits.unwrap_or_default().tool_calls;
-    if amendment.tool_calls != 0 && amendment.tool_calls < budget {
-        return Err(AmendmentError::NotAWidening {
-            field: "tool_calls".into(),
-            reason: format!(
-                "{} is below the receipt's {budget}; narrowing needs no amendment",
-                amendment.tool_calls
-            ),
-        });
+    check_added_programs(receipt, &amendment.add_gateway_exec)?;
+    let limits = receipt.limits.unwrap_or_default();
+    for (field, asked, budget) in [
+        ("tool_calls", amendment.tool_calls, limits.tool_calls),
+        ("tokens", amendment.tokens, limits.tokens),
+        ("output_bytes", amendment.output_bytes, limits.output_bytes),
+        (
+            "egress_bytes",
+            amendment.egress_bytes,
+            tollgate_proto::effective_egress(&limits).1,
+        ),
+    ] {
+        if asked != 0 && asked < budget {
+            return Err(AmendmentError::NotAWidening {
+                field: field.into(),
+                reason: format!(
+                    "{asked} is below the receipt's {budget}; narrowing needs no amendment"
+                ),
+            });
+        }
     }
     let expiry = receipt.expires_at.as_ref().map_or(0, |t| t.seconds);
     if let Some(new) = &amendment.expires_at {
@@ -166,6 +177,31 @@ pub fn check_amendable(receipt: &Receipt) -> Result<(), AmendmentError> {
     }
 }
 
+/// The programs an amendment lets the exec tool run, only through the gateway: at most
+/// [`MAX_ADDED_GRANTS`], and with the receipt's own the rule a mint applies (each can run in
+/// the sandbox, none in its exec list, none twice).
+pub fn check_added_programs(
+    receipt: &Receipt,
+    add: &[tollgate_proto::v1::GatewayExecGrant],
+) -> Result<(), AmendmentError> {
+    if add.len() > MAX_ADDED_GRANTS {
+        return Err(AmendmentError::NotAWidening {
+            field: "add_gateway_exec".into(),
+            reason: format!("at most {MAX_ADDED_GRANTS} programs an amendment"),
+        });
+    }
+    let combined: Vec<_> = receipt.gateway_exec.iter().chain(add).cloned().collect();
+    crate::paths::check_gateway_exec(&combined, &receipt.fs, &receipt.exec).map_err(|e| {
+        AmendmentError::NotAWidening {
+            field: format!(
+                "add_gateway_exec[{}]",
+                e.index.saturating_sub(receipt.gateway_exec.len())
+            ),
+            reason: e.to_string(),
+        }
+    })
+}
+
 /// Most amendments for children a delegation request carries.
 pub const MAX_CHILD_AMENDMENTS: usize = 64;
 
@@ -184,9 +220,19 @@ pub fn widened_for_children(receipt: &Receipt, amendments: &[Amendment]) -> Rece
                 widened.fs.push(grant.clone());
             }
         }
-        if amendment.tool_calls != 0 {
-            let limits = widened.limits.get_or_insert_with(Default::default);
-            limits.tool_calls = limits.tool_calls.max(amendment.tool_calls);
+        for grant in &amendment.add_gateway_exec {
+            if !widened.gateway_exec.contains(grant) {
+                widened.gateway_exec.push(grant.clone());
+            }
+        }
+        let limits = widened.limits.get_or_insert_with(Default::default);
+        limits.tool_calls = limits.tool_calls.max(amendment.tool_calls);
+        limits.tokens = limits.tokens.max(amendment.tokens);
+        limits.output_bytes = limits.output_bytes.max(amendment.output_bytes);
+        if amendment.egress_bytes != 0 {
+            limits.egress_bytes = tollgate_proto::effective_egress(limits)
+                .1
+                .max(amendment.egress_bytes);
         }
         if let Some(new) = &amendment.expires_at {
             if widened
@@ -417,5 +463,59 @@ mod tests {
         assert_eq!(widened.fs.len(), 1, "each grant once");
         assert_eq!(widened.limits.unwrap().tool_calls, 20);
         assert_eq!(widened.expires_at.unwrap().seconds, 2_000);
+    }
+
+    #[test]
+    fn programs_and_budgets_widen_only() {
+        let mut r = receipt();
+        r.exec = vec!["/bin/sh".into()];
+        let program = |p: &str| pb::GatewayExecGrant {
+            program: p.into(),
+            ask: false,
+        };
+        let ok = Amendment {
+            add_gateway_exec: vec![program("/usr/bin/git")],
+            tokens: 1_000,
+            ..amendment()
+        };
+        check_widening(&r, &ok, 600).unwrap();
+        for (bad, field) in [
+            (
+                Amendment {
+                    add_gateway_exec: vec![program("/bin/sh")],
+                    ..amendment()
+                },
+                "add_gateway_exec[0]",
+            ),
+            (
+                Amendment {
+                    add_gateway_exec: vec![program("/work/tool")],
+                    ..amendment()
+                },
+                "add_gateway_exec[0]",
+            ),
+            (
+                Amendment {
+                    output_bytes: 1,
+                    ..amendment()
+                },
+                "output_bytes",
+            ),
+        ] {
+            match check_widening(
+                &Receipt {
+                    limits: Some(pb::Limits {
+                        output_bytes: 1 << 20,
+                        ..r.limits.unwrap()
+                    }),
+                    ..r.clone()
+                },
+                &bad,
+                600,
+            ) {
+                Err(AmendmentError::NotAWidening { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
     }
 }

@@ -111,6 +111,16 @@ impl Ledger {
         self.limit = self.limit.min(limit);
     }
 
+    /// Raises the budget to `limit` (never lowers it): a signed amendment.
+    pub fn raise_to(&mut self, limit: u64) {
+        self.limit = self.limit.max(limit);
+    }
+
+    /// Sets the budget to `limit`: what a re-adopted run's amendments had made of it.
+    pub fn set_limit(&mut self, limit: u64) {
+        self.limit = limit;
+    }
+
     /// Tokens neither used nor held.
     pub fn remaining(&self) -> u64 {
         self.limit

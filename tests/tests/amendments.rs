@@ -609,3 +609,163 @@ async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
         .await
         .expect("stop");
 }
+
+/// Gateway-only programs and budgets move like gateway grants: an amendment adds a program the
+/// exec tool may run and raises budgets; a narrowing takes a program away; a program of the
+/// receipt's exec list (the kernel's) can be neither added nor taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_only_programs_and_budgets_are_amended_like_grants() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "amend-programs",
+        212_200,
+    );
+    let mut ceiling = ceiling(&dir.path().display().to_string());
+    ceiling.exec.push("/usr/bin/".into());
+    let alice = authority.add_operator("alice", ceiling).await;
+    let script = "while :; do \
+           tollgate-shim tool exec -- /usr/bin/uname -s >/dev/null 2>&1; echo \"uname rc=$?\"; \
+           tollgate-shim tool exec -- /usr/bin/id -u >/dev/null 2>&1; echo \"id rc=$?\"; \
+           sleep 0.2; \
+         done";
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(
+            &alice,
+            pb::MintReceiptRequest {
+                subject: "programs".into(),
+                ttl_seconds: 120,
+                audience: vec!["workstation".into()],
+                agent: Some(pb::AgentSpec {
+                    argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+                    ..Default::default()
+                }),
+                exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+                gateway_exec: vec![pb::GatewayExecGrant {
+                    program: "/usr/bin/uname".into(),
+                    ask: false,
+                }],
+                limits: Some(pb::Limits {
+                    tool_calls: 10_000,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("mint")
+        .into_inner();
+    let run_id = supervisor
+        .start_run_as(&alice, minted.text)
+        .await
+        .expect("alice starts her run");
+    supervisor
+        .until_printed(&alice, &run_id, "uname rc=0")
+        .await;
+    supervisor.until_printed(&alice, &run_id, "id rc=1").await;
+    let mut client = supervisor.client().await;
+    let amend_receipt = |request: pb::AmendReceiptRequest| {
+        let authority = &authority;
+        let alice = alice.clone();
+        async move {
+            authority
+                .client()
+                .await
+                .amend_receipt(authed(&alice, request))
+                .await
+        }
+    };
+    // A program of the receipt's exec list is the kernel's: not added through the gateway.
+    let refused = amend_receipt(pb::AmendReceiptRequest {
+        receipt_id: run_id.clone(),
+        add_gateway_exec: vec![pb::GatewayExecGrant {
+            program: "/bin/sh".into(),
+            ask: false,
+        }],
+        ..Default::default()
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    let signed = amend_receipt(pb::AmendReceiptRequest {
+        receipt_id: run_id.clone(),
+        add_gateway_exec: vec![pb::GatewayExecGrant {
+            program: "/usr/bin/id".into(),
+            ask: false,
+        }],
+        egress_bytes: 2 << 30,
+        output_bytes: 64 << 20,
+        ..Default::default()
+    })
+    .await
+    .expect("AmendReceipt")
+    .into_inner()
+    .signed
+    .unwrap();
+    let widened = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Amendment(signed),
+    )
+    .await
+    .expect("widen");
+    let programs: Vec<&str> = widened
+        .gateway_exec
+        .iter()
+        .map(|g| g.program.as_str())
+        .collect();
+    assert_eq!(programs, ["/usr/bin/uname", "/usr/bin/id"]);
+    assert_eq!(
+        (widened.egress_bytes, widened.output_bytes),
+        (2 << 30, 64 << 20)
+    );
+    supervisor.until_printed(&alice, &run_id, "id rc=0").await;
+    // Taken away: the exec tool refuses it from the next call. The kernel's are not the
+    // gateway's to take.
+    let refused = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_gateway_exec: vec!["/bin/sh".into()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("exec list"), "{refused:?}");
+    let narrowed = amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_gateway_exec: vec!["/usr/bin/uname".into()],
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("narrow");
+    assert_eq!(narrowed.gateway_exec.len(), 1, "{narrowed:?}");
+    supervisor
+        .until_printed(&alice, &run_id, "uname rc=1")
+        .await;
+    client
+        .stop_run(authed(
+            &alice,
+            pb::StopRunRequest {
+                run_id: run_id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .expect("stop");
+}

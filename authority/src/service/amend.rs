@@ -36,10 +36,21 @@ impl AuthorityService {
         check_receipt_id(&request.receipt_id)?;
         check_added_grants(&request.add_fs)
             .map_err(|e| CallError::invalid("add_fs", e.to_string()))?;
-        if request.add_fs.is_empty() && request.tool_calls == 0 && request.extend_seconds == 0 {
+        if request.add_fs.is_empty()
+            && request.add_gateway_exec.is_empty()
+            && [
+                request.tool_calls,
+                request.tokens,
+                request.output_bytes,
+                request.egress_bytes,
+                request.extend_seconds,
+            ]
+            .iter()
+            .all(|n| *n == 0)
+        {
             return Err(CallError::invalid(
                 "add_fs",
-                "an amendment must add something: add_fs, tool_calls or extend_seconds",
+                "an amendment must add something: add_fs, add_gateway_exec, a budget (tool_calls, tokens, output_bytes, egress_bytes) or extend_seconds",
             )
             .into());
         }
@@ -54,6 +65,13 @@ impl AuthorityService {
             .map_err(|e| CallError::FailedPrecondition(e.to_string()))?;
         tollgate_receipt::amendment::check_amended_grants(&receipt, &request.add_fs)
             .map_err(|e| CallError::invalid("add_fs", e.to_string()))?;
+        tollgate_receipt::amendment::check_added_programs(&receipt, &request.add_gateway_exec)
+            .map_err(|e| match e {
+                tollgate_receipt::amendment::AmendmentError::NotAWidening { field, reason } => {
+                    CallError::invalid(field, reason)
+                }
+                other => CallError::invalid("add_gateway_exec", other.to_string()),
+            })?;
         if stored.revocation.is_some() {
             return Err(CallError::FailedPrecondition(format!(
                 "receipt {} is revoked: nothing widens a revoked run",
@@ -70,13 +88,24 @@ impl AuthorityService {
             .as_ref()
             .map_or(0, |t| t.seconds)
             .max(now);
-        let budget = receipt.limits.unwrap_or_default().tool_calls;
-        if request.tool_calls != 0 && request.tool_calls <= budget {
-            return Err(CallError::invalid(
-                "tool_calls",
-                format!("must be above the receipt's {budget}: lowering needs no signature (Supervisor.AmendRun narrow)"),
-            )
-            .into());
+        let limits = receipt.limits.unwrap_or_default();
+        for (field, asked, budget) in [
+            ("tool_calls", request.tool_calls, limits.tool_calls),
+            ("tokens", request.tokens, limits.tokens),
+            ("output_bytes", request.output_bytes, limits.output_bytes),
+            (
+                "egress_bytes",
+                request.egress_bytes,
+                tollgate_proto::effective_egress(&limits).1,
+            ),
+        ] {
+            if asked != 0 && asked <= budget {
+                return Err(CallError::invalid(
+                    field,
+                    format!("must be above the receipt's {budget}: lowering needs no signature (Supervisor.AmendRun narrow)"),
+                )
+                .into());
+            }
         }
         let not_before = receipt.not_before.as_ref().map_or(now, |t| t.seconds);
         let extended =
@@ -94,8 +123,12 @@ impl AuthorityService {
             ttl_seconds: u64::try_from(extended - not_before).unwrap_or(u64::MAX),
             audience: receipt.audience.clone(),
             fs: request.add_fs.clone(),
+            gateway_exec: request.add_gateway_exec.clone(),
             limits: Some(pb::Limits {
                 tool_calls: request.tool_calls,
+                tokens: request.tokens,
+                output_bytes: request.output_bytes,
+                egress_bytes: request.egress_bytes,
                 ..Default::default()
             }),
             ..Default::default()
@@ -119,6 +152,10 @@ impl AuthorityService {
             expires_at: (request.extend_seconds > 0).then(|| timestamp_from_unix(extended)),
             amended_by: operator.name.clone(),
             for_children: request.for_children,
+            tokens: request.tokens,
+            output_bytes: request.output_bytes,
+            egress_bytes: request.egress_bytes,
+            add_gateway_exec: request.add_gateway_exec,
         };
         let signed = self.keys.active().sign_amendment(&mut amendment);
         let entry = EntryDraft::new(COMPONENT, EntryKind::ReceiptAmended)
@@ -142,7 +179,27 @@ impl AuthorityService {
                 "expires_at",
                 amendment.expires_at.as_ref().map_or(0, |t| t.seconds),
             )
-            .meta("for_children", amendment.for_children);
+            .meta("for_children", amendment.for_children)
+            .meta(
+                "add_gateway_exec",
+                amendment
+                    .add_gateway_exec
+                    .iter()
+                    .map(|g| g.program.clone())
+                    .collect::<Vec<_>>(),
+            )
+            .meta(
+                "tokens",
+                i64::try_from(amendment.tokens).unwrap_or(i64::MAX),
+            )
+            .meta(
+                "output_bytes",
+                i64::try_from(amendment.output_bytes).unwrap_or(i64::MAX),
+            )
+            .meta(
+                "egress_bytes",
+                i64::try_from(amendment.egress_bytes).unwrap_or(i64::MAX),
+            );
         // On disk before the signed amendment leaves the authority.
         self.commit_audited(entry, || Ok(())).await?;
         tracing::info!(receipt_id = %amendment.receipt_id, amendment_id = %amendment.amendment_id, by = %operator.name, "amended receipt");

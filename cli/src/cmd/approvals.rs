@@ -222,6 +222,15 @@ fn decided_json(decided: &pb::DecidedCall) -> serde_json::Value {
     })
 }
 
+/// A size flag's bytes (0 when not given).
+fn size(field: &str, text: Option<String>) -> Result<u64, CliError> {
+    text.map(|text| {
+        tollgate_receipt::spec::parse_size(field, &text).map_err(|e| CliError::Input(e.to_string()))
+    })
+    .transpose()
+    .map(Option::unwrap_or_default)
+}
+
 /// What `tollgate narrow` was asked to take away.
 pub(crate) struct NarrowArgs {
     /// Granted host paths to drop.
@@ -234,6 +243,8 @@ pub(crate) struct NarrowArgs {
     pub output_bytes: Option<String>,
     /// The new outbound-bytes budget, as given.
     pub egress_bytes: Option<String>,
+    /// Gateway-only programs to take away.
+    pub drop_gateway_exec: Vec<String>,
     /// How long from now the run ends, as given.
     pub expires_in: Option<String>,
 }
@@ -260,25 +271,18 @@ pub(crate) async fn narrow(
                 .map_err(|e| CliError::Input(e.to_string()))
         })
         .transpose()?;
-    let size = |field: &str, text: Option<String>| {
-        text.map(|text| {
-            tollgate_receipt::spec::parse_size(field, &text)
-                .map_err(|e| CliError::Input(e.to_string()))
-        })
-        .transpose()
-        .map(Option::unwrap_or_default)
-    };
     let narrowing = pb::Narrowing {
         output_bytes: size("--output-bytes", asked.output_bytes)?,
         egress_bytes: size("--egress-bytes", asked.egress_bytes)?,
         drop_fs: asked.drop_fs,
         tool_calls: asked.tool_calls.unwrap_or(0),
         tokens: asked.tokens.unwrap_or(0),
+        drop_gateway_exec: asked.drop_gateway_exec,
         expires_at,
     };
     if narrowing == pb::Narrowing::default() {
         return Err(CliError::Input(
-            "nothing to narrow: give --drop PATH, --tool-calls N, --tokens N, --output-bytes SIZE, --egress-bytes SIZE or --expires-in DURATION".into(),
+            "nothing to narrow: give --drop PATH, --drop-exec PROGRAM, --tool-calls N, --tokens N, --output-bytes SIZE, --egress-bytes SIZE or --expires-in DURATION".into(),
         ));
     }
     if asked.tool_calls == Some(0) || asked.tokens == Some(0) {
@@ -301,6 +305,14 @@ pub(crate) struct WidenArgs {
     pub fs: Vec<String>,
     /// The new tool-call budget.
     pub tool_calls: Option<u64>,
+    /// The new model-token budget.
+    pub tokens: Option<u64>,
+    /// The new output budget, as given.
+    pub output_bytes: Option<String>,
+    /// The new outbound-bytes budget, as given.
+    pub egress_bytes: Option<String>,
+    /// Gateway-only programs to add, as given (`PROGRAM[:ask]`).
+    pub gateway_exec: Vec<String>,
     /// How much later the run ends, as given.
     pub extend: Option<String>,
     /// Whether the run's future children may be granted it too.
@@ -319,9 +331,31 @@ pub(crate) async fn widen(
     let WidenArgs {
         fs,
         tool_calls,
+        tokens,
+        output_bytes,
+        egress_bytes,
+        gateway_exec,
         extend,
         for_children,
     } = asked;
+    let add_gateway_exec = gateway_exec
+        .iter()
+        .map(|spec| {
+            let (program, ask) = match spec.strip_suffix(":ask") {
+                Some(program) => (program, true),
+                None => (spec.as_str(), false),
+            };
+            if !program.starts_with('/') {
+                return Err(CliError::Input(format!(
+                    "--gateway-exec {spec:?}: give the program's absolute path in the sandbox, then :ask to have each command approved"
+                )));
+            }
+            Ok(pb::GatewayExecGrant {
+                program: program.to_owned(),
+                ask,
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let add_fs = fs
         .iter()
         .map(|spec| fs_grant(spec))
@@ -345,6 +379,10 @@ pub(crate) async fn widen(
                 tool_calls: tool_calls.unwrap_or(0),
                 extend_seconds,
                 for_children,
+                tokens: tokens.unwrap_or(0),
+                output_bytes: size("--output-bytes", output_bytes)?,
+                egress_bytes: size("--egress-bytes", egress_bytes)?,
+                add_gateway_exec,
             },
         )?)
         .await?
@@ -418,6 +456,10 @@ async fn apply(
                     "mount": g.mount,
                     "ask": g.ask,
                 })).collect::<Vec<_>>(),
+                "gateway_exec": after.gateway_exec.iter().map(|g| json!({
+                    "program": g.program,
+                    "ask": g.ask,
+                })).collect::<Vec<_>>(),
                 "tool_calls": after.tool_calls,
                 "tokens": after.tokens,
                 "output_bytes": after.output_bytes,
@@ -440,6 +482,10 @@ async fn apply(
         };
         let ask = if grant.ask { ", asks" } else { "" };
         say!("fs         {access:<5} {}{mount}{ask}", grant.path);
+    }
+    for program in &after.gateway_exec {
+        let ask = if program.ask { ", asks" } else { "" };
+        say!("exec       {} (gateway only{ask})", program.program);
     }
     say!("tool_calls {}", after.tool_calls);
     if after.tokens != 0 {

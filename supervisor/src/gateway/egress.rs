@@ -456,6 +456,16 @@ impl EgressCalls {
         self.max_bytes.fetch_min(bytes, Ordering::SeqCst);
     }
 
+    /// Raises that budget to `bytes` (a signed amendment; never lowers it).
+    pub fn raise_bytes(&self, bytes: u64) {
+        self.max_bytes.fetch_max(bytes, Ordering::SeqCst);
+    }
+
+    /// Sets that budget to `bytes` (what a re-adopted run's amendments made of it).
+    pub fn set_bytes(&self, bytes: u64) {
+        self.max_bytes.store(bytes, Ordering::SeqCst);
+    }
+
     fn bytes_spent(&self, way: &str) -> Refusal {
         Refusal::with(
             Status::resource_exhausted,

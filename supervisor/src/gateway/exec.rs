@@ -27,6 +27,9 @@ pub struct ExecTools {
     pub sandbox: Option<Arc<ExecSandbox>>,
     /// Where a command of a gateway-only program that asks waits for an operator.
     pub approvals: RunApprovals,
+    /// The gateway-only programs in force: the receipt's, as amendments and narrowings left
+    /// them.
+    pub gateway_only: Arc<std::sync::RwLock<Vec<pb::GatewayExecGrant>>>,
 }
 
 /// An `exec` call that passed its checks: where it runs, the slot it holds, and the
@@ -54,10 +57,10 @@ impl ExecTools {
             ));
         };
         let receipt = &self.gate.receipt;
-        // A program in `exec` the agent may run itself; one in `gateway_exec` only here.
+        // A program in `exec` the agent may run itself; a gateway-only one only here.
         let gateway_only = if receipt.exec.iter().any(|granted| granted == program) {
             None
-        } else if let Some(grant) = receipt.gateway_exec.iter().find(|g| g.program == *program) {
+        } else if let Some(grant) = self.programs().into_iter().find(|g| g.program == *program) {
             Some(grant)
         } else {
             return Err(Refusal::denied(
@@ -66,7 +69,7 @@ impl ExecTools {
             ));
         };
         self.check_shape(request)?;
-        if gateway_only.is_some_and(|grant| grant.ask) {
+        if gateway_only.as_ref().is_some_and(|grant| grant.ask) {
             let mut asked = Asked::new("exec", program.clone());
             asked.argv = request.argv.clone();
             asked.cwd = self.cwd(request).display().to_string();
@@ -96,6 +99,14 @@ impl ExecTools {
             slot,
             gateway_only: gateway_only.map(|grant| PathBuf::from(&grant.program)),
         })
+    }
+
+    /// The gateway-only programs in force now.
+    pub fn programs(&self) -> Vec<pb::GatewayExecGrant> {
+        self.gateway_only
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Where a command runs: the request's directory, or the agent's.

@@ -101,6 +101,22 @@ impl RunModels {
             .lower_to(limit);
     }
 
+    /// Raises the run's token budget to `limit` (a signed amendment; never lowers it).
+    pub fn raise_tokens(&self, limit: u64) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .raise_to(limit);
+    }
+
+    /// Sets the run's token budget to `limit` (what a re-adopted run's amendments made of it).
+    pub fn set_tokens(&self, limit: u64) {
+        self.ledger
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set_limit(limit);
+    }
+
     /// Counts `used` tokens as spent before this supervisor re-adopted the run.
     pub fn charge_restored(&self, used: u64) {
         self.ledger

@@ -117,6 +117,7 @@ impl RunGateway {
                 gate: gate.clone(),
                 sandbox: config.exec,
                 approvals: approvals.clone(),
+                gateway_only: Arc::new(std::sync::RwLock::new(gate.receipt.gateway_exec.clone())),
             },
             models: ModelCalls {
                 gate: gate.clone(),

@@ -112,6 +112,19 @@ impl RunManager {
                         "tokens: this run makes no model calls (the supervisor has no model routes)".into(),
                     ));
                 }
+                let programs = gateway.exec.programs();
+                for program in &narrow.drop_gateway_exec {
+                    if !programs.iter().any(|g| g.program == *program) {
+                        let why = if gate.receipt.exec.contains(program) {
+                            "it is in the receipt's exec list, which the kernel holds for the live sandbox (Landlock cannot take a right back): start a new run without it"
+                        } else {
+                            "the run has no gateway-only program of that path"
+                        };
+                        return Err(AmendError::NotANarrowing(format!(
+                            "drop_gateway_exec {program:?}: {why}"
+                        )));
+                    }
+                }
                 let grants = gateway.fs.grants.current();
                 let mut unmount = Vec::new();
                 for path in &narrow.drop_fs {
@@ -154,6 +167,7 @@ impl RunManager {
                         i64::try_from(narrow.tool_calls).unwrap_or(i64::MAX),
                     )
                     .meta("expires_at", new_expiry.unwrap_or(0))
+                    .meta("drop_gateway_exec", narrow.drop_gateway_exec.clone())
                     .meta("tokens", i64::try_from(narrow.tokens).unwrap_or(i64::MAX))
                     .meta(
                         "output_bytes",
@@ -165,6 +179,13 @@ impl RunManager {
                     );
                 let (run, live) = (gateway.clone(), live.clone());
                 let apply = move || {
+                    if !narrow.drop_gateway_exec.is_empty() {
+                        run.exec
+                            .gateway_only
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .retain(|g| !narrow.drop_gateway_exec.contains(&g.program));
+                    }
                     if narrow.tokens != 0 {
                         if let Some(models) = &run.models.models {
                             models.lower_tokens(narrow.tokens);
@@ -219,6 +240,23 @@ impl RunManager {
                         "the run already holds {MAX_CHILD_AMENDMENTS} amendments for its children; start a new run instead"
                     )));
                 }
+                if amendment.tokens != 0 && gateway.models.models.is_none() {
+                    return Err(AmendError::NotANarrowing(
+                        "tokens: this run makes no model calls (the supervisor has no model routes)".into(),
+                    ));
+                }
+                let programs = gateway.exec.programs();
+                let added_programs: Vec<pb::GatewayExecGrant> = amendment
+                    .add_gateway_exec
+                    .iter()
+                    .filter(|g| !programs.contains(g))
+                    .cloned()
+                    .collect();
+                if programs.len() + added_programs.len() > MAX_LIVE_GRANTS {
+                    return Err(AmendError::NotANarrowing(format!(
+                        "the run would hold more than {MAX_LIVE_GRANTS} gateway-only programs; start a new run instead"
+                    )));
+                }
                 let current = gateway.fs.grants.current();
                 if current.len() + amendment.add_fs.len() > MAX_LIVE_GRANTS {
                     return Err(AmendError::NotANarrowing(format!(
@@ -266,7 +304,27 @@ impl RunManager {
                         i64::try_from(amendment.tool_calls).unwrap_or(i64::MAX),
                     )
                     .meta("expires_at", new_expiry.unwrap_or(0))
-                    .meta("for_children", amendment.for_children);
+                    .meta("for_children", amendment.for_children)
+                    .meta(
+                        "add_gateway_exec",
+                        amendment
+                            .add_gateway_exec
+                            .iter()
+                            .map(|g| g.program.clone())
+                            .collect::<Vec<_>>(),
+                    )
+                    .meta(
+                        "tokens",
+                        i64::try_from(amendment.tokens).unwrap_or(i64::MAX),
+                    )
+                    .meta(
+                        "output_bytes",
+                        i64::try_from(amendment.output_bytes).unwrap_or(i64::MAX),
+                    )
+                    .meta(
+                        "egress_bytes",
+                        i64::try_from(amendment.egress_bytes).unwrap_or(i64::MAX),
+                    );
                 applied_id = Some(amendment.amendment_id.clone());
                 let (run, live) = (gateway.clone(), live.clone());
                 let apply = move || {
@@ -278,7 +336,25 @@ impl RunManager {
                             .grants
                             .change(|grants| grants.iter().cloned().chain(added).collect());
                     }
+                    if !added_programs.is_empty() {
+                        run.exec
+                            .gateway_only
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .extend(added_programs);
+                    }
                     // Only ever up: an older amendment applied late never lowers a newer one.
+                    if amendment.tokens != 0 {
+                        if let Some(models) = &run.models.models {
+                            models.raise_tokens(amendment.tokens);
+                        }
+                    }
+                    if amendment.output_bytes != 0 {
+                        live.raise_output(amendment.output_bytes);
+                    }
+                    if amendment.egress_bytes != 0 {
+                        run.egress.raise_bytes(amendment.egress_bytes);
+                    }
                     if amendment.tool_calls != 0 {
                         run.gate
                             .max_calls
@@ -432,6 +508,7 @@ fn envelope(gateway: &RunGateway, live: &LiveRun) -> pb::AmendRunResponse {
         tokens: budgets.tokens,
         output_bytes: budgets.output_bytes,
         egress_bytes: budgets.egress_bytes,
+        gateway_exec: gateway.exec.programs(),
     }
 }
 
@@ -453,6 +530,9 @@ pub(super) struct AmendedRun {
     output_bytes: u64,
     /// The outbound-bytes budget.
     egress_bytes: u64,
+    /// The gateway-only programs in force: (program, ask); absent: the receipt's.
+    #[serde(default)]
+    gateway_exec: Option<Vec<(String, bool)>>,
     /// The applied amendments for children, each a `SignedAmendment`'s protobuf encoding.
     for_children: Vec<Vec<u8>>,
     /// The ids of the amendments applied (each applies once).
@@ -499,6 +579,14 @@ impl AmendedRun {
             tokens: budgets.tokens,
             output_bytes: budgets.output_bytes,
             egress_bytes: budgets.egress_bytes,
+            gateway_exec: Some(
+                gateway
+                    .exec
+                    .programs()
+                    .into_iter()
+                    .map(|g| (g.program, g.ask))
+                    .collect(),
+            ),
             for_children: gateway
                 .children
                 .state
@@ -533,6 +621,16 @@ impl AmendedRun {
             })
             .collect();
         gateway.fs.grants.change(|_| grants);
+        if let Some(programs) = self.gateway_exec {
+            *gateway
+                .exec
+                .gateway_only
+                .write()
+                .unwrap_or_else(|p| p.into_inner()) = programs
+                .into_iter()
+                .map(|(program, ask)| pb::GatewayExecGrant { program, ask })
+                .collect();
+        }
         gateway
             .gate
             .max_calls
@@ -543,11 +641,11 @@ impl AmendedRun {
             .store(self.expires_at, Ordering::SeqCst);
         live.set_expiry(self.expires_at);
         if let Some(models) = &gateway.models.models {
-            models.lower_tokens(self.tokens);
+            models.set_tokens(self.tokens);
         }
         // What was left of it came back with the run's record.
         live.output_limit.store(self.output_bytes, Ordering::SeqCst);
-        gateway.egress.lower_bytes(self.egress_bytes);
+        gateway.egress.set_bytes(self.egress_bytes);
         for bytes in &self.for_children {
             let Ok(signed) = pb::SignedAmendment::decode(bytes.as_slice()) else {
                 continue;

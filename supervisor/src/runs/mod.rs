@@ -146,6 +146,14 @@ struct LiveRun {
 }
 
 impl LiveRun {
+    /// Raises the run's output budget in all to `limit` (a signed amendment; never lowers
+    /// it): what it has left gains as much as the budget did.
+    fn raise_output(&self, limit: u64) {
+        let before = self.output_limit.fetch_max(limit, Ordering::SeqCst);
+        self.output_left
+            .fetch_add(limit.saturating_sub(before), Ordering::SeqCst);
+    }
+
     /// Lowers the run's output budget in all to `limit` (never raises it): what it has left
     /// loses as much as the budget did.
     fn lower_output(&self, limit: u64) {
