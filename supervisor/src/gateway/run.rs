@@ -104,6 +104,8 @@ impl RunGateway {
             board: config.approvals,
             timeout,
         };
+        // Shared by the exec tool and delegation (children get only programs still in force).
+        let programs = Arc::new(std::sync::RwLock::new(gate.receipt.gateway_exec.clone()));
         Self {
             amendments: Mutex::default(),
             approvals: approvals.clone(),
@@ -117,7 +119,7 @@ impl RunGateway {
                 gate: gate.clone(),
                 sandbox: config.exec,
                 approvals: approvals.clone(),
-                gateway_only: Arc::new(std::sync::RwLock::new(gate.receipt.gateway_exec.clone())),
+                gateway_only: programs.clone(),
             },
             models: ModelCalls {
                 gate: gate.clone(),
@@ -132,6 +134,7 @@ impl RunGateway {
             children: Arc::new(Children {
                 gate: gate.clone(),
                 grants,
+                programs,
                 models: config.models,
                 state: config.children,
                 approvals: approvals.clone(),

@@ -110,6 +110,8 @@ pub struct Children {
     pub gate: Arc<CallGate>,
     /// The run's fs grants (children are pinned beneath the ones its receipt signed).
     pub grants: Arc<crate::gateway::fs::LiveGrants>,
+    /// The run's gateway-only programs in force (a child gets only these, or its exec list's).
+    pub programs: Arc<std::sync::RwLock<Vec<pb::GatewayExecGrant>>>,
     /// The run's models (its token budget); `None`: the supervisor has no routes.
     pub models: Option<Arc<RunModels>>,
     /// Receipts, envelope and the supervisor link.
@@ -367,6 +369,23 @@ impl Children {
         let parent = widened_for_children(&self.gate.receipt, &amendments);
         if let Err(wider) = check_within(&parent, &child) {
             return Err(Refusal::denied(&self.gate.run_id, wider.to_string()).coded("delegated"));
+        }
+        // A gateway-only program a narrowing took from this run is not handed on.
+        {
+            let programs = self.programs.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(gone) = child.gateway_exec.iter().find(|g| {
+                !parent.exec.contains(&g.program)
+                    && !programs.iter().any(|p| p.program == g.program)
+            }) {
+                return Err(Refusal::denied(
+                    &self.gate.run_id,
+                    format!(
+                        "gateway_exec {} of child {} was taken from this run",
+                        gone.program, child.receipt_id
+                    ),
+                )
+                .coded("grant_escapes"));
+            }
         }
         let grants =
             pin_child_grants(&self.grants.for_children(), &child).map_err(|(code, reason)| {
