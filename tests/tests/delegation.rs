@@ -1025,3 +1025,85 @@ tollgate-shim child watch "$id"
         .expect("stop");
     tree.assert_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_only_program_narrowed_away_is_not_handed_to_a_child() {
+    if !require_root() {
+        return;
+    }
+    let tree = Tree::start("deleg-programs", 212_300).await;
+    // Waits for a file the test writes once the program is taken away, then asks for a child
+    // that would run it through its own gateway.
+    let script = r#"while [ ! -e /work/go ]; do sleep 0.05; done
+echo '{"subject": "c", "exec": ["/bin/sh"], "gateway_exec": [{"program": "/usr/bin/id"}], "agent": {"argv": ["/bin/sh", "-c", "true"]}}' > /tmp/c
+tollgate-shim child delegate < /tmp/c 2>&1; echo "delegate rc=$?"
+"#;
+    let request = pb::MintReceiptRequest {
+        subject: "orchestrator".into(),
+        ttl_seconds: 120,
+        audience: vec!["workstation".into()],
+        agent: Some(pb::AgentSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            ..Default::default()
+        }),
+        exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+        gateway_exec: vec![pb::GatewayExecGrant {
+            program: "/usr/bin/id".into(),
+            ask: false,
+        }],
+        limits: Some(pb::Limits {
+            tool_calls: 200,
+            ..Default::default()
+        }),
+        delegate: Some(pb::Delegation {
+            max_depth: 1,
+            ask: false,
+        }),
+        ..Default::default()
+    };
+    let text = tree
+        .authority
+        .client()
+        .await
+        .mint_receipt(authed(&tree.authority.admin_token(), request))
+        .await
+        .expect("mint")
+        .into_inner()
+        .text;
+    let run_id = tree.start_run(text).await;
+    tree.supervisor
+        .client()
+        .await
+        .amend_run(authed(
+            &tree.supervisor.token(),
+            pb::AmendRunRequest {
+                run_id: run_id.clone(),
+                change: Some(pb::amend_run_request::Change::Narrow(pb::Narrowing {
+                    drop_gateway_exec: vec!["/usr/bin/id".into()],
+                    ..Default::default()
+                })),
+            },
+        ))
+        .await
+        .expect("narrow");
+    std::fs::write(
+        tree.supervisor
+            .data_dir()
+            .join("runs")
+            .join(&run_id)
+            .join("work/go"),
+        "",
+    )
+    .unwrap();
+    let run = tree
+        .supervisor
+        .wait_ended(&run_id, Duration::from_secs(30))
+        .await;
+    let output = tree.output(&run_id).await;
+    assert_eq!(state(&run), pb::RunState::Exited, "{output}");
+    assert!(
+        output.contains("delegate rc=1") && output.contains("gateway_exec /usr/bin/id"),
+        "{output}"
+    );
+    tree.assert_clean();
+}

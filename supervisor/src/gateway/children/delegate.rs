@@ -229,6 +229,8 @@ impl Children {
                 "delegate needs a delegate grant (missing grant: delegate max_depth >= 1)".into(),
             ));
         }
+        // Checked before anyone is asked; the start checks again.
+        self.programs_in_force(&spec.gateway_exec)?;
         if self.gate.receipt.delegate.is_some_and(|d| d.ask) {
             let asked = crate::gateway::approval::Asked::new("delegate", clip(&spec.subject));
             if let Some(by) = self.approvals.approved_by(asked, call_id).await? {

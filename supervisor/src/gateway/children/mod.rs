@@ -370,23 +370,7 @@ impl Children {
         if let Err(wider) = check_within(&parent, &child) {
             return Err(Refusal::denied(&self.gate.run_id, wider.to_string()).coded("delegated"));
         }
-        // A gateway-only program a narrowing took from this run is not handed on.
-        {
-            let programs = self.programs.read().unwrap_or_else(|p| p.into_inner());
-            if let Some(gone) = child.gateway_exec.iter().find(|g| {
-                !parent.exec.contains(&g.program)
-                    && !programs.iter().any(|p| p.program == g.program)
-            }) {
-                return Err(Refusal::denied(
-                    &self.gate.run_id,
-                    format!(
-                        "gateway_exec {} of child {} was taken from this run",
-                        gone.program, child.receipt_id
-                    ),
-                )
-                .coded("grant_escapes"));
-            }
-        }
+        self.programs_in_force(&child.gateway_exec)?;
         let grants =
             pin_child_grants(&self.grants.for_children(), &child).map_err(|(code, reason)| {
                 Refusal::new(
@@ -399,6 +383,29 @@ impl Children {
                 .coded(code)
             })?;
         Ok((manager, signed, child, grants))
+    }
+
+    /// A refusal when one of a child's gateway-only `programs` is neither in this run's exec
+    /// list nor among its gateway-only programs in force (a narrowing took it away).
+    pub(super) fn programs_in_force(
+        &self,
+        programs: &[pb::GatewayExecGrant],
+    ) -> Result<(), Refusal> {
+        let in_force = self.programs.read().unwrap_or_else(|p| p.into_inner());
+        match programs.iter().find(|g| {
+            !self.gate.receipt.exec.contains(&g.program)
+                && !in_force.iter().any(|p| p.program == g.program)
+        }) {
+            None => Ok(()),
+            Some(gone) => Err(Refusal::denied(
+                &self.gate.run_id,
+                format!(
+                    "gateway_exec {} is not this run's to hand on (not granted, or taken away by a narrowing)",
+                    gone.program
+                ),
+            )
+            .coded("grant_escapes")),
+        }
     }
 
     /// `Gateway.ListChildren`.
