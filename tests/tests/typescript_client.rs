@@ -166,9 +166,10 @@ const AUTHORITY_TESTS: [&str; 4] = [
     "an unreachable daemon rejects with UNAVAILABLE",
 ];
 
-const SUPERVISOR_TESTS: [&str; 3] = [
+const SUPERVISOR_TESTS: [&str; 4] = [
     "start and watch a run to completion",
     "tree shows a delegated child that ends with its parent",
+    "approvals are watched and decided, and live runs amended",
     "stop ends a live run; refused receipts reject with PERMISSION_DENIED",
 ];
 

@@ -631,12 +631,15 @@ def test_approvals_are_watched_and_decided_and_live_runs_amended() -> None:
     assert narrowed.fs == () and narrowed.tool_calls == 50, narrowed
     assert narrowed.egress_bytes == 1 << 20, narrowed
     expect_error(grpc.StatusCode.FAILED_PRECONDITION, lambda: supervisor().narrow(run_id, tool_calls=500))
-    amendment = authority().amend(run_id, add_fs=[FsGrant.read(b)], extend="1m")
+    amendment = authority().amend(run_id, add_fs=[FsGrant.read(b)], extend="1m", gateway_exec=["/usr/bin/id"])
     assert amendment.receipt_id == run_id and amendment.add_fs[0].path == b, amendment
+    assert amendment.gateway_exec == ("/usr/bin/id",), amendment
     widened = supervisor().amend(run_id, amendment)
     assert [g.path for g in widened.fs] == [b], widened
+    assert widened.gateway_exec == ("/usr/bin/id",), widened
     assert widened.expires_at is not None and narrowed.expires_at is not None
     assert widened.expires_at - narrowed.expires_at == timedelta(minutes=1), widened
+    assert supervisor().narrow(run_id, drop_exec=["/usr/bin/id"]).gateway_exec == ()
     supervisor().stop(run_id)
 
 

@@ -1,6 +1,14 @@
 import { CallOptions, ClientOptions, DaemonClient } from "./connection";
-import { keySetFromRaw, mintedFromRaw, mintRequestToRaw, Raw, revocationFromRaw } from "./convert";
-import type { KeySet, MintedReceipt, MintRequest, RevokeResult, StoredReceipt } from "./types";
+import {
+  amendmentFromRaw,
+  amendRequestToRaw,
+  keySetFromRaw,
+  mintedFromRaw,
+  mintRequestToRaw,
+  Raw,
+  revocationFromRaw,
+} from "./convert";
+import type { AmendRequest, Amendment, KeySet, MintedReceipt, MintRequest, RevokeResult, StoredReceipt } from "./types";
 
 /**
  * A client of the authority daemon (`tollgate-authority`, service `tollgate.v1.Authority`):
@@ -47,6 +55,21 @@ export class Authority extends DaemonClient {
   async revoke(receiptId: string, reason = "", options?: CallOptions): Promise<RevokeResult> {
     const raw = await this.unary<Raw>("RevokeReceipt", { receiptId, reason }, options);
     return { revocation: revocationFromRaw(raw.revocation as Raw | undefined), alreadyRevoked: raw.alreadyRevoked === true };
+  }
+
+  /**
+   * Signs a widening of a live run (the receipt's owner, or an admin; within the owner's
+   * ceiling): gateway-only fs grants, a bigger tool-call budget, a later expiry. Hand the result
+   * to {@link Supervisor.amend} within 5 minutes.
+   *
+   * @param receiptId the receipt (= run) to widen.
+   *
+   * Rejects with PERMISSION_DENIED when a grant or the new lifetime is above the ceiling (the
+   * details name it), FAILED_PRECONDITION for a revoked receipt, NOT_FOUND for an unknown one,
+   * INVALID_ARGUMENT for a malformed request (e.g. a grant with a mount).
+   */
+  async amend(receiptId: string, request: AmendRequest, options?: CallOptions): Promise<Amendment> {
+    return amendmentFromRaw(await this.unary<Raw>("AmendReceipt", amendRequestToRaw(receiptId, request), options));
   }
 
   /** The public keys that verify this authority's receipts (public: no token needed). */

@@ -4,22 +4,32 @@
 
 import type {
   AgentSpec,
+  AmendRequest,
+  Amendment,
+  ApprovalEvent,
+  ApprovalOutcome,
+  DecidedCall,
   FsAccess,
+  FsGrant,
   KeySet,
   Limits,
   MintedReceipt,
   MintRequest,
+  Narrowing,
   NetworkAccess,
   OutputStream,
+  PendingCall,
   PublicKey,
   Receipt,
   Revocation,
   RouteGrant,
   Run,
+  RunEnvelope,
   RunEvent,
   RunState,
   RunTree,
   Sensitivity,
+  SignedAmendment,
   SignedReceipt,
   SupervisorInfo,
   TeardownReport,
@@ -90,7 +100,7 @@ export function mintRequestToRaw(request: MintRequest): Raw {
       workdir: request.agent.workdir ?? "",
     },
     limits: request.limits && { ...request.limits },
-    fs: (request.fs ?? []).map((grant) => ({ path: grant.path, access: grant.access, mount: grant.mount ?? "" })),
+    fs: (request.fs ?? []).map((grant) => fsGrantToRaw(grant)),
     exec: request.exec ?? [],
     routes: (request.routes ?? []).map((route) => ({ name: route.name, maxSensitivity: route.maxSensitivity })),
     egress: (request.egress ?? []).map((grant) => ({
@@ -104,6 +114,56 @@ export function mintRequestToRaw(request: MintRequest): Raw {
     })),
     delegate: request.delegate && { maxDepth: request.delegate.maxDepth },
     notBefore: request.notBefore && toTimestamp(request.notBefore),
+    gatewayExec: (request.gatewayExec ?? []).map((grant) => ({ program: grant.program, ask: grant.ask ?? false })),
+    approvalTimeoutSeconds: request.approvalTimeoutSeconds ?? 0,
+  };
+}
+
+function fsGrantToRaw(grant: { path: string; access: FsAccess; mount?: string; ask?: boolean; askReads?: boolean }): Raw {
+  return {
+    path: grant.path,
+    access: grant.access,
+    mount: grant.mount ?? "",
+    ask: grant.ask ?? false,
+    askReads: grant.askReads ?? false,
+  };
+}
+
+function fsGrantFromRaw(raw: Raw): FsGrant {
+  return {
+    path: str(raw.path),
+    access: str(raw.access) as FsAccess,
+    mount: str(raw.mount),
+    ask: raw.ask === true,
+    askReads: raw.askReads === true,
+  };
+}
+
+/** An AmendReceiptRequest as the proto encoder takes it. */
+export function amendRequestToRaw(receiptId: string, request: AmendRequest): Raw {
+  return {
+    receiptId,
+    addFs: (request.addFs ?? []).map((grant) => fsGrantToRaw(grant)),
+    toolCalls: request.toolCalls ?? 0,
+    tokens: request.tokens ?? 0,
+    outputBytes: request.outputBytes ?? 0,
+    egressBytes: request.egressBytes ?? 0,
+    addGatewayExec: (request.addGatewayExec ?? []).map((grant) => ({ program: grant.program, ask: grant.ask ?? false })),
+    extendSeconds: request.extendSeconds ?? 0,
+    forChildren: request.forChildren ?? false,
+  };
+}
+
+/** A Narrowing as the proto encoder takes it. */
+export function narrowingToRaw(narrowing: Narrowing): Raw {
+  return {
+    dropFs: narrowing.dropFs ?? [],
+    toolCalls: narrowing.toolCalls ?? 0,
+    tokens: narrowing.tokens ?? 0,
+    outputBytes: narrowing.outputBytes ?? 0,
+    egressBytes: narrowing.egressBytes ?? 0,
+    dropGatewayExec: narrowing.dropGatewayExec ?? [],
+    expiresAt: narrowing.expiresAt && toTimestamp(narrowing.expiresAt),
   };
 }
 
@@ -158,7 +218,7 @@ export function receiptFromRaw(raw: Raw | undefined): Receipt {
     depth: num(r.depth),
     agent: agentFromRaw(message(r.agent)),
     limits: limitsFromRaw(message(r.limits)),
-    fs: list(r.fs).map((g) => ({ path: str(g.path), access: str(g.access) as FsAccess, mount: str(g.mount) })),
+    fs: list(r.fs).map(fsGrantFromRaw),
     exec: strings(r.exec),
     routes: list(r.routes).map(routeFromRaw),
     egress: list(r.egress).map((g) => ({
@@ -172,6 +232,8 @@ export function receiptFromRaw(raw: Raw | undefined): Receipt {
     })),
     network: (str(r.network) || "NETWORK_ACCESS_LOOPBACK_ONLY") as NetworkAccess,
     delegate: delegate && { maxDepth: num(delegate.maxDepth) },
+    gatewayExec: list(r.gatewayExec).map((g) => ({ program: str(g.program), ask: g.ask === true })),
+    approvalTimeoutSeconds: num(r.approvalTimeoutSeconds),
   };
 }
 
@@ -281,4 +343,90 @@ export function runEventFromRaw(raw: Raw): RunEvent | undefined {
     return { type: "ended", run: runFromRaw(message(raw.ended)) };
   }
   return undefined;
+}
+
+function pendingCallFromRaw(raw: Raw | undefined): PendingCall {
+  const r = raw ?? {};
+  return {
+    runId: str(r.runId),
+    callId: str(r.callId),
+    owner: str(r.owner),
+    subject: str(r.subject),
+    tool: str(r.tool),
+    path: str(r.path),
+    bytes: num(r.bytes),
+    mode: str(r.mode),
+    askedAt: fromTimestamp(r.askedAt),
+    deadline: fromTimestamp(r.deadline),
+    sensitivity: str(r.sensitivity),
+    reasons: strings(r.reasons),
+    argv: strings(r.argv),
+    cwd: str(r.cwd),
+  };
+}
+
+/** A DecidedCall; the outcome's enum name without its prefix, lower case ("APPROVAL_OUTCOME_TIMED_OUT" → "timed_out"). */
+export function decidedCallFromRaw(raw: Raw | undefined): DecidedCall {
+  const r = raw ?? {};
+  return {
+    runId: str(r.runId),
+    callId: str(r.callId),
+    outcome: str(r.outcome).replace(/^APPROVAL_OUTCOME_/, "").toLowerCase() as ApprovalOutcome,
+    decidedBy: str(r.decidedBy),
+    reason: str(r.reason),
+    remember: r.remember === true,
+  };
+}
+
+/** An ApprovalEvent, or undefined for an event this client does not know (a newer server). */
+export function approvalEventFromRaw(raw: Raw): ApprovalEvent | undefined {
+  switch (raw.event) {
+    case "pending":
+      return { type: "pending", call: pendingCallFromRaw(message(raw.pending)) };
+    case "decided":
+      return { type: "decided", decided: decidedCallFromRaw(message(raw.decided)) };
+    case "caughtUp":
+    case "caught_up":
+      return { type: "caughtUp" };
+    default:
+      return undefined;
+  }
+}
+
+/** An AmendRunResponse. */
+export function runEnvelopeFromRaw(raw: Raw): RunEnvelope {
+  return {
+    fs: list(raw.fs).map(fsGrantFromRaw),
+    toolCalls: num(raw.toolCalls),
+    tokens: num(raw.tokens),
+    outputBytes: num(raw.outputBytes),
+    egressBytes: num(raw.egressBytes),
+    gatewayExec: list(raw.gatewayExec).map((g) => ({ program: str(g.program), ask: g.ask === true })),
+    expiresAt: fromTimestamp(raw.expiresAt) ?? new Date(0),
+  };
+}
+
+/** An AmendReceiptResponse: the decoded amendment with its signed envelope. */
+export function amendmentFromRaw(raw: Raw): Amendment {
+  const a = message(raw.amendment) ?? {};
+  const s = message(raw.signed) ?? {};
+  const signed: SignedAmendment = { amendment: buffer(s.amendment), keyId: str(s.keyId), signature: buffer(s.signature) };
+  return {
+    amendmentId: str(a.amendmentId),
+    receiptId: str(a.receiptId),
+    issuer: str(a.issuer),
+    keyId: str(a.keyId),
+    owner: str(a.owner),
+    issuedAt: fromTimestamp(a.issuedAt),
+    addFs: list(a.addFs).map(fsGrantFromRaw),
+    toolCalls: num(a.toolCalls),
+    tokens: num(a.tokens),
+    outputBytes: num(a.outputBytes),
+    egressBytes: num(a.egressBytes),
+    addGatewayExec: list(a.addGatewayExec).map((g) => ({ program: str(g.program), ask: g.ask === true })),
+    expiresAt: fromTimestamp(a.expiresAt),
+    amendedBy: str(a.amendedBy),
+    forChildren: a.forChildren === true,
+    signed,
+  };
 }

@@ -1,14 +1,47 @@
 import { status as Status } from "@grpc/grpc-js";
 
 import { CallOptions, ClientOptions, DaemonClient } from "./connection";
-import { Raw, runEventFromRaw, runFromRaw, runTreeFromRaw, supervisorInfoFromRaw } from "./convert";
+import {
+  approvalEventFromRaw,
+  decidedCallFromRaw,
+  narrowingToRaw,
+  Raw,
+  runEnvelopeFromRaw,
+  runEventFromRaw,
+  runFromRaw,
+  runTreeFromRaw,
+  supervisorInfoFromRaw,
+} from "./convert";
 import { TollgateError } from "./errors";
-import type { MintedReceipt, Run, RunEvent, RunTree, SupervisorInfo } from "./types";
+import type {
+  Amendment,
+  ApprovalEvent,
+  DecidedCall,
+  MintedReceipt,
+  Narrowing,
+  Run,
+  RunEnvelope,
+  RunEvent,
+  RunTree,
+  SignedAmendment,
+  SupervisorInfo,
+} from "./types";
 
 /** Options of {@link Supervisor.start}. */
 export interface StartOptions extends CallOptions {
   /** The agent command, only for receipts that pin none; argv[0] must be in the receipt's `exec`. */
   argv?: string[];
+}
+
+/** Options of {@link Supervisor.decide}. */
+export interface DecideOptions extends CallOptions {
+  /**
+   * With approve: let the run's later calls of the same tool on the same path (for `exec`: the
+   * same argv) through without asking, for the rest of the run.
+   */
+  remember?: boolean;
+  /** Why (shown to the agent on a denial; audited either way). At most 1024 bytes. */
+  reason?: string;
 }
 
 /**
@@ -98,6 +131,80 @@ export class Supervisor extends DaemonClient {
       }
     }
     throw new TollgateError(Status.UNAVAILABLE, `the stream of run ${runId} ended before the run did`, "Supervisor/WatchRun");
+  }
+
+  /**
+   * Follows the gateway calls waiting for an operator's approval (calls under a grant with
+   * `ask`): first each call waiting now (`pending`), then one `caughtUp`, then each new waiting
+   * call and each end of a wait (`decided`) as it happens. An operator sees only its own runs'
+   * calls; the admin token every run's. The stream has no end of its own: leave the loop (or
+   * abort with `signal`, or give `timeoutMs`) to stop watching.
+   *
+   * @param runId only this run's calls; "" for every run the caller may see.
+   *
+   * Throws a TollgateError: NOT_FOUND / PERMISSION_DENIED for a run the caller may not see;
+   * RESOURCE_EXHAUSTED when this watcher fell too far behind (watch again).
+   */
+  async *approvals(runId = "", options: CallOptions = {}): AsyncGenerator<ApprovalEvent, void, undefined> {
+    for await (const raw of this.serverStream<Raw>("WatchApprovals", { runId }, options)) {
+      const event = approvalEventFromRaw(raw);
+      if (event !== undefined) {
+        yield event;
+      }
+    }
+  }
+
+  /**
+   * Approves (`approve` true) or denies one waiting call, and resolves with how its wait ended.
+   * `remember` goes with approve only (INVALID_ARGUMENT with a denial).
+   *
+   * Rejects with NOT_FOUND when the call does not wait (any more), PERMISSION_DENIED for
+   * another operator's run.
+   */
+  async decide(runId: string, callId: string, approve: boolean, options: DecideOptions = {}): Promise<DecidedCall> {
+    const request = { runId, callId, approve, remember: options.remember ?? false, reason: options.reason ?? "" };
+    const raw = await this.unary<Raw>("DecideApproval", request, options);
+    return decidedCallFromRaw(raw.decided as Raw | undefined);
+  }
+
+  /** {@link decide} approving; `remember` lets the run's later identical calls through without asking. */
+  async approve(runId: string, callId: string, options: CallOptions & { remember?: boolean } = {}): Promise<DecidedCall> {
+    return this.decide(runId, callId, true, options);
+  }
+
+  /** {@link decide} denying; the agent's call fails with `reason`. */
+  async deny(runId: string, callId: string, reason = "", options: CallOptions = {}): Promise<DecidedCall> {
+    return this.decide(runId, callId, false, { ...options, remember: false, reason });
+  }
+
+  /**
+   * Takes powers away from a live run without stopping it (its owner or an admin; no signature
+   * needed): drops gateway-only fs grants (the run's live children lose theirs beneath them)
+   * and gateway-only programs, lowers budgets, brings the expiry forward. Resolves with what the
+   * run's gateway allows now.
+   *
+   * Rejects with FAILED_PRECONDITION when the run is not live or a field would widen.
+   */
+  async narrow(runId: string, narrowing: Narrowing, options?: CallOptions): Promise<RunEnvelope> {
+    const raw = await this.unary<Raw>("AmendRun", { runId, narrow: narrowingToRaw(narrowing) }, options);
+    return runEnvelopeFromRaw(raw);
+  }
+
+  /**
+   * Applies a widening the authority signed ({@link Authority.amend}) to the live run: more
+   * gateway-only fs grants and programs, bigger budgets, a later expiry (the kernel envelope is
+   * never widened). One applied before changes nothing. Resolves with what the run's gateway
+   * allows now.
+   *
+   * @param amendment what {@link Authority.amend} returned, or its `signed` envelope.
+   *
+   * Rejects with PERMISSION_DENIED for a bad signature, another run's amendment or a stale one
+   * (signed over 5 minutes ago), FAILED_PRECONDITION when the run is not live.
+   */
+  async amend(runId: string, amendment: Amendment | SignedAmendment, options?: CallOptions): Promise<RunEnvelope> {
+    const signed = "signed" in amendment ? amendment.signed : amendment;
+    const request = { runId, amendment: { amendment: signed.amendment, keyId: signed.keyId, signature: signed.signature } };
+    return runEnvelopeFromRaw(await this.unary<Raw>("AmendRun", request, options));
   }
 
   /**

@@ -81,6 +81,25 @@ export interface FsGrant {
   access: FsAccess;
   /** Where it is bind-mounted inside the sandbox; empty: reachable only through the gateway's file tools. */
   mount: string;
+  /**
+   * Whether each change the gateway makes beneath the path (fs.write, fs.delete) waits for an
+   * operator's approval first (`Supervisor.approvals`). Only for a grant without `mount`.
+   */
+  ask: boolean;
+  /** Whether each read through the gateway (fs.read, fs.list, fs.stat) waits for approval too. Only without `mount`. */
+  askReads: boolean;
+}
+
+/**
+ * A program the agent may run only through the gateway's exec tool (`tollgate-shim tool exec`),
+ * never directly: each run of it is checked, counted, audited with its argv and, with `ask`,
+ * approved by an operator first.
+ */
+export interface GatewayExecGrant {
+  /** Absolute path of the program inside the sandbox; never also in the receipt's `exec`. */
+  program: string;
+  /** Whether each command waits for an operator's approval (who sees its argv and working directory). */
+  ask: boolean;
 }
 
 /** Permission to use one model route. */
@@ -160,6 +179,10 @@ export interface Receipt {
   network: NetworkAccess;
   /** Delegation permission, if any. */
   delegate?: Delegation;
+  /** Programs the agent may run only through the gateway's exec tool. */
+  gatewayExec: GatewayExecGrant[];
+  /** Seconds a call waiting for an operator's approval waits before it is denied (never past the expiry). */
+  approvalTimeoutSeconds: number;
 }
 
 /** The envelope that travels: the exact receipt bytes and their Ed25519 signature. */
@@ -184,8 +207,11 @@ export interface MintRequest {
   agent?: { argv: string[]; env?: Record<string, string>; workdir?: string };
   /** Requested limits; a missing or zero field takes the authority's default. */
   limits?: Partial<Limits>;
-  /** Requested file-system grants (`mount` optional). */
-  fs?: Array<{ path: string; access: FsAccess; mount?: string }>;
+  /**
+   * Requested file-system grants (`mount` optional). `ask` makes each change through the
+   * gateway wait for an operator, `askReads` each read too (both only without `mount`).
+   */
+  fs?: Array<{ path: string; access: FsAccess; mount?: string; ask?: boolean; askReads?: boolean }>;
   /** Requested executables (absolute paths). */
   exec?: string[];
   /** Requested model routes. */
@@ -196,6 +222,13 @@ export interface MintRequest {
   delegate?: Delegation;
   /** Start of validity; absent means now. */
   notBefore?: Date;
+  /**
+   * Programs the agent may run only through the gateway's exec tool, each command approved by
+   * an operator first with `ask`; each covered by the ceiling, none also in `exec`.
+   */
+  gatewayExec?: Array<{ program: string; ask?: boolean }>;
+  /** Seconds a call waiting for approval waits before it is denied; absent or 0 means 300 (at most 86400). */
+  approvalTimeoutSeconds?: number;
 }
 
 /** A freshly minted (or fetched) receipt. */
@@ -358,6 +391,189 @@ export type RunEvent =
       /** The run as recorded after its teardown. */
       run: Run;
     };
+
+/**
+ * How a wait for an operator's approval ended: an operator approved (the call goes on) or denied
+ * it (the call fails with the reason), no one decided before its deadline (denied), the agent gave
+ * the call up, or its run ended (stopped, expired, revoked) while it waited.
+ */
+export type ApprovalOutcome = "approved" | "denied" | "timed_out" | "cancelled" | "run_ended";
+
+/** A gateway call waiting for an operator's approval: what it would do, never its data. */
+export interface PendingCall {
+  /** The run that made it. */
+  runId: string;
+  /** The call's id: what `Supervisor.decide` names. */
+  callId: string;
+  /** The run's owner (the receipt's operator). */
+  owner: string;
+  /** The run's agent name (the receipt's subject). */
+  subject: string;
+  /** "fs.write", "fs.delete", "fs.read", "fs.list", "fs.stat", "exec", "egress", "model.complete" or "delegate". */
+  tool: string;
+  /** What it would reach: the host path (fs), the program (exec), "host:port" (egress), the route, the child's subject. */
+  path: string;
+  /** fs.write: bytes it would write; exec: bytes of stdin; model.complete: bytes of text that would leave. */
+  bytes: number;
+  /** fs.write: "WRITE_MODE_OVERWRITE", "WRITE_MODE_APPEND" or "WRITE_MODE_CREATE". */
+  mode: string;
+  /** When it began to wait. */
+  askedAt?: Date;
+  /** When it is denied unless someone decides (the receipt's approval timeout, or its expiry). */
+  deadline?: Date;
+  /** model.complete: the classifier's judgement of what would leave ("low", "medium", "high"). */
+  sensitivity: string;
+  /** model.complete: the reasons behind `sensitivity` (detector names). */
+  reasons: string[];
+  /** exec: the whole command line, program first. */
+  argv: string[];
+  /** exec: the directory in the sandbox it runs in. */
+  cwd: string;
+}
+
+/** The end of one wait for approval. */
+export interface DecidedCall {
+  /** The run. */
+  runId: string;
+  /** The call. */
+  callId: string;
+  /** How the wait ended. */
+  outcome: ApprovalOutcome;
+  /** Who decided: an operator's name, or "admin"; empty when no one did. */
+  decidedBy: string;
+  /** Why, as the decider gave it (denials) or as the supervisor says (the rest). */
+  reason: string;
+  /** Whether later identical calls of the run (same tool and path; for exec the same argv) pass without asking. */
+  remember: boolean;
+}
+
+/**
+ * One event of `Supervisor.approvals`: each call waiting when the watch began (`pending`), then
+ * one `caughtUp`, then each new waiting call and each end of a wait (`decided`) as it happens.
+ */
+export type ApprovalEvent =
+  | {
+      type: "pending";
+      /** The waiting call. */
+      call: PendingCall;
+    }
+  | {
+      type: "decided";
+      /** How its wait ended. */
+      decided: DecidedCall;
+    }
+  | {
+      /** Every call waiting when the watch began has been sent; what follows is live. */
+      type: "caughtUp";
+    };
+
+/** What a live run's gateway allows after `Supervisor.narrow` or `Supervisor.amend`. */
+export interface RunEnvelope {
+  /** The gateway-checked fs grants now in force. */
+  fs: FsGrant[];
+  /** The tool-call budget now. */
+  toolCalls: number;
+  /** The model-token budget now (0: the run makes no model calls). */
+  tokens: number;
+  /** The budget of agent output relayed, in bytes, now. */
+  outputBytes: number;
+  /** The budget of outbound bytes, each way, now. */
+  egressBytes: number;
+  /** The programs the exec tool may run only through the gateway, now. */
+  gatewayExec: GatewayExecGrant[];
+  /** The run's expiry now. */
+  expiresAt: Date;
+}
+
+/**
+ * A narrowing of a live run (`Supervisor.narrow`): every field optional, none may widen. Budgets
+ * are the run's in all; 0 or absent leaves one unchanged.
+ */
+export interface Narrowing {
+  /** Host paths of gateway-only fs grants to drop, exactly as the receipt names them. */
+  dropFs?: string[];
+  /** The new tool-call budget; at most the current one. */
+  toolCalls?: number;
+  /** The new model-token budget; at most the current one (tokens used stay used). */
+  tokens?: number;
+  /** The new budget of agent output relayed, in bytes; at most the current one. */
+  outputBytes?: number;
+  /** The new budget of outbound bytes, each way; at most the current one. */
+  egressBytes?: number;
+  /** Gateway-only programs to take away (the exec list is the kernel's and stays). */
+  dropGatewayExec?: string[];
+  /** The new expiry; no later than the current one. */
+  expiresAt?: Date;
+}
+
+/** What `Authority.amend` is asked to sign: a widening of one live run, within the owner's ceiling. */
+export interface AmendRequest {
+  /** Gateway-only fs grants to add (no mount); `ask` / `askReads` as the ceiling requires. */
+  addFs?: Array<{ path: string; access: FsAccess; ask?: boolean; askReads?: boolean }>;
+  /** The new tool-call budget (0 or absent: unchanged); above the receipt's. */
+  toolCalls?: number;
+  /** The new model-token budget (0 or absent: unchanged); above the receipt's. */
+  tokens?: number;
+  /** The new budget of agent output relayed, in bytes (0 or absent: unchanged); above the receipt's. */
+  outputBytes?: number;
+  /** The new budget of outbound bytes, each way (0 or absent: unchanged); above the receipt's. */
+  egressBytes?: number;
+  /** Programs the exec tool may run too, only through the gateway (`ask`: each command approved). */
+  addGatewayExec?: Array<{ program: string; ask?: boolean }>;
+  /** Seconds to add to the receipt's expiry, or to now once that has passed (0 or absent: unchanged). */
+  extendSeconds?: number;
+  /** Whether the run's delegated children may be granted what this adds too. */
+  forChildren?: boolean;
+}
+
+/** The envelope of an amendment: the exact Amendment bytes and the authority's signature over them. */
+export interface SignedAmendment {
+  /** The exact protobuf encoding of the Amendment; passed on unchanged, never re-encoded. */
+  amendment: Buffer;
+  /** Which authority key signed it. */
+  keyId: string;
+  /** Ed25519 signature over "tollgate.amendment.v1\n" || amendment. */
+  signature: Buffer;
+}
+
+/**
+ * A widening of one live run the authority signed (`Authority.amend`), decoded for display, with
+ * the signed envelope to hand to `Supervisor.amend` (within 5 minutes of `issuedAt`).
+ */
+export interface Amendment {
+  /** UUID v7 of the amendment. */
+  amendmentId: string;
+  /** The receipt (= run) it widens. */
+  receiptId: string;
+  /** The authority's issuer name. */
+  issuer: string;
+  /** key_id of the signing key. */
+  keyId: string;
+  /** The receipt's owner. */
+  owner: string;
+  /** When the authority signed it. */
+  issuedAt?: Date;
+  /** Gateway-only fs grants it adds. */
+  addFs: FsGrant[];
+  /** The run's new tool-call budget (0: unchanged). */
+  toolCalls: number;
+  /** The run's new model-token budget (0: unchanged). */
+  tokens: number;
+  /** The run's new budget of agent output relayed, in bytes (0: unchanged). */
+  outputBytes: number;
+  /** The run's new budget of outbound bytes, each way (0: unchanged). */
+  egressBytes: number;
+  /** Programs it lets the exec tool run, only through the gateway. */
+  addGatewayExec: GatewayExecGrant[];
+  /** The run's new expiry (absent: unchanged). */
+  expiresAt?: Date;
+  /** The operator that asked for it. */
+  amendedBy: string;
+  /** Whether the run's delegated children may be granted it too. */
+  forChildren: boolean;
+  /** The signed envelope (`tollgate.v1.SignedAmendment`): what `Supervisor.amend` sends. */
+  signed: SignedAmendment;
+}
 
 /** Whether `state` is final (the run has ended and been torn down). */
 export function isFinal(state: RunState): boolean {

@@ -12,9 +12,22 @@
 
 import assert from "node:assert/strict";
 import { createHash, createPublicKey, verify } from "node:crypto";
+import { chmodSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, test } from "node:test";
 
-import { Authority, MintRequest, Status, Supervisor, TollgateError, isFinal } from "@tollgate/client";
+import {
+  Authority,
+  DecidedCall,
+  KeySet,
+  MintRequest,
+  PendingCall,
+  Status,
+  Supervisor,
+  TollgateError,
+  isFinal,
+} from "@tollgate/client";
 
 const env = process.env;
 const authorityAddr = env.TOLLGATE_AUTHORITY;
@@ -46,6 +59,14 @@ function shSpec(subject: string, script: string): MintRequest {
     exec: ["/bin/sh", "/usr/bin/sleep"],
     limits: { memoryBytes: 64 * 1024 * 1024, pids: 16 },
   };
+}
+
+/** Whether `signature` is the key set's Ed25519 signature by `keyId` over `domain` || `bytes`. */
+function signatureVerifies(keys: KeySet, keyId: string, domain: string, bytes: Buffer, signature: Buffer): boolean {
+  const key = keys.keys.find((k) => k.keyId === keyId);
+  assert.ok(key, `key ${keyId} not in the key set`);
+  const publicKey = createPublicKey({ key: { kty: "OKP", crv: "Ed25519", x: key.publicKey.toString("base64url") }, format: "jwk" });
+  return verify(null, Buffer.concat([Buffer.from(domain), bytes]), publicKey, signature);
 }
 
 /** The rejection of `promise`, which must be a TollgateError. */
@@ -80,7 +101,10 @@ describe("authority", { skip: noAuthority }, () => {
       assert.equal(r.limits.memoryBytes, 64 * 1024 * 1024);
       assert.equal(r.limits.pids, 16);
       assert.ok(r.limits.outputBytes > 0, "unset limits take the authority's defaults");
-      assert.deepEqual(r.fs, [{ path: "/usr/share", access: "FS_ACCESS_READ", mount: "" }]);
+      assert.deepEqual(r.fs, [{ path: "/usr/share", access: "FS_ACCESS_READ", mount: "", ask: false, askReads: false }]);
+      assert.deepEqual(r.gatewayExec, []);
+      // Unasked, the default (300 s), never past the receipt's 60 s lifetime.
+      assert.ok(r.approvalTimeoutSeconds > 0 && r.approvalTimeoutSeconds <= 60, `${r.approvalTimeoutSeconds}`);
       assert.deepEqual(r.routes, [{ name: "local", maxSensitivity: "SENSITIVITY_HIGH" }]);
       assert.deepEqual(r.delegate, { maxDepth: 1 });
       assert.deepEqual(r.egress[0], {
@@ -288,6 +312,149 @@ describe("supervisor", { skip: noSupervisor }, () => {
     } finally {
       a.close();
       s.close();
+    }
+  });
+
+  test("approvals are watched and decided, and live runs amended", async () => {
+    const a = authority();
+    const s = supervisor();
+    // Written through the gateway, as the agent's user: a fresh directory it may enter.
+    const dir = mkdtempSync(join(tmpdir(), "tollgate-ts-approvals-"));
+    chmodSync(dir, 0o755);
+    try {
+      const script =
+        `printf hi | tollgate-shim tool write ${dir}/x.txt --create; echo write rc=$?; ` +
+        "tollgate-shim tool exec -- /usr/bin/id -u 2>&1; echo exec rc=$?";
+      const minted = await a.mint({
+        ...shSpec("ts-asker", script),
+        ttlSeconds: 120,
+        fs: [{ path: dir, access: "FS_ACCESS_WRITE", ask: true }],
+        gatewayExec: [{ program: "/usr/bin/id", ask: true }],
+        approvalTimeoutSeconds: 60,
+      });
+      assert.deepEqual(minted.receipt.fs, [{ path: dir, access: "FS_ACCESS_WRITE", mount: "", ask: true, askReads: false }]);
+      assert.deepEqual(minted.receipt.gatewayExec, [{ program: "/usr/bin/id", ask: true }]);
+      assert.equal(minted.receipt.approvalTimeoutSeconds, 60);
+      const runId = await s.start(minted);
+
+      // Approve the write, deny the command; each decision comes back on the watch as well.
+      const asked: PendingCall[] = [];
+      const answers: DecidedCall[] = [];
+      const decided: DecidedCall[] = [];
+      let caughtUp = 0;
+      for await (const event of s.approvals(runId, { timeoutMs: 30_000 })) {
+        if (event.type === "pending") {
+          asked.push(event.call);
+          answers.push(
+            event.call.tool === "fs.write"
+              ? await s.approve(runId, event.call.callId)
+              : await s.deny(runId, event.call.callId, "not this command"),
+          );
+        } else if (event.type === "decided") {
+          decided.push(event.decided);
+          if (decided.length === 2) {
+            break;
+          }
+        } else {
+          caughtUp += 1;
+        }
+      }
+      assert.equal(caughtUp, 1, "one caughtUp, between the calls waiting then and the live ones");
+      assert.deepEqual(
+        asked.map((c) => [c.runId, c.subject, c.tool, c.path]),
+        [
+          [runId, "ts-asker", "fs.write", `${dir}/x.txt`],
+          [runId, "ts-asker", "exec", "/usr/bin/id"],
+        ],
+      );
+      const [write, exec] = asked;
+      assert.equal(write.bytes, 2);
+      assert.equal(write.mode, "WRITE_MODE_CREATE");
+      assert.deepEqual(exec.argv, ["/usr/bin/id", "-u"]);
+      assert.notEqual(write.callId, exec.callId);
+      for (const call of asked) {
+        assert.ok(call.askedAt instanceof Date && call.deadline instanceof Date, `${JSON.stringify(call)}`);
+        const wait = (call.deadline.getTime() - call.askedAt.getTime()) / 1000;
+        assert.ok(Math.abs(wait - 60) <= 1, `waits the receipt's approval timeout, not ${wait} s`);
+      }
+      assert.deepEqual(decided, answers, "the watch reports each decision as decide returned it");
+      assert.deepEqual(
+        decided.map((d) => [d.callId, d.outcome, d.decidedBy, d.remember]),
+        [
+          [write.callId, "approved", "admin", false],
+          [exec.callId, "denied", "admin", false],
+        ],
+      );
+      assert.equal(decided[1].reason, "not this command");
+
+      let stdout = "";
+      let ended;
+      for await (const event of s.watch(runId, { timeoutMs: 30_000 })) {
+        if (event.type === "output") {
+          stdout += event.stream === "stdout" ? event.data.toString("utf8") : "";
+        } else {
+          ended = event.run;
+        }
+      }
+      assert.match(stdout, /write rc=0\n/);
+      assert.match(stdout, /not this command/, "the agent is told the reason");
+      assert.match(stdout, /exec rc=1\n/);
+      assert.doesNotMatch(stdout, /^\d+$/m, "the denied command never printed a uid");
+      assert.equal(ended?.state, "RUN_STATE_EXITED");
+      assert.equal(readFileSync(join(dir, "x.txt"), "utf8"), "hi");
+      // A call decided is no longer waiting.
+      const again = await refusal(s.approve(runId, write.callId));
+      assert.equal(again.code, Status.NOT_FOUND, again.message);
+
+      // A live run: narrowed without a signature, widened with the authority's.
+      const [readA, readB] = [join(dir, "a"), join(dir, "b")];
+      mkdirSync(readA);
+      mkdirSync(readB);
+      const spec = shSpec("ts-amended", "echo started; exec /usr/bin/sleep 60");
+      const live = await a.mint({
+        ...spec,
+        ttlSeconds: 120,
+        limits: { ...spec.limits, toolCalls: 100 },
+        fs: [{ path: readA, access: "FS_ACCESS_READ" }],
+      });
+      const liveId = await s.start(live);
+      const narrowed = await s.narrow(liveId, { dropFs: [readA], toolCalls: 50 });
+      assert.deepEqual(narrowed.fs, []);
+      assert.equal(narrowed.toolCalls, 50);
+      assert.equal(narrowed.expiresAt.getTime(), live.receipt.expiresAt.getTime());
+      const wider = await refusal(s.narrow(liveId, { toolCalls: 500 }));
+      assert.equal(wider.code, Status.FAILED_PRECONDITION, wider.message);
+
+      const amendment = await a.amend(liveId, {
+        addFs: [{ path: readB, access: "FS_ACCESS_READ" }],
+        addGatewayExec: [{ program: "/usr/bin/id", ask: true }],
+        extendSeconds: 60,
+      });
+      assert.deepEqual(amendment.addGatewayExec, [{ program: "/usr/bin/id", ask: true }]);
+      assert.equal(amendment.receiptId, liveId);
+      assert.deepEqual(amendment.addFs, [{ path: readB, access: "FS_ACCESS_READ", mount: "", ask: false, askReads: false }]);
+      assert.equal(amendment.toolCalls, 0);
+      assert.equal(amendment.expiresAt?.getTime(), live.receipt.expiresAt.getTime() + 60_000);
+      assert.equal(amendment.signed.keyId, amendment.keyId);
+      const { amendment: bytes, signature } = amendment.signed;
+      const keys = await a.keySet();
+      assert.ok(signatureVerifies(keys, amendment.keyId, "tollgate.amendment.v1\n", bytes, signature), "the amendment verifies");
+      const widened = await s.amend(liveId, amendment);
+      assert.deepEqual(
+        widened.fs.map((g) => [g.path, g.access, g.mount]),
+        [[readB, "FS_ACCESS_READ", ""]],
+      );
+      assert.equal(widened.toolCalls, 50, "an amendment that names no budget leaves the narrowed one");
+      assert.equal(widened.expiresAt.getTime() - narrowed.expiresAt.getTime(), 60_000);
+      assert.deepEqual(widened.gatewayExec, [{ program: "/usr/bin/id", ask: true }]);
+      const dropped = await s.narrow(liveId, { dropGatewayExec: ["/usr/bin/id"] });
+      assert.deepEqual(dropped.gatewayExec, []);
+      const stopped = await s.stop(liveId, "ts amend stop");
+      assert.equal(stopped.state, "RUN_STATE_STOPPED");
+    } finally {
+      a.close();
+      s.close();
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

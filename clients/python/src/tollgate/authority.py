@@ -21,8 +21,10 @@ from .types import (
     Revocation,
     RouteGrant,
     StoredReceipt,
+    Size,
     _timestamp,
     parse_duration,
+    parse_size,
     strings,
 )
 
@@ -169,17 +171,29 @@ class Authority(_Client):
         *,
         add_fs: Iterable[Union[FsGrant, Sequence[str]]] = (),
         tool_calls: int = 0,
+        tokens: int = 0,
+        output_bytes: Size = 0,
+        egress_bytes: Size = 0,
+        gateway_exec: Iterable[str] = (),
+        exec_ask: Iterable[str] = (),
         extend: Optional[Duration] = None,
         for_children: bool = False,
     ) -> Amendment:
         """Signs a widening of a live run (the receipt's owner, or an admin; within the
-        caller's ceiling): gateway-only fs grants, a bigger tool-call budget, a later expiry.
+        caller's ceiling): gateway-only fs grants and programs (``gateway_exec``; ``exec_ask``
+        for programs each command of which an operator approves), bigger budgets (each above
+        the receipt's; 0 leaves it), a later expiry.
         Hand the result to :meth:`Supervisor.amend` within 5 minutes. ``for_children`` lets
         the run's future delegated children be granted it too."""
         request = authority_pb2.AmendReceiptRequest(
             receipt_id=receipt_id,
             add_fs=[FsGrant.coerce(g).to_proto() for g in add_fs],
             tool_calls=tool_calls,
+            tokens=tokens,
+            output_bytes=parse_size(output_bytes) if output_bytes else 0,
+            egress_bytes=parse_size(egress_bytes) if egress_bytes else 0,
+            add_gateway_exec=[receipt_pb2.GatewayExecGrant(program=p, ask=False) for p in strings(gateway_exec)]
+            + [receipt_pb2.GatewayExecGrant(program=p, ask=True) for p in strings(exec_ask)],
             extend_seconds=parse_duration(extend) if extend is not None else 0,
             for_children=for_children,
         )

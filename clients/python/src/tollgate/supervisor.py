@@ -222,8 +222,8 @@ class Supervisor(_Client):
             timeout: Seconds the whole stream may last; None for no limit.
 
         Raises:
-            TollgateError: ``DATA_LOSS`` when this watcher fell too far behind (watch
-                again); ``NOT_FOUND`` / ``PERMISSION_DENIED`` for a run it may not see.
+            TollgateError: ``RESOURCE_EXHAUSTED`` when this watcher fell too far behind
+                (watch again); ``NOT_FOUND`` / ``PERMISSION_DENIED`` for a run it may not see.
         """
         call = self._stub.WatchApprovals(
             supervisor_pb2.WatchApprovalsRequest(run_id=run_id), metadata=self._metadata(), timeout=timeout
@@ -271,12 +271,14 @@ class Supervisor(_Client):
         tokens: int = 0,
         output_bytes: Union[int, str] = 0,
         egress_bytes: Union[int, str] = 0,
+        drop_exec: Iterable[str] = (),
         expires_at: Union[datetime, float, None] = None,
     ) -> RunEnvelope:
         """Takes powers away from a live run without stopping it (its owner or an admin; no
         signature needed): drops fs grants (a mounted one is unmounted from the sandbox, and
-        the run's live children lose theirs beneath it), lowers budgets (each the run's in
-        all; 0 leaves it), brings the expiry forward. Anything that would widen is
+        the run's live children lose theirs beneath it) and gateway-only programs
+        (``drop_exec``), lowers budgets (each the run's in all; 0 leaves it), brings the expiry
+        forward. Anything that would widen is
         ``FAILED_PRECONDITION``. Returns what the run may do now."""
         narrowing = supervisor_pb2.Narrowing(
             drop_fs=strings(drop_fs),
@@ -284,6 +286,7 @@ class Supervisor(_Client):
             tokens=tokens,
             output_bytes=parse_size(output_bytes) if output_bytes else 0,
             egress_bytes=parse_size(egress_bytes) if egress_bytes else 0,
+            drop_gateway_exec=strings(drop_exec),
         )
         if expires_at is not None:
             narrowing.expires_at.CopyFrom(_timestamp(expires_at))

@@ -879,8 +879,9 @@ class DecidedCall:
 
 @dataclass(frozen=True)
 class RunEnvelope:
-    """What a live run's gateway allows after an amendment: its fs grants in force, its
-    budgets (``tokens`` 0: no model calls) and its expiry."""
+    """What a live run's gateway allows after an amendment: its fs grants and gateway-only
+    programs in force (``exec_ask``: those asking for each command), its budgets (``tokens``
+    0: no model calls) and its expiry."""
 
     fs: Tuple[FsGrant, ...]
     tool_calls: int
@@ -888,6 +889,8 @@ class RunEnvelope:
     output_bytes: int
     egress_bytes: int
     expires_at: Optional[datetime]
+    gateway_exec: Tuple[str, ...] = ()
+    exec_ask: Tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, m: Any) -> "RunEnvelope":
@@ -898,6 +901,8 @@ class RunEnvelope:
             output_bytes=m.output_bytes,
             egress_bytes=m.egress_bytes,
             expires_at=_dt(m, "expires_at"),
+            gateway_exec=tuple(g.program for g in m.gateway_exec if not g.ask),
+            exec_ask=tuple(g.program for g in m.gateway_exec if g.ask),
         )
 
 
@@ -909,7 +914,9 @@ class Amendment:
     Attributes:
         amendment_id, receipt_id: The amendment and the receipt (= run) it widens.
         add_fs: Gateway-only grants it adds.
-        tool_calls: The new tool-call budget (0: unchanged).
+        tool_calls, tokens, output_bytes, egress_bytes: The new budgets (0: unchanged).
+        gateway_exec, exec_ask: Programs it lets the exec tool run, only through the gateway
+            (``exec_ask``: each command approved first).
         expires_at: The new expiry (None: unchanged).
         for_children: Whether the run's future children may be granted it too.
         amended_by: The operator who asked for it.
@@ -924,6 +931,11 @@ class Amendment:
     for_children: bool
     amended_by: str
     signed: Any = field(repr=False, compare=False)
+    tokens: int = 0
+    output_bytes: int = 0
+    egress_bytes: int = 0
+    gateway_exec: Tuple[str, ...] = ()
+    exec_ask: Tuple[str, ...] = ()
 
     @classmethod
     def from_proto(cls, amendment: Any, signed: Any) -> "Amendment":
@@ -936,4 +948,9 @@ class Amendment:
             for_children=amendment.for_children,
             amended_by=amendment.amended_by,
             signed=signed,
+            tokens=amendment.tokens,
+            output_bytes=amendment.output_bytes,
+            egress_bytes=amendment.egress_bytes,
+            gateway_exec=tuple(g.program for g in amendment.add_gateway_exec if not g.ask),
+            exec_ask=tuple(g.program for g in amendment.add_gateway_exec if g.ask),
         )
