@@ -94,12 +94,24 @@ fn enter(control: &UnixStream) -> Result<EnterOutcome, String> {
         }
         return Ok(EnterOutcome::Unmounted);
     }
+    if let Some(program) = &request.hide {
+        // Joined the mount namespace: the agent's view, where the cover goes.
+        crate::setup::hide_programs(
+            std::slice::from_ref(program),
+            &request.plan.landlock.execute,
+        )
+        .map_err(|e| e.to_string())?;
+        return Ok(EnterOutcome::Hidden);
+    }
     let cpu_seconds = request.timeout_ms.div_ceil(1000).max(1);
     // Inherited by the command; the helper itself only waits.
     setrlimit(Resource::RLIMIT_CPU, cpu_seconds, cpu_seconds)
         .map_err(|e| format!("setting the CPU-time limit: {e}"))?;
     let mut plan = request.plan;
     if let Some(program) = &request.also_execute {
+        // The agent cannot see the program (it is covered in the sandbox's mount namespace):
+        // this command alone does, in a mount namespace of its own.
+        crate::setup::reveal_program(program)?;
         // Resolved here, through the sandbox's root (joined above): the program and its
         // loader as this sandbox shows them. This command's Landlock domain alone gets them;
         // the agent's never does.

@@ -69,6 +69,15 @@ pub enum MountError {
         /// The mounted grant's host path.
         other_path: String,
     },
+    /// A grant that asks before reads reaches a system path, which every sandbox without a
+    /// root file system of its own shows from the host.
+    #[error("fs[{index}] asks before reads, but the sandbox shows {system} from the host, where the agent reads it without asking")]
+    AskReadsSystem {
+        /// The grant's index.
+        index: usize,
+        /// The system path.
+        system: &'static str,
+    },
     /// Two mount targets overlap (one at or beneath the other).
     #[error("mount {mount:?} overlaps fs[{other}].mount {other_mount:?}")]
     Overlaps {
@@ -93,7 +102,8 @@ impl MountError {
             | Self::Overlaps { index, .. }
             | Self::AskMounted { index, .. }
             | Self::AskUnderWriteMount { index, .. }
-            | Self::AskReadsUnderMount { index, .. } => *index,
+            | Self::AskReadsUnderMount { index, .. }
+            | Self::AskReadsSystem { index, .. } => *index,
         }
     }
 
@@ -105,7 +115,9 @@ impl MountError {
             Self::AskMounted { index, .. } | Self::AskUnderWriteMount { index, .. } => {
                 format!("fs[{index}].ask")
             }
-            Self::AskReadsUnderMount { index, .. } => format!("fs[{index}].ask_reads"),
+            Self::AskReadsUnderMount { index, .. } | Self::AskReadsSystem { index, .. } => {
+                format!("fs[{index}].ask_reads")
+            }
             _ => format!("fs[{}].mount", self.index()),
         }
     }
@@ -148,6 +160,14 @@ pub fn check_mounts(fs: &[pb::FsGrant]) -> Result<(), MountError> {
             });
         }
         if grant.ask_reads {
+            // The sandbox shows the host's system paths (without a root file system of its
+            // own): the agent reads them without asking.
+            if let Some(system) = SYSTEM_PATHS
+                .iter()
+                .find(|s| path_within(&grant.path, s) || path_within(s, &grant.path))
+            {
+                return Err(MountError::AskReadsSystem { index, system });
+            }
             if let Some((other, o)) = mounted().find(|(_, o)| reaches(grant, o)) {
                 return Err(MountError::AskReadsUnderMount {
                     index,
@@ -209,25 +229,27 @@ pub fn ask_required<'a>(
     grant: &pb::FsGrant,
     entries: &'a [pb::FsGrant],
 ) -> Option<&'a pb::FsGrant> {
-    required(grant, entries, |g| g.ask)
+    required(grant, entries, |g| g.ask, true)
 }
 
 /// [`ask_required`] for reads: the entry of `entries` asking before reads that makes `grant`
 /// ask before reads too, if one does (an entry beneath `grant`, or the most specific entry
-/// covering it).
+/// covering it, whatever its access: every grant reads).
 pub fn ask_reads_required<'a>(
     grant: &pb::FsGrant,
     entries: &'a [pb::FsGrant],
 ) -> Option<&'a pb::FsGrant> {
-    required(grant, entries, |g| g.ask_reads)
+    required(grant, entries, |g| g.ask_reads, false)
 }
 
 /// The entry of `entries` whose `asks` makes `grant` ask too: one beneath it, or the most
-/// specific one covering it with enough access.
+/// specific one covering it (with enough access, when `by_access`: for changes, only a
+/// grant that could make them decides).
 fn required<'a>(
     grant: &pb::FsGrant,
     entries: &'a [pb::FsGrant],
     asks: impl Fn(&pb::FsGrant) -> bool,
+    by_access: bool,
 ) -> Option<&'a pb::FsGrant> {
     if asks(grant) {
         return None;
@@ -240,7 +262,7 @@ fn required<'a>(
     }
     entries
         .iter()
-        .filter(|e| path_within(&grant.path, &e.path) && e.access >= grant.access)
+        .filter(|e| path_within(&grant.path, &e.path) && (!by_access || e.access >= grant.access))
         .max_by_key(|e| (e.path.len(), asks(e)))
         .filter(|e| asks(e))
 }
@@ -423,6 +445,17 @@ pub enum RootfsError {
         /// The root file system's path.
         rootfs: String,
     },
+    /// A grant that asks before reads reaches the root file system, which the agent reads
+    /// directly.
+    #[error("fs[{index}] = {grant:?} asks before reads, but the root file system {rootfs:?} shows the same files to the agent, which reads them without asking")]
+    AskReadsReaches {
+        /// The grant's index.
+        index: usize,
+        /// Its host path.
+        grant: String,
+        /// The root file system's path.
+        rootfs: String,
+    },
 }
 
 impl<'a> Rootfs<'a> {
@@ -451,6 +484,15 @@ impl<'a> Rootfs<'a> {
                 return Err(RootfsError::WriteReaches {
                     index,
                     write: write.path.clone(),
+                    rootfs: path.to_owned(),
+                });
+            }
+            if let Some((index, grant)) = fs.iter().enumerate().find(|(_, g)| {
+                g.ask_reads && (path_within(&g.path, path) || path_within(path, &g.path))
+            }) {
+                return Err(RootfsError::AskReadsReaches {
+                    index,
+                    grant: grant.path.clone(),
                     rootfs: path.to_owned(),
                 });
             }
@@ -789,6 +831,47 @@ mod tests {
             check_mounts(&[reading("/srv/a", ""), grant("/srv/b", "/data")]),
             Ok(())
         );
+    }
+
+    #[test]
+    fn asking_before_reads_binds_every_grant_beneath_whatever_its_access() {
+        let parent = [
+            pb::FsGrant {
+                access: pb::FsAccess::Write as i32,
+                ..grant("/srv", "")
+            },
+            pb::FsGrant {
+                ask_reads: true,
+                ..grant("/srv/a", "")
+            },
+        ];
+        let child = pb::FsGrant {
+            access: pb::FsAccess::Write as i32,
+            ..grant("/srv/a/x", "")
+        };
+        assert_eq!(
+            ask_reads_required(&child, &parent).map(|g| g.path.as_str()),
+            Some("/srv/a"),
+            "a write grant beneath reads there too"
+        );
+        assert!(ask_required(&child, &parent).is_none());
+        // The sandbox shows the host's system paths, and a root file system, to the agent.
+        let usr = pb::FsGrant {
+            ask_reads: true,
+            ..grant("/usr/share/doc", "")
+        };
+        assert_eq!(
+            check_mounts(std::slice::from_ref(&usr)).map_err(|e| e.field()),
+            Err("fs[0].ask_reads".into())
+        );
+        let reading = pb::FsGrant {
+            ask_reads: true,
+            ..grant("/srv/rootfs/etc", "")
+        };
+        assert!(matches!(
+            Rootfs::parse("/srv/rootfs", std::slice::from_ref(&reading)),
+            Err(RootfsError::AskReadsReaches { index: 0, .. })
+        ));
     }
 
     #[test]

@@ -105,15 +105,15 @@ struct Board {
     remembered: HashMap<String, HashSet<(String, String)>>,
 }
 
-/// What a remembered approval of a call reaching `path` with command line `argv` lets
-/// through again: the same path; for a command, the same whole argv (approving `git status`
-/// never approves `git push`).
-pub fn remembered_as(path: &str, argv: &[String]) -> String {
+/// What a remembered approval of a call reaching `path` lets through again: the same path;
+/// for a command, the same whole `argv`, in the same `cwd`, with the same stdin (its SHA-256):
+/// approving `git status` never approves `git push`, nor `sh -s` with other input.
+pub fn remembered_as(path: &str, argv: &[String], cwd: &str, stdin_sha256: &str) -> String {
     if argv.is_empty() {
         path.to_owned()
     } else {
-        // Unambiguous: each argument quoted and escaped.
-        format!("{argv:?}")
+        // Unambiguous: each part quoted and escaped.
+        format!("{argv:?} {cwd:?} {stdin_sha256:?}")
     }
 }
 
@@ -220,7 +220,12 @@ impl ApprovalBoard {
                 if rules.len() < MAX_REMEMBERED_PER_RUN {
                     rules.insert((
                         waiting.call.tool.clone(),
-                        remembered_as(&waiting.call.path, &waiting.call.argv),
+                        remembered_as(
+                            &waiting.call.path,
+                            &waiting.call.argv,
+                            &waiting.call.cwd,
+                            &waiting.call.stdin_sha256,
+                        ),
                     ));
                 }
             }

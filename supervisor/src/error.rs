@@ -119,6 +119,15 @@ pub enum AmendError {
         /// Why.
         reason: String,
     },
+    /// A gateway-only program could not be hidden from the live sandbox's agent, so it was
+    /// not added (nothing was changed).
+    #[error("hiding {program} from the live sandbox's agent: {reason}")]
+    Hide {
+        /// The program (a sandbox path).
+        program: String,
+        /// Why.
+        reason: String,
+    },
     /// The run's receipt was revoked: nothing widens it.
     #[error("run {0}'s receipt is revoked")]
     Revoked(String),

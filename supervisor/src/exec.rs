@@ -303,6 +303,7 @@ pub async fn run(sandbox: &ExecSandbox, command: Command) -> Result<ExecResult, 
         timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
         unmount: None,
         also_execute,
+        hide: None,
     };
     let (mut child, mut control, line) = spawn_helper(sandbox, pinned, &request)?;
     let output = Output::start(&mut child, sandbox.limits.output_cap);
@@ -347,9 +348,9 @@ pub async fn run(sandbox: &ExecSandbox, command: Command) -> Result<ExecResult, 
             duration: started.elapsed(),
         }),
         Ok(EnterOutcome::Failed { reason }) => Err(ExecError::NotStarted(reason)),
-        Ok(EnterOutcome::Unmounted) => Err(ExecError::Helper(std::io::Error::other(
-            "the helper unmounted instead of running the command",
-        ))),
+        Ok(EnterOutcome::Unmounted | EnterOutcome::Hidden) => Err(ExecError::Helper(
+            std::io::Error::other("the helper changed mounts instead of running the command"),
+        )),
         Err(_) if reply.is_empty() => Err(ExecError::NotStarted(format!(
             "the helper ended without a report ({status}; the sandbox may be ending)"
         ))),
@@ -404,16 +405,44 @@ fn spawn_helper(
 /// Detaches the mount at sandbox path `target` inside the live sandbox (a mounted grant
 /// narrowed away): `tollgate-shim enter` joins its mount namespace and unmounts it.
 pub async fn unmount(sandbox: &ExecSandbox, target: &str) -> Result<(), ExecError> {
+    change_mounts(sandbox, MountChange::Unmount(target.to_owned())).await
+}
+
+/// Hides gateway-only `program` from the live sandbox's agent (an amendment added it), as the
+/// shim hides a receipt's at start: `tollgate-shim enter` joins its mount namespace and covers
+/// it.
+pub async fn hide(sandbox: &ExecSandbox, program: &str) -> Result<(), ExecError> {
+    change_mounts(sandbox, MountChange::Hide(PathBuf::from(program))).await
+}
+
+/// A change to a live sandbox's mounts.
+enum MountChange {
+    /// Detach the mount at this sandbox path.
+    Unmount(String),
+    /// Cover this program.
+    Hide(PathBuf),
+}
+
+async fn change_mounts(sandbox: &ExecSandbox, change: MountChange) -> Result<(), ExecError> {
     let pinned = sandbox
         .started
         .wait(PIN_WAIT)
         .await
         .map_err(ExecError::NotStarted)?;
+    let mut plan = sandbox.plan.clone();
+    // The agent's executables as pid 1 resolved them: what a hidden program must not be.
+    plan.landlock.execute.clone_from(&pinned.execute);
+    plan.landlock.execute_resolved = true;
+    let (unmount, hide) = match change {
+        MountChange::Unmount(target) => (Some(target), None),
+        MountChange::Hide(program) => (None, Some(program)),
+    };
     let request = EnterRequest {
-        plan: sandbox.plan.clone(),
+        plan,
         timeout_ms: 0,
-        unmount: Some(target.to_owned()),
+        unmount,
         also_execute: None,
+        hide,
     };
     let (mut child, mut control, line) = spawn_helper(sandbox, pinned, &request)?;
     let reply = async {
@@ -435,7 +464,7 @@ pub async fn unmount(sandbox: &ExecSandbox, target: &str) -> Result<(), ExecErro
     };
     let status = bounded_wait(&mut child).await;
     match serde_json::from_str::<EnterOutcome>(&reply) {
-        Ok(EnterOutcome::Unmounted) => Ok(()),
+        Ok(EnterOutcome::Unmounted | EnterOutcome::Hidden) => Ok(()),
         Ok(EnterOutcome::Failed { reason }) => Err(ExecError::NotStarted(reason)),
         Ok(other) => Err(ExecError::Helper(std::io::Error::other(format!(
             "unexpected reply {other:?}"

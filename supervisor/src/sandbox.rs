@@ -287,6 +287,12 @@ pub fn plan_for(
         rootfs: rootfs.map(Path::to_owned),
         // Set by the run manager from the start request.
         input: AgentInput::Null,
+        // Gateway-only programs: the agent never reaches them.
+        hidden: receipt
+            .gateway_exec
+            .iter()
+            .map(|g| PathBuf::from(&g.program))
+            .collect(),
     })
 }
 

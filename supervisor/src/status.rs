@@ -70,6 +70,7 @@ pub fn amend_status(error: &crate::error::AmendError) -> Status {
         }
         AmendError::Audit(_) => internal("auditing a change to a run", error),
         AmendError::Unmount { .. } => Status::failed_precondition(error.to_string()),
+        AmendError::Hide { .. } => Status::failed_precondition(error.to_string()),
     }
 }
 

@@ -520,18 +520,6 @@ async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
         .await
         .expect("alice starts her run");
     let mut client = supervisor.client().await;
-    amend(
-        &mut client,
-        &alice,
-        &run_id,
-        pb::amend_run_request::Change::Narrow(pb::Narrowing {
-            drop_fs: vec![a.clone()],
-            tool_calls: 500,
-            ..Default::default()
-        }),
-    )
-    .await
-    .expect("narrow");
     let signed = authority
         .client()
         .await
@@ -545,6 +533,7 @@ async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
                     ..Default::default()
                 }],
                 extend_seconds: 600,
+                tool_calls: 2_000,
                 ..Default::default()
             },
         ))
@@ -561,6 +550,19 @@ async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
     )
     .await
     .expect("widen");
+    // Then narrowed below what the amendment gave: a replay after the restart must not undo it.
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_fs: vec![a.clone()],
+            tool_calls: 500,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("narrow");
     drop(client);
 
     let runs = supervisor.data_dir().join("runs");

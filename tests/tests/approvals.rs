@@ -534,6 +534,8 @@ async fn a_gateway_only_program_runs_only_through_the_gateway_and_asks_for_each_
     let script = r#"
 /usr/bin/uname -s >/dev/null 2>&1; echo "direct uname rc=$?"
 /usr/bin/id -u >/dev/null 2>&1; echo "direct id rc=$?"
+/lib64/ld-linux-x86-64.so.2 /usr/bin/id -u >/dev/null 2>&1; echo "loaded id rc=$?"
+/bin/sh -c 'cat /usr/bin/uname > /dev/null' 2>/dev/null; echo "read uname rc=$?"
 tollgate-shim tool exec -- /usr/bin/uname -s; echo "gateway uname rc=$?"
 tollgate-shim tool exec -- /usr/bin/id -u; echo "approved rc=$?"
 tollgate-shim tool exec -- /usr/bin/id -u; echo "remembered rc=$?"
@@ -580,9 +582,16 @@ tollgate-shim tool exec -- /usr/bin/id -g 2>&1; echo "denied rc=$?"
         .await;
     let output = supervisor.output(&run_id).await;
     assert_eq!(run.state, pb::RunState::Exited as i32, "{output}");
-    // The kernel refuses the agent itself (126: found, but not executable).
+    // The kernel refuses the agent itself (126: found, but not executable), and the
+    // programs are hidden from it: neither the dynamic loader (which Landlock's execute right
+    // does not cover) nor a read reaches their content.
     assert!(output.contains("direct uname rc=126"), "{output}");
     assert!(output.contains("direct id rc=126"), "{output}");
+    assert!(
+        output.contains("loaded id rc=") && !output.contains("loaded id rc=0"),
+        "{output}"
+    );
+    assert!(output.contains("read uname rc=1"), "{output}");
     assert!(
         output.contains(
             "Linux
@@ -606,6 +615,30 @@ gateway uname rc=0"
     let approved: Vec<String> = execs.iter().map(|e| text(e, "approved_by")).collect();
     assert_eq!(approved, ["", "alice", "(remembered)", ""], "{execs:?}");
     assert_eq!(execs[3].decision, Some(Decision::Deny), "{execs:?}");
+
+    // A program the agent would reach all the same is never started as gateway-only: one
+    // with another name (a hard link), or one the agent's own executables are or run through.
+    for (program, why) in [
+        ("/usr/bin/perl", "hard links"),
+        ("/usr/bin/dash", "the agent's own executable /bin/sh"),
+    ] {
+        let mut request = receipt(&dir.path().display().to_string(), "true", 60, 0);
+        request.gateway_exec = vec![pb::GatewayExecGrant {
+            program: program.into(),
+            ask: true,
+        }];
+        let minted = mint(&authority, &alice, request).await;
+        let reason = match supervisor.start_run_as(&alice, minted).await {
+            Err(status) => status.message().to_owned(),
+            Ok(run_id) => {
+                let run = supervisor
+                    .wait_ended(&run_id, Duration::from_secs(30))
+                    .await;
+                run.report.map(|r| r.reason).unwrap_or_default()
+            }
+        };
+        assert!(reason.contains(why), "{program}: {reason}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

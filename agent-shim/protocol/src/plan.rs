@@ -283,4 +283,8 @@ pub struct SandboxPlan {
     /// The agent's standard input.
     #[serde(default)]
     pub input: AgentInput,
+    /// Programs the agent may run only through the gateway's exec tool (sandbox paths): the
+    /// shim covers each before the agent exists, so the agent cannot execute or load them.
+    #[serde(default)]
+    pub hidden: Vec<PathBuf>,
 }

@@ -105,6 +105,10 @@ pub struct EnterRequest {
     /// inside the sandbox's mount namespace.
     #[serde(default)]
     pub also_execute: Option<std::path::PathBuf>,
+    /// Instead of running a command: hide this program (a sandbox path) from the agent, as
+    /// the shim hides a receipt's gateway-only programs at start (an amendment added it).
+    #[serde(default)]
+    pub hide: Option<std::path::PathBuf>,
 }
 
 /// How a command run by `tollgate-shim enter` ended (one JSON line on fd 3).
@@ -120,6 +124,8 @@ pub enum EnterOutcome {
     },
     /// The mount was detached (`unmount`).
     Unmounted,
+    /// The program was hidden (`hide`).
+    Hidden,
     /// The command could not be started in the sandbox.
     Failed {
         /// Which step failed and why.

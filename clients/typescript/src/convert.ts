@@ -362,6 +362,7 @@ function pendingCallFromRaw(raw: Raw | undefined): PendingCall {
     reasons: strings(r.reasons),
     argv: strings(r.argv),
     cwd: str(r.cwd),
+    stdinSha256: str(r.stdinSha256),
   };
 }
 

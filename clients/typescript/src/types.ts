@@ -429,6 +429,8 @@ export interface PendingCall {
   argv: string[];
   /** exec: the directory in the sandbox it runs in. */
   cwd: string;
+  /** exec: lowercase hex SHA-256 of the stdin it gets (what a remembered approval matches). */
+  stdinSha256: string;
 }
 
 /** The end of one wait for approval. */

@@ -30,6 +30,9 @@ pub(crate) struct Asked {
     pub(crate) argv: Vec<String>,
     /// `exec`: where it runs in the sandbox.
     pub(crate) cwd: String,
+    /// `exec`: the SHA-256 of its stdin (hex): a remembered approval lets through only the
+    /// same command line, in the same directory, with the same input.
+    pub(crate) stdin_sha256: String,
     /// `fs.write`: its mode.
     pub(crate) mode: String,
     /// `model.complete`: the classifier's judgement of what would leave, and why.
@@ -47,6 +50,7 @@ impl Asked {
             bytes: 0,
             argv: Vec::new(),
             cwd: String::new(),
+            stdin_sha256: String::new(),
             mode: String::new(),
             sensitivity: String::new(),
             reasons: Vec::new(),
@@ -85,18 +89,24 @@ pub struct RunApprovals {
 impl RunApprovals {
     /// Waits for an operator's verdict on call `call_id`, which would make the change
     /// `asked`. A call an operator approved with `remember` passes at once. A run that cannot
-    /// take one more call (ending, expired, revoked, budget spent) is not asked about: the
-    /// call goes on to be refused by the same checks as any other.
+    /// take the call (ending, expired, revoked) refuses it without asking anyone.
     pub(crate) async fn approve(&self, asked: Asked, call_id: &str) -> Result<Approval, Status> {
         let gate = &self.gate;
-        let target = crate::approvals::remembered_as(&asked.path, &asked.argv);
+        let target = crate::approvals::remembered_as(
+            &asked.path,
+            &asked.argv,
+            &asked.cwd,
+            &asked.stdin_sha256,
+        );
         if self.board.remembered(&gate.run_id, asked.tool, &target) {
             return Ok(Approval::Approved {
                 by: REMEMBERED.into(),
             });
         }
-        if gate.check_alive().is_err() || gate.calls_left() == 0 {
-            return Ok(Approval::NotAsked);
+        // A run that cannot take the call (ending, expired, revoked) refuses it; nothing
+        // that asks ever goes on unasked.
+        if let Err(refusal) = gate.check_alive() {
+            return Ok(Approval::Refused(refusal));
         }
         let now = SystemTime::now();
         let expiry =
@@ -117,6 +127,7 @@ impl RunApprovals {
             reasons: asked.reasons.clone(),
             argv: asked.argv.clone(),
             cwd: asked.cwd.clone(),
+            stdin_sha256: asked.stdin_sha256.clone(),
         };
         let ticket = match self.board.ask(call) {
             Ok(ticket) => ticket,

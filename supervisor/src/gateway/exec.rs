@@ -32,6 +32,16 @@ pub struct ExecTools {
     pub gateway_only: Arc<std::sync::RwLock<Vec<pb::GatewayExecGrant>>>,
 }
 
+/// Lowercase hex SHA-256 of `bytes`: what a remembered approval of a command matches its
+/// stdin by.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// An `exec` call that passed its checks: where it runs, the slot it holds, and the
 /// gateway-only program it may execute (which the agent itself may not).
 struct Admitted {
@@ -74,8 +84,16 @@ impl ExecTools {
             asked.argv = request.argv.clone();
             asked.cwd = self.cwd(request).display().to_string();
             asked.bytes = request.stdin.len() as u64;
+            asked.stdin_sha256 = sha256_hex(&request.stdin);
             if let Some(by) = self.approvals.approved_by(asked, call_id).await? {
                 meta.push(("approved_by", by.into()));
+            }
+            // A narrowing may have taken the program away while the call waited.
+            if !self.programs().iter().any(|g| g.program == *program) {
+                return Err(Refusal::denied(
+                    &self.gate.run_id,
+                    format!("exec of {program} was taken away while the call waited"),
+                ));
             }
         }
         self.gate.charge(made)?;

@@ -561,6 +561,10 @@ impl FsTools {
     /// What `tool` would do, when the grant it falls under asks for approval; `None` when it
     /// needs none (grants that do not ask; calls the checks refuse anyway).
     pub(crate) fn approval_needed(&self, tool: &Option<Tool>) -> Option<Asked> {
+        // Past the budget the call is refused before anything else: no one is asked about it.
+        if self.gate.calls_left() == 0 {
+            return None;
+        }
         if !self
             .grants
             .current()

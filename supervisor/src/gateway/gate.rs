@@ -203,7 +203,7 @@ impl CallGate {
             self.charge(made)?;
         }
         self.check_alive()?;
-        if tool == "exec" && self.receipt.exec.is_empty() {
+        if tool == "exec" && self.receipt.exec.is_empty() && self.receipt.gateway_exec.is_empty() {
             return Err(Refusal::denied(
                 &self.run_id,
                 "exec needs an exec grant and the receipt has none".into(),

@@ -46,17 +46,15 @@ impl RunManager {
         change: RunChange,
         by: &str,
     ) -> Result<pb::AmendRunResponse, AmendError> {
+        if self.closing.load(Ordering::SeqCst) {
+            // A change acknowledged now could miss the record a live restore keeps.
+            return Err(AmendError::NotLive(format!(
+                "{run_id} (the supervisor is shutting down)"
+            )));
+        }
         let live = self
             .live_run(run_id)
             .ok_or_else(|| AmendError::NotLive(run_id.to_owned()))?;
-        // A grant taken from a run is taken from its live children too (theirs beneath it),
-        // first: should one of theirs not leave (a mount still in use), the run keeps its own
-        // and the operator is told.
-        if let RunChange::Narrow(narrow) = &change {
-            if !narrow.drop_fs.is_empty() {
-                self.narrow_children(run_id, &narrow.drop_fs, by)?;
-            }
-        }
         let gateway = live
             .gateway
             .lock()
@@ -64,8 +62,56 @@ impl RunManager {
             .as_ref()
             .map(|(gateway, _)| gateway.clone())
             .ok_or_else(|| AmendError::NotLive(run_id.to_owned()))?;
+        // What a run loses its live children lose too (theirs at or beneath it), first —
+        // once the run's own narrowing is known to stand: should one of theirs not leave (a
+        // mount still in use), the run keeps its own and the operator is told. After the
+        // run's change, once more, for a child that started in between.
+        let dropped = match &change {
+            RunChange::Narrow(narrow)
+                if !narrow.drop_fs.is_empty() || !narrow.drop_gateway_exec.is_empty() =>
+            {
+                let grants = gateway.fs.grants.current();
+                if let Some(path) = narrow
+                    .drop_fs
+                    .iter()
+                    .find(|path| !grants.iter().any(|g| g.path == **path))
+                {
+                    return Err(AmendError::NotANarrowing(format!(
+                        "drop_fs {path:?}: the run has no grant of that path"
+                    )));
+                }
+                self.narrow_children(run_id, &narrow.drop_fs, &narrow.drop_gateway_exec, by)?;
+                Some((narrow.drop_fs.clone(), narrow.drop_gateway_exec.clone()))
+            }
+            _ => None,
+        };
+        let after = self.amend_run(run_id, &live, &gateway, change, by)?;
+        if let Some((fs, programs)) = dropped {
+            if let Err(e) = self.narrow_children(run_id, &fs, &programs, by) {
+                tracing::warn!(run_id, error = %e, "a child that started during a narrowing keeps a dropped grant");
+            }
+        }
+        Ok(after)
+    }
+
+    /// [`RunManager::amend`]'s change to the run itself.
+    fn amend_run(
+        &self,
+        run_id: &str,
+        live: &Arc<LiveRun>,
+        gateway: &Arc<RunGateway>,
+        change: RunChange,
+        by: &str,
+    ) -> Result<pb::AmendRunResponse, AmendError> {
         // One change at a time: each is checked against, and applied to, what the last left.
         let mut applied = gateway.amendments.lock().unwrap_or_else(|p| p.into_inner());
+        // Checked again under the lock a live restore's record is taken under: a change
+        // either lands before that record or is refused.
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(AmendError::NotLive(format!(
+                "{run_id} (the supervisor is shutting down)"
+            )));
+        }
         let gate = &gateway.gate;
         let now = unix_now();
         let mut applied_id = None;
@@ -95,7 +141,7 @@ impl RunManager {
                         "expires_at must be a time (Unix seconds above 0); to end the run now, give the current time or stop it".into(),
                     ));
                 }
-                let budgets = Budgets::now(&gateway, &live);
+                let budgets = Budgets::now(gateway, live);
                 for (field, new, current) in [
                     ("tokens", narrow.tokens, budgets.tokens),
                     ("output_bytes", narrow.output_bytes, budgets.output_bytes),
@@ -230,7 +276,7 @@ impl RunManager {
                 check_widening(&gate.receipt, &amendment, now)?;
                 if applied.contains(&amendment.amendment_id) {
                     // Applied once already: a replay changes nothing (and undoes no narrowing).
-                    return Ok(envelope(&gateway, &live));
+                    return Ok(envelope(gateway, live));
                 }
                 // Each is handed to the authority with every delegation: bounded like its list.
                 if amendment.for_children
@@ -249,13 +295,32 @@ impl RunManager {
                 let added_programs: Vec<pb::GatewayExecGrant> = amendment
                     .add_gateway_exec
                     .iter()
-                    .filter(|g| !programs.contains(g))
+                    .filter(|g| !programs.iter().any(|have| have.program == g.program))
                     .cloned()
                     .collect();
                 if programs.len() + added_programs.len() > MAX_LIVE_GRANTS {
                     return Err(AmendError::NotANarrowing(format!(
                         "the run would hold more than {MAX_LIVE_GRANTS} gateway-only programs; start a new run instead"
                     )));
+                }
+                // A program the agent must not reach leaves its sight before the exec tool
+                // may run it.
+                if !added_programs.is_empty() {
+                    let Some(sandbox) = gateway.exec.sandbox.clone() else {
+                        return Err(AmendError::NotANarrowing(
+                            "this run's sandbox cannot be entered to hide a program from its agent"
+                                .into(),
+                        ));
+                    };
+                    let runtime = tokio::runtime::Handle::current();
+                    for grant in &added_programs {
+                        runtime
+                            .block_on(crate::exec::hide(&sandbox, &grant.program))
+                            .map_err(|e| AmendError::Hide {
+                                program: grant.program.clone(),
+                                reason: e.to_string(),
+                            })?;
+                    }
                 }
                 let current = gateway.fs.grants.current();
                 if current.len() + amendment.add_fs.len() > MAX_LIVE_GRANTS {
@@ -386,7 +451,7 @@ impl RunManager {
             }
             applied.insert(id);
         }
-        Ok(envelope(&gateway, &live))
+        Ok(envelope(gateway, live))
     }
 }
 
@@ -413,11 +478,12 @@ impl Budgets {
 
 impl RunManager {
     /// Drops from each live child of `run_id` (and theirs, in turn) its grants at or beneath
-    /// one of `dropped`.
+    /// one of `dropped`, and its gateway-only programs among `programs`.
     fn narrow_children(
         &self,
         run_id: &str,
         dropped: &[String],
+        programs: &[String],
         by: &str,
     ) -> Result<(), AmendError> {
         let children: Vec<(String, Arc<LiveRun>)> = self
@@ -449,8 +515,19 @@ impl RunManager {
             if drop_fs.is_empty() {
                 continue;
             }
+            let drop_gateway_exec: Vec<String> = gateway
+                .exec
+                .programs()
+                .into_iter()
+                .filter(|g| programs.contains(&g.program))
+                .map(|g| g.program)
+                .collect();
+            if drop_fs.is_empty() && drop_gateway_exec.is_empty() {
+                continue;
+            }
             let narrowing = pb::Narrowing {
                 drop_fs,
+                drop_gateway_exec,
                 ..Default::default()
             };
             match self.amend(&child_id, RunChange::Narrow(narrowing), by) {
@@ -552,14 +629,10 @@ struct KeptGrant {
 impl AmendedRun {
     /// What `gateway` and `live` hold now.
     pub(super) fn of(gateway: &RunGateway, live: &LiveRun) -> Self {
+        // Under the lock changes are made under: never half of one.
+        let applied_ids = gateway.amendments.lock().unwrap_or_else(|p| p.into_inner());
         let budgets = Budgets::now(gateway, live);
-        let applied = gateway
-            .amendments
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        let applied = applied_ids.iter().cloned().collect();
         Self {
             grants: gateway
                 .fs

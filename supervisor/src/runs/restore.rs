@@ -69,6 +69,10 @@ pub(super) struct DetachedRun {
     /// the receipt's envelope).
     #[serde(default)]
     pub amended: Option<AmendedRun>,
+    /// Bytes the run's outbound connections carried so far, (sent, received): spent stays
+    /// spent across the restart.
+    #[serde(default)]
+    pub egress_bytes: (u64, u64),
 }
 
 /// Where the detached run `run_id`'s pid 1 listens for the next supervisor.
@@ -224,7 +228,7 @@ impl RunManager {
         else {
             return Err("its agent is not running".into());
         };
-        let (gateway, tool_calls, tokens_used, expires_at, amended) = {
+        let (gateway, tool_calls, tokens_used, expires_at, amended, egress_bytes) = {
             let guard = live.gateway.lock().unwrap_or_else(|p| p.into_inner());
             let Some((run, handle)) = guard.as_ref() else {
                 return Err("its gateway is gone".into());
@@ -243,6 +247,10 @@ impl RunManager {
                 tokens,
                 run.gate.expires_at(),
                 AmendedRun::of(run, live),
+                (
+                    run.egress.usage.sent.load(Ordering::SeqCst),
+                    run.egress.usage.received.load(Ordering::SeqCst),
+                ),
             )
         };
         let live_dir = self.settings.data_dir.join("live");
@@ -265,6 +273,7 @@ impl RunManager {
             tokens_used,
             started_ms: handles.started_ms,
             amended: Some(amended),
+            egress_bytes,
         };
         let json = serde_json::to_string(&state).map_err(|e| e.to_string())?;
         // On disk before pid 1 is told: a crash in between leaves a record that names a
@@ -421,6 +430,14 @@ impl RunManager {
         };
         let run = self.gateway_for(&receipt, &plan, live, (signed, grants), ca);
         run.gate.calls.store(state.tool_calls, Ordering::SeqCst);
+        run.egress
+            .usage
+            .sent
+            .store(state.egress_bytes.0, Ordering::SeqCst);
+        run.egress
+            .usage
+            .received
+            .store(state.egress_bytes.1, Ordering::SeqCst);
         // What is left of its output came from the record; the budget in all is the
         // receipt's, or what a narrowing made of it.
         live.output_limit.store(

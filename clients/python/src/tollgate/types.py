@@ -807,6 +807,7 @@ class PendingCall:
         mode: ``fs.write``: how it writes.
         sensitivity, reasons: ``model.complete``: the classifier's judgement and why.
         argv, cwd: ``exec``: the command line and where it runs.
+        stdin_sha256: ``exec``: the SHA-256 (hex) of the stdin it gets.
         asked_at, deadline: When it began to wait, and when it is denied unless decided.
     """
 
@@ -822,6 +823,7 @@ class PendingCall:
     reasons: Tuple[str, ...]
     argv: Tuple[str, ...]
     cwd: str
+    stdin_sha256: str
     asked_at: Optional[datetime]
     deadline: Optional[datetime]
 
@@ -840,6 +842,7 @@ class PendingCall:
             reasons=tuple(m.reasons),
             argv=tuple(m.argv),
             cwd=m.cwd,
+            stdin_sha256=m.stdin_sha256,
             asked_at=_dt(m, "asked_at"),
             deadline=_dt(m, "deadline"),
         )
