@@ -445,6 +445,17 @@ pub enum RootfsError {
         /// The root file system's path.
         rootfs: String,
     },
+    /// A write grant reaches a system path the sandbox shows from the host (the host's
+    /// userland), where programs the agent runs live.
+    #[error("write grant fs[{index}] = {write:?} reaches {system}, which the sandbox shows from the host: W^X refuses a run whose agent (or the gateway on its behalf) could change the programs it runs")]
+    WriteReachesSystem {
+        /// The write grant's index.
+        index: usize,
+        /// Its host path.
+        write: String,
+        /// The system path.
+        system: &'static str,
+    },
     /// A grant that asks before reads reaches the root file system, which the agent reads
     /// directly.
     #[error("fs[{index}] = {grant:?} asks before reads, but the root file system {rootfs:?} shows the same files to the agent, which reads them without asking")]
@@ -479,6 +490,18 @@ impl<'a> Rootfs<'a> {
         } else {
             return Err(RootfsError::Shape(rootfs.to_owned()));
         };
+        if let Self::Host = parsed {
+            // The host's system paths are the userland (its own /etc is generated).
+            for system in SYSTEM_PATHS.iter().filter(|s| **s != "/etc") {
+                if let Some((index, write)) = write_grant_reaching(fs, system) {
+                    return Err(RootfsError::WriteReachesSystem {
+                        index,
+                        write: write.path.clone(),
+                        system,
+                    });
+                }
+            }
+        }
         if let Self::Path(path) = parsed {
             if let Some((index, write)) = write_grant_reaching(fs, path) {
                 return Err(RootfsError::WriteReaches {
@@ -830,6 +853,28 @@ mod tests {
         assert_eq!(
             check_mounts(&[reading("/srv/a", ""), grant("/srv/b", "/data")]),
             Ok(())
+        );
+    }
+
+    #[test]
+    fn no_write_grant_reaches_the_hosts_userland() {
+        let write = |path: &str| pb::FsGrant {
+            access: pb::FsAccess::Write as i32,
+            ..grant(path, "")
+        };
+        for path in ["/usr/local/bin", "/", "/lib"] {
+            assert!(
+                matches!(
+                    Rootfs::parse("", &[write(path)]),
+                    Err(RootfsError::WriteReachesSystem { index: 0, .. })
+                ),
+                "{path}"
+            );
+        }
+        // The host's /etc is not the sandbox's (it is generated); other paths are no concern.
+        assert_eq!(
+            Rootfs::parse("", &[write("/etc/app"), write("/srv")]),
+            Ok(Rootfs::Host)
         );
     }
 
