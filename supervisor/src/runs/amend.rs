@@ -80,6 +80,14 @@ impl RunManager {
                         "drop_fs {path:?}: the run has no grant of that path"
                     )));
                 }
+                let programs = gateway.exec.programs();
+                if let Some(program) = narrow
+                    .drop_gateway_exec
+                    .iter()
+                    .find(|p| !programs.iter().any(|g| g.program == **p))
+                {
+                    return Err(no_program_to_drop(&gateway.gate.receipt, program));
+                }
                 self.narrow_children(run_id, &narrow.drop_fs, &narrow.drop_gateway_exec, by)?;
                 Some((narrow.drop_fs.clone(), narrow.drop_gateway_exec.clone()))
             }
@@ -159,17 +167,12 @@ impl RunManager {
                     ));
                 }
                 let programs = gateway.exec.programs();
-                for program in &narrow.drop_gateway_exec {
-                    if !programs.iter().any(|g| g.program == *program) {
-                        let why = if gate.receipt.exec.contains(program) {
-                            "it is in the receipt's exec list, which the kernel holds for the live sandbox (Landlock cannot take a right back): start a new run without it"
-                        } else {
-                            "the run has no gateway-only program of that path"
-                        };
-                        return Err(AmendError::NotANarrowing(format!(
-                            "drop_gateway_exec {program:?}: {why}"
-                        )));
-                    }
+                if let Some(program) = narrow
+                    .drop_gateway_exec
+                    .iter()
+                    .find(|p| !programs.iter().any(|g| g.program == **p))
+                {
+                    return Err(no_program_to_drop(&gate.receipt, program));
                 }
                 let grants = gateway.fs.grants.current();
                 let mut unmount = Vec::new();
@@ -541,6 +544,17 @@ impl RunManager {
         }
         Ok(())
     }
+}
+
+/// Why a narrowing cannot drop `program` from a run of `receipt`: it is the kernel's (the
+/// receipt's exec list), or the run has no gateway-only program of that path.
+fn no_program_to_drop(receipt: &pb::Receipt, program: &str) -> AmendError {
+    let why = if receipt.exec.iter().any(|p| p == program) {
+        "it is in the receipt's exec list, which the kernel holds for the live sandbox (Landlock cannot take a right back): start a new run without it"
+    } else {
+        "the run has no gateway-only program of that path"
+    };
+    AmendError::NotANarrowing(format!("drop_gateway_exec {program:?}: {why}"))
 }
 
 /// Where in the sandbox the receipt mounts its grant of `path`, if it does.
