@@ -61,7 +61,7 @@ impl Asked {
 /// Whether a call waited for approval, and how that ended.
 #[derive(Debug)]
 pub(crate) enum Approval {
-    /// Its grant does not ask, or the run cannot take the call (its own checks refuse it).
+    /// Its grant does not ask (the call was not put to anyone).
     NotAsked,
     /// Approved (an operator, or a remembered approval): it runs.
     Approved {
@@ -224,18 +224,17 @@ impl RunApprovals {
         Ok(approval)
     }
 
-    /// [`Self::approve`] for a call that goes on by itself once approved: who approved it
-    /// (`None` when it was not asked about: the run cannot take it, and the call's own checks
-    /// refuse it), or why it is refused.
-    pub(crate) async fn approved_by(
-        &self,
-        asked: Asked,
-        call_id: &str,
-    ) -> Result<Option<String>, Refusal> {
+    /// [`Self::approve`] for a call that goes on by itself once approved: who approved it,
+    /// or why it is refused.
+    pub(crate) async fn approved_by(&self, asked: Asked, call_id: &str) -> Result<String, Refusal> {
         match self.approve(asked, call_id).await {
-            Ok(Approval::Approved { by }) => Ok(Some(by)),
-            Ok(Approval::NotAsked) => Ok(None),
+            Ok(Approval::Approved { by }) => Ok(by),
             Ok(Approval::Refused(refusal)) => Err(refusal),
+            // `approve` asks whenever it does not refuse.
+            Ok(Approval::NotAsked) => Err(Refusal::with(
+                Status::internal,
+                "the call was neither approved nor refused".into(),
+            )),
             Err(status) => {
                 let reason = status.message().to_owned();
                 Err(Refusal::new(status, reason))

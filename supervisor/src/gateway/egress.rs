@@ -380,10 +380,12 @@ impl EgressCalls {
         // Asked before anything is resolved or connected: nothing reaches the host unapproved.
         let approved_by = if grant.ask {
             let asked = Asked::new("egress", format!("{host}:{port}"));
-            self.approvals
-                .approved_by(asked, call_id)
-                .await
-                .map_err(|refusal| refusal.coded("egress_denied"))?
+            Some(
+                self.approvals
+                    .approved_by(asked, call_id)
+                    .await
+                    .map_err(|refusal| refusal.coded("egress_denied"))?,
+            )
         } else {
             None
         };

@@ -85,9 +85,8 @@ impl ExecTools {
             asked.cwd = self.cwd(request).display().to_string();
             asked.bytes = request.stdin.len() as u64;
             asked.stdin_sha256 = sha256_hex(&request.stdin);
-            if let Some(by) = self.approvals.approved_by(asked, call_id).await? {
-                meta.push(("approved_by", by.into()));
-            }
+            let by = self.approvals.approved_by(asked, call_id).await?;
+            meta.push(("approved_by", by.into()));
             // A narrowing may have taken the program away while the call waited.
             if !self.programs().iter().any(|g| g.program == *program) {
                 return Err(Refusal::denied(

@@ -357,11 +357,12 @@ impl ModelCalls {
                     .collect(),
                 ..Asked::new("model.complete", choice.route.name.clone())
             };
-            approved_by = self
-                .approvals
-                .approved_by(asked, call_id)
-                .await
-                .map_err(Refused::from)?;
+            approved_by = Some(
+                self.approvals
+                    .approved_by(asked, call_id)
+                    .await
+                    .map_err(Refused::from)?,
+            );
         }
         self.gate.charge(made).map_err(Refused::from)?;
         let in_flight = models.in_flight.fetch_add(1, Ordering::SeqCst);

@@ -233,9 +233,8 @@ impl Children {
         self.programs_in_force(&spec.gateway_exec)?;
         if self.gate.receipt.delegate.is_some_and(|d| d.ask) {
             let asked = crate::gateway::approval::Asked::new("delegate", clip(&spec.subject));
-            if let Some(by) = self.approvals.approved_by(asked, call_id).await? {
-                meta.push(("approved_by", by.into()));
-            }
+            let by = self.approvals.approved_by(asked, call_id).await?;
+            meta.push(("approved_by", by.into()));
         }
         self.gate.charge(made)?;
         let delegator = self
