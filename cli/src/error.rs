@@ -70,7 +70,7 @@ pub enum CliError {
     Restore(#[from] SnapshotError),
     /// A root file system could not be imported, listed or removed.
     #[error("rootfs: {0}")]
-    Rootfs(#[from] crate::cmd::rootfs::RootfsError),
+    Rootfs(#[from] RootfsError),
     /// Something else went wrong (quickstart's child process, for example).
     #[error("{0}")]
     Other(String),
@@ -102,6 +102,8 @@ fn code_words(code: tonic::Code) -> String {
     }
     words
 }
+
+use std::path::PathBuf;
 
 use tollgate_files::snapshot::SnapshotError;
 
@@ -136,6 +138,56 @@ impl CliError {
                 tonic::Code::Unavailable => 69,
                 _ => 70,
             },
+        }
+    }
+}
+
+/// Why a root file system could not be imported, listed or removed (`tollgate rootfs`). It
+/// lives here, with the error it converts into, so that this leaf depends on no command.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    /// Not a name a receipt can give.
+    #[error("{0:?} is not a root file system name: use letters, digits, '.', '_' and '-' (1 to 64, not starting with '.')")]
+    Name(String),
+    /// The name is taken.
+    #[error("{0} already exists: remove it first with `tollgate rootfs rm NAME` (stop the runs using it)")]
+    Exists(PathBuf),
+    /// The archive holds no userland.
+    #[error("the archive has no usr or bin at its top: it is not a root file system (make one with `docker export CONTAINER > FILE.tar`)")]
+    NotUserland,
+    /// An entry would land outside the destination.
+    #[error("the archive's entry {0:?} points outside the root file system; refused")]
+    Outside(String),
+    /// The archive cannot be read.
+    #[error("reading the archive: {0}")]
+    Archive(std::io::Error),
+    /// A file or directory could not be used.
+    #[error("{path}: {source}")]
+    Io {
+        /// Which.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No root file system has the name.
+    #[error("no root file system named {name} under {dir}")]
+    Missing {
+        /// The name.
+        name: String,
+        /// The rootfs directory.
+        dir: PathBuf,
+    },
+}
+
+impl RootfsError {
+    /// The exit code (sysexits).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Name(_) => 64,                                           // EX_USAGE
+            Self::NotUserland | Self::Outside(_) | Self::Archive(_) => 65, // EX_DATAERR
+            Self::Missing { .. } => 66,                                    // EX_NOINPUT
+            Self::Exists(_) => 73,                                         // EX_CANTCREAT
+            Self::Io { .. } => 74,                                         // EX_IOERR
         }
     }
 }

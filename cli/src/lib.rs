@@ -21,8 +21,7 @@ pub use args::{
 };
 pub use cmd::audit;
 pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
-pub use cmd::rootfs::RootfsError;
-pub use error::CliError;
+pub use error::{CliError, RootfsError};
 use tollgate_proto::v1 as pb;
 
 use cmd::{

@@ -148,7 +148,7 @@ fn check_module_cycles(root: &std::path::Path) -> std::process::Output {
         .expect("python3 runs scripts/check-module-cycles")
 }
 
-/// A crate whose modules `lib.rs` declares as `files` (name, text).
+/// A crate whose modules `lib.rs` declares as `files` (path under `src`, text).
 fn fixture(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(dir.path().join("demo/src")).unwrap();
@@ -158,7 +158,9 @@ fn fixture(files: &[(&str, &str)]) -> tempfile::TempDir {
     )
     .unwrap();
     for (name, text) in files {
-        std::fs::write(dir.path().join("demo/src").join(name), text).unwrap();
+        let path = dir.path().join("demo/src").join(name);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
     }
     dir
 }
@@ -199,6 +201,98 @@ fn the_module_cycle_check_finds_cycles_and_passes_one_way_modules() {
         ours.status.success(),
         "{}",
         String::from_utf8_lossy(&ours.stdout)
+    );
+}
+
+/// A module that names an item inside another module's subtree depends on that whole
+/// subtree: `error` naming `crate::cmd::rootfs::RootfsError` (a type path in an
+/// attribute-marked field, as a `thiserror` `#[from]`) while `cmd` uses `error` is a cycle
+/// between `error` and `cmd`, even though `cmd::rootfs` itself names nothing of `error`. So
+/// is one through a type path in an expression, through a module a `use` brought into scope,
+/// and through a module file found by `#[path]`; a test-only module file may look at anything.
+#[test]
+fn the_module_cycle_check_sees_dependencies_into_a_subtree() {
+    let through_attribute = fixture(&[
+        ("lib.rs", "mod cmd;\nmod error;\n"),
+        (
+            "error.rs",
+            "pub enum CliError {\n    Rootfs(#[from] crate::cmd::rootfs::RootfsError),\n}\n",
+        ),
+        (
+            "cmd.rs",
+            "mod rootfs;\nuse crate::error::CliError;\npub fn run() -> Result<(), CliError> { Ok(()) }\n",
+        ),
+        ("cmd/rootfs.rs", "pub struct RootfsError;\n"),
+    ]);
+    let found = check_module_cycles(through_attribute.path());
+    let out = String::from_utf8_lossy(&found.stdout);
+    assert_eq!(found.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("crate::error -> crate::cmd, by crate::error -> crate::cmd::rootfs"),
+        "{out}"
+    );
+    assert!(out.contains("crate::cmd -> crate::error"), "{out}");
+
+    let through_expression_and_use = fixture(&[
+        ("lib.rs", "mod a;\nmod b;\n"),
+        (
+            "a.rs",
+            "use crate::b;\npub fn f() -> u32 { b::deep::G + b::deep::inner::H }\npub const A: u32 = 1;\n",
+        ),
+        ("b.rs", "pub mod deep;\n"),
+        ("b/deep.rs", "pub mod inner;\npub const G: u32 = 1;\n"),
+        (
+            "b/deep/inner.rs",
+            "pub const H: u32 = [0u32; 2].len() as u32 * super::super::super::a::A;\n",
+        ),
+    ]);
+    let found = check_module_cycles(through_expression_and_use.path());
+    let out = String::from_utf8_lossy(&found.stdout);
+    assert_eq!(found.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("crate::a -> crate::b::deep::inner"),
+        "a module a `use` brought into scope is followed: {out}"
+    );
+    assert!(
+        out.contains("crate::b -> crate::a, by crate::b::deep::inner -> crate::a"),
+        "{out}"
+    );
+
+    let through_path_attribute = fixture(&[
+        (
+            "lib.rs",
+            "#[path = \"elsewhere/store_impl.rs\"]\nmod store;\nmod api;\n",
+        ),
+        (
+            "elsewhere/store_impl.rs",
+            "pub fn put() { crate::api::hook() }\n",
+        ),
+        (
+            "api.rs",
+            "pub fn hook() {}\npub fn call() { crate::store::put() }\n",
+        ),
+    ]);
+    let found = check_module_cycles(through_path_attribute.path());
+    let out = String::from_utf8_lossy(&found.stdout);
+    assert_eq!(found.status.code(), Some(1), "{out}");
+    assert!(out.contains("crate::store -> crate::api"), "{out}");
+
+    // Counted, `cmd::tests` naming `user` would close a cycle with `user` naming `cmd`.
+    let test_file_looks_anywhere = fixture(&[
+        ("lib.rs", "mod cmd;\nmod user;\n"),
+        ("user.rs", "pub fn go() { crate::cmd::run() }\n"),
+        (
+            "cmd.rs",
+            "mod rootfs;\n#[cfg(test)]\nmod tests;\npub fn run() {}\n",
+        ),
+        ("cmd/rootfs.rs", "pub struct RootfsError;\n"),
+        ("cmd/tests.rs", "use crate::user::go;\n"),
+    ]);
+    let passed = check_module_cycles(test_file_looks_anywhere.path());
+    assert!(
+        passed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&passed.stdout)
     );
 }
 
