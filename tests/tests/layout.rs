@@ -339,3 +339,45 @@ fn the_systemd_units_verify() {
         );
     }
 }
+
+/// The table under `header` in the workspace's Cargo.toml: its `key = value`
+/// lines (read line by line; the file keeps one key per line).
+fn cargo_toml_table(header: &str) -> Option<Vec<(String, String)>> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines = text
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| *line != header);
+    lines.next()?;
+    Some(
+        lines
+            .take_while(|line| !line.starts_with('['))
+            .filter_map(|line| line.split_once('='))
+            .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()))
+            .collect(),
+    )
+}
+
+/// Release binaries a user can copy: line tables (a panic's backtrace names file:line) for
+/// the workspace's own crates, no debug info for dependencies — whose full DWARF, and the
+/// C code `cc` builds for them with `-g` (SQLite, ring), made the binaries 35–133 MB.
+#[test]
+fn the_release_profile_keeps_line_tables_for_our_crates_only() {
+    let release = cargo_toml_table("[profile.release]").expect("a [profile.release] table");
+    assert!(
+        release.contains(&("debug".to_owned(), "\"line-tables-only\"".to_owned())),
+        "{release:?}"
+    );
+    assert!(
+        !release.iter().any(|(key, _)| key == "strip"),
+        "stripping debug info would drop file:line from backtraces: {release:?}"
+    );
+    let dependencies = cargo_toml_table("[profile.release.package.\"*\"]")
+        .expect("a [profile.release.package.\"*\"] table for the dependencies");
+    assert_eq!(
+        dependencies,
+        [("debug".to_owned(), "false".to_owned())],
+        "no debug info for dependencies"
+    );
+}
