@@ -168,6 +168,8 @@ pub struct Seen {
     pub method: String,
     /// Path and query.
     pub path: String,
+    /// The request target as it arrived (origin form `/…`, or absolute form `https://…`).
+    pub target: String,
     /// Headers, names lower case.
     pub headers: Vec<(String, String)>,
     /// The body.
@@ -273,6 +275,7 @@ async fn answer(
     files: Option<PathBuf>,
 ) -> Response<Body> {
     let method = request.method().to_string();
+    let target = request.uri().to_string();
     let path = request
         .uri()
         .path_and_query()
@@ -296,6 +299,7 @@ async fn answer(
     log.requests.lock().unwrap().push(Seen {
         method,
         path: path.clone(),
+        target,
         headers,
         body: body.clone(),
     });

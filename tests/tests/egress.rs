@@ -1027,3 +1027,179 @@ echo "== end"
         "{other:#?}"
     );
 }
+
+/// Requests crafted byte by byte: each goes through the sandbox's proxy on a connection of
+/// its own and prints its label and the status line it got (or how the connection ended).
+const CRAFTED: &str = r#"
+import socket, ssl
+context = ssl.create_default_context()  # SSL_CERT_FILE: the run's bundle
+def drain(s):
+    out = b""
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                break
+            out += data
+    except Exception as e:
+        out += ("<%s>" % type(e).__name__).encode()
+    return out.split(b"\r\n")[0].decode(errors="replace")[:200]
+def tunnel(port):
+    s = socket.create_connection(("127.0.0.1", 7711), timeout=20)
+    s.sendall(b"CONNECT api.example.test:%d HTTP/1.1\r\nHost: api.example.test:%d\r\n\r\n" % (port, port))
+    head = b""
+    while b"\r\n\r\n" not in head:
+        data = s.recv(1)
+        if not data:
+            break
+        head += data
+    return s, head.split(b"\r\n")[0].decode(errors="replace")
+def clear_tunnel(label, port, raw):
+    s, line = tunnel(port)
+    s.sendall(raw)
+    print(label, "|", line, "|", drain(s))
+def plain(label, raw):
+    s = socket.create_connection(("127.0.0.1", 7711), timeout=20)
+    s.sendall(raw)
+    print(label, "|", drain(s))
+def tls(label, raw):
+    s, line = tunnel(443)
+    try:
+        t = context.wrap_socket(s, server_hostname="api.example.test")
+        t.sendall(raw)
+        print(label, "|", drain(t))
+    except Exception as e:
+        print(label, "| cut", type(e).__name__)
+def get(target, *headers, host=b"api.example.test"):
+    lines = [b"GET " + target + b" HTTP/1.1"]
+    if host is not None:
+        lines.append(b"Host: " + host)
+    lines += list(headers) + [b"Connection: close", b"", b""]
+    return b"\r\n".join(lines)
+clear_tunnel("clear-80", 80, get(b"/public/clear-80"))
+clear_tunnel("clear-443", 443, get(b"/public/clear-443"))
+plain("plain-http", get(b"http://api.example.test/public/plain"))
+tls("ok", get(b"/public/ok"))
+tls("absolute-same", get(b"https://api.example.test/public/absolute"))
+tls("two-hosts", get(b"/public/two-hosts", b"Host: other.example.test"))
+tls("absolute-other", get(b"https://other.example.test/public/absolute-other"))
+tls("absolute-other-no-host", get(b"https://other.example.test/public/absolute-other-no-host", host=None))
+tls("host-port", get(b"/public/host-port", host=b"api.example.test:8443"))
+tls("x-forwarded-host", get(b"/public/x-forwarded-host", b"X-Forwarded-Host: other.example.test"))
+tls("forwarded", get(b"/public/forwarded", b"Forwarded: host=other.example.test"))
+tls("x-original-url", get(b"/public/x-original-url", b"X-Original-URL: /admin"))
+tls("x-rewrite-url", get(b"/public/x-rewrite-url", b"X-Rewrite-URL: /admin"))
+tls("x-host", get(b"/public/x-host", b"X-Host: other.example.test"))
+tls("dotdot-semicolon", get(b"/public/..;/admin"))
+tls("semicolon", get(b"/public;x/admin"))
+tls("double-encoded", get(b"/public/%252e%252e/admin"))
+tls("overlong", get(b"/public/%c0%ae%c0%ae/admin"))
+tls("encoded-slash", get(b"/public/..%2fadmin"))
+tls("empty-segment", get(b"/public//admin"))
+print("== done")
+"#;
+
+/// Each way a request could carry an injected secret somewhere else than the granted host
+/// over TLS the supervisor verified: plain text on a tunnel to an inspected grant, plain HTTP
+/// to an injecting grant, a second `Host`, an absolute-form target or a `Host` port naming
+/// another server, host-override headers, and path spellings that a server decodes out of
+/// the granted prefix. Every one is refused, and the servers on both ports never see the
+/// secret except on the requests that were allowed (which reach them in origin form).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_injected_secret_goes_only_to_the_granted_host_over_verified_tls() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start("egress-crafted", 23, 241_300, None).await;
+    std::fs::write(egress.dir.path().join("certs/crafted.py"), CRAFTED).unwrap();
+    let mut request = egress.request(
+        "python3 /certs/crafted.py 2>&1",
+        vec![pb::EgressGrant {
+            host: "api.example.test".into(),
+            ports: vec![443, 80],
+            inject: "api".into(),
+            paths: vec!["/public/".into()],
+            ..Default::default()
+        }],
+        pb::Limits::default(),
+    );
+    request.agent.as_mut().unwrap().env.clear();
+    let minted = egress.mint(request).await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(output.contains("== done"), "{output}");
+    let line = |label: &str| {
+        output
+            .lines()
+            .find(|l| l.starts_with(&format!("{label} |")))
+            .unwrap_or_else(|| panic!("no {label:?} in:\n{output}"))
+            .to_owned()
+    };
+    assert!(line("ok").contains(" 200 "), "{output}");
+    assert!(line("absolute-same").contains(" 200 "), "{output}");
+    for refused in [
+        "clear-80",
+        "clear-443",
+        "plain-http",
+        "two-hosts",
+        "absolute-other",
+        "absolute-other-no-host",
+        "host-port",
+        "x-forwarded-host",
+        "forwarded",
+        "x-original-url",
+        "x-rewrite-url",
+        "x-host",
+        "dotdot-semicolon",
+        "semicolon",
+        "double-encoded",
+        "overlong",
+        "encoded-slash",
+        "empty-segment",
+    ] {
+        // What the request itself got (after the tunnel's own answer, where there is one).
+        let got = line(refused);
+        let answer = got.rsplit(" | ").next().unwrap_or_default();
+        assert!(!answer.contains(" 200 "), "{refused} was served: {output}");
+    }
+    // What the servers received: the two allowed requests, in origin form, each with one
+    // Host (the granted one) and the secret; nothing else carries the secret, on either port.
+    let secret = format!("Bearer {}", egress.token);
+    let tls_seen = egress.server.requests();
+    let plain_seen = egress.plain.requests();
+    let carrying: Vec<_> = tls_seen
+        .iter()
+        .chain(plain_seen.iter())
+        .filter(|r| r.headers.iter().any(|(_, v)| v.contains(&egress.token)))
+        .collect();
+    let paths: Vec<&str> = carrying.iter().map(|r| r.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["/public/ok", "/public/absolute"],
+        "the secret went out with: {carrying:#?}"
+    );
+    for request in &carrying {
+        let hosts: Vec<_> = request
+            .headers
+            .iter()
+            .filter(|(k, _)| k == "host")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(hosts, ["api.example.test"], "{request:?}");
+        assert_eq!(
+            request.target, request.path,
+            "origin form only: {request:?}"
+        );
+        assert!(
+            request
+                .headers
+                .iter()
+                .any(|(k, v)| k == "authorization" && *v == secret),
+            "{request:?}"
+        );
+    }
+    assert!(
+        plain_seen.is_empty(),
+        "plain text reached port 80: {plain_seen:#?}"
+    );
+}

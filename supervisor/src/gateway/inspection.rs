@@ -1,12 +1,15 @@
 //! Reading an outbound connection, request by request: for a grant the supervisor inspects
 //! (its TLS terminated with the run's own certificate authority, the upstream's certificate
-//! verified), and for the sandbox proxy's plain HTTP. Each request is checked against the
-//! grant (method, path prefix, `Host` naming the granted host), its request line, headers
+//! verified; a tunnel to such a grant carries TLS or nothing), and for the sandbox proxy's
+//! plain HTTP. Each request is checked (one host named, the granted one, in `Host` and any
+//! absolute-form target, no routing override: `egress::request_rules`) and against the grant
+//! (method, path prefix in one spelling); it goes on in origin form; its request line, headers
 //! and body are classified and refused above the grant's `max_sensitivity` (403 naming the
 //! detectors, never the text), the grant's secret is added as its header (replacing any the
-//! agent sent), and it goes on over the one upstream connection made for this stream. Every
-//! request gets an `egress` entry (`phase` `request`: method, path, status, sensitivity;
-//! never the query, a header's value or the body).
+//! agent sent; only over TLS verified for the host, never plain HTTP), and it goes on over
+//! the one upstream connection made for this stream. Every request gets an `egress` entry
+//! (`phase` `request`: method, path, status, sensitivity; never the query, a header's value
+//! or the body).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -29,6 +32,7 @@ use tonic::Status;
 use super::gate::{new_call_id, CallGate, Refusal};
 use crate::egress::ca::RunCa;
 use crate::egress::config::{EgressConfig, InjectedHeader};
+use crate::egress::request_rules;
 use crate::COMPONENT;
 
 /// Largest request body read (and classified) before it is sent on; a larger one is refused
@@ -124,7 +128,16 @@ impl Inspection {
                 };
             return self.serve_http(client, upstream).await;
         }
-        // Plain text: it must be HTTP/1.x.
+        if !self.plain {
+            // A tunnel to an inspected grant carries TLS the supervisor terminates and
+            // verifies again towards the host, or nothing: plain text on it would go to the
+            // host's port in the clear, its secret with it.
+            return Err(self.refuse(format!(
+                "the tunnel to {}:{} is inspected and carries only TLS; the sandbox sent something else (use https://)",
+                self.host, self.port
+            )));
+        }
+        // The proxy's plain HTTP: it must be HTTP/1.x.
         let mut head = first;
         while !head.contains(&b'\n') && head.len() < MAX_FIRST_LINE {
             let mut more = [0u8; 1024];
@@ -136,7 +149,7 @@ impl Inspection {
         }
         if !looks_like_http(&head) {
             return Err(self.refuse(format!(
-                "the connection to {} is inspected, and the sandbox spoke neither TLS nor HTTP/1.x on it",
+                "the connection to {} is read as plain HTTP, and the sandbox did not speak HTTP/1.x on it",
                 self.host
             )));
         }
@@ -186,7 +199,7 @@ impl Inspection {
     /// One request: refused here, or sent on and its answer streamed back.
     async fn answer(
         &self,
-        request: Request<hyper::body::Incoming>,
+        mut request: Request<hyper::body::Incoming>,
         sender: Result<
             Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
             String,
@@ -202,7 +215,11 @@ impl Inspection {
             sensitivity: None,
             injected: false,
         };
-        let checked = self.check(&request);
+        // Checked, then sent on in origin form with the one Host it names.
+        let checked = self.check(&request).map(|(origin, host)| {
+            *request.uri_mut() = origin;
+            request.headers_mut().insert(HOST, host);
+        });
         let (parts, body) = request.into_parts();
         let outcome = match checked {
             Err(reason) => Err((StatusCode::FORBIDDEN, reason, "egress_request")),
@@ -247,7 +264,9 @@ impl Inspection {
             }
             Ok(body) => {
                 let mut upstream_request = Request::from_parts(parts, Full::new(body));
-                if let Some(secret) = self.secret() {
+                // Only over the TLS the supervisor verified for the granted host (`check`
+                // refuses a plain request to a grant that injects).
+                if let Some(secret) = self.secret().filter(|_| !self.plain) {
                     upstream_request.headers_mut().remove(&secret.name);
                     upstream_request
                         .headers_mut()
@@ -295,9 +314,14 @@ impl Inspection {
         self.config.secrets.get(&self.grant.inject)
     }
 
-    /// The grant's per-request rules: the run alive, the secret there, `Host` the granted
-    /// host, the method and path prefix allowed.
-    fn check(&self, request: &Request<hyper::body::Incoming>) -> Result<(), String> {
+    /// The grant's per-request rules: the run alive, the secret there (and the connection
+    /// TLS when there is one to add), exactly one host named and it the granted host, no
+    /// routing override, the method allowed, the path in one spelling and under an allowed
+    /// prefix. Returns the target in origin form and the `Host` it goes on with.
+    fn check(
+        &self,
+        request: &Request<hyper::body::Incoming>,
+    ) -> Result<(http::Uri, HeaderValue), String> {
         if let Err(refusal) = self.gate.check_alive() {
             return Err(refusal.reason);
         }
@@ -307,20 +331,20 @@ impl Inspection {
                 self.grant.inject
             ));
         }
-        let named = request
-            .headers()
-            .get(HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| request.uri().host())
-            .map(strip_port)
-            .and_then(|h| Host::parse(h).ok());
-        if named.as_ref() != Some(&self.host) {
+        if !self.grant.inject.is_empty() && self.plain {
             return Err(format!(
-                "the request's Host is not {}, the host this connection was granted for",
+                "the grant for {} adds a secret, which goes only over TLS verified for that host; use https://",
                 self.host
             ));
         }
         let method = request.method().as_str();
+        let (origin, host) =
+            request_rules::check_target(request.headers(), request.uri(), &self.host, self.port)
+                .map_err(|rule| rule.to_string())?;
+        request_rules::check_overrides(request.headers(), !self.grant.methods.is_empty(), method)
+            .map_err(|rule| rule.to_string())?;
+        let host = HeaderValue::from_str(&host)
+            .map_err(|_| "the request's Host is not text".to_owned())?;
         if !self.grant.methods.is_empty() && !self.grant.methods.iter().any(|m| m == method) {
             return Err(format!(
                 "{method} is not among the methods granted for {} ({})",
@@ -329,22 +353,8 @@ impl Inspection {
             ));
         }
         if !self.grant.paths.is_empty() {
-            let path = request.uri().path();
-            // Compared as sent: a path the server would decode into another is refused.
-            let lower = path.to_ascii_lowercase();
-            if lower.contains("%2e")
-                || lower.contains("%2f")
-                || lower.contains("%5c")
-                || path.contains('\\')
-                || path
-                    .split('/')
-                    .any(|segment| segment == ".." || segment == ".")
-            {
-                return Err(format!(
-                    "the path {:?} has dot segments or encoded separators; paths are checked as sent",
-                    clip(path, 120)
-                ));
-            }
+            let path = origin.path();
+            request_rules::check_path_spelling(path).map_err(|rule| rule.to_string())?;
             if !self
                 .grant
                 .paths
@@ -359,7 +369,7 @@ impl Inspection {
                 ));
             }
         }
-        Ok(())
+        Ok((origin, host))
     }
 
     /// One request's `egress` entry (counted against the run's audit quota).
@@ -470,18 +480,6 @@ fn refusal_response(
     response
 }
 
-/// `host` without a `:port` (IPv6 in brackets keeps its brackets).
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host
-            .split_once(']')
-            .map_or(host, |(h, _)| &host[..=h.len()]);
-    }
-    host.rsplit_once(':')
-        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
-        .map_or(host, |(h, _)| h)
-}
-
 /// Whether a first line is an HTTP/1.x request line.
 fn looks_like_http(head: &[u8]) -> bool {
     let line = head.split(|b| *b == b'\n').next().unwrap_or(&[]);
@@ -563,15 +561,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_lines_and_hosts() {
+    fn request_lines() {
         assert!(looks_like_http(b"GET / HTTP/1.1\r\nHost: x\r\n"));
         assert!(looks_like_http(b"POST /a?b HTTP/1.0\r\n"));
         assert!(!looks_like_http(b"SSH-2.0-OpenSSH\r\n"));
         assert!(!looks_like_http(b"get / HTTP/1.1\r\n"));
         assert!(!looks_like_http(b"PRI * HTTP/2.0\r\n"));
-        assert_eq!(strip_port("api.example.test:443"), "api.example.test");
-        assert_eq!(strip_port("api.example.test"), "api.example.test");
-        assert_eq!(strip_port("[2001:db8::1]:8443"), "[2001:db8::1]");
     }
 
     #[tokio::test]
