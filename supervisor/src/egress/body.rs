@@ -507,9 +507,10 @@ fn base64_runs(text: &str) -> String {
                 continue;
             };
             let text = String::from_utf8_lossy(&decoded);
+            // Text, not noise: valid UTF-8, mostly printable.
             let printable = text
                 .chars()
-                .filter(|c| !c.is_control() || c.is_whitespace())
+                .filter(|c| (!c.is_control() || c.is_whitespace()) && *c != '\u{FFFD}')
                 .count();
             if printable * 10 >= text.chars().count() * 9 {
                 found.push_str(&text);
