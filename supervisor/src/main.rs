@@ -158,6 +158,12 @@ struct Flags {
     /// CA, or a test suite's.
     #[arg(long, value_name = "FILE")]
     egress_extra_roots: Option<PathBuf>,
+    /// Bytes all inspected outbound connections of every run may hold in memory together:
+    /// each connection's buffers (320 KiB) and each request body read to classify it
+    /// reserve from it first. A connection or request that finds it spent is refused (503,
+    /// `egress_budget`), never queued. Default 256 MiB.
+    #[arg(long, value_name = "BYTES", default_value_t = tollgate_supervisor::egress::budget::DEFAULT_INSPECT_BUDGET)]
+    egress_inspect_budget: usize,
     /// Key for HMAC-SHA-256 audit hashes (hex or raw, at least 32 bytes; never written to
     /// the log). Without it the key is read from TOLLGATE_AUDIT_KEY when set; otherwise
     /// entries are chained with plain SHA-256.
@@ -300,6 +306,7 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
         egress_hosts => Some,
         egress_secrets => Some,
         egress_extra_roots => Some,
+        egress_inspect_budget => std::convert::identity,
         routes => Some,
         delegation_token_file => Some,
         metrics_listen => Some,
@@ -382,11 +389,16 @@ async fn configure(flags: Flags) -> Result<SupervisorConfig, DaemonError> {
     let tls_cert = certificate_of(flags.tls_cert.clone(), &supervisor_id)?;
     Ok(SupervisorConfig {
         runs: RunSettings {
-            egress: std::sync::Arc::new(EgressConfig::load(
-                flags.egress_hosts.as_deref(),
-                flags.egress_secrets.as_deref(),
-                flags.egress_extra_roots.as_deref(),
-            )?),
+            egress: std::sync::Arc::new(EgressConfig {
+                inspect_budget: tollgate_supervisor::egress::budget::InspectBudget::new(
+                    flags.egress_inspect_budget,
+                ),
+                ..EgressConfig::load(
+                    flags.egress_hosts.as_deref(),
+                    flags.egress_secrets.as_deref(),
+                    flags.egress_extra_roots.as_deref(),
+                )?
+            }),
             rootfs_dir: match (&flags.rootfs_dir, &flags.data_dir) {
                 (Some(dir), _) => dir.clone(),
                 (None, Some(data)) => data.join("rootfs"),

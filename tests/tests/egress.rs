@@ -48,6 +48,17 @@ impl Egress {
     /// server on 443 holding a certificate for all three), `internal.example.test` at a
     /// private address. `/certs` holds the test CA and the fronting client.
     async fn start(test: &str, slot: u8, host_id_base: u32, files: Option<&Path>) -> Self {
+        Self::start_with(test, slot, host_id_base, files, Vec::new()).await
+    }
+
+    /// [`Egress::start`], the supervisor given `flags` besides.
+    async fn start_with(
+        test: &str,
+        slot: u8,
+        host_id_base: u32,
+        files: Option<&Path>,
+        flags: Vec<String>,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let net = RemoteNet::create(slot);
         let ca = TestCa::new();
@@ -104,7 +115,10 @@ impl Egress {
                 secrets.display().to_string(),
                 "--egress-extra-roots".into(),
                 roots.display().to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(flags)
+            .collect(),
         );
         Self {
             dir,
@@ -1202,4 +1216,90 @@ async fn an_injected_secret_goes_only_to_the_granted_host_over_verified_tls() {
         plain_seen.is_empty(),
         "plain text reached port 80: {plain_seen:#?}"
     );
+}
+
+/// Inspected connections are bounded together, across runs: with a 2 MiB budget, two plain
+/// requests stalled one byte short of their 400 kB bodies hold most of it, and a third
+/// request's body is refused 503 naming the budget (never queued). When the run ends with
+/// its stalled connections still open, what they held is returned: the next run's same
+/// request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspected_connections_share_one_budget_returned_when_the_run_ends() {
+    if !require_root() {
+        return;
+    }
+    let egress = Egress::start_with(
+        "egress-budget",
+        27,
+        237_100,
+        None,
+        vec!["--egress-inspect-budget".into(), (2usize << 20).to_string()],
+    )
+    .await;
+    // Two connections whose bodies stay one byte short, held by a process that outlives
+    // the agent; then the same size of body, tried until the stalled ones are read.
+    let stalled = r#"
+python3 - <<'PY'
+import os, socket, time
+def request(n, whole):
+    s = socket.create_connection(("127.0.0.1", 7711))
+    head = "POST http://api.example.test/echo HTTP/1.1\r\nHost: api.example.test\r\nContent-Length: %d\r\n\r\n" % (n + (0 if whole else 1))
+    s.sendall(head.encode() + b"y" * n)
+    return s
+def answer(s):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = s.recv(65536)
+        if not more:
+            break
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = [int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")]
+    while length and len(body) < length[0]:
+        more = s.recv(65536)
+        if not more:
+            break
+        body += more
+    return head.split(b"\r\n")[0].decode(), body.decode(errors="replace")
+held = [request(400000, False) for _ in range(2)]
+status, body = "none", ""
+for _ in range(50):
+    s = request(400000, True)
+    status, body = answer(s)
+    s.close()
+    if " 503 " in status:
+        break
+    time.sleep(0.2)
+print("== third", status)
+print(body)
+print("== end", flush=True)
+# The stalled connections outlive the agent: the run ends with them open.
+if os.fork() == 0:
+    time.sleep(600)
+PY
+"#;
+    let grants = || vec![grant("api.example.test", &[80])];
+    let minted = egress
+        .mint(egress.request(stalled, grants(), pb::Limits::default()))
+        .await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(output.contains("== third HTTP/1.1 503"), "{output}");
+    assert!(output.contains("--egress-inspect-budget"), "{output}");
+    let entries = egress.entries(&run_id);
+    assert!(
+        entries.iter().any(|e| text(e, "code") == "egress_budget"),
+        "{entries:#?}"
+    );
+    // The first run is over, its stalled connections with it: the budget is whole again.
+    let again = r#"
+python3 -c 'import sys; sys.stdout.write("y" * 400000)' > /tmp/body
+echo "== again $(curl -sS --max-time 20 -o /dev/null -w '%{http_code}' --data-binary @/tmp/body http://api.example.test/echo 2>&1)"
+"#;
+    let minted = egress
+        .mint(egress.request(again, grants(), pb::Limits::default()))
+        .await;
+    let run_id = egress.supervisor.start_run(minted.text).await;
+    let output = egress.supervisor.output(&run_id).await;
+    assert!(output.contains("== again 200"), "{output}");
 }

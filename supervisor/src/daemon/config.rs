@@ -126,6 +126,8 @@ pub struct SupervisorFile {
     pub egress_secrets: Option<PathBuf>,
     /// `--egress-extra-roots`.
     pub egress_extra_roots: Option<PathBuf>,
+    /// `--egress-inspect-budget`.
+    pub egress_inspect_budget: Option<usize>,
     /// `--route-probe-timeout` (seconds).
     pub route_probe_timeout: Option<u64>,
     /// `--delegation-token-file`.

@@ -90,6 +90,8 @@ pub struct EgressConfig {
     pub roots: Arc<rustls::RootCertStore>,
     /// The TLS client of inspected connections, verifying against `roots`.
     pub upstream_tls: Arc<rustls::ClientConfig>,
+    /// The memory all inspected connections hold together (`--egress-inspect-budget`).
+    pub inspect_budget: Arc<super::budget::InspectBudget>,
 }
 
 /// A TLS client trusting `roots`, speaking HTTP/1.1 (the supervisor relays requests one by
@@ -114,6 +116,9 @@ impl Default for EgressConfig {
             secrets: HashMap::new(),
             upstream_tls: upstream_tls(roots.clone()),
             roots,
+            inspect_budget: super::budget::InspectBudget::new(
+                super::budget::DEFAULT_INSPECT_BUDGET,
+            ),
         }
     }
 }

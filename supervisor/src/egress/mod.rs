@@ -8,6 +8,8 @@
 //! connection's bytes pass between two sockets without a copy ([`splice`]). The
 //! gateway's `Egress` call (`gateway::egress`) checks and serves each connection with them.
 
+pub mod body;
+pub mod budget;
 pub mod ca;
 pub mod config;
 pub mod hello;

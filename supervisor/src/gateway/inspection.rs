@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt as _, Full, Limited};
+use http_body_util::{BodyExt as _, Full};
 use hyper::header::{HeaderValue, HOST};
 use hyper::{Request, Response, StatusCode};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, ReadBuf};
@@ -30,6 +30,7 @@ use tollgate_router::{Classification, Sensitivity};
 use tonic::Status;
 
 use super::gate::{new_call_id, CallGate, Refusal};
+use crate::egress::body;
 use crate::egress::ca::RunCa;
 use crate::egress::config::{EgressConfig, InjectedHeader};
 use crate::egress::request_rules;
@@ -38,6 +39,14 @@ use crate::COMPONENT;
 /// Largest request body read (and classified) before it is sent on; a larger one is refused
 /// as too large to inspect.
 pub const MAX_INSPECTED_BODY: usize = 1 << 20;
+/// How long a request body may take to arrive whole.
+const BODY_DEADLINE: Duration = Duration::from_secs(30);
+/// Most bytes hyper buffers reading one connection's requests.
+const MAX_READ_BUFFER: usize = 64 << 10;
+/// What one inspected connection holds besides its request bodies, reserved from the
+/// supervisor-wide budget while it is served: the relay's pipe to it (256 KiB) and hyper's
+/// read buffer.
+pub const CONNECTION_BUFFERS: usize = (256 << 10) + MAX_READ_BUFFER;
 /// How long a TLS handshake (either side) may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes read looking for a plain request's first line.
@@ -82,6 +91,14 @@ impl Inspection {
         C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
         U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        // Held until the connection ends (or its task is cancelled with the run).
+        let _buffers = self
+            .config
+            .inspect_budget
+            .reserve(CONNECTION_BUFFERS)
+            .map_err(|spent| {
+                Refusal::with(Status::resource_exhausted, spent.to_string()).coded("egress_budget")
+            })?;
         let mut first = vec![0u8; 1];
         if client
             .read(&mut first)
@@ -189,6 +206,7 @@ impl Inspection {
             async move { Ok::<_, Infallible>(this.answer(request, sender).await) }
         });
         hyper::server::conn::http1::Builder::new()
+            .max_buf_size(MAX_READ_BUFFER)
             .serve_connection(hyper_util::rt::TokioIo::new(client), service)
             .await
             .map_err(|e| {
@@ -221,24 +239,55 @@ impl Inspection {
             request.headers_mut().insert(HOST, host);
         });
         let (parts, body) = request.into_parts();
+        // What this request holds in memory, until it is answered.
+        let mut held = self.config.inspect_budget.reservation();
         let outcome = match checked {
             Err(reason) => Err((StatusCode::FORBIDDEN, reason, "egress_request")),
-            Ok(()) => match Limited::new(body, MAX_INSPECTED_BODY).collect().await {
-                Err(_) => Err((
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!(
-                        "the request body is larger than the {} bytes the supervisor reads to inspect it",
-                        MAX_INSPECTED_BODY
-                    ),
-                    "egress_too_large",
-                )),
-                Ok(collected) => Ok(collected.to_bytes()),
-            },
+            Ok(()) => body::read_body(body, MAX_INSPECTED_BODY, &mut held, BODY_DEADLINE)
+                .await
+                .map_err(|e| {
+                    let (status, code) = match &e {
+                        body::BodyError::TooLarge(_) => {
+                            (StatusCode::PAYLOAD_TOO_LARGE, "egress_too_large")
+                        }
+                        body::BodyError::Spent(_) => {
+                            (StatusCode::SERVICE_UNAVAILABLE, "egress_budget")
+                        }
+                        body::BodyError::Deadline(_) => {
+                            (StatusCode::REQUEST_TIMEOUT, "egress_body_deadline")
+                        }
+                        body::BodyError::Failed(_) => (StatusCode::BAD_REQUEST, "egress_body"),
+                    };
+                    (status, e.to_string(), code)
+                }),
         };
         let outcome = outcome.and_then(|body| {
-            let classification = (self.classify)(&request_text(&method, &parts, &body));
-            seen.sensitivity = Some(classification.sensitivity);
             let allowed = allowed_sensitivity(self.grant.max_sensitivity);
+            let inspected = body::request_text(
+                &method,
+                &parts,
+                &body,
+                &self.host,
+                MAX_INSPECTED_BODY,
+                &mut held,
+            )
+            .map_err(|spent| {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    spent.to_string(),
+                    "egress_budget",
+                )
+            })?;
+            // What the classifier cannot read passes only where anything may.
+            if let Some(why) = inspected.unreadable.filter(|_| allowed < Sensitivity::High) {
+                return Err((
+                    StatusCode::FORBIDDEN,
+                    format!("{why}; {} may receive only text up to {}", self.host, allowed.name()),
+                    "egress_unreadable",
+                ));
+            }
+            let classification = (self.classify)(&inspected.text);
+            seen.sensitivity = Some(classification.sensitivity);
             if classification.sensitivity > allowed {
                 let mut detectors: Vec<&str> =
                     classification.reasons.iter().map(|r| r.detector.as_str()).collect();
@@ -441,20 +490,6 @@ fn allowed_sensitivity(max: i32) -> Sensitivity {
     }
 }
 
-/// What is classified: the request line, every header, the body (as text).
-fn request_text(method: &str, parts: &http::request::Parts, body: &Bytes) -> String {
-    let mut text = format!("{method} {}\n", parts.uri);
-    for (name, value) in &parts.headers {
-        text.push_str(name.as_str());
-        text.push_str(": ");
-        text.push_str(&String::from_utf8_lossy(value.as_bytes()));
-        text.push('\n');
-    }
-    text.push('\n');
-    text.push_str(&String::from_utf8_lossy(body));
-    text
-}
-
 /// A supervisor's answer to a refused request: the status, the reason as text, the call id.
 fn refusal_response(
     status: StatusCode,
@@ -580,5 +615,102 @@ mod tests {
         let mut all = String::new();
         rewound.read_to_string(&mut all).await.unwrap();
         assert_eq!(all, "hello world");
+    }
+}
+
+#[cfg(test)]
+mod classified {
+    use super::*;
+    use std::io::Write as _;
+
+    const KEY: &str = "aws_access_key_id=AKIAIOSFODNN7EXAMPLE aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+
+    fn sensitivity(request: Request<Vec<u8>>, granted: &str) -> Sensitivity {
+        let (parts, body) = request.into_parts();
+        let budget = crate::egress::budget::InspectBudget::new(64 << 20);
+        let text = body::request_text(
+            parts.method.as_str(),
+            &parts,
+            &Bytes::from(body),
+            &Host::parse(granted).unwrap(),
+            MAX_INSPECTED_BODY,
+            &mut budget.reservation(),
+        )
+        .unwrap()
+        .text;
+        let classifier =
+            tollgate_router::Classifier::new(&tollgate_router::ClassifierConfig::default())
+                .unwrap();
+        classifier.classify(&text).sensitivity
+    }
+
+    fn post(headers: &[(&str, &str)], body: Vec<u8>) -> Request<Vec<u8>> {
+        let mut request = Request::post("/echo").header("host", "api.example.test");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(body).unwrap()
+    }
+
+    #[test]
+    fn encoded_bodies_are_classified_decoded() {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(KEY);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        gz.write_all(KEY.as_bytes()).unwrap();
+        let gz = gz.finish().unwrap();
+        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+        zlib.write_all(KEY.as_bytes()).unwrap();
+        let zlib = zlib.finish().unwrap();
+        let utf16: Vec<u8> = KEY.encode_utf16().flat_map(u16::to_le_bytes).collect();
+        let multipart = format!(
+            "--XX\r\nContent-Disposition: form-data; name=\"f\"\r\nContent-Transfer-Encoding: base64\r\n\r\n{b64}\r\n--XX--\r\n"
+        );
+        let percent: String = KEY.bytes().map(|b| format!("%{b:02X}")).collect();
+        let cases = [
+            ("plain", post(&[], KEY.into())),
+            ("gzip", post(&[("content-encoding", "gzip")], gz)),
+            ("deflate", post(&[("content-encoding", "deflate")], zlib)),
+            ("base64", post(&[], b64.clone().into())),
+            (
+                "multipart base64",
+                post(
+                    &[("content-type", "multipart/form-data; boundary=XX")],
+                    multipart.into(),
+                ),
+            ),
+            ("utf-16le", post(&[], utf16)),
+            (
+                "percent-encoded query",
+                Request::get(format!("/echo?q={percent}"))
+                    .header("host", "api.example.test")
+                    .body(Vec::new())
+                    .unwrap(),
+            ),
+        ];
+        for (name, request) in cases {
+            assert_eq!(
+                sensitivity(request, "api.example.test"),
+                Sensitivity::High,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_granted_destination_is_not_classified() {
+        for granted in ["10.213.77.2", "mirror.corp.internal"] {
+            let request = Request::get(format!("http://{granted}:8080/simple/"))
+                .header("host", format!("{granted}:8080"))
+                .body(Vec::new())
+                .unwrap();
+            assert_eq!(sensitivity(request, granted), Sensitivity::Low, "{granted}");
+        }
+        // Elsewhere in the request, a private address still counts.
+        let request = Request::get("http://10.213.77.2:8080/fetch?from=10.1.2.3")
+            .header("host", "10.213.77.2:8080")
+            .body(Vec::new())
+            .unwrap();
+        assert!(sensitivity(request, "10.213.77.2") > Sensitivity::Low);
     }
 }
