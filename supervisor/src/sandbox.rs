@@ -211,10 +211,13 @@ pub fn plan_for(
         })
         .collect();
     // System paths are shown at the same path, so the host (or the root file system) tells
-    // which exist; /etc always does (generated, or the root file system's); everything else
-    // below is a sandbox path the shim creates.
-    let exists = |system: &str| match rootfs {
-        Some(userland) => fs::symlink_metadata(userland.join(&system[1..])).is_ok(),
+    // which exist, following links as the sandbox will (a link to a directory the userland
+    // lacks, like Ubuntu's /lib32, is not there for Landlock to open); /etc always does
+    // (generated, or the root file system's); everything else below is a sandbox path the
+    // shim creates.
+    let userland = rootfs.map(open_userland).transpose()?;
+    let exists = |system: &str| match &userland {
+        Some(userland) => exists_in_userland(userland, system),
         None => system == "/etc" || Path::new(system).exists(),
     };
     let mut read: Vec<PathBuf> = SYSTEM_PATHS
@@ -294,6 +297,32 @@ pub fn plan_for(
             .map(|g| PathBuf::from(&g.program))
             .collect(),
     })
+}
+
+/// The root file system's directory, to resolve its paths in (its mount comes from the
+/// descriptor pinned at admission; this only decides which system paths it has).
+fn open_userland(rootfs: &Path) -> Result<OwnedFd, SandboxError> {
+    nix::fcntl::open(
+        rootfs,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_DIRECTORY | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| {
+        SandboxError::Setup(format!(
+            "opening the root file system {}: {e}",
+            rootfs.display()
+        ))
+    })
+}
+
+/// Whether `path` (absolute) exists in the userland as the sandbox resolves it: links followed,
+/// absolute ones from the userland's own root (`RESOLVE_IN_ROOT`), never out of it.
+fn exists_in_userland(userland: &OwnedFd, path: &str) -> bool {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    nix::fcntl::openat2(userland, path.trim_start_matches('/'), how).is_ok()
 }
 
 /// The agent's environment: Tollgate's own variables (the gateway, the run id, the model
@@ -997,6 +1026,39 @@ mod tests {
         assert_eq!(
             plan.workspace,
             PathBuf::from("/var/lib/tollgate/runs/r1/work")
+        );
+    }
+
+    #[test]
+    fn a_userlands_system_paths_are_those_its_links_reach_inside_it() {
+        let userland = tempfile::tempdir().unwrap();
+        let at = |p: &str| userland.path().join(p);
+        for dir in ["usr/bin", "usr/lib", "etc"] {
+            fs::create_dir_all(at(dir)).unwrap();
+        }
+        // Merged /usr, Ubuntu's dangling /lib32, and an absolute link to a directory the host
+        // has but the userland lacks: only the first resolves inside the userland.
+        for (link, target) in [
+            ("bin", "usr/bin"),
+            ("lib", "/usr/lib"),
+            ("lib32", "usr/lib32"),
+        ] {
+            std::os::unix::fs::symlink(target, at(link)).unwrap();
+        }
+        std::os::unix::fs::symlink("/usr/sbin", at("sbin")).unwrap();
+        let dirs = RunDirs::new(Path::new("/runs"), "r1");
+        let plan = plan_for(&receipt(), &dirs, 1, None, Some(userland.path())).unwrap();
+        let system: Vec<&Path> = plan
+            .landlock
+            .read
+            .iter()
+            .map(PathBuf::as_path)
+            .filter(|p| SYSTEM_PATHS.contains(&p.to_str().unwrap()))
+            .collect();
+        assert_eq!(
+            system,
+            ["/usr", "/bin", "/lib", "/etc"].map(Path::new).to_vec(),
+            "/sbin (to the host's /usr/sbin) and /lib32 are not in the userland"
         );
     }
 
