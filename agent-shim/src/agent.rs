@@ -164,19 +164,25 @@ pub(crate) fn start_agent(
                         .map(drop)
                         .map_err(|e| format!("letting the agent process go on: {e}"))
                 });
-            // The child's own report, when it has one, says which of its steps failed and
-            // why; a failure here (its pipe closed, its /proc entry gone) follows from that.
+            // Closed before reading the report: an agent process still waiting for the go
+            // (when the map could not be written) then stops at once with NOT_MAPPED.
+            drop(go_write);
             let failure = read_all(&report_read);
-            match (failure.is_empty(), mapped) {
-                (true, Ok(())) => Ok((child, confine::REQUIRED_LANDLOCK_ABI as u32)),
-                (true, Err(ours)) => {
-                    let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
-                    let _ = waitpid(child, None);
-                    Err(ours)
-                }
-                (false, _) => {
+            match mapped {
+                Ok(()) if failure.is_empty() => Ok((child, confine::REQUIRED_LANDLOCK_ABI as u32)),
+                Ok(()) => {
                     let _ = waitpid(child, None);
                     Err(failure)
+                }
+                Err(ours) => {
+                    let _ = waitpid(child, None);
+                    // An agent process that failed first (its pipe closed, its /proc entry
+                    // gone, which is why ours failed) says which of its steps failed and why.
+                    Err(if failure.is_empty() || failure == NOT_MAPPED {
+                        ours
+                    } else {
+                        failure
+                    })
                 }
             }
         }
@@ -197,6 +203,10 @@ fn write_proc_file(proc_dir: &OwnedFd, path: &str, bytes: &[u8]) -> nix::Result<
         Err(nix::errno::Errno::EIO)
     }
 }
+
+/// What the agent process reports when pid 1 let it go on without a byte: pid 1 could not
+/// write its id map (and reports why itself).
+const NOT_MAPPED: &str = "pid 1 did not map the agent's ids";
 
 /// Byte the agent process sends once it is in its user namespace, and pid 1 sends back once
 /// the ids are mapped.
@@ -252,7 +262,7 @@ fn agent_child(
             .map_err(|e| format!("waiting for pid 1 to map the agent's ids: {e}"))?
             != 1
         {
-            return Err("pid 1 did not map the agent's ids".into());
+            return Err(NOT_MAPPED.into());
         }
         // Only now, with the ids mapped: building the Landlock ruleset opens the allowed
         // paths and reads the executables' headers, and until the map is written this
