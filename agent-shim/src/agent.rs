@@ -142,26 +142,48 @@ pub(crate) fn start_agent(
             drop(go_read);
             // The child reports back after entering its user namespace; we map its ids.
             let mut byte = [0u8; 1];
-            let got = nix::unistd::read(&report_read, &mut byte).map_err(|e| e.to_string())?;
+            let got = nix::unistd::read(&report_read, &mut byte)
+                .map_err(|e| format!("reading the agent process's report: {e}"))?;
             if got != 1 || byte[0] != READY {
                 let rest = read_all(&report_read);
+                let _ = waitpid(child, None);
                 return Err(format!(
                     "the agent process failed before its user namespace: {}{rest}",
                     String::from_utf8_lossy(&byte[..got])
                 ));
             }
             let map = format!("{} {} 1\n", plan.inner_id, plan.host_id);
-            for file in ["uid_map", "gid_map"] {
-                write_proc_file(proc_dir, &format!("{child}/{file}"), map.as_bytes())
-                    .map_err(|e| format!("writing the agent's {file}: {e}"))?;
-            }
-            nix::unistd::write(&go_write, &[READY]).map_err(|e| e.to_string())?;
+            let mapped = ["uid_map", "gid_map"]
+                .into_iter()
+                .try_for_each(|file| {
+                    write_proc_file(proc_dir, &format!("{child}/{file}"), map.as_bytes())
+                        .map_err(|e| format!("writing the agent's {file}: {e}"))
+                })
+                .and_then(|()| {
+                    nix::unistd::write(&go_write, &[READY])
+                        .map(drop)
+                        .map_err(|e| format!("letting the agent process go on: {e}"))
+                });
+            // Closed before reading the report: an agent process still waiting for the go
+            // (when the map could not be written) then stops at once with NOT_MAPPED.
+            drop(go_write);
             let failure = read_all(&report_read);
-            if failure.is_empty() {
-                Ok((child, confine::REQUIRED_LANDLOCK_ABI as u32))
-            } else {
-                let _ = waitpid(child, None);
-                Err(failure)
+            match mapped {
+                Ok(()) if failure.is_empty() => Ok((child, confine::REQUIRED_LANDLOCK_ABI as u32)),
+                Ok(()) => {
+                    let _ = waitpid(child, None);
+                    Err(failure)
+                }
+                Err(ours) => {
+                    let _ = waitpid(child, None);
+                    // An agent process that failed first (its pipe closed, its /proc entry
+                    // gone, which is why ours failed) says which of its steps failed and why.
+                    Err(if failure.is_empty() || failure == NOT_MAPPED {
+                        ours
+                    } else {
+                        failure
+                    })
+                }
             }
         }
         Err(e) => Err(format!("forking the agent: {e}")),
@@ -181,6 +203,10 @@ fn write_proc_file(proc_dir: &OwnedFd, path: &str, bytes: &[u8]) -> nix::Result<
         Err(nix::errno::Errno::EIO)
     }
 }
+
+/// What the agent process reports when pid 1 let it go on without a byte: pid 1 could not
+/// write its id map (and reports why itself).
+const NOT_MAPPED: &str = "pid 1 did not map the agent's ids";
 
 /// Byte the agent process sends once it is in its user namespace, and pid 1 sends back once
 /// the ids are mapped.
@@ -224,17 +250,25 @@ fn agent_child(
         }
         limit_open_files(plan.files)?;
         // Restore the default signal mask pid 1 set up for itself.
-        SigSet::all().thread_unblock().map_err(|e| e.to_string())?;
+        SigSet::all()
+            .thread_unblock()
+            .map_err(|e| format!("unblocking signals: {e}"))?;
         confine::clear_groups().map_err(|e| e.to_string())?;
         unshare(CloneFlags::CLONE_NEWUSER).map_err(|e| format!("new user namespace: {e}"))?;
-        nix::unistd::write(report, &[READY]).map_err(|e| e.to_string())?;
-        // While pid 1 writes the id map: build the Landlock ruleset (it opens the allowed
-        // paths and reads the executables' headers; enforcing it comes after no_new_privs).
-        let landlock = confine::prepare_landlock(&plan.landlock).map_err(|e| e.to_string())?;
+        nix::unistd::write(report, &[READY])
+            .map_err(|e| format!("telling pid 1 the user namespace is made: {e}"))?;
         let mut byte = [0u8; 1];
-        if nix::unistd::read(&go, &mut byte).map_err(|e| e.to_string())? != 1 {
-            return Err("pid 1 did not map the agent's ids".into());
+        if nix::unistd::read(&go, &mut byte)
+            .map_err(|e| format!("waiting for pid 1 to map the agent's ids: {e}"))?
+            != 1
+        {
+            return Err(NOT_MAPPED.into());
         }
+        // Only now, with the ids mapped: building the Landlock ruleset opens the allowed
+        // paths and reads the executables' headers, and until the map is written this
+        // process's capabilities reach no file whose owner is outside the namespace (an
+        // id-mapped grant's files, in a user's private directory, would be refused).
+        let landlock = confine::prepare_landlock(&plan.landlock).map_err(|e| e.to_string())?;
         confine::drop_bounding_set().map_err(|e| e.to_string())?;
         confine::become_agent(plan.inner_id).map_err(|e| e.to_string())?;
         confine::no_new_privs().map_err(|e| e.to_string())?;

@@ -195,6 +195,68 @@ fn a_static_binary_runs_from_a_read_only_grant_and_nothing_unlisted_does() {
     assert_eq!(output, "hello from itself\n", "{errors}");
 }
 
+/// An executable read grant inside a user's private (0700) directory is mounted id-mapped
+/// (its owner shown as the agent): it starts every time, not only when the agent process wins
+/// a race with pid 1's writing of its id map. A hundred starts in a row, each to its end.
+#[test]
+fn an_id_mapped_executable_grant_starts_every_time() {
+    if !require_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let fx = Fixture::new("agent-idmap-starts", 208_900);
+    let grant = fx.data.parent().unwrap().join("g");
+    std::fs::create_dir_all(grant.join("bin")).unwrap();
+    compile_static(&grant.join("bin"), "hello");
+    for (path, mode) in [(&grant, 0o700), (&grant.join("bin"), 0o700)] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    for path in [grant.clone(), grant.join("bin"), grant.join("bin/hello")] {
+        nix::unistd::chown(
+            &path,
+            Some(nix::unistd::Uid::from_raw(4321)),
+            Some(nix::unistd::Gid::from_raw(4321)),
+        )
+        .unwrap();
+    }
+    let mut failures = Vec::new();
+    for start in 0..100 {
+        let mut receipt = fx.receipt("", 60);
+        receipt.fs.push(pb::FsGrant {
+            exec: true,
+            ..read_grant(&grant, "/g")
+        });
+        receipt.exec = vec!["/g/bin/hello".into()];
+        receipt.agent = Some(pb::AgentSpec {
+            argv: vec!["/g/bin/hello".into(), format!("start {start}")],
+            ..Default::default()
+        });
+        let run_id = match fx.start(&fx.sign(receipt)) {
+            Ok(run_id) => run_id,
+            Err(e) => {
+                failures.push(format!("start {start}: {e}"));
+                continue;
+            }
+        };
+        let record = fx.manager.wait(&run_id, Duration::from_secs(60)).unwrap();
+        let output = fx.output_of(&run_id);
+        if record.state != RunState::Exited || output != format!("hello from start {start}\n") {
+            failures.push(format!(
+                "start {start}: {:?} {output:?} {}",
+                record.state,
+                fx.output_of(&format!("{run_id}:stderr"))
+            ));
+        }
+        fx.assert_gone(&run_id);
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 100 starts failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
 /// A test's bind mount of `source` at `target`, unmounted however the test ends.
 struct BindMount(std::path::PathBuf);
 
@@ -683,6 +745,63 @@ fn an_imported_rootfs_is_cleaned_on_the_way_in_and_runs() {
         listed.starts_with("tiny") && listed.contains("Tiny Linux"),
         "{listed}"
     );
+}
+
+/// A merged-/usr image, as `docker export` gives one: `/bin`, `/sbin` and `/lib` are links
+/// into `/usr`, and `/lib32`, `/libx32` and `/lib64` are links to directories the image does
+/// not have (as in Ubuntu's images). It imports, and a run on it starts and runs its program
+/// by either name.
+#[test]
+fn an_imported_rootfs_with_linked_top_level_directories_runs() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("agent-import-links", 208_920);
+    let image = fx.data.parent().unwrap().join("image");
+    for dir in ["usr/bin", "usr/sbin", "usr/lib", "etc"] {
+        std::fs::create_dir_all(image.join(dir)).unwrap();
+    }
+    for (link, target) in [
+        ("bin", "usr/bin"),
+        ("sbin", "usr/sbin"),
+        ("lib", "usr/lib"),
+        ("lib32", "usr/lib32"),
+        ("libx32", "usr/libx32"),
+        ("lib64", "/usr/lib64"),
+    ] {
+        std::os::unix::fs::symlink(target, image.join(link)).unwrap();
+    }
+    compile_static(&image.join("usr/bin"), "hello");
+    std::fs::write(image.join("etc/os-release"), "ID=merged\n").unwrap();
+    let tar = fx.data.parent().unwrap().join("image.tar");
+    let packed = std::process::Command::new("tar")
+        .arg("-C")
+        .arg(&image)
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(packed.success());
+    let imported = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["rootfs", "import", "merged"])
+        .arg(&tar)
+        .arg("--data-dir")
+        .arg(&fx.data)
+        .output()
+        .unwrap();
+    assert!(imported.status.success(), "{imported:?}");
+    for program in ["/usr/bin/hello", "/bin/hello"] {
+        let mut receipt = fx.receipt("", 60);
+        receipt.rootfs = "merged".into();
+        receipt.exec = vec![program.into()];
+        receipt.agent = Some(pb::AgentSpec {
+            argv: vec![program.into(), program.into()],
+            ..Default::default()
+        });
+        let (output, errors) = run_to_end(&fx, receipt);
+        assert_eq!(output, format!("hello from {program}\n"), "{errors}");
+    }
 }
 
 /// A real authority and supervisor in a temporary directory, for the tests that use the CLI.

@@ -42,8 +42,8 @@ impl Host {
     }
 
     /// Mints a receipt running `/usr/bin/python3 -c PROGRAM agent` (which may ask the gateway
-    /// to run python3 too) and runs it with `tollgate run`: the exit code and the output.
-    async fn run_python(&self, program: &str) -> (Option<i32>, String) {
+    /// to run python3 too); the path of its text form.
+    async fn mint_python(&self, program: &str) -> PathBuf {
         let request = pb::MintReceiptRequest {
             subject: "hostile".into(),
             ttl_seconds: 120,
@@ -83,11 +83,26 @@ impl Host {
             .text;
         let receipt = self.dir.path().join("receipt.tgr");
         std::fs::write(&receipt, text).unwrap();
-        let output = Command::new(bin_path("tollgate"))
+        receipt
+    }
+
+    /// `tollgate run` against the supervisor, with its token.
+    fn tollgate_run(&self) -> Command {
+        let mut command = Command::new(bin_path("tollgate"));
+        command
             .args(["--supervisor", self.supervisor.addr()])
             .arg("--token-file")
             .arg(self.supervisor.token_file())
-            .arg("run")
+            .arg("run");
+        command
+    }
+
+    /// Runs `/usr/bin/python3 -c PROGRAM agent` with `tollgate run`: the exit code and the
+    /// output.
+    async fn run_python(&self, program: &str) -> (Option<i32>, String) {
+        let receipt = self.mint_python(program).await;
+        let output = self
+            .tollgate_run()
             .arg("--receipt")
             .arg(&receipt)
             .output()
@@ -95,6 +110,51 @@ impl Host {
         let text = String::from_utf8_lossy(&output.stdout).into_owned()
             + &String::from_utf8_lossy(&output.stderr);
         (output.status.code(), text)
+    }
+
+    /// Runs `/usr/bin/python3 -c PROGRAM agent` with `tollgate run -t` on a fresh terminal
+    /// (tollgate its session's controlling process, as under a person's shell): the exit
+    /// code and everything the terminal showed.
+    async fn run_python_on_a_terminal(&self, program: &str) -> (Option<i32>, String) {
+        use std::io::Read as _;
+        let receipt = self.mint_python(program).await;
+        let pty = nix::pty::openpty(None, None).unwrap();
+        let stdio = || std::process::Stdio::from(pty.slave.try_clone().unwrap());
+        let template = self.tollgate_run();
+        let mut tollgate = Command::new("setsid")
+            .arg("--ctty")
+            .arg(template.get_program())
+            .args(template.get_args())
+            .args(["-t", "--receipt"])
+            .arg(&receipt)
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .unwrap();
+        drop(pty.slave);
+        // The reader ends when the last holder of the terminal's other side is gone.
+        let mut master = std::fs::File::from(pty.master);
+        let reader = std::thread::spawn(move || {
+            let mut screen = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while let Ok(n @ 1..) = master.read(&mut buffer) {
+                screen.extend_from_slice(&buffer[..n]);
+            }
+            String::from_utf8_lossy(&screen).replace('\r', "")
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = tollgate.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                tollgate.kill().unwrap();
+                panic!("tollgate run -t did not exit");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        (status.code(), reader.join().unwrap())
     }
 
     fn assert_clean(&self) {
@@ -459,5 +519,85 @@ async fn only_unix_inet_and_route_sockets_open_and_host_proc_files_read_empty() 
             assert!(read == "0" || read == "absent", "{key}={read}\n{output}");
         }
     }
+    host.assert_clean();
+}
+
+/// Sets `dev.tty.legacy_tiocsti` to 1 (the kernel then lets a process push input into its
+/// own controlling terminal, as every kernel before 6.2 did) for as long as it lives, and puts
+/// back the value it found. Kernels without the sysctl always allow it.
+struct LegacyTiocsti(Option<String>);
+
+impl LegacyTiocsti {
+    const PATH: &'static str = "/proc/sys/dev/tty/legacy_tiocsti";
+
+    fn enable() -> Self {
+        let Ok(found) = std::fs::read_to_string(Self::PATH) else {
+            return Self(None);
+        };
+        std::fs::write(Self::PATH, "1").unwrap();
+        Self(Some(found))
+    }
+}
+
+impl Drop for LegacyTiocsti {
+    fn drop(&mut self) {
+        if let Some(found) = &self.0 {
+            let _ = std::fs::write(Self::PATH, found.trim());
+        }
+    }
+}
+
+/// On its terminal, tries to push a keystroke into it (`TIOCSTI`, also with the request's
+/// high word set, which the kernel ignores) and to use the console selection (`TIOCLINUX`):
+/// `NAME=injected` when the call succeeds, `NAME=errnoN` when it fails. The control reads the
+/// terminal's size.
+const TERMINAL_INJECTION_PROBE: &str = r#"
+import ctypes, fcntl, os, termios
+libc = ctypes.CDLL(None, use_errno=True)
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+print(f"tty={os.isatty(0)}", flush=True)
+for name, request in [("tiocsti", termios.TIOCSTI), ("tiocsti_high", termios.TIOCSTI | (1 << 32)),
+                      ("tioclinux", 0x541C)]:
+    byte = ctypes.create_string_buffer(b"\x02")
+    if libc.ioctl(0, request, byte) == 0:
+        print(f"{name}=injected", flush=True)
+    else:
+        print(f"{name}=errno{ctypes.get_errno()}", flush=True)
+try:
+    fcntl.ioctl(0, termios.TIOCGWINSZ, b"\0" * 8)
+    print("winsize=ok", flush=True)
+except OSError as e:
+    print(f"winsize=errno{e.errno}", flush=True)
+print("done=yes", flush=True)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_agent_cannot_push_keystrokes_into_its_terminal() {
+    if !require_root() {
+        return;
+    }
+    python_available();
+    // The host allows TIOCSTI, as a host left at the old default does: only the sandbox's
+    // own rule stands in the way.
+    let _legacy = LegacyTiocsti::enable();
+    let host = Host::start("he-tiocsti", 230_300);
+    let (code, output) = host
+        .run_python_on_a_terminal(TERMINAL_INJECTION_PROBE)
+        .await;
+    assert_eq!(code, Some(0), "{output}");
+    assert_eq!(value(&output, "done"), "yes", "{output}");
+    assert_eq!(value(&output, "tty"), "True", "{output}");
+    // A keystroke that got in is echoed at the start of the next line: look past it.
+    let anywhere = |key: &str| {
+        output
+            .lines()
+            .find_map(|l| l.split_once(&format!("{key}=")).map(|(_, v)| v.trim()))
+            .unwrap_or_else(|| panic!("no {key}= in output:\n{output}"))
+    };
+    let eperm = format!("errno{}", nix::errno::Errno::EPERM as i32);
+    for name in ["tiocsti", "tiocsti_high", "tioclinux"] {
+        assert_eq!(anywhere(name), eperm, "{name}\n{output}");
+    }
+    assert_eq!(value(&output, "winsize"), "ok", "{output}");
     host.assert_clean();
 }

@@ -129,6 +129,58 @@ impl Harness {
     }
 }
 
+impl Harness {
+    /// Starts `true` in a sandbox whose plan `adjust` changes first, expecting a set-up step to
+    /// fail: the error, with the cgroup removed again.
+    fn start_failing(
+        &self,
+        adjust: impl Fn(&mut tollgate_shim_protocol::plan::SandboxPlan),
+        host_id: u32,
+    ) -> String {
+        let receipt = pb::Receipt {
+            receipt_id: "01900000-0000-7000-8000-00000000abce".into(),
+            exec: vec!["/bin/true".into()],
+            fs: vec![pb::FsGrant {
+                path: self.host_data.display().to_string(),
+                access: pb::FsAccess::Read as i32,
+                mount: "/data".into(),
+                exec: false,
+                ask: false,
+                ask_reads: false,
+            }],
+            ..Default::default()
+        };
+        self.dirs.create(host_id).unwrap();
+        let mut plan = plan_for(
+            &receipt,
+            &self.dirs,
+            host_id,
+            Some(vec!["/bin/true".into()]),
+            None,
+        )
+        .unwrap();
+        adjust(&mut plan);
+        let cgroup = RunCgroup::create(&format!("{}/run", self.parent), LIMITS).unwrap();
+        let base = sandbox_base(
+            &self.dirs.base.with_extension("data"),
+            &bin_path("tollgate-shim"),
+        );
+        create_mount_point(&base).unwrap();
+        let shim =
+            IdleShim::spawn(&bin_path("tollgate-shim"), &cgroup, &base).expect("shim spawns");
+        let grant = GrantRoot::open(&receipt.fs[0].path).expect("grant pins");
+        let mounts = vec![detached_mount(&grant).expect("grant clones")];
+        let error = match SandboxProcess::start(shim, &plan, mounts) {
+            Ok(_) => panic!("the sandbox started"),
+            Err(e) => e.to_string(),
+        };
+        cgroup.kill_all(Duration::from_secs(5)).unwrap();
+        cgroup.remove().unwrap();
+        self.dirs.remove().unwrap();
+        error
+    }
+}
+
 impl Drop for Harness {
     fn drop(&mut self) {
         let _ = sweep(&self.parent, true);
@@ -432,4 +484,27 @@ for pid in pids:
     );
     assert!(!output.contains("survived"), "{output}");
     assert_ne!(exit, AgentExit::Code(0), "{output}");
+}
+
+/// A set-up step of the agent process that fails says which step and why, every time: here
+/// Landlock cannot open a path of its allow-list. The agent process used to build its
+/// Landlock rules while pid 1 wrote its id map, and a failure there closed the pipe pid 1
+/// was about to write to: the supervisor then reported `EPIPE: Broken pipe` instead.
+#[test]
+fn a_failing_set_up_step_is_named_every_time() {
+    if !require_root() {
+        return;
+    }
+    let harness = Harness::new("setup-error");
+    for attempt in 0..20 {
+        let error = harness.start_failing(
+            |plan| plan.landlock.read.push("/no/such/path".into()),
+            200_107,
+        );
+        assert!(
+            error.starts_with("sandbox setup failed: landlock: /no/such/path: ")
+                && !error.contains('\n'),
+            "attempt {attempt}: {error}"
+        );
+    }
 }

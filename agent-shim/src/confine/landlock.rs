@@ -37,9 +37,10 @@ fn add_rules(
     Ok(ruleset)
 }
 
-/// A Landlock ruleset built from the plan's allow-lists, not yet enforced. Building it (paths
-/// opened, executables' interpreters read) is most of Landlock's cost, and needs no
-/// privilege, so the agent process does it while pid 1 writes its id map.
+/// A Landlock ruleset built from the plan's allow-lists, not yet enforced. Building it opens
+/// the allowed paths, so the agent process does it only once pid 1 has written its id map:
+/// before that, its capabilities reach no file whose owner is unmapped (an id-mapped grant in
+/// a user's private directory would be refused).
 #[derive(Debug)]
 pub struct PreparedLandlock(landlock::RulesetCreated);
 

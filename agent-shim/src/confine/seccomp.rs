@@ -65,10 +65,18 @@ const _: () = assert!(SYS_FCHMODAT2 == libc::SYS_fchmodat2);
 /// outlives the run on the host, owned by a host id a later run gets again.
 const SET_ID_BITS: u32 = libc::S_ISUID | libc::S_ISGID;
 
+/// The `ioctl` requests no agent may make, whatever the host's sysctls say: `TIOCSTI` pushes
+/// bytes into a terminal's input queue as if typed there (the keystrokes a shell reading that
+/// terminal after the agent would run), and `TIOCLINUX` reads and sets a virtual console's
+/// selection. Linux 6.2 refuses `TIOCSTI` only when `dev.tty.legacy_tiocsti` is 0, which a
+/// host may leave at 1.
+const DENIED_IOCTLS: &[u32] = &[libc::TIOCSTI as u32, libc::TIOCLINUX as u32];
+
 /// What the syscall program does with one system call number (anything not listed is
 /// allowed). Arguments are checked in their low 32 bits only: every argument checked here is
-/// an `int`, `umode_t` or the low flags of a `clone`, which the kernel truncates to those
-/// bits itself, so bits above cannot change what the call does.
+/// an `int`, `umode_t`, an `ioctl` request (an `unsigned int` to the kernel) or the low flags
+/// of a `clone`, which the kernel truncates to those bits itself, so bits above cannot change
+/// what the call does (nor slip past the rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rule {
     /// Always refused with this errno.
@@ -79,6 +87,15 @@ enum Rule {
         arg: u8,
         /// The bits.
         bits: u32,
+        /// The errno.
+        errno: u32,
+    },
+    /// Refused with `errno` when argument `arg` equals one of `values`.
+    RefuseValues {
+        /// The argument's index.
+        arg: u8,
+        /// The values.
+        values: &'static [u32],
         /// The errno.
         errno: u32,
     },
@@ -145,6 +162,15 @@ fn syscall_rules() -> Vec<(i64, Rule)> {
         (libc::SYS_openat2, Rule::Refuse(libc::ENOSYS as u32)),
         (libc::SYS_socket, Rule::Socket),
         (libc::SYS_socketpair, Rule::Socket),
+        // No keystrokes pushed into a terminal, no console selection.
+        (
+            libc::SYS_ioctl,
+            Rule::RefuseValues {
+                arg: 1,
+                values: DENIED_IOCTLS,
+                errno: eperm,
+            },
+        ),
     ]);
     #[cfg(target_arch = "x86_64")]
     rules.extend([
@@ -170,7 +196,8 @@ pub struct SeccompPrograms(Vec<BpfProgram>);
 impl SeccompPrograms {
     /// Compiles the filter: one program holding every rule of [`syscall_rules`] (the deny
     /// list, and on x86_64 every x32 call, refused with EPERM; new user namespaces; `clone3`
-    /// and `openat2` with ENOSYS; set-uid/set-gid modes; socket families).
+    /// and `openat2` with ENOSYS; set-uid/set-gid modes; socket families; `TIOCSTI` and
+    /// `TIOCLINUX`).
     pub fn compile() -> Result<Self, ConfineError> {
         target_arch()?;
         Ok(Self(vec![syscall_program(&syscall_rules())?]))
@@ -347,6 +374,20 @@ fn rule_block(rule: Rule) -> Vec<seccompiler::sock_filter> {
             errno(code),
             allow(),
         ],
+        Rule::RefuseValues {
+            arg,
+            values,
+            errno: code,
+        } => {
+            // Each value jumps to the refusal past the remaining comparisons and the allow.
+            let mut block = vec![op(bpf::LD_W_ABS, 0, 0, bpf::arg_low(arg))];
+            for (at, &value) in values.iter().enumerate() {
+                let to_refusal = u8::try_from(values.len() - at).unwrap_or(u8::MAX);
+                block.push(op(bpf::JEQ_K, to_refusal, 0, value));
+            }
+            block.extend([allow(), errno(code)]);
+            block
+        }
         Rule::CreatingOpen { flags, mode } => {
             // O_TMPFILE is __O_TMPFILE | O_DIRECTORY; its own bit is what creates.
             let creates = (libc::O_CREAT | (libc::O_TMPFILE & !libc::O_DIRECTORY)) as u32;
@@ -652,6 +693,37 @@ mod tests {
         }
     }
 
+    // `libc::Ioctl` is a u64 on glibc's x86_64 and aarch64 but an int on musl.
+    #[allow(clippy::unnecessary_cast)]
+    #[test]
+    fn terminal_injection_ioctls_are_refused_in_their_low_32_bits() {
+        let program = syscall_program(&syscall_rules()).unwrap();
+        let ioctl = |request: u64| evaluate(&program, &call(libc::SYS_ioctl, &[0, request, 0]));
+        for request in [libc::TIOCSTI as u64, libc::TIOCLINUX as u64] {
+            assert_eq!(ioctl(request), refused(libc::EPERM), "{request:#x}");
+            // The kernel reads an unsigned int: a set high word is the same request.
+            for high in [1u64 << 32, 0xffff_ffff_0000_0000] {
+                assert_eq!(
+                    ioctl(high | request),
+                    refused(libc::EPERM),
+                    "{:#x}",
+                    high | request
+                );
+            }
+        }
+        for request in [
+            libc::TCGETS as u64,
+            libc::TCSETS as u64,
+            libc::TIOCGWINSZ as u64,
+            libc::TIOCSWINSZ as u64,
+            libc::FIONREAD as u64,
+            libc::TIOCSTI as u64 + 1,
+            libc::TIOCSTI as u64 - 1,
+        ] {
+            assert_eq!(ioctl(request), bpf::RET_ALLOW, "{request:#x}");
+        }
+    }
+
     /// In a forked child: installs the programs, then makes calls each rule must refuse or
     /// allow. Returns 0 when every check holds, else 10 + the index of the first that does
     /// not; `None` when the programs could not be installed.
@@ -727,9 +799,18 @@ mod tests {
                 libc::SYS_socket,
                 [i64::from(libc::AF_UNIX), i64::from(libc::SOCK_STREAM), 0, 0],
             ) == 0;
+        // Refused before the kernel looks at the descriptor (which would answer EBADF).
+        let ioctls = [
+            libc::TIOCSTI as i64,
+            libc::TIOCLINUX as i64,
+            1 << 32 | libc::TIOCSTI as i64,
+        ]
+        .iter()
+        .all(|&request| errno(libc::SYS_ioctl, [-1, request, 0, 0]) == libc::EPERM)
+            && errno(libc::SYS_ioctl, [-1, libc::TCGETS as i64, 0, 0]) == libc::EBADF;
         let allowed = errno(libc::SYS_getpid, [0; 4]) == 0;
         let all = [
-            refused, new_user, clone3, set_id, plain_mode, openat2, sockets, allowed,
+            refused, new_user, clone3, set_id, plain_mode, openat2, sockets, ioctls, allowed,
         ];
         // Which check failed, as the exit code: 10 + its index.
         Some(all.iter().position(|ok| !ok).map_or(0, |at| 10 + at as i32))

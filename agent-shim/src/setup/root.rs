@@ -1,0 +1,213 @@
+//! The two halves of building the root: what does not depend on the plan (`prepare_root`,
+//! done ahead of need) and what does (`finish_root`, with the plan), ending in `pivot_root`.
+
+use std::fs;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::unistd::{chdir, pivot_root, sethostname};
+use tollgate_shim_protocol::plan::{
+    SandboxBase, SandboxPlan, EGRESS_CA_IN_SANDBOX, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
+};
+
+use super::error::SetupError;
+use super::mounts::{attach, bind, create_dir, inside, mount_fs, Restrict};
+use super::net::loopback_up;
+use super::programs::hide_programs;
+use super::userland::{switch_userland, USERLAND_STAGING};
+use super::views::{
+    generate_etc, mask_host_views, minimal_dev, show_system_paths, write_generated_etc,
+};
+
+/// Builds the part of the sandbox no receipt decides: a tmpfs root at `base.root_dir` with
+/// the host's system directories read-only, a fresh `/proc`, a minimal `/dev`, the host
+/// name and loopback. Must run in fresh mount, uts and net namespaces and, for `/proc`, as
+/// pid 1 of a fresh pid namespace. Runs before the plan arrives when the sandbox is prepared
+/// ahead of need.
+pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
+    // Nothing we mount may propagate back to the host, but the host's mounts and unmounts
+    // keep reaching this copy while the sandbox waits for its plan (it may wait for hours):
+    // its binds must see the host as it is when the run starts, and it must not keep an
+    // unmounted volume busy. `finish_root` cuts the link once the binds are made.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(SetupError::Private)?;
+    let root = base.root_dir.as_path();
+    mount_fs(
+        "tollgate-root",
+        root,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        "mode=0755,size=1m",
+    )?;
+
+    show_system_paths(root, &base.system_paths)?;
+    generate_etc(root, &base.hostname)?;
+    // The generated files again, where a run on its own userland takes them from (hidden, and
+    // outside every Landlock rule).
+    let generated = inside(root, Path::new(USERLAND_STAGING)).join("generated");
+    create_dir(&generated)?;
+    write_generated_etc(&generated, &base.hostname)?;
+
+    if let Some(shim) = &base.shim_binary {
+        // Executable (the system paths are too; everything the agent can write is noexec):
+        // exec is decided by the bind's own mount flags, and Landlock allows it by path.
+        bind(
+            shim,
+            &inside(root, Path::new(SHIM_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: false,
+            },
+        )?;
+    }
+
+    let proc_dir = inside(root, Path::new("/proc"));
+    create_dir(&proc_dir)?;
+    mount_fs(
+        "proc",
+        &proc_dir,
+        "proc",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "",
+    )?;
+    mask_host_views(root)?;
+
+    minimal_dev(root)?;
+
+    // The network and uts namespaces are the sandbox's own: set them up now too.
+    sethostname(&base.hostname).map_err(SetupError::Hostname)?;
+    loopback_up().map_err(SetupError::Loopback)?;
+    Ok(())
+}
+
+/// Completes the root prepared by [`prepare_root`] from the plan (`/tmp`, `/work`, the
+/// receipt's grants, attached from `mounts`: one detached mount per bind, in order) and
+/// switches to it.
+pub fn finish_root(
+    base: &SandboxBase,
+    plan: &SandboxPlan,
+    mounts: Vec<OwnedFd>,
+) -> Result<(), SetupError> {
+    let root = base.root_dir.as_path();
+    let tmp = inside(root, Path::new("/tmp"));
+    create_dir(&tmp)?;
+    mount_fs(
+        "tollgate-tmp",
+        &tmp,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        &format!("mode=1777,size={}", plan.tmpfs_bytes.max(4096)),
+    )?;
+
+    bind(
+        &plan.workspace,
+        &inside(root, Path::new("/work")),
+        Restrict {
+            read_only: false,
+            devices: false,
+            no_exec: true,
+        },
+    )?;
+    // The root file system's mount comes after the grants'.
+    let mut mounts = mounts;
+    let userland = plan.rootfs.as_ref().map(|source| (source, mounts.pop()));
+    if mounts.len() != plan.binds.len() || userland.as_ref().is_some_and(|(_, m)| m.is_none()) {
+        return Err(SetupError::MountCount {
+            mounts: mounts.len() + usize::from(userland.is_some()),
+            binds: plan.binds.len() + usize::from(userland.is_some()),
+        });
+    }
+    if let Some((source, Some(mount))) = &userland {
+        switch_userland(root, source, mount)?;
+    }
+    for (grant, mount) in plan.binds.iter().zip(&mounts) {
+        attach(
+            mount,
+            &grant.source,
+            &inside(root, &grant.target),
+            Restrict {
+                read_only: !grant.writable,
+                devices: false,
+                // W^X: a writable grant is never executable (the plan never says both).
+                no_exec: grant.writable || !grant.executable,
+            },
+        )?;
+    }
+
+    if let Some(ca) = &plan.egress_ca {
+        // The run's egress certificate authority (its certificate; the key stays outside).
+        bind(
+            ca,
+            &inside(root, Path::new(EGRESS_CA_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: true,
+            },
+        )?;
+    }
+    if let Some(socket) = &plan.gateway_socket {
+        // The run's own gateway socket: connect() needs only write permission on the socket
+        // inode (it is the run's host id's, 0600), not a writable mount.
+        bind(
+            socket,
+            &inside(root, Path::new(GATEWAY_IN_SANDBOX)),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: true,
+            },
+        )?;
+    }
+
+    // Switch roots: the old root is stacked under the new one and detached, so no path
+    // leads back to the host's file system.
+    chdir(root).map_err(SetupError::PivotRoot)?;
+    pivot_root(".", ".").map_err(SetupError::PivotRoot)?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(SetupError::PivotRoot)?;
+    chdir("/").map_err(SetupError::PivotRoot)?;
+    // From here on nothing the host mounts reaches the agent: a mount propagated under a
+    // grant would arrive without the restrictions set above (read-only, noexec).
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(SetupError::Private)?;
+    // Programs the agent may run only through the gateway: out of its reach before it exists.
+    hide_programs(&plan.hidden, &plan.landlock.execute)?;
+    // The root tmpfs itself becomes read-only: the agent writes only /work and /tmp.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(|source| SetupError::Mount {
+        what: "read-only remount of the root".into(),
+        target: PathBuf::from("/"),
+        source,
+    })?;
+
+    // memfds in this pid namespace are never executable (Linux 6.3+): otherwise an agent could
+    // write any program into one and execute it past the exec allow-list.
+    let memfd_noexec = Path::new("/proc/sys/vm/memfd_noexec");
+    if memfd_noexec.exists() {
+        fs::write(memfd_noexec, "2").map_err(|source| SetupError::MountPoint {
+            path: memfd_noexec.to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! A shim as a process: idle and waiting for its plan (prepared ahead of need), started with
+//! one, or re-adopted after a live restore.
+
+use std::fs;
+use std::io::{BufRead as _, BufReader, PipeReader};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use tollgate_shim_protocol::plan::{AgentInput, SandboxBase, SandboxPlan, INPUT_MARKER};
+use tollgate_shim_protocol::protocol::{FromShim, ToShim, REATTACH_FDS};
+
+use super::control::{
+    connect_unix, in_cgroup_with_control, pin_pid_one, recv_byte_with_fds, send_line,
+    send_line_with_fds,
+};
+use super::error::SandboxError;
+use crate::cgroup::RunCgroup;
+
+/// A `tollgate-shim` that has not been given its plan yet. It was started inside its
+/// sandbox's cgroup (it joins every hierarchy between fork and exec, so nothing of the
+/// sandbox ever runs outside that cgroup), has compiled the seccomp programs, unshared the
+/// sandbox's namespaces and forked pid 1, which is blocked reading the plan on the control
+/// socket. A shim serves exactly one sandbox. When the supervisor goes away the socket
+/// closes and the shim exits.
+#[derive(Debug)]
+pub struct IdleShim {
+    child: Child,
+    control: UnixStream,
+    stdout: PipeReader,
+    stderr: PipeReader,
+}
+
+impl IdleShim {
+    /// Starts `shim` inside `cgroup`, with the control socket on fd 3 and fresh stdout and
+    /// stderr pipes, and sends it `base` to prepare.
+    pub fn spawn(
+        shim: &Path,
+        cgroup: &RunCgroup,
+        base: &SandboxBase,
+    ) -> Result<Self, SandboxError> {
+        let (ours, theirs) = UnixStream::pair().map_err(SandboxError::Control)?;
+        let (stdout, out_write) = std::io::pipe().map_err(SandboxError::Control)?;
+        let (stderr, err_write) = std::io::pipe().map_err(SandboxError::Control)?;
+        let procs: Vec<OwnedFd> = cgroup
+            .procs_files()
+            .iter()
+            .map(|file| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(file)
+                    .map(OwnedFd::from)
+                    .map_err(|source| SandboxError::Spawn {
+                        shim: file.clone(),
+                        source,
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let procs_fds: Vec<RawFd> = procs.iter().map(|fd| fd.as_raw_fd()).collect();
+        let control_fd = theirs.as_raw_fd();
+        let mut command = Command::new(shim);
+        command
+            .stdin(Stdio::null())
+            .stdout(out_write)
+            .stderr(err_write)
+            .env_clear();
+        in_cgroup_with_control(&mut command, procs_fds, control_fd, None);
+        let child = command.spawn().map_err(|source| SandboxError::Spawn {
+            shim: shim.to_owned(),
+            source,
+        })?;
+        // `command` still holds the pipes' write ends: drop it so the relays see EOF once
+        // the sandbox's last process has exited.
+        drop(command);
+        drop(theirs);
+        drop(procs);
+        let mut idle = Self {
+            child,
+            control: ours,
+            stdout,
+            stderr,
+        };
+        if let Err(e) = send_line(&mut idle.control, &ToShim::Prepare(Box::new(base.clone()))) {
+            idle.discard();
+            return Err(SandboxError::Control(e));
+        }
+        Ok(idle)
+    }
+
+    /// The shim's host pid (its only child becomes the sandbox's pid 1).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills and reaps the shim (it was never given a plan; its pid 1 exits with the
+    /// socket, and the cgroup's owner kills what is left).
+    pub fn discard(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a started sandbox writes: the read ends of its stdout and stderr pipes (with a
+/// terminal, stdout reads the terminal's master: everything the agent writes), and the
+/// supervisor's end of the agent's input when its plan asked for one.
+#[derive(Debug)]
+pub struct SandboxOutput {
+    /// The agent's standard output.
+    pub stdout: PipeReader,
+    /// The agent's standard error.
+    pub stderr: PipeReader,
+    /// The write end of the agent's stdin pipe, or the terminal's master.
+    pub input: Option<OwnedFd>,
+}
+
+/// A running `tollgate-shim` and its control socket.
+#[derive(Debug)]
+pub struct SandboxProcess {
+    /// The shim, when this supervisor started it (a re-adopted one is not its child).
+    child: Option<Child>,
+    events: BufReader<UnixStream>,
+    // Kept open: closing it tells pid 1 the supervisor is gone.
+    control: UnixStream,
+}
+
+/// A sandbox a previous supervisor left running detached, taken over through its detach
+/// socket ([`SandboxProcess::reattach`]).
+#[derive(Debug)]
+pub struct ReattachedSandbox {
+    /// Its shim and new control socket.
+    pub process: SandboxProcess,
+    /// The read ends of the agent's stdout and stderr, as pid 1 held them.
+    pub output: SandboxOutput,
+    /// The run's gateway socket, still bound where the sandbox has it mounted.
+    pub gateway: std::os::unix::net::UnixListener,
+    /// The executables Landlock allows, as resolved when the sandbox started.
+    pub execute: Vec<PathBuf>,
+    /// A pidfd of the sandbox's pid 1.
+    pub pid_one: OwnedFd,
+}
+
+impl SandboxProcess {
+    /// Sends the idle `shim` its plan, with `mounts` (detached mounts of the plan's binds, in
+    /// order, then its root file system's when it has one) attached, and waits for `Started`.
+    /// The caller has applied the run's limits to the shim's cgroup first.
+    pub fn start(
+        shim: IdleShim,
+        plan: &SandboxPlan,
+        mounts: Vec<OwnedFd>,
+    ) -> Result<(Self, FromShim, SandboxOutput), SandboxError> {
+        let expected = plan.binds.len() + usize::from(plan.rootfs.is_some());
+        if mounts.len() != expected {
+            shim.discard();
+            return Err(SandboxError::Setup(format!(
+                "{} mounts for {expected} (binds and root file system)",
+                mounts.len(),
+            )));
+        }
+        let IdleShim {
+            child,
+            control,
+            stdout,
+            stderr,
+        } = shim;
+        let mut child = child;
+        let mut control = control;
+        let sent = send_line_with_fds(
+            &mut control,
+            &ToShim::Start(Box::new(plan.clone())),
+            &mounts,
+        )
+        .and_then(|()| control.try_clone());
+        // The shim holds its own copies now (or never will).
+        drop(mounts);
+        let events = match sent {
+            Ok(clone) => BufReader::new(clone),
+            Err(e) => {
+                // A shim that failed while idle has said why before closing the socket.
+                let reason = control.try_clone().ok().and_then(|clone| {
+                    // Bounded: the shim may be alive and simply not reading.
+                    clone
+                        .set_read_timeout(Some(std::time::Duration::from_secs(1)))
+                        .ok()?;
+                    let mut line = String::new();
+                    BufReader::new(clone).read_line(&mut line).ok()?;
+                    match serde_json::from_str(&line).ok()? {
+                        FromShim::Failed { reason } => Some(reason),
+                        _ => None,
+                    }
+                });
+                // Never leave a zombie (or a live shim) behind an error.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(match reason {
+                    Some(reason) => SandboxError::Setup(reason),
+                    None => SandboxError::Control(e),
+                });
+            }
+        };
+        let mut process = Self {
+            child: Some(child),
+            events,
+            control,
+        };
+        // The agent's input comes first, alone with its descriptor (SCM_RIGHTS), when the
+        // plan asks for one; anything else there is the start of the shim's failure line.
+        let mut input = None;
+        let mut stdout = stdout;
+        if plan.input != AgentInput::Null {
+            match recv_byte_with_fds(&process.control) {
+                Ok((INPUT_MARKER, mut fds)) if fds.len() == 1 => {
+                    let end = fds.remove(0);
+                    if matches!(plan.input, AgentInput::Terminal { .. }) {
+                        // Everything the agent writes comes through the terminal.
+                        match end.try_clone() {
+                            Ok(reader) => stdout = PipeReader::from(reader),
+                            Err(e) => {
+                                process.kill();
+                                return Err(SandboxError::Control(e));
+                            }
+                        }
+                    }
+                    input = Some(end);
+                }
+                Ok((byte, _)) => {
+                    let mut line = vec![byte];
+                    let _ = process.events.read_until(b'\n', &mut line);
+                    let reason = match serde_json::from_slice(&line) {
+                        Ok(FromShim::Failed { reason }) => reason,
+                        _ => "the shim did not hand over the agent's input".into(),
+                    };
+                    let _ = process.wait();
+                    return Err(SandboxError::Setup(reason));
+                }
+                Err(e) => {
+                    process.kill();
+                    return Err(SandboxError::Control(e));
+                }
+            }
+        }
+        let first = match process.next_event() {
+            Ok(event) => event,
+            Err(e) => {
+                process.kill();
+                return Err(e);
+            }
+        };
+        match first {
+            Some(started @ FromShim::Started { .. }) => Ok((
+                process,
+                started,
+                SandboxOutput {
+                    stdout,
+                    stderr,
+                    input,
+                },
+            )),
+            Some(FromShim::Failed { reason }) => {
+                let _ = process.wait();
+                Err(SandboxError::Setup(reason))
+            }
+            other => {
+                let status = process.wait().ok().flatten();
+                Err(SandboxError::Setup(format!(
+                    "the shim ended without starting the agent ({other:?}, status {status:?})"
+                )))
+            }
+        }
+    }
+
+    /// The shim's host pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// A second handle on the control socket, to send it a message (a live restore's
+    /// `Detach`) while the run's thread reads events.
+    pub fn control(&self) -> std::io::Result<UnixStream> {
+        self.control.try_clone()
+    }
+
+    /// A pidfd of the sandbox's pid 1 (the shim's only child). The shim is this process's
+    /// child and not yet reaped, so its pid is its own; a pid 1 that already ended, with its
+    /// number taken by another process, is recognised by that process's parent.
+    pub fn pin_pid_one(&self) -> std::io::Result<OwnedFd> {
+        let shim = self
+            .pid()
+            .ok_or_else(|| std::io::Error::other("the shim is not this process's child"))?;
+        pin_pid_one(shim)
+    }
+
+    /// Takes over a sandbox left running detached: connects to its detach socket, asks pid 1
+    /// to `Reattach`, and receives the agent's output pipes and the gateway socket. `shim` is
+    /// the shim's host pid as recorded at the detach; it must still be in `cgroup` (a pid
+    /// reused by anything else is refused).
+    pub fn reattach(
+        socket: &Path,
+        shim: u32,
+        cgroup: &RunCgroup,
+    ) -> Result<ReattachedSandbox, SandboxError> {
+        let lost = |detail: String| SandboxError::Setup(format!("re-adopting: {detail}"));
+        if !cgroup
+            .pids()
+            .map_err(|e| lost(e.to_string()))?
+            .contains(&shim)
+        {
+            return Err(lost(format!(
+                "the shim (pid {shim}) is no longer in {}",
+                cgroup.relative()
+            )));
+        }
+        let pid_one = pin_pid_one(shim).map_err(|e| lost(e.to_string()))?;
+        let mut control =
+            connect_unix(socket).map_err(|e| lost(format!("{}: {e}", socket.display())))?;
+        control
+            .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .map_err(SandboxError::Control)?;
+        send_line(&mut control, &ToShim::Reattach).map_err(SandboxError::Control)?;
+        // The descriptors ride on the answer's first byte; the rest of the line (and an
+        // `Exited` that may follow at once) is read through the events reader kept below.
+        let (first, fds) = recv_byte_with_fds(&control).map_err(SandboxError::Control)?;
+        let mut events = BufReader::new(control.try_clone().map_err(SandboxError::Control)?);
+        let mut line = vec![first];
+        events
+            .read_until(b'\n', &mut line)
+            .map_err(SandboxError::Control)?;
+        control
+            .set_read_timeout(None)
+            .map_err(SandboxError::Control)?;
+        let execute = match serde_json::from_slice(&line) {
+            Ok(FromShim::Reattached { execute, .. }) => execute,
+            Ok(other) => return Err(lost(format!("pid 1 answered {other:?}"))),
+            Err(e) => return Err(lost(format!("pid 1's answer: {e}"))),
+        };
+        let mut fds = fds.into_iter();
+        let (Some(stdout), Some(stderr), Some(gateway), None) =
+            (fds.next(), fds.next(), fds.next(), fds.next())
+        else {
+            return Err(lost(format!(
+                "pid 1 handed back the wrong number of descriptors (expected {REATTACH_FDS})"
+            )));
+        };
+        Ok(ReattachedSandbox {
+            process: Self {
+                child: None,
+                events,
+                control,
+            },
+            // A run with input is never left detached: nothing of it to hand back.
+            output: SandboxOutput {
+                stdout: PipeReader::from(stdout),
+                stderr: PipeReader::from(stderr),
+                input: None,
+            },
+            gateway: std::os::unix::net::UnixListener::from(gateway),
+            execute,
+            pid_one,
+        })
+    }
+}
+
+impl SandboxProcess {
+    /// The next event from the shim; `None` when it has closed the socket.
+    pub fn next_event(&mut self) -> Result<Option<FromShim>, SandboxError> {
+        let mut line = String::new();
+        let read = self
+            .events
+            .read_line(&mut line)
+            .map_err(SandboxError::Control)?;
+        if read == 0 {
+            return Ok(None);
+        }
+        serde_json::from_str(&line)
+            .map(Some)
+            .map_err(|e| SandboxError::Control(std::io::Error::other(e)))
+    }
+
+    /// Kills and reaps the shim, when it is this process's child.
+    fn kill(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Waits for the shim process to exit, when it is this process's child (a re-adopted
+    /// shim's parent reaps it).
+    pub fn wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.as_mut().map(Child::wait).transpose()
+    }
+}
