@@ -198,9 +198,16 @@ pub enum Command {
     /// Attach this terminal to a live run started with -i or -t (`tollgate run -t`): its
     /// output from the start, then live; what you type goes to the agent (raw mode when the
     /// run has a terminal and this is one). Exits with the agent's exit code when it ends.
+    ///
+    /// The end of this command's stdin (Ctrl-D on a line, a pipe or /dev/null running dry)
+    /// detaches this attach only, exit 0: the agent's input stays open for the run and other
+    /// attaches (only `tollgate run -i` ends it).
     Attach {
         /// The run id.
         run_id: String,
+        /// Show the output only: nothing is read from stdin or sent to the agent.
+        #[arg(long)]
+        read_only: bool,
     },
     /// List runs on the supervisor (live ones; --all for every run).
     Ps {
@@ -507,6 +514,15 @@ pub enum Command {
         /// How many host ids it would use.
         #[arg(long, value_name = "N", default_value_t = 65_536)]
         host_id_count: u32,
+        /// Where live supervisors register their cgroup parent and host ids (the
+        /// supervisor's --run-dir): a range one of them holds fails.
+        #[arg(
+            long,
+            value_name = "DIR",
+            env = "TOLLGATE_RUN_DIR",
+            default_value = tollgate_daemon::host::DEFAULT_RUN_DIR
+        )]
+        run_dir: PathBuf,
         /// One JSON object: {"ready": bool, "checks": [{check, verdict, seen, fix}]}.
         #[arg(long)]
         json: bool,
@@ -531,6 +547,15 @@ pub enum Command {
         /// Keep the temporary data directory (its path is printed).
         #[arg(long)]
         keep: bool,
+        /// Where live supervisors register (the supervisor's --run-dir): quickstart's
+        /// supervisor registers there, and its host-id check reads it.
+        #[arg(
+            long,
+            value_name = "DIR",
+            env = "TOLLGATE_RUN_DIR",
+            default_value = tollgate_daemon::host::DEFAULT_RUN_DIR
+        )]
+        run_dir: PathBuf,
     },
 }
 

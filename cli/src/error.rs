@@ -19,6 +19,13 @@ pub enum CliError {
     /// The connection failed under a call, before the daemon answered it.
     #[error("the connection to the daemon failed before it answered ({0}); a daemon serving TLS refuses plaintext (pass --ca) and one requiring client certificates refuses clients without one (pass --cert and --key)")]
     ConnectionFailed(String),
+    /// The supervisor went away while a run was being followed: stopped, crashed or
+    /// restarted (the run goes on under a supervisor with --live-restore).
+    #[error("the supervisor stopped or restarted while run {run_id} was going on (with --live-restore the run goes on): follow it with `tollgate watch {run_id}`")]
+    SupervisorGone {
+        /// The run that was followed.
+        run_id: String,
+    },
     /// A daemon answered with an error.
     #[error("refused ({code}): {message}")]
     Refused {
@@ -111,8 +118,10 @@ impl CliError {
     /// The process exit code (sysexits-style; 1 for an invalid receipt).
     pub fn exit_code(&self) -> u8 {
         match self {
-            Self::Input(_) => 66,                                       // EX_NOINPUT
-            Self::Unreachable { .. } | Self::ConnectionFailed(_) => 69, // EX_UNAVAILABLE
+            Self::Input(_) => 66, // EX_NOINPUT
+            Self::Unreachable { .. } | Self::ConnectionFailed(_) | Self::SupervisorGone { .. } => {
+                69 // EX_UNAVAILABLE
+            }
             Self::NoToken(_) => 77,
             Self::Doctor(_) => 1,
             Self::AboveCeiling(_) => 77, // EX_NOPERM

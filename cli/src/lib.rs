@@ -77,7 +77,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             action: Some(KeysCommand::Rotate),
             ..
         } => keys::rotate(global).await,
-        Command::Quickstart { keep } => quickstart::run(keep).await,
+        Command::Quickstart { keep, run_dir } => quickstart::run(keep, &run_dir).await,
         Command::Pki(PkiCommand::Init { dir, name, days }) => pki::init(&dir, &name, days),
         Command::Pki(PkiCommand::Issue {
             kind,
@@ -113,12 +113,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             shim,
             host_id_base,
             host_id_count,
+            run_dir,
             json,
         } => {
             let args = doctor::DoctorArgs {
                 data_dir,
                 shim,
                 host_ids: host_id_base..host_id_base.saturating_add(host_id_count),
+                run_dir,
                 json,
             };
             doctor::doctor(global, args).await
@@ -174,7 +176,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             };
             runs::run(global, &receipt, argv, input).await
         }
-        Command::Attach { run_id } => runs::attach(global, &run_id).await,
+        Command::Attach { run_id, read_only } => runs::attach(global, &run_id, read_only).await,
         Command::Ps { all, json } => runs::ps(global, all, json).await,
         Command::Watch { run_id, json } => runs::watch(global, &run_id, json).await,
         Command::Completions { shell } => {

@@ -64,6 +64,26 @@ impl Drop for RawMode {
     }
 }
 
+/// What the end of this process's stdin means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtEndOfInput {
+    /// The agent's input ends too (`tollgate run -i`: this process is the run's input).
+    CloseInput,
+    /// This attach ends; the agent's input stays open for the run and other attaches
+    /// (`tollgate attach`).
+    Detach,
+}
+
+/// A process wired to a run.
+pub(crate) struct Attached {
+    /// The run's events: its output, then its end.
+    pub(crate) events: tonic::Streaming<pb::RunEvent>,
+    /// Raw mode, undone when dropped.
+    pub(crate) raw: Option<RawMode>,
+    /// Completes when stdin ended with [`AtEndOfInput::Detach`]: the caller stops.
+    pub(crate) detached: tokio::sync::oneshot::Receiver<()>,
+}
+
 /// Wires this process to `run_id`: stdin (read on a thread of its own) goes in; with
 /// `terminal`, raw mode (until the returned guard drops) and resizes. Returns the run's
 /// events (its output, then its end) for the caller to show.
@@ -72,7 +92,8 @@ pub(crate) async fn attach(
     token: &str,
     run_id: &str,
     terminal: bool,
-) -> Result<(tonic::Streaming<pb::RunEvent>, Option<RawMode>), CliError> {
+    at_end: AtEndOfInput,
+) -> Result<Attached, CliError> {
     let (sender, receiver) = mpsc::channel::<pb::AttachRequest>(16);
     let first = pb::AttachRequest {
         run_id: run_id.to_owned(),
@@ -89,18 +110,27 @@ pub(crate) async fn attach(
         .into_inner();
     let raw = terminal.then(RawMode::enter);
     // stdin: read on a thread (a blocking read), sent as it comes; its end closes the
-    // agent's input (a terminal in raw mode never ends: Ctrl-D is a byte for the agent).
+    // agent's input or detaches, as `at_end` says (a terminal in raw mode never ends:
+    // Ctrl-D is a byte for the agent).
     let input = sender.clone();
+    let (detach, detached) = tokio::sync::oneshot::channel();
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin().lock();
         let mut buffer = vec![0u8; 16 << 10];
         loop {
             match stdin.read(&mut buffer) {
                 Ok(0) | Err(_) => {
-                    let _ = input.blocking_send(pb::AttachRequest {
-                        close_input: true,
-                        ..Default::default()
-                    });
+                    match at_end {
+                        AtEndOfInput::CloseInput => {
+                            let _ = input.blocking_send(pb::AttachRequest {
+                                close_input: true,
+                                ..Default::default()
+                            });
+                        }
+                        AtEndOfInput::Detach => {
+                            let _ = detach.send(());
+                        }
+                    }
                     return;
                 }
                 Ok(n) => {
@@ -134,5 +164,9 @@ pub(crate) async fn attach(
             }
         });
     }
-    Ok((events, raw))
+    Ok(Attached {
+        events,
+        raw,
+        detached,
+    })
 }

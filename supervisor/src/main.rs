@@ -48,7 +48,8 @@ struct Flags {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7701")]
     listen: String,
     /// The authority (host:port, a URL, or the path of its authority.addr readiness file):
-    /// fetch its key set and follow its revocations (reconnecting).
+    /// fetch its key set and follow its revocations (reconnecting). Given as a flag, it
+    /// replaces trust_keys of the config file (and --trust-keys replaces its authority).
     #[arg(
         long,
         value_name = "ADDR",
@@ -189,13 +190,11 @@ struct Flags {
     /// This supervisor's delegation token (`tollgate supervisor add ID --token-out FILE` on
     /// the authority): lets runs whose receipts carry a delegate grant ask for narrower child
     /// receipts through their gateway. Root-owned, mode 0600, never in a sandbox or a log.
-    /// Needs --authority. Without it, a run's Delegate call is refused as unavailable.
-    #[arg(
-        long,
-        value_name = "FILE",
-        env = "TOLLGATE_DELEGATION_TOKEN_FILE",
-        requires = "authority"
-    )]
+    /// Needs --authority (or authority in the config file). Without it, a run's Delegate
+    /// call is refused as unavailable.
+    // Not `requires = "authority"`: clap knows only the command line, and the config file
+    // may give the authority. Checked once both are merged (`settings_agree`).
+    #[arg(long, value_name = "FILE", env = "TOLLGATE_DELEGATION_TOKEN_FILE")]
     delegation_token_file: Option<PathBuf>,
     /// Log format on stderr: text (coloured only on a terminal) or json (one object a line,
     /// for journald, Loki, Elasticsearch…). The level comes from RUST_LOG (default info).
@@ -265,8 +264,23 @@ fn certificate_of(cert: Option<PathBuf>, id: &str) -> Result<Option<PathBuf>, Da
     }
 }
 
+/// `flags` with what `--config` sets and no flag or environment variable gave, checked to
+/// agree.
+fn with_config_file(flags: Flags, matches: &ArgMatches) -> Result<Flags, DaemonError> {
+    merge_config_file(flags, matches).and_then(settings_agree)
+}
+
+/// What clap cannot check because the config file may give a setting: a flag that needs
+/// another one is checked here, once the file and the flags are one.
+fn settings_agree(flags: Flags) -> Result<Flags, DaemonError> {
+    if flags.delegation_token_file.is_some() && flags.authority.is_none() {
+        return Err(DaemonError::DelegationNeedsAuthority);
+    }
+    Ok(flags)
+}
+
 /// `flags` with what `--config` sets and no flag or environment variable gave.
-fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, DaemonError> {
+fn merge_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, DaemonError> {
     let Some(path) = flags.config.clone() else {
         return Ok(flags);
     };
@@ -288,11 +302,18 @@ fn with_config_file(mut flags: Flags, matches: &ArgMatches) -> Result<Flags, Dae
             })*
         };
     }
+    // The two ways to trust keys are one setting: either given as a flag replaces the
+    // file's choice, whichever key the file used.
+    let trust_given = given("authority") || given("trust_keys");
     fill!(
         data_dir => Some,
         id => Some,
-        authority => Some,
-        trust_keys => Some,
+    );
+    if !trust_given {
+        flags.authority = file.authority;
+        flags.trust_keys = file.trust_keys;
+    }
+    fill!(
         authority_ca => Some,
         tls_cert => Some,
         tls_key => Some,

@@ -612,6 +612,73 @@ fn doctor_checks_this_host_and_names_each_fix() {
     assert_eq!(check("landlock")["verdict"], "fail");
 }
 
+/// `tollgate doctor` looks for live supervisors where they register: `--run-dir` or
+/// `TOLLGATE_RUN_DIR`, as the supervisor does. A range a live supervisor holds fails (that
+/// supervisor would be refused); the one the supervisor of `--data-dir` holds is its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_sees_a_live_supervisors_host_ids_in_its_run_dir() {
+    if !tollgate_tests::require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let run_dir = dir.path().join("run");
+    let supervisor = tollgate_tests::SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "doctor-run-dir",
+        203_900,
+        vec!["--run-dir".into(), run_dir.display().to_string()],
+    );
+    let doctor = |by_environment: bool, args: &[&str]| {
+        let mut command = Command::new(bin_path("tollgate"));
+        command
+            .env_remove("TOLLGATE_RUN_DIR")
+            .args(["doctor", "--json", "--host-id-base", "203900"])
+            .args(["--host-id-count", "64"])
+            .args(args);
+        if by_environment {
+            command.env("TOLLGATE_RUN_DIR", &run_dir);
+        } else {
+            command.arg("--run-dir").arg(&run_dir);
+        }
+        let output = command.output().unwrap();
+        let report: serde_json::Value =
+            serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {output:?}"));
+        let check = report["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["check"] == "host ids")
+            .unwrap()
+            .clone();
+        (output, check)
+    };
+    for by_environment in [false, true] {
+        let (output, check) = doctor(by_environment, &[]);
+        assert_eq!(
+            check["verdict"], "fail",
+            "environment {by_environment}: {check}"
+        );
+        let seen = check["seen"].as_str().unwrap();
+        assert!(
+            seen.contains("supervisor workstation") && seen.contains("203900..203964"),
+            "{check}"
+        );
+        assert_eq!(output.status.code(), Some(1), "{output:?}");
+    }
+    let data_dir = supervisor.data_dir().display().to_string();
+    let (_, check) = doctor(false, &["--data-dir", &data_dir]);
+    assert_eq!(check["verdict"], "ok", "{check}");
+    assert!(
+        check["seen"]
+            .as_str()
+            .unwrap()
+            .contains("held by the supervisor of --data-dir itself: supervisor workstation"),
+        "{check}"
+    );
+}
+
 /// `tollgate classify --explain-policy` lists every detector with its level and what it finds;
 /// a routes file's `[policy.levels]` changes a level (here: emails medium), and an unknown
 /// detector there is refused, naming it.

@@ -1030,3 +1030,325 @@ async fn live_restore_re_adopts_a_running_sandbox_and_a_detached_one_expires_on_
     });
     wait_state(&supervisor, &crashed, pb::RunState::Lost).await;
 }
+
+/// A supervisor that is refused — its data directory in use, or a setting that does not
+/// load — leaves the live one's files alone: `supervisor.addr` (what every client reads)
+/// stays, and the live supervisor goes on answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_start_leaves_the_live_supervisors_address_file_alone() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let live = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "refused-start",
+        203_400,
+    );
+    let addr_file = live.data_dir().join("supervisor.addr");
+    let written = std::fs::read_to_string(&addr_file).unwrap();
+    let missing_keys = dir.path().join("no-such-keys.json").display().to_string();
+    let refusals: [(&[&str], i32); 2] = [
+        // The same data directory: refused for the lock.
+        (&["--authority", authority.addr()], 75),
+        // A key file that does not load: refused as a setting.
+        (&["--trust-keys", &missing_keys], 78),
+    ];
+    for (flags, code) in refusals {
+        let refused = Command::new(bin_path("tollgate-supervisor"))
+            .arg("--data-dir")
+            .arg(live.data_dir())
+            .args(["--id", "workstation", "--listen", "127.0.0.1:0"])
+            .args(["--cgroup-parent", "tollgate-test-refused-start-second"])
+            .args(["--host-id-base", "203500", "--host-id-count", "16"])
+            .args(flags)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(code), "{flags:?}: {stderr}");
+        assert_eq!(
+            std::fs::read_to_string(&addr_file).ok().as_deref(),
+            Some(written.as_str()),
+            "{flags:?} ({stderr}) touched the live supervisor's address file"
+        );
+    }
+    let _ = tollgate_supervisor::cgroup::sweep("tollgate-test-refused-start-second", true);
+    // Still answering at the address clients read.
+    let info = live
+        .client()
+        .await
+        .get_supervisor_info(pb::GetSupervisorInfoRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.supervisor_id, "workstation");
+}
+
+/// `--delegation-token-file` (or its environment variable) beside `authority` in the config
+/// file: the flag needs an authority, and the file gives it — no flag has to repeat a key
+/// the file already sets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delegation_token_flag_takes_the_authority_from_the_config_file() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let data = dir.path().join("supervisor");
+    let token_file = dir.path().join("delegation.token");
+    authority
+        .add_supervisor_token_file("workstation", &token_file)
+        .await;
+    let parent = format!("tollgate-test-{}-delegation-config", std::process::id());
+    let config = dir.path().join("supervisor.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = {:?}\nid = \"workstation\"\nauthority = {:?}\nlisten = \"127.0.0.1:0\"\n\
+             cgroup_parent = {parent:?}\nhost_id_base = 203600\nhost_id_count = 16\n\
+             clock_skew = 0\n",
+            data.display().to_string(),
+            authority.addr(),
+        ),
+    )
+    .unwrap();
+    tollgate_tests::private_dir(&data);
+    for by_environment in [false, true] {
+        let log = dir.path().join("supervisor.stderr");
+        let mut command = Command::new(bin_path("tollgate-supervisor"));
+        command.arg("--config").arg(&config);
+        if by_environment {
+            command.env("TOLLGATE_DELEGATION_TOKEN_FILE", &token_file);
+        } else {
+            command.arg("--delegation-token-file").arg(&token_file);
+        }
+        let mut child = command
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let ready = tollgate_tests::wait_for_file(
+            &data.join("supervisor.addr"),
+            &mut child,
+            Duration::from_secs(30),
+        );
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            Signal::SIGTERM,
+        );
+        let _ = child.wait();
+        let _ = tollgate_supervisor::cgroup::sweep(&parent, true);
+        let _ = std::fs::remove_file(tollgate_supervisor::daemon::host::registration_path(
+            std::path::Path::new(tollgate_supervisor::daemon::host::DEFAULT_RUN_DIR),
+            &data,
+        ));
+        let stderr = std::fs::read_to_string(&log).unwrap();
+        ready.unwrap_or_else(|why| panic!("environment {by_environment}: {why}: {stderr}"));
+    }
+}
+
+/// Runs `tollgate` against `supervisor` with its admin token.
+fn tollgate_at(supervisor: &SupervisorProcess) -> Command {
+    let mut command = Command::new(bin_path("tollgate"));
+    command
+        .args(["--supervisor", supervisor.addr()])
+        .arg("--token-file")
+        .arg(supervisor.token_file());
+    command
+}
+
+/// Waits (20 s at most) for `child` to exit; its output.
+fn exited(mut child: std::process::Child) -> std::process::Output {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().unwrap();
+            panic!("tollgate did not exit: {output:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `tollgate attach` whose stdin ends detaches that attach only: the agent's input stays
+/// open for the run and every other attach. `attach --read-only` shows the output and sends
+/// nothing, whatever its stdin holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_whose_stdin_ends_leaves_the_agents_input_open() {
+    use std::io::Write as _;
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "attach-eof",
+        203_700,
+    );
+    let script = "while IFS= read -r line; do echo \"got $line\"; done; echo eof; exit 4";
+    let (text, run_id) = mint(&authority, spec(script, 120)).await;
+    let mut client = supervisor.client().await;
+    client
+        .start_run(authed(
+            &supervisor.token(),
+            pb::StartRunRequest {
+                receipt: text,
+                argv: vec![],
+                stdin: true,
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap();
+    wait_state(&supervisor, &run_id, pb::RunState::Running).await;
+
+    let detached = exited(
+        tollgate_at(&supervisor)
+            .args(["attach", &run_id])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(detached.status.code(), Some(0), "{detached:?}");
+    wait_state(&supervisor, &run_id, pb::RunState::Running).await;
+
+    // Read-only: what it reads from stdin goes nowhere.
+    let mut watcher = tollgate_at(&supervisor)
+        .args(["attach", "--read-only", &run_id])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = watcher.stdin.take().unwrap();
+    stdin.write_all(b"nope\n").unwrap();
+    drop(stdin);
+
+    // Another client's input still reaches the agent; its end of input ends the agent's.
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    sender
+        .send(pb::AttachRequest {
+            run_id: run_id.clone(),
+            input: b"hello\n".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    sender
+        .send(pb::AttachRequest {
+            close_input: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut events = client
+        .attach(authed(
+            &supervisor.token(),
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut printed = String::new();
+    while let Some(event) = tokio::time::timeout(Duration::from_secs(20), events.message())
+        .await
+        .expect("the run's output")
+        .unwrap()
+    {
+        match event.event {
+            Some(pb::run_event::Event::Output(chunk)) => {
+                printed.push_str(&String::from_utf8_lossy(&chunk.data));
+            }
+            Some(pb::run_event::Event::Ended(_)) => break,
+            None => {}
+        }
+    }
+    drop(sender);
+    assert_eq!(printed, "got hello\neof\n");
+    let watched = exited(watcher);
+    assert_eq!(watched.status.code(), Some(4), "{watched:?}");
+    assert_eq!(String::from_utf8_lossy(&watched.stdout), "got hello\neof\n");
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+}
+
+/// `tollgate run` whose supervisor restarts with live restore under it: one line naming the
+/// restart and `tollgate watch RUN` (not a TLS hint), exit 69; the run goes on, and `watch`
+/// follows it to its end on the new supervisor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tollgate_run_across_a_live_restore_restart_points_at_watch() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start_with_flags(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "run-restart",
+        203_800,
+        vec!["--live-restore".into()],
+    );
+    let script = "echo before; : > /work/started; while [ ! -e /work/go ]; do sleep 0.05; done; \
+                  echo after; exit 5";
+    let (text, run_id) = mint(&authority, spec(script, 120)).await;
+    let receipt = dir.path().join("r.tgr");
+    std::fs::write(&receipt, &text).unwrap();
+    let running = tollgate_at(&supervisor)
+        .args(["run", "--receipt"])
+        .arg(&receipt)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `tollgate run` starts it; the agent marks its workspace once it runs.
+    let started = supervisor
+        .data_dir()
+        .join("runs")
+        .join(&run_id)
+        .join("work/started");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !started.exists() {
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let supervisor = supervisor.restart(Signal::SIGTERM);
+    let cut = exited(running);
+    let stderr = String::from_utf8_lossy(&cut.stderr);
+    assert_eq!(cut.status.code(), Some(69), "{cut:?}");
+    assert!(
+        stderr.contains("restarted")
+            && stderr.contains(&format!("tollgate watch {run_id}"))
+            && !stderr.contains("TLS")
+            && stderr.trim().lines().count() == 1,
+        "{stderr}"
+    );
+    std::fs::write(
+        supervisor
+            .data_dir()
+            .join("runs")
+            .join(&run_id)
+            .join("work/go"),
+        "",
+    )
+    .unwrap();
+    let watched = tollgate_at(&supervisor)
+        .args(["watch", &run_id])
+        .output()
+        .unwrap();
+    assert_eq!(watched.status.code(), Some(5), "{watched:?}");
+    assert!(
+        String::from_utf8_lossy(&watched.stdout).contains("after"),
+        "{watched:?}"
+    );
+    assert!(leftovers(supervisor.data_dir(), &supervisor.cgroup_parent).is_empty());
+}

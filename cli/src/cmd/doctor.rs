@@ -76,12 +76,24 @@ pub(crate) struct DoctorArgs {
     pub(crate) shim: Option<PathBuf>,
     /// The host ids the supervisor would hand out.
     pub(crate) host_ids: std::ops::Range<u32>,
+    /// Where live supervisors register (the supervisor's `--run-dir`).
+    pub(crate) run_dir: PathBuf,
     /// One JSON object instead of text.
     pub(crate) json: bool,
 }
 
+/// Where the supervisor planned is registered, or would register.
+struct Planned<'a> {
+    /// The host ids it would hand out.
+    host_ids: &'a std::ops::Range<u32>,
+    /// Where live supervisors register.
+    run_dir: &'a Path,
+    /// Its data directory: a live claim of this directory is its own.
+    data_dir: Option<&'a Path>,
+}
+
 /// The checks of this host alone (no data directory, no authority).
-fn host_checks(shim: Option<&Path>, ids: &std::ops::Range<u32>) -> Vec<Check> {
+fn host_checks(shim: Option<&Path>, planned: &Planned<'_>) -> Vec<Check> {
     vec![
         root(),
         user_namespaces(),
@@ -90,7 +102,7 @@ fn host_checks(shim: Option<&Path>, ids: &std::ops::Range<u32>) -> Vec<Check> {
         cgroups(),
         memfd_noexec(),
         idmapped_mounts(),
-        host_ids(ids),
+        host_ids(planned),
     ]
 }
 
@@ -110,15 +122,25 @@ fn print(checks: &[Check]) {
 }
 
 /// For `tollgate quickstart`: the host checks, printed; how many failed.
-pub(crate) fn check_host(ids: &std::ops::Range<u32>) -> usize {
-    let checks = host_checks(None, ids);
+pub(crate) fn check_host(ids: &std::ops::Range<u32>, run_dir: &Path) -> usize {
+    let planned = Planned {
+        host_ids: ids,
+        run_dir,
+        data_dir: None,
+    };
+    let checks = host_checks(None, &planned);
     print(&checks);
     checks.iter().filter(|c| c.verdict == Verdict::Fail).count()
 }
 
 /// Runs every check; `Err` (exit 1) when one fails.
 pub(crate) async fn doctor(global: &GlobalArgs, args: DoctorArgs) -> Result<(), CliError> {
-    let mut checks = host_checks(args.shim.as_deref(), &args.host_ids);
+    let planned = Planned {
+        host_ids: &args.host_ids,
+        run_dir: &args.run_dir,
+        data_dir: args.data_dir.as_deref(),
+    };
+    let mut checks = host_checks(args.shim.as_deref(), &planned);
     if let Some(dir) = &args.data_dir {
         checks.push(data_dir(dir));
     }
@@ -398,8 +420,11 @@ fn idmapped_mounts() -> Check {
     }
 }
 
-/// The host ids must be free: no user of this host and no live supervisor holds them.
-fn host_ids(range: &std::ops::Range<u32>) -> Check {
+/// The host ids must be free: no user of this host and no live supervisor registered in the
+/// run directory holds them (that supervisor would refuse this one), unless it is the
+/// supervisor of the data directory checked: then they are its own.
+fn host_ids(planned: &Planned<'_>) -> Check {
+    let range = planned.host_ids;
     let users: Vec<String> = read("/etc/passwd")
         .unwrap_or_default()
         .lines()
@@ -423,37 +448,77 @@ fn host_ids(range: &std::ops::Range<u32>) -> Check {
             "give the supervisor another --host-id-base",
         );
     }
-    let run_dir = Path::new(tollgate_daemon::host::DEFAULT_RUN_DIR);
-    let claims: Vec<String> = match tollgate_daemon::host::live_claims(run_dir) {
-        Ok(claims) => claims
-            .iter()
-            .filter(|c| c.host_ids.start < range.end && range.start < c.host_ids.end)
-            .map(|c| format!("{} ({}..{})", c.holder(), c.host_ids.start, c.host_ids.end))
-            .collect(),
+    let run_dir = planned.run_dir;
+    let live = match tollgate_daemon::host::live_claims(run_dir) {
+        Ok(live) => live,
         Err(e) => {
             return Check::bad(
                 "host ids",
                 Verdict::Warn,
                 format!("the live supervisors' registrations cannot be read: {e}"),
-                "check /run/tollgate/supervisors",
+                format!("check {}", run_dir.join("supervisors").display()),
             )
         }
     };
-    if claims.is_empty() {
-        Check::ok("host ids", format!("{}..{} free", range.start, range.end))
-    } else {
-        Check::bad(
+    let overlapping = live
+        .iter()
+        .filter(|c| c.host_ids.start < range.end && range.start < c.host_ids.end);
+    let (own, others): (Vec<_>, Vec<_>) = overlapping.partition(|c| {
+        planned
+            .data_dir
+            .is_some_and(|dir| same_dir(dir, &c.data_dir))
+    });
+    let named = |claims: &[&tollgate_daemon::host::Claim]| {
+        claims
+            .iter()
+            .map(|c| format!("{} ({}..{})", c.holder(), c.host_ids.start, c.host_ids.end))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !others.is_empty() {
+        return Check::bad(
             "host ids",
-            Verdict::Warn,
+            Verdict::Fail,
             format!(
-                "{}..{} overlaps supervisors registered here: {}",
+                "{}..{} overlaps live supervisors registered in {}: {}",
                 range.start,
                 range.end,
-                claims.join(", ")
+                run_dir.display(),
+                named(&others)
             ),
-            "a supervisor sharing this host needs its own --host-id-base (a live one refuses the overlap)",
+            "give this supervisor its own --host-id-base (a live one refuses the overlap)",
+        );
+    }
+    if own.is_empty() {
+        Check::ok(
+            "host ids",
+            format!(
+                "{}..{} free (no live supervisor in {} holds them)",
+                range.start,
+                range.end,
+                run_dir.display()
+            ),
+        )
+    } else {
+        Check::ok(
+            "host ids",
+            format!(
+                "{}..{} held by the supervisor of --data-dir itself: {}",
+                range.start,
+                range.end,
+                named(&own)
+            ),
         )
     }
+}
+
+/// Whether two paths name one directory (as given, or resolved).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(a), Ok(b)) if a == b
+        )
 }
 
 fn data_dir(dir: &Path) -> Check {

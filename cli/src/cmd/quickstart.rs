@@ -140,13 +140,13 @@ fn indent(text: &str) -> String {
 }
 
 /// Runs the tour.
-pub(crate) async fn run(keep: bool) -> Result<(), CliError> {
+pub(crate) async fn run(keep: bool, run_dir: &Path) -> Result<(), CliError> {
     let dir = tempfile::Builder::new()
         .prefix("tollgate-quickstart-")
         .tempdir()
         .map_err(|e| CliError::Other(format!("cannot create a temporary directory: {e}")))?;
     let mut daemons = Vec::new();
-    let result = tour(dir.path(), &mut daemons).await;
+    let result = tour(dir.path(), run_dir, &mut daemons).await;
 
     step(9, "Stop the daemons");
     // The supervisor first: it tears down any run still live.
@@ -193,12 +193,16 @@ fn audit_trail(dir: &Path, run_id: &str) -> Result<(), CliError> {
 }
 
 /// The tour up to the run; returns the run's id when the sandbox part ran (as root).
-async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, CliError> {
+async fn tour(
+    dir: &Path,
+    run_dir: &Path,
+    daemons: &mut Vec<Daemon>,
+) -> Result<Option<String>, CliError> {
     step(
         0,
         "Check that this host can run a supervisor (what `tollgate doctor` does)",
     );
-    let failed = super::doctor::check_host(&quickstart_host_ids_range());
+    let failed = super::doctor::check_host(&quickstart_host_ids_range(), run_dir);
     let root = nix::unistd::geteuid().is_root();
     if failed > 0 && root {
         return Err(CliError::Doctor(failed));
@@ -213,7 +217,8 @@ async fn tour(dir: &Path, daemons: &mut Vec<Daemon>) -> Result<Option<String>, C
         return Ok(None);
     }
 
-    let (supervisor_dir, supervisor_addr) = start_supervisor(dir, &authority_addr, daemons).await?;
+    let (supervisor_dir, supervisor_addr) =
+        start_supervisor(dir, run_dir, &authority_addr, daemons).await?;
     let (run_id, run) =
         run_sample_agent(dir, &mut client, &token, &supervisor_dir, &supervisor_addr).await?;
     teardown_report(run)?;
@@ -320,6 +325,7 @@ async fn receipt_steps(client: &mut AuthorityClient<Channel>, token: &str) -> Re
 /// address.
 async fn start_supervisor(
     dir: &Path,
+    run_dir: &Path,
     authority_addr: &str,
     daemons: &mut Vec<Daemon>,
 ) -> Result<(PathBuf, String), CliError> {
@@ -347,6 +353,9 @@ async fn start_supervisor(
             quickstart_host_ids().to_string().as_ref(),
             "--host-id-count".as_ref(),
             "64".as_ref(),
+            // Where the host check looked: it registers where other supervisors do.
+            "--run-dir".as_ref(),
+            run_dir.as_os_str(),
         ],
         &supervisor_dir.join("supervisor.addr"),
         &dir.join("supervisor.log"),

@@ -183,23 +183,51 @@ pub(crate) async fn run(
         RunInput::None => follow(&mut client, &token, &started.run_id, Display::Plain).await,
         RunInput::Stdin | RunInput::Terminal => {
             let terminal = input == RunInput::Terminal;
-            let (events, _raw) =
-                crate::terminal::attach(&mut client, &token, &started.run_id, terminal).await?;
-            show_events(events, &started.run_id, Display::Plain).await
+            // The run's own input: its end is the agent's end of input.
+            let attached = crate::terminal::attach(
+                &mut client,
+                &token,
+                &started.run_id,
+                terminal,
+                crate::terminal::AtEndOfInput::CloseInput,
+            )
+            .await?;
+            show_events(attached.events, &started.run_id, Display::Plain).await
         }
     }
 }
 
 /// `tollgate attach RUN`: raw mode when this is a terminal (the run's may be a pipe: keys are
-/// then sent as typed, without local line editing).
-pub(crate) async fn attach(global: &GlobalArgs, run_id: &str) -> Result<(), CliError> {
+/// then sent as typed, without local line editing). The end of stdin detaches this attach
+/// only; `read_only` sends nothing at all (the run's output, as `watch` without the status
+/// line).
+pub(crate) async fn attach(
+    global: &GlobalArgs,
+    run_id: &str,
+    read_only: bool,
+) -> Result<(), CliError> {
     use std::io::IsTerminal as _;
     let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
-    let (events, _raw) =
-        crate::terminal::attach(&mut client, &token, run_id, std::io::stdin().is_terminal())
-            .await?;
-    show_events(events, run_id, Display::Plain).await
+    if read_only {
+        // WatchRun carries no input at all: nothing this process reads can reach the agent.
+        return follow(&mut client, &token, run_id, Display::Plain).await;
+    }
+    let attached = crate::terminal::attach(
+        &mut client,
+        &token,
+        run_id,
+        std::io::stdin().is_terminal(),
+        crate::terminal::AtEndOfInput::Detach,
+    )
+    .await?;
+    let _raw = attached.raw;
+    let mut detached = attached.detached;
+    tokio::select! {
+        shown = show_events(attached.events, run_id, Display::Plain) => shown,
+        // Only this attach ends; the agent's input stays open for everyone else.
+        Ok(()) = &mut detached => Ok(()),
+    }
 }
 
 /// What `tollgate run` gives the agent as stdin.
@@ -287,13 +315,25 @@ async fn show_events(
                 continue;
             }
         };
-        let Some(event) = event else {
-            clear();
-            return Err(CliError::Other(
-                "the supervisor closed the run's stream early".into(),
-            ));
+        // The stream ends before the run's end only when the supervisor goes away: a stop,
+        // a crash, or a restart (with --live-restore the run goes on, and a new supervisor
+        // has it).
+        let gone = || CliError::SupervisorGone {
+            run_id: run_id.to_owned(),
         };
-        match event?.event {
+        let event = match event {
+            Some(Ok(event)) => event,
+            Some(Err(status)) if lost_connection(&status) => {
+                clear();
+                return Err(gone());
+            }
+            Some(Err(status)) => return Err(status.into()),
+            None => {
+                clear();
+                return Err(gone());
+            }
+        };
+        match event.event {
             Some(pb::run_event::Event::Output(chunk)) => {
                 bytes += chunk.data.len();
                 show_output(&chunk, display);
@@ -305,6 +345,16 @@ async fn show_events(
             None => {}
         }
     }
+}
+
+/// Whether `status` is the connection failing under a stream (made by the client's own
+/// transport, or the server going away), not the daemon's answer.
+fn lost_connection(status: &tonic::Status) -> bool {
+    std::error::Error::source(status).is_some()
+        || matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Cancelled
+        )
 }
 
 /// One chunk of the agent's output, as `display` shows it.

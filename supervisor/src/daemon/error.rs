@@ -76,7 +76,7 @@ pub enum DaemonError {
         detail: String,
     },
     /// A delegation token without an authority to ask.
-    #[error("--delegation-token-file needs --authority (delegation asks the authority)")]
+    #[error("--delegation-token-file needs an authority: give --authority (or authority in the config file), not --trust-keys; delegation asks the authority")]
     DelegationNeedsAuthority,
     /// The audit log's redaction could not be set up.
     #[error("audit redaction: {0}")]

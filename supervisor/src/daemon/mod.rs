@@ -1,5 +1,6 @@
 //! The `tollgate-supervisor` daemon, in the same shape as the authority's:
-//! [`Supervisor::open`] (blocking: the data directory, its lock, its claim on the host's
+//! [`Supervisor::open`] (blocking: the data directory, its lock ([`lock_data_dir`], taken
+//! before anything in the directory is written or removed), its claim on the host's
 //! cgroup parent and host ids ([`host`]), the admin token, the audit
 //! log and the run manager with its crash recovery), [`Supervisor::run`] (serves on a bound
 //! listener until `shutdown`, then tears every run down), and [`serve`] (trust, open, bind,
@@ -67,10 +68,17 @@ impl Supervisor {
     /// are marked lost and their cgroups swept), and gives it the model routes and the
     /// delegation link. Blocking.
     pub fn open(config: SupervisorConfig, keys: KeySet) -> Result<Self, DaemonError> {
+        let lock = lock_data_dir(&config.runs.data_dir)?;
+        Self::open_locked(config, keys, lock)
+    }
+
+    /// [`Self::open`] with the data directory's lock already taken ([`lock_data_dir`]).
+    pub fn open_locked(
+        config: SupervisorConfig,
+        keys: KeySet,
+        lock: DataDirLock,
+    ) -> Result<Self, DaemonError> {
         let data_dir = config.runs.data_dir.clone();
-        // Receipts, run records and the audit log are in it: 0700, or refused with the chmod.
-        tollgate_audit::ensure_private_dir(&data_dir).map_err(DaemonError::DataDir)?;
-        let lock = DataDirLock::acquire(&data_dir)?;
         // Before the run manager sweeps the parent: it must be this supervisor's alone.
         let claim = host::HostRegistration::register(
             &config.run_dir,
@@ -287,6 +295,15 @@ fn request_limits(callers: CallerCheck) -> RequestLimits {
         .build()
 }
 
+/// Takes the data directory (made 0700 if missing: receipts, run records and the audit log
+/// are in it; refused with the chmod if others may enter it) for this process. Nothing in it
+/// is written or removed before this: a supervisor refused here leaves a live one's files
+/// (its `supervisor.addr`) alone.
+pub fn lock_data_dir(data_dir: &Path) -> Result<DataDirLock, DaemonError> {
+    tollgate_audit::ensure_private_dir(data_dir).map_err(DaemonError::DataDir)?;
+    Ok(DataDirLock::acquire(data_dir)?)
+}
+
 /// Reads or (on first start) creates the admin token (0600); returns its hash.
 fn admin_token(data_dir: &Path) -> Result<[u8; 32], DaemonError> {
     let path = data_dir.join(TOKEN_FILE);
@@ -316,17 +333,26 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let addr_path = config.runs.data_dir.join(ADDR_FILE);
-    // Never mistaken for readiness while trust is fetched (a crash may have left one).
+    // A key file is a setting: checked before the data directory is touched.
+    let pinned = match &config.trust {
+        Trust::KeyFile(path) => Some(read_key_file(path)?),
+        Trust::Authority(_) => None,
+    };
+    // The lock before anything in the directory is written or removed: a second supervisor
+    // started on it must leave the live one's files alone.
+    let data_dir = config.runs.data_dir.clone();
+    let lock = tokio::task::spawn_blocking(move || lock_data_dir(&data_dir)).await??;
+    // Ours now, so any address file is a stale one from a crashed run: it must never be
+    // mistaken for readiness while trust is fetched.
     let _ = std::fs::remove_file(&addr_path);
-    let keys = match &config.trust {
-        Trust::KeyFile(path) => read_key_file(path)?,
-        Trust::Authority(url) => trust::initial_keys(url).await?,
+    let keys = match (pinned, &config.trust) {
+        (Some(keys), _) => keys,
+        (None, Trust::KeyFile(path)) => read_key_file(path)?,
+        (None, Trust::Authority(url)) => trust::initial_keys(url).await?,
     };
     let listen = config.listen.clone();
-    let supervisor = tokio::task::spawn_blocking(move || Supervisor::open(config, keys)).await??;
-    // We hold the directory lock now, so any address file is a stale one from a crashed
-    // run: it must never be mistaken for readiness.
-    let _ = std::fs::remove_file(&addr_path);
+    let supervisor =
+        tokio::task::spawn_blocking(move || Supervisor::open_locked(config, keys, lock)).await??;
     supervisor.follow_authority().await?;
     // Before readiness: from the moment clients may connect, a SIGHUP reloads, never kills.
     reload::on_hangup(
