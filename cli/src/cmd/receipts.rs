@@ -30,7 +30,7 @@ pub async fn mint_with(
 ) -> Result<pb::MintReceiptResponse, CliError> {
     let request = RunSpec::parse(spec_text)
         .and_then(|spec| spec.to_request())
-        .map_err(|e| CliError::Input(format!("{spec_name}: {e}")))?;
+        .map_err(|e| CliError::Input(e.in_file(spec_name)))?;
     Ok(client
         .mint_receipt(authed(token, request)?)
         .await?
@@ -48,7 +48,7 @@ pub(crate) async fn check_mint(
     let token = global.tokens().token()?;
     let request = RunSpec::parse(&text)
         .and_then(|spec| spec.to_request())
-        .map_err(|e| CliError::Input(format!("{}: {e}", spec.display())))?;
+        .map_err(|e| CliError::Input(e.in_file(&spec.display().to_string())))?;
     let mut client = connect(&global.authority, &global.tls()).await?;
     let checked = client
         .check_mint(authed(&token, request)?)
