@@ -1180,7 +1180,7 @@ async fn authority_metrics_are_scraped_and_parsed() {
     let data = authority.data_dir().to_owned();
     drop(client);
     drop(_watching);
-    assert!(authority.stop(nix::sys::signal::Signal::SIGTERM).success());
+    assert!(authority.stop(Signal::SIGTERM).success());
     assert!(!data.join("authority.addr").exists());
     assert!(!data.join("metrics.addr").exists(), "metrics.addr left");
 }
