@@ -95,12 +95,8 @@ impl AuthorityConfig {
                 let text = std::fs::read_to_string(path).map_err(|e| {
                     AuthorityError::Config(format!("cannot read {}: {e}", path.display()))
                 })?;
-                toml::from_str(&text).map_err(|e| {
-                    AuthorityError::Config(format!(
-                        "{}: {}",
-                        path.display(),
-                        e.message().replace('\n', " ")
-                    ))
+                tollgate_receipt::spec::parse_toml(&text).map_err(|problem| {
+                    AuthorityError::Config(problem.in_file(&path.display().to_string()))
                 })?
             }
             None => ConfigFile::default(),

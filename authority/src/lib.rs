@@ -471,8 +471,12 @@ pub async fn serve(
         .map_err(AuthorityError::write_file(&addr_path))?;
     tracing::info!(addr = %bound, "authority listening");
     tollgate_daemon::systemd::ready(&format!("listening on {bound}"));
+    let data_dir = opened.config.data_dir.clone();
     let result = opened.run(listener, shutdown).await;
     tollgate_daemon::systemd::stopping();
     let _ = std::fs::remove_file(&addr_path);
+    // Every readiness file goes on a clean stop: none may be mistaken for a live listener.
+    let _ = std::fs::remove_file(data_dir.join("metrics.addr"));
+    let _ = std::fs::remove_file(data_dir.join("health.addr"));
     result
 }

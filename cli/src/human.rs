@@ -35,6 +35,43 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
+/// Rows (the first is the header) as aligned lines: each cell escaped as [`line`] does, each
+/// column but the last as wide as its widest cell plus two spaces, so no value, however long,
+/// pushes the columns after it out of line. Print the lines as they are (they are escaped).
+pub fn table(rows: &[Vec<String>]) -> Vec<String> {
+    let shown: Vec<Vec<String>> = rows
+        .iter()
+        .map(|row| row.iter().map(|cell| line(cell)).collect())
+        .collect();
+    let columns = shown.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            shown
+                .iter()
+                .filter_map(|row| row.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    shown
+        .iter()
+        .map(|row| {
+            let mut text = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                if c + 1 == row.len() {
+                    text.push_str(cell);
+                } else {
+                    let pad = widths[c] + 2 - cell.chars().count();
+                    text.push_str(cell);
+                    text.extend(std::iter::repeat_n(' ', pad));
+                }
+            }
+            text
+        })
+        .collect()
+}
+
 /// Prints one line of a human view to stdout, escaped with [`line`]. `say!()` prints an
 /// empty line; a view of several lines says each.
 macro_rules! say {
@@ -67,5 +104,27 @@ mod tests {
         // Printable non-ASCII stays as it is.
         assert_eq!(line("µs · naïve"), "µs · naïve");
         assert!(!line("\u{85}\u{1b}").chars().any(char::is_control));
+    }
+
+    #[test]
+    fn table_columns_fit_their_longest_cell() {
+        let rows = [
+            vec!["RUN".into(), "SUBJECT".into(), "REASON".into()],
+            vec![
+                "r1".into(),
+                "a-subject-longer-than-its-column-was".into(),
+                "stopped".into(),
+            ],
+            vec!["r2\n".into(), "s".into(), "x".into()],
+        ];
+        let lines = table(&rows);
+        assert_eq!(
+            lines,
+            [
+                "RUN   SUBJECT                               REASON",
+                "r1    a-subject-longer-than-its-column-was  stopped",
+                "r2\\n  s                                     x",
+            ]
+        );
     }
 }

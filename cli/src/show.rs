@@ -30,8 +30,14 @@ pub fn relative(t: Option<&Timestamp>) -> String {
     }
 }
 
-fn size(bytes: u64) -> String {
-    bytesize::ByteSize::b(bytes).display().iec().to_string()
+/// A byte count for people: `256 MiB`, `1.5 KiB`, `12 B` (JSON output keeps the number).
+pub(crate) fn size(bytes: u64) -> String {
+    // A whole number of units without its `.0`: `256 MiB`, not `256.0 MiB`.
+    bytesize::ByteSize::b(bytes)
+        .display()
+        .iec()
+        .to_string()
+        .replace(".0 ", " ")
 }
 
 pub use tollgate_receipt::spec::{access_name as access, sensitivity_name as sensitivity};

@@ -40,7 +40,7 @@ pub enum AmendmentError {
         run: String,
     },
     /// Minted too long ago (or in the future).
-    #[error("amendment minted at unix {issued_at} is not fresh (at most {MAX_AMENDMENT_AGE} s old); ask the authority for a new one")]
+    #[error("amendment minted at {} is not fresh (at most {MAX_AMENDMENT_AGE} s old); ask the authority for a new one", crate::rfc3339(*issued_at))]
     Stale {
         /// When it says it was minted.
         issued_at: i64,
@@ -152,8 +152,9 @@ pub fn check_widening(
             return Err(AmendmentError::NotAWidening {
                 field: "expires_at".into(),
                 reason: format!(
-                    "unix {} is before the receipt's expiry (unix {expiry}); narrowing needs no amendment",
-                    new.seconds
+                    "{} is before the receipt's expiry ({}); narrowing needs no amendment",
+                    crate::rfc3339(new.seconds),
+                    crate::rfc3339(expiry)
                 ),
             });
         }

@@ -319,8 +319,8 @@ fn check_window(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
     };
     if start(child) < start(parent) {
         return Err((
-            format!("not_before = unix {}", start(child).0),
-            format!("it is valid from unix {}", start(parent).0),
+            format!("not_before = {}", crate::rfc3339(start(child).0)),
+            format!("it is valid from {}", crate::rfc3339(start(parent).0)),
         ));
     }
     let expiry = |r: &pb::Receipt| r.expires_at.as_ref().map_or(0, |t| t.seconds);
@@ -331,8 +331,8 @@ fn check_window(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
     };
     if expiry_ns(child) > expiry_ns(parent) {
         return Err((
-            format!("expires_at = unix {}", expiry(child)),
-            format!("it expires at unix {}", expiry(parent)),
+            format!("expires_at = {}", crate::rfc3339(expiry(child))),
+            format!("it expires at {}", crate::rfc3339(expiry(parent))),
         ));
     }
     Ok(())
@@ -595,7 +595,7 @@ mod tests {
             nanos: 0,
         });
         assert!(check_within(&p, &c).unwrap_err().to_string().contains(
-            "not_before = unix 99 is above parent receipt P's grants (it is valid from unix 100)"
+            "not_before = 1970-01-01T00:01:39Z is above parent receipt P's grants (it is valid from 1970-01-01T00:01:40Z)"
         ));
         let mut c = narrower();
         c.routes[0].max_sensitivity = pb::Sensitivity::Unspecified as i32;
@@ -620,7 +620,7 @@ mod tests {
             seconds: 2_001,
             nanos: 0,
         });
-        assert!(refused(c).contains("it expires at unix 2000"));
+        assert!(refused(c).contains("it expires at 1970-01-01T00:33:20Z"));
         let mut c = narrower();
         c.delegate = Some(pb::Delegation {
             max_depth: 2,

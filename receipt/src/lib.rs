@@ -24,7 +24,7 @@ pub mod spec;
 mod time;
 mod verify;
 
-pub use time::{timestamp_from_unix, timestamp_to_unix, unix_now};
+pub use time::{rfc3339, timestamp_from_unix, timestamp_to_unix, unix_now};
 pub use tollgate_proto::v1::{Receipt, SignedReceipt};
 pub use verify::{
     verify_ed25519_strict, KeySet, KeySetError, NoRevocations, ReceiptVerifier, RevocationList,

@@ -22,3 +22,26 @@ pub fn timestamp_from_unix(seconds: i64) -> Timestamp {
 pub fn timestamp_to_unix(timestamp: &Timestamp) -> i64 {
     timestamp.seconds
 }
+
+/// Unix seconds as a date for people: RFC 3339 in UTC (`2026-12-05T03:20:00Z`); a time past
+/// the year 9999 (or before 1970) as `unix N`, which RFC 3339 cannot write.
+pub fn rfc3339(seconds: i64) -> String {
+    match u64::try_from(seconds) {
+        Ok(s) if s <= 253_402_300_799 => {
+            humantime::format_rfc3339_seconds(UNIX_EPOCH + std::time::Duration::from_secs(s))
+                .to_string()
+        }
+        _ => format!("unix {seconds}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_for_people_are_rfc3339_utc() {
+        assert_eq!(rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+        assert_eq!(rfc3339(-1), "unix -1");
+    }
+}

@@ -31,7 +31,7 @@ pub enum VerifyError {
         key_id: String,
     },
     /// `not_before` is still in the future (beyond the clock skew).
-    #[error("receipt {receipt_id} is not valid until unix time {not_before} (now {now})")]
+    #[error("receipt {receipt_id} is not valid until {} (now {})", crate::rfc3339(*not_before), crate::rfc3339(*now))]
     NotYetValid {
         /// The receipt's id.
         receipt_id: String,
@@ -41,7 +41,7 @@ pub enum VerifyError {
         now: i64,
     },
     /// `expires_at` has passed (beyond the clock skew).
-    #[error("receipt {receipt_id} expired at unix time {expires_at} (now {now})")]
+    #[error("receipt {receipt_id} expired at {} (now {})", crate::rfc3339(*expires_at), crate::rfc3339(*now))]
     Expired {
         /// The receipt's id.
         receipt_id: String,
@@ -362,4 +362,31 @@ fn check_structure(receipt: &Receipt, envelope_key_id: &str) -> Result<(), Verif
         return Err(VerifyError::malformed("receipt has an empty audience"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod date_tests {
+    use super::*;
+
+    #[test]
+    fn validity_errors_show_dates_not_unix_seconds() {
+        let expired = VerifyError::Expired {
+            receipt_id: "r".into(),
+            expires_at: 1_700_000_000,
+            now: 1_700_000_060,
+        }
+        .to_string();
+        assert_eq!(
+            expired,
+            "receipt r expired at 2023-11-14T22:13:20Z (now 2023-11-14T22:14:20Z)"
+        );
+        let early = VerifyError::NotYetValid {
+            receipt_id: "r".into(),
+            not_before: 1_700_000_060,
+            now: 1_700_000_000,
+        }
+        .to_string();
+        assert!(early.contains("until 2023-11-14T22:14:20Z"), "{early}");
+        assert!(!early.contains("unix"), "{early}");
+    }
 }

@@ -547,9 +547,15 @@ impl Routes {
 
     /// Parses and validates the text of a routes file (`file` names it in errors).
     pub fn parse(text: &str, file: &str) -> Result<Self, RoutesError> {
-        let raw: RawFile = toml::from_str(text).map_err(|e| RoutesError::Parse {
-            file: file.to_owned(),
-            detail: e.message().to_owned(),
+        let raw: RawFile = tollgate_receipt::spec::parse_toml(text).map_err(|problem| {
+            RoutesError::Parse {
+                // `routes.toml:3`: the line where the TOML was wrong.
+                file: match problem.line {
+                    0 => file.to_owned(),
+                    line => format!("{file}:{line}"),
+                },
+                detail: problem.to_string(),
+            }
         })?;
         let policy = raw.policy.check(file)?;
         let mut routes: Vec<Route> = Vec::new();
@@ -635,6 +641,19 @@ mod tests {
             Endpoint::Unix("/run/llama.sock".into())
         );
         assert_eq!(Routes::parse("", "r.toml").unwrap(), Routes::default());
+    }
+
+    #[test]
+    fn a_toml_mistake_names_its_line_and_key() {
+        let text = format!(
+            "{}{}",
+            route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\""),
+            "[[route]]\nname = \"s\"\nmodel = [1]\n"
+        );
+        assert_eq!(
+            error(&text),
+            "routes.toml:9: route[1].model: invalid type: sequence, expected a string"
+        );
     }
 
     #[test]

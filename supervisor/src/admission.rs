@@ -1,6 +1,6 @@
 //! Receipt admission: the checks a supervisor makes before anything is spawned.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use tollgate_receipt::{
@@ -14,6 +14,8 @@ pub struct ReceiptAdmission {
     supervisor_id: String,
     verifier: ReceiptVerifier,
     revoked: HashSet<String>,
+    /// The reason each revocation gave (absent or empty: none given).
+    reasons: HashMap<String, String>,
 }
 
 impl ReceiptAdmission {
@@ -23,12 +25,23 @@ impl ReceiptAdmission {
             supervisor_id: supervisor_id.into(),
             verifier: ReceiptVerifier::new(keys).with_clock_skew(clock_skew),
             revoked: HashSet::new(),
+            reasons: HashMap::new(),
         }
     }
 
     /// Records a revocation (from the authority's revocation stream).
-    pub fn revoke(&mut self, receipt_id: impl Into<String>) {
-        self.revoked.insert(receipt_id.into());
+    pub fn revoke(&mut self, receipt_id: impl Into<String>, reason: &str) {
+        let receipt_id = receipt_id.into();
+        if !reason.is_empty() {
+            self.reasons.insert(receipt_id.clone(), reason.to_owned());
+        }
+        self.revoked.insert(receipt_id);
+    }
+
+    /// Why a run of `receipt_id` ends when its receipt was revoked: `the receipt was revoked:
+    /// <the reason given at revocation>`.
+    pub fn revoked_reason(&self, receipt_id: &str) -> String {
+        revoked_reason(self.reasons.get(receipt_id).map_or("", String::as_str))
     }
 
     /// The keys receipts (and amendments) are checked with.
@@ -44,6 +57,12 @@ impl ReceiptAdmission {
     /// Takes over the revocations another admission has recorded (when keys are replaced).
     pub fn copy_revocations_from(&mut self, other: &Self) {
         self.revoked.extend(other.revoked.iter().cloned());
+        self.reasons.extend(
+            other
+                .reasons
+                .iter()
+                .map(|(id, reason)| (id.clone(), reason.clone())),
+        );
     }
 
     /// Verifies `signed` at Unix time `now`: signature, window, audience, revocation.
@@ -56,6 +75,16 @@ impl ReceiptAdmission {
                 revocations: &self.revoked,
             },
         )
+    }
+}
+
+/// A revoked run's teardown reason: `the receipt was revoked`, with the revocation's own
+/// reason after a colon when one was given.
+pub fn revoked_reason(reason: &str) -> String {
+    if reason.trim().is_empty() {
+        "the receipt was revoked".to_owned()
+    } else {
+        format!("the receipt was revoked: {reason}")
     }
 }
 
@@ -85,7 +114,11 @@ mod tests {
             other.admit(&signed, 150).unwrap_err().failure(),
             VerifyFailure::WrongAudience
         );
-        admission.revoke(receipt.receipt_id.clone());
+        admission.revoke(receipt.receipt_id.clone(), "key leaked");
+        assert_eq!(
+            admission.revoked_reason(&receipt.receipt_id),
+            "the receipt was revoked: key leaked"
+        );
         assert_eq!(
             admission.admit(&signed, 150).unwrap_err().failure(),
             VerifyFailure::Revoked

@@ -88,7 +88,9 @@ pub fn input_status(error: &crate::error::InputError) -> Status {
 pub fn archive_status(error: &tollgate_files::archive::ArchiveError) -> Status {
     use tollgate_files::archive::ArchiveError;
     match error {
-        ArchiveError::NotFound(_) => Status::not_found(error.to_string()),
+        ArchiveError::NotFound(_) | ArchiveError::NoDirectory(_) => {
+            Status::not_found(error.to_string())
+        }
         ArchiveError::Outside(_) => Status::invalid_argument(error.to_string()),
         ArchiveError::TooLarge(_) | ArchiveError::TooDeep => {
             Status::resource_exhausted(error.to_string())

@@ -1176,6 +1176,13 @@ async fn authority_metrics_are_scraped_and_parsed() {
     assert!(value("tollgate_authority_revocation_watchers []") >= 1.0);
     // The mint's and the revocation's entries, at least, were appended durably.
     assert!(value("tollgate_authority_audit_append_seconds_count []") >= 2.0);
+    // A clean stop removes every readiness file, metrics.addr with authority.addr.
+    let data = authority.data_dir().to_owned();
+    drop(client);
+    drop(_watching);
+    assert!(authority.stop(Signal::SIGTERM).success());
+    assert!(!data.join("authority.addr").exists());
+    assert!(!data.join("metrics.addr").exists(), "metrics.addr left");
 }
 
 /// SIGHUP reads the config file's mint policy again: receipts minted after it carry the new

@@ -50,6 +50,56 @@ name = "local"
 max_sensitivity = "high"
 "#;
 
+/// `mint --out` into a directory that does not exist (or a file that cannot be made) is
+/// refused before the authority is asked: nothing is minted. A spec with a wrong type names
+/// its line and key.
+#[test]
+fn mint_checks_its_output_first_and_spec_errors_name_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let token = authority.data_dir().join("admin.token");
+    let spec = dir.path().join("run.toml");
+    std::fs::write(&spec, SPEC).unwrap();
+    let bad = dir.path().join("missing/x.tgr");
+    let minted = tollgate(
+        &authority,
+        Some(&token),
+        &[
+            "mint",
+            "--spec",
+            spec.to_str().unwrap(),
+            "--out",
+            bad.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(minted.status.code(), Some(73), "{minted:?}");
+    assert!(stderr_line(&minted).contains(bad.to_str().unwrap()));
+    let listed = tollgate(&authority, Some(&token), &["receipts", "--all", "--json"]);
+    assert!(listed.status.success(), "{listed:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout).trim(),
+        "",
+        "nothing was minted"
+    );
+    std::fs::write(
+        &spec,
+        SPEC.replace(r#"allow = ["/usr/bin/python3"]"#, r#"allow = "x""#),
+    )
+    .unwrap();
+    let minted = tollgate(
+        &authority,
+        Some(&token),
+        &["mint", "--spec", spec.to_str().unwrap()],
+    );
+    assert_eq!(
+        stderr_line(&minted),
+        format!(
+            "tollgate: error: {}:15: exec.allow: invalid type: string \"x\", expected a sequence",
+            spec.display()
+        )
+    );
+}
+
 #[test]
 fn mint_show_revoke_round_trip() {
     let dir = tempfile::tempdir().unwrap();

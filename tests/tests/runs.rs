@@ -881,9 +881,14 @@ fn stop_revocation_and_expiry_tear_down_mid_run() {
     fx.assert_gone(&stopped);
 
     let revoked = fx.start(&fx.sign(fx.receipt(long, 60))).unwrap();
-    fx.manager.revoke(&revoked);
+    fx.manager.revoke(&revoked, "key leaked");
     let record = fx.manager.wait(&revoked, Duration::from_secs(10)).unwrap();
     assert_eq!(record.state, RunState::Revoked);
+    // The reason given at revocation is the run's.
+    assert_eq!(
+        record.report.unwrap().reason,
+        "the receipt was revoked: key leaked"
+    );
     fx.assert_gone(&revoked);
 
     let receipt = fx.receipt(long, 2);
@@ -940,7 +945,7 @@ fn bad_receipts_are_refused_and_spawn_nothing() {
     );
     // Revoked before it was used.
     let revoked = fx.receipt("exit 0", 60);
-    fx.manager.revoke(&revoked.receipt_id);
+    fx.manager.revoke(&revoked.receipt_id, "");
     assert_eq!(failure(fx.start(&fx.sign(revoked))), VerifyFailure::Revoked);
     // An argv for a receipt that pins its agent.
     let pinned = fx.sign(fx.receipt("exit 0", 60));

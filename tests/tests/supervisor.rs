@@ -300,12 +300,17 @@ async fn revocation_stop_shutdown_and_crash_leave_nothing() {
             &authority.admin_token(),
             pb::RevokeReceiptRequest {
                 receipt_id: id.clone(),
-                reason: "r".into(),
+                reason: "token leaked".into(),
             },
         ))
         .await
         .unwrap();
-    wait_state(&supervisor, &id, pb::RunState::Revoked).await;
+    let revoked = wait_state(&supervisor, &id, pb::RunState::Revoked).await;
+    // The reason given at revocation is the run's (ps, inspect, audit).
+    assert_eq!(
+        revoked.report.unwrap().reason,
+        "the receipt was revoked: token leaked"
+    );
 
     // Stopped by an operator.
     let (text, id) = mint(&authority, spec(long, 120)).await;

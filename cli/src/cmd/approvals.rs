@@ -101,18 +101,18 @@ fn outcome_name(outcome: i32) -> &'static str {
 fn what(call: &pb::PendingCall) -> String {
     match call.tool.as_str() {
         "fs.write" => format!(
-            "fs.write {} ({} bytes, {})",
+            "fs.write {} ({}, {})",
             call.path,
-            call.bytes,
+            show::size(call.bytes),
             call.mode
                 .strip_prefix("WRITE_MODE_")
                 .unwrap_or(&call.mode)
                 .to_ascii_lowercase()
         ),
         "model.complete" => format!(
-            "a model call on route {} ({} bytes of text, classified {}{})",
+            "a model call on route {} ({} of text, classified {}{})",
             call.path,
-            call.bytes,
+            show::size(call.bytes),
             call.sensitivity,
             if call.reasons.is_empty() {
                 String::new()
@@ -122,10 +122,10 @@ fn what(call: &pb::PendingCall) -> String {
         ),
         "egress" => format!("a connection to {}", call.path),
         "exec" => format!(
-            "the command {} in {} ({} bytes of stdin)",
+            "the command {} in {} ({} of stdin)",
             command_line(&call.argv),
             call.cwd,
-            call.bytes
+            show::size(call.bytes)
         ),
         tool => format!("{tool} {}", call.path),
     }
@@ -491,8 +491,8 @@ async fn apply(
     if after.tokens != 0 {
         say!("tokens     {}", after.tokens);
     }
-    say!("output     {} bytes", after.output_bytes);
-    say!("egress     {} bytes each way", after.egress_bytes);
+    say!("output     {}", show::size(after.output_bytes));
+    say!("egress     {} each way", show::size(after.egress_bytes));
     say!("expires    {}", show::time_text(after.expires_at.as_ref()));
     Ok(())
 }

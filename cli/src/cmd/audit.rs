@@ -258,6 +258,15 @@ fn merged(dirs: &[PathBuf], filter: &EntryFilter) -> Result<Vec<(usize, Entry)>,
     Ok(all)
 }
 
+/// A byte count in an entry as a size for people (`256 MiB`); `-` when absent.
+fn meta_size(value: Option<&MetaValue>) -> String {
+    match value {
+        Some(MetaValue::Int(bytes)) => crate::show::size(u64::try_from(*bytes).unwrap_or(0)),
+        Some(other) => meta_text(other),
+        None => "-".into(),
+    }
+}
+
 fn meta_text(value: &MetaValue) -> String {
     match value {
         MetaValue::Null => "-".into(),
@@ -426,11 +435,11 @@ fn story_line(entry: &Entry) -> String {
             parenthesised(&reason)
         ),
         EntryKind::ApprovalPending => format!(
-            "call {} waits for an operator: {} {} ({} bytes)",
+            "call {} waits for an operator: {} {} ({})",
             entry.call_id.as_deref().unwrap_or("-"),
             meta("tool"),
             meta("path"),
-            meta("bytes"),
+            meta_size(entry.metadata.get("bytes")),
         ),
         EntryKind::ApprovalDecided => format!(
             "call {} {}{}{}",
@@ -455,12 +464,12 @@ fn story_line(entry: &Entry) -> String {
             parenthesised(&reason)
         ),
         EntryKind::Egress if meta("phase") == "closed" => format!(
-            "outbound connection to {}:{} ended: {} (sent {} B, received {} B, {} ms){}",
+            "outbound connection to {}:{} ended: {} (sent {}, received {}, {} ms){}",
             meta("host"),
             meta("port"),
             entry.decision.map_or("-", |d| d.as_str()),
-            meta("bytes_sent"),
-            meta("bytes_received"),
+            meta_size(entry.metadata.get("bytes_sent")),
+            meta_size(entry.metadata.get("bytes_received")),
             meta("duration_ms"),
             parenthesised(&reason)
         ),
@@ -476,12 +485,12 @@ fn story_line(entry: &Entry) -> String {
             }
         ),
         EntryKind::Teardown => format!(
-            "torn down: {} — {reason} (exit code {}, signal {}, {} ms, peak memory {} bytes, cleanup errors {})",
+            "torn down: {} — {reason} (exit code {}, signal {}, {} ms, peak memory {}, cleanup errors {})",
             meta("state"),
             meta("exit_code"),
             meta("signal"),
             meta("duration_ms"),
-            meta("peak_memory_bytes"),
+            meta_size(entry.metadata.get("peak_memory_bytes")),
             meta("cleanup_errors")
         ),
         _ => format!("{} {}", entry.kind.as_str(), summary(entry)),
@@ -646,9 +655,9 @@ fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) {
     } else {
         let traffic = if closed.is_some() {
             format!(
-                "  sent {} B, received {} B in {} ms",
-                closed_meta("bytes_sent"),
-                closed_meta("bytes_received"),
+                "  sent {}, received {} in {} ms",
+                meta_size(closed.and_then(|c| c.metadata.get("bytes_sent"))),
+                meta_size(closed.and_then(|c| c.metadata.get("bytes_received"))),
                 closed_meta("duration_ms")
             )
         } else {
@@ -686,10 +695,10 @@ fn approval_line(entry: &Entry, json_out: bool) {
         (
             "waiting".to_owned(),
             format!(
-                "{} {} ({} bytes)",
+                "{} {} ({})",
                 meta("tool"),
                 meta("path"),
-                meta("bytes")
+                meta_size(entry.metadata.get("bytes"))
             ),
         )
     } else {

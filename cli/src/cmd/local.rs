@@ -124,9 +124,9 @@ pub(crate) fn restore(
         say!("removed {} (call {call_id} had created it)", restored.path);
     } else {
         say!(
-            "restored {} ({} bytes) as it was before call {call_id}",
+            "restored {} ({}) as it was before call {call_id}",
             restored.path,
-            restored.size
+            crate::show::size(restored.size)
         );
     }
     Ok(())

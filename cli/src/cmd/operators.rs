@@ -23,7 +23,7 @@ pub(crate) async fn add_operator(
     let text = read_input(ceiling_file)?;
     let ceiling = CeilingSpec::parse(&text)
         .and_then(|spec| spec.to_proto())
-        .map_err(|e| CliError::Input(format!("{}: {e}", ceiling_file.display())))?;
+        .map_err(|e| CliError::Input(e.in_file(&ceiling_file.display().to_string())))?;
     let token = global.tokens().token()?;
     let mut client = connect(&global.authority, &global.tls()).await?;
     let created = client

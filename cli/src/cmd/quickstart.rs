@@ -496,7 +496,7 @@ fn teardown_report(run: pb::Run) -> Result<(), CliError> {
     say!("   reason     {}", report.reason);
     println!("   duration   {} ms", report.duration_ms);
     if let Some(peak) = report.peak_memory_bytes {
-        println!("   peak mem   {peak} bytes");
+        println!("   peak mem   {}", show::size(peak));
     }
     if report.cleanup_errors.is_empty() {
         println!("   teardown   no process, cgroup or directory of the run is left");

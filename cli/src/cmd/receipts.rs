@@ -18,7 +18,7 @@ use tonic::transport::Channel;
 use crate::args::GlobalArgs;
 use crate::client::{authed, connect, connect_supervisor};
 use crate::error::CliError;
-use crate::files::{read_input, write_private};
+use crate::files::{fill_private, open_private, read_input};
 use crate::show;
 
 /// Mints from a spec file with an already-connected client.
@@ -30,7 +30,7 @@ pub async fn mint_with(
 ) -> Result<pb::MintReceiptResponse, CliError> {
     let request = RunSpec::parse(spec_text)
         .and_then(|spec| spec.to_request())
-        .map_err(|e| CliError::Input(format!("{spec_name}: {e}")))?;
+        .map_err(|e| CliError::Input(e.in_file(spec_name)))?;
     Ok(client
         .mint_receipt(authed(token, request)?)
         .await?
@@ -48,7 +48,7 @@ pub(crate) async fn check_mint(
     let token = global.tokens().token()?;
     let request = RunSpec::parse(&text)
         .and_then(|spec| spec.to_request())
-        .map_err(|e| CliError::Input(format!("{}: {e}", spec.display())))?;
+        .map_err(|e| CliError::Input(e.in_file(&spec.display().to_string())))?;
     let mut client = connect(&global.authority, &global.tls()).await?;
     let checked = client
         .check_mint(authed(&token, request)?)
@@ -103,11 +103,25 @@ pub(crate) async fn mint(
 ) -> Result<(), CliError> {
     let text = read_input(spec)?;
     let token = global.tokens().token()?;
-    let mut client = connect(&global.authority, &global.tls()).await?;
-    let minted = mint_with(&mut client, &token, &text, &spec.display().to_string()).await?;
+    // The output first (its directory exists and is writable, the file can be made): a
+    // receipt that could not be written is never minted.
+    let opened = out.map(open_private).transpose()?;
+    let minting = async {
+        let mut client = connect(&global.authority, &global.tls()).await?;
+        mint_with(&mut client, &token, &text, &spec.display().to_string()).await
+    };
+    let minted = match (minting.await, out, &opened) {
+        (Ok(minted), _, _) => minted,
+        (Err(e), Some(out), Some((_, true))) => {
+            // Made for this receipt only: not left behind empty.
+            let _ = std::fs::remove_file(out);
+            return Err(e);
+        }
+        (Err(e), _, _) => return Err(e),
+    };
     let receipt = minted.receipt.clone().unwrap_or_default();
-    if let Some(out) = out {
-        write_private(out, &format!("{}\n", minted.text))?;
+    if let (Some(out), Some((file, _))) = (out, opened) {
+        fill_private(file, out, &format!("{}\n", minted.text))?;
         say_err!(
             "minted {} for {:?}, expires {}; written to {}",
             receipt.receipt_id,
@@ -292,17 +306,13 @@ pub(crate) async fn list_receipts(
     let mut client = connect(&global.authority, &global.tls()).await?;
     let mut page_token = String::new();
     let mut shown = 0u32;
-    if !json {
-        say!(
-            "{:<37}{:<14}{:<20}{:<22}{:<9}{:<6}PARENT",
-            "RECEIPT",
-            "OWNER",
-            "SUBJECT",
-            "EXPIRES",
-            "STATE",
-            "DEPTH"
-        );
-    }
+    // Which receipts have started a run: only the supervisor knows (when it can be asked).
+    let runs = supervisor_runs(global).await;
+    let mut rows = vec![[
+        "RECEIPT", "OWNER", "SUBJECT", "EXPIRES", "STATE", "DEPTH", "PARENT",
+    ]
+    .map(String::from)
+    .to_vec()];
     while shown < limit {
         let page = client
             .list_receipts(authed(
@@ -318,17 +328,8 @@ pub(crate) async fn list_receipts(
             .into_inner();
         for r in &page.receipts {
             shown += 1;
-            let expired = r
-                .expires_at
-                .as_ref()
-                .is_some_and(|t| t.seconds <= unix_now());
-            let state = if r.revoked {
-                "revoked"
-            } else if expired {
-                "expired"
-            } else {
-                "valid"
-            };
+            let run = runs.as_ref().and_then(|runs| runs.get(&r.receipt_id));
+            let state = receipt_state(r, unix_now(), runs.as_ref().map(|_| run));
             if json {
                 println!(
                     "{}",
@@ -338,24 +339,25 @@ pub(crate) async fn list_receipts(
                         "issued_at": r.issued_at.map(|t| t.seconds),
                         "expires_at": r.expires_at.map(|t| t.seconds),
                         "state": state,
+                        "run_state": run.map(|state| show::run_state_name(*state)),
                         "parent_receipt_id": r.parent_receipt_id,
                         "depth": r.depth,
                     })
                 );
             } else {
-                say!(
-                    "{:<37}{:<14}{:<20}{:<22}{state:<9}{:<6}{}",
-                    r.receipt_id,
-                    r.owner,
-                    r.subject,
+                rows.push(vec![
+                    r.receipt_id.clone(),
+                    r.owner.clone(),
+                    r.subject.clone(),
                     show::time_text(r.expires_at.as_ref()),
-                    r.depth,
+                    state.to_owned(),
+                    r.depth.to_string(),
                     if r.parent_receipt_id.is_empty() {
-                        "-"
+                        "-".to_owned()
                     } else {
-                        &r.parent_receipt_id
-                    }
-                );
+                        r.parent_receipt_id.clone()
+                    },
+                ]);
             }
         }
         if page.next_page_token.is_empty() {
@@ -363,7 +365,53 @@ pub(crate) async fn list_receipts(
         }
         page_token = page.next_page_token;
     }
+    if !json {
+        for line in crate::human::table(&rows) {
+            println!("{line}");
+        }
+    }
     Ok(())
+}
+
+/// A listed receipt's state: `revoked`, `used` (it started a run: a receipt starts one run,
+/// ever), `expired`, then `unused` (the supervisor was asked and has no run of it) or
+/// `valid` (it could not be asked). `run` is `None` when the supervisor was not asked, else
+/// the state of the receipt's run, if any.
+fn receipt_state(r: &pb::ReceiptSummary, now: i64, run: Option<Option<&i32>>) -> &'static str {
+    let expired = r.expires_at.as_ref().is_some_and(|t| t.seconds <= now);
+    // Tries that failed before the agent existed do not spend it.
+    let used = |state: &&i32| **state != pb::RunState::FailedBeforeStart as i32;
+    if r.revoked {
+        "revoked"
+    } else if run.flatten().filter(used).is_some() {
+        "used"
+    } else if expired {
+        "expired"
+    } else if run.is_some() {
+        "unused"
+    } else {
+        "valid"
+    }
+}
+
+/// Every run the supervisor (`--supervisor`, with its token) has, by run id (a run's id is
+/// its receipt's); `None` when it cannot be asked.
+async fn supervisor_runs(global: &GlobalArgs) -> Option<std::collections::HashMap<String, i32>> {
+    let token = global.supervisor_tokens().token().ok()?;
+    let mut client = connect_supervisor(&global.supervisor, &global.tls())
+        .await
+        .ok()?;
+    let runs = client
+        .list_runs(authed(&token, pb::ListRunsRequest {}).ok()?)
+        .await
+        .ok()?
+        .into_inner()
+        .runs;
+    Some(
+        runs.into_iter()
+            .map(|run| (run.run_id, run.state))
+            .collect(),
+    )
 }
 
 /// `tollgate revoke`: revokes a receipt (and, by the authority, its descendants).
@@ -405,4 +453,37 @@ pub(crate) async fn revoke(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_that_started_a_run_is_listed_as_used() {
+        let now = 1_700_000_000;
+        let receipt = |revoked: bool, expires: i64| pb::ReceiptSummary {
+            receipt_id: "r".into(),
+            revoked,
+            expires_at: Some(prost_types::Timestamp {
+                seconds: expires,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        let live = receipt(false, now + 60);
+        let running = pb::RunState::Running as i32;
+        let failed = pb::RunState::FailedBeforeStart as i32;
+        assert_eq!(receipt_state(&live, now, Some(Some(&running))), "used");
+        assert_eq!(receipt_state(&live, now, Some(Some(&failed))), "unused");
+        assert_eq!(receipt_state(&live, now, Some(None)), "unused");
+        assert_eq!(receipt_state(&live, now, None), "valid");
+        let ended = receipt(false, now - 60);
+        assert_eq!(receipt_state(&ended, now, Some(Some(&running))), "used");
+        assert_eq!(receipt_state(&ended, now, None), "expired");
+        assert_eq!(
+            receipt_state(&receipt(true, now + 60), now, Some(Some(&running))),
+            "revoked"
+        );
+    }
 }

@@ -127,7 +127,7 @@ fn run_lines(run: &pb::Run) -> Vec<String> {
         }
         lines.push(format!("{:<11}{} ms", "duration", report.duration_ms));
         if let Some(peak) = report.peak_memory_bytes {
-            lines.push(format!("{:<11}{peak} bytes", "peak mem"));
+            lines.push(format!("{:<11}{}", "peak mem", show::size(peak)));
         }
         if report.landlock_abi > 0 {
             lines.push(format!("{:<11}ABI v{}", "landlock", report.landlock_abi));
@@ -440,30 +440,37 @@ pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(),
         .await?
         .into_inner()
         .runs;
-    if !json {
-        say!(
-            "{:<38}{:<18}{:<20}{:<22}REASON",
-            "RUN",
-            "STATE",
-            "SUBJECT",
-            "STARTED"
-        );
-    }
-    for run in runs.iter().filter(|run| all || is_live(run)) {
-        if json {
+    let shown = runs.iter().filter(|run| all || is_live(run));
+    if json {
+        for run in shown {
             println!("{}", run_json(run));
-        } else {
-            say!(
-                "{:<38}{:<18}{:<20}{:<22}{}",
-                run.run_id,
-                show::run_state_name(run.state),
-                run.subject,
-                show::time_text(run.created_at.as_ref()),
-                run.report.as_ref().map(|r| r.reason.as_str()).unwrap_or("")
-            );
+        }
+    } else {
+        for line in ps_lines(shown) {
+            println!("{line}");
         }
     }
     Ok(())
+}
+
+/// `tollgate ps` for people: columns as wide as their content (escaped: print as they are).
+fn ps_lines<'a>(runs: impl Iterator<Item = &'a pb::Run>) -> Vec<String> {
+    let mut rows = vec![["RUN", "STATE", "SUBJECT", "STARTED", "REASON"]
+        .map(String::from)
+        .to_vec()];
+    for run in runs {
+        rows.push(vec![
+            run.run_id.clone(),
+            show::run_state_name(run.state).to_owned(),
+            run.subject.clone(),
+            show::time_text(run.created_at.as_ref()),
+            run.report
+                .as_ref()
+                .map(|r| r.reason.clone())
+                .unwrap_or_default(),
+        ]);
+    }
+    crate::human::table(&rows)
 }
 
 /// `tollgate inspect`.
@@ -703,6 +710,54 @@ mod tests {
         assert_eq!(
             got,
             ["", "├── ", "│   └── ", "└── ", "    ├── ", "    └── "]
+        );
+    }
+
+    #[test]
+    fn ps_columns_line_up_whatever_their_content() {
+        let run = |id: &str, subject: &str, state: pb::RunState| pb::Run {
+            run_id: id.into(),
+            subject: subject.into(),
+            state: state as i32,
+            created_at: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        let runs = [
+            run(
+                "a",
+                "an-agent-with-a-rather-long-subject",
+                pb::RunState::SupervisorShutdown,
+            ),
+            run("0193-long-run-id", "s", pb::RunState::Running),
+        ];
+        let lines = ps_lines(runs.iter());
+        let column = |name: &str| lines[0].find(name).unwrap();
+        for (line, started) in lines.iter().zip(["STARTED", "2023", "2023"]) {
+            assert_eq!(line.find(started), Some(column("STARTED")), "{lines:#?}");
+        }
+        assert_eq!(
+            lines[2].find("running"),
+            Some(column("STATE")),
+            "{lines:#?}"
+        );
+    }
+
+    #[test]
+    fn peak_memory_is_shown_as_a_size() {
+        let run = pb::Run {
+            report: Some(pb::TeardownReport {
+                peak_memory_bytes: Some(268_435_456),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let lines = run_lines(&run);
+        assert!(
+            lines.iter().any(|l| l == "peak mem   256 MiB"),
+            "{lines:#?}"
         );
     }
 

@@ -35,6 +35,9 @@ pub enum ArchiveError {
     /// An entry of an archive to unpack names a path outside its destination.
     #[error("{0}: the archive names a path outside the destination")]
     Outside(String),
+    /// The directory to unpack into does not exist in the workspace (or is not a directory).
+    #[error("/work/{0}: no such directory in the run's workspace; copy into a directory that exists (or into /work)")]
+    NoDirectory(String),
     /// Reading a file or writing the archive failed.
     #[error("{path}: {source}")]
     Io {
@@ -299,6 +302,12 @@ pub fn extract_tar(
     let mut archive = tar::Archive::new(tar);
     let mut bytes = 0u64;
     let (uid, gid) = extract.owner;
+    // The destination must already be a directory: otherwise the first entry's parent is
+    // missing and the failure would name the entry (the caller's file), not the directory.
+    if !rest.is_empty() {
+        open_beneath(root, rest, OFlag::O_PATH | OFlag::O_DIRECTORY)
+            .map_err(|_| ArchiveError::NoDirectory(rest.into()))?;
+    }
     let chown = |parent: &crate::beneath::ParentDir, path: &Path| {
         nix::unistd::fchownat(
             &parent.fd,
@@ -482,5 +491,38 @@ mod tests {
                 "{outside}"
             );
         }
+    }
+
+    #[test]
+    fn unpacking_into_a_missing_directory_names_that_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = dir.path().join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::write(work.join("plain"), "x").unwrap();
+        let root = GrantRoot::open(work.to_str().unwrap()).unwrap();
+        let mut builder = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(0o644);
+        header.set_size(2);
+        builder
+            .append_data(&mut header, "local.txt", &b"hi"[..])
+            .unwrap();
+        let tar = builder.into_inner().unwrap();
+        let extract = Extract {
+            owner: (0, 0),
+            max_file: 1 << 20,
+            limit: 1 << 20,
+        };
+        for missing in ["missing/x", "plain"] {
+            let error = extract_tar(&root, missing, &tar[..], extract).unwrap_err();
+            assert!(
+                matches!(&error, ArchiveError::NoDirectory(d) if d == missing),
+                "{error:?}"
+            );
+            let shown = error.to_string();
+            assert!(shown.contains(&format!("/work/{missing}")), "{shown}");
+            assert!(!shown.contains("local.txt"), "{shown}");
+        }
+        assert!(!work.join("missing").exists());
     }
 }

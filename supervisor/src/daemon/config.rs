@@ -148,7 +148,7 @@ impl SupervisorFile {
             problem,
         };
         let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
-        toml::from_str(&text).map_err(|e| problem(e.message().to_owned()))
+        tollgate_receipt::spec::parse_toml(&text).map_err(|e| problem(e.located()))
     }
 }
 

@@ -420,8 +420,12 @@ pub async fn serve(
     })?;
     tracing::info!(addr = %bound, id = %supervisor.config.runs.supervisor_id, "supervisor listening");
     tollgate_daemon::systemd::ready(&format!("listening on {bound}"));
+    let data_dir = supervisor.config.runs.data_dir.clone();
     let result = supervisor.run(listener, shutdown).await;
     tollgate_daemon::systemd::stopping();
     let _ = std::fs::remove_file(&addr_path);
+    // Every readiness file goes on a clean stop: none may be mistaken for a live listener.
+    let _ = std::fs::remove_file(data_dir.join(METRICS_ADDR_FILE));
+    let _ = std::fs::remove_file(data_dir.join("health.addr"));
     result
 }

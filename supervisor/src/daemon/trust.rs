@@ -129,10 +129,11 @@ pub(super) async fn follow_authority(
                         after = after.max(revocation.seq);
                         tracing::info!(receipt_id = %revocation.receipt_id, "revocation received");
                         let manager = manager.clone();
-                        let id = revocation.receipt_id;
+                        let (id, reason) = (revocation.receipt_id, revocation.reason);
                         // Recorded before the seq is published, so a client that sees the
                         // seq can rely on the refusal.
-                        let _ = tokio::task::spawn_blocking(move || manager.revoke(&id)).await;
+                        let _ =
+                            tokio::task::spawn_blocking(move || manager.revoke(&id, &reason)).await;
                         last_seq.fetch_max(after, std::sync::atomic::Ordering::Relaxed);
                     }
                     Some(pb::revocation_event::Event::KeySetChanged(changed)) => {

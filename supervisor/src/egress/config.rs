@@ -193,7 +193,7 @@ fn load_secrets(path: &Path) -> Result<HashMap<String, InjectedHeader>, EgressCo
     };
     let text = std::fs::read_to_string(path).map_err(|e| problem(e.to_string()))?;
     let file: SecretsFile =
-        toml::from_str(&text).map_err(|e| problem(e.message().replace('\n', " ")))?;
+        tollgate_receipt::spec::parse_toml(&text).map_err(|e| problem(e.located()))?;
     let mut secrets = HashMap::new();
     for entry in file.secret {
         if !tollgate_receipt::egress::is_secret_name(&entry.name) {

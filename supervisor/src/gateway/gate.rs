@@ -240,7 +240,10 @@ impl CallGate {
         if now >= expires_at {
             return Err(Refusal::denied(
                 &self.run_id,
-                format!("the receipt expired at unix {expires_at}"),
+                format!(
+                    "the receipt expired at {}",
+                    tollgate_receipt::rfc3339(expires_at)
+                ),
             ));
         }
         if (self.is_revoked)(&self.run_id) {

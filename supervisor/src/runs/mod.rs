@@ -388,12 +388,17 @@ impl RunManager {
     }
 
     /// Records a revocation; a live run of that receipt is torn down, with its descendants.
-    pub fn revoke(&self, receipt_id: &str) {
+    /// The reason given at revocation is the run's (`the receipt was revoked: <reason>`).
+    pub fn revoke(&self, receipt_id: &str, reason: &str) {
         self.admission
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .revoke(receipt_id);
-        self.end_tree(receipt_id, RunState::Revoked, "the receipt was revoked");
+            .revoke(receipt_id, reason);
+        self.end_tree(
+            receipt_id,
+            RunState::Revoked,
+            &crate::admission::revoked_reason(reason),
+        );
     }
 
     /// Ends `run_id` with `state` and, with it, every live run it delegated (transitively),

@@ -369,13 +369,14 @@ impl RunManager {
         if let Err(e) = self.records.set_running(&run_id) {
             live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
         }
-        if self
-            .admission
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_revoked(&run_id)
-        {
-            live.trigger(RunState::Revoked, "the receipt was revoked".into());
+        let revoked = {
+            let admission = self.admission.read().unwrap_or_else(|p| p.into_inner());
+            admission
+                .is_revoked(&run_id)
+                .then(|| admission.revoked_reason(&run_id))
+        };
+        if let Some(reason) = revoked {
+            live.trigger(RunState::Revoked, reason);
         }
         // A trigger that came while nothing was running yet kills it now.
         live.enforce_pending();

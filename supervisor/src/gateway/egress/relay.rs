@@ -287,7 +287,7 @@ impl EgressCalls {
                 _ = ending.wait_for(|ended| *ended) => return Err(self.run_ended()),
                 () = &mut expiry => return Err(Refusal::denied(
                     &self.gate.run_id,
-                    format!("the receipt expired at unix {}", self.gate.expires_at()),
+                    format!("the receipt expired at {}", tollgate_receipt::rfc3339(self.gate.expires_at())),
                 )
                 .ran()
                 .coded("egress_expired")),
