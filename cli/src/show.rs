@@ -101,6 +101,7 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         "network": "loopback_only",
         "delegate": r.delegate.map(|d| json!({"max_depth": d.max_depth})),
         "rootfs": r.rootfs,
+        "workspace_keep_seconds": r.workspace_keep_seconds,
     })
 }
 
@@ -212,10 +213,23 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     if let Some(d) = r.delegate {
         lines.push(("delegate", format!("max depth {}", d.max_depth)));
     }
+    lines.push(("workspace", workspace_keep_text(r.workspace_keep_seconds)));
     lines
         .into_iter()
         .map(|(k, v)| format!("{k:<11}{v}"))
         .collect()
+}
+
+/// What a receipt's `workspace_keep_seconds` means, for people.
+pub fn workspace_keep_text(seconds: u64) -> String {
+    if seconds == 0 {
+        "/work is removed when the run ends".into()
+    } else {
+        format!(
+            "/work is kept {} after the run ends (however it ends), for `tollgate cp`",
+            humantime::format_duration(std::time::Duration::from_secs(seconds))
+        )
+    }
 }
 
 /// A public key as JSON.
@@ -247,5 +261,29 @@ pub(crate) fn run_state_name(state: i32) -> &'static str {
         Ok(pb::RunState::ParentEnded) => "parent_ended",
         Ok(pb::RunState::FailedBeforeStart) => "failed_before_start",
         _ => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_shows_how_long_its_workspace_is_kept() {
+        let receipt = pb::Receipt {
+            workspace_keep_seconds: 7200,
+            ..Default::default()
+        };
+        let lines = receipt_lines(&receipt).join("\n");
+        assert!(
+            lines.contains("workspace  /work is kept 2h after the run ends"),
+            "{lines}"
+        );
+        assert_eq!(receipt_json(&receipt)["workspace_keep_seconds"], 7200);
+        let lines = receipt_lines(&pb::Receipt::default()).join("\n");
+        assert!(
+            lines.contains("workspace  /work is removed when the run ends"),
+            "{lines}"
+        );
     }
 }

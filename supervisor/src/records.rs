@@ -130,6 +130,9 @@ pub struct TeardownReport {
     /// Until when (unix seconds).
     #[serde(default)]
     pub workspace_kept_until: Option<u64>,
+    /// The receipt's `workspace_keep_seconds` (0: the workspace goes at teardown).
+    #[serde(default)]
+    pub workspace_keep_seconds: u64,
 }
 
 /// One model route's use by one run.

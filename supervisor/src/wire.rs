@@ -64,6 +64,10 @@ pub fn run_proto(record: &RunRecord) -> pb::Run {
             .as_ref()
             .map(|r| r.route_usage.iter().map(usage_proto).collect())
             .unwrap_or_default(),
+        workspace_keep_seconds: record
+            .report
+            .as_ref()
+            .map_or(0, |r| r.workspace_keep_seconds),
     }
 }
 

@@ -483,6 +483,10 @@ async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
         "while [ ! -e /work/go ]; do sleep 0.05; done; \
          tollgate-shim tool read {a}/f.txt >/dev/null 2>&1; echo \"a rc=$?\"; \
          tollgate-shim tool read {c}/f.txt >/dev/null 2>&1; echo \"c rc=$?\"; \
+         r=$(tollgate-shim receipt); p=read; n=500; \
+         case \"$r\" in *\"{a} $p\"*) echo \"view: a listed\";; *) echo \"view: a gone\";; esac; \
+         case \"$r\" in *\"{c} $p\"*) echo \"view: c listed\";; esac; \
+         case \"$r\" in *\" of $n tool calls\"*) echo \"view: 500 calls\";; esac; \
          sleep 3600"
     );
     let minted = authority
@@ -573,6 +577,16 @@ async fn a_live_restore_keeps_what_amendments_made_of_a_run() {
     // one stays added.
     supervisor.until_printed(&alice, &run_id, "a rc=1").await;
     supervisor.until_printed(&alice, &run_id, "c rc=0").await;
+    // The agent's own view is the restored powers too.
+    supervisor
+        .until_printed(&alice, &run_id, "view: a gone")
+        .await;
+    supervisor
+        .until_printed(&alice, &run_id, "view: c listed")
+        .await;
+    supervisor
+        .until_printed(&alice, &run_id, "view: 500 calls")
+        .await;
     // Budget and expiry as amended (a narrowing that changes nothing shows them), and the
     // amendment, applied once, does not apply again.
     let mut client = supervisor.client().await;
@@ -770,4 +784,143 @@ async fn gateway_only_programs_and_budgets_are_amended_like_grants() {
         ))
         .await
         .expect("stop");
+}
+
+/// The agent's own view (`tollgate-shim receipt`) follows every change to its run: a grant
+/// narrowed away and a lowered budget show at once, and so does a grant a signed amendment
+/// adds — it is the powers in force, never the receipt the run started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_view_of_its_powers_follows_every_amendment() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let supervisor = SupervisorProcess::start(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "amended-view",
+        213_760,
+    );
+    let files = dir.path().join("files");
+    let (a, b) = (files.join("a"), files.join("b"));
+    for dir in [&a, &b] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let root = files.display().to_string();
+    let alice = authority.add_operator("alice", ceiling(&root)).await;
+    let (a, b) = (a.display().to_string(), b.display().to_string());
+    // Each round, what the agent's view says of a, b and its tool-call budget (the patterns
+    // made of variables: the view shows this very script as the agent's argv).
+    let script = format!(
+        "p=read; n=4321; while :; do \
+           r=$(tollgate-shim receipt); \
+           case \"$r\" in *\"{a} $p\"*) echo \"a listed\";; *) echo \"a not listed\";; esac; \
+           case \"$r\" in *\"{b} $p\"*) echo \"b listed\";; *) echo \"b not listed\";; esac; \
+           case \"$r\" in *\" of $n tool calls\"*) echo \"budget lowered\";; esac; \
+           sleep 0.2; \
+         done"
+    );
+    let minted = authority
+        .client()
+        .await
+        .mint_receipt(authed(
+            &alice,
+            pb::MintReceiptRequest {
+                subject: "amended-view".into(),
+                ttl_seconds: 120,
+                audience: vec!["workstation".into()],
+                agent: Some(pb::AgentSpec {
+                    argv: vec!["/bin/sh".into(), "-c".into(), script],
+                    ..Default::default()
+                }),
+                exec: vec!["/bin/sh".into(), "/usr/bin/sleep".into()],
+                fs: vec![pb::FsGrant {
+                    path: a.clone(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                limits: Some(pb::Limits {
+                    tool_calls: 10_000,
+                    output_bytes: 16 << 20,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("mint")
+        .into_inner();
+    let run_id = supervisor
+        .start_run_as(&alice, minted.text)
+        .await
+        .expect("alice starts her run");
+    supervisor.until_printed(&alice, &run_id, "a listed").await;
+    supervisor
+        .until_printed(&alice, &run_id, "b not listed")
+        .await;
+    let mut client = supervisor.client().await;
+
+    // Narrowed: a dropped, the budget lowered.
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Narrow(pb::Narrowing {
+            drop_fs: vec![a.clone()],
+            tool_calls: 4321,
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect("narrowing");
+    supervisor
+        .until_printed(&alice, &run_id, "a not listed")
+        .await;
+    supervisor
+        .until_printed(&alice, &run_id, "budget lowered")
+        .await;
+
+    // Widened by a signed amendment: b shows.
+    let widened = authority
+        .client()
+        .await
+        .amend_receipt(authed(
+            &alice,
+            pb::AmendReceiptRequest {
+                receipt_id: run_id.clone(),
+                add_fs: vec![pb::FsGrant {
+                    path: b.clone(),
+                    access: pb::FsAccess::Read as i32,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("AmendReceipt")
+        .into_inner();
+    amend(
+        &mut client,
+        &alice,
+        &run_id,
+        pb::amend_run_request::Change::Amendment(widened.signed.unwrap()),
+    )
+    .await
+    .expect("widening");
+    supervisor.until_printed(&alice, &run_id, "b listed").await;
+
+    client
+        .stop_run(authed(
+            &alice,
+            pb::StopRunRequest {
+                run_id: run_id.clone(),
+                reason: "done".into(),
+            },
+        ))
+        .await
+        .expect("stop");
+    supervisor
+        .wait_ended(&run_id, Duration::from_secs(20))
+        .await;
 }

@@ -150,6 +150,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         children: Default::default(),
         egress: Default::default(),
         approvals: board.clone(),
+        output_limit: Arc::default(),
     }));
     let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
     let channel =

@@ -163,6 +163,7 @@ fn python_agent_calls_every_fs_tool_through_the_gateway() {
         children: Default::default(),
         egress: Default::default(),
         approvals: Default::default(),
+        output_limit: Arc::default(),
     }));
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -913,6 +913,90 @@ fn stop_revocation_and_expiry_tear_down_mid_run() {
     fx.assert_gone(&oom);
 }
 
+/// `workspace_keep_seconds` holds however a run ends that leaves the host sane: the agent's
+/// exit, a stop, revocation, expiry, a limit kill and shutdown each keep `/work` (for
+/// `tollgate cp`), and the run's view says so: the setting, the place and the time.
+#[test]
+fn a_kept_workspace_outlives_every_way_a_run_ends() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("keep", 213_740);
+    let keep = 300;
+    let start = |script: &str, ttl: i64, exec: &[&str]| {
+        let mut receipt = fx.receipt(
+            &format!("echo kept > /work/out.txt && touch /work/ready && {script}"),
+            ttl,
+        );
+        receipt.workspace_keep_seconds = keep;
+        receipt.exec.extend(exec.iter().map(|e| (*e).to_owned()));
+        receipt.exec.push("/usr/bin/touch".into());
+        let run_id = fx.start(&fx.sign(receipt)).unwrap();
+        // The agent has written its work before anything ends it.
+        let ready = fx.data.join("runs").join(&run_id).join("work/ready");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !ready.exists() && fx.manager.live_ids().contains(&run_id) {
+            assert!(Instant::now() < deadline, "the agent never got ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        run_id
+    };
+    let long = "sleep 1000";
+    let exited = start("exit 0", 60, &[]);
+    let stopped = start(long, 60, &[]);
+    let revoked = start(long, 60, &[]);
+    let expired = start(long, 3, &[]);
+    let limited = start(
+        "exec /usr/bin/python3 -c 'b = bytearray(1 << 30)'",
+        60,
+        &["/usr/bin/python3"],
+    );
+    let shut_down = start(long, 60, &[]);
+    assert!(fx.manager.stop(&stopped, "operator asked"));
+    fx.manager.revoke(&revoked);
+    let mut ended = Vec::new();
+    for (run_id, state) in [
+        (&exited, RunState::Exited),
+        (&stopped, RunState::Stopped),
+        (&revoked, RunState::Revoked),
+        (&expired, RunState::Expired),
+        (&limited, RunState::LimitExceeded),
+    ] {
+        let record = fx.manager.wait(run_id, Duration::from_secs(20)).unwrap();
+        ended.push((run_id.clone(), state, record));
+    }
+    fx.manager.shutdown();
+    let record = fx.manager.get(&shut_down).unwrap().unwrap();
+    ended.push((shut_down.clone(), RunState::SupervisorShutdown, record));
+    for (run_id, state, record) in ended {
+        assert_eq!(record.state, state, "{run_id}: {:?}", record.report);
+        let view = fx.manager.run_view(&record);
+        assert_eq!(view.workspace_keep_seconds, keep, "{state:?}: the setting");
+        let report = view.report.expect("a report");
+        assert!(
+            !report.workspace.is_empty(),
+            "{state:?}: no workspace was kept ({})",
+            report.reason
+        );
+        let now = u64::try_from(unix_now()).unwrap();
+        assert!(
+            report.workspace_kept_until > now && report.workspace_kept_until <= now + keep,
+            "{state:?}: kept until {}",
+            report.workspace_kept_until
+        );
+        assert_eq!(
+            std::fs::read_to_string(PathBuf::from(&report.workspace).join("out.txt")).unwrap(),
+            "kept\n",
+            "{state:?}"
+        );
+        assert_eq!(
+            fx.manager.workspace_of(&run_id).unwrap(),
+            PathBuf::from(&report.workspace)
+        );
+        fx.assert_gone(&run_id);
+    }
+}
+
 #[test]
 fn bad_receipts_are_refused_and_spawn_nothing() {
     if !require_root() {

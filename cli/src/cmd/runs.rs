@@ -33,6 +33,7 @@ pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
         "parent_run_id": (!run.parent_run_id.is_empty()).then_some(&run.parent_run_id),
         "depth": run.depth,
         "model_usage": usage_json(&run.model_usage),
+        "workspace_keep_seconds": run.workspace_keep_seconds,
         "report": run.report.as_ref().map(|r| json!({
             "reason": r.reason,
             "duration_ms": r.duration_ms,
@@ -45,6 +46,8 @@ pub(crate) fn run_json(run: &pb::Run) -> serde_json::Value {
             "output_truncated": r.output_truncated,
             "cleanup_errors": r.cleanup_errors,
             "landlock_abi": r.landlock_abi,
+            "workspace": (!r.workspace.is_empty()).then_some(&r.workspace),
+            "workspace_kept_until": (r.workspace_kept_until > 0).then_some(r.workspace_kept_until),
         })),
     })
 }
@@ -111,6 +114,7 @@ fn run_lines(run: &pb::Run) -> Vec<String> {
             show::time_text(run.expires_at.as_ref())
         ),
         format!("{:<11}{}", "models", usage_line(&run.model_usage)),
+        format!("{:<11}{}", "workspace", workspace_line(run)),
     ];
     if let Some(report) = &run.report {
         lines.push(format!(
@@ -138,14 +142,49 @@ fn run_lines(run: &pb::Run) -> Vec<String> {
                 "output"
             ));
         }
-        let cleanup = if report.cleanup_errors.is_empty() {
+        let cleanup = if !report.cleanup_errors.is_empty() {
+            report.cleanup_errors.join("; ")
+        } else if report.workspace.is_empty() {
             "complete: no process, cgroup or directory left".to_owned()
         } else {
-            report.cleanup_errors.join("; ")
+            "complete: no process or cgroup left; /work kept (see workspace)".to_owned()
         };
         lines.push(format!("{:<11}{cleanup}", "teardown"));
     }
     lines
+}
+
+/// Where a run's `/work` is, or goes, for people: its receipt's keep setting, and once the
+/// run has ended, where it was kept and until when.
+fn workspace_line(run: &pb::Run) -> String {
+    let keep = run.workspace_keep_seconds;
+    let kept = run.report.as_ref().filter(|r| !r.workspace.is_empty());
+    match (&run.report, kept) {
+        (_, Some(report)) => {
+            let until = timestamp(report.workspace_kept_until);
+            format!(
+                "kept at {} until {} ({}; `tollgate cp {}:/work/...`)",
+                report.workspace,
+                show::time_text(Some(&until)),
+                show::relative(Some(&until)),
+                run.run_id
+            )
+        }
+        (Some(_), None) => "removed at teardown".to_owned(),
+        (None, None) if keep == 0 => "removed when the run ends".to_owned(),
+        (None, None) => format!(
+            "kept {} after the run ends",
+            span_text(keep.try_into().unwrap_or(i64::MAX))
+        ),
+    }
+}
+
+/// A Unix time as the protocol's timestamp.
+fn timestamp(seconds: u64) -> prost_types::Timestamp {
+    prost_types::Timestamp {
+        seconds: i64::try_from(seconds).unwrap_or(i64::MAX),
+        nanos: 0,
+    }
 }
 
 /// `tollgate run`.
@@ -710,6 +749,56 @@ mod tests {
         assert_eq!(
             got,
             ["", "├── ", "│   └── ", "└── ", "    ├── ", "    └── "]
+        );
+    }
+
+    fn ended_run(workspace: &str, until: u64) -> pb::Run {
+        pb::Run {
+            run_id: "r1".into(),
+            state: pb::RunState::Stopped as i32,
+            workspace_keep_seconds: 3600,
+            report: Some(pb::TeardownReport {
+                reason: "operator asked".into(),
+                workspace: workspace.into(),
+                workspace_kept_until: until,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_kept_workspace_is_shown_with_its_place_and_time() {
+        let run = ended_run("/var/lib/tollgate/workspaces/r1/work", 4_102_444_800);
+        let lines = run_lines(&run).join("\n");
+        assert!(
+            lines.contains("workspace  kept at /var/lib/tollgate/workspaces/r1/work until 2100-01-01T00:00:00Z"),
+            "{lines}"
+        );
+        assert!(!lines.contains("directory left"), "{lines}");
+        let json = run_json(&run);
+        assert_eq!(json["workspace_keep_seconds"], 3600);
+        assert_eq!(
+            json["report"]["workspace"],
+            "/var/lib/tollgate/workspaces/r1/work"
+        );
+        assert_eq!(json["report"]["workspace_kept_until"], 4_102_444_800_u64);
+        // Removed at teardown: said so, and nothing is left.
+        let lines = run_lines(&ended_run("", 0)).join("\n");
+        assert!(lines.contains("workspace  removed at teardown"), "{lines}");
+        assert!(
+            lines.contains("no process, cgroup or directory left"),
+            "{lines}"
+        );
+        // A live run: its keep setting.
+        let live = pb::Run {
+            report: None,
+            ..ended_run("", 0)
+        };
+        let lines = run_lines(&live).join("\n");
+        assert!(
+            lines.contains("workspace  kept 1h00m after the run ends"),
+            "{lines}"
         );
     }
 

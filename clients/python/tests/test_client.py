@@ -563,7 +563,7 @@ def test_unpinned_receipt_takes_argv_within_exec() -> None:
 
 @test(SUPERVISOR)
 def test_stop_tears_down_a_live_run() -> None:
-    minted = mint_script("echo started; exec /usr/bin/sleep 60")
+    minted = mint_script("echo started; exec /usr/bin/sleep 60", workspace_keep="10m")
     run_id = supervisor().start(minted.text)
     events = supervisor().watch(run_id, timeout=60)
     first = next(events)
@@ -571,6 +571,11 @@ def test_stop_tears_down_a_live_run() -> None:
     stopped = supervisor().stop(run_id, "client test stop")
     assert stopped.state == RunState.STOPPED and stopped.report is not None, stopped
     assert "client test stop" in stopped.report.reason, stopped.report
+    # Its /work is kept (a stop is no exception), and the run says where and until when.
+    assert stopped.workspace_keep_seconds == 600, stopped
+    assert stopped.report.workspace and stopped.report.workspace_kept_until, stopped.report
+    kept_for = stopped.report.workspace_kept_until - datetime.now(timezone.utc)
+    assert timedelta(minutes=9) < kept_for <= timedelta(minutes=10), kept_for
     rest = list(events)
     assert rest and isinstance(rest[-1], Run) and rest[-1].state == RunState.STOPPED, rest
     # Stopping it again returns it as it ended.

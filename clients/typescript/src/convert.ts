@@ -116,6 +116,7 @@ export function mintRequestToRaw(request: MintRequest): Raw {
     notBefore: request.notBefore && toTimestamp(request.notBefore),
     gatewayExec: (request.gatewayExec ?? []).map((grant) => ({ program: grant.program, ask: grant.ask ?? false })),
     approvalTimeoutSeconds: request.approvalTimeoutSeconds ?? 0,
+    workspaceKeepSeconds: request.workspaceKeepSeconds ?? 0,
   };
 }
 
@@ -299,6 +300,11 @@ function reportFromRaw(raw: Raw | undefined): TeardownReport | undefined {
     outputTruncated: raw.outputTruncated === true,
     cleanupErrors: strings(raw.cleanupErrors),
     landlockAbi: num(raw.landlockAbi),
+    workspace: str(raw.workspace),
+    workspaceKeptUntil:
+      num(raw.workspaceKeptUntil) > 0
+        ? new Date(num(raw.workspaceKeptUntil) * 1000)
+        : undefined,
   };
 }
 
@@ -315,6 +321,7 @@ export function runFromRaw(raw: Raw | undefined): Run {
     report: reportFromRaw(message(r.report)),
     parentRunId: str(r.parentRunId),
     depth: num(r.depth),
+    workspaceKeepSeconds: num(r.workspaceKeepSeconds),
   };
 }
 

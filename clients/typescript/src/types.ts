@@ -229,6 +229,11 @@ export interface MintRequest {
   gatewayExec?: Array<{ program: string; ask?: boolean }>;
   /** Seconds a call waiting for approval waits before it is denied; absent or 0 means 300 (at most 86400). */
   approvalTimeoutSeconds?: number;
+  /**
+   * Seconds the run's /work is kept after it ends, however it ends (for copyOut); absent or 0:
+   * removed at teardown. At most the ceiling's.
+   */
+  workspaceKeepSeconds?: number;
 }
 
 /** A freshly minted (or fetched) receipt. */
@@ -331,6 +336,13 @@ export interface TeardownReport {
   cleanupErrors: string[];
   /** The Landlock ABI the agent ran under (0 when it never started). */
   landlockAbi: number;
+  /**
+   * Where the run's /work was kept on the supervisor's host (its receipt's
+   * workspace_keep_seconds, whatever ended the run), for copyOut; "" when it was removed.
+   */
+  workspace: string;
+  /** Until when it is kept (then, or at removeWorkspace, it goes); undefined when none was. */
+  workspaceKeptUntil?: Date;
 }
 
 /** One run on a supervisor. */
@@ -355,6 +367,8 @@ export interface Run {
   parentRunId: string;
   /** Delegation depth: 0 for a run an operator started. */
   depth: number;
+  /** How long its /work is kept after it ends, in seconds (0: removed at teardown). */
+  workspaceKeepSeconds: number;
 }
 
 /** A child receipt minted for a run (through its gateway) and not started yet. */

@@ -462,7 +462,7 @@ describe("supervisor", { skip: noSupervisor }, () => {
     const a = authority();
     const s = supervisor();
     try {
-      const minted = await a.mint(shSpec("ts-sleeper", "echo ready; sleep 30"));
+      const minted = await a.mint({ ...shSpec("ts-sleeper", "echo ready; sleep 30"), workspaceKeepSeconds: 600 });
       const runId = await s.start(minted);
       // Leave the watch as soon as the agent is up: the call is cancelled, the run goes on.
       for await (const event of s.watch(runId)) {
@@ -473,6 +473,11 @@ describe("supervisor", { skip: noSupervisor }, () => {
       const stopped = await s.stop(runId, "test stop");
       assert.equal(stopped.state, "RUN_STATE_STOPPED");
       assert.match(stopped.report?.reason ?? "", /test stop/);
+      // Its /work is kept (a stop is no exception), and the run says where and until when.
+      assert.equal(stopped.workspaceKeepSeconds, 600);
+      assert.ok(stopped.report?.workspace, "no workspace kept");
+      const keptFor = (stopped.report?.workspaceKeptUntil?.getTime() ?? 0) - Date.now();
+      assert.ok(keptFor > 540_000 && keptFor <= 600_000, `kept for ${keptFor} ms`);
 
       const wrong = await a.mint({ ...shSpec("ts-wrong-audience", "exit 0"), audience: ["elsewhere"] });
       const refused = await refusal(s.start(wrong));

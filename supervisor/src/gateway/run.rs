@@ -1,6 +1,6 @@
 //! One run's gateway, assembled: the call gate and the tool families that share it.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tollgate_audit::AuditLog;
@@ -11,7 +11,7 @@ use super::approval::RunApprovals;
 use super::children::{ChildState, Children};
 use super::egress::{EgressCalls, EgressSetup};
 use super::exec::ExecTools;
-use super::fs::{FsGrant, FsTools, LiveGrants};
+use super::fs::{FsGrant, FsTools, GrantOrigin, LiveGrants};
 use super::gate::{AuditUse, CallGate};
 use super::models::{ModelCalls, RunModels};
 use crate::exec::ExecSandbox;
@@ -49,6 +49,8 @@ pub struct RunGatewayConfig {
     pub egress: EgressSetup,
     /// Where calls under a grant that asks wait for an operator.
     pub approvals: Arc<crate::approvals::ApprovalBoard>,
+    /// The run's output budget in all, as amended (shared with the run's relay).
+    pub output_limit: Arc<AtomicU64>,
 }
 
 /// What the gateway of one run knows and counts: one call gate, and each tool family
@@ -74,6 +76,8 @@ pub struct RunGateway {
     /// Changes to the live run are made one at a time (check, audit, apply under this lock),
     /// and each signed amendment applies once: the ids of those applied.
     pub amendments: Mutex<std::collections::HashSet<String>>,
+    /// The run's output budget in all, as amended (shared with the run's relay).
+    pub output_limit: Arc<AtomicU64>,
 }
 
 impl RunGateway {
@@ -107,6 +111,7 @@ impl RunGateway {
         // Shared by the exec tool and delegation (children get only programs still in force).
         let programs = Arc::new(std::sync::RwLock::new(gate.receipt.gateway_exec.clone()));
         Self {
+            output_limit: config.output_limit,
             amendments: Mutex::default(),
             approvals: approvals.clone(),
             host_id: config.host_id,
@@ -146,5 +151,51 @@ impl RunGateway {
     /// The run (= receipt) id.
     pub fn run_id(&self) -> &str {
         &self.gate.run_id
+    }
+
+    /// The run's receipt as its powers stand now, for `GetRunReceipt`: the signed one with
+    /// every narrowing and amendment since applied — the fs grants and gateway-only programs
+    /// in force, the expiry, and the tool-call, token, output and outbound-byte budgets. Read
+    /// from what the gateway checks calls against, so it is never staler than the checks
+    /// (a live restore puts those back before the gateway serves again).
+    pub fn receipt_in_force(&self) -> pb::Receipt {
+        let mut receipt = self.gate.receipt.clone();
+        let signed = std::mem::take(&mut receipt.fs);
+        receipt.fs = self
+            .fs
+            .grants
+            .current()
+            .iter()
+            .map(|grant| {
+                // The receipt's own grant as signed (its mount); an amendment's has none.
+                signed
+                    .iter()
+                    .find(|r| r.path == grant.path && grant.origin == GrantOrigin::Receipt)
+                    .cloned()
+                    .unwrap_or_else(|| pb::FsGrant {
+                        path: grant.path.clone(),
+                        access: if grant.writable {
+                            pb::FsAccess::Write as i32
+                        } else {
+                            pb::FsAccess::Read as i32
+                        },
+                        ask: grant.ask,
+                        ask_reads: grant.ask_reads,
+                        ..Default::default()
+                    })
+            })
+            .collect();
+        receipt.gateway_exec = self.exec.programs();
+        receipt.expires_at = Some(tollgate_receipt::timestamp_from_unix(
+            self.gate.expires_at(),
+        ));
+        let limits = receipt.limits.get_or_insert_with(Default::default);
+        limits.tool_calls = self.gate.max_calls();
+        if let Some(models) = &self.models.models {
+            limits.tokens = models.token_limit();
+        }
+        limits.output_bytes = self.output_limit.load(Ordering::SeqCst);
+        limits.egress_bytes = self.egress.max_bytes();
+        receipt
     }
 }

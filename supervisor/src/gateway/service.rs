@@ -83,10 +83,11 @@ impl Gateway for GatewayService {
         request: Request<pb::GetRunReceiptRequest>,
     ) -> Result<Response<pb::GetRunReceiptResponse>, Status> {
         self.check_peer(&request)?;
-        let receipt = &self.run.gate.receipt;
+        // The powers in force, not the receipt as started: every narrowing and amendment
+        // shows at once.
+        let receipt = self.run.receipt_in_force();
         let models = self.run.models.models.as_ref();
         Ok(Response::new(pb::GetRunReceiptResponse {
-            receipt: Some(receipt.clone()),
             tool_calls_left: self.run.gate.calls_left(),
             tokens_left: models.map_or(0, |models| {
                 models
@@ -103,6 +104,7 @@ impl Gateway for GatewayService {
                     .map(|grant| grant.name.clone())
                     .collect()
             }),
+            receipt: Some(receipt),
         }))
     }
 

@@ -71,6 +71,7 @@ fn fixture(max_calls: u64, expires_in: i64) -> Fixture {
         children: Default::default(),
         egress: Default::default(),
         approvals: Default::default(),
+        output_limit: Arc::default(),
     });
     Fixture {
         _dir: dir,

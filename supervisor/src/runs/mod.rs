@@ -116,7 +116,7 @@ struct LiveRun {
     output_left: Arc<AtomicU64>,
     /// The run's output budget in all (the receipt's, or lower after a narrowing): what a
     /// narrowing's new budget is measured against.
-    output_limit: AtomicU64,
+    output_limit: Arc<AtomicU64>,
     /// The run that delegated this one, if any: its end ends this run too.
     parent: Option<String>,
     /// The Landlock ABI the shim reported.
@@ -621,13 +621,18 @@ impl RunManager {
     /// ended run's is in its report).
     pub fn run_view(&self, record: &RunRecord) -> tollgate_proto::v1::Run {
         let mut run = crate::wire::run_proto(record);
-        let live_usage = self.live_run(&record.run_id).and_then(|live| {
+        if let Some(live) = self.live_run(&record.run_id) {
             let gateway = live.gateway.lock().unwrap_or_else(|p| p.into_inner());
-            let (gateway, _) = gateway.as_ref()?;
-            Some(gateway.models.models.as_ref()?.usage())
-        });
-        if let Some(usage) = live_usage {
-            run.model_usage = usage.iter().map(crate::wire::usage_proto).collect();
+            if let Some((gateway, _)) = gateway.as_ref() {
+                run.workspace_keep_seconds = gateway.gate.receipt.workspace_keep_seconds;
+                if let Some(models) = gateway.models.models.as_ref() {
+                    run.model_usage = models
+                        .usage()
+                        .iter()
+                        .map(crate::wire::usage_proto)
+                        .collect();
+                }
+            }
         }
         run
     }

@@ -303,7 +303,7 @@ impl RunManager {
         let live = Arc::new(LiveRun {
             cgroup,
             output_left: Arc::new(AtomicU64::new(output_bytes)),
-            output_limit: AtomicU64::new(output_bytes),
+            output_limit: Arc::new(AtomicU64::new(output_bytes)),
             parent: parent.map(str::to_owned),
             landlock_abi: OnceLock::new(),
             closing: Arc::default(),
@@ -611,6 +611,7 @@ impl RunManager {
                 }),
             },
             approvals: self.approvals.clone(),
+            output_limit: live.output_limit.clone(),
             exec: Some(Arc::new(ExecSandbox {
                 shim: self.settings.shim.clone(),
                 plan: plan.clone(),

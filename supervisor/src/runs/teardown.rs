@@ -21,6 +21,14 @@ pub(super) enum Ended {
     NotStarted(String),
 }
 
+/// Whether an ended run's `/work` is kept: whenever its receipt asks for it, its sandbox
+/// started (before that there is nothing to keep), and no process of it is left to write
+/// there (its cgroup was emptied). What ended it — the agent's exit, a stop, expiry,
+/// revocation, a limit, a shutdown, a parent's end — does not matter: the one rule for all.
+fn keeps_workspace(keep_seconds: u64, started: bool, emptied: bool) -> bool {
+    keep_seconds > 0 && started && emptied
+}
+
 impl RunManager {
     /// Gives back what a child held of its parent's limits (nothing for a root run).
     pub(super) fn release_holds(&self, run_id: &str) {
@@ -148,6 +156,7 @@ impl RunManager {
             Ended::Agent(exit, truncated) => (exit, truncated, None),
             Ended::NotStarted(reason) => (None, false, Some(reason)),
         };
+        let started = failure.is_none();
         let mut report = TeardownReport {
             output_truncated,
             last_tool_call_id: last_tool_call_id.flatten(),
@@ -185,17 +194,22 @@ impl RunManager {
         // Whatever ended this run ends its descendants, before its own cleanup.
         self.cascade(run_id, state, &reason);
         report.reason = reason;
-        if let Err(e) = live.cgroup.kill_all(KILL_DEADLINE) {
-            report.cleanup_errors.push(e.to_string());
-        }
+        let emptied = match live.cgroup.kill_all(KILL_DEADLINE) {
+            Ok(()) => true,
+            Err(e) => {
+                report.cleanup_errors.push(e.to_string());
+                false
+            }
+        };
         report.peak_memory_bytes = live.cgroup.peak_memory();
         report.cgroup = Some(live.cgroup.relative().to_owned());
         if let Err(e) = live.cgroup.remove() {
             report.cleanup_errors.push(e.to_string());
         }
         // A receipt that keeps the workspace: moved aside (for `tollgate cp`) before the
-        // run's directory goes. Only once the agent ran: there is nothing to keep otherwise.
-        if keep > 0 && exit.is_some() {
+        // run's directory goes, whatever ended the run (see `keeps_workspace`).
+        report.workspace_keep_seconds = keep;
+        if keeps_workspace(keep, started, emptied) {
             match self.keep_workspace(run_id, dirs, keep) {
                 Ok((path, until)) => {
                     report.workspace = Some(path.display().to_string());

@@ -108,6 +108,7 @@ class Authority(_Client):
         gateway_exec: Iterable[str] = (),
         exec_ask: Iterable[str] = (),
         approval_timeout: Optional[Duration] = None,
+        workspace_keep: Optional[Duration] = None,
     ) -> MintedReceipt:
         """Mints and signs a receipt for the calling operator, within its ceiling.
 
@@ -134,6 +135,8 @@ class Authority(_Client):
                 operator first.
             approval_timeout: How long a call waits for an operator before it is denied
                 (default 5 minutes).
+            workspace_keep: How long the run's ``/work`` is kept after it ends, however it
+                ends, for ``tollgate cp`` (default: removed at teardown).
 
         Returns:
             The minted receipt: its text form, id and decoded fields.
@@ -151,6 +154,8 @@ class Authority(_Client):
         )
         if approval_timeout is not None:
             request.approval_timeout_seconds = parse_duration(approval_timeout)
+        if workspace_keep is not None:
+            request.workspace_keep_seconds = parse_duration(workspace_keep)
         if argv is not None or env or workdir:
             request.agent.CopyFrom(
                 receipt_pb2.AgentSpec(argv=strings(argv), env=dict(env or {}), workdir=workdir)

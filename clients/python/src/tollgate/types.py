@@ -649,6 +649,13 @@ class TeardownReport:
     output_truncated: bool
     cleanup_errors: Tuple[str, ...]
     landlock_abi: int
+    #: Where the run's ``/work`` was kept on the supervisor's host (its receipt's
+    #: ``workspace_keep_seconds``, whatever ended the run), for ``tollgate cp``; ``None`` when
+    #: it was removed at teardown.
+    workspace: Optional[str] = None
+    #: Until when it is kept (then, or at ``remove_workspace``, it goes); ``None`` when none
+    #: was kept.
+    workspace_kept_until: Optional[datetime] = None
 
     @classmethod
     def from_proto(cls, m: Any) -> "TeardownReport":
@@ -666,6 +673,12 @@ class TeardownReport:
             output_truncated=m.output_truncated,
             cleanup_errors=tuple(m.cleanup_errors),
             landlock_abi=m.landlock_abi,
+            workspace=m.workspace or None,
+            workspace_kept_until=(
+                datetime.fromtimestamp(m.workspace_kept_until, tz=timezone.utc)
+                if m.workspace_kept_until
+                else None
+            ),
         )
 
 
@@ -685,6 +698,9 @@ class Run:
     report: Optional[TeardownReport]
     parent_run_id: str = ""
     depth: int = 0
+    #: How long its ``/work`` is kept after it ends, in seconds (its receipt's
+    #: ``workspace_keep_seconds``; 0: removed at teardown).
+    workspace_keep_seconds: int = 0
 
     @property
     def ended(self) -> bool:
@@ -709,6 +725,7 @@ class Run:
             report=TeardownReport.from_proto(m.report) if m.HasField("report") else None,
             parent_run_id=m.parent_run_id,
             depth=m.depth,
+            workspace_keep_seconds=m.workspace_keep_seconds,
         )
 
 

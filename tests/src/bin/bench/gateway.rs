@@ -215,6 +215,7 @@ fn reads(calls: usize) -> anyhow::Result<Reads> {
         children: Default::default(),
         egress: Default::default(),
         approvals: Default::default(),
+        output_limit: Arc::default(),
     }));
     // Each server on its own one-worker runtime, as in the supervisor.
     let server = tokio::runtime::Builder::new_multi_thread()
