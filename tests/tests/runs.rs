@@ -953,7 +953,7 @@ fn a_kept_workspace_outlives_every_way_a_run_ends() {
     );
     let shut_down = start(long, 60, &[]);
     assert!(fx.manager.stop(&stopped, "operator asked"));
-    fx.manager.revoke(&revoked);
+    fx.manager.revoke(&revoked, "done early");
     let mut ended = Vec::new();
     for (run_id, state) in [
         (&exited, RunState::Exited),
