@@ -678,7 +678,7 @@ mod tests {
         for (text, needle) in cases {
             let message = error(&text);
             assert!(message.contains(needle), "{needle:?} not in {message:?}");
-            assert!(message.starts_with("routes.toml: "), "{message}");
+            assert!(message.starts_with("routes.toml:"), "{message}");
         }
     }
 }

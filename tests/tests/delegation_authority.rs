@@ -1128,13 +1128,22 @@ async fn the_cli_enrols_supervisors_and_shows_the_chain() {
     let table = tollgate(&authority, Some(&admin_file), &["receipts"]);
     let table = String::from_utf8_lossy(&table.stdout);
     assert!(
-        table.lines().next().unwrap().ends_with("DEPTH PARENT"),
+        table
+            .lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .rev()
+            .take(2)
+            .eq(["PARENT", "DEPTH"]),
         "{table}"
     );
     assert!(
-        table
-            .lines()
-            .any(|l| l.starts_with(&id(&child)) && l.ends_with(&format!("1     {}", id(&parent)))),
+        table.lines().any(|l| l.starts_with(&id(&child))
+            && l.split_whitespace()
+                .rev()
+                .take(2)
+                .eq([id(&parent).as_str(), "1"])),
         "{table}"
     );
     let audit_dir = authority.data_dir().join("audit");
