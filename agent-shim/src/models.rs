@@ -253,6 +253,7 @@ fn parse_call(api: Api, body: &Value) -> Result<(pb::CompleteRequest, bool), Str
             messages.push(pb::ChatMessage {
                 role: "system".into(),
                 content: text_of(system)?,
+                parts: Vec::new(),
             });
         }
     }
@@ -268,6 +269,7 @@ fn parse_call(api: Api, body: &Value) -> Result<(pb::CompleteRequest, bool), Str
                 .unwrap_or_default()
                 .to_owned(),
             content: text_of(message.get("content").unwrap_or(&Value::Null))?,
+            parts: Vec::new(),
         });
     }
     let max_tokens = body
@@ -307,6 +309,7 @@ fn parse_call(api: Api, body: &Value) -> Result<(pb::CompleteRequest, bool), Str
                 .and_then(Value::as_f64)
                 .map(|t| t as f32),
             stop,
+            ..Default::default()
         },
         include_usage,
     ))

@@ -178,10 +178,12 @@ fn request(route: &str, text: &str, stream: bool) -> pb::CompleteRequest {
             pb::ChatMessage {
                 role: "system".into(),
                 content: "be brief".into(),
+                ..Default::default()
             },
             pb::ChatMessage {
                 role: "user".into(),
                 content: text.into(),
+                ..Default::default()
             },
         ],
         max_tokens: 64,

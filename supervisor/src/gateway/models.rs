@@ -799,7 +799,10 @@ async fn relay_reply(
                     let sent = tokio::time::timeout(
                         CLIENT_IDLE,
                         out.send(Ok(event(pb::complete_event::Event::Delta(
-                            pb::CompleteDelta { text: delta },
+                            pb::CompleteDelta {
+                                text: delta,
+                                ..Default::default()
+                            },
                         )))),
                     )
                     .await;

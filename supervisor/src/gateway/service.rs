@@ -118,6 +118,31 @@ impl Gateway for GatewayService {
         self.run.models.complete(request).await.map(Response::new)
     }
 
+    // SCAFFOLD(issue 29): replaced by the gateway helper's implementations before landing.
+    async fn count_tokens(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CountTokensResponse>, Status> {
+        self.check_peer(&request)?;
+        Err(Status::unimplemented("CountTokens"))
+    }
+
+    async fn list_models(
+        &self,
+        request: Request<pb::ListModelsRequest>,
+    ) -> Result<Response<pb::ListModelsResponse>, Status> {
+        self.check_peer(&request)?;
+        Err(Status::unimplemented("ListModels"))
+    }
+
+    async fn record_refused_call(
+        &self,
+        request: Request<pb::RecordRefusedCallRequest>,
+    ) -> Result<Response<pb::RecordRefusedCallResponse>, Status> {
+        self.check_peer(&request)?;
+        Err(Status::unimplemented("RecordRefusedCall"))
+    }
+
     async fn call_tool(
         &self,
         request: Request<pb::CallToolRequest>,

@@ -79,6 +79,27 @@ impl pb::gateway_server::Gateway for UnauditedReads {
         Err(tonic::Status::unimplemented("baseline"))
     }
 
+    async fn count_tokens(
+        &self,
+        _: tonic::Request<pb::CompleteRequest>,
+    ) -> Result<tonic::Response<pb::CountTokensResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
+    async fn list_models(
+        &self,
+        _: tonic::Request<pb::ListModelsRequest>,
+    ) -> Result<tonic::Response<pb::ListModelsResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
+    async fn record_refused_call(
+        &self,
+        _: tonic::Request<pb::RecordRefusedCallRequest>,
+    ) -> Result<tonic::Response<pb::RecordRefusedCallResponse>, tonic::Status> {
+        Err(tonic::Status::unimplemented("baseline"))
+    }
+
     type EgressStream =
         tokio_stream::wrappers::ReceiverStream<Result<pb::EgressFrame, tonic::Status>>;
 
