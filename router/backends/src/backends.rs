@@ -213,6 +213,8 @@ impl Backends {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // A streamed call's small writes must not wait for the upstream's delayed ACK (Nagle).
+        http.set_nodelay(true);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()

@@ -12,6 +12,8 @@
 //! * `gateway`: a 4 KiB `fs.read` through the gateway beside a direct read (root).
 //! * `egress`: HTTPS through the sandbox's proxy and the gateway beside the same clients
 //!   straight from the host: download throughput and added latency per request (root).
+//! * `models`: a streamed chat completion with tools from inside a sandbox beside the same
+//!   client straight to the same upstream: time to first chunk and per chunk (root).
 //! * `fleet`: one authority fanning revocations out to many supervisor streams over mutual
 //!   TLS, beside the same fan-out in plaintext.
 //!
@@ -110,7 +112,23 @@ enum Bench {
         #[arg(long, default_value_t = 5)]
         runs: usize,
     },
-    /// Mint throughput over gRPC.
+    /// A streamed chat completion with tools from inside a sandbox (its model endpoint, the
+    /// gateway, the router) beside the same client straight to the same upstream: time to the
+    /// first chunk and time per chunk (root).
+    Models {
+        /// Calls per round (after one warm-up call).
+        #[arg(long, default_value_t = 50)]
+        calls: usize,
+        /// Argument fragments the upstream streams per call.
+        #[arg(long, default_value_t = 20)]
+        chunks: usize,
+        /// Milliseconds between the upstream's events.
+        #[arg(long, default_value_t = 2)]
+        gap_ms: u64,
+        /// Rounds (all calls are pooled for the percentiles).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// Revocation fan-out: from RevokeReceipt to the last of N supervisor streams having it,
     /// over mutual TLS beside plaintext.
     Fleet {
@@ -121,6 +139,7 @@ enum Bench {
         #[arg(long, default_value_t = 50)]
         revocations: usize,
     },
+    /// Mint throughput over gRPC.
     Mint {
         /// Receipts to mint.
         #[arg(long, default_value_t = 2000)]
@@ -353,6 +372,7 @@ mod classify;
 mod egress;
 mod fleet;
 mod gateway;
+mod models;
 mod sandbox;
 mod stats;
 
@@ -384,5 +404,11 @@ fn main() -> anyhow::Result<()> {
             mebibytes,
             runs,
         } => egress::bench(requests.max(1), mebibytes.max(1), runs.max(1)),
+        Bench::Models {
+            calls,
+            chunks,
+            gap_ms,
+            runs,
+        } => models::bench(calls.max(1), chunks.max(2), gap_ms, runs.max(1)),
     }
 }
