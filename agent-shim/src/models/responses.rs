@@ -203,13 +203,15 @@ fn items_to_messages(items: &[Value], messages: &mut Vec<pb::ChatMessage>) -> Re
                     .flatten()
                     .filter_map(|s| str_of(s, "text"))
                     .collect();
+                let (origin, redacted, id) =
+                    reasoning_origin(str_of(item, "id").unwrap_or_default());
                 assistant.push(pb::ContentPart {
                     part: Some(pb::content_part::Part::Thinking(pb::ThinkingPart {
                         text: summary.join("\n\n"),
                         signature: string_of(item, "encrypted_content"),
-                        origin: ORIGIN.into(),
-                        redacted: false,
-                        id: string_of(item, "id"),
+                        origin: origin.into(),
+                        redacted,
+                        id,
                     })),
                     cache: false,
                 });
@@ -310,6 +312,44 @@ fn item_id(context: &Context, prefix: &str, index: usize) -> String {
         "{prefix}_{}{index}",
         context.started.call_id.replace('-', "")
     )
+}
+
+/// Reasoning item ids that say the reasoning came from an Anthropic backend (its signature in
+/// `encrypted_content`), so that when the agent sends the item back it goes back to Anthropic
+/// as a thinking block — which Anthropic requires before tool use while thinking is on.
+const ANTHROPIC_IDS: &str = "rs_anthropic_";
+/// The same for Anthropic's redacted thinking.
+const ANTHROPIC_REDACTED_IDS: &str = "rs_anthropic-redacted_";
+
+/// A reasoning item's id: the Responses backend's own, or one made for this reply that
+/// carries where the reasoning came from.
+fn reasoning_id(
+    context: &Context,
+    origin: &str,
+    redacted: bool,
+    given: &str,
+    index: usize,
+) -> String {
+    match origin {
+        "anthropic" if redacted => {
+            item_id(context, ANTHROPIC_REDACTED_IDS.trim_end_matches('_'), index)
+        }
+        "anthropic" => item_id(context, ANTHROPIC_IDS.trim_end_matches('_'), index),
+        _ if !given.is_empty() => given.to_owned(),
+        _ => item_id(context, "rs", index),
+    }
+}
+
+/// Where a reasoning item the agent sent back came from (ThinkingPart's origin, redacted, id)
+/// by its id (see `reasoning_id`).
+fn reasoning_origin(id: &str) -> (&'static str, bool, String) {
+    if id.starts_with(ANTHROPIC_REDACTED_IDS) {
+        ("anthropic", true, String::new())
+    } else if id.starts_with(ANTHROPIC_IDS) {
+        ("anthropic", false, String::new())
+    } else {
+        (ORIGIN, false, id.to_owned())
+    }
 }
 
 /// `status` and `incomplete_details` for how the call ended.
@@ -414,11 +454,7 @@ pub(crate) fn reply(context: &Context, reply: &Reply) -> Value {
         .map(|(n, b)| match b {
             Block::Text(text) => message_item(&item_id(context, "msg", n), text),
             Block::Thinking(t) => {
-                let id = if t.id.is_empty() {
-                    item_id(context, "rs", n)
-                } else {
-                    t.id.clone()
-                };
+                let id = reasoning_id(context, &t.origin, t.redacted, &t.id, n);
                 reasoning_item(&id, &t.text, &t.signature)
             }
             Block::Tool(index, call) => call_item(
@@ -578,11 +614,7 @@ impl Encoder for ResponsesStream {
         {
             let continues = matches!(&self.open, Some(Open::Reasoning { id, .. }) if t.id.is_empty() || *id == t.id);
             if !continues || t.redacted {
-                let id = if t.id.is_empty() {
-                    item_id(&self.context, "rs", self.index())
-                } else {
-                    t.id.clone()
-                };
+                let id = reasoning_id(&self.context, &t.origin, t.redacted, &t.id, self.index());
                 let item = json!({"id": id, "type": "reasoning", "summary": []});
                 self.begin(
                     &mut out,

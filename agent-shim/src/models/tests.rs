@@ -47,6 +47,7 @@ impl pb::gateway_server::Gateway for Scripted {
             "down" => return Err(tonic::Status::unavailable("the backend is unreachable")),
             _ => {}
         }
+        let reasoning = request.reasoning.is_some();
         self.0.lock().unwrap().calls.push(request);
         use pb::complete_event::Event;
         let delta = |text: &str, call: Option<(&str, &str, &str)>| {
@@ -61,13 +62,28 @@ impl pb::gateway_server::Gateway for Scripted {
                 thinking: None,
             })
         };
-        let events = vec![
-            Event::Started(pb::CompleteStarted {
-                call_id: "0190-call".into(),
-                route: "local".into(),
-                model: "served-model".into(),
+        let thinking = |text: &str, signature: &str| {
+            Event::Delta(pb::CompleteDelta {
+                thinking: Some(pb::ThinkingDelta {
+                    text: text.into(),
+                    signature: signature.into(),
+                    origin: "anthropic".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
-            }),
+            })
+        };
+        let mut events = vec![Event::Started(pb::CompleteStarted {
+            call_id: "0190-call".into(),
+            route: "local".into(),
+            model: "served-model".into(),
+            ..Default::default()
+        })];
+        // Reasoning only when asked for, as a backend gives it: text, then its signature.
+        if reasoning {
+            events.extend([thinking("plan", ""), thinking("", "sig")]);
+        }
+        events.extend([
             delta("Let me look.", None),
             delta("", Some(("call_abc", "read_file", "{\"path\":"))),
             delta("", Some(("", "", "\"a.txt\"}"))),
@@ -83,7 +99,7 @@ impl pb::gateway_server::Gateway for Scripted {
                 }),
                 ..Default::default()
             }),
-        ];
+        ]);
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         for event in events {
             tx.send(Ok(pb::CompleteEvent { event: Some(event) }))
@@ -541,4 +557,35 @@ async fn refusals_are_recorded_and_answered_in_the_apis_shape() {
         .await;
     assert_eq!((down.status, down.header("x-should-retry")), (502, None));
     assert_eq!(down.json()["error"]["type"], "api_error");
+}
+
+/// The official SDKs' parsers against the endpoint: `openai` from the agents' virtualenv
+/// that `scripts/test` makes ($TOLLGATE_AGENT_VENV), or any Python with `openai` (and
+/// optionally `anthropic`) named by $TOLLGATE_SDK_PYTHON. Without either it says so and
+/// passes: the HTTP tests above hold the same fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_sdks_parse_what_the_endpoint_sends() {
+    let python = std::env::var("TOLLGATE_SDK_PYTHON").ok().or_else(|| {
+        std::env::var("TOLLGATE_AGENT_VENV")
+            .ok()
+            .map(|venv| format!("{venv}/bin/python"))
+    });
+    let Some(python) = python.filter(|p| std::path::Path::new(p).exists()) else {
+        eprintln!("no Python with the SDKs (TOLLGATE_SDK_PYTHON, TOLLGATE_AGENT_VENV): skipped");
+        return;
+    };
+    let endpoint = Endpoint::start().await;
+    let output = tokio::process::Command::new(python)
+        .arg("-c")
+        .arg(include_str!("sdk_check.py"))
+        .env("TOLLGATE_TEST_ENDPOINT", &endpoint.base)
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert!(output.status.success(), "{stdout}{stderr}");
+    eprintln!("{stdout}");
 }

@@ -260,3 +260,42 @@ fn whole_replies_list_output_items() {
     assert_eq!(body["output"][1]["type"], "function_call");
     assert_eq!(body["output"][1]["call_id"], "call_1");
 }
+
+#[test]
+fn anthropic_reasoning_goes_back_to_anthropic() {
+    let mut r = Reply::default();
+    r.push(&pb::CompleteDelta {
+        thinking: Some(pb::ThinkingDelta {
+            text: "plan".into(),
+            signature: "sig".into(),
+            origin: "anthropic".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    let item = reply(&context(), &r)["output"][0].clone();
+    assert_eq!(item["encrypted_content"], "sig");
+    let call =
+        parse(&json!({"input": [item, {"type": "message", "role": "user", "content": "go on"}]}))
+            .unwrap();
+    let Some(Part::Thinking(t)) = &call.request.messages[0].parts[0].part else {
+        panic!("{:?}", call.request.messages)
+    };
+    assert_eq!(
+        (
+            t.origin.as_str(),
+            t.signature.as_str(),
+            t.text.as_str(),
+            t.id.as_str()
+        ),
+        ("anthropic", "sig", "plan", "")
+    );
+    let native = parse(&json!({"input": [{"type": "reasoning", "id": "rs_9", "summary": [], "encrypted_content": "e"}]})).unwrap();
+    let Some(Part::Thinking(t)) = &native.request.messages[0].parts[0].part else {
+        panic!()
+    };
+    assert_eq!(
+        (t.origin.as_str(), t.id.as_str()),
+        ("openai-responses", "rs_9")
+    );
+}
