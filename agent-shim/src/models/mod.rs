@@ -222,11 +222,7 @@ async fn serve(listener: tokio::net::TcpListener, gateway: Gateway) -> i32 {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
-        // A streamed reply is many small writes; with Nagle's algorithm each would wait for
-        // the agent's delayed ACK (~40 ms) before going out.
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::warn!(error = %e, "cannot set TCP_NODELAY on a model connection");
-        }
+        accepted(&stream);
         let gateway = gateway.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
@@ -237,6 +233,14 @@ async fn serve(listener: tokio::net::TcpListener, gateway: Gateway) -> i32 {
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+/// Readies an accepted connection: a streamed reply is many small writes, and with Nagle's
+/// algorithm each would wait for the agent's delayed ACK (~40 ms) before going out.
+fn accepted(stream: &tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::warn!(error = %e, "cannot set TCP_NODELAY on a model connection");
     }
 }
 

@@ -561,7 +561,14 @@ impl ResponsesStream {
                         json!({"item_id": id, "output_index": index, "arguments": arguments}),
                     );
                 } else {
+                    // The input is inside the function's JSON arguments, readable only
+                    // once they are whole: one delta with all of it, then done.
                     let input = item["input"].clone();
+                    self.event(
+                        out,
+                        "response.custom_tool_call_input.delta",
+                        json!({"item_id": id, "output_index": index, "delta": input}),
+                    );
                     self.event(
                         out,
                         "response.custom_tool_call_input.done",

@@ -50,6 +50,16 @@ reasoning = response.output[0]
 assert reasoning.type == "reasoning" and reasoning.summary[0].text == "plan", response
 assert reasoning.encrypted_content == "sig", reasoning
 
+# A free-form (custom) tool: its call comes back as a custom_tool_call item. (The scripted
+# reply's arguments have no "input" field, so the item's input is the arguments' text.)
+custom = [{"type": "custom", "name": "read_file", "description": "reads a file"}]
+with client.responses.stream(model="gpt-5-codex", input="read a.txt", tools=custom) as stream:
+    for _ in stream:
+        pass
+    response = stream.get_final_response()
+call = response.output[1]
+assert call.type == "custom_tool_call" and call.input == '{"path":"a.txt"}', response
+
 # The Responses API, whole.
 response = client.responses.create(model="gpt-5-codex", input="hi")
 assert response.output[1].name == "read_file", response

@@ -503,6 +503,17 @@ async fn refusals_are_recorded_and_answered_in_the_apis_shape() {
         (stored.status, stored.header("x-should-retry")),
         (400, Some("false"))
     );
+    let big = format!(
+        "{{\"model\": \"gpt-4o\", \"messages\": [], \"pad\": \"{}\"}}",
+        "x".repeat(8 << 20)
+    );
+    let too_big = endpoint
+        .send("POST", "/v1/chat/completions", &[], &big)
+        .await;
+    assert_eq!(
+        (too_big.status, too_big.header("x-should-retry")),
+        (413, Some("false"))
+    );
     let remote_image = json!({"model": "gpt-4o", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}]}]});
     assert_eq!(
         endpoint
@@ -531,6 +542,7 @@ async fn refusals_are_recorded_and_answered_in_the_apis_shape() {
                 ("unknown", "POST /v1/embeddings", 404, ""),
                 ("anthropic-messages", "POST /v1/messages", 400, ""),
                 ("openai-responses", "POST /v1/responses", 400, "gpt-5"),
+                ("openai-chat", "POST /v1/chat/completions", 413, ""),
                 ("openai-chat", "POST /v1/chat/completions", 400, "gpt-4o"),
             ]
         );
@@ -588,4 +600,17 @@ async fn the_official_sdks_parse_what_the_endpoint_sends() {
     );
     assert!(output.status.success(), "{stdout}{stderr}");
     eprintln!("{stdout}");
+}
+
+/// Accepted connections have TCP_NODELAY: a stream is many small writes, and with Nagle's
+/// algorithm each would wait for the agent's delayed ACK (the issue measured ~44 ms steps).
+#[tokio::test]
+async fn accepted_connections_send_small_writes_at_once() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+    let (accepted, _client) = tokio::join!(listener.accept(), client);
+    let (stream, _) = accepted.unwrap();
+    assert!(!stream.nodelay().unwrap());
+    super::accepted(&stream);
+    assert!(stream.nodelay().unwrap());
 }

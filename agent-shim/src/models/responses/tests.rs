@@ -183,6 +183,7 @@ fn streams_announce_and_finish_every_item_in_sequence() {
             "response.function_call_arguments.done",
             "response.output_item.done",
             "response.output_item.added",
+            "response.custom_tool_call_input.delta",
             "response.custom_tool_call_input.done",
             "response.output_item.done",
             "response.completed",
@@ -208,11 +209,12 @@ fn streams_announce_and_finish_every_item_in_sequence() {
     assert_eq!(e[19]["item"]["call_id"], "call_1");
     assert_eq!(e[19]["item"]["arguments"], "{\"command\":[\"ls\"]}");
     assert!(e[19]["item"]["id"].as_str().unwrap().starts_with("fc_"));
+    assert_eq!(e[21]["delta"], "*** Begin Patch");
     assert_eq!(
-        e[22]["item"],
-        json!({"id": e[22]["item"]["id"], "type": "custom_tool_call", "status": "completed", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"})
+        e[23]["item"],
+        json!({"id": e[23]["item"]["id"], "type": "custom_tool_call", "status": "completed", "call_id": "call_2", "name": "apply_patch", "input": "*** Begin Patch"})
     );
-    let done = &e[23]["response"];
+    let done = &e[24]["response"];
     assert_eq!(done["status"], "completed");
     assert_eq!(done["model"], "gpt-5");
     assert_eq!(done["output"].as_array().unwrap().len(), 4);
