@@ -136,6 +136,9 @@ impl GatewayError {
             tonic::Code::FailedPrecondition => {
                 (StatusCode::BAD_GATEWAY, "tollgate_backend_error", false)
             }
+            // A gateway that does not serve this call (an older supervisor): asking again
+            // cannot help.
+            tonic::Code::Unimplemented => (StatusCode::NOT_IMPLEMENTED, "tollgate_error", false),
             // The backend or the gateway may be back in a moment: let the SDK retry.
             tonic::Code::Unavailable => (StatusCode::BAD_GATEWAY, "tollgate_backend_error", true),
             tonic::Code::DeadlineExceeded => {
