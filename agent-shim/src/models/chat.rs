@@ -126,6 +126,15 @@ fn tools(body: &Value) -> Result<(Vec<pb::ToolDefinition>, Vec<String>), Invalid
                     cache: false,
                 });
             }
+            // A free-form tool runs in the agent, so dropping it would change what the agent
+            // asked for; this endpoint carries free-form tools on the Responses API only.
+            "custom" => {
+                return Err(Invalid::new(
+                    "custom (free-form) tools are not supported on chat completions: declare \
+                     them as functions, or use the Responses API (POST /v1/responses)",
+                ))
+            }
+            // Hosted tools (web search and the like) run outside the gateway.
             other => dropped.push(
                 tool.pointer(&format!("/{other}/name"))
                     .and_then(Value::as_str)
@@ -410,6 +419,9 @@ mod tests {
         let remote = json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}]}]});
         assert!(parse(&remote).unwrap_err().0.contains("data:"));
         assert!(parse(&json!({"messages": [], "n": 2})).is_err());
+        let custom =
+            json!({"messages": [], "tools": [{"type": "custom", "custom": {"name": "patch"}}]});
+        assert!(parse(&custom).unwrap_err().0.contains("Responses API"));
     }
 
     fn context() -> Context {
