@@ -349,7 +349,8 @@ fn target(method: &Method, path: &str, anthropic: bool) -> (Target, Api) {
 async fn handle(mut gateway: Gateway, request: Request<hyper::body::Incoming>) -> Response<Body> {
     let (method, path) = (request.method().clone(), request.uri().path().to_owned());
     let anthropic = request.headers().contains_key("anthropic-version");
-    let line = format!("{method} {path}");
+    // What is recorded of the request: its method and path, cut short (the audit log gets it).
+    let line = format!("{method} {}", clip(&path));
     let (target, api) = target(&method, &path, anthropic);
     match target {
         Target::Models(id) => models(&mut gateway, api, id).await,
@@ -403,7 +404,7 @@ async fn handle(mut gateway: Gateway, request: Request<hyper::body::Incoming>) -
             let call = match parsed {
                 Ok(call) => call,
                 Err(invalid) => {
-                    let model = common::string_of(&value, "model");
+                    let model = clip(&common::string_of(&value, "model")).to_owned();
                     let refusal = Refusal::bad_request(&invalid);
                     return refuse(&mut gateway, Some(api), api, &line, &model, refusal).await;
                 }
@@ -419,6 +420,16 @@ async fn handle(mut gateway: Gateway, request: Request<hyper::body::Incoming>) -
             response
         }
     }
+}
+
+/// At most the first 200 bytes of `text` (on a character boundary): the path and model name
+/// recorded of a refused request are the agent's text, of any length.
+fn clip(text: &str) -> &str {
+    let mut end = text.len().min(200);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The `x-tollgate-dropped-tools` header for the tools dropped from a request (logged too).
