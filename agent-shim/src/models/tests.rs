@@ -571,10 +571,9 @@ async fn refusals_are_recorded_and_answered_in_the_apis_shape() {
     assert_eq!(down.json()["error"]["type"], "api_error");
 }
 
-/// The official SDKs' parsers against the endpoint: `openai` from the agents' virtualenv
-/// that `scripts/test` makes ($TOLLGATE_AGENT_VENV), or any Python with `openai` (and
-/// optionally `anthropic`) named by $TOLLGATE_SDK_PYTHON. Without either it says so and
-/// passes: the HTTP tests above hold the same fields.
+/// The official SDKs' parsers against the endpoint: `openai` and `anthropic` from the agents'
+/// virtualenv that `scripts/test` makes ($TOLLGATE_AGENT_VENV), or any Python with both named
+/// by $TOLLGATE_SDK_PYTHON. Without either it fails: the SDKs are what agents parse with.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_sdks_parse_what_the_endpoint_sends() {
     let python = std::env::var("TOLLGATE_SDK_PYTHON").ok().or_else(|| {
@@ -582,10 +581,9 @@ async fn the_official_sdks_parse_what_the_endpoint_sends() {
             .ok()
             .map(|venv| format!("{venv}/bin/python"))
     });
-    let Some(python) = python.filter(|p| std::path::Path::new(p).exists()) else {
-        eprintln!("no Python with the SDKs (TOLLGATE_SDK_PYTHON, TOLLGATE_AGENT_VENV): skipped");
-        return;
-    };
+    let python = python
+        .filter(|p| std::path::Path::new(p).exists())
+        .expect("no Python with the openai and anthropic SDKs: run scripts/test (it makes $TOLLGATE_AGENT_VENV) or set TOLLGATE_SDK_PYTHON");
     let endpoint = Endpoint::start().await;
     let output = tokio::process::Command::new(python)
         .arg("-c")
