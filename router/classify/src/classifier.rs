@@ -8,9 +8,8 @@ use regex_automata::meta;
 use regex_automata::{Anchored, Input, MatchKind, PatternID};
 use regex_syntax::hir::{Capture, Class, Hir, HirKind, Look, Repetition};
 
-use crate::checks;
 use crate::detectors::{self, Builtin, Check, Source, BUILTINS, HIGH_ENTROPY};
-use crate::Sensitivity;
+use crate::{checks, entropy, escapes, Sensitivity};
 
 /// Default internal-hostname suffixes.
 pub const DEFAULT_INTERNAL_SUFFIXES: &[&str] = &[
@@ -412,7 +411,16 @@ impl Classifier {
     }
 
     /// Classifies `text` in one pass.
+    ///
+    /// String escapes (`\n`, `\"`, `\\\"`, `\u0026`) are read as what they stand for, so text
+    /// carried in JSON, JSON inside JSON included, is classified as it reads; spans are still
+    /// spans of `text`.
     pub fn classify(&self, text: &str) -> Classification {
+        self.scan(&escapes::normalise(text))
+    }
+
+    /// The single pass over text whose escapes are already neutralised.
+    fn scan(&self, text: &str) -> Classification {
         let mut reasons = Vec::new();
         let mut at = 0;
         while at < text.len() {
@@ -425,7 +433,16 @@ impl Classifier {
                 if let Some((found, span)) = self.accept(pid, text, range.clone()) {
                     let d = &self.detectors[found];
                     let end = span.end.max(start + 1);
-                    if d.check != Check::Benign {
+                    // A random-looking run that its context names an id, a digest or an
+                    // encoded file is consumed whole, so no part of it is judged again.
+                    let harmless = d.check == Check::Benign
+                        || (d.check == Check::HighEntropy
+                            && (entropy::labelled_not_secret(
+                                text,
+                                span.start,
+                                &text[span.clone()],
+                            ) || entropy::encoded_file(text, span.start, span.end)));
+                    if !harmless {
                         reasons.push(Reason {
                             detector: d.id.clone(),
                             description: d.description,
@@ -599,7 +616,7 @@ impl Classifier {
                     | "myhost"
             ),
             Check::HighEntropy => {
-                checks::high_entropy(candidate, self.entropy_min_len, self.entropy_threshold)
+                entropy::high_entropy(candidate, self.entropy_min_len, self.entropy_threshold)
             }
         };
         ok.then_some(span)

@@ -81,6 +81,8 @@ pub mod bench;
 mod checks;
 mod classifier;
 mod detectors;
+mod entropy;
+mod escapes;
 mod redact;
 
 pub use classifier::{
