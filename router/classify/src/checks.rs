@@ -441,6 +441,30 @@ pub(crate) fn document_number(value: &str) -> bool {
     digits >= 5 && value.bytes().filter(|b| b.is_ascii_alphanumeric()).count() >= 6
 }
 
+/// Whether an e-mail candidate at `start` is the user part of a URL (`https://key@host/`, a
+/// Sentry DSN), which names no mailbox.
+pub(crate) fn url_userinfo(text: &str, start: usize) -> bool {
+    text[..start].ends_with("://")
+}
+
+/// Whether a file-share candidate is one: not a drive path escaped in JSON (`C:\\Users\\x`),
+/// and with leading backslashes twice its separator, as an escaped or plain share path has
+/// (`\\\\host\\share`, `\\host\share`).
+pub(crate) fn unc_path(text: &str, start: usize, end: usize) -> bool {
+    let b = text.as_bytes();
+    if start > 0 && (b[start - 1] == b':' || b[start - 1].is_ascii_alphanumeric()) {
+        return false;
+    }
+    let path = &b[start..end];
+    let lead = path.iter().take_while(|&&c| c == b'\\').count();
+    let host = path[lead..].iter().take_while(|&&c| c != b'\\').count();
+    let sep = path[lead + host..]
+        .iter()
+        .take_while(|&&c| c == b'\\')
+        .count();
+    lead == 2 * sep
+}
+
 /// Top-level "domains" that are really file extensions (`icon@2x.png`).
 const FILE_TLDS: &[&str] = &[
     "png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif", "tiff", "pdf", "txt", "md",

@@ -590,7 +590,8 @@ impl Classifier {
                 return Some(span.start..span.start + len);
             }
             Check::UsSsn => checks::us_ssn(candidate),
-            Check::Email => checks::email(candidate),
+            Check::Email => checks::email(candidate) && !checks::url_userinfo(text, span.start),
+            Check::UncPath => checks::unc_path(text, span.start, span.end),
             Check::Phone => checks::phone(text, span.start, span.end),
             Check::PrivateIpv4 => checks::standalone_dotted(text, span.start, span.end),
             Check::PrivateIpv6 => {

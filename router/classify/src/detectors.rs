@@ -56,6 +56,8 @@ pub(crate) enum Check {
     DocumentNumber,
     /// A single-label host that is not a placeholder (`localhost`, `example`).
     IntranetHost,
+    /// A file-share path, not a drive path escaped in JSON (`C:\\Users\\x`).
+    UncPath,
 }
 
 /// Where a built-in's regex comes from.
@@ -205,7 +207,9 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         // digests named by their algorithm (`SHA256:` SSH key fingerprints, `sha256:` images).
         concat!(
             r"\b(?:sha(?:1|256|384|512)-[A-Za-z0-9+/]{27,}={0,2}|h1:[A-Za-z0-9+/]{43}=",
-            r"|(?i:sha(?:1|256|384|512)|md5):[A-Za-z0-9+/]{22,128}={0,2})"
+            r"|(?i:sha(?:1|256|384|512)|md5):[A-Za-z0-9+/]{22,128}={0,2})",
+            // Hashed host names in known_hosts: `|1|salt|HMAC-SHA1`.
+            r"|\|1\|[A-Za-z0-9+/]{27}=\|[A-Za-z0-9+/]{27}="
         ),
         Check::Benign,
     ),
@@ -451,7 +455,7 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         Medium,
         // Two backslashes, or four (and so on) when the path is escaped inside JSON.
         r"\\{2,8}[A-Za-z0-9][A-Za-z0-9.-]{0,253}\\{1,4}[A-Za-z0-9$_.-]+",
-        Check::None,
+        Check::UncPath,
     ),
     fixed(
         "bare_host_url",
