@@ -563,8 +563,15 @@ impl Classifier {
             Check::Assignment => {
                 let (inner, quoted) = strip_quotes(span.clone(), text);
                 // A comparison (`==`, `===`) names a credential only against a literal.
-                let comparison = text[..span.start].trim_end().ends_with("==");
-                if comparison && !quoted {
+                let before = text[..span.start].trim_end();
+                let comparison = before.ends_with("==");
+                // A key, a comma and a value is a constant only in PHP's `define(`; elsewhere
+                // it is a list (`"password", "email"` in a CSV header or a query).
+                let listed = before.ends_with(',')
+                    && !text[..whole.start]
+                        .trim_end_matches(['\'', '"', ' ', '\t'])
+                        .ends_with("define(");
+                if (comparison || before.ends_with(',')) && !quoted || listed {
                     return None;
                 }
                 let tight = span.start >= 2

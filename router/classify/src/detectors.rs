@@ -361,7 +361,9 @@ pub(crate) const BUILTINS: &[Builtin] = &[
             r#"|apikey|access[_-]?key|auth[_-]?key|private[_-]?key|client[_-]?secret|credentials?))"#,
             r#"|\b_?[a-z][A-Za-z0-9]*(?:Pass(?:word|wd|phrase)?|Secret|Token|Api[Kk]ey|AccessKey"#,
             r#"|AuthKey|PrivateKey|Credentials?))"#,
-            r#"["']?[ \t]*(?::=|=>|===?|=|:|>)[ \t]*"#,
+            // PHP's `define('DB_PASSWORD', '...')` too: a quoted key, a comma (the validator
+            // wants `define(` before it and a quoted value after).
+            r#"(?:["']?[ \t]*(?::=|=>|===?|=|:|>)|["'][ \t]*,)[ \t]*"#,
             // A bare value ends at a backtick too: Markdown's code span (`KEY=...`).
             r#"(?P<value>"[^"\r\n]*"|'[^'\r\n]*'|[^\s"',;<>)}\]`]+)"#
         ),
