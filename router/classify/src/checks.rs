@@ -441,6 +441,26 @@ pub(crate) fn document_number(value: &str) -> bool {
     digits >= 5 && value.bytes().filter(|b| b.is_ascii_alphanumeric()).count() >= 6
 }
 
+/// Whether a key names a pagination token (`NextToken`, `nextPageToken`, `page_token`,
+/// `continuationToken`): an opaque cursor an API hands back, not a credential.
+pub(crate) fn pagination_key(key: &str) -> bool {
+    let squashed: String = key
+        .bytes()
+        .filter(|b| b.is_ascii_alphanumeric())
+        .map(|b| char::from(b.to_ascii_lowercase()))
+        .collect();
+    [
+        "pagetoken",
+        "nexttoken",
+        "continuationtoken",
+        "synctoken",
+        "paginationtoken",
+        "resumetoken",
+    ]
+    .iter()
+    .any(|s| squashed.ends_with(s))
+}
+
 /// Whether an e-mail candidate at `start` is the user part of a URL (`https://key@host/`, a
 /// Sentry DSN), which names no mailbox.
 pub(crate) fn url_userinfo(text: &str, start: usize) -> bool {

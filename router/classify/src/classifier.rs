@@ -563,6 +563,10 @@ impl Classifier {
             Check::Assignment => {
                 let (inner, quoted) = strip_quotes(span.clone(), text);
                 // A comparison (`==`, `===`) names a credential only against a literal.
+                // A pagination cursor (`"nextPageToken": "…"`) is not a credential.
+                if checks::pagination_key(&text[whole.start..span.start]) {
+                    return None;
+                }
                 let before = text[..span.start].trim_end();
                 let comparison = before.ends_with("==");
                 // A key, a comma and a value is a constant only in PHP's `define(`; elsewhere

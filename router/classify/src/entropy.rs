@@ -3,7 +3,8 @@
 //!
 //! The shape of the run decides first ([`high_entropy`]); then what surrounds it
 //! ([`labelled_not_secret`], [`encoded_file`]): a value under a key that names it an
-//! identifier or a digest (`"id"`, `"tool_call_id"`, `"sha256"`, `"signature"`) is one, and
+//! identifier, a digest or a pagination cursor (`"id"`, `"tool_call_id"`, `"sha256"`,
+//! `"signature"`, `"NextToken"`) is one, and
 //! base64 that decodes to the header of an image or an archive is a file. A key that names a
 //! credential (`session_id`, `token_hash`) is never taken as such a label, and a value under
 //! an id key that carries an API id prefix without being that API's id shape (a `call_` glued
@@ -283,7 +284,19 @@ pub(crate) fn labelled_not_secret(text: &str, start: usize, candidate: &str) -> 
         }
         i
     };
-    let i = skip_back(start);
+    // The value may open with its quote and a little punctuation (`"~!!~AI9F…"`, a Drive
+    // page token), never with another key or value.
+    let mut i = start;
+    while i > start.saturating_sub(8)
+        && (matches!(b[i - 1], b' ' | b'\t')
+            || (b[i - 1].is_ascii_punctuation()
+                && !matches!(
+                    b[i - 1],
+                    b':' | b'=' | b',' | b';' | b'{' | b'}' | b'[' | b']' | b'(' | b')'
+                )))
+    {
+        i -= 1;
+    }
     if i == 0 || !matches!(b[i - 1], b':' | b'=') {
         return false;
     }
@@ -297,6 +310,9 @@ pub(crate) fn labelled_not_secret(text: &str, start: usize, candidate: &str) -> 
     }
     let key = &text[from..end];
     let lower = key.to_ascii_lowercase();
+    if crate::checks::pagination_key(key) {
+        return true;
+    }
     if key.is_empty() || CREDENTIAL_WORDS.iter().any(|w| lower.contains(w)) {
         return false;
     }
@@ -372,6 +388,8 @@ mod tests {
         assert!(at(&format!(r#"{{"tool_call_id":"{v}"}}"#), v));
         assert!(at(&format!("requestId={v}"), v));
         assert!(at(&format!("signature: {v}"), v));
+        assert!(at(&format!(r#"{{"NextToken": "{v}"}}"#), v));
+        assert!(at(&format!(r#"{{"nextPageToken": "~!!~{v}"}}"#), v));
         assert!(!at(&format!(r#"{{"session_id": "{v}"}}"#), v));
         assert!(!at(&format!(r#"{{"key": "{v}"}}"#), v));
         assert!(!at(&format!("token {v}"), v));
