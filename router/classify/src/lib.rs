@@ -95,6 +95,7 @@ mod classifier;
 mod detectors;
 mod entropy;
 mod escapes;
+mod patterns;
 mod redact;
 
 pub use classifier::{
