@@ -199,7 +199,8 @@ pub(crate) fn encoded_file(text: &str, start: usize, end: usize) -> bool {
     decodes_to_file_header(&text[from..end])
 }
 
-/// Keys whose values are identifiers: `id`, `*_id`, `*Id`, `uuid`, `cursor`.
+/// Keys whose values are identifiers: `id`, `*_id`, `*Id`, `uuid`, `cursor`, and the ad
+/// click ids that ride on URLs (`gclid`, `fbclid`, `msclkid`).
 fn id_key(key: &str, lower: &str) -> bool {
     lower == "id"
         || [
@@ -211,6 +212,8 @@ fn id_key(key: &str, lower: &str) -> bool {
             "cursor",
             "_ids",
             "request-id",
+            "clid",
+            "clkid",
         ]
         .iter()
         .any(|s| lower.ends_with(s))
@@ -388,6 +391,10 @@ mod tests {
         assert!(at(&format!(r#"{{"tool_call_id":"{v}"}}"#), v));
         assert!(at(&format!("requestId={v}"), v));
         assert!(at(&format!("signature: {v}"), v));
+        assert!(at(
+            &format!("https://acme-corp.io/?utm_source=x&gclid={v}"),
+            v
+        ));
         assert!(at(&format!(r#"{{"NextToken": "{v}"}}"#), v));
         assert!(at(&format!(r#"{{"nextPageToken": "~!!~{v}"}}"#), v));
         assert!(!at(&format!(r#"{{"session_id": "{v}"}}"#), v));
