@@ -464,7 +464,10 @@ pub(crate) fn pagination_key(key: &str) -> bool {
 /// Whether an e-mail candidate at `start` is the user part of a URL (`https://key@host/`, a
 /// Sentry DSN), which names no mailbox.
 pub(crate) fn url_userinfo(text: &str, start: usize) -> bool {
-    text[..start].ends_with("://")
+    // `://`, or more slashes where `\/` escapes were read (`https:\/\/key@host`).
+    let before = &text[..start];
+    let scheme = before.trim_end_matches('/');
+    before.len() - scheme.len() >= 2 && scheme.ends_with(':')
 }
 
 /// Whether a file-share candidate is one: not a drive path escaped in JSON (`C:\\Users\\x`),

@@ -348,7 +348,8 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         "credential_url",
         High,
         // Ends at '@' so the host is scanned on its own (an internal host is reported too).
-        r#"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@"'<>\[\]]*:(?P<value>[^\s/?#@"'<>]+)@"#,
+        // `:////` is `:\/\/` with its escapes read (PHP escapes slashes in JSON), at any depth.
+        r#"\b[A-Za-z][A-Za-z0-9+.-]*:/{2,8}[^\s:/?#@"'<>\[\]]*:(?P<value>[^\s/?#@"'<>]+)@"#,
         Check::SecretValue,
     ),
     fixed(
@@ -462,7 +463,7 @@ pub(crate) const BUILTINS: &[Builtin] = &[
     fixed(
         "bare_host_url",
         Medium,
-        r"\b[Hh][Tt][Tt][Pp][Ss]?://(?P<value>[A-Za-z][A-Za-z0-9-]{0,62})(?::[0-9]{1,5})?(?:[/?#]|\s|\z)",
+        r"\b[Hh][Tt][Tt][Pp][Ss]?:/{2,8}(?P<value>[A-Za-z][A-Za-z0-9-]{0,62})(?::[0-9]{1,5})?(?:[/?#]|\s|\z)",
         Check::IntranetHost,
     ),
     Builtin {

@@ -18,7 +18,9 @@
 //!   values read as they would unescaped;
 //! * `\uXXXX`: spaces, then the character itself when it is printable ASCII (Go escapes `&`,
 //!   `<`, `>` and `=` this way);
-//! * anything else (`\d` in a regex, `\/`, Windows paths) is left alone, and so is a Windows
+//! * `\/` (PHP escapes slashes): slashes, so `https:\/\/host` reads `https:////host`, which
+//!   the URL detectors accept;
+//! * anything else (`\d` in a regex, Windows paths) is left alone, and so is a Windows
 //!   file-share path (`\\server\share`, or escaped, `\\\\server\\share`), whose backslashes
 //!   are the path's own.
 
@@ -71,6 +73,12 @@ pub(crate) fn normalise(text: &str) -> Cow<'_, str> {
                         || b.is_ascii_whitespace()
                 });
                 out[if closes { run } else { i }] = b'"';
+                i += 1;
+            }
+            b'/' => {
+                // Slashes stay slashes (`https:\/\/host` → `https:////host`): a filler would
+                // split the URL, and the URL detectors accept the doubled slashes.
+                out[run..=i].fill(b'/');
                 i += 1;
             }
             b'u' => {
@@ -149,7 +157,8 @@ mod tests {
         );
         assert_eq!(normalise(r"a\u0026b"), "a     &b");
         assert_eq!(normalise(r"x\u00e9y"), "x      y");
-        assert_eq!(normalise(r"\d+\/"), r"\d+\/");
+        assert_eq!(normalise(r"\d+\/"), r"\d+//");
+        assert_eq!(normalise(r"https:\/\/h\/p"), "https:////h//p");
         assert_eq!(normalise("end\\"), "end\\");
         for text in [r#"a\nb\\\"c\u12"#, "\\", r"\\\\", "é\\n東"] {
             assert_eq!(normalise(text).len(), text.len(), "{text}");

@@ -28,10 +28,11 @@
 //!   character later. A rejected candidate longer than 256 bytes is skipped whole, which keeps
 //!   adversarial input linear.
 //! * Escapes: text carried in JSON (tool-call arguments are JSON inside JSON) is read as it
-//!   would be unescaped. Before the scan, every escape (`\n`, `\"`, `\\\"`, `\u0026`, any depth)
-//!   is replaced by what it stands for padded with spaces to its own length, so spans stay spans
-//!   of the original text and no escape letter is glued to the next token (`\nAKIA…` is a key
-//!   id, not the word `nAKIA…`). Text without a backslash is scanned as it is, without a copy.
+//!   would be unescaped. Before the scan, every escape (`\n`, `\"`, `\\\"`, `\u0026`, `\/`,
+//!   any depth) is replaced by what it stands for padded with spaces to its own length, so
+//!   spans stay spans of the original text and no escape letter is glued to the next token
+//!   (`\nAKIA…` is a key id, not the word `nAKIA…`). Text without a backslash is scanned as it
+//!   is, without a copy.
 //! * Harmless shapes are consumed and never reported, so nothing inside them trips the entropy
 //!   fallback: certificates, public-key and signature PEM blocks, SSH public keys, Subresource
 //!   Integrity hashes (`sha512-...`), Go module checksums (`h1:...`), digests named by their
