@@ -412,9 +412,9 @@ impl Classifier {
 
     /// Classifies `text` in one pass.
     ///
-    /// String escapes (`\n`, `\"`, `\\\"`, `\u0026`) are read as what they stand for, so text
-    /// carried in JSON, JSON inside JSON included, is classified as it reads; spans are still
-    /// spans of `text`.
+    /// String escapes (`\n`, `\"`, `\\\"`, `\u0026`, `\/`) are read as what they stand for,
+    /// so text carried in JSON, JSON inside JSON included, is classified as it reads; spans are
+    /// still spans of `text`.
     pub fn classify(&self, text: &str) -> Classification {
         self.scan(&escapes::normalise(text))
     }
@@ -562,12 +562,12 @@ impl Classifier {
             }
             Check::Assignment => {
                 let (inner, quoted) = strip_quotes(span.clone(), text);
-                // A comparison (`==`, `===`) names a credential only against a literal.
                 // A pagination cursor (`"nextPageToken": "…"`) is not a credential.
                 if checks::pagination_key(&text[whole.start..span.start]) {
                     return None;
                 }
                 let before = text[..span.start].trim_end();
+                // A comparison (`==`, `===`) names a credential only against a literal.
                 let comparison = before.ends_with("==");
                 // A key, a comma and a value is a constant only in PHP's `define(`; elsewhere
                 // it is a list (`"password", "email"` in a CSV header or a query).
