@@ -1,8 +1,9 @@
 //! Classifier throughput: `cargo run --release -p tollgate-classify --example classify_throughput`.
 //!
-//! Times `Classifier::classify` over 1 MiB of `bench::mixed_text` (and a few harder inputs)
-//! and prints the median of several runs in MB/s (10^6 bytes per second). An argument keeps
-//! only the inputs whose name contains it (`... -- mixed`).
+//! Times `Classifier::classify` over 1 MiB of `bench::mixed_text` (and a few harder inputs,
+//! among them the same text carried as tool results in OpenAI and Anthropic JSON messages,
+//! which is full of escapes) and prints the median of several runs in MB/s (10^6 bytes per
+//! second). An argument keeps only the inputs whose name contains it (`... -- mixed`).
 
 use std::time::Instant;
 
@@ -24,6 +25,29 @@ fn median_mb_s(classifier: &Classifier, text: &str, runs: usize) -> (f64, usize)
     (rates[rates.len() / 2], found)
 }
 
+/// `bench::mixed_text` as the gateway sees tool traffic: every eight lines one tool result,
+/// alternately an OpenAI `tool` message and an Anthropic `tool_result` block, JSON-encoded
+/// (so every line break is `\n` and every quote `\"`), with ids of each API's shape.
+fn tool_call_json(len: usize) -> String {
+    let text = bench::mixed_text(len, 3);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::with_capacity(len + len / 4);
+    for (i, chunk) in lines.chunks(8).enumerate() {
+        let content = serde_json::to_string(&chunk.join("\n")).expect("a string serialises");
+        if i % 2 == 0 {
+            out.push_str(&format!(
+                r#"{{"role":"tool","tool_call_id":"call_Zp4Wm7Qx2Nr9Tk5Lb8Vc{i:04}","content":{content}}}"#
+            ));
+        } else {
+            out.push_str(&format!(
+                r#"{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"toolu_01D7FLrfh4GYq7yT1ULF{i:04}","content":{content}}}]}}"#
+            ));
+        }
+        out.push('\n');
+    }
+    out
+}
+
 fn main() {
     let started = Instant::now();
     let classifier = Classifier::new(&ClassifierConfig::default()).expect("default config");
@@ -31,6 +55,7 @@ fn main() {
     let mib = 1 << 20;
     let inputs = [
         ("mixed (bench::mixed_text)", bench::mixed_text(mib, 1)),
+        ("mixed as tool-call JSON", tool_call_json(mib)),
         (
             "prose only (ASCII)",
             "The quarterly report shows revenue grew in every region except the north. "

@@ -208,110 +208,6 @@ pub(crate) fn us_ssn(candidate: &str) -> bool {
     (1..900).contains(&area) && area != 666 && group != 0 && serial != 0 && !published
 }
 
-/// Shannon entropy of `token` in bits per byte.
-pub(crate) fn shannon_entropy(token: &[u8]) -> f64 {
-    if token.is_empty() {
-        return 0.0;
-    }
-    let mut counts = [0u32; 256];
-    for &b in token {
-        counts[usize::from(b)] += 1;
-    }
-    let len = token.len() as f64;
-    counts
-        .iter()
-        .filter(|&&c| c > 0)
-        .map(|&c| {
-            let p = f64::from(c) / len;
-            -p * p.log2()
-        })
-        .sum()
-}
-
-/// Longest token the entropy fallback considers; longer runs are encoded data (images,
-/// archives), not credentials.
-pub(crate) const ENTROPY_MAX_LEN: usize = 256;
-
-/// Whether a token looks like a random secret rather than an identifier, a hash or a path.
-///
-/// A token qualifies when it mixes upper case, lower case and digits (so hex digests, git SHAs,
-/// UUIDs, ULIDs and base32 never do), its Shannon entropy reaches `threshold` bits per byte,
-/// and it switches character class often, as random strings do and camelCase names do not.
-pub(crate) fn high_entropy(token: &str, min_len: usize, threshold: f64) -> bool {
-    let body = token.trim_end_matches('=').as_bytes();
-    if body.len() < min_len || body.len() > ENTROPY_MAX_LEN {
-        return false;
-    }
-    let (mut upper, mut lower, mut digit) = (0usize, 0usize, 0usize);
-    let mut switches = 0usize;
-    let mut prev = 0u8;
-    for &b in body {
-        let class = if b.is_ascii_uppercase() {
-            upper += 1;
-            1
-        } else if b.is_ascii_lowercase() {
-            lower += 1;
-            2
-        } else if b.is_ascii_digit() {
-            digit += 1;
-            3
-        } else {
-            4
-        };
-        if prev != 0 && class != prev {
-            switches += 1;
-        }
-        prev = class;
-    }
-    if upper == 0 || lower == 0 || digit == 0 {
-        return false;
-    }
-    // Random base62 switches class on ~60% of bytes; identifiers on well under a third.
-    if switches * 10 < body.len() * 4 {
-        return false;
-    }
-    // `AAAA` is the length prefix of SSH wire-format blobs: public keys and signatures.
-    if body.starts_with(b"AAAA") {
-        return false;
-    }
-    shannon_entropy(body) >= threshold && !decodes_to_text(token)
-}
-
-/// Whether `token` is base64 (standard or URL-safe) of readable text, such as a JWT part or an
-/// encoded message: random keys decode to random bytes, which are almost never UTF-8 text.
-fn decodes_to_text(token: &str) -> bool {
-    use base64::alphabet;
-    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-
-    let config = GeneralPurposeConfig::new()
-        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
-        .with_decode_allow_trailing_bits(true);
-    let url_safe = token.contains(['-', '_']);
-    if url_safe && token.contains(['+', '/']) {
-        return false;
-    }
-    let alphabet = if url_safe {
-        &alphabet::URL_SAFE
-    } else {
-        &alphabet::STANDARD
-    };
-    let body = token.trim_end_matches('=');
-    // A length of 1 mod 4 cannot be base64; drop the odd byte rather than give up.
-    let body = &body[..body.len() - usize::from(body.len() % 4 == 1)];
-    let Ok(bytes) = GeneralPurpose::new(alphabet, config).decode(body) else {
-        return false;
-    };
-    let Ok(text) = std::str::from_utf8(&bytes) else {
-        return false;
-    };
-    let total = text.chars().count();
-    let readable = text
-        .chars()
-        .filter(|c| !c.is_control() || matches!(c, '\n' | '\r' | '\t'))
-        .count();
-    total >= 8 && readable * 10 >= total * 9
-}
-
 /// Whether a provider-token body looks like a real token rather than a placeholder such as
 /// `ghp_xxxxxxxx...`: at least two character classes and no run of eight equal bytes.
 pub(crate) fn token_body(body: &str) -> bool {
@@ -545,6 +441,53 @@ pub(crate) fn document_number(value: &str) -> bool {
     digits >= 5 && value.bytes().filter(|b| b.is_ascii_alphanumeric()).count() >= 6
 }
 
+/// Whether a key names a pagination token (`NextToken`, `nextPageToken`, `page_token`,
+/// `continuationToken`): an opaque cursor an API hands back, not a credential.
+pub(crate) fn pagination_key(key: &str) -> bool {
+    let squashed: String = key
+        .bytes()
+        .filter(|b| b.is_ascii_alphanumeric())
+        .map(|b| char::from(b.to_ascii_lowercase()))
+        .collect();
+    [
+        "pagetoken",
+        "nexttoken",
+        "continuationtoken",
+        "synctoken",
+        "paginationtoken",
+        "resumetoken",
+    ]
+    .iter()
+    .any(|s| squashed.ends_with(s))
+}
+
+/// Whether an e-mail candidate at `start` is the user part of a URL (`https://key@host/`, a
+/// Sentry DSN), which names no mailbox.
+pub(crate) fn url_userinfo(text: &str, start: usize) -> bool {
+    // `://`, or more slashes where `\/` escapes were read (`https:\/\/key@host`).
+    let before = &text[..start];
+    let scheme = before.trim_end_matches('/');
+    before.len() - scheme.len() >= 2 && scheme.ends_with(':')
+}
+
+/// Whether a file-share candidate is one: not a drive path escaped in JSON (`C:\\Users\\x`),
+/// and with leading backslashes twice its separator, as an escaped or plain share path has
+/// (`\\\\host\\share`, `\\host\share`).
+pub(crate) fn unc_path(text: &str, start: usize, end: usize) -> bool {
+    let b = text.as_bytes();
+    if start > 0 && (b[start - 1] == b':' || b[start - 1].is_ascii_alphanumeric()) {
+        return false;
+    }
+    let path = &b[start..end];
+    let lead = path.iter().take_while(|&&c| c == b'\\').count();
+    let host = path[lead..].iter().take_while(|&&c| c != b'\\').count();
+    let sep = path[lead + host..]
+        .iter()
+        .take_while(|&&c| c == b'\\')
+        .count();
+    lead == 2 * sep
+}
+
 /// Top-level "domains" that are really file extensions (`icon@2x.png`).
 const FILE_TLDS: &[&str] = &[
     "png", "jpg", "jpeg", "gif", "svg", "webp", "ico", "bmp", "tif", "tiff", "pdf", "txt", "md",
@@ -741,23 +684,6 @@ mod tests {
         assert!(!us_ssn("234-00-3456"));
         assert!(!us_ssn("234-56-0000"));
         assert!(!us_ssn("078-05-1120"));
-    }
-
-    #[test]
-    fn entropy_separates_tokens_from_names() {
-        assert!(high_entropy("Xq7vR2mK9pL4sT8wZ3nB6yH1cJ5dF0gA", 24, 4.0));
-        assert!(!high_entropy("getUserAccountSettingsHandler2", 24, 4.0));
-        assert!(!high_entropy(
-            "3851c68a9b0e4f5d6c7b8a9f0e1d2c3b4a5f6e7d",
-            24,
-            4.0
-        ));
-        assert!(!high_entropy("YWFhYWFhYWFhYWFhYWFhYWFhYWFhYWFh", 24, 4.0));
-        assert!(!high_entropy(
-            "SGVsbG8gd29ybGQsIHRoaXMgaXMgYSB0ZXN0IG1lc3NhZ2Uu",
-            24,
-            4.0
-        ));
     }
 
     #[test]

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use regex_automata::meta;
 use regex_automata::{Anchored, Input, MatchKind, PatternID};
-use regex_syntax::hir::{Capture, Class, Hir, HirKind, Look, Repetition};
 
-use crate::checks;
 use crate::detectors::{self, Builtin, Check, Source, BUILTINS, HIGH_ENTROPY};
-use crate::Sensitivity;
+use crate::patterns::{ascii_word_boundaries, first_bytes, value_group_index, ByteSet, Firsts};
+use crate::{checks, entropy, escapes, Sensitivity};
 
 /// Default internal-hostname suffixes.
 pub const DEFAULT_INTERNAL_SUFFIXES: &[&str] = &[
@@ -412,7 +411,16 @@ impl Classifier {
     }
 
     /// Classifies `text` in one pass.
+    ///
+    /// String escapes (`\n`, `\"`, `\\\"`, `\u0026`, `\/`) are read as what they stand for,
+    /// so text carried in JSON, JSON inside JSON included, is classified as it reads; spans are
+    /// still spans of `text`.
     pub fn classify(&self, text: &str) -> Classification {
+        self.scan(&escapes::normalise(text))
+    }
+
+    /// The single pass over text whose escapes are already neutralised.
+    fn scan(&self, text: &str) -> Classification {
         let mut reasons = Vec::new();
         let mut at = 0;
         while at < text.len() {
@@ -425,7 +433,16 @@ impl Classifier {
                 if let Some((found, span)) = self.accept(pid, text, range.clone()) {
                     let d = &self.detectors[found];
                     let end = span.end.max(start + 1);
-                    if d.check != Check::Benign {
+                    // A random-looking run that its context names an id, a digest or an
+                    // encoded file is consumed whole, so no part of it is judged again.
+                    let harmless = d.check == Check::Benign
+                        || (d.check == Check::HighEntropy
+                            && (entropy::labelled_not_secret(
+                                text,
+                                span.start,
+                                &text[span.clone()],
+                            ) || entropy::encoded_file(text, span.start, span.end)));
+                    if !harmless {
                         reasons.push(Reason {
                             detector: d.id.clone(),
                             description: d.description,
@@ -545,9 +562,20 @@ impl Classifier {
             }
             Check::Assignment => {
                 let (inner, quoted) = strip_quotes(span.clone(), text);
+                // A pagination cursor (`"nextPageToken": "…"`) is not a credential.
+                if checks::pagination_key(&text[whole.start..span.start]) {
+                    return None;
+                }
+                let before = text[..span.start].trim_end();
                 // A comparison (`==`, `===`) names a credential only against a literal.
-                let comparison = text[..span.start].trim_end().ends_with("==");
-                if comparison && !quoted {
+                let comparison = before.ends_with("==");
+                // A key, a comma and a value is a constant only in PHP's `define(`; elsewhere
+                // it is a list (`"password", "email"` in a CSV header or a query).
+                let listed = before.ends_with(',')
+                    && !text[..whole.start]
+                        .trim_end_matches(['\'', '"', ' ', '\t'])
+                        .ends_with("define(");
+                if (comparison || before.ends_with(',')) && !quoted || listed {
                     return None;
                 }
                 let tight = span.start >= 2
@@ -573,7 +601,8 @@ impl Classifier {
                 return Some(span.start..span.start + len);
             }
             Check::UsSsn => checks::us_ssn(candidate),
-            Check::Email => checks::email(candidate),
+            Check::Email => checks::email(candidate) && !checks::url_userinfo(text, span.start),
+            Check::UncPath => checks::unc_path(text, span.start, span.end),
             Check::Phone => checks::phone(text, span.start, span.end),
             Check::PrivateIpv4 => checks::standalone_dotted(text, span.start, span.end),
             Check::PrivateIpv6 => {
@@ -599,7 +628,7 @@ impl Classifier {
                     | "myhost"
             ),
             Check::HighEntropy => {
-                checks::high_entropy(candidate, self.entropy_min_len, self.entropy_threshold)
+                entropy::high_entropy(candidate, self.entropy_min_len, self.entropy_threshold)
             }
         };
         ok.then_some(span)
@@ -647,49 +676,6 @@ fn normalise_suffixes(suffixes: &[String]) -> Result<Vec<String>, ConfigError> {
         .collect()
 }
 
-/// The index of the capture group named `value`, if any.
-fn value_group_index(hir: &Hir) -> Option<usize> {
-    match hir.kind() {
-        HirKind::Capture(c) if c.name.as_deref() == Some("value") => usize::try_from(c.index).ok(),
-        HirKind::Capture(c) => value_group_index(&c.sub),
-        HirKind::Repetition(r) => value_group_index(&r.sub),
-        HirKind::Concat(subs) | HirKind::Alternation(subs) => {
-            subs.iter().find_map(value_group_index)
-        }
-        _ => None,
-    }
-}
-
-/// Rewrites Unicode word-boundary assertions as ASCII ones. The lazy DFA cannot evaluate a
-/// Unicode `\b` next to a non-ASCII byte and would hand the whole search to a much slower
-/// engine; every built-in token is ASCII, so the ASCII boundary is the one meant anyway.
-fn ascii_word_boundaries(hir: &Hir) -> Hir {
-    match hir.kind() {
-        HirKind::Look(look) => Hir::look(match look {
-            Look::WordUnicode => Look::WordAscii,
-            Look::WordUnicodeNegate => Look::WordAsciiNegate,
-            Look::WordStartUnicode => Look::WordStartAscii,
-            Look::WordEndUnicode => Look::WordEndAscii,
-            Look::WordStartHalfUnicode => Look::WordStartHalfAscii,
-            Look::WordEndHalfUnicode => Look::WordEndHalfAscii,
-            other => *other,
-        }),
-        HirKind::Repetition(r) => Hir::repetition(Repetition {
-            sub: Box::new(ascii_word_boundaries(&r.sub)),
-            ..r.clone()
-        }),
-        HirKind::Capture(c) => Hir::capture(Capture {
-            sub: Box::new(ascii_word_boundaries(&c.sub)),
-            ..c.clone()
-        }),
-        HirKind::Concat(subs) => Hir::concat(subs.iter().map(ascii_word_boundaries).collect()),
-        HirKind::Alternation(subs) => {
-            Hir::alternation(subs.iter().map(ascii_word_boundaries).collect())
-        }
-        _ => hir.clone(),
-    }
-}
-
 /// The span inside matching quotes, and whether there were quotes.
 fn strip_quotes(span: Range<usize>, text: &str) -> (Range<usize>, bool) {
     let b = &text.as_bytes()[span.clone()];
@@ -698,104 +684,6 @@ fn strip_quotes(span: Range<usize>, text: &str) -> (Range<usize>, bool) {
             (span.start + 1..span.end - 1, true)
         }
         _ => (span, false),
-    }
-}
-
-/// A set of bytes.
-#[derive(Debug, Clone, Copy)]
-struct ByteSet([bool; 256]);
-
-impl Default for ByteSet {
-    fn default() -> Self {
-        Self([false; 256])
-    }
-}
-
-impl ByteSet {
-    fn contains(&self, b: u8) -> bool {
-        self.0[usize::from(b)]
-    }
-
-    fn insert_range(&mut self, lo: u8, hi: u8) {
-        for b in lo..=hi {
-            self.0[usize::from(b)] = true;
-        }
-    }
-}
-
-/// First bytes of a pattern's matches: all of them, and those not preceded by an ASCII
-/// word-boundary assertion.
-#[derive(Default)]
-struct Firsts {
-    any: ByteSet,
-    unguarded: ByteSet,
-}
-
-impl Firsts {
-    fn add(&mut self, lo: u8, hi: u8, guarded: bool) {
-        self.any.insert_range(lo, hi);
-        if !guarded {
-            self.unguarded.insert_range(lo, hi);
-        }
-    }
-}
-
-/// Collects the bytes `hir` can start a match with (over-approximated for non-ASCII
-/// characters); returns whether `hir` can match the empty string.
-fn first_bytes(hir: &Hir, guarded: bool, out: &mut Firsts) -> bool {
-    match hir.kind() {
-        HirKind::Empty | HirKind::Look(_) => true,
-        HirKind::Literal(lit) => {
-            if let Some(&b) = lit.0.first() {
-                out.add(b, b, guarded);
-            }
-            lit.0.is_empty()
-        }
-        HirKind::Class(Class::Unicode(class)) => {
-            for r in class.ranges() {
-                let (lo, hi) = (u32::from(r.start()), u32::from(r.end()));
-                if lo < 0x80 {
-                    out.add(lo as u8, hi.min(0x7f) as u8, guarded);
-                }
-                if hi >= 0x80 {
-                    // Any UTF-8 lead byte: precise enough, these never start a built-in.
-                    out.add(0xc2, 0xf4, guarded);
-                }
-            }
-            false
-        }
-        HirKind::Class(Class::Bytes(class)) => {
-            for r in class.ranges() {
-                out.add(r.start(), r.end(), guarded);
-            }
-            false
-        }
-        HirKind::Repetition(r) => first_bytes(&r.sub, guarded, out) || r.min == 0,
-        HirKind::Capture(c) => first_bytes(&c.sub, guarded, out),
-        HirKind::Concat(subs) => {
-            let mut guarded = guarded;
-            for sub in subs {
-                if let HirKind::Look(look) = sub.kind() {
-                    // `\b` before a word byte means the match starts a word.
-                    guarded |= matches!(
-                        look,
-                        Look::WordAscii | Look::WordStartAscii | Look::WordStartHalfAscii
-                    );
-                    continue;
-                }
-                if !first_bytes(sub, guarded, out) {
-                    return false;
-                }
-            }
-            true
-        }
-        HirKind::Alternation(subs) => {
-            let mut nullable = false;
-            for sub in subs {
-                nullable |= first_bytes(sub, guarded, out);
-            }
-            nullable
-        }
     }
 }
 
@@ -858,23 +746,5 @@ mod tests {
             .map(|r| r.detector)
             .collect();
         assert_eq!(ids, vec!["codename"]);
-    }
-
-    #[test]
-    fn first_bytes_are_conservative() {
-        let hir = ascii_word_boundaries(
-            &regex_syntax::ParserBuilder::new()
-                .build()
-                .parse(r"(?:\b1[ .-]?)?(?:\B\([2-9]|\b[2-9])|-x")
-                .unwrap(),
-        );
-        let mut f = Firsts::default();
-        assert!(!first_bytes(&hir, false, &mut f));
-        for b in [b'1', b'2', b'9', b'(', b'-'] {
-            assert!(f.any.contains(b), "{}", char::from(b));
-        }
-        assert!(!f.any.contains(b'0') && !f.any.contains(b'a'));
-        assert!(f.unguarded.contains(b'(') && f.unguarded.contains(b'-'));
-        assert!(!f.unguarded.contains(b'1') && !f.unguarded.contains(b'2'));
     }
 }

@@ -56,6 +56,8 @@ pub(crate) enum Check {
     DocumentNumber,
     /// A single-label host that is not a placeholder (`localhost`, `example`).
     IntranetHost,
+    /// A file-share path, not a drive path escaped in JSON (`C:\\Users\\x`).
+    UncPath,
 }
 
 /// Where a built-in's regex comes from.
@@ -94,10 +96,11 @@ const fn fixed(
 
 use Sensitivity::{High, Medium};
 
-/// Line break inside a PEM block: a real one, or the `\n` escape JSON and env files use.
+/// Line break inside a PEM block: a real one (escapes such as JSON's `\n` are already line
+/// breaks padded with spaces when the scan runs), after optional trailing blanks.
 macro_rules! nl {
     () => {
-        r"(?:\r?\n|\\r?\\n)"
+        r"(?:[ \t]*\r?\n)"
     };
 }
 
@@ -200,8 +203,28 @@ pub(crate) const BUILTINS: &[Builtin] = &[
     fixed(
         "digest",
         Sensitivity::Low,
-        // Subresource Integrity hashes (npm lockfiles) and Go module checksums (go.sum).
-        r"\b(?:sha(?:1|256|384|512)-[A-Za-z0-9+/]{27,}={0,2}|h1:[A-Za-z0-9+/]{43}=)",
+        // Subresource Integrity hashes (npm lockfiles, Nix), Go module checksums (go.sum), and
+        // digests named by their algorithm (`SHA256:` SSH key fingerprints, `sha256:` images).
+        concat!(
+            r"\b(?:sha(?:1|256|384|512)-[A-Za-z0-9+/]{27,}={0,2}|h1:[A-Za-z0-9+/]{43}=",
+            r"|(?i:sha(?:1|256|384|512)|md5):[A-Za-z0-9+/]{22,128}={0,2})",
+            // Hashed host names in known_hosts: `|1|salt|HMAC-SHA1`.
+            r"|\|1\|[A-Za-z0-9+/]{27}=\|[A-Za-z0-9+/]{27}="
+        ),
+        Check::Benign,
+    ),
+    fixed(
+        "api_id",
+        Sensitivity::Low,
+        // The model APIs' own random ids, in their exact shapes: OpenAI tool-call ids (`call_`
+        // and 24 base62) and completion ids (`chatcmpl-`), Anthropic ids (`toolu_01`, `msg_01`,
+        // `req_01`, …, also on Bedrock and Vertex). Another length or alphabet is not an id of
+        // theirs, so a `call_` glued to a secret is still judged as a secret. The Responses
+        // API's ids (`fc_`, `rs_`, `resp_` and hex) never look random enough to need this.
+        concat!(
+            r"\b(?:call_[A-Za-z0-9]{24}|chatcmpl-[A-Za-z0-9]{20,40}",
+            r"|(?:toolu|srvtoolu|msg|msgbatch|req|file)_(?:(?:bdrk|vrtx)_)?01[A-Za-z0-9]{20,26})\b"
+        ),
         Check::Benign,
     ),
     fixed(
@@ -325,7 +348,8 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         "credential_url",
         High,
         // Ends at '@' so the host is scanned on its own (an internal host is reported too).
-        r#"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@"'<>\[\]]*:(?P<value>[^\s/?#@"'<>]+)@"#,
+        // `:////` is `:\/\/` with its escapes read (PHP escapes slashes in JSON), at any depth.
+        r#"\b[A-Za-z][A-Za-z0-9+.-]*:/{2,8}[^\s:/?#@"'<>\[\]]*:(?P<value>[^\s/?#@"'<>]+)@"#,
         Check::SecretValue,
     ),
     fixed(
@@ -338,8 +362,11 @@ pub(crate) const BUILTINS: &[Builtin] = &[
             r#"|apikey|access[_-]?key|auth[_-]?key|private[_-]?key|client[_-]?secret|credentials?))"#,
             r#"|\b_?[a-z][A-Za-z0-9]*(?:Pass(?:word|wd|phrase)?|Secret|Token|Api[Kk]ey|AccessKey"#,
             r#"|AuthKey|PrivateKey|Credentials?))"#,
-            r#"["']?[ \t]*(?::=|=>|===?|=|:|>)[ \t]*"#,
-            r#"(?P<value>"[^"\r\n]*"|'[^'\r\n]*'|[^\s"',;<>)}\]]+)"#
+            // PHP's `define('DB_PASSWORD', '...')` too: a quoted key, a comma (the validator
+            // wants `define(` before it and a quoted value after).
+            r#"(?:["']?[ \t]*(?::=|=>|===?|=|:|>)|["'][ \t]*,)[ \t]*"#,
+            // A bare value ends at a backtick too: Markdown's code span (`KEY=...`).
+            r#"(?P<value>"[^"\r\n]*"|'[^'\r\n]*'|[^\s"',;<>)}\]`]+)"#
         ),
         Check::Assignment,
     ),
@@ -429,13 +456,14 @@ pub(crate) const BUILTINS: &[Builtin] = &[
     fixed(
         "internal_unc_path",
         Medium,
-        r"\\\\[A-Za-z0-9][A-Za-z0-9.-]{0,253}\\[A-Za-z0-9$_.-]+",
-        Check::None,
+        // Two backslashes, or four (and so on) when the path is escaped inside JSON.
+        r"\\{2,8}[A-Za-z0-9][A-Za-z0-9.-]{0,253}\\{1,4}[A-Za-z0-9$_.-]+",
+        Check::UncPath,
     ),
     fixed(
         "bare_host_url",
         Medium,
-        r"\b[Hh][Tt][Tt][Pp][Ss]?://(?P<value>[A-Za-z][A-Za-z0-9-]{0,62})(?::[0-9]{1,5})?(?:[/?#]|\s|\z)",
+        r"\b[Hh][Tt][Tt][Pp][Ss]?:/{2,8}(?P<value>[A-Za-z][A-Za-z0-9-]{0,62})(?::[0-9]{1,5})?(?:[/?#]|\s|\z)",
         Check::IntranetHost,
     ),
     Builtin {

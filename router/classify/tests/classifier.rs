@@ -350,3 +350,47 @@ fn adversarial_inputs_finish() {
     let unicode = "é東".repeat(200_000);
     assert!(c.classify(&unicode).reasons.is_empty());
 }
+
+/// Tool calls travel as JSON, often JSON inside a JSON string: escapes are read as what they
+/// stand for, spans still point into the text as sent, and the APIs' ids are not secrets.
+#[test]
+fn escaped_json_and_api_ids_are_read_as_they_are_meant() {
+    let c = default_classifier();
+    // A key on a line of its own in a file written through a tool call: `\nAKIA...`.
+    let args = r#"{"path": "notes.md", "content": "Rotated keys:\nAKIABZ2I3JSADCTHADCA\n"}"#;
+    assert_eq!(ids(&c, args), vec!["aws_access_key_id"]);
+    // The same arguments as OpenAI carries them, a JSON string (`\\n`, `\"`).
+    let carried = format!(
+        r#"{{"arguments": "{}"}}"#,
+        args.replace('\\', r"\\").replace('"', r#"\""#)
+    );
+    assert_eq!(ids(&c, &carried), vec!["aws_access_key_id"]);
+    assert_eq!(
+        c.redact(&carried).unwrap(),
+        r#"{"arguments": "{\"path\": \"notes.md\", \"content\": \"Rotated keys:\\n[REDACTED:aws_access_key_id]\\n\"}"}"#
+    );
+    // An escaped pair reads as a pair; the redaction keeps the escaped quotes around it.
+    let pair = r#"{\"password\": \"hunter2!x9\"}"#;
+    assert_eq!(
+        c.redact(pair).unwrap(),
+        r#"{\"password\": \"[REDACTED:secret_assignment]\"}"#
+    );
+    // The APIs' own ids, in their shapes, are not secrets.
+    let ids_only = "call_4MFoVrqQpvYGH2QYAuhSd5Ot toolu_01D7FLrfh4GYq7yT1ULFeyMV \
+                    chatcmpl-B9MBs8CjcvOU2jLn4n570S5qMJKcT msg_01XFDUDYJgAACzvnptvVoYEL";
+    assert_eq!(c.classify(ids_only).sensitivity, Sensitivity::Low);
+    // A prefix glued to a random secret hides nothing, not even under an id key.
+    let glued = "call_tw5VDidyGcqyoveWCzAFQDaoGOD1hP0LuK0o3gW";
+    assert_eq!(ids(&c, glued), vec!["high_entropy"]);
+    assert_eq!(
+        ids(&c, &format!(r#"{{"id": "{glued}"}}"#)),
+        vec!["high_entropy"]
+    );
+    // A random id under an id key is an id; under a session key it is a credential.
+    let random = "Xb7kQ2mZp9Lr4Tw8Vn3Yc6Hd1Jf5Gs0A";
+    assert!(ids(&c, &format!(r#"{{"tool_call_id": "{random}"}}"#)).is_empty());
+    assert_eq!(
+        ids(&c, &format!(r#"{{"session_id": "{random}"}}"#)),
+        vec!["high_entropy"]
+    );
+}
