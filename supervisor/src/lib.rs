@@ -29,6 +29,7 @@ pub mod exec;
 pub mod gateway;
 pub mod hub;
 pub mod link;
+pub mod memory;
 pub mod metrics;
 pub mod records;
 pub mod runs;

@@ -226,6 +226,8 @@ async fn main() -> ExitCode {
         }
     };
     tollgate_daemon::logging::init(flags.log_format, flags.log_level.as_deref());
+    // What inspected connections held goes back to the system when they end.
+    tollgate_supervisor::memory::return_large_blocks_to_the_system();
     // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
     if let Err(e) = tollgate_daemon::raise_open_files_limit() {

@@ -21,7 +21,7 @@ use tollgate_tests::{authed, AuthorityProcess, SupervisorProcess};
 
 /// The bench's supervisor name and host-id range (its own: never shared with a test).
 const TEST_NAME: &str = "bench-models";
-const HOST_ID_BASE: u32 = 209_700;
+const HOST_ID_BASE: u32 = 242_000;
 const PYTHON: &str = "/usr/bin/python3";
 
 /// The client, inside the sandbox (base URL from OPENAI_BASE_URL) or on the host (argv).
