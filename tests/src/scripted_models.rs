@@ -1,0 +1,489 @@
+//! A scripted model server for the coding-agent tests: a real HTTP server on `127.0.0.1:0` that
+//! speaks the three APIs today's agents use — OpenAI Chat Completions
+//! (`POST /v1/chat/completions`), the OpenAI Responses API (`POST /v1/responses`) and Anthropic
+//! Messages (`POST /v1/messages`, `POST /v1/messages/count_tokens`) — plus `GET /v1/models` in
+//! either vendor's shape, whole or streamed as the vendors stream them (`wire`).
+//!
+//! It plays a [`ModelScript`]: each turn is either tool calls (the agent's own tool names, JSON
+//! arguments) or a final text. A turn is served only when the request carries the results of
+//! every call the previous turn made (by the ids this server gave them: `call_…`, `toolu_…`,
+//! `fc_…`) and whatever the turn expects to see; anything else is answered with an error in the
+//! API's own shape (`x-should-retry: false`) and recorded as a problem that names what arrived.
+//! Every request is recorded.
+
+mod wire;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::service::service_fn;
+use serde_json::{json, Value};
+
+pub use crate::fake_models::Recorded;
+use wire::Api;
+
+/// One tool call a scripted turn makes.
+#[derive(Debug, Clone)]
+pub struct Call {
+    /// The tool's name, as the agent declared it (`Write`, `shell`, `write_file`…).
+    pub name: String,
+    /// Its arguments (a JSON object).
+    pub arguments: Value,
+}
+
+impl Call {
+    /// A call of `name` with `arguments`.
+    pub fn new(name: &str, arguments: Value) -> Self {
+        Self {
+            name: name.into(),
+            arguments,
+        }
+    }
+}
+
+/// What a turn answers.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// Tool calls, in order (finish reason `tool_calls` / `tool_use`).
+    Calls(Vec<Call>),
+    /// A final text (finish reason `stop` / `end_turn`).
+    Text(String),
+}
+
+/// One turn of the script.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    /// The answer.
+    pub reply: Reply,
+    /// Texts the request this turn answers must carry in what is new since the model's last
+    /// turn (tool results, or the messages after the last assistant message), e.g. a command's
+    /// output that must have come back to the model.
+    pub expect: Vec<String>,
+}
+
+impl Turn {
+    /// A turn making `calls`.
+    pub fn calls(calls: Vec<Call>) -> Self {
+        Self {
+            reply: Reply::Calls(calls),
+            expect: Vec::new(),
+        }
+    }
+
+    /// A turn answering `text`.
+    pub fn text(text: &str) -> Self {
+        Self {
+            reply: Reply::Text(text.into()),
+            expect: Vec::new(),
+        }
+    }
+
+    /// The same turn, served only when its request carries `text` in what is new.
+    pub fn expecting(mut self, text: &str) -> Self {
+        self.expect.push(text.into());
+        self
+    }
+}
+
+/// What the server plays.
+#[derive(Debug, Clone, Default)]
+pub struct ModelScript {
+    /// The turns, in order.
+    pub turns: Vec<Turn>,
+    /// Requests that declare no tools are the agent's own side calls (titles, topic checks,
+    /// quota probes) rather than turns of the task: they get `side_reply` and do not advance
+    /// the script. False for agents that use no tool calling (aider's edit formats): then
+    /// every request is a turn.
+    pub tools_required: bool,
+    /// The answer to side calls.
+    pub side_reply: String,
+    /// The models `GET /v1/models` lists.
+    pub models: Vec<String>,
+}
+
+/// A tool result as the agent sent it back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    /// The call's id (ours).
+    pub call_id: String,
+    /// The tool's name (from the call).
+    pub name: String,
+    /// The result's text.
+    pub output: String,
+}
+
+/// A call this server made, remembered to match its result.
+#[derive(Debug, Clone)]
+struct Issued {
+    id: String,
+    name: String,
+}
+
+#[derive(Default)]
+struct Progress {
+    /// Turns served so far.
+    served: usize,
+    /// The calls of the last turn served, awaiting their results.
+    pending: Vec<Issued>,
+    results: Vec<ToolResult>,
+    problems: Vec<String>,
+    recorded: Vec<Recorded>,
+}
+
+struct State {
+    script: ModelScript,
+    progress: Mutex<Progress>,
+}
+
+/// A running scripted model server (its own thread and runtime). Dropping it stops it.
+pub struct ScriptedModels {
+    /// `http://127.0.0.1:PORT` (no `/v1`).
+    pub endpoint: String,
+    state: Arc<State>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for ScriptedModels {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl ScriptedModels {
+    /// Starts a server playing `script` on `127.0.0.1:0`, on its own thread.
+    pub fn start(script: ModelScript) -> Self {
+        let state = Arc::new(State {
+            script,
+            progress: Mutex::default(),
+        });
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let endpoint = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = state.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                let accept = async {
+                    while let Ok((stream, _)) = listener.accept().await {
+                        let _ = stream.set_nodelay(true);
+                        serve_connection(stream, served.clone());
+                    }
+                };
+                tokio::select! {
+                    _ = accept => {}
+                    _ = stopped => {}
+                }
+            });
+        });
+        Self {
+            endpoint,
+            state,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// `endpoint/v1`, for OpenAI clients' base URL.
+    pub fn openai_base(&self) -> String {
+        format!("{}/v1", self.endpoint)
+    }
+
+    /// Every request received so far, in order.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.progress.lock().unwrap().recorded.clone()
+    }
+
+    /// The tool results the agent sent back, in the order they first arrived.
+    pub fn tool_results(&self) -> Vec<ToolResult> {
+        self.state.progress.lock().unwrap().results.clone()
+    }
+
+    /// Turns served so far.
+    pub fn turns_served(&self) -> usize {
+        self.state.progress.lock().unwrap().served
+    }
+
+    /// Whether every turn of the script was served.
+    pub fn finished(&self) -> bool {
+        self.turns_served() == self.state.script.turns.len()
+    }
+
+    /// What went against the script, one line each (empty when all went to plan).
+    pub fn problems(&self) -> Vec<String> {
+        self.state.progress.lock().unwrap().problems.clone()
+    }
+
+    /// The model names the agent asked for, in order, one per model request.
+    pub fn models_asked(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|r| Api::of_path(&r.path).is_some())
+            .map(|r| r.json()["model"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// A summary of everything received and every problem, for a failing test's message.
+    pub fn report(&self) -> String {
+        let progress = self.state.progress.lock().unwrap();
+        let mut out = format!(
+            "scripted models: {} of {} turns served\n",
+            progress.served,
+            self.state.script.turns.len()
+        );
+        for request in &progress.recorded {
+            out.push_str(&format!("  {}\n", summarize(request)));
+        }
+        for result in &progress.results {
+            out.push_str(&format!(
+                "  result of {} ({}): {:?}\n",
+                result.name,
+                result.call_id,
+                clip(&result.output, 300)
+            ));
+        }
+        for problem in &progress.problems {
+            out.push_str(&format!("  PROBLEM: {problem}\n"));
+        }
+        out
+    }
+}
+
+/// The first `n` characters of `text`.
+fn clip(text: &str, n: usize) -> String {
+    match text.char_indices().nth(n) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+/// One line about a request: method, path, model, stream, tools declared, messages.
+fn summarize(request: &Recorded) -> String {
+    let body = request.json();
+    let Some(api) = Api::of_path(&request.path) else {
+        return format!(
+            "{} {} ({} bytes)",
+            request.method,
+            request.path,
+            request.body.len()
+        );
+    };
+    let tools: Vec<String> = wire::tool_names(api, &body);
+    format!(
+        "{} {} model={} stream={} tools=[{}] items={} last={:?}",
+        request.method,
+        request.path,
+        body["model"].as_str().unwrap_or("?"),
+        body["stream"].as_bool().unwrap_or(false),
+        tools.join(","),
+        wire::items(api, &body).len(),
+        clip(&wire::last_text(api, &body), 200)
+    )
+}
+
+/// The answer to one request: status, content type, extra headers, body.
+struct Answer {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+impl Answer {
+    fn json(body: Value) -> Self {
+        Self {
+            status: 200,
+            content_type: "application/json",
+            body: body.to_string(),
+        }
+    }
+}
+
+/// Answers `request` from the script, recording what it should.
+fn answer(state: &State, request: &Recorded) -> Answer {
+    let body = request.json();
+    let mut progress = state.progress.lock().unwrap();
+    progress.recorded.push(request.clone());
+    let anthropic_client = request.header("anthropic-version").is_some();
+    match (request.method.as_str(), request.path.as_str()) {
+        ("GET", "/v1/models") => {
+            return Answer::json(wire::models(&state.script.models, anthropic_client))
+        }
+        ("POST", "/v1/messages/count_tokens") => {
+            // Roughly four bytes a token, as the vendors' own estimates go.
+            let tokens = request.body.len() / 4;
+            return Answer::json(json!({ "input_tokens": tokens }));
+        }
+        _ => {}
+    }
+    let Some(api) = Api::of_path(&request.path).filter(|_| request.method == "POST") else {
+        // Not an error of the script: agents probe what they may. Recorded, answered 404.
+        return wire::error(
+            None,
+            404,
+            &format!(
+                "the scripted model server has no {} {}",
+                request.method, request.path
+            ),
+        );
+    };
+    if body.is_null() {
+        let problem = format!("{} with a body that is not JSON", request.path);
+        progress.problems.push(problem.clone());
+        return wire::error(Some(api), 400, &problem);
+    }
+    let model = body["model"].as_str().unwrap_or("scripted").to_owned();
+    let tools = wire::tool_names(api, &body);
+    if state.script.tools_required && tools.is_empty() {
+        return wire::reply(
+            api,
+            &body,
+            &model,
+            &Reply::Text(state.script.side_reply.clone()),
+            &[],
+        );
+    }
+    let turn_index = progress.served;
+    let Some(turn) = state.script.turns.get(turn_index) else {
+        let problem = format!(
+            "the script has {} turns, and another request arrived: {}",
+            state.script.turns.len(),
+            summarize(request)
+        );
+        progress.problems.push(problem.clone());
+        return wire::error(Some(api), 400, &problem);
+    };
+    // The previous turn's calls must all have come back, by our ids.
+    let results = wire::tool_results(api, &body);
+    let mut missing = Vec::new();
+    let mut fresh = String::new();
+    let pending = progress.pending.clone();
+    for call in &pending {
+        match results.iter().find(|(id, _)| *id == call.id) {
+            Some((_, output)) => {
+                fresh.push_str(output);
+                fresh.push('\n');
+                if !progress.results.iter().any(|r| r.call_id == call.id) {
+                    progress.results.push(ToolResult {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        output: output.clone(),
+                    });
+                }
+            }
+            None => missing.push(format!("{} ({})", call.name, call.id)),
+        }
+    }
+    if !missing.is_empty() {
+        let arrived: Vec<&String> = results.iter().map(|(id, _)| id).collect();
+        let problem = format!(
+            "turn {}: no tool result for {} (results arrived for {:?}); the request: {}",
+            turn_index + 1,
+            missing.join(", "),
+            arrived,
+            summarize(request)
+        );
+        progress.problems.push(problem.clone());
+        return wire::error(Some(api), 400, &problem);
+    }
+    fresh.push_str(&wire::since_last_assistant(api, &body));
+    let unseen: Vec<&String> = turn
+        .expect
+        .iter()
+        .filter(|e| !fresh.contains(e.as_str()))
+        .collect();
+    if !unseen.is_empty() {
+        let problem = format!(
+            "turn {}: expected {:?} in what came back since the model's last turn, which was {:?}",
+            turn_index + 1,
+            unseen,
+            clip(&fresh, 2000)
+        );
+        progress.problems.push(problem.clone());
+        return wire::error(Some(api), 400, &problem);
+    }
+    if let Reply::Calls(calls) = &turn.reply {
+        let unknown: Vec<&str> = calls
+            .iter()
+            .map(|c| c.name.as_str())
+            .filter(|name| !tools.iter().any(|t| t == name))
+            .collect();
+        if !unknown.is_empty() {
+            let problem = format!(
+                "turn {}: the script calls {unknown:?}, which the agent did not declare (its tools: {tools:?})",
+                turn_index + 1
+            );
+            progress.problems.push(problem.clone());
+            return wire::error(Some(api), 400, &problem);
+        }
+    }
+    let ids: Vec<wire::CallIds> = match &turn.reply {
+        Reply::Calls(calls) => calls.iter().map(|_| wire::CallIds::new(api)).collect(),
+        Reply::Text(_) => Vec::new(),
+    };
+    progress.pending = match &turn.reply {
+        Reply::Calls(calls) => calls
+            .iter()
+            .zip(&ids)
+            .map(|(call, ids)| Issued {
+                id: ids.call_id.clone(),
+                name: call.name.clone(),
+            })
+            .collect(),
+        Reply::Text(_) => Vec::new(),
+    };
+    progress.served += 1;
+    wire::reply(api, &body, &model, &turn.reply, &ids)
+}
+
+/// Serves one connection: each request recorded and answered from the script.
+fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
+    tokio::spawn(async move {
+        let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let state = state.clone();
+            async move {
+                let method = request.method().as_str().to_owned();
+                let path = request.uri().path().to_owned();
+                let headers = request
+                    .headers()
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
+                    .collect();
+                let body = request
+                    .into_body()
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes())
+                    .unwrap_or_default();
+                let recorded = Recorded {
+                    method,
+                    path,
+                    headers,
+                    body: String::from_utf8_lossy(&body).into_owned(),
+                };
+                let answer = answer(&state, &recorded);
+                let mut response = hyper::Response::builder()
+                    .status(answer.status)
+                    .header("content-type", answer.content_type);
+                if answer.status >= 400 {
+                    response = response.header("x-should-retry", "false");
+                }
+                Ok::<_, Infallible>(response.body(Full::new(Bytes::from(answer.body))).unwrap())
+            }
+        });
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+            .await;
+    });
+}
