@@ -44,17 +44,6 @@ fn agents_dir() -> PathBuf {
     dir.canonicalize().unwrap_or(dir)
 }
 
-/// The installed file `inside` the agents' directory; panics naming scripts/test if missing.
-fn installed(inside: &str) -> PathBuf {
-    let path = agents_dir().join(inside);
-    assert!(
-        path.exists(),
-        "{} is missing: scripts/test installs the agents (scripts/install-agents)",
-        path.display()
-    );
-    path
-}
-
 /// A directory the sandbox's unprivileged uid may use.
 fn open_dir(path: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
@@ -210,169 +199,235 @@ fn aider_script() -> ModelScript {
 /// The project aider works in: a test of `greet.py`, which does not exist yet.
 const AIDER_TEST: &str = "from greet import greet\n\nassert greet(\"tollgate\") == \"Hello, tollgate!\", greet(\"tollgate\")\nprint(\"greeted\")\n";
 
-/// The task each shipped spec gives its agent (the prompt in its argv).
-const TASK: &str = "Create hello.txt containing one line, 'hello from the agent', then run wc -c on it and tell me the result.";
+/// The sandbox's model endpoint, as the shipped specs name it where they must (Codex's
+/// provider settings): the shim's fixed loopback port.
+const SANDBOX_ENDPOINT: &str = "http://127.0.0.1:7710";
 
-/// What the agents' host runs are told, so that none calls home: the same settings as the
-/// shipped specs.
-fn quiet_env(home: &Path) -> Vec<(&'static str, String)> {
-    vec![
-        ("HOME", home.display().to_string()),
-        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".into()),
-        ("DISABLE_AUTOUPDATER", "1".into()),
-        ("DISABLE_TELEMETRY", "1".into()),
-        ("DISABLE_ERROR_REPORTING", "1".into()),
-        ("NO_UPDATE_NOTIFIER", "1".into()),
-    ]
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .unwrap()
 }
 
-/// A host project with a home beside it.
-fn host_project() -> (tempfile::TempDir, PathBuf, PathBuf) {
+/// `examples/agents/NAME.toml` as shipped, its host paths replaced (the project, this
+/// repository, where the agents are installed), as the mint request it makes.
+fn shipped(name: &str, project: &Path) -> pb::MintReceiptRequest {
+    let file = repo_root().join(format!("examples/agents/{name}.toml"));
+    let text = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace("/home/me/project", project.to_str().unwrap())
+        .replace("/home/me/tollgate", repo_root().to_str().unwrap())
+        .replace(SHIPPED_AGENTS, agents_dir().to_str().unwrap());
+    tollgate_receipt::spec::RunSpec::parse(&text)
+        .and_then(|spec| spec.to_request())
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
+/// `text` (a path inside the sandbox) as the host sees it: a mounted grant's mount replaced by
+/// its host path.
+fn on_host(request: &pb::MintReceiptRequest, text: &str) -> String {
+    for grant in request.fs.iter().filter(|g| !g.mount.is_empty()) {
+        if let Some(rest) = text.strip_prefix(grant.mount.as_str()) {
+            if rest.is_empty() || rest.starts_with('/') {
+                return format!("{}{rest}", grant.path);
+            }
+        }
+    }
+    text.to_owned()
+}
+
+/// What a test's project holds before the agent starts.
+fn prepare(name: &str, project: &Path) {
+    if name == "aider" {
+        std::fs::write(project.join("test_greet.py"), AIDER_TEST).unwrap();
+    }
+}
+
+/// The script of agent `name`, working in `project` (the path as the agent sees it).
+fn script(name: &str, project: &str) -> ModelScript {
+    match name {
+        "claude-code" => claude_script(project),
+        "codex" => codex_script(),
+        "aider" => aider_script(),
+        "llm" => llm_script(),
+        _ => unreachable!("{name}"),
+    }
+}
+
+/// The control: the shipped spec's command, env and working directory mapped to the host,
+/// against the scripted server straight, with the variables the sandbox would set.
+fn control(name: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let project = dir.path().join("project");
-    let home = dir.path().join("home");
+    let (project, home) = (dir.path().join("project"), dir.path().join("home"));
     std::fs::create_dir_all(&project).unwrap();
     std::fs::create_dir_all(&home).unwrap();
-    (dir, project, home)
+    prepare(name, &project);
+    let request = shipped(name, &project);
+    let agent = request.agent.clone().unwrap();
+    let program = on_host(&request, &agent.argv[0]);
+    assert!(
+        Path::new(&program).exists(),
+        "{program} is missing: scripts/test installs the agents (scripts/install-agents)"
+    );
+    let models = ScriptedModels::start(script(name, project.to_str().unwrap()));
+    let argv: Vec<String> = agent
+        .argv
+        .iter()
+        .map(|arg| on_host(&request, arg).replace(SANDBOX_ENDPOINT, &models.endpoint))
+        .collect();
+    let mut env: Vec<(&str, String)> = agent
+        .env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    env.extend([
+        ("HOME", home.display().to_string()),
+        ("OPENAI_BASE_URL", models.openai_base()),
+        ("OPENAI_API_KEY", "tollgate".into()),
+        ("ANTHROPIC_BASE_URL", models.endpoint.clone()),
+        ("ANTHROPIC_API_KEY", "tollgate".into()),
+    ]);
+    let cwd = on_host(&request, &agent.workdir);
+    let done = run_on_host(&argv, &env, Path::new(&cwd), Duration::from_secs(180));
+    check(name, &models, &done, &project);
+}
+
+/// The checks for agent `name` once it has ended.
+fn check(name: &str, models: &ScriptedModels, done: &Finished, project: &Path) {
+    let output = format!("{}{}", done.stdout, done.stderr);
+    if name == "aider" {
+        let context = format!("exit {:?}\n{output}\n{}", done.code, models.report());
+        assert!(models.problems().is_empty(), "{context}");
+        assert!(models.finished(), "{context}");
+        assert_eq!(done.code, Some(0), "{context}");
+        assert_eq!(
+            std::fs::read_to_string(project.join("greet.py"))
+                .ok()
+                .as_deref(),
+            Some("def greet(name):\n    return f\"Hello, {name}!\"\n"),
+            "{context}"
+        );
+        // The vendor's name, as the agent sends it.
+        assert!(
+            models.models_asked().iter().all(|m| m == "gpt-4o"),
+            "{context}"
+        );
+    } else {
+        assert_task_done(models, done.code, &output, project);
+        assert!(done.stdout.contains(FINAL), "{output}");
+    }
+}
+
+/// The real test: the shipped spec in a sandbox with no egress grant, whose one model route
+/// (`local`, speaking `api`) is the scripted server.
+fn in_sandbox(name: &str, api: &str, model: &str, id_base: u32) {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new(&format!("coding-{name}"), id_base);
+    let project = fx.data.parent().unwrap().join("project");
+    open_dir(&project);
+    prepare(name, &project);
+    let request = shipped(name, &project);
+    assert!(request.egress.is_empty(), "{name}: the spec grants egress");
+    let models = ScriptedModels::start(script(name, "/project"));
+    let routes_file = fx.data.parent().unwrap().join("routes.toml");
+    std::fs::write(
+        &routes_file,
+        format!(
+            "[[route]]\nname = \"local\"\nkind = \"local\"\napi = \"{api}\"\nendpoint = \"{}\"\nmodel = \"{model}\"\n",
+            models.endpoint
+        ),
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let routes = runtime
+        .block_on(tollgate_router_backends::ModelRoutes::load(
+            &routes_file,
+            Duration::from_secs(10),
+        ))
+        .unwrap_or_else(|e| panic!("the supervisor's routes file does not load: {e}"));
+    fx.manager.set_model_routes(std::sync::Arc::new(routes));
+
+    let now = unix_now();
+    let receipt = pb::Receipt {
+        receipt_id: uuid::Uuid::now_v7().to_string(),
+        owner: "admin".into(),
+        subject: request.subject,
+        audience: request.audience,
+        issued_at: Some(timestamp_from_unix(now)),
+        not_before: Some(timestamp_from_unix(now)),
+        expires_at: Some(timestamp_from_unix(now + 600)),
+        agent: request.agent,
+        limits: request.limits,
+        fs: request.fs,
+        exec: request.exec,
+        routes: request.routes,
+        workspace_keep_seconds: request.workspace_keep_seconds,
+        gateway_exec: request.gateway_exec,
+        ..Default::default()
+    };
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(300)).unwrap();
+    let done = Finished {
+        code: record.report.as_ref().and_then(|r| r.exit_code),
+        stdout: fx.output_of(&run_id),
+        stderr: fx.output_of(&format!("{run_id}:stderr")),
+    };
+    assert_eq!(
+        record.state,
+        RunState::Exited,
+        "{}{}\n{}",
+        done.stdout,
+        done.stderr,
+        models.report()
+    );
+    check(name, &models, &done, &project);
+    fx.assert_gone(&run_id);
 }
 
 #[test]
 fn claude_code_does_the_task_on_the_host() {
-    let claude = installed("claude-code/node_modules/@anthropic-ai/claude-code/bin/claude.exe");
-    let (_dir, project, home) = host_project();
-    let models = ScriptedModels::start(claude_script(project.to_str().unwrap()));
-    let mut env = quiet_env(&home);
-    env.push(("ANTHROPIC_BASE_URL", models.endpoint.clone()));
-    env.push(("ANTHROPIC_API_KEY", "sk-ant-api03-scripted".into()));
-    let argv: Vec<String> = vec![
-        claude.display().to_string(),
-        "-p".into(),
-        TASK.into(),
-        "--allowedTools".into(),
-        "Write,Bash".into(),
-    ];
-    let done = run_on_host(&argv, &env, &project, Duration::from_secs(120));
-    assert_task_done(
-        &models,
-        done.code,
-        &format!("{}{}", done.stdout, done.stderr),
-        &project,
-    );
-    assert!(done.stdout.contains(FINAL), "{}", done.stdout);
-}
-
-/// Codex's settings for a model provider at `base_url` that speaks the Responses API over
-/// HTTP (the built-in `openai` provider tries a WebSocket first), as `-c` flags.
-fn codex_provider(base_url: &str) -> Vec<String> {
-    [
-        "model_provider=\"tollgate\"".to_owned(),
-        "model_providers.tollgate.name=\"Tollgate\"".to_owned(),
-        format!("model_providers.tollgate.base_url=\"{base_url}\""),
-        "model_providers.tollgate.env_key=\"OPENAI_API_KEY\"".to_owned(),
-        "model_providers.tollgate.wire_api=\"responses\"".to_owned(),
-    ]
-    .into_iter()
-    .flat_map(|setting| ["-c".to_owned(), setting])
-    .collect()
+    control("claude-code");
 }
 
 #[test]
 fn codex_does_the_task_on_the_host() {
-    let codex = installed(
-        "codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
-    );
-    let (_dir, project, home) = host_project();
-    let models = ScriptedModels::start(codex_script());
-    let mut env = quiet_env(&home);
-    env.push(("OPENAI_BASE_URL", models.openai_base()));
-    env.push(("OPENAI_API_KEY", "sk-scripted".into()));
-    let argv: Vec<String> = [
-        codex.display().to_string(),
-        "exec".into(),
-        "--skip-git-repo-check".into(),
-        "--sandbox".into(),
-        "danger-full-access".into(),
-        "--model".into(),
-        "gpt-5-codex".into(),
-    ]
-    .into_iter()
-    .chain(codex_provider(&models.openai_base()))
-    .chain([TASK.to_owned()])
-    .collect();
-    let done = run_on_host(&argv, &env, &project, Duration::from_secs(120));
-    assert_task_done(
-        &models,
-        done.code,
-        &format!("{}{}", done.stdout, done.stderr),
-        &project,
-    );
-}
-
-#[test]
-fn llm_does_the_task_on_the_host() {
-    let llm = installed("llm/bin/llm");
-    let (_dir, project, home) = host_project();
-    let models = ScriptedModels::start(llm_script());
-    let tools = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents/llm-tools.py");
-    let mut env = quiet_env(&home);
-    env.push(("OPENAI_BASE_URL", models.openai_base()));
-    env.push(("OPENAI_API_KEY", "sk-scripted".into()));
-    let argv: Vec<String> = vec![
-        llm.display().to_string(),
-        "--no-log".into(),
-        "-m".into(),
-        "gpt-4o".into(),
-        "--functions".into(),
-        tools.display().to_string(),
-        TASK.into(),
-    ];
-    let done = run_on_host(&argv, &env, &project, Duration::from_secs(120));
-    assert_task_done(
-        &models,
-        done.code,
-        &format!("{}{}", done.stdout, done.stderr),
-        &project,
-    );
-    assert!(done.stdout.contains(FINAL), "{}", done.stdout);
+    control("codex");
 }
 
 #[test]
 fn aider_does_the_task_on_the_host() {
-    let python = installed("aider/bin/python");
-    let (_dir, project, home) = host_project();
-    std::fs::write(project.join("test_greet.py"), AIDER_TEST).unwrap();
-    let models = ScriptedModels::start(aider_script());
-    let mut env = quiet_env(&home);
-    env.push(("OPENAI_BASE_URL", models.openai_base()));
-    env.push(("OPENAI_API_KEY", "sk-scripted".into()));
-    let argv: Vec<String> = vec![
-        python.display().to_string(),
-        "-m".into(),
-        "aider".into(),
-        "--model".into(),
-        "openai/gpt-4o".into(),
-        "--no-git".into(),
-        "--yes-always".into(),
-        "--no-check-update".into(),
-        "--no-analytics".into(),
-        "--no-show-release-notes".into(),
-        "--no-show-model-warnings".into(),
-        "--no-pretty".into(),
-        "--auto-test".into(),
-        "--test-cmd".into(),
-        "python3 test_greet.py".into(),
-        "--message".into(),
-        "Write greet.py so that test_greet.py passes.".into(),
-        "greet.py".into(),
-    ];
-    let done = run_on_host(&argv, &env, &project, Duration::from_secs(180));
-    let context = format!("{}{}\n{}", done.stdout, done.stderr, models.report());
-    assert!(models.problems().is_empty(), "{context}");
-    assert!(models.finished(), "{context}");
-    assert_eq!(done.code, Some(0), "{context}");
-    assert_eq!(
-        std::fs::read_to_string(project.join("greet.py")).unwrap(),
-        "def greet(name):\n    return f\"Hello, {name}!\"\n",
-        "{context}"
-    );
+    control("aider");
+}
+
+#[test]
+fn llm_does_the_task_on_the_host() {
+    control("llm");
+}
+
+/// Claude Code speaks Anthropic Messages with tools (`Write`, `Bash`), streamed.
+#[test]
+fn claude_code_does_the_task_in_a_sandbox() {
+    in_sandbox("claude-code", "anthropic", "claude-sonnet-4-5", 330_000);
+}
+
+/// Codex speaks only the Responses API (`exec_command`), streamed.
+#[test]
+fn codex_does_the_task_in_a_sandbox() {
+    in_sandbox("codex", "openai-responses", "gpt-5-codex", 330_100);
+}
+
+/// aider speaks chat completions with its own edit format, asking for `gpt-4o` by the
+/// vendor's name.
+#[test]
+fn aider_does_the_task_in_a_sandbox() {
+    in_sandbox("aider", "openai", "gpt-4o", 330_200);
+}
+
+/// llm speaks chat completions with tools (its `--functions`), streamed.
+#[test]
+fn llm_does_the_task_in_a_sandbox() {
+    in_sandbox("llm", "openai", "gpt-4o", 330_300);
 }
