@@ -206,7 +206,7 @@ impl ScriptedModels {
         self.state.progress.lock().unwrap().recorded.clone()
     }
 
-    /// The tool results the agent sent back, in the order they first arrived.
+    /// The tool results the agent sent back, in the order of the turns they let through.
     pub fn tool_results(&self) -> Vec<ToolResult> {
         self.state.progress.lock().unwrap().results.clone()
     }
@@ -368,19 +368,18 @@ fn answer(state: &State, request: &Recorded) -> Answer {
     let results = wire::tool_results(api, &body);
     let mut missing = Vec::new();
     let mut fresh = String::new();
-    let pending = progress.pending.clone();
-    for call in &pending {
+    // Kept only once the turn is served: a refused request's results are in its problem.
+    let mut returned = Vec::new();
+    for call in &progress.pending {
         match results.iter().find(|(id, _)| *id == call.id) {
             Some((_, output)) => {
                 fresh.push_str(output);
                 fresh.push('\n');
-                if !progress.results.iter().any(|r| r.call_id == call.id) {
-                    progress.results.push(ToolResult {
-                        call_id: call.id.clone(),
-                        name: call.name.clone(),
-                        output: output.clone(),
-                    });
-                }
+                returned.push(ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    output: output.clone(),
+                });
             }
             None => missing.push(format!("{} ({})", call.name, call.id)),
         }
@@ -443,6 +442,7 @@ fn answer(state: &State, request: &Recorded) -> Answer {
             .collect(),
         Reply::Text(_) => Vec::new(),
     };
+    progress.results.extend(returned);
     progress.served += 1;
     wire::reply(api, &body, &model, &turn.reply, &ids)
 }
@@ -486,4 +486,212 @@ fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
             .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
             .await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read as _, Write as _};
+
+    use super::*;
+
+    /// POSTs `body` to `path` (HTTP/1.1, connection closed after): (status, body).
+    fn post(models: &ScriptedModels, path: &str, body: &Value) -> (u16, String) {
+        let addr = models.endpoint.trim_start_matches("http://");
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        let body = body.to_string();
+        write!(
+            stream,
+            "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).unwrap();
+        let (head, body) = reply.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, body.to_owned())
+    }
+
+    /// The `data:` payloads of an SSE body (the chunked framing's size lines left out).
+    fn events(body: &str) -> Vec<Value> {
+        body.lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .filter(|data| *data != "[DONE]")
+            .map(|data| serde_json::from_str(data).unwrap())
+            .collect()
+    }
+
+    fn script(tools_required: bool) -> ModelScript {
+        ModelScript {
+            turns: vec![
+                Turn::calls(vec![Call::new("run", json!({"command": "ls"}))]),
+                Turn::text("done").expecting("README.md"),
+            ],
+            tools_required,
+            side_reply: "side".into(),
+            models: vec!["m".into()],
+        }
+    }
+
+    const CHAT_TOOLS: &str =
+        r#"[{"type": "function", "function": {"name": "run", "parameters": {}}}]"#;
+
+    #[test]
+    fn chat_completions_wait_for_the_tool_result_and_say_what_arrived_instead() {
+        let models = ScriptedModels::start(script(true));
+        let tools: Value = serde_json::from_str(CHAT_TOOLS).unwrap();
+        // A side call (no tools) does not advance the script.
+        let (status, side) = post(
+            &models,
+            "/v1/chat/completions",
+            &json!({"model": "m", "messages": [{"role": "user", "content": "title?"}]}),
+        );
+        assert_eq!(status, 200);
+        assert_eq!(
+            serde_json::from_str::<Value>(&side).unwrap()["choices"][0]["message"]["content"],
+            "side"
+        );
+        let user = json!({"role": "user", "content": "list"});
+        let (status, first) = post(
+            &models,
+            "/v1/chat/completions",
+            &json!({"model": "m", "messages": [user], "tools": tools}),
+        );
+        assert_eq!(status, 200, "{first}");
+        let first: Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(first["choices"][0]["finish_reason"], "tool_calls");
+        let call = &first["choices"][0]["message"]["tool_calls"][0];
+        let id = call["id"].as_str().unwrap();
+        assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+        assert_eq!(call["function"]["arguments"], r#"{"command":"ls"}"#);
+        // Without its result: refused, and the problem names what arrived.
+        let (status, refused) = post(
+            &models,
+            "/v1/chat/completions",
+            &json!({"model": "m", "messages": [user], "tools": tools}),
+        );
+        assert_eq!(status, 400, "{refused}");
+        assert!(
+            models.problems()[0].contains(&format!("no tool result for run ({id})")),
+            "{:?}",
+            models.problems()
+        );
+        // With it, streamed: the final text, in pieces.
+        let messages = json!([user, first["choices"][0]["message"], {"role": "tool", "tool_call_id": id, "content": "README.md\nsrc\n"}]);
+        let (status, stream) = post(
+            &models,
+            "/v1/chat/completions",
+            &json!({"model": "m", "messages": messages, "tools": tools, "stream": true, "stream_options": {"include_usage": true}}),
+        );
+        assert_eq!(status, 200, "{stream}");
+        let chunks = events(&stream);
+        let text: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "done");
+        assert!(
+            chunks.last().unwrap()["usage"]["prompt_tokens"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+        assert!(models.finished());
+        assert_eq!(models.tool_results()[0].output, "README.md\nsrc\n");
+    }
+
+    #[test]
+    fn anthropic_messages_stream_tool_use_as_input_json_deltas() {
+        let models = ScriptedModels::start(script(true));
+        let tools = json!([{"name": "run", "input_schema": {"type": "object"}}]);
+        let user = json!({"role": "user", "content": "list"});
+        let (status, stream) = post(
+            &models,
+            "/v1/messages",
+            &json!({"model": "m", "max_tokens": 9, "messages": [user], "tools": tools, "stream": true}),
+        );
+        assert_eq!(status, 200, "{stream}");
+        let events = events(&stream);
+        let start = events
+            .iter()
+            .find(|e| e["type"] == "content_block_start")
+            .unwrap();
+        let id = start["content_block"]["id"].as_str().unwrap().to_owned();
+        assert!(id.starts_with("toolu_01"), "{id}");
+        let input: String = events
+            .iter()
+            .filter_map(|e| e["delta"]["partial_json"].as_str())
+            .collect();
+        assert_eq!(
+            serde_json::from_str::<Value>(&input).unwrap(),
+            json!({"command": "ls"})
+        );
+        let stop = events
+            .iter()
+            .find(|e| e["type"] == "message_delta")
+            .unwrap();
+        assert_eq!(stop["delta"]["stop_reason"], "tool_use");
+        // The result as a user message's tool_result block; the reply whole.
+        let messages = json!([user, {"role": "assistant", "content": [{"type": "tool_use", "id": id, "name": "run", "input": {"command": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": id, "content": [{"type": "text", "text": "README.md"}]}]}]);
+        let (status, whole) = post(
+            &models,
+            "/v1/messages",
+            &json!({"model": "m", "max_tokens": 9, "messages": messages, "tools": tools}),
+        );
+        assert_eq!(status, 200, "{whole}");
+        let whole: Value = serde_json::from_str(&whole).unwrap();
+        assert_eq!(
+            (
+                whole["content"][0]["text"].as_str(),
+                whole["stop_reason"].as_str()
+            ),
+            (Some("done"), Some("end_turn"))
+        );
+        assert!(models.problems().is_empty(), "{}", models.report());
+    }
+
+    #[test]
+    fn responses_stream_function_calls_and_take_their_outputs() {
+        let models = ScriptedModels::start(script(true));
+        let tools = json!([{"type": "function", "name": "run", "parameters": {}}]);
+        let input = json!({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list"}]});
+        let (status, stream) = post(
+            &models,
+            "/v1/responses",
+            &json!({"model": "m", "input": [input], "tools": tools, "stream": true, "store": false}),
+        );
+        assert_eq!(status, 200, "{stream}");
+        let events = events(&stream);
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(kinds.first(), Some(&"response.created"));
+        assert_eq!(kinds.last(), Some(&"response.completed"));
+        let item = &events
+            .iter()
+            .find(|e| e["type"] == "response.output_item.done")
+            .unwrap()["item"];
+        assert!(item["id"].as_str().unwrap().starts_with("fc_"), "{item}");
+        let arguments: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.function_call_arguments.delta")
+            .map(|e| e["delta"].as_str().unwrap())
+            .collect();
+        assert_eq!(arguments, item["arguments"].as_str().unwrap());
+        // The output, not streamed; an expectation unmet is refused, naming what came back.
+        let output = |text: &str| json!({"model": "m", "tools": tools, "input": [input, item, {"type": "function_call_output", "call_id": item["call_id"], "output": text}]});
+        let (status, _) = post(&models, "/v1/responses", &output("nothing here"));
+        assert_eq!(status, 400);
+        assert!(
+            models.problems()[0].contains("nothing here"),
+            "{:?}",
+            models.problems()
+        );
+        // The same turn, once the output carries what it expects.
+        let (status, whole) = post(&models, "/v1/responses", &output("README.md"));
+        assert_eq!(status, 200, "{whole}");
+        let whole: Value = serde_json::from_str(&whole).unwrap();
+        assert_eq!(whole["output"][0]["content"][0]["text"], "done");
+        assert!(models.finished());
+        assert_eq!(models.tool_results()[0].output, "README.md");
+    }
 }
