@@ -293,7 +293,7 @@ fn summarize(request: &Recorded) -> String {
     )
 }
 
-/// The answer to one request: status, content type, extra headers, body.
+/// The answer to one request: status, content type, body (errors add `x-should-retry: false`).
 struct Answer {
     status: u16,
     content_type: &'static str,

@@ -384,6 +384,14 @@ fn in_sandbox(name: &str, api: &str, model: &str, id_base: u32) {
         models.report()
     );
     check(name, &models, &done, &project);
+    // Every model call went through the gateway, on the one route, and was counted.
+    let report = record.report.as_ref().unwrap();
+    assert_eq!(report.routes_used, ["local"], "{}", models.report());
+    assert!(
+        report.route_usage[0].calls >= models.turns_served() as u64,
+        "{:?}",
+        report.route_usage
+    );
     fx.assert_gone(&run_id);
 }
 
