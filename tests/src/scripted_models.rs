@@ -11,6 +11,7 @@
 //! API's own shape (`x-should-retry: false`) and recorded as a problem that names what arrived.
 //! Every request is recorded.
 
+pub mod agents;
 mod wire;
 
 use std::convert::Infallible;

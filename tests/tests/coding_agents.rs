@@ -3,29 +3,28 @@
 //! (tollgate_tests::scripted_models) on a task that needs their own tools: write a file, run a
 //! command whose output must come back to the model.
 //!
-//! For each agent, two tests:
-//! - `*_on_the_host`: the control. The agent talks straight to the scripted server, with no
-//!   sandbox; it proves the script and the agent's settings are right.
-//! - `*_in_a_sandbox`: the agent's run spec from `examples/agents/` as shipped (only host paths
-//!   replaced), no egress grant: its only way to a model is the sandbox's endpoint, and the
-//!   supervisor's one route points at the scripted server in the API that agent speaks.
+//! For each agent, three tests:
+//! - `*_on_the_host`: the control. The shipped spec's command, mapped to the host, talks
+//!   straight to the scripted server: the script and the agent's settings are right.
+//! - `*_in_a_sandbox_beside_its_model`: the sandbox's control. The shipped spec in a sandbox,
+//!   the scripted server started beside the agent on the sandbox's own loopback instead of a
+//!   route: the spec gives the agent all it needs in a sandbox (programs, limits, settings).
+//! - `*_in_a_sandbox`: the real test. The agent's run spec from `examples/agents/` as shipped
+//!   (only host paths replaced), no egress grant: its only way to a model is the sandbox's
+//!   endpoint, and the supervisor's one route points at the scripted server in the API that
+//!   agent speaks.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use tollgate_proto::v1 as pb;
 use tollgate_receipt::{timestamp_from_unix, unix_now};
 use tollgate_supervisor::records::RunState;
 use tollgate_tests::require_root;
 use tollgate_tests::run_fixture::RunFixture as Fixture;
-use tollgate_tests::scripted_models::{Call, ModelScript, ScriptedModels, Turn};
-
-/// What the task writes, and what the command's output says about it.
-const CONTENT: &str = "hello from the agent\n";
-const COUNTED: &str = "21 hello.txt";
-const FINAL: &str = "hello.txt holds 21 bytes.";
+use tollgate_tests::scripted_models::agents::{script, AIDER_TEST, CONTENT, COUNTED, FINAL};
+use tollgate_tests::scripted_models::ScriptedModels;
 
 /// Where the shipped specs install the agents (scripts/install-agents as root).
 const SHIPPED_AGENTS: &str = "/usr/local/lib/tollgate-agents";
@@ -116,89 +115,6 @@ fn assert_task_done(models: &ScriptedModels, code: Option<i32>, output: &str, pr
     );
 }
 
-// --- The agents: their scripts and their command lines ---
-
-/// Claude Code's script: its `Write` and `Bash` tools, Anthropic Messages.
-fn claude_script(project: &str) -> ModelScript {
-    ModelScript {
-        turns: vec![
-            Turn::calls(vec![Call::new(
-                "Write",
-                json!({"file_path": format!("{project}/hello.txt"), "content": CONTENT}),
-            )]),
-            Turn::calls(vec![Call::new(
-                "Bash",
-                json!({"command": "wc -c hello.txt", "description": "Count the bytes of hello.txt"}),
-            )]),
-            Turn::text(FINAL).expecting(COUNTED),
-        ],
-        tools_required: true,
-        side_reply: "ok".into(),
-        models: vec!["claude-sonnet-4-5".into(), "claude-haiku-4-5".into()],
-    }
-}
-
-/// Codex CLI's script: its `exec_command` tool (it writes files with the shell too), the
-/// Responses API.
-fn codex_script() -> ModelScript {
-    ModelScript {
-        turns: vec![
-            Turn::calls(vec![Call::new(
-                "exec_command",
-                json!({"cmd": "printf 'hello from the agent\\n' > hello.txt"}),
-            )]),
-            Turn::calls(vec![Call::new(
-                "exec_command",
-                json!({"cmd": "wc -c hello.txt"}),
-            )]),
-            Turn::text(FINAL).expecting(COUNTED),
-        ],
-        tools_required: true,
-        side_reply: "ok".into(),
-        models: vec!["gpt-5-codex".into()],
-    }
-}
-
-/// llm's script: the two functions of examples/agents/llm-tools.py, chat completions.
-fn llm_script() -> ModelScript {
-    ModelScript {
-        turns: vec![
-            Turn::calls(vec![Call::new(
-                "write_file",
-                json!({"path": "hello.txt", "content": CONTENT}),
-            )]),
-            Turn::calls(vec![Call::new(
-                "run_command",
-                json!({"command": "wc -c hello.txt"}),
-            )]),
-            Turn::text(FINAL).expecting(COUNTED),
-        ],
-        tools_required: true,
-        side_reply: "ok".into(),
-        models: vec!["gpt-4o".into()],
-    }
-}
-
-/// aider's script: its own edit format (SEARCH/REPLACE blocks, no tool calling) writes
-/// `greet.py`; aider runs the project's test command, whose failure must come back to the
-/// model; the second edit fixes it.
-fn aider_script() -> ModelScript {
-    let first = "I'll create greet.py.\n\ngreet.py\n```python\n<<<<<<< SEARCH\n=======\ndef greet(name):\n    return \"hello \" + name\n>>>>>>> REPLACE\n```\n";
-    let second = "The test wants a capital and a comma.\n\ngreet.py\n```python\n<<<<<<< SEARCH\n    return \"hello \" + name\n=======\n    return f\"Hello, {name}!\"\n>>>>>>> REPLACE\n```\n";
-    ModelScript {
-        turns: vec![
-            Turn::text(first),
-            Turn::text(second).expecting("AssertionError: hello tollgate"),
-        ],
-        tools_required: false,
-        side_reply: String::new(),
-        models: vec!["gpt-4o".into()],
-    }
-}
-
-/// The project aider works in: a test of `greet.py`, which does not exist yet.
-const AIDER_TEST: &str = "from greet import greet\n\nassert greet(\"tollgate\") == \"Hello, tollgate!\", greet(\"tollgate\")\nprint(\"greeted\")\n";
-
 /// The sandbox's model endpoint, as the shipped specs name it where they must (Codex's
 /// provider settings): the shim's fixed loopback port.
 const SANDBOX_ENDPOINT: &str = "http://127.0.0.1:7710";
@@ -241,17 +157,6 @@ fn on_host(request: &pb::MintReceiptRequest, text: &str) -> String {
 fn prepare(name: &str, project: &Path) {
     if name == "aider" {
         std::fs::write(project.join("test_greet.py"), AIDER_TEST).unwrap();
-    }
-}
-
-/// The script of agent `name`, working in `project` (the path as the agent sees it).
-fn script(name: &str, project: &str) -> ModelScript {
-    match name {
-        "claude-code" => claude_script(project),
-        "codex" => codex_script(),
-        "aider" => aider_script(),
-        "llm" => llm_script(),
-        _ => unreachable!("{name}"),
     }
 }
 
@@ -350,24 +255,7 @@ fn in_sandbox(name: &str, api: &str, model: &str, id_base: u32) {
         .unwrap_or_else(|e| panic!("the supervisor's routes file does not load: {e}"));
     fx.manager.set_model_routes(std::sync::Arc::new(routes));
 
-    let now = unix_now();
-    let receipt = pb::Receipt {
-        receipt_id: uuid::Uuid::now_v7().to_string(),
-        owner: "admin".into(),
-        subject: request.subject,
-        audience: request.audience,
-        issued_at: Some(timestamp_from_unix(now)),
-        not_before: Some(timestamp_from_unix(now)),
-        expires_at: Some(timestamp_from_unix(now + 600)),
-        agent: request.agent,
-        limits: request.limits,
-        fs: request.fs,
-        exec: request.exec,
-        routes: request.routes,
-        workspace_keep_seconds: request.workspace_keep_seconds,
-        gateway_exec: request.gateway_exec,
-        ..Default::default()
-    };
+    let receipt = receipt_of(request);
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
     let record = fx.manager.wait(&run_id, Duration::from_secs(300)).unwrap();
     let done = Finished {
@@ -392,6 +280,124 @@ fn in_sandbox(name: &str, api: &str, model: &str, id_base: u32) {
         "{:?}",
         report.route_usage
     );
+    fx.assert_gone(&run_id);
+}
+
+/// The receipt a mint of `request` would sign, for ten minutes (no authority in between: the
+/// fixture signs it).
+fn receipt_of(request: pb::MintReceiptRequest) -> pb::Receipt {
+    let now = unix_now();
+    pb::Receipt {
+        receipt_id: uuid::Uuid::now_v7().to_string(),
+        owner: "admin".into(),
+        subject: request.subject,
+        audience: request.audience,
+        issued_at: Some(timestamp_from_unix(now)),
+        not_before: Some(timestamp_from_unix(now)),
+        expires_at: Some(timestamp_from_unix(now + 600)),
+        agent: request.agent,
+        limits: request.limits,
+        fs: request.fs,
+        exec: request.exec,
+        routes: request.routes,
+        workspace_keep_seconds: request.workspace_keep_seconds,
+        gateway_exec: request.gateway_exec,
+        ..Default::default()
+    }
+}
+
+/// The sandbox's control: the shipped spec in a sandbox, but with the scripted server beside
+/// the agent (the `scripted-models` program, started ahead of it by a shell, on the sandbox's
+/// own loopback) instead of a route. It proves the spec gives the agent what it needs in a
+/// sandbox — its programs, limits and settings — whatever the gateway does.
+fn beside_in_sandbox(name: &str, id_base: u32) {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new(&format!("coding-beside-{name}"), id_base);
+    let project = fx.data.parent().unwrap().join("project");
+    open_dir(&project);
+    prepare(name, &project);
+    let mut request = shipped(name, &project);
+    request.routes.clear();
+    let server = tollgate_tests::bin_path("scripted-models");
+    let mut agent = request.agent.take().unwrap();
+    // The agent's own command, quoted for sh; the sandbox's endpoint is the server's.
+    let command: Vec<String> = agent
+        .argv
+        .iter()
+        .map(|arg| {
+            format!("'{}'", arg.replace('\'', r"'\''")).replace(SANDBOX_ENDPOINT, "'\"$E\"'")
+        })
+        .collect();
+    agent.argv = vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!(
+            "/opt/scripted/scripted-models {name} /tmp/endpoint /project/scripted.txt & \
+             while [ ! -s /tmp/endpoint ]; do /usr/bin/sleep 0.1; done; read -r E < /tmp/endpoint; \
+             export OPENAI_BASE_URL=$E/v1 OPENAI_API_KEY=tollgate ANTHROPIC_BASE_URL=$E ANTHROPIC_API_KEY=tollgate; \
+             {}; code=$?; /usr/bin/sleep 0.3; exit $code",
+            command.join(" ")
+        ),
+    ];
+    request.agent = Some(agent);
+    request.fs.push(pb::FsGrant {
+        path: server.parent().unwrap().display().to_string(),
+        access: pb::FsAccess::Read as i32,
+        mount: "/opt/scripted".into(),
+        exec: false,
+        ask: false,
+        ask_reads: false,
+    });
+    request.exec.extend([
+        "/bin/sh".into(),
+        "/usr/bin/sleep".into(),
+        "/opt/scripted/scripted-models".into(),
+    ]);
+    let run_id = fx.start(&fx.sign(receipt_of(request))).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(300)).unwrap();
+    let report = std::fs::read_to_string(project.join("scripted.txt")).unwrap_or_default();
+    let context = format!(
+        "{:?}, exit {:?}\n{}{}\n{report}",
+        record.state,
+        record.report.as_ref().and_then(|r| r.exit_code),
+        fx.output_of(&run_id),
+        fx.output_of(&format!("{run_id}:stderr"))
+    );
+    assert_eq!(record.state, RunState::Exited, "{context}");
+    assert_eq!(
+        record.report.as_ref().unwrap().exit_code,
+        Some(0),
+        "{context}"
+    );
+    assert!(
+        report.starts_with("finished=true problems=0\n"),
+        "{context}"
+    );
+    if name == "aider" {
+        assert_eq!(
+            std::fs::read_to_string(project.join("greet.py"))
+                .ok()
+                .as_deref(),
+            Some("def greet(name):\n    return f\"Hello, {name}!\"\n"),
+            "{context}"
+        );
+    } else {
+        assert_eq!(
+            std::fs::read_to_string(project.join("hello.txt"))
+                .ok()
+                .as_deref(),
+            Some(CONTENT),
+            "{context}"
+        );
+        assert!(
+            report
+                .lines()
+                .any(|line| line.starts_with("  result of") && line.contains(COUNTED)),
+            "{context}"
+        );
+    }
     fx.assert_gone(&run_id);
 }
 
@@ -438,4 +444,28 @@ fn aider_does_the_task_in_a_sandbox() {
 #[test]
 fn llm_does_the_task_in_a_sandbox() {
     in_sandbox("llm", "openai", "gpt-4o", 330_300);
+}
+
+/// Claude Code in a sandbox with its model beside it.
+#[test]
+fn claude_code_does_the_task_in_a_sandbox_beside_its_model() {
+    beside_in_sandbox("claude-code", 330_400);
+}
+
+/// Codex in a sandbox with its model beside it.
+#[test]
+fn codex_does_the_task_in_a_sandbox_beside_its_model() {
+    beside_in_sandbox("codex", 330_500);
+}
+
+/// aider in a sandbox with its model beside it.
+#[test]
+fn aider_does_the_task_in_a_sandbox_beside_its_model() {
+    beside_in_sandbox("aider", 330_600);
+}
+
+/// llm in a sandbox with its model beside it.
+#[test]
+fn llm_does_the_task_in_a_sandbox_beside_its_model() {
+    beside_in_sandbox("llm", 330_700);
 }
