@@ -337,7 +337,9 @@ fn beside_in_sandbox(name: &str, id_base: u32) {
             "/opt/scripted/scripted-models {name} /tmp/endpoint /project/scripted.txt & \
              while [ ! -s /tmp/endpoint ]; do /usr/bin/sleep 0.1; done; read -r E < /tmp/endpoint; \
              export OPENAI_BASE_URL=$E/v1 OPENAI_API_KEY=tollgate ANTHROPIC_BASE_URL=$E ANTHROPIC_API_KEY=tollgate; \
-             {}; code=$?; /usr/bin/sleep 0.3; exit $code",
+             {}; code=$?; i=0; while [ $i -lt 100 ]; do read -r F < /project/scripted.txt; \
+             case \"$F\" in finished=true*) break;; esac; /usr/bin/sleep 0.1; i=$((i+1)); done; \
+             /usr/bin/sleep 0.2; exit $code",
             command.join(" ")
         ),
     ];

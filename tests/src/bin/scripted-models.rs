@@ -1,8 +1,8 @@
 //! `scripted-models AGENT ENDPOINT_FILE REPORT_FILE`: serves the coding-agent script of AGENT
 //! (`tollgate_tests::scripted_models::agents`) on 127.0.0.1, from inside a sandbox beside the
 //! agent (tests/tests/coding_agents.rs): writes its endpoint (`http://127.0.0.1:PORT`) to
-//! ENDPOINT_FILE, then, every 100 ms until it is killed, its state to REPORT_FILE: a first
-//! line `finished=BOOL problems=N`, then `ScriptedModels::report`.
+//! ENDPOINT_FILE, then, every 100 ms until it is killed, its state to REPORT_FILE (replaced
+//! whole): a first line `finished=BOOL problems=N`, then `ScriptedModels::report`.
 
 use std::time::Duration;
 
@@ -26,6 +26,10 @@ fn main() -> anyhow::Result<()> {
             models.problems().len(),
             models.report()
         );
-        std::fs::write(report_file, state).with_context(|| format!("writing {report_file}"))?;
+        // Whole or not at all: the sandbox may end between any two writes.
+        let partial = format!("{report_file}.partial");
+        std::fs::write(&partial, state).with_context(|| format!("writing {partial}"))?;
+        std::fs::rename(&partial, report_file)
+            .with_context(|| format!("renaming {partial} to {report_file}"))?;
     }
 }
