@@ -4,7 +4,7 @@
 
 use serde_json::json;
 
-use super::{Call, ModelScript, Turn};
+use crate::scripted_models::script::{Call, ModelScript, Turn};
 
 /// What the task writes.
 pub const CONTENT: &str = "hello from the agent\n";

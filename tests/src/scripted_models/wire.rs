@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Value};
 
-use super::{Answer, Reply};
+use crate::scripted_models::script::Reply;
 
 /// Which API a request speaks, by its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,23 @@ impl Api {
             "/v1/responses" | "/responses" => Some(Self::Responses),
             "/v1/messages" => Some(Self::Messages),
             _ => None,
+        }
+    }
+}
+
+/// The answer to one request: status, content type, body (errors add `x-should-retry: false`).
+pub(super) struct Answer {
+    pub(super) status: u16,
+    pub(super) content_type: &'static str,
+    pub(super) body: String,
+}
+
+impl Answer {
+    pub(super) fn json(body: Value) -> Self {
+        Self {
+            status: 200,
+            content_type: "application/json",
+            body: body.to_string(),
         }
     }
 }
