@@ -6,7 +6,7 @@ use serde_json::Value;
 /// One tool call a scripted turn makes.
 #[derive(Debug, Clone)]
 pub struct Call {
-    /// The tool's name, as the agent declared it (`Write`, `shell`, `write_file`…).
+    /// The tool's name, as the agent declared it (`Write`, `exec_command`, `write_file`…).
     pub name: String,
     /// Its arguments (a JSON object).
     pub arguments: Value,
