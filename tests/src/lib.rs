@@ -1070,3 +1070,6 @@ pub fn sample(samples: &str, line_start: &str) -> f64 {
         .parse()
         .unwrap()
 }
+
+/// A scripted model server speaking the three APIs coding agents use (tests/tests/coding_agents.rs).
+pub mod scripted_models;
