@@ -16,7 +16,8 @@
 //! [[route]]
 //! name = "claude"
 //! kind = "cloud"
-//! api = "anthropic"          # openai | anthropic
+//! api = "anthropic"          # openai | anthropic | openai-responses
+//! models = ["claude-*"]      # optional: model names agents ask for that this route serves
 //! endpoint = "https://api.anthropic.com"
 //! model = "claude-sonnet-4-5"
 //! key_secret = "file:/etc/tollgate/keys/anthropic"   # or "env:ANTHROPIC_API_KEY"
@@ -83,6 +84,9 @@ pub enum Api {
     Openai,
     /// Anthropic Messages (`POST /v1/messages`).
     Anthropic,
+    /// The OpenAI Responses API (`POST /v1/responses`), `api = "openai-responses"`.
+    #[serde(rename = "openai-responses")]
+    OpenaiResponses,
 }
 
 /// A known local server: how to probe its health and count tokens. All speak [`Api::Openai`].
@@ -201,6 +205,66 @@ pub struct Route {
     pub max_sensitivity: Option<Sensitivity>,
     /// Whether detected spans are replaced before the text is sent.
     pub redact: bool,
+    /// The model names this route claims (`models = ["gpt-*"]`): a call that asks for one of
+    /// them (or for the route's own `model`) prefers this route. `*` matches any run of
+    /// characters.
+    pub models: Vec<String>,
+}
+
+impl Route {
+    /// Whether a call asking for the model `name` is this route's: its own model, or a name
+    /// one of its `models` patterns matches.
+    pub fn claims(&self, name: &str) -> bool {
+        name == self.model || self.models.iter().any(|pattern| glob_match(pattern, name))
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters (none
+/// included) and everything else for itself.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    // Without a `*`, the one piece is the whole name.
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Most bytes of one `models` pattern.
+const MAX_PATTERN: usize = 128;
+
+/// Why `pattern` cannot be a `models` entry, if it cannot.
+fn pattern_problem(pattern: &str) -> Option<String> {
+    if pattern.is_empty() || pattern.len() > MAX_PATTERN {
+        return Some(format!("{pattern:?}: a pattern has 1-{MAX_PATTERN} bytes"));
+    }
+    if pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some(format!(
+            "{pattern:?}: a pattern has no spaces or control characters"
+        ));
+    }
+    if pattern.chars().all(|c| c == '*') {
+        return Some(format!(
+            "{pattern:?} would claim every name: leave names nobody claims to `auto` instead"
+        ));
+    }
+    if glob_match(pattern, "auto") {
+        return Some(format!(
+            "{pattern:?} matches \"auto\", which always lets the router choose"
+        ));
+    }
+    None
 }
 
 /// Limits every model call is held to, and how sensitive the classifier rates what it finds.
@@ -287,6 +351,9 @@ struct RawRoute {
     max_sensitivity: Option<String>,
     #[serde(default)]
     redact: bool,
+    /// Spanned: a bad pattern's error names its line.
+    #[serde(default)]
+    models: Vec<toml::Spanned<String>>,
 }
 
 /// The error for `field` of the routes file `file`.
@@ -352,7 +419,7 @@ impl RawPolicy {
 impl RawRoute {
     /// The route this entry describes, checked on its own and against the routes before it
     /// (`earlier`).
-    fn check(self, file: &str, earlier: &[Route]) -> Result<Route, RoutesError> {
+    fn check(self, file: &str, text: &str, earlier: &[Route]) -> Result<Route, RoutesError> {
         let field = |name: &str| format!("route {:?}.{name}", self.name);
         if !valid_name(&self.name) || RESERVED_ROUTE_NAMES.contains(&self.name.as_str()) {
             return Err(invalid(
@@ -399,7 +466,20 @@ impl RawRoute {
                 ))
             }
         };
+        for pattern in &self.models {
+            if let Some(problem) = pattern_problem(pattern.get_ref()) {
+                let line = text
+                    .get(..pattern.span().start)
+                    .map_or(0, |before| before.matches('\n').count() + 1);
+                return Err(invalid(&format!("{file}:{line}"), field("models"), problem));
+            }
+        }
         Ok(Route {
+            models: self
+                .models
+                .into_iter()
+                .map(toml::Spanned::into_inner)
+                .collect(),
             name: self.name,
             kind: self.kind,
             api,
@@ -426,7 +506,7 @@ impl RawRoute {
                 return Err(invalid(
                     file,
                     field("api"),
-                    "give exactly one of api (openai, anthropic) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
+                    "give exactly one of api (openai, anthropic, openai-responses) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
                 ))
             }
         };
@@ -560,7 +640,7 @@ impl Routes {
         let policy = raw.policy.check(file)?;
         let mut routes: Vec<Route> = Vec::new();
         for raw in raw.route {
-            let route = raw.check(file, &routes)?;
+            let route = raw.check(file, text, &routes)?;
             routes.push(route);
         }
         Ok(Self { policy, routes })
@@ -673,6 +753,11 @@ mod tests {
             (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmax_sensitivity = \"secret\""), "use low, medium or high"),
             (route("kind = \"cloud\"\npreset = \"vllm\"\nendpoint = \"https://x.example\"\nkey_secret = \"env:K\""), "presets name local servers"),
             ("[policy]\nmax_tokens_default = 9000\n".to_owned(), "policy.max_tokens_default"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"\"]"), "routes.toml:7: route \"r\".models: \"\": a pattern has 1-128 bytes"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"gpt 4\"]"), "no spaces"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"**\"]"), "would claim every name"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"a*o\"]"), "matches \"auto\""),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = \"gpt-*\""), "expected a sequence"),
         ];
         assert!(!error(&route("kind = \"cloud\"\napi = \"openai\"\nendpoint = \"https://api.openai.com\"\nkey_secret = \"sk-live-abc\"")).contains("sk-live-abc"), "a pasted key is never repeated");
         for (text, needle) in cases {
@@ -680,5 +765,41 @@ mod tests {
             assert!(message.contains(needle), "{needle:?} not in {message:?}");
             assert!(message.starts_with("routes.toml:"), "{message}");
         }
+    }
+
+    #[test]
+    fn routes_claim_model_names_by_pattern() {
+        let routes = Routes::parse(
+            &format!(
+                "{}api = \"openai-responses\"\nkind = \"cloud\"\nendpoint = \"https://api.openai.com\"\nkey_secret = \"env:K\"\nmodels = [\"gpt-*\", \"o*-mini\", \"codex-mini-latest\"]\n",
+                route("")
+            ),
+            "routes.toml",
+        )
+        .unwrap();
+        let r = routes.get("r").unwrap();
+        assert_eq!(r.api, Api::OpenaiResponses);
+        for name in [
+            "m",
+            "gpt-5",
+            "gpt-",
+            "o4-mini",
+            "o3-mini",
+            "codex-mini-latest",
+        ] {
+            assert!(r.claims(name), "{name}");
+        }
+        for name in [
+            "gpt",
+            "o4-mini-high",
+            "codex-mini",
+            "claude-opus-4",
+            "xgpt-5",
+        ] {
+            assert!(!r.claims(name), "{name}");
+        }
+        assert!(glob_match("a*b*c", "abc") && glob_match("a*b*c", "a-b-b-c"));
+        assert!(!glob_match("a*b*c", "a-c") && !glob_match("ab*ba", "aba"));
+        assert!(glob_match("*-mini", "o4-mini") && glob_match("x", "x") && !glob_match("x", "xy"));
     }
 }

@@ -9,6 +9,9 @@
 //! A route that redacts is judged on the text as it would be sent: detected spans replaced,
 //! then classified again.
 //!
+//! A call that names a model a granted route claims prefers that route: it takes it when the
+//! route may carry the text, else whatever `auto` would choose.
+//!
 //! `auto` tries cloud routes before local ones (the most capable first: a cloud model for
 //! what may leave the host, a local one otherwise) and, within a kind, the configuration's
 //! order. Pure: no I/O.
@@ -35,20 +38,35 @@ fn sensitivity_from_proto(value: i32) -> Option<Sensitivity> {
 /// The route a call asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requested {
-    /// Let the router choose (`auto`, or no name).
+    /// Let the router choose (`auto`, no name, or a name no granted route claims).
     Auto,
-    /// This route.
+    /// This route, strictly: the call is refused when it may not carry the text.
     Named(String),
+    /// This route when it may carry the text, else what [`Requested::Auto`] would choose: the
+    /// call asked for a model name the route claims.
+    Prefer(String),
 }
 
 impl Requested {
-    /// `""` and `"auto"` are [`Requested::Auto`]; anything else names a route.
-    pub fn from_name(name: &str) -> Self {
+    /// What a call asking for `name` (a route's name, a model name, or `auto`) under
+    /// `receipt` asks for: `""` and `"auto"` are [`Requested::Auto`]; a route's exact name
+    /// (one this supervisor has, or one the receipt grants) is [`Requested::Named`]; a name
+    /// that a granted route claims (its `model`, or one of its `models` patterns; the first
+    /// such route in the routes file) is [`Requested::Prefer`] that route; any other name is
+    /// [`Requested::Auto`]. A name is never refused for itself.
+    pub fn resolve(name: &str, routes: &Routes, receipt: &pb::Receipt) -> Self {
         if name.is_empty() || name == "auto" {
-            Self::Auto
-        } else {
-            Self::Named(name.to_owned())
+            return Self::Auto;
         }
+        let granted = |route: &str| receipt.routes.iter().any(|g| g.name == route);
+        if routes.get(name).is_some() || granted(name) {
+            return Self::Named(name.to_owned());
+        }
+        routes
+            .routes
+            .iter()
+            .find(|route| granted(&route.name) && route.claims(name))
+            .map_or(Self::Auto, |route| Self::Prefer(route.name.clone()))
     }
 }
 
@@ -221,22 +239,27 @@ pub fn decide<'a>(
     let assessment = Assessment::of(classifier, messages);
     let mut redacted: Option<Redacted> = None;
     let mut refused = Vec::new();
+    let auto = || {
+        let granted = |route: &&Route| receipt.routes.iter().any(|g| g.name == route.name);
+        let cloud = routes
+            .routes
+            .iter()
+            .filter(|r| r.kind == RouteKind::Cloud)
+            .filter(granted);
+        let local = routes
+            .routes
+            .iter()
+            .filter(|r| r.kind == RouteKind::Local)
+            .filter(granted);
+        cloud.chain(local).map(|r| r.name.as_str())
+    };
     let candidates: Vec<&str> = match requested {
         Requested::Named(name) => vec![name.as_str()],
-        Requested::Auto => {
-            let granted = |route: &&Route| receipt.routes.iter().any(|g| g.name == route.name);
-            let cloud = routes
-                .routes
-                .iter()
-                .filter(|r| r.kind == RouteKind::Cloud)
-                .filter(granted);
-            let local = routes
-                .routes
-                .iter()
-                .filter(|r| r.kind == RouteKind::Local)
-                .filter(granted);
-            cloud.chain(local).map(|r| r.name.as_str()).collect()
-        }
+        Requested::Auto => auto().collect(),
+        // The preferred route first, then the others in `auto`'s order.
+        Requested::Prefer(name) => std::iter::once(name.as_str())
+            .chain(auto().filter(|r| *r != name.as_str()))
+            .collect(),
     };
     for name in candidates {
         let grant = receipt.routes.iter().find(|g| g.name == name);
@@ -324,6 +347,7 @@ mod tests {
         endpoint = "https://api.anthropic.com"
         model = "claude"
         key_secret = "env:K"
+        models = ["claude-*"]
 
         [[route]]
         name = "gpt"
@@ -333,6 +357,7 @@ mod tests {
         model = "gpt"
         key_secret = "env:K"
         max_sensitivity = "low"
+        models = ["gpt-*", "o*-mini"]
 
         [[route]]
         name = "scrubbed"
@@ -493,5 +518,60 @@ mod tests {
             choice.assessment.findings[0].compact(),
             "github_token@1:18..60"
         );
+    }
+
+    fn resolve(name: &str, r: &pb::Receipt) -> Requested {
+        let (routes, _) = setup();
+        Requested::resolve(name, &routes, r)
+    }
+
+    #[test]
+    fn model_names_resolve_to_the_route_that_claims_them() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low), ("gpt", Low)]);
+        assert_eq!(resolve("", &r), Requested::Auto);
+        assert_eq!(resolve("auto", &r), Requested::Auto);
+        // A route's own name stays strict, granted or not.
+        assert_eq!(resolve("local", &r), Requested::Named("local".into()));
+        assert_eq!(resolve("scrubbed", &r), Requested::Named("scrubbed".into()));
+        // Its model, or a name its patterns match: preferred.
+        assert_eq!(resolve("qwen", &r), Requested::Prefer("local".into()));
+        assert_eq!(
+            resolve("claude-sonnet-4-5-20250929", &r),
+            Requested::Prefer("claude".into())
+        );
+        assert_eq!(resolve("gpt-4.1", &r), Requested::Prefer("gpt".into()));
+        assert_eq!(resolve("o4-mini", &r), Requested::Prefer("gpt".into()));
+        // Names nothing granted claims go where auto would: never refused for themselves.
+        assert_eq!(resolve("llama-3", &r), Requested::Auto);
+        let only_local = receipt(&[("local", High)]);
+        assert_eq!(resolve("gpt-4.1", &only_local), Requested::Auto);
+    }
+
+    #[test]
+    fn a_preferred_route_carries_what_it_may_and_auto_picks_the_rest() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low), ("gpt", Low)]);
+        let prefer = |name: &str| Requested::Prefer(name.into());
+        // Auto alone would take claude (first cloud route); the name asks for gpt.
+        assert_eq!(pick(&r, Requested::Auto, false, "hi").unwrap(), "claude");
+        assert_eq!(pick(&r, prefer("gpt"), false, "hi").unwrap(), "gpt");
+        // A local model asked for by name: local, even for text cloud routes may carry.
+        assert_eq!(pick(&r, prefer("local"), false, "hi").unwrap(), "local");
+        // Text the preferred route may not carry: what auto would choose.
+        assert_eq!(
+            pick(&r, prefer("gpt"), false, &secret_text()).unwrap(),
+            "local"
+        );
+        assert_eq!(pick(&r, prefer("gpt"), true, "hi").unwrap(), "local");
+        // Nothing may carry it: each route's reason, the preferred one once.
+        let r = receipt(&[("claude", Low), ("gpt", Low)]);
+        let refused = pick(&r, prefer("gpt"), false, &secret_text()).unwrap_err();
+        assert_eq!(
+            refused.matches("gpt: carries up to low").count(),
+            1,
+            "{refused}"
+        );
+        assert!(refused.contains("claude: carries up to low"), "{refused}");
     }
 }
