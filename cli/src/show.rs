@@ -102,6 +102,8 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         "delegate": r.delegate.map(|d| json!({"max_depth": d.max_depth})),
         "rootfs": r.rootfs,
         "workspace_keep_seconds": r.workspace_keep_seconds,
+        "workspace_exec": r.workspace_exec,
+        "home": r.home,
     })
 }
 
@@ -158,6 +160,8 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     for g in &r.fs {
         let mount = if g.mount.is_empty() {
             " (gateway only)".to_owned()
+        } else if g.is_writable_executable() {
+            format!(" -> {} (writable and executable: W^X lifted)", g.mount)
         } else if g.is_executable(&r.exec) {
             format!(" -> {} (executable)", g.mount)
         } else {
@@ -214,6 +218,23 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
         lines.push(("delegate", format!("max depth {}", d.max_depth)));
     }
     lines.push(("workspace", workspace_keep_text(r.workspace_keep_seconds)));
+    if r.workspace_exec {
+        lines.push(("", "/work is executable (W^X lifted for /work)".into()));
+    }
+    if let Some(home) =
+        r.fs.iter()
+            .find(|g| !r.home.is_empty() && g.mount == r.home)
+    {
+        lines.push((
+            "home",
+            format!(
+                "{} -> {} ($HOME, kept across runs{})",
+                home.path,
+                r.home,
+                if home.exec { ", executable" } else { "" }
+            ),
+        ));
+    }
     lines
         .into_iter()
         .map(|(k, v)| format!("{k:<11}{v}"))

@@ -19,6 +19,7 @@
 pub mod amendment;
 pub mod delegation;
 pub mod egress;
+pub mod interpreters;
 pub mod paths;
 pub mod spec;
 mod time;

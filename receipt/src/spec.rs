@@ -514,6 +514,10 @@ pub struct ExecSection {
     /// first.
     #[serde(default)]
     pub ask: Vec<String>,
+    /// A program beneath a grant that links outside every grant (a virtualenv's
+    /// `bin/python` made from a pyenv, uv or conda Python): `"refuse"` (the default) or
+    /// `"follow"` (grant the interpreter's installation read-only and executable).
+    pub interpreters: Option<String>,
 }
 
 impl ExecSection {
@@ -683,17 +687,29 @@ impl RunSpec {
     }
 
     /// The mint request this spec asks for. Checks shapes; the authority checks the ceiling.
-    /// Use [`RunSpec::to_request_for`] where the operator's own home is known.
+    /// Reads no files: use [`RunSpec::to_request_for`] on the operator's host.
     pub fn to_request(&self) -> Result<pb::MintReceiptRequest, SpecError> {
-        self.to_request_for(None)
+        self.request(None)
     }
 
-    /// [`RunSpec::to_request`], also refusing a `[home]` that is `user_home` (the operator's
-    /// own `$HOME`) or one of its ancestors: an agent never owns its operator's home.
+    /// [`RunSpec::to_request`] on the operator's host: also refuses a `[home]` that is
+    /// `user_home` (the operator's own `$HOME`) or one of its ancestors (an agent never owns
+    /// its operator's home), and checks the programs beneath its grants for links outside
+    /// them, reading this host's files (see [`crate::interpreters`]).
     pub fn to_request_for(
         &self,
         user_home: Option<&str>,
     ) -> Result<pb::MintReceiptRequest, SpecError> {
+        let mut request = self.request(user_home)?;
+        let mode = match &self.exec.interpreters {
+            Some(text) => crate::interpreters::Interpreters::parse("exec.interpreters", text)?,
+            None => crate::interpreters::Interpreters::default(),
+        };
+        crate::interpreters::check_interpreters(&mut request, mode)?;
+        Ok(request)
+    }
+
+    fn request(&self, user_home: Option<&str>) -> Result<pb::MintReceiptRequest, SpecError> {
         if self.subject.trim().is_empty() {
             return Err(invalid("subject", "must not be empty"));
         }

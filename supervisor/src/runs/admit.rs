@@ -80,7 +80,13 @@ pub(super) fn check_write_exec(
         .iter()
         .zip(pinned)
         .enumerate()
-        .filter(|(_, (grant, _))| grant.is_executable(&receipt.exec))
+        // Executable read grants: a write grant with exec = true is writable and executable
+        // on the receipt's explicit word (W^X lifted for it alone), so it is no executable
+        // grant to protect here; it is one of the write grants checked against the others.
+        .filter(|(_, (grant, _))| {
+            grant.access == tollgate_proto::v1::FsAccess::Read as i32
+                && grant.is_executable(&receipt.exec)
+        })
         .filter_map(|(i, (grant, pin))| {
             pin.root.as_ref().ok().map(|root| {
                 (
@@ -243,7 +249,7 @@ fn check_command(
         .filter(|argv| !argv.is_empty());
     match command {
         None => Err(SandboxError::NoAgent.into()),
-        Some(command) if !receipt.exec.contains(&command[0]) => {
+        Some(command) if !tollgate_proto::exec_allows(&receipt.exec, &command[0]) => {
             Err(SandboxError::NotExecutable(command[0].clone()).into())
         }
         Some(command)
