@@ -60,21 +60,13 @@ pub fn prepare_landlock(plan: &LandlockPlan) -> Result<PreparedLandlock, Confine
         .map_err(error)?;
     let ruleset = add_rules(ruleset, &plan.read, read)?;
     let ruleset = add_rules(ruleset, &plan.write, write)?;
-    let mut executables = if plan.execute_resolved {
+    // A directory ("/usr/bin/", a writable executable grant, an executable /work) is a rule
+    // beneath it: every program there may run.
+    let executables = if plan.execute_resolved {
         plan.execute.clone()
     } else {
         with_interpreters(&plan.execute)
     };
-    // A directory rule ("/usr/bin/", a writable executable grant, an executable /work) runs
-    // programs no one listed, so their dynamic loader was never resolved: the system's
-    // loaders are executable too. (A loader runs only what a mount lets it map executable.)
-    if executables.iter().any(|path| path.is_dir()) {
-        for loader in SYSTEM_LOADERS.iter().map(std::path::PathBuf::from) {
-            if loader.exists() && !executables.contains(&loader) {
-                executables.push(loader);
-            }
-        }
-    }
     let ruleset = add_rules(ruleset, &executables, execute)?;
     Ok(PreparedLandlock(ruleset))
 }
@@ -97,17 +89,6 @@ impl PreparedLandlock {
         Ok(REQUIRED_LANDLOCK_ABI as u32)
     }
 }
-
-/// The dynamic loaders (ELF program interpreters) a userland's programs name, by the
-/// canonical paths of the glibc and musl ABIs.
-const SYSTEM_LOADERS: [&str; 6] = [
-    "/lib64/ld-linux-x86-64.so.2",
-    "/lib/ld-linux-aarch64.so.1",
-    "/lib/ld-linux-armhf.so.3",
-    "/lib/ld-linux.so.2",
-    "/lib/ld-musl-x86_64.so.1",
-    "/lib/ld-musl-aarch64.so.1",
-];
 
 /// The executables plus what the kernel must also execute to run them: the ELF program
 /// interpreter (the dynamic loader) and, for `#!` scripts, the script's interpreter (and its
