@@ -21,6 +21,7 @@ pub mod delegation;
 pub mod egress;
 pub mod interpreters;
 pub mod paths;
+mod runnable;
 pub mod spec;
 mod time;
 mod verify;
