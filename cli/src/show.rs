@@ -307,4 +307,36 @@ mod tests {
             "{lines}"
         );
     }
+
+    #[test]
+    fn a_receipt_shows_where_w_xor_x_is_lifted_and_its_home() {
+        let grant = |path: &str, mount: &str, exec: bool| pb::FsGrant {
+            path: path.into(),
+            access: pb::FsAccess::Write as i32,
+            mount: mount.into(),
+            exec,
+            ..Default::default()
+        };
+        let receipt = pb::Receipt {
+            fs: vec![
+                grant("/srv/proj", "/proj", true),
+                grant("/srv/agents/a", "/home/agent", false),
+            ],
+            workspace_exec: true,
+            home: "/home/agent".into(),
+            ..Default::default()
+        };
+        let lines = receipt_lines(&receipt).join("\n");
+        for shown in [
+            "/srv/proj -> /proj (writable and executable: W^X lifted)",
+            "/work is executable (W^X lifted for /work)",
+            "home       /srv/agents/a -> /home/agent ($HOME, kept across runs)",
+        ] {
+            assert!(lines.contains(shown), "{shown}: {lines}");
+        }
+        let json = receipt_json(&receipt);
+        assert_eq!(json["home"], "/home/agent");
+        assert_eq!(json["workspace_exec"], true);
+        assert_eq!(json["fs"][0]["executable"], true);
+    }
 }

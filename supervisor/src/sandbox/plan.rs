@@ -377,6 +377,51 @@ mod tests {
     }
 
     #[test]
+    fn what_the_receipt_makes_writable_and_executable_is_mounted_and_ruled_so() {
+        let dirs = RunDirs::new(Path::new("/var/lib/tollgate/runs"), "r1");
+        let mut r = receipt();
+        assert!(!plan_for(&r, &dirs, 1, None, None).unwrap().workspace_exec);
+        r.fs[1].exec = true;
+        r.workspace_exec = true;
+        r.exec.push("/usr/lib/git-core/".into());
+        r.fs.push(pb::FsGrant {
+            path: "/srv/agents/a".into(),
+            access: pb::FsAccess::Write as i32,
+            mount: "/home/agent".into(),
+            ..Default::default()
+        });
+        r.home = "/home/agent".into();
+        let plan = plan_for(&r, &dirs, 1, None, None).unwrap();
+        assert!(plan.workspace_exec);
+        assert!(plan.binds[1].writable && plan.binds[1].executable);
+        assert!(
+            !plan.binds[2].executable,
+            "a home is noexec unless it says exec"
+        );
+        for ruled in ["/out", "/work", "/usr/lib/git-core/"] {
+            assert!(
+                plan.landlock.execute.contains(&PathBuf::from(ruled)),
+                "{ruled}: {:?}",
+                plan.landlock.execute
+            );
+        }
+        assert!(!plan
+            .landlock
+            .execute
+            .contains(&PathBuf::from("/home/agent")));
+        assert!(plan
+            .agent
+            .env
+            .contains(&("HOME".into(), "/home/agent".into())));
+        // A home that is no write grant's mount is refused before anything is planned.
+        r.home = "/elsewhere".into();
+        assert!(matches!(
+            plan_for(&r, &dirs, 1, None, None),
+            Err(SandboxError::BadGrant { .. })
+        ));
+    }
+
+    #[test]
     fn a_userlands_system_paths_are_those_its_links_reach_inside_it() {
         let userland = tempfile::tempdir().unwrap();
         let at = |p: &str| userland.path().join(p);
