@@ -267,3 +267,83 @@ fn a_home_keeps_one_runs_state_for_the_next_and_stays_noexec() {
         "onboarded\n"
     );
 }
+
+/// A directory outside /tmp (a mount may not be there), removed however the test ends.
+struct OutsideTmp(std::path::PathBuf);
+
+impl Drop for OutsideTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_venv_interpreter_outside_the_grant_is_refused_at_mint_or_followed_when_asked() {
+    if !require_root() {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let fx = Fixture::new("build-interp", 340_500);
+    // An interpreter installed outside the project, as pyenv, uv or conda do, and a
+    // virtualenv in the project whose bin/python links to it.
+    let outside = OutsideTmp(std::path::PathBuf::from(format!(
+        "/var/tmp/tollgate-interp-{}",
+        std::process::id()
+    )));
+    let install = outside.0.join("python");
+    std::fs::create_dir_all(install.join("bin")).unwrap();
+    for dir in [&outside.0, &install, &install.join("bin")] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let interpreter = install.join("bin/python3.11");
+    std::fs::copy("/usr/bin/python3", &interpreter).unwrap();
+    let project = fx.data.parent().unwrap().join("project");
+    std::fs::create_dir_all(project.join(".venv/bin")).unwrap();
+    std::os::unix::fs::symlink(&interpreter, project.join(".venv/bin/python")).unwrap();
+    own_dir(&project);
+    let spec = format!(
+        r#"
+subject = "venv"
+ttl = "1m"
+audience = ["workstation"]
+[agent]
+argv = ["/proj/.venv/bin/python", "-c", "import sys; print('python', sys.version_info[0])"]
+[[fs]]
+path = "{}"
+access = "read"
+mount = "/proj"
+[exec]
+allow = ["/proj/.venv/bin/python"]
+"#,
+        project.display()
+    );
+    let refused = tollgate_receipt::spec::RunSpec::parse(&spec)
+        .unwrap()
+        .to_request_for(None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(&format!(
+            "/proj/.venv/bin/python is a link to {}",
+            interpreter.display()
+        )) && refused.contains("interpreters = \"follow\""),
+        "{refused}"
+    );
+    let request = tollgate_receipt::spec::RunSpec::parse(
+        &spec.replace("[exec]", "[exec]\ninterpreters = \"follow\""),
+    )
+    .unwrap()
+    .to_request_for(None)
+    .unwrap();
+    // The installation is granted read-only and executable at its own path, and says so.
+    let followed = request.fs.last().unwrap();
+    assert_eq!(followed.path, install.display().to_string());
+    assert_eq!(followed.mount, followed.path);
+    assert!(followed.exec && followed.access == pb::FsAccess::Read as i32);
+    let mut receipt = fx.receipt("", 60);
+    receipt.fs = request.fs;
+    receipt.exec = request.exec;
+    receipt.agent = request.agent;
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(output, "python 3\n", "{errors}");
+}
