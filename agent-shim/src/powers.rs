@@ -131,6 +131,8 @@ impl<'a> Powers<'a> {
                 "tokens": self.response.tokens_left,
             },
             "delegate_depth": r.delegate.map_or(0, |d| d.max_depth),
+            "workspace_exec": r.workspace_exec,
+            "home": r.home,
         })
     }
 
@@ -170,8 +172,20 @@ impl<'a> Powers<'a> {
         for (i, grant) in r.fs.iter().enumerate() {
             let place = if grant.mount.is_empty() {
                 "through the gateway only".to_owned()
+            } else if grant.is_writable_executable() {
+                format!(
+                    "mounted at {} (writable and executable: you may run what you build there)",
+                    grant.mount
+                )
             } else if grant.is_executable(&r.exec) {
                 format!("mounted at {} (executable)", grant.mount)
+            } else if grant.access == v1::FsAccess::Write as i32 {
+                // What fails here (a program built, a compiled wheel) fails with the kernel's
+                // words; this names the setting that lifts it.
+                format!(
+                    "mounted at {} (noexec: nothing built here runs or loads without exec = true on this grant in the run spec)",
+                    grant.mount
+                )
             } else {
                 format!("mounted at {}", grant.mount)
             };
@@ -203,6 +217,15 @@ impl<'a> Powers<'a> {
                 programs.join(", ")
             },
         );
+        if r.workspace_exec {
+            line(
+                "work",
+                "/work is executable: you may run what you build there".into(),
+            );
+        }
+        if !r.home.is_empty() {
+            line("home", format!("{} ($HOME, kept across runs)", r.home));
+        }
         let routes: Vec<String> = r
             .routes
             .iter()

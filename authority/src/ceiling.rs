@@ -90,38 +90,25 @@ fn check_name_list(field: &str, values: &[String]) -> Result<(), CallError> {
     Ok(())
 }
 
-/// Mounted grants must pass the receipt crate's mount rule (the one every supervisor applies
-/// again: nothing is signed that no supervisor would start), and no writable mount may cover
-/// an allowed executable (which would let the agent replace it). `exec` entries are paths
-/// inside the sandbox.
+/// Mounted grants must pass the receipt crate's mount rules (the ones every supervisor
+/// applies again: nothing is signed that no supervisor would start): mount targets, W^X of
+/// executable grants, the `exec` list (files and directories, none beneath a writable mount
+/// that is not executable: the agent would replace it) and the home.
 fn check_mount_targets(request: &pb::MintReceiptRequest) -> Result<(), CallError> {
+    use tollgate_receipt::paths::{check_exec_grants, check_exec_list, check_home};
     if let Err(e) = check_mounts(&request.fs) {
         return Err(CallError::invalid(e.field(), e.to_string()));
     }
-    if let Err(e) = tollgate_receipt::paths::check_exec_grants(&request.fs, &request.exec) {
+    if let Err(e) = check_exec_grants(&request.fs, &request.exec) {
         return Err(CallError::invalid(e.field(), e.to_string()));
     }
-    for (i, grant) in request.fs.iter().enumerate() {
-        if grant.mount.is_empty() {
-            continue;
-        }
-        let field = format!("fs[{i}].mount");
-        if grant.access == pb::FsAccess::Write as i32 {
-            if let Some((k, exec)) = request
-                .exec
-                .iter()
-                .enumerate()
-                .find(|(_, exec)| path_within(exec, &grant.mount))
-            {
-                return Err(CallError::invalid(
-                    field,
-                    format!(
-                        "a writable mount at {:?} would let the agent replace exec[{k}] {exec:?}",
-                        grant.mount
-                    ),
-                ));
-            }
-        }
+    if let Err(e) = check_exec_list(&request.exec, &request.fs) {
+        return Err(CallError::invalid(e.field(), e.to_string()));
+    }
+    // The operator's own home is refused where the spec is read (the authority does not know
+    // it); everything else about a home is checked here.
+    if let Err(e) = check_home(&request.home, &request.fs, None) {
+        return Err(CallError::invalid("home", e.to_string()));
     }
     Ok(())
 }
@@ -177,14 +164,6 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
     check_files("limits.files", request.limits.as_ref())?;
     check_fs_grants(&request.fs, "")?;
     check_mount_targets(request)?;
-    for (i, exec) in request.exec.iter().enumerate() {
-        if exec == "/" || !is_normal_absolute(exec) {
-            return Err(CallError::invalid(
-                format!("exec[{i}]"),
-                format!("{exec:?} must be the absolute, normalised path of an executable"),
-            ));
-        }
-    }
     tollgate_receipt::paths::check_gateway_exec(&request.gateway_exec, &request.fs, &request.exec)
         .map_err(|e| CallError::invalid(e.field(), e.to_string()))?;
     check_routes(&request.routes, "")?;
@@ -210,7 +189,7 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
                 "must not be empty when agent is set",
             ));
         };
-        if !request.exec.contains(program) {
+        if !tollgate_proto::exec_allows(&request.exec, program) {
             return Err(CallError::invalid(
                 "agent.argv[0]",
                 format!("{program:?} must also be listed in exec"),
@@ -220,7 +199,7 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
             return Err(CallError::invalid(
                 "agent.argv[0]",
                 format!(
-                    "{program:?} cannot run in a sandbox: only programs under {} or beneath a read grant's mount are executable there (write grants, /work and /tmp are mounted noexec); mount its directory read-only, or pin an interpreter, e.g. [\"/usr/bin/python3\", \"/project/agent.py\"]",
+                    "{program:?} cannot run in a sandbox: only programs under {} or beneath a read grant's mount or a write grant with exec = true are executable there (other write grants, /work and /tmp are mounted noexec); mount its directory read-only, say exec = true on its write grant, or pin an interpreter, e.g. [\"/usr/bin/python3\", \"/project/agent.py\"]",
                     tollgate_receipt::paths::SYSTEM_PATHS.join(", ")
                 ),
             ));
@@ -241,10 +220,14 @@ pub fn validate_ceiling(ceiling: &pb::Ceiling) -> Result<(), CallError> {
         ));
     }
     check_fs_grants(&ceiling.fs, "ceiling.")?;
-    if let Some(i) = ceiling.fs.iter().position(|grant| grant.exec) {
+    if let Some(i) = ceiling
+        .fs
+        .iter()
+        .position(|grant| grant.exec && grant.access != pb::FsAccess::Write as i32)
+    {
         return Err(CallError::invalid(
             format!("ceiling.fs[{i}].exec"),
-            "a ceiling's fs grants take no exec: its exec list says where executable grants may be mounted (an entry ending in '/' covering the mount)",
+            "exec = true in a ceiling is only for a write entry (write grants beneath it may be executable); its exec list says where executable read grants may be mounted (an entry ending in '/' covering the mount)",
         ));
     }
     for (list, entries) in [("exec", &ceiling.exec), ("exec_ask", &ceiling.exec_ask)] {
@@ -490,6 +473,23 @@ impl CeilingCheck<'_> {
             if grant.is_executable(&request.exec) && !exec_covered(&grant.mount, true) {
                 found.push(format!("fs[{i}].mount = {} (executable)", grant.mount));
             }
+            // W^X lifted for a write grant: the operator's ceiling must say so for that host
+            // path (a write entry with exec = true covering it).
+            if grant.is_writable_executable()
+                && !ceiling.fs.iter().any(|allowed| {
+                    allowed.exec
+                        && allowed.access == pb::FsAccess::Write as i32
+                        && path_within(&grant.path, &allowed.path)
+                })
+            {
+                found.push(format!(
+                    "fs[{i}] = {} (write, exec = true: no ceiling write entry with exec = true covers it)",
+                    grant.path
+                ));
+            }
+        }
+        if request.workspace_exec && !exec_covered("/work", true) {
+            found.push("workspace.exec = true (the ceiling's exec must cover \"/work/\")".into());
         }
         // A root file system given as a path is a host directory the sandbox runs programs
         // from: the ceiling must grant it (a registered name is the supervisor admin's).
@@ -519,8 +519,22 @@ impl CeilingCheck<'_> {
                 found.push(format!(
                     "exec[{i}] = {exec} (the ceiling asks before each run of it: grant it in gateway_exec with ask)"
                 ));
-            } else if !exec_covered(exec, false) {
-                found.push(format!("exec[{i}] = {exec}"));
+            } else {
+                let (path, directory) = tollgate_proto::exec_entry(exec);
+                if !exec_covered(path, directory) {
+                    found.push(format!("exec[{i}] = {exec}"));
+                } else if let Some(asking) = ceiling.exec_ask.iter().find(|asking| {
+                    // A directory entry reaches the programs beneath it, unless they are
+                    // covered for the gateway's use alone.
+                    let (asked, _) = tollgate_proto::exec_entry(asking);
+                    directory
+                        && path_within(asked, path)
+                        && !request.gateway_exec.iter().any(|g| g.program == asked)
+                }) {
+                    found.push(format!(
+                        "exec[{i}] = {exec} (it holds {asking}, which the ceiling asks before each run of: grant that in gateway_exec with ask)"
+                    ));
+                }
             }
         }
         for (i, grant) in request.gateway_exec.iter().enumerate() {
@@ -585,6 +599,8 @@ impl CeilingCheck<'_> {
 
 #[cfg(test)]
 mod tests {
+    mod exec;
+
     use super::*;
 
     fn ceiling() -> pb::Ceiling {
@@ -881,6 +897,10 @@ mod tests {
         r.exec.push("/opt/tools/run".into());
         r.fs.push(grant("/home/me", pb::FsAccess::Write, "/opt"));
         assert!(reason(&r).contains("replace exec[0]"));
+        assert!(reason(&r).contains("exec = true"), "names the setting");
+        // Unless the receipt says so explicitly: the write grant's exec = true.
+        r.fs[0].exec = true;
+        assert!(validate_mint(&r).is_ok(), "{:?}", validate_mint(&r));
         // Read-only over an executable, and disjoint mounts, are fine.
         let mut r = request();
         r.exec.push("/opt/tools/run".into());
@@ -917,11 +937,11 @@ mod tests {
                 "{why}"
             );
         }
-        // exec = true on a write grant or a gateway-only one.
+        // exec = true on a gateway-only grant.
         let mut r = request();
         r.fs.push(pb::FsGrant {
             exec: true,
-            ..grant("/home/me/out", pb::FsAccess::Write, "/out")
+            ..grant("/home/me/out", pb::FsAccess::Write, "")
         });
         assert!(reason(&r).starts_with("fs[0].exec"));
         // The ceiling's exec list must cover the whole executable mount, as a directory:
@@ -949,7 +969,7 @@ mod tests {
             "{}",
             denial(&r)
         );
-        // A ceiling's fs grants never say exec themselves.
+        // A ceiling's read entries never say exec themselves.
         let mut c = ceiling();
         c.fs[1].exec = true;
         assert!(matches!(

@@ -69,9 +69,19 @@ pub(crate) fn minted_entry(receipt: &pb::Receipt, delegated_by: Option<&str>) ->
             receipt
                 .fs
                 .iter()
-                .map(|g| format!("{}:{}", g.path, access_name(g.access)))
+                .map(|g| {
+                    // A write grant with exec lifts W^X: the audit says so.
+                    let exec = if g.is_writable_executable() {
+                        ":exec"
+                    } else {
+                        ""
+                    };
+                    format!("{}:{}{exec}", g.path, access_name(g.access))
+                })
                 .collect::<Vec<_>>(),
         )
+        .meta("workspace_exec", receipt.workspace_exec)
+        .meta("home", receipt.home.as_str())
         .meta(
             "routes",
             receipt

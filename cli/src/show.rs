@@ -102,6 +102,8 @@ pub fn receipt_json(r: &pb::Receipt) -> Value {
         "delegate": r.delegate.map(|d| json!({"max_depth": d.max_depth})),
         "rootfs": r.rootfs,
         "workspace_keep_seconds": r.workspace_keep_seconds,
+        "workspace_exec": r.workspace_exec,
+        "home": r.home,
     })
 }
 
@@ -158,6 +160,8 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
     for g in &r.fs {
         let mount = if g.mount.is_empty() {
             " (gateway only)".to_owned()
+        } else if g.is_writable_executable() {
+            format!(" -> {} (writable and executable: W^X lifted)", g.mount)
         } else if g.is_executable(&r.exec) {
             format!(" -> {} (executable)", g.mount)
         } else {
@@ -214,6 +218,23 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
         lines.push(("delegate", format!("max depth {}", d.max_depth)));
     }
     lines.push(("workspace", workspace_keep_text(r.workspace_keep_seconds)));
+    if r.workspace_exec {
+        lines.push(("", "/work is executable (W^X lifted for /work)".into()));
+    }
+    if let Some(home) =
+        r.fs.iter()
+            .find(|g| !r.home.is_empty() && g.mount == r.home)
+    {
+        lines.push((
+            "home",
+            format!(
+                "{} -> {} ($HOME, kept across runs{})",
+                home.path,
+                r.home,
+                if home.exec { ", executable" } else { "" }
+            ),
+        ));
+    }
     lines
         .into_iter()
         .map(|(k, v)| format!("{k:<11}{v}"))
@@ -285,5 +306,37 @@ mod tests {
             lines.contains("workspace  /work is removed when the run ends"),
             "{lines}"
         );
+    }
+
+    #[test]
+    fn a_receipt_shows_where_w_xor_x_is_lifted_and_its_home() {
+        let grant = |path: &str, mount: &str, exec: bool| pb::FsGrant {
+            path: path.into(),
+            access: pb::FsAccess::Write as i32,
+            mount: mount.into(),
+            exec,
+            ..Default::default()
+        };
+        let receipt = pb::Receipt {
+            fs: vec![
+                grant("/srv/proj", "/proj", true),
+                grant("/srv/agents/a", "/home/agent", false),
+            ],
+            workspace_exec: true,
+            home: "/home/agent".into(),
+            ..Default::default()
+        };
+        let lines = receipt_lines(&receipt).join("\n");
+        for shown in [
+            "/srv/proj -> /proj (writable and executable: W^X lifted)",
+            "/work is executable (W^X lifted for /work)",
+            "home       /srv/agents/a -> /home/agent ($HOME, kept across runs)",
+        ] {
+            assert!(lines.contains(shown), "{shown}: {lines}");
+        }
+        let json = receipt_json(&receipt);
+        assert_eq!(json["home"], "/home/agent");
+        assert_eq!(json["workspace_exec"], true);
+        assert_eq!(json["fs"][0]["executable"], true);
     }
 }

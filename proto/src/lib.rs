@@ -98,13 +98,49 @@ pub fn path_within(path: &str, prefix: &str) -> bool {
         || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
 }
 
+/// One entry of a receipt's `exec` list: the path (without the trailing `/` of a directory
+/// entry) and whether it is a directory (`"/usr/bin/"`: every program beneath it).
+pub fn exec_entry(entry: &str) -> (&str, bool) {
+    match entry.strip_suffix('/') {
+        Some("") => ("/", true),
+        Some(dir) => (dir, true),
+        None => (entry, false),
+    }
+}
+
+/// Whether a receipt's `exec` list lets the agent run `program` (a path inside the sandbox):
+/// listed as a file, or beneath a directory entry.
+pub fn exec_allows(exec: &[String], program: &str) -> bool {
+    exec.iter().any(|entry| match exec_entry(entry) {
+        (dir, true) => program != dir && path_within(program, dir),
+        (file, false) => file == program,
+    })
+}
+
 impl v1::FsGrant {
-    /// Whether this grant is mounted executable (without `noexec`): a READ grant with a mount
-    /// that says `exec` or whose mount covers one of the receipt's `exec` paths.
+    /// Whether this grant is mounted executable (without `noexec`): a WRITE grant with a
+    /// mount that says `exec` (W^X lifted for it alone), or a READ grant with a mount that
+    /// says `exec` or whose mount holds one of the receipt's `exec` paths or lies beneath one
+    /// of its directory entries.
     pub fn is_executable(&self, exec: &[String]) -> bool {
+        if self.mount.is_empty() {
+            return false;
+        }
+        if self.access == v1::FsAccess::Write as i32 {
+            return self.exec;
+        }
         self.access == v1::FsAccess::Read as i32
-            && !self.mount.is_empty()
-            && (self.exec || exec.iter().any(|program| path_within(program, &self.mount)))
+            && (self.exec
+                || exec.iter().any(|entry| {
+                    let (path, directory) = exec_entry(entry);
+                    path_within(path, &self.mount) || (directory && path_within(&self.mount, path))
+                }))
+    }
+
+    /// Whether this is a WRITE grant whose mount the receipt makes executable: W^X lifted
+    /// for it alone, everything beneath its mount may run.
+    pub fn is_writable_executable(&self) -> bool {
+        self.access == v1::FsAccess::Write as i32 && self.exec && !self.mount.is_empty()
     }
 }
 

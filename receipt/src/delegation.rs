@@ -166,7 +166,17 @@ fn check_rootfs(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String
 /// the child's exec list where the parent runs it only through the gateway).
 fn check_exec(parent: &pb::Receipt, child: &pb::Receipt) -> Result<(), (String, String)> {
     for (i, program) in child.exec.iter().enumerate() {
-        if !parent.exec.iter().any(|p| p == program) {
+        // A file the parent lists or holds beneath a directory entry; a directory the
+        // parent lists, or one beneath a directory entry of its.
+        let covered = parent.exec.iter().any(|p| p == program)
+            || match tollgate_proto::exec_entry(program) {
+                (dir, true) => parent.exec.iter().any(|p| {
+                    let (parent_path, parent_dir) = tollgate_proto::exec_entry(p);
+                    parent_dir && path_within(dir, parent_path)
+                }),
+                (file, false) => tollgate_proto::exec_allows(&parent.exec, file),
+            };
+        if !covered {
             return Err((
                 format!("exec[{i}] = {program}"),
                 "not in its exec list".into(),

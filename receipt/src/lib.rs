@@ -19,7 +19,9 @@
 pub mod amendment;
 pub mod delegation;
 pub mod egress;
+pub mod interpreters;
 pub mod paths;
+mod runnable;
 pub mod spec;
 mod time;
 mod verify;

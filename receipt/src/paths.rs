@@ -8,6 +8,10 @@ pub const RESERVED_MOUNTS: [&str; 6] = ["/proc", "/dev", "/sys", "/tmp", "/work"
 
 pub use tollgate_proto::SYSTEM_PATHS;
 
+pub use crate::runnable::{
+    check_exec_list, check_home, ExecListError, HomeError, DEFAULT_HOME_MOUNT,
+};
+
 /// Why a receipt's mounted grants cannot be mounted: the one rule the authority applies
 /// before it signs and every supervisor applies again before it mounts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -337,6 +341,11 @@ pub fn check_gateway_exec(
                 "{program} cannot run in a sandbox: only programs under {} or beneath an executable read grant's mount are executable there",
                 SYSTEM_PATHS.join(", ")
             )
+        } else if fs
+            .iter()
+            .any(|g| g.is_writable_executable() && path_within(program, &g.mount))
+        {
+            format!("{program} lies beneath a writable mount, where the agent could replace what the gateway runs: grant it from a read-only place")
         } else {
             continue;
         };
@@ -349,8 +358,8 @@ pub fn check_gateway_exec(
 /// behalf) can write must never be what it can execute.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ExecGrantError {
-    /// `exec = true` on a grant that is not a mounted READ grant.
-    #[error("exec = true needs a read grant with a mount (a write grant is never executable; a gateway-only grant is never mapped into the sandbox)")]
+    /// `exec = true` on a grant without a mount.
+    #[error("exec = true needs a grant with a mount (a gateway-only grant is never mapped into the sandbox)")]
     NotMountedRead {
         /// The grant's index in the receipt's `fs`.
         index: usize,
@@ -388,15 +397,21 @@ impl ExecGrantError {
 
 /// W^X by path, the rule the authority applies before it signs and every supervisor again
 /// (the supervisor then also compares the pinned files themselves): `exec = true` only on a
-/// mounted READ grant, and no WRITE grant, mounted or gateway-only, at, beneath or above an
-/// executable grant's host path.
+/// mounted grant, and no WRITE grant, mounted or gateway-only, at, beneath or above an
+/// executable READ grant's host path. A WRITE grant with `exec = true` is the receipt's
+/// explicit word that W^X is lifted for that grant alone; it still may not reach an
+/// executable READ grant (whose point is that nothing the agent writes runs from it).
 pub fn check_exec_grants(fs: &[pb::FsGrant], exec: &[String]) -> Result<(), ExecGrantError> {
     for (index, grant) in fs.iter().enumerate() {
         if grant.exec && !grant.is_executable(exec) {
             return Err(ExecGrantError::NotMountedRead { index });
         }
     }
-    for (exec_index, executable) in fs.iter().enumerate().filter(|(_, g)| g.is_executable(exec)) {
+    for (exec_index, executable) in fs
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.access == pb::FsAccess::Read as i32 && g.is_executable(exec))
+    {
         if let Some((index, write)) = write_grant_reaching(fs, &executable.path) {
             return Err(ExecGrantError::WriteReachesExec {
                 index,
@@ -638,11 +653,25 @@ mod tests {
             ),
             Ok(())
         );
-        // exec = true only on a mounted read grant.
+        // exec = true on a mounted write grant lifts W^X for it alone; a gateway-only grant
+        // is never mapped, so never executable.
         let mut on_write = write("/srv/bin", "/bin2");
         on_write.exec = true;
         assert_eq!(
-            check_exec_grants(&[on_write], &[]),
+            check_exec_grants(std::slice::from_ref(&on_write), &[]),
+            Ok(())
+        );
+        assert!(on_write.is_executable(&[]));
+        // Still never reaching an executable read grant.
+        on_write.path = "/srv/venv/build".into();
+        assert!(matches!(
+            check_exec_grants(&[venv.clone(), on_write], &exec),
+            Err(ExecGrantError::WriteReachesExec { index: 1, .. })
+        ));
+        let mut unmounted_write = write("/srv/bin", "");
+        unmounted_write.exec = true;
+        assert_eq!(
+            check_exec_grants(&[unmounted_write], &[]),
             Err(ExecGrantError::NotMountedRead { index: 0 })
         );
         let mut unmounted = grant("/srv/bin", "");

@@ -320,9 +320,10 @@ pub struct FsSpec {
     pub access: String,
     /// Optional absolute path inside the sandbox to bind-mount at.
     pub mount: Option<String>,
-    /// Mount it executable (read grants with a mount only): its shared libraries load and
-    /// the `exec` programs beneath it run. In a ceiling: executable grants may be minted
-    /// beneath it.
+    /// Mount it executable (grants with a mount only). A read grant: its shared libraries
+    /// load and the `exec` programs beneath it run. A write grant: W^X lifted for it alone,
+    /// the agent runs what it builds there. In a ceiling (write entries only): executable
+    /// write grants may be minted beneath it.
     #[serde(default)]
     pub exec: bool,
     /// Each change the gateway makes beneath it waits for an operator's approval (grants
@@ -513,6 +514,10 @@ pub struct ExecSection {
     /// first.
     #[serde(default)]
     pub ask: Vec<String>,
+    /// A program beneath a grant that links outside every grant (a virtualenv's
+    /// `bin/python` made from a pyenv, uv or conda Python): `"refuse"` (the default) or
+    /// `"follow"` (grant the interpreter's installation read-only and executable).
+    pub interpreters: Option<String>,
 }
 
 impl ExecSection {
@@ -599,8 +604,27 @@ impl RootfsSection {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceSection {
-    /// How long `/work` is kept after the run ends, e.g. `"1h"` (at most 30 days).
-    pub keep: String,
+    /// How long `/work` is kept after the run ends, e.g. `"1h"` (at most 30 days); absent:
+    /// removed at teardown.
+    pub keep: Option<String>,
+    /// `/work` mounted executable: the agent runs what it builds there (W^X lifted for
+    /// `/work` alone).
+    #[serde(default)]
+    pub exec: bool,
+}
+
+/// `[home]`: the agent's own host directory, kept across runs, mounted writable at its
+/// `$HOME`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HomeSection {
+    /// Absolute host path; never your own home, an ancestor of it, or a system path.
+    pub path: String,
+    /// Where the sandbox shows it, and what `HOME` says (default `/home/agent`).
+    pub mount: Option<String>,
+    /// Executable (W^X lifted for the home alone); default `noexec`.
+    #[serde(default)]
+    pub exec: bool,
 }
 
 /// Longest a run's workspace may be kept after it ends.
@@ -645,8 +669,10 @@ pub struct RunSpec {
     pub delegate: Option<DelegateSection>,
     /// The userland to run on; absent: the host's.
     pub rootfs: Option<RootfsSection>,
-    /// The workspace; absent: removed at teardown.
+    /// The workspace; absent: removed at teardown, not executable.
     pub workspace: Option<WorkspaceSection>,
+    /// The agent's home; absent: `HOME` is `/work`.
+    pub home: Option<HomeSection>,
     /// Outbound connections through the supervisor.
     #[serde(default)]
     pub egress: Vec<EgressSpec>,
@@ -661,7 +687,29 @@ impl RunSpec {
     }
 
     /// The mint request this spec asks for. Checks shapes; the authority checks the ceiling.
+    /// Reads no files: use [`RunSpec::to_request_for`] on the operator's host.
     pub fn to_request(&self) -> Result<pb::MintReceiptRequest, SpecError> {
+        self.request(None)
+    }
+
+    /// [`RunSpec::to_request`] on the operator's host: also refuses a `[home]` that is
+    /// `user_home` (the operator's own `$HOME`) or one of its ancestors (an agent never owns
+    /// its operator's home), and checks the programs beneath its grants for links outside
+    /// them, reading this host's files (see [`crate::interpreters`]).
+    pub fn to_request_for(
+        &self,
+        user_home: Option<&str>,
+    ) -> Result<pb::MintReceiptRequest, SpecError> {
+        let mut request = self.request(user_home)?;
+        let mode = match &self.exec.interpreters {
+            Some(text) => crate::interpreters::Interpreters::parse("exec.interpreters", text)?,
+            None => crate::interpreters::Interpreters::default(),
+        };
+        crate::interpreters::check_interpreters(&mut request, mode)?;
+        Ok(request)
+    }
+
+    fn request(&self, user_home: Option<&str>) -> Result<pb::MintReceiptRequest, SpecError> {
         if self.subject.trim().is_empty() {
             return Err(invalid("subject", "must not be empty"));
         }
@@ -672,6 +720,27 @@ impl RunSpec {
             ));
         }
         let ttl = parse_duration("ttl", &self.ttl)?;
+        let mut fs = fs_to_proto(&self.fs)?;
+        let home = match &self.home {
+            Some(home) => {
+                let mount = home
+                    .mount
+                    .clone()
+                    .unwrap_or_else(|| crate::paths::DEFAULT_HOME_MOUNT.into());
+                fs.push(pb::FsGrant {
+                    path: home.path.clone(),
+                    access: pb::FsAccess::Write as i32,
+                    mount: mount.clone(),
+                    exec: home.exec,
+                    ask: false,
+                    ask_reads: false,
+                });
+                crate::paths::check_home(&mount, &fs, user_home)
+                    .map_err(|e| invalid("home.path", e.to_string()))?;
+                mount
+            }
+            None => String::new(),
+        };
         Ok(pb::MintReceiptRequest {
             subject: self.subject.clone(),
             ttl_seconds: ttl.as_secs(),
@@ -682,7 +751,9 @@ impl RunSpec {
                 workdir: agent.workdir.clone().unwrap_or_default(),
             }),
             limits: Some(self.limits.to_proto()?),
-            fs: fs_to_proto(&self.fs)?,
+            fs,
+            home,
+            workspace_exec: self.workspace.as_ref().is_some_and(|w| w.exec),
             exec: self.exec.allow.clone(),
             gateway_exec: self.exec.gateway_grants()?,
             routes: routes_to_proto(&self.routes)?,
@@ -695,9 +766,9 @@ impl RunSpec {
                 Some(rootfs) => rootfs.to_field()?,
                 None => String::new(),
             },
-            workspace_keep_seconds: match &self.workspace {
-                Some(workspace) => {
-                    let keep = parse_duration("workspace.keep", &workspace.keep)?;
+            workspace_keep_seconds: match self.workspace.as_ref().and_then(|w| w.keep.as_ref()) {
+                Some(keep) => {
+                    let keep = parse_duration("workspace.keep", keep)?;
                     if keep > MAX_WORKSPACE_KEEP {
                         return Err(invalid("workspace.keep", "must be at most 30 days"));
                     }
@@ -781,6 +852,8 @@ impl CeilingSpec {
 
 #[cfg(test)]
 mod tests {
+    mod building;
+
     use super::*;
 
     /// DESIGN.md's example run spec, as shipped in examples/.

@@ -15,8 +15,9 @@ pub struct Bind {
     pub target: PathBuf,
     /// Whether the agent may write through it.
     pub writable: bool,
-    /// Mounted without `noexec` (read-only grants only): its shared libraries can be loaded
-    /// and the programs Landlock allows can run from it.
+    /// Mounted without `noexec` (`nosuid` stays): its shared libraries can be loaded and the
+    /// programs Landlock allows can run from it. Writable too only where the receipt lifts
+    /// W^X for this grant (`exec = true` on a write grant).
     #[serde(default)]
     pub executable: bool,
 }
@@ -245,6 +246,10 @@ pub struct SandboxPlan {
     pub run_id: String,
     /// Host directory shown read-write at `/work`.
     pub workspace: PathBuf,
+    /// Whether `/work` is mounted without `noexec` (the receipt's `workspace_exec`: W^X
+    /// lifted for `/work` alone; `nosuid` stays).
+    #[serde(default)]
+    pub workspace_exec: bool,
     /// Size of the `/tmp` tmpfs.
     pub tmpfs_bytes: u64,
     /// The receipt's bind-mounted grants.

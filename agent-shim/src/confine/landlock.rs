@@ -60,6 +60,8 @@ pub fn prepare_landlock(plan: &LandlockPlan) -> Result<PreparedLandlock, Confine
         .map_err(error)?;
     let ruleset = add_rules(ruleset, &plan.read, read)?;
     let ruleset = add_rules(ruleset, &plan.write, write)?;
+    // A directory ("/usr/bin/", a writable executable grant, an executable /work) is a rule
+    // beneath it: every program there may run.
     let executables = if plan.execute_resolved {
         plan.execute.clone()
     } else {

@@ -58,8 +58,8 @@ pub(super) struct Restrict {
     pub(super) read_only: bool,
     /// Device nodes stay usable (only for the /dev binds).
     pub(super) devices: bool,
-    /// Nothing on it may be executed or mapped executable: everything but the system paths
-    /// and executable read grants. Landlock alone would let the dynamic loader run a file the
+    /// Nothing on it may be executed or mapped executable: everything but the system paths,
+    /// executable read grants and what the receipt makes writable and executable. Landlock alone would let the dynamic loader run a file the
     /// agent wrote.
     pub(super) no_exec: bool,
 }

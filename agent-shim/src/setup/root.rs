@@ -113,7 +113,8 @@ pub fn finish_root(
         Restrict {
             read_only: false,
             devices: false,
-            no_exec: true,
+            // W^X, unless the receipt lifts it for /work alone.
+            no_exec: !plan.workspace_exec,
         },
     )?;
     // The root file system's mount comes after the grants'.
@@ -136,8 +137,9 @@ pub fn finish_root(
             Restrict {
                 read_only: !grant.writable,
                 devices: false,
-                // W^X: a writable grant is never executable (the plan never says both).
-                no_exec: grant.writable || !grant.executable,
+                // W^X: a writable grant is executable only where the receipt lifts W^X for
+                // it alone (exec = true on a write grant); nosuid stays either way.
+                no_exec: !grant.executable,
             },
         )?;
     }

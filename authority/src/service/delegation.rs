@@ -313,6 +313,10 @@ impl AuthorityService {
             // A child waits for approval as long as its parent does.
             approval_timeout_seconds: parent.approval_timeout_seconds,
             gateway_exec: spec.gateway_exec,
+            // A child's /work is its own and not executable, and it has no home: neither is
+            // in a ChildSpec.
+            workspace_exec: false,
+            home: String::new(),
         };
         // The mount, exec and argv rules of a mint apply unchanged; errors name the field.
         validate_mint(&shape)?;
@@ -344,6 +348,8 @@ impl AuthorityService {
             // A child runs on its parent's userland.
             rootfs: parent.rootfs.clone(),
             workspace_keep_seconds: 0,
+            workspace_exec: false,
+            home: String::new(),
             egress,
             approval_timeout_seconds: super::receipts::approval_timeout(
                 shape.approval_timeout_seconds,

@@ -109,6 +109,8 @@ impl AuthorityService {
                 request.ttl_seconds,
             ),
             gateway_exec: request.gateway_exec,
+            workspace_exec: request.workspace_exec,
+            home: request.home,
         };
         let signed = self.keys.active().sign(&mut receipt);
         self.minting

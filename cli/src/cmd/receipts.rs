@@ -21,6 +21,11 @@ use crate::error::CliError;
 use crate::files::{fill_private, open_private, read_input};
 use crate::show;
 
+/// The invoking user's home, which no run spec's `[home]` may be (nor hold).
+fn operator_home() -> Option<String> {
+    std::env::var("HOME").ok().filter(|home| !home.is_empty())
+}
+
 /// Mints from a spec file with an already-connected client.
 pub async fn mint_with(
     client: &mut AuthorityClient<Channel>,
@@ -29,7 +34,7 @@ pub async fn mint_with(
     spec_name: &str,
 ) -> Result<pb::MintReceiptResponse, CliError> {
     let request = RunSpec::parse(spec_text)
-        .and_then(|spec| spec.to_request())
+        .and_then(|spec| spec.to_request_for(operator_home().as_deref()))
         .map_err(|e| CliError::Input(e.in_file(spec_name)))?;
     Ok(client
         .mint_receipt(authed(token, request)?)
@@ -47,7 +52,7 @@ pub(crate) async fn check_mint(
     let text = read_input(spec)?;
     let token = global.tokens().token()?;
     let request = RunSpec::parse(&text)
-        .and_then(|spec| spec.to_request())
+        .and_then(|spec| spec.to_request_for(operator_home().as_deref()))
         .map_err(|e| CliError::Input(e.in_file(&spec.display().to_string())))?;
     let mut client = connect(&global.authority, &global.tls()).await?;
     let checked = client

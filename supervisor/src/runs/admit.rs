@@ -80,7 +80,13 @@ pub(super) fn check_write_exec(
         .iter()
         .zip(pinned)
         .enumerate()
-        .filter(|(_, (grant, _))| grant.is_executable(&receipt.exec))
+        // Executable read grants: a write grant with exec = true is writable and executable
+        // on the receipt's explicit word (W^X lifted for it alone), so it is no executable
+        // grant to protect here; it is one of the write grants checked against the others.
+        .filter(|(_, (grant, _))| {
+            grant.access == tollgate_proto::v1::FsAccess::Read as i32
+                && grant.is_executable(&receipt.exec)
+        })
         .filter_map(|(i, (grant, pin))| {
             pin.root.as_ref().ok().map(|root| {
                 (
@@ -135,6 +141,41 @@ pub(super) fn check_write_exec(
                     if linked { " (a hard link)" } else { " (through another name or mount)" },
                 )));
             }
+        }
+    }
+    Ok(())
+}
+
+/// A home is the agent's own directory, never a person's: the receipt's home grant may not be
+/// (or hold) the home directory of any user of this host (`passwd`, the text of
+/// /etc/passwd). The authority cannot know this host's users, and the CLI checks only its
+/// caller's own `$HOME`; this is where every user's is.
+pub(super) fn check_home_of_users(
+    receipt: &tollgate_proto::v1::Receipt,
+    passwd: &str,
+) -> Result<(), StartError> {
+    use tollgate_receipt::paths::{is_normal_absolute, path_within};
+    if receipt.home.is_empty() {
+        return Ok(());
+    }
+    let Some(grant) = receipt.fs.iter().find(|g| g.mount == receipt.home) else {
+        return Ok(()); // refused with the plan's checks, naming the home
+    };
+    for line in passwd.lines() {
+        let fields: Vec<&str> = line.split(':').collect();
+        let (Some(user), Some(home)) = (fields.first(), fields.get(5)) else {
+            continue;
+        };
+        // "/" and the like are no one's own directory (and a home reaching the system
+        // paths is refused anyway).
+        if home.len() > 1 && is_normal_absolute(home) && path_within(home, &grant.path) {
+            return Err(StartError::Grant {
+                code: "home",
+                reason: format!(
+                    "home {} is (or holds) the home directory {home} of user {user} on this host: a home is a directory of the agent's own; make one, e.g. /srv/agents/NAME/home",
+                    grant.path
+                ),
+            });
         }
     }
     Ok(())
@@ -243,7 +284,7 @@ fn check_command(
         .filter(|argv| !argv.is_empty());
     match command {
         None => Err(SandboxError::NoAgent.into()),
-        Some(command) if !receipt.exec.contains(&command[0]) => {
+        Some(command) if !tollgate_proto::exec_allows(&receipt.exec, &command[0]) => {
             Err(SandboxError::NotExecutable(command[0].clone()).into())
         }
         Some(command)
@@ -301,6 +342,18 @@ impl RunManager {
                 let pinned = pin_grants(&receipt)?;
                 let rootfs = pin_rootfs(&receipt, &self.settings.rootfs_dir)?;
                 check_write_exec(&receipt, &pinned, rootfs.as_ref())?;
+                if !receipt.home.is_empty() {
+                    // Fails closed: a home no one could check against this host's users
+                    // does not start.
+                    let passwd =
+                        std::fs::read_to_string("/etc/passwd").map_err(|e| StartError::Grant {
+                            code: "home",
+                            reason: format!(
+                                "/etc/passwd: {e}: the home cannot be checked against this host's users"
+                            ),
+                        })?;
+                    check_home_of_users(&receipt, &passwd)?;
+                }
                 Some(pinned)
             }
             Some(_) => None,
@@ -431,5 +484,47 @@ impl RunManager {
         if let Err(e) = self.audit.append(draft) {
             tracing::error!(error = %e, "could not audit a refused start");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tollgate_proto::v1 as pb;
+
+    #[test]
+    fn a_home_is_never_a_users_home_on_this_host() {
+        let passwd = "root:x:0:0:root:/root:/bin/sh\n\
+                      nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n\
+                      me:x:1000:1000:Me:/home/me:/bin/bash\n\
+                      weird:x:1001:1001::/:/bin/sh\n";
+        let receipt = |path: &str| pb::Receipt {
+            fs: vec![pb::FsGrant {
+                path: path.into(),
+                access: pb::FsAccess::Write as i32,
+                mount: "/home/agent".into(),
+                ..Default::default()
+            }],
+            home: "/home/agent".into(),
+            ..Default::default()
+        };
+        for own in ["/srv/agents/a", "/home/me/agents/a", "/home/other"] {
+            assert!(check_home_of_users(&receipt(own), passwd).is_ok(), "{own}");
+        }
+        for person in ["/home/me", "/root"] {
+            match check_home_of_users(&receipt(person), passwd) {
+                Err(StartError::Grant {
+                    code: "home",
+                    reason,
+                }) => {
+                    assert!(reason.contains("home directory"), "{reason}")
+                }
+                other => panic!("{person}: {other:?}"),
+            }
+        }
+        // No home: nothing to check.
+        let mut none = receipt("/home/me");
+        none.home.clear();
+        assert!(check_home_of_users(&none, passwd).is_ok());
     }
 }

@@ -12,7 +12,7 @@ pub enum SandboxError {
     #[error("{0} is not in the receipt's exec list")]
     NotExecutable(String),
     /// The agent's executable is not on a path the sandbox mounts executable.
-    #[error("{0} cannot run in a sandbox: only programs on the system paths (/usr, /bin, ...) or beneath a read grant's mount are executable there; write grants, /work and /tmp are mounted noexec")]
+    #[error("{0} cannot run in a sandbox: only programs on the system paths (/usr, /bin, ...), beneath a read grant's mount or beneath a write grant with exec = true are executable there; other write grants, /work and /tmp are mounted noexec")]
     NotInSandbox(String),
     /// A file-system grant cannot be mounted safely (re-checked here: the supervisor does
     /// not rely on every signer having validated it).

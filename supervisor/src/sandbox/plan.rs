@@ -64,7 +64,19 @@ pub(super) fn check_mounts(receipt: &pb::Receipt) -> Result<(), SandboxError> {
         .map_err(|e| SandboxError::BadGrant {
             path: receipt.gateway_exec[e.index].program.clone(),
             reason: e.to_string(),
-        })
+        })?;
+    tollgate_receipt::paths::check_exec_list(&receipt.exec, &receipt.fs).map_err(|e| {
+        SandboxError::BadGrant {
+            path: e.field(),
+            reason: e.to_string(),
+        }
+    })?;
+    tollgate_receipt::paths::check_home(&receipt.home, &receipt.fs, None).map_err(|e| {
+        SandboxError::BadGrant {
+            path: receipt.home.clone(),
+            reason: e.to_string(),
+        }
+    })
 }
 
 /// Builds the sandbox plan for `receipt`. `argv` overrides the receipt's pinned agent (the
@@ -83,7 +95,7 @@ pub fn plan_for(
         .or_else(|| pinned.map(|a| a.argv.clone()))
         .filter(|argv| !argv.is_empty())
         .ok_or(SandboxError::NoAgent)?;
-    if !receipt.exec.contains(&argv[0]) {
+    if !tollgate_proto::exec_allows(&receipt.exec, &argv[0]) {
         return Err(SandboxError::NotExecutable(argv[0].clone()));
     }
     check_mounts(receipt)?;
@@ -149,18 +161,29 @@ pub fn plan_for(
     Ok(SandboxPlan {
         run_id: receipt.receipt_id.clone(),
         workspace: dirs.work.clone(),
+        workspace_exec: receipt.workspace_exec,
         tmpfs_bytes: limits.tmpfs_bytes,
         files: tollgate_proto::effective_files(limits.files),
         binds,
         landlock: LandlockPlan {
             read,
             write,
-            // The shim, the agent's gateway client, is always executable.
+            // The shim, the agent's gateway client, is always executable; so is everything
+            // beneath a mount the receipt makes writable and executable (W^X lifted there
+            // alone: the agent runs what it builds).
             execute: receipt
                 .exec
                 .iter()
                 .map(PathBuf::from)
                 .chain([PathBuf::from(SHIM_IN_SANDBOX)])
+                .chain(
+                    receipt
+                        .fs
+                        .iter()
+                        .filter(|g| g.is_writable_executable())
+                        .map(|g| PathBuf::from(&g.mount)),
+                )
+                .chain(receipt.workspace_exec.then(|| PathBuf::from("/work")))
                 .collect(),
             execute_resolved: false,
         },
@@ -230,7 +253,15 @@ pub(super) fn agent_env(
             "TOLLGATE_GATEWAY".into(),
             format!("unix:{GATEWAY_IN_SANDBOX}"),
         ),
-        ("HOME".into(), "/work".into()),
+        // The receipt's home, kept across runs; else the run's own /work.
+        (
+            "HOME".into(),
+            if receipt.home.is_empty() {
+                "/work".into()
+            } else {
+                receipt.home.clone()
+            },
+        ),
         ("TMPDIR".into(), "/tmp".into()),
         ("LANG".into(), "C.UTF-8".into()),
         ("TOLLGATE_RUN_ID".into(), receipt.receipt_id.clone()),
@@ -343,6 +374,51 @@ mod tests {
             plan.workspace,
             PathBuf::from("/var/lib/tollgate/runs/r1/work")
         );
+    }
+
+    #[test]
+    fn what_the_receipt_makes_writable_and_executable_is_mounted_and_ruled_so() {
+        let dirs = RunDirs::new(Path::new("/var/lib/tollgate/runs"), "r1");
+        let mut r = receipt();
+        assert!(!plan_for(&r, &dirs, 1, None, None).unwrap().workspace_exec);
+        r.fs[1].exec = true;
+        r.workspace_exec = true;
+        r.exec.push("/usr/lib/git-core/".into());
+        r.fs.push(pb::FsGrant {
+            path: "/srv/agents/a".into(),
+            access: pb::FsAccess::Write as i32,
+            mount: "/home/agent".into(),
+            ..Default::default()
+        });
+        r.home = "/home/agent".into();
+        let plan = plan_for(&r, &dirs, 1, None, None).unwrap();
+        assert!(plan.workspace_exec);
+        assert!(plan.binds[1].writable && plan.binds[1].executable);
+        assert!(
+            !plan.binds[2].executable,
+            "a home is noexec unless it says exec"
+        );
+        for ruled in ["/out", "/work", "/usr/lib/git-core/"] {
+            assert!(
+                plan.landlock.execute.contains(&PathBuf::from(ruled)),
+                "{ruled}: {:?}",
+                plan.landlock.execute
+            );
+        }
+        assert!(!plan
+            .landlock
+            .execute
+            .contains(&PathBuf::from("/home/agent")));
+        assert!(plan
+            .agent
+            .env
+            .contains(&("HOME".into(), "/home/agent".into())));
+        // A home that is no write grant's mount is refused before anything is planned.
+        r.home = "/elsewhere".into();
+        assert!(matches!(
+            plan_for(&r, &dirs, 1, None, None),
+            Err(SandboxError::BadGrant { .. })
+        ));
     }
 
     #[test]

@@ -1,0 +1,206 @@
+//! Interpreters outside the grant: a virtualenv made from a pyenv, uv or conda Python has a
+//! `bin/python` that links outside the project, to a directory no sandbox shows. Checked on
+//! the operator's host when a spec becomes a request (`tollgate mint`): such a link is refused,
+//! naming it and its target, unless the spec asks `[exec] interpreters = "follow"`, which
+//! grants the interpreter's installation read-only and executable at its own path.
+
+use std::path::{Path, PathBuf};
+
+use tollgate_proto::v1 as pb;
+
+use crate::paths::{is_normal_absolute, path_within, SYSTEM_PATHS};
+use crate::spec::SpecError;
+
+/// What to do with a program that links outside every grant (`[exec] interpreters`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Interpreters {
+    /// Refuse the spec, naming the link and its target (the default).
+    #[default]
+    Refuse,
+    /// Grant the target's installation directory read-only and executable, mounted at its
+    /// own host path, and allow the target itself.
+    Follow,
+}
+
+impl Interpreters {
+    /// Parses `"refuse"` / `"follow"` (`field` names it in the error).
+    pub fn parse(field: &str, text: &str) -> Result<Self, SpecError> {
+        match text {
+            "refuse" => Ok(Self::Refuse),
+            "follow" => Ok(Self::Follow),
+            _ => Err(SpecError::Invalid {
+                field: field.into(),
+                reason: format!("{text:?} is not \"refuse\" or \"follow\""),
+            }),
+        }
+    }
+}
+
+/// The installation directory of an interpreter at `target` (a resolved host path): the
+/// parent of its `bin` directory (`/root/.pyenv/versions/3.11.7` for
+/// `/root/.pyenv/versions/3.11.7/bin/python3.11`, which holds its standard library too), else
+/// its own directory.
+fn installation_of(target: &Path) -> PathBuf {
+    let dir = target.parent().unwrap_or(Path::new("/"));
+    match (dir.file_name(), dir.parent()) {
+        (Some(name), Some(parent)) if name == "bin" && parent != Path::new("/") => {
+            parent.to_owned()
+        }
+        _ => dir.to_owned(),
+    }
+}
+
+/// Checks every program of `request` the agent runs by name (`exec` files and
+/// `agent.argv[0]`) that lies beneath a mounted grant: resolved on this host, it must stay
+/// within that grant or on the system paths the sandbox shows (without a `rootfs` of the
+/// run's own). One that leaves is refused, naming the link and its target, or with
+/// [`Interpreters::Follow`] its installation is added as a read grant mounted at its own path
+/// with `exec = true`, and its resolved path to `exec`. Paths that do not exist here are left
+/// alone (the supervisor's host may differ).
+pub fn check_interpreters(
+    request: &mut pb::MintReceiptRequest,
+    mode: Interpreters,
+) -> Result<(), SpecError> {
+    let mut programs: Vec<(String, String)> = request
+        .exec
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e.ends_with('/'))
+        .map(|(i, e)| (format!("exec[{i}]"), e.clone()))
+        .collect();
+    if let Some(program) = request.agent.as_ref().and_then(|a| a.argv.first()) {
+        programs.push(("agent.argv[0]".into(), program.clone()));
+    }
+    for (field, program) in programs {
+        let Some(grant) = request
+            .fs
+            .iter()
+            .find(|g| !g.mount.is_empty() && path_within(&program, &g.mount))
+            .cloned()
+        else {
+            continue;
+        };
+        let relative = program[grant.mount.len()..].trim_start_matches('/');
+        let host = Path::new(&grant.path).join(relative);
+        let Ok(target) = std::fs::canonicalize(&host) else {
+            continue;
+        };
+        let Some(target_text) = target.to_str().filter(|t| is_normal_absolute(t)) else {
+            continue;
+        };
+        let grant_root = std::fs::canonicalize(&grant.path)
+            .ok()
+            .and_then(|p| p.to_str().map(str::to_owned))
+            .unwrap_or_else(|| grant.path.clone());
+        let visible = path_within(target_text, &grant_root)
+            || (request.rootfs.is_empty()
+                && SYSTEM_PATHS.iter().any(|s| path_within(target_text, s)))
+            || request
+                .fs
+                .iter()
+                .any(|g| g.mount == g.path && path_within(target_text, &g.path));
+        if visible {
+            continue;
+        }
+        match mode {
+            Interpreters::Refuse => {
+                return Err(SpecError::Invalid {
+                    field,
+                    reason: format!(
+                        "{program} is a link to {target_text}, outside every grant: the sandbox cannot reach it; make the virtualenv from /usr/bin/python3, or set [exec] interpreters = \"follow\" to grant {} read-only and executable",
+                        installation_of(&target).display()
+                    ),
+                });
+            }
+            Interpreters::Follow => {
+                let install = installation_of(&target).display().to_string();
+                if !request.fs.iter().any(|g| g.mount == install) {
+                    request.fs.push(pb::FsGrant {
+                        path: install.clone(),
+                        access: pb::FsAccess::Read as i32,
+                        mount: install,
+                        exec: true,
+                        ask: false,
+                        ask_reads: false,
+                    });
+                }
+                if !request.exec.iter().any(|e| e == target_text) {
+                    request.exec.push(target_text.to_owned());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_venv_interpreter_outside_the_grant_is_refused_or_followed() {
+        let dir = std::env::temp_dir().join(format!("tollgate-interp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = dir.canonicalize().unwrap();
+        // A pyenv-style installation, and a project whose venv links to it.
+        let install = root.join("pyenv/versions/3.11.7");
+        std::fs::create_dir_all(install.join("bin")).unwrap();
+        std::fs::write(install.join("bin/python3.11"), "").unwrap();
+        let project = root.join("project");
+        std::fs::create_dir_all(project.join(".venv/bin")).unwrap();
+        std::os::unix::fs::symlink(
+            install.join("bin/python3.11"),
+            project.join(".venv/bin/python"),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/usr/bin/env", project.join(".venv/bin/env")).unwrap();
+        let request = || pb::MintReceiptRequest {
+            fs: vec![pb::FsGrant {
+                path: project.display().to_string(),
+                access: pb::FsAccess::Read as i32,
+                mount: "/project".into(),
+                ..Default::default()
+            }],
+            exec: vec![
+                "/project/.venv/bin/python".into(),
+                "/project/.venv/bin/env".into(),
+                "/usr/bin/".into(),
+            ],
+            ..Default::default()
+        };
+        let error = check_interpreters(&mut request(), Interpreters::Refuse).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with("exec[0]: /project/.venv/bin/python is a link to "),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("{}", install.join("bin/python3.11").display())),
+            "{text}"
+        );
+        assert!(text.contains("interpreters = \"follow\""), "{text}");
+
+        let mut followed = request();
+        check_interpreters(&mut followed, Interpreters::Follow).unwrap();
+        let added = followed.fs.last().unwrap();
+        assert_eq!(added.path, install.display().to_string());
+        assert_eq!(
+            (added.mount.as_str(), added.exec),
+            (added.path.as_str(), true)
+        );
+        assert_eq!(added.access, pb::FsAccess::Read as i32);
+        assert!(followed
+            .exec
+            .contains(&install.join("bin/python3.11").display().to_string()));
+        // Followed once is enough: a second check adds nothing and refuses nothing.
+        let before = followed.clone();
+        check_interpreters(&mut followed, Interpreters::Refuse).unwrap();
+        assert_eq!(followed, before);
+        assert_eq!(
+            Interpreters::parse("exec.interpreters", "follow").unwrap(),
+            Interpreters::Follow
+        );
+        assert!(Interpreters::parse("exec.interpreters", "yes").is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
