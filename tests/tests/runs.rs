@@ -485,6 +485,38 @@ fn exec_runs_only_what_the_sandbox_could_execute_when_it_started() {
     fx.assert_gone(&run_id);
 }
 
+/// A directory entry in `exec` covers the gateway's exec tool as it covers the agent: every
+/// program beneath it, in its normalised spelling only.
+#[test]
+fn exec_through_the_gateway_follows_directory_entries() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("gateway-exec-dir", 201_870);
+    let script =
+        "tollgate-shim tool exec -- /usr/bin/id -u >/dev/null 2>&1; echo \"beneath rc=$?\"\n\
+                  tollgate-shim tool exec -- /usr/bin/../sbin/nologin 2>&1; echo \"dots rc=$?\"\n\
+                  tollgate-shim tool exec -- /usr/sbin/nologin 2>&1; echo \"outside rc=$?\"";
+    let mut receipt = fx.receipt(script, 60);
+    receipt.exec.push("/usr/bin/".into());
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(15)).unwrap();
+    let output = fx.output_of(&run_id);
+    assert_eq!(record.state, RunState::Exited, "{output}");
+    assert!(output.contains("beneath rc=0"), "{output}");
+    assert!(
+        output.contains("exec of /usr/bin/../sbin/nologin is not granted")
+            && output.contains("dots rc=1"),
+        "{output}"
+    );
+    assert!(
+        output.contains("exec of /usr/sbin/nologin is not granted")
+            && output.contains("outside rc=1"),
+        "{output}"
+    );
+    fx.assert_gone(&run_id);
+}
+
 /// The agent inside the sandbox: the official `openai` package, unmodified, against the
 /// sandbox's own endpoint (`OPENAI_BASE_URL`).
 const SDK_AGENT: &str = r#"

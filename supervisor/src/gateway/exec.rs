@@ -67,11 +67,16 @@ impl ExecTools {
             ));
         };
         let receipt = &self.gate.receipt;
-        // A program in `exec` the agent may run itself; a gateway-only one only here.
+        // A program in `exec` the agent may run itself; a gateway-only one only here (its
+        // own grant, and whether it asks, wins over a directory entry above it). A directory
+        // entry covers only normalised paths beneath it: no `..` walks out of it.
         let gateway_only = if receipt.exec.iter().any(|granted| granted == program) {
             None
         } else if let Some(grant) = self.programs().into_iter().find(|g| g.program == *program) {
             Some(grant)
+        } else if is_normal_absolute(program) && tollgate_proto::exec_allows(&receipt.exec, program)
+        {
+            None
         } else {
             return Err(Refusal::denied(
                 &self.gate.run_id,
