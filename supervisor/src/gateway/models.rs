@@ -11,6 +11,14 @@
 //! carry the route, sensitivities, findings (detector, message, byte span) and counts, never
 //! the text.
 
+mod outbound;
+mod refused;
+mod signatures;
+
+pub use outbound::MAX_TOOL_NAME;
+pub use refused::{RefusedRequests, MAX_RECORDED_PER_SECOND};
+pub use signatures::{Signatures, MAX_SIGNATURES};
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -54,6 +62,8 @@ pub struct RunModels {
     pub in_flight: AtomicUsize,
     /// What went out on each route, by route name.
     usage: Mutex<BTreeMap<String, RouteUsage>>,
+    /// The reasoning signatures this run's backends issued: only those go back.
+    pub signatures: Mutex<Signatures>,
 }
 
 impl RunModels {
@@ -64,6 +74,7 @@ impl RunModels {
             ledger: Mutex::new(Ledger::new(tokens)),
             in_flight: AtomicUsize::new(0),
             usage: Mutex::new(BTreeMap::new()),
+            signatures: Mutex::default(),
         }
     }
 
@@ -173,9 +184,10 @@ fn requested_name(route: &str) -> &str {
     }
 }
 
-/// Most stop sequences a call may carry, and their longest.
-const MAX_STOPS: usize = 4;
-const MAX_STOP_LEN: usize = 64;
+/// Most stop sequences a call may carry.
+pub const MAX_STOPS: usize = 4;
+/// Longest stop sequence.
+pub const MAX_STOP_LEN: usize = 64;
 
 /// A refusal: the status for the agent, the reason and metadata for the entry.
 struct Refused {
@@ -213,6 +225,8 @@ pub struct ModelCalls {
     pub models: Option<Arc<RunModels>>,
     /// Where a call on a route that asks waits for an operator.
     pub approvals: super::approval::RunApprovals,
+    /// The requests the sandbox's model endpoint refused (`RecordRefusedCall`).
+    pub refused: Arc<RefusedRequests>,
 }
 
 /// Releases an in-flight slot when dropped.
@@ -228,6 +242,18 @@ impl Drop for Slot {
 pub type CompleteStream = ReceiverStream<Result<pb::CompleteEvent, Status>>;
 
 impl ModelCalls {
+    /// Serves one `RecordRefusedCall`: the refusal recorded (or counted); its call id, empty
+    /// when it was only counted.
+    pub(crate) fn record_refused(&self, request: &pb::RecordRefusedCallRequest) -> String {
+        let classifier = self.models.as_ref().map(|m| &m.shared.classifier);
+        self.refused.record(&self.gate, classifier, request)
+    }
+
+    /// Writes the summary of refused requests only counted (at teardown).
+    pub fn flush_refused(&self) {
+        self.refused.flush(&self.gate);
+    }
+
     /// Serves one `Complete` call.
     pub(crate) async fn complete(
         &self,

@@ -140,7 +140,11 @@ impl Gateway for GatewayService {
         request: Request<pb::RecordRefusedCallRequest>,
     ) -> Result<Response<pb::RecordRefusedCallResponse>, Status> {
         self.check_peer(&request)?;
-        Err(Status::unimplemented("RecordRefusedCall"))
+        // Over a bound: the sandbox's own report is refused, and recorded as such.
+        let request = self.admitted("model.endpoint", request)?;
+        let run = self.run.clone();
+        let call_id = tokio::task::block_in_place(|| run.models.record_refused(&request));
+        Ok(Response::new(pb::RecordRefusedCallResponse { call_id }))
     }
 
     async fn call_tool(
