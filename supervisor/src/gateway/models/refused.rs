@@ -206,7 +206,7 @@ mod tests {
             shown(Some(&classifier), "tools are\nnot supported"),
             "tools are not supported"
         );
-        let key = format!("{}{}", "AKIA", "Q7LM2XV9RT4KP8WS");
+        let key = format!("{}{}", "AKIA", "Q7LM2XV3RT4KP6WS");
         assert!(shown(Some(&classifier), &format!("model {key}")).starts_with("<withheld"));
         assert_eq!(
             request_line(Some(&classifier), "POST /v1/embeddings?key=abc"),
