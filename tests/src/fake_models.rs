@@ -320,7 +320,11 @@ fn tool_reply(path: &str, stream: bool, script: &Script) -> (u16, &'static str, 
     };
     match (anthropic, stream) {
         (false, true) => (200, "text/event-stream", openai_tool_stream(script, finish)),
-        (true, true) => (200, "text/event-stream", anthropic_tool_stream(script, finish)),
+        (true, true) => (
+            200,
+            "text/event-stream",
+            anthropic_tool_stream(script, finish),
+        ),
         (false, false) => {
             let calls: Vec<Value> = script
                 .tool_calls
@@ -341,14 +345,17 @@ fn tool_reply(path: &str, stream: bool, script: &Script) -> (u16, &'static str, 
         (true, false) => {
             let mut content = Vec::new();
             if let Some((thinking, signature)) = &script.thinking {
-                content.push(json!({"type": "thinking", "thinking": thinking, "signature": signature}));
+                content.push(
+                    json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+                );
             }
             if !script.text.is_empty() {
                 content.push(json!({"type": "text", "text": script.text}));
             }
             for c in &script.tool_calls {
                 let input: Value = serde_json::from_str(&c.arguments).unwrap_or_default();
-                content.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+                content
+                    .push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
             }
             ok(json!({
                 "id": "msg_1", "type": "message", "role": "assistant", "content": content,
@@ -364,7 +371,10 @@ fn openai_tool_stream(script: &Script, finish: &str) -> String {
         let body = json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
         format!("data: {body}\n\n")
     };
-    let mut events = vec![chunk(json!({"role": "assistant", "content": null}), Value::Null)];
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": null}),
+        Value::Null,
+    )];
     if !script.text.is_empty() {
         events.push(chunk(json!({"content": script.text}), Value::Null));
     }
@@ -401,13 +411,19 @@ fn anthropic_tool_stream(script: &Script, finish: &str) -> String {
         events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}})));
         events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": thinking}})));
         events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature}})));
-        events.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
         index += 1;
     }
     if !script.text.is_empty() {
         events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})));
         events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": script.text}})));
-        events.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
         index += 1;
     }
     for c in &script.tool_calls {
@@ -416,7 +432,10 @@ fn anthropic_tool_stream(script: &Script, finish: &str) -> String {
         for piece in [a, b] {
             events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}})));
         }
-        events.push(event("content_block_stop", json!({"type": "content_block_stop", "index": index})));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
         index += 1;
     }
     events.push(event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": finish}, "usage": {"output_tokens": script.completion_tokens}})));

@@ -706,7 +706,9 @@ async fn every_refused_model_request_is_in_tollgate_calls() {
         })
         .await
         .unwrap();
-    let ungranted = call(&mut s, request("local", "hi", true)).await.unwrap_err();
+    let ungranted = call(&mut s, request("local", "hi", true))
+        .await
+        .unwrap_err();
     assert_eq!(ungranted.code(), tonic::Code::PermissionDenied);
     let mut bad = request("auto", "hi", true);
     bad.messages[0].role = "wizard".into();
@@ -739,7 +741,10 @@ async fn every_refused_model_request_is_in_tollgate_calls() {
         .iter()
         .filter(|row| row["tool"] == "model.request")
         .collect();
-    assert_eq!(requests[0]["request"], "POST /v1/messages/batches", "{rows:?}");
+    assert_eq!(
+        requests[0]["request"], "POST /v1/messages/batches",
+        "{rows:?}"
+    );
     assert_eq!(requests[0]["status"], "404");
     assert_eq!(requests[0]["route"], "claude-sonnet-4-5");
     assert_eq!(requests[0]["decision"], "deny");
@@ -747,7 +752,10 @@ async fn every_refused_model_request_is_in_tollgate_calls() {
         .as_str()
         .unwrap()
         .contains("does not serve"));
-    assert!(requests[1]["reason"].as_str().unwrap().starts_with("<withheld"));
+    assert!(requests[1]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("<withheld"));
     let summarised: usize = requests
         .iter()
         .filter_map(|row| row["reason"].as_str()?.split_once(" more requests refused"))
@@ -762,7 +770,9 @@ async fn every_refused_model_request_is_in_tollgate_calls() {
         "{rows:?}"
     );
     assert_eq!(
-        rows.iter().filter(|row| row["tool"] == "model.complete").count(),
+        rows.iter()
+            .filter(|row| row["tool"] == "model.complete")
+            .count(),
         2,
         "both refused Complete calls are listed: {rows:?}"
     );

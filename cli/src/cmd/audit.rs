@@ -612,7 +612,12 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
         println!("{row}");
     } else {
         let detail = if at_endpoint {
-            format!("{} answered {}, model {}", meta("request"), meta("status"), route)
+            format!(
+                "{} answered {}, model {}",
+                meta("request"),
+                meta("status"),
+                route
+            )
         } else {
             let mut detail = format!("route {} (sensitivity {})", route, meta("sensitivity"));
             if done.is_some() {

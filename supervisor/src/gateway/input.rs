@@ -190,7 +190,11 @@ impl CallSize {
         match &part.part {
             Some(Part::Text(t)) => self.text(field, t, MAX_TEXT),
             Some(Part::Image(image)) => {
-                text(&format!("{field}.image.media_type"), &image.media_type, MAX_NAME)?;
+                text(
+                    &format!("{field}.image.media_type"),
+                    &image.media_type,
+                    MAX_NAME,
+                )?;
                 self.images += image.data.len() + image.url.len();
                 if self.images > MAX_TEXT {
                     return Err(format!(
@@ -210,21 +214,33 @@ impl CallSize {
                 )
             }
             Some(Part::ToolResult(result)) => {
-                self.text(&format!("{field}.tool_result.call_id"), &result.call_id, MAX_NAME)?;
+                self.text(
+                    &format!("{field}.tool_result.call_id"),
+                    &result.call_id,
+                    MAX_NAME,
+                )?;
                 // A result holds text and images; anything deeper is refused here, before
                 // a walk could follow it.
                 if depth > 0 {
                     return Err(format!("{field}: a tool result may not hold a tool result"));
                 }
                 for (i, inner) in result.content.iter().enumerate() {
-                    self.part(&format!("{field}.tool_result.content[{i}]"), inner, depth + 1)?;
+                    self.part(
+                        &format!("{field}.tool_result.content[{i}]"),
+                        inner,
+                        depth + 1,
+                    )?;
                 }
                 Ok(())
             }
             Some(Part::Thinking(thinking)) => {
                 self.text(&format!("{field}.thinking.text"), &thinking.text, MAX_TEXT)?;
                 self.text(&format!("{field}.thinking.id"), &thinking.id, MAX_NAME)?;
-                text(&format!("{field}.thinking.origin"), &thinking.origin, MAX_NAME)?;
+                text(
+                    &format!("{field}.thinking.origin"),
+                    &thinking.origin,
+                    MAX_NAME,
+                )?;
                 // Opaque: never sent unless this run's backend issued it, but held while
                 // checked, so counted with the images.
                 text(
@@ -246,7 +262,11 @@ impl AgentInput for pb::CompleteRequest {
         let mut size = CallSize::default();
         for (i, message) in self.messages.iter().enumerate() {
             text(&format!("messages[{i}].role"), &message.role, MAX_NAME)?;
-            size.text(&format!("messages[{i}].content"), &message.content, MAX_TEXT)?;
+            size.text(
+                &format!("messages[{i}].content"),
+                &message.content,
+                MAX_TEXT,
+            )?;
             for (j, part) in message.parts.iter().enumerate() {
                 size.part(&format!("messages[{i}].parts[{j}]"), part, 0)?;
             }
@@ -259,8 +279,16 @@ impl AgentInput for pb::CompleteRequest {
         }
         for (i, tool) in self.tools.iter().enumerate() {
             size.text(&format!("tools[{i}].name"), &tool.name, MAX_TOOL_NAME)?;
-            size.text(&format!("tools[{i}].description"), &tool.description, MAX_TEXT)?;
-            size.text(&format!("tools[{i}].parameters_json"), &tool.parameters_json, MAX_TEXT)?;
+            size.text(
+                &format!("tools[{i}].description"),
+                &tool.description,
+                MAX_TEXT,
+            )?;
+            size.text(
+                &format!("tools[{i}].parameters_json"),
+                &tool.parameters_json,
+                MAX_TEXT,
+            )?;
         }
         if let Some(choice) = &self.tool_choice {
             size.text("tool_choice.name", &choice.name, MAX_TOOL_NAME)?;

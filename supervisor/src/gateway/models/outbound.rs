@@ -144,7 +144,9 @@ pub(crate) fn drop_unissued_thinking(
     for message in &mut request.messages {
         let before = message.parts.len();
         message.parts.retain(|part| match &part.part {
-            Some(Part::Thinking(t)) => t.signature.is_empty() || issued.issued(&t.origin, &t.signature),
+            Some(Part::Thinking(t)) => {
+                t.signature.is_empty() || issued.issued(&t.origin, &t.signature)
+            }
             _ => true,
         });
         let gone = before - message.parts.len();
@@ -225,9 +227,7 @@ fn normalise_part(part: &mut pb::ContentPart, in_result: bool) -> Result<(), Str
             }
             Ok(())
         }
-        Some(_) if in_result => {
-            Err(": a tool result's content is text and images only".into())
-        }
+        Some(_) if in_result => Err(": a tool result's content is text and images only".into()),
         Some(Part::ToolCall(call)) => {
             tool_name(&call.name).map_err(|e| format!(".tool_call.name {e}"))?;
             if call.arguments_json.is_empty() {
@@ -238,8 +238,7 @@ fn normalise_part(part: &mut pb::ContentPart, in_result: bool) -> Result<(), Str
         }
         Some(Part::ToolResult(result)) => {
             for (k, inner) in result.content.iter_mut().enumerate() {
-                normalise_part(inner, true)
-                    .map_err(|e| format!(".tool_result.content[{k}]{e}"))?;
+                normalise_part(inner, true).map_err(|e| format!(".tool_result.content[{k}]{e}"))?;
             }
             Ok(())
         }
@@ -432,7 +431,10 @@ mod tests {
                 |c| c.tools[0].parameters_json = "{nope".into(),
                 "tools[0].parameters_json is not valid JSON",
             ),
-            (|c| c.tools[0].name = "a b".into(), "tools[0].name may hold only"),
+            (
+                |c| c.tools[0].name = "a b".into(),
+                "tools[0].name may hold only",
+            ),
             (
                 |c| c.response_format_json = "[1]".into(),
                 "response_format_json must be a JSON object",
@@ -492,12 +494,18 @@ mod tests {
         assert!(!classification.reasons.is_empty());
         // Valid after the classifier's own redaction: kept as is.
         let redacted = classification.redact(&original);
-        assert_eq!(redacted_json(&classifier, &original, redacted.clone()), redacted);
+        assert_eq!(
+            redacted_json(&classifier, &original, redacted.clone()),
+            redacted
+        );
         // A redaction that cut the JSON: each string redacted on its own instead.
         let broken = original.replacen('"', "", 3);
         let fixed = redacted_json(&classifier, &original, broken);
         let value: Value = serde_json::from_str(&fixed).unwrap();
         assert!(!fixed.contains(&key), "{fixed}");
-        assert!(value["cmd"].as_str().unwrap().starts_with("echo [REDACTED:"));
+        assert!(value["cmd"]
+            .as_str()
+            .unwrap()
+            .starts_with("echo [REDACTED:"));
     }
 }

@@ -102,9 +102,7 @@ impl RefusedRequests {
         }
         let closed = {
             let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
-            let open = window
-                .as_ref()
-                .is_some_and(|w| w.opened.elapsed() < WINDOW);
+            let open = window.as_ref().is_some_and(|w| w.opened.elapsed() < WINDOW);
             let closed = if open { None } else { window.take() };
             let current = window.get_or_insert_with(|| Window {
                 opened: Instant::now(),
@@ -158,11 +156,7 @@ impl RefusedRequests {
 
     /// Writes the summary of the requests only counted (at teardown).
     pub fn flush(&self, gate: &CallGate) {
-        let open = self
-            .window
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        let open = self.window.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(open) = open {
             Self::write_summary(gate, open);
         }

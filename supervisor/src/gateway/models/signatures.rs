@@ -85,7 +85,10 @@ mod tests {
             seen.remember("anthropic", &format!("sig-{i}"));
         }
         assert_eq!(seen.len(), MAX_SIGNATURES);
-        assert!(!seen.issued("anthropic", "sig-a"), "the oldest is forgotten");
+        assert!(
+            !seen.issued("anthropic", "sig-a"),
+            "the oldest is forgotten"
+        );
         assert!(seen.issued("anthropic", &format!("sig-{}", MAX_SIGNATURES - 1)));
     }
 }
