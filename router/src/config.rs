@@ -16,7 +16,8 @@
 //! [[route]]
 //! name = "claude"
 //! kind = "cloud"
-//! api = "anthropic"          # openai | anthropic
+//! api = "anthropic"          # openai | anthropic | openai-responses
+//! models = ["claude-*"]      # optional: model names agents ask for that this route serves
 //! endpoint = "https://api.anthropic.com"
 //! model = "claude-sonnet-4-5"
 //! key_secret = "file:/etc/tollgate/keys/anthropic"   # or "env:ANTHROPIC_API_KEY"
@@ -83,6 +84,9 @@ pub enum Api {
     Openai,
     /// Anthropic Messages (`POST /v1/messages`).
     Anthropic,
+    /// The OpenAI Responses API (`POST /v1/responses`), `api = "openai-responses"`.
+    #[serde(rename = "openai-responses")]
+    OpenaiResponses,
 }
 
 /// A known local server: how to probe its health and count tokens. All speak [`Api::Openai`].
@@ -201,6 +205,66 @@ pub struct Route {
     pub max_sensitivity: Option<Sensitivity>,
     /// Whether detected spans are replaced before the text is sent.
     pub redact: bool,
+    /// The model names this route claims (`models = ["gpt-*"]`): a call that asks for one of
+    /// them (or for the route's own `model`) prefers this route. `*` matches any run of
+    /// characters.
+    pub models: Vec<String>,
+}
+
+impl Route {
+    /// Whether a call asking for the model `name` is this route's: its own model, or a name
+    /// one of its `models` patterns matches.
+    pub fn claims(&self, name: &str) -> bool {
+        name == self.model || self.models.iter().any(|pattern| glob_match(pattern, name))
+    }
+}
+
+/// Whether `name` matches `pattern`, where `*` stands for any run of characters (none
+/// included) and everything else for itself.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    // Without a `*`, the one piece is the whole name.
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = name.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// Most bytes of one `models` pattern.
+const MAX_PATTERN: usize = 128;
+
+/// Why `pattern` cannot be a `models` entry, if it cannot.
+fn pattern_problem(pattern: &str) -> Option<String> {
+    if pattern.is_empty() || pattern.len() > MAX_PATTERN {
+        return Some(format!("{pattern:?}: a pattern has 1-{MAX_PATTERN} bytes"));
+    }
+    if pattern.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some(format!(
+            "{pattern:?}: a pattern has no spaces or control characters"
+        ));
+    }
+    if pattern.chars().all(|c| c == '*') {
+        return Some(format!(
+            "{pattern:?} would claim every name: leave names nobody claims to `auto` instead"
+        ));
+    }
+    if glob_match(pattern, "auto") {
+        return Some(format!(
+            "{pattern:?} matches \"auto\", which always lets the router choose"
+        ));
+    }
+    None
 }
 
 /// Limits every model call is held to, and how sensitive the classifier rates what it finds.
@@ -287,6 +351,8 @@ struct RawRoute {
     max_sensitivity: Option<String>,
     #[serde(default)]
     redact: bool,
+    #[serde(default)]
+    models: Vec<String>,
 }
 
 /// The error for `field` of the routes file `file`.
@@ -399,7 +465,13 @@ impl RawRoute {
                 ))
             }
         };
+        for pattern in &self.models {
+            if let Some(problem) = pattern_problem(pattern) {
+                return Err(invalid(file, field("models"), problem));
+            }
+        }
         Ok(Route {
+            models: self.models,
             name: self.name,
             kind: self.kind,
             api,
@@ -426,7 +498,7 @@ impl RawRoute {
                 return Err(invalid(
                     file,
                     field("api"),
-                    "give exactly one of api (openai, anthropic) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
+                    "give exactly one of api (openai, anthropic, openai-responses) and preset (ollama, vllm, llamacpp, lmstudio)".into(),
                 ))
             }
         };

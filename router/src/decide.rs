@@ -9,6 +9,9 @@
 //! A route that redacts is judged on the text as it would be sent: detected spans replaced,
 //! then classified again.
 //!
+//! A call that names a model a granted route claims prefers that route: it takes it when the
+//! route may carry the text, else whatever `auto` would choose.
+//!
 //! `auto` tries cloud routes before local ones (the most capable first: a cloud model for
 //! what may leave the host, a local one otherwise) and, within a kind, the configuration's
 //! order. Pure: no I/O.
@@ -35,20 +38,35 @@ fn sensitivity_from_proto(value: i32) -> Option<Sensitivity> {
 /// The route a call asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requested {
-    /// Let the router choose (`auto`, or no name).
+    /// Let the router choose (`auto`, no name, or a name no granted route claims).
     Auto,
-    /// This route.
+    /// This route, strictly: the call is refused when it may not carry the text.
     Named(String),
+    /// This route when it may carry the text, else what [`Requested::Auto`] would choose: the
+    /// call asked for a model name the route claims.
+    Prefer(String),
 }
 
 impl Requested {
-    /// `""` and `"auto"` are [`Requested::Auto`]; anything else names a route.
-    pub fn from_name(name: &str) -> Self {
+    /// What a call asking for `name` (a route's name, a model name, or `auto`) under
+    /// `receipt` asks for: `""` and `"auto"` are [`Requested::Auto`]; a route's exact name
+    /// (one this supervisor has, or one the receipt grants) is [`Requested::Named`]; a name
+    /// that a granted route claims (its `model`, or one of its `models` patterns; the first
+    /// such route in the routes file) is [`Requested::Prefer`] that route; any other name is
+    /// [`Requested::Auto`]. A name is never refused for itself.
+    pub fn resolve(name: &str, routes: &Routes, receipt: &pb::Receipt) -> Self {
         if name.is_empty() || name == "auto" {
-            Self::Auto
-        } else {
-            Self::Named(name.to_owned())
+            return Self::Auto;
         }
+        let granted = |route: &str| receipt.routes.iter().any(|g| g.name == route);
+        if routes.get(name).is_some() || granted(name) {
+            return Self::Named(name.to_owned());
+        }
+        routes
+            .routes
+            .iter()
+            .find(|route| granted(&route.name) && route.claims(name))
+            .map_or(Self::Auto, |route| Self::Prefer(route.name.clone()))
     }
 }
 
@@ -221,22 +239,27 @@ pub fn decide<'a>(
     let assessment = Assessment::of(classifier, messages);
     let mut redacted: Option<Redacted> = None;
     let mut refused = Vec::new();
+    let auto = || {
+        let granted = |route: &&Route| receipt.routes.iter().any(|g| g.name == route.name);
+        let cloud = routes
+            .routes
+            .iter()
+            .filter(|r| r.kind == RouteKind::Cloud)
+            .filter(granted);
+        let local = routes
+            .routes
+            .iter()
+            .filter(|r| r.kind == RouteKind::Local)
+            .filter(granted);
+        cloud.chain(local).map(|r| r.name.as_str())
+    };
     let candidates: Vec<&str> = match requested {
         Requested::Named(name) => vec![name.as_str()],
-        Requested::Auto => {
-            let granted = |route: &&Route| receipt.routes.iter().any(|g| g.name == route.name);
-            let cloud = routes
-                .routes
-                .iter()
-                .filter(|r| r.kind == RouteKind::Cloud)
-                .filter(granted);
-            let local = routes
-                .routes
-                .iter()
-                .filter(|r| r.kind == RouteKind::Local)
-                .filter(granted);
-            cloud.chain(local).map(|r| r.name.as_str()).collect()
-        }
+        Requested::Auto => auto().collect(),
+        // The preferred route first, then the others in `auto`'s order.
+        Requested::Prefer(name) => std::iter::once(name.as_str())
+            .chain(auto().filter(|r| *r != name.as_str()))
+            .collect(),
     };
     for name in candidates {
         let grant = receipt.routes.iter().find(|g| g.name == name);

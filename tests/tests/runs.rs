@@ -598,10 +598,17 @@ fn a_real_llama_cpp_server_serves_a_local_route() {
     let counted = runtime
         .block_on(routes.backends.count_prompt(
             &route,
-            &[tollgate_router::wire::ChatMessage {
-                role: tollgate_router::wire::Role::User,
-                content: "hello world".into(),
-            }],
+            &tollgate_router::wire::ChatRequest {
+                model: route.model.clone(),
+                call: pb::CompleteRequest {
+                    messages: vec![pb::ChatMessage {
+                        role: "user".into(),
+                        content: "hello world".into(),
+                        parts: Vec::new(),
+                    }],
+                    ..Default::default()
+                },
+            },
         ))
         .unwrap();
     let served = server.prompt_tokens("hello world");

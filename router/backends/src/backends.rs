@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tollgate_daemon::Secret;
 use tollgate_router::config::{Api, Endpoint, KeySource, Preset, Route, RouteKind, Routes};
 use tollgate_router::sse::SseParser;
-use tollgate_router::wire::{self, ChatMessage, ChatRequest, Role, StreamItem};
+use tollgate_router::wire::{self, ChatRequest, StreamDecoder, StreamItem};
 
 /// Anthropic API version the supervisor speaks (pinned: the agent's SDK's is never used).
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -235,8 +235,9 @@ impl Backends {
         request: &ChatRequest,
         items: &mpsc::Sender<StreamItem>,
     ) -> Result<(), BackendError> {
-        let (path, body) = wire::request(route.api, request);
-        let accept = if request.stream {
+        let (path, body) = wire::request(route.api, request)
+            .map_err(|e| self.reply_error(route, e.to_string()))?;
+        let accept = if request.call.stream {
             "text/event-stream"
         } else {
             "application/json"
@@ -276,21 +277,20 @@ impl Backends {
                 kind,
             });
         }
-        if !request.stream {
+        if !request.call.stream {
             let bytes = read_capped(&mut body, MAX_BODY)
                 .await
                 .map_err(|detail| self.reply_error(route, detail))?;
             let reply = wire::parse_reply(route.api, &bytes)
                 .map_err(|e| self.reply_error(route, e.to_string()))?;
-            let sent = [
-                StreamItem::Delta(reply.text),
+            let sent = reply.deltas.into_iter().map(StreamItem::Delta).chain([
                 StreamItem::Finish(reply.finish_reason),
                 StreamItem::Usage {
                     prompt: reply.prompt_tokens,
                     completion: reply.completion_tokens,
                 },
                 StreamItem::Done,
-            ];
+            ]);
             for item in sent {
                 if items.send(item).await.is_err() {
                     break;
@@ -299,6 +299,7 @@ impl Backends {
             return Ok(());
         }
         let mut parser = SseParser::new();
+        let mut decoder = StreamDecoder::new(route.api);
         loop {
             // A backend that stops sending holds a call slot: not for longer than IDLE.
             let frame = match tokio::time::timeout(IDLE, body.frame()).await {
@@ -319,7 +320,8 @@ impl Backends {
                 .push(&data)
                 .map_err(|e| self.reply_error(route, e.to_string()))?;
             for event in events {
-                let decoded = wire::stream_event(route.api, &event)
+                let decoded = decoder
+                    .event(&event)
                     .map_err(|e| self.reply_error(route, e.to_string()))?;
                 for item in decoded {
                     let done = item == StreamItem::Done;
@@ -375,7 +377,7 @@ impl Backends {
         if let Some(key) = self.keys.get(&route.name) {
             builder = match route.api {
                 Api::Anthropic => builder.header("x-api-key", key.expose()),
-                Api::Openai => builder.header(
+                Api::Openai | Api::OpenaiResponses => builder.header(
                     hyper::header::AUTHORIZATION,
                     format!("Bearer {}", key.expose()),
                 ),
@@ -574,19 +576,23 @@ impl Backends {
         })
     }
 
-    /// Counts the tokens of `messages` as `route`'s server would see them before its reply
-    /// (chat template included), with its tokenizer endpoint: vLLM `POST /tokenize`
-    /// (`count`), llama.cpp `POST /apply-template` then `POST /tokenize` (`tokens`). At most
-    /// [`TOKENIZER_TIMEOUT`]; an error when the preset has no tokenizer or it fails.
+    /// Counts the prompt tokens of `request` as `route`'s server would see them before its
+    /// reply (chat template, tool definitions and tool calls included: the messages and
+    /// tools go as the call would send them), with its tokenizer endpoint: vLLM
+    /// `POST /tokenize` (`count`), llama.cpp `POST /apply-template` then `POST /tokenize`
+    /// (`tokens`). At most [`TOKENIZER_TIMEOUT`]; an error when the preset has no tokenizer
+    /// or it fails.
     pub async fn count_prompt(
         &self,
         route: &Route,
-        messages: &[ChatMessage],
+        request: &ChatRequest,
     ) -> Result<u64, TokenizerError> {
-        let chat: Vec<Value> = messages
-            .iter()
-            .map(|m| json!({"role": role_name(m.role), "content": m.content}))
-            .collect();
+        let body = wire::openai_chat::body(request).map_err(|e| TokenizerError {
+            route: route.name.clone(),
+            detail: e.to_string(),
+        })?;
+        let chat = body.get("messages").cloned().unwrap_or(Value::Null);
+        let tools = body.get("tools").cloned();
         self.bounded(route, async {
             match route.preset {
                 Some(Preset::Vllm) => {
@@ -594,14 +600,21 @@ impl Backends {
                         .tokenize(
                             route,
                             "/tokenize",
-                            json!({"model": route.model, "messages": chat, "add_generation_prompt": true}),
+                            with_tools(
+                                json!({"model": route.model, "messages": chat, "add_generation_prompt": true}),
+                                &tools,
+                            ),
                         )
                         .await?;
                     vllm_count(&reply)
                 }
                 Some(Preset::Llamacpp) => {
                     let templated = self
-                        .tokenize(route, "/apply-template", json!({"messages": chat}))
+                        .tokenize(
+                            route,
+                            "/apply-template",
+                            with_tools(json!({"messages": chat}), &tools),
+                        )
                         .await?;
                     let prompt = templated
                         .get("prompt")
@@ -692,13 +705,13 @@ impl Backends {
     }
 }
 
-/// The API's name of a role.
-fn role_name(role: Role) -> &'static str {
-    match role {
-        Role::System => "system",
-        Role::User => "user",
-        Role::Assistant => "assistant",
+/// A tokenizer request `body` with the call's tool definitions, when it has any (the chat
+/// template renders them into the prompt).
+fn with_tools(mut body: Value, tools: &Option<Value>) -> Value {
+    if let Some(tools) = tools {
+        body["tools"] = tools.clone();
     }
+    body
 }
 
 /// Where a request to `path` on `route` goes, for messages: `http://127.0.0.1:8000/health`,

@@ -31,9 +31,9 @@ use tollgate_proto::v1 as pb;
 use tollgate_router::config::{Route, RouteKind};
 use tollgate_router::decide::{decide, Choice, NoRoute, Requested};
 use tollgate_router::tokens::{
-    estimate_completion, estimate_prompt, Ledger, TokenCount, TokenSource,
+    estimate_call, estimate_completion, Ledger, TokenCount, TokenSource,
 };
-use tollgate_router::wire::{ChatMessage, ChatRequest, Role, StreamItem};
+use tollgate_router::wire::{ChatRequest, Role, StreamItem};
 use tollgate_router::Sensitivity;
 use tollgate_router_backends::{has_tokenizer, BackendError, Backends, ModelRoutes, CALL_TIMEOUT};
 use tonic::Status;
@@ -357,7 +357,7 @@ impl ModelCalls {
             &self.gate.receipt,
             &shared.routes,
             &shared.classifier,
-            &Requested::from_name(&request.route),
+            &Requested::resolve(&request.route, &shared.routes, &self.gate.receipt),
             force_local,
             &texts,
         )
@@ -404,16 +404,27 @@ impl ModelCalls {
             None => texts.iter().map(|t| (*t).to_owned()).collect(),
         };
         let sent_stops = sent.split_off(messages.len());
-        let sent_messages: Vec<ChatMessage> = messages
+        let sent_messages: Vec<pb::ChatMessage> = messages
             .iter()
             .zip(sent)
-            .map(|(m, content)| ChatMessage {
-                role: m.role,
+            .map(|(m, content)| pb::ChatMessage {
+                role: m.role.clone(),
                 content,
+                parts: Vec::new(),
             })
             .collect();
         let route = choice.route;
-        let prompt = self.prompt_tokens(shared, route, &sent_messages).await;
+        let mut chat = ChatRequest {
+            model: route.model.clone(),
+            call: pb::CompleteRequest {
+                messages: sent_messages,
+                stream: request.stream,
+                temperature: request.temperature,
+                stop: sent_stops,
+                ..Default::default()
+            },
+        };
+        let prompt = self.prompt_tokens(shared, route, &chat).await;
         let policy = &shared.routes.policy;
         let asked = if request.max_tokens == 0 {
             policy.max_tokens_default
@@ -435,14 +446,7 @@ impl ModelCalls {
         if let Some(by) = approved_by {
             meta.push(("approved_by", by.into()));
         }
-        let chat = ChatRequest {
-            model: route.model.clone(),
-            messages: sent_messages,
-            max_tokens: reservation.max_tokens,
-            stream: request.stream,
-            temperature: request.temperature,
-            stop: sent_stops,
-        };
+        chat.call.max_tokens = reservation.max_tokens;
         let started = pb::CompleteStarted {
             call_id: String::new(),
             route: route.name.clone(),
@@ -561,19 +565,19 @@ impl ModelCalls {
         &self,
         shared: &ModelRoutes,
         route: &Route,
-        messages: &[ChatMessage],
+        chat: &ChatRequest,
     ) -> TokenCount {
         if !has_tokenizer(route) {
-            return estimate_of(messages);
+            return estimate_call(&chat.call);
         }
-        match shared.backends.count_prompt(route, messages).await {
+        match shared.backends.count_prompt(route, chat).await {
             Ok(tokens) => TokenCount {
                 tokens,
                 source: TokenSource::Tokenizer,
             },
             Err(e) => {
                 tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the prompt's tokens instead");
-                estimate_of(messages)
+                estimate_call(&chat.call)
             }
         }
     }
@@ -618,7 +622,7 @@ impl ModelCalls {
                         estimate.tokens = estimate
                             .tokens
                             .max((text_len as u64).div_ceil(4))
-                            .max(u64::from(plan.chat.max_tokens));
+                            .max(u64::from(plan.chat.call.max_tokens));
                         estimate
                     })
             }
@@ -673,23 +677,26 @@ impl ModelCalls {
 
 /// The call's messages, checked: known roles, 1 or more, at most [`MAX_TEXT`] bytes of text,
 /// and few short stop sequences.
-fn well_formed(request: &pb::CompleteRequest) -> Result<Vec<ChatMessage>, Refused> {
+fn well_formed(request: &pb::CompleteRequest) -> Result<Vec<pb::ChatMessage>, Refused> {
     let mut messages = Vec::with_capacity(request.messages.len());
     let mut size = 0;
     for (i, m) in request.messages.iter().enumerate() {
-        let role = Role::parse(&m.role).ok_or_else(|| {
-            Refused::new(
-                Status::invalid_argument,
-                format!(
-                    "message {i}: the role is not system, user or assistant ({} bytes given)",
-                    m.role.len()
-                ),
-            )
-        })?;
+        Role::parse(&m.role)
+            .filter(|r| *r != Role::Tool)
+            .ok_or_else(|| {
+                Refused::new(
+                    Status::invalid_argument,
+                    format!(
+                        "message {i}: the role is not system, user or assistant ({} bytes given)",
+                        m.role.len()
+                    ),
+                )
+            })?;
         size += m.content.len();
-        messages.push(ChatMessage {
-            role,
+        messages.push(pb::ChatMessage {
+            role: m.role.clone(),
             content: m.content.clone(),
+            parts: Vec::new(),
         });
     }
     if messages.is_empty() || size > MAX_TEXT {
@@ -818,18 +825,13 @@ async fn relay_reply(
         while let Some(item) = items_rx.recv().await {
             match item {
                 StreamItem::Delta(delta) => {
-                    streamed.text_len += delta.len();
+                    streamed.text_len += delta.text.len();
                     if streamed.text.len() < 1 << 20 {
-                        streamed.text.push_str(&delta);
+                        streamed.text.push_str(&delta.text);
                     }
                     let sent = tokio::time::timeout(
                         CLIENT_IDLE,
-                        out.send(Ok(event(pb::complete_event::Event::Delta(
-                            pb::CompleteDelta {
-                                text: delta,
-                                ..Default::default()
-                            },
-                        )))),
+                        out.send(Ok(event(pb::complete_event::Event::Delta(delta)))),
                     )
                     .await;
                     if !matches!(sent, Ok(Ok(()))) {
@@ -859,12 +861,6 @@ struct CallPlan {
     reservation: tollgate_router::tokens::Reservation,
     started: pb::CompleteStarted,
     meta: Vec<(&'static str, MetaValue)>,
-}
-
-/// The generous estimate of a prompt of `messages`.
-fn estimate_of(messages: &[ChatMessage]) -> TokenCount {
-    let texts: Vec<&str> = messages.iter().map(|m| m.content.as_str()).collect();
-    estimate_prompt(&texts)
 }
 
 fn meta_str(meta: &[(&'static str, MetaValue)], key: &str) -> Option<String> {
