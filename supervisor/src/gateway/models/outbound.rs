@@ -425,7 +425,8 @@ mod tests {
 
     #[test]
     fn bad_shapes_are_refused_naming_the_field() {
-        let cases: Vec<(fn(&mut pb::CompleteRequest), &str)> = vec![
+        type Breaks = fn(&mut pb::CompleteRequest);
+        let cases: Vec<(Breaks, &str)> = vec![
             (|c| c.messages[0].role = "wizard".into(), "messages[0].role"),
             (
                 |c| c.tools[0].parameters_json = "{nope".into(),
