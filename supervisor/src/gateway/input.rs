@@ -324,3 +324,80 @@ impl AgentInput for pb::RecordRefusedCallRequest {
         text("model", &self.model, MAX_NAME)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::content_part::Part;
+
+    fn part(part: Part) -> pb::ContentPart {
+        pb::ContentPart {
+            part: Some(part),
+            cache: false,
+        }
+    }
+
+    fn call() -> pb::CompleteRequest {
+        pb::CompleteRequest {
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+                parts: vec![],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_model_call_is_bounded_field_by_field_and_in_all() {
+        assert_eq!(call().bound(), Ok(()));
+        let tool = |name: &str| pb::ToolDefinition {
+            name: name.into(),
+            ..Default::default()
+        };
+        let mut many = call();
+        many.tools = vec![tool("t"); MAX_TOOLS + 1];
+        assert!(many.bound().unwrap_err().contains("tools has 129 items"));
+        let mut long = call();
+        long.tools = vec![tool(&"n".repeat(MAX_TOOL_NAME + 1))];
+        assert!(long
+            .bound()
+            .unwrap_err()
+            .starts_with("tools[0].name is 129 bytes"));
+        // Every text counts towards one total.
+        let mut big = call();
+        big.tools = vec![pb::ToolDefinition {
+            description: "d".repeat(MAX_TEXT / 2),
+            ..tool("t")
+        }];
+        big.messages[0].content = "m".repeat(MAX_TEXT / 2 + 1);
+        assert!(big.bound().unwrap_err().contains("bytes of text"));
+        let mut nested = call();
+        nested.messages[0].parts = vec![part(Part::ToolResult(pb::ToolResult {
+            call_id: "c".into(),
+            content: vec![part(Part::ToolResult(Default::default()))],
+            is_error: false,
+        }))];
+        assert!(nested
+            .bound()
+            .unwrap_err()
+            .contains("a tool result may not hold a tool result"));
+        let mut images = call();
+        let image = pb::ImagePart {
+            media_type: "image/png".into(),
+            data: vec![0; MAX_TEXT / 2 + 1],
+            url: String::new(),
+        };
+        images.messages[0].parts = vec![part(Part::Image(image.clone())), part(Part::Image(image))];
+        assert!(images.bound().unwrap_err().contains("images"));
+        let mut signature = call();
+        signature.messages[0].parts = vec![part(Part::Thinking(pb::ThinkingPart {
+            signature: "s".repeat(MAX_SIGNATURE + 1),
+            ..Default::default()
+        }))];
+        assert!(signature
+            .bound()
+            .unwrap_err()
+            .contains("thinking.signature"));
+    }
+}
