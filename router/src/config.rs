@@ -745,6 +745,11 @@ mod tests {
             (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmax_sensitivity = \"secret\""), "use low, medium or high"),
             (route("kind = \"cloud\"\npreset = \"vllm\"\nendpoint = \"https://x.example\"\nkey_secret = \"env:K\""), "presets name local servers"),
             ("[policy]\nmax_tokens_default = 9000\n".to_owned(), "policy.max_tokens_default"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"\"]"), "route \"r\".models: \"\": a pattern has 1-128 bytes"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"gpt 4\"]"), "no spaces"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"**\"]"), "would claim every name"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"a*o\"]"), "matches \"auto\""),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = \"gpt-*\""), "expected a sequence"),
         ];
         assert!(!error(&route("kind = \"cloud\"\napi = \"openai\"\nendpoint = \"https://api.openai.com\"\nkey_secret = \"sk-live-abc\"")).contains("sk-live-abc"), "a pasted key is never repeated");
         for (text, needle) in cases {
@@ -752,5 +757,41 @@ mod tests {
             assert!(message.contains(needle), "{needle:?} not in {message:?}");
             assert!(message.starts_with("routes.toml:"), "{message}");
         }
+    }
+
+    #[test]
+    fn routes_claim_model_names_by_pattern() {
+        let routes = Routes::parse(
+            &format!(
+                "{}api = \"openai-responses\"\nkind = \"cloud\"\nendpoint = \"https://api.openai.com\"\nkey_secret = \"env:K\"\nmodels = [\"gpt-*\", \"o*-mini\", \"codex-mini-latest\"]\n",
+                route("")
+            ),
+            "routes.toml",
+        )
+        .unwrap();
+        let r = routes.get("r").unwrap();
+        assert_eq!(r.api, Api::OpenaiResponses);
+        for name in [
+            "m",
+            "gpt-5",
+            "gpt-",
+            "o4-mini",
+            "o3-mini",
+            "codex-mini-latest",
+        ] {
+            assert!(r.claims(name), "{name}");
+        }
+        for name in [
+            "gpt",
+            "o4-mini-high",
+            "codex-mini",
+            "claude-opus-4",
+            "xgpt-5",
+        ] {
+            assert!(!r.claims(name), "{name}");
+        }
+        assert!(glob_match("a*b*c", "abc") && glob_match("a*b*c", "a-b-b-c"));
+        assert!(!glob_match("a*b*c", "a-c") && !glob_match("ab*ba", "aba"));
+        assert!(glob_match("*-mini", "o4-mini") && glob_match("x", "x") && !glob_match("x", "xy"));
     }
 }

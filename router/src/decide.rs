@@ -347,6 +347,7 @@ mod tests {
         endpoint = "https://api.anthropic.com"
         model = "claude"
         key_secret = "env:K"
+        models = ["claude-*"]
 
         [[route]]
         name = "gpt"
@@ -356,6 +357,7 @@ mod tests {
         model = "gpt"
         key_secret = "env:K"
         max_sensitivity = "low"
+        models = ["gpt-*", "o*-mini"]
 
         [[route]]
         name = "scrubbed"
@@ -516,5 +518,60 @@ mod tests {
             choice.assessment.findings[0].compact(),
             "github_token@1:18..60"
         );
+    }
+
+    fn resolve(name: &str, r: &pb::Receipt) -> Requested {
+        let (routes, _) = setup();
+        Requested::resolve(name, &routes, r)
+    }
+
+    #[test]
+    fn model_names_resolve_to_the_route_that_claims_them() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low), ("gpt", Low)]);
+        assert_eq!(resolve("", &r), Requested::Auto);
+        assert_eq!(resolve("auto", &r), Requested::Auto);
+        // A route's own name stays strict, granted or not.
+        assert_eq!(resolve("local", &r), Requested::Named("local".into()));
+        assert_eq!(resolve("scrubbed", &r), Requested::Named("scrubbed".into()));
+        // Its model, or a name its patterns match: preferred.
+        assert_eq!(resolve("qwen", &r), Requested::Prefer("local".into()));
+        assert_eq!(
+            resolve("claude-sonnet-4-5-20250929", &r),
+            Requested::Prefer("claude".into())
+        );
+        assert_eq!(resolve("gpt-4.1", &r), Requested::Prefer("gpt".into()));
+        assert_eq!(resolve("o4-mini", &r), Requested::Prefer("gpt".into()));
+        // Names nothing granted claims go where auto would: never refused for themselves.
+        assert_eq!(resolve("llama-3", &r), Requested::Auto);
+        let only_local = receipt(&[("local", High)]);
+        assert_eq!(resolve("gpt-4.1", &only_local), Requested::Auto);
+    }
+
+    #[test]
+    fn a_preferred_route_carries_what_it_may_and_auto_picks_the_rest() {
+        use pb::Sensitivity::{High, Low};
+        let r = receipt(&[("local", High), ("claude", Low), ("gpt", Low)]);
+        let prefer = |name: &str| Requested::Prefer(name.into());
+        // Auto alone would take claude (first cloud route); the name asks for gpt.
+        assert_eq!(pick(&r, Requested::Auto, false, "hi").unwrap(), "claude");
+        assert_eq!(pick(&r, prefer("gpt"), false, "hi").unwrap(), "gpt");
+        // A local model asked for by name: local, even for text cloud routes may carry.
+        assert_eq!(pick(&r, prefer("local"), false, "hi").unwrap(), "local");
+        // Text the preferred route may not carry: what auto would choose.
+        assert_eq!(
+            pick(&r, prefer("gpt"), false, &secret_text()).unwrap(),
+            "local"
+        );
+        assert_eq!(pick(&r, prefer("gpt"), true, "hi").unwrap(), "local");
+        // Nothing may carry it: each route's reason, the preferred one once.
+        let r = receipt(&[("claude", Low), ("gpt", Low)]);
+        let refused = pick(&r, prefer("gpt"), false, &secret_text()).unwrap_err();
+        assert_eq!(
+            refused.matches("gpt: carries up to low").count(),
+            1,
+            "{refused}"
+        );
+        assert!(refused.contains("claude: carries up to low"), "{refused}");
     }
 }

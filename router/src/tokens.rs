@@ -303,4 +303,61 @@ mod tests {
         ledger.release(held);
         assert_eq!((ledger.used(), ledger.remaining()), (40, 60));
     }
+
+    #[test]
+    fn estimates_count_everything_that_leaves() {
+        use pb::content_part::Part;
+        let part = |part: Part| pb::ContentPart {
+            part: Some(part),
+            cache: false,
+        };
+        let text_only = pb::CompleteRequest {
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: "abc".into(),
+                parts: Vec::new(),
+            }],
+            ..Default::default()
+        };
+        let base = estimate_call(&text_only).tokens;
+        assert_eq!(base, 1 + 4 + 3);
+        let mut call = text_only.clone();
+        call.tools.push(pb::ToolDefinition {
+            name: "abc".into(),
+            description: "abcdef".into(),
+            parameters_json: "{}".into(),
+            ..Default::default()
+        });
+        assert_eq!(estimate_call(&call).tokens, base + 4 + 1 + 2 + 1);
+        call.messages[0].parts = vec![
+            part(Part::Image(pb::ImagePart::default())),
+            part(Part::ToolCall(pb::ToolCall {
+                id: "abc".into(),
+                name: "abc".into(),
+                arguments_json: "{\"a\":1}".into(),
+            })),
+            part(Part::ToolResult(pb::ToolResult {
+                call_id: "abc".into(),
+                content: vec![
+                    part(Part::Text("abcabc".into())),
+                    part(Part::Image(pb::ImagePart::default())),
+                ],
+                is_error: false,
+            })),
+            part(Part::Thinking(pb::ThinkingPart {
+                text: "abc".into(),
+                signature: "abcabcabc".into(),
+                ..Default::default()
+            })),
+        ];
+        let image = IMAGE_TOKENS;
+        assert_eq!(
+            estimate_call(&call).tokens,
+            base + 4 + 1 + 2 + 1 // the tool
+                + image
+                + 4 + 1 + 1 + 3 // the call
+                + 4 + 1 + 2 + image // the result
+                + 1 + 3 // the thinking
+        );
+    }
 }

@@ -1,7 +1,12 @@
 """Writes a tiny llama-architecture GGUF model with random weights: no download, a few
 hundred KiB, enough for a real llama.cpp server to load, tokenize and stream (nonsense).
 
-Usage: tiny_gguf.py OUT.gguf
+Usage: tiny_gguf.py OUT.gguf [--tools]
+
+--tools: the tokenizer adds no space before the text (SentencePiece's add_space_prefix off).
+llama.cpp checks a tool-call grammar against the tokens of the chat template's generation
+prompt; with the space prefix those tokens begin with a space the grammar does not expect,
+and the server refuses every request that has tools.
 """
 
 import sys
@@ -12,6 +17,7 @@ import numpy as np
 
 def main() -> None:
     out = sys.argv[1]
+    tools = "--tools" in sys.argv[2:]
     rng = np.random.default_rng(7)
     n_embd, n_ff, n_head, n_layer, n_ctx = 64, 128, 4, 1, 512
     # A SentencePiece-style vocabulary: specials, the 256 byte tokens (every text encodes),
@@ -45,6 +51,8 @@ def main() -> None:
     w.add_eos_token_id(2)
     w.add_unk_token_id(0)
     w.add_add_bos_token(True)
+    if tools:
+        w.add_add_space_prefix(False)
     w.add_chat_template(
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}<|assistant|>"
     )

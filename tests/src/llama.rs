@@ -11,6 +11,25 @@ use std::time::{Duration, Instant};
 /// The model name the server answers to (`--alias`).
 pub const MODEL: &str = "tiny";
 
+/// The chat template of [`LlamaServer::start_with_tools`]: Llama 3's layout (tool results in
+/// `ipython` turns, calls as JSON objects), short enough for the tiny model's 512 tokens.
+pub const TOOLS_TEMPLATE: &str = r#"{%- for message in messages %}
+{%- if message.role == "ipython" or message.role == "tool" %}<|start_header_id|>ipython<|end_header_id|>
+
+{{ message.content }}<|eot_id|>
+{%- elif message.tool_calls %}<|start_header_id|>assistant<|end_header_id|>
+
+{%- for tool_call in message.tool_calls %}{"name": "{{ tool_call.function.name }}", "parameters": {{ tool_call.function.arguments | tojson }}}{% endfor %}<|eot_id|>
+{%- else %}<|start_header_id|>{{ message.role }}<|end_header_id|>
+
+{% if tools and loop.first %}{{ tools | tojson }}
+{% endif %}{{ message.content }}<|eot_id|>
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>
+
+{% endif %}"#;
+
 /// A running `llama-server`; killed when dropped.
 #[derive(Debug)]
 pub struct LlamaServer {
@@ -25,6 +44,18 @@ impl LlamaServer {
     /// `/health` answers 200. `None` when `TOLLGATE_SKIP_LLAMA_TESTS` is set; without it a
     /// missing server is a failure that says how to get one.
     pub fn start() -> Option<Self> {
+        Self::start_as(false)
+    }
+
+    /// As [`Self::start`], for tool calls: the model's tokenizer adds no space prefix and the
+    /// server renders chats with [`TOOLS_TEMPLATE`] (`--jinja`), a Llama 3 style template
+    /// llama.cpp recognises, so a request with tools gets the server's tool-call grammar and
+    /// parser. The model's weights are random: a reply may or may not end in a tool call.
+    pub fn start_with_tools() -> Option<Self> {
+        Self::start_as(true)
+    }
+
+    fn start_as(tools: bool) -> Option<Self> {
         if std::env::var_os("TOLLGATE_SKIP_LLAMA_TESTS").is_some() {
             return None;
         }
@@ -39,6 +70,7 @@ impl LlamaServer {
         let written = Command::new(python)
             .arg(&script)
             .arg(&model)
+            .args(tools.then_some("--tools"))
             .output()
             .expect("run tiny_gguf.py");
         assert!(written.status.success(), "tiny_gguf.py: {written:?}");
@@ -46,7 +78,16 @@ impl LlamaServer {
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        if tools {
+            let template = dir.path().join("tools.jinja");
+            std::fs::write(&template, TOOLS_TEMPLATE).expect("write the chat template");
+            command
+                .arg("--jinja")
+                .arg("--chat-template-file")
+                .arg(template);
+        }
+        let child = command
             .arg("-m")
             .arg(&model)
             .args(["--alias", MODEL, "--host", "127.0.0.1", "--port"])

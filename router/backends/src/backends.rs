@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tollgate_daemon::Secret;
 use tollgate_router::config::{Api, Endpoint, KeySource, Preset, Route, RouteKind, Routes};
 use tollgate_router::sse::SseParser;
-use tollgate_router::wire::{self, ChatRequest, StreamDecoder, StreamItem};
+use tollgate_router::wire::{self, ChatRequest, StreamDecoder, StreamItem, WireError};
 
 /// Anthropic API version the supervisor speaks (pinned: the agent's SDK's is never used).
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -71,6 +71,14 @@ pub enum BackendError {
         status: u16,
         /// Its error type, when the body names one (never its message).
         kind: String,
+    },
+    /// The call cannot be sent in the route's format (nothing was sent).
+    #[error("route {route}: {source}")]
+    Unsendable {
+        /// The route.
+        route: String,
+        /// What the call holds that the format cannot carry.
+        source: WireError,
     },
     /// The reply could not be read.
     #[error("route {route}: {detail}")]
@@ -235,8 +243,11 @@ impl Backends {
         request: &ChatRequest,
         items: &mpsc::Sender<StreamItem>,
     ) -> Result<(), BackendError> {
-        let (path, body) = wire::request(route.api, request)
-            .map_err(|e| self.reply_error(route, e.to_string()))?;
+        let (path, body) =
+            wire::request(route.api, request).map_err(|source| BackendError::Unsendable {
+                route: route.name.clone(),
+                source,
+            })?;
         let accept = if request.call.stream {
             "text/event-stream"
         } else {

@@ -390,3 +390,5 @@ fn image_base64(api: Api, image: &pb::ImagePart) -> Result<(String, String), Wir
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_replies;
