@@ -699,6 +699,8 @@ impl ModelCalls {
                         e.status().map_or(MetaValue::Null, |s| i64::from(s).into()),
                     );
                 let status = match e {
+                    // Nothing was sent: the call holds what the route's format cannot carry.
+                    BackendError::Unsendable { .. } => Status::invalid_argument(reason),
                     BackendError::Status { status: 429, .. } => Status::resource_exhausted(reason),
                     BackendError::Status { status, .. } if (400..500).contains(status) => {
                         Status::failed_precondition(reason)
