@@ -47,6 +47,11 @@ fn call_to(id: &str, arguments: &str) -> ScriptedCall {
 /// A local route (OpenAI-compatible, claims `gpt-*`) granted up to high, an Anthropic cloud
 /// route (claims `claude-*`) granted up to `cloud`; both answer with tool calls.
 async fn setup(cloud_grant: pb::Sensitivity, cloud_script: Script) -> Setup {
+    setup_with(cloud_grant, cloud_script, false).await
+}
+
+/// As [`setup`]; `redact`: the cloud route redacts what it sends.
+async fn setup_with(cloud_grant: pb::Sensitivity, cloud_script: Script, redact: bool) -> Setup {
     let dir = tempfile::Builder::new()
         .prefix("tg-tools")
         .tempdir_in("/tmp")
@@ -78,6 +83,7 @@ async fn setup(cloud_grant: pb::Sensitivity, cloud_script: Script) -> Setup {
         model = "claude-sonnet"
         models = ["claude-*"]
         key_secret = "env:{CLOUD_KEY_ENV}"
+        redact = {redact}
         "#,
         local.endpoint, cloud.endpoint
     );
@@ -555,4 +561,27 @@ async fn list_models_names_auto_the_routes_their_models_and_claims() {
     );
     let patterns: Vec<&str> = listed.patterns.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(patterns, ["gpt-*", "claude-*"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacting_route_keeps_tool_arguments_valid_json() {
+    let mut s = setup_with(pb::Sensitivity::Low, Script::default(), true).await;
+    let secret_args = format!(r#"{{"cmd":"deploy","key":"{}"}}"#, aws_key());
+    let messages = turn_with_result("call_1", &secret_args, &format!("used {}", aws_key()));
+    let reply = call(&mut s, request("claude", messages, true))
+        .await
+        .unwrap();
+    assert_eq!(reply.started.route, "claude");
+    assert_eq!(reply.started.sent_sensitivity, pb::Sensitivity::Low as i32);
+    assert!(reply.started.redacted_spans >= 2, "{:?}", reply.started);
+    let sent = s.cloud.chat_requests().last().unwrap().clone();
+    assert!(!sent.body.contains(&aws_key()), "{}", sent.body);
+    let body = sent.json();
+    // The arguments arrive as a JSON object, the secret replaced inside its string.
+    let input = &body["messages"][1]["content"][0]["input"];
+    assert_eq!(input["cmd"], "deploy", "{body}");
+    assert!(
+        input["key"].as_str().unwrap().starts_with("[REDACTED:"),
+        "{body}"
+    );
 }
