@@ -100,6 +100,7 @@ impl RefusedRequests {
         {
             return String::new();
         }
+        crate::metrics::get().call("model.endpoint", "deny");
         let closed = {
             let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
             let open = window.as_ref().is_some_and(|w| w.opened.elapsed() < WINDOW);
@@ -110,14 +111,10 @@ impl RefusedRequests {
                 counted: 0,
                 last_reason: String::new(),
             });
+            // Only an open window can be full (a new one has recorded nothing yet).
             if current.recorded >= MAX_RECORDED_PER_SECOND {
                 current.counted += 1;
-                current.last_reason.clone_from(&reason);
-                drop(window);
-                if let Some(closed) = closed {
-                    Self::write_summary(gate, closed);
-                }
-                crate::metrics::get().call("model.endpoint", "deny");
+                current.last_reason = reason;
                 return String::new();
             }
             current.recorded += 1;
@@ -144,7 +141,6 @@ impl RefusedRequests {
             .meta("api", api)
             .meta("request", request_line(classifier, &request.request))
             .meta("status", i64::from(request.status));
-        crate::metrics::get().call("model.endpoint", "deny");
         match gate.audited(entry, false) {
             Ok(()) => call_id,
             Err(status) => {
