@@ -406,15 +406,32 @@ fn story_line(entry: &Entry) -> String {
         ),
         EntryKind::LimitHit => format!("{} limit hit: {reason}", meta("limit")),
         EntryKind::RouteDecision if meta("phase") == "done" => format!(
-            "model call done on route {}: {} prompt + {} completion tokens ({} / {}), finish {}{}",
+            "model call done on route {}: {} prompt + {} completion tokens ({} / {}), {} tool calls, finish {}{}",
             meta("route"),
             meta("prompt_tokens"),
             meta("completion_tokens"),
             meta("prompt_source"),
             meta("completion_source"),
+            entry
+                .metadata
+                .get("tool_calls")
+                .map_or_else(|| "0".to_owned(), meta_text),
             meta("finish_reason"),
             parenthesised(&reason)
         ),
+        EntryKind::RouteDecision
+            if meta("count_only") == "true"
+                && entry.decision == Some(tollgate_audit::Decision::Allow) =>
+        {
+            format!(
+            "tokens counted for route {} ({}): {} prompt tokens ({}){}",
+            meta("route"),
+            meta("model"),
+            meta("prompt_tokens"),
+            meta("prompt_source"),
+            parenthesised(&reason)
+            )
+        }
         EntryKind::RouteDecision if meta("refused_by") == "endpoint" => format!(
             "model request refused by the sandbox's endpoint: {} answered {}: {reason}",
             meta("request"),
@@ -579,6 +596,8 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
     let at_endpoint = meta("refused_by") == "endpoint";
     let tool = if at_endpoint {
         "model.request"
+    } else if meta("count_only") == "true" {
+        "model.count_tokens"
     } else {
         "model.complete"
     };
@@ -597,7 +616,7 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
             "decision": decision,
             "reason": entry.reason,
             "sensitivity": entry.metadata.get("sensitivity").map(meta_text),
-            "prompt_tokens": done_value("prompt_tokens"),
+            "prompt_tokens": done_value("prompt_tokens").or_else(|| entry.metadata.get("prompt_tokens").map(meta_text)),
             "completion_tokens": done_value("completion_tokens"),
             "model": done_value("model").or_else(|| entry.metadata.get("model").map(meta_text)),
             "tools": entry.metadata.get("tools").map(meta_text),
