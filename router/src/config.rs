@@ -351,8 +351,9 @@ struct RawRoute {
     max_sensitivity: Option<String>,
     #[serde(default)]
     redact: bool,
+    /// Spanned: a bad pattern's error names its line.
     #[serde(default)]
-    models: Vec<String>,
+    models: Vec<toml::Spanned<String>>,
 }
 
 /// The error for `field` of the routes file `file`.
@@ -418,7 +419,7 @@ impl RawPolicy {
 impl RawRoute {
     /// The route this entry describes, checked on its own and against the routes before it
     /// (`earlier`).
-    fn check(self, file: &str, earlier: &[Route]) -> Result<Route, RoutesError> {
+    fn check(self, file: &str, text: &str, earlier: &[Route]) -> Result<Route, RoutesError> {
         let field = |name: &str| format!("route {:?}.{name}", self.name);
         if !valid_name(&self.name) || RESERVED_ROUTE_NAMES.contains(&self.name.as_str()) {
             return Err(invalid(
@@ -466,12 +467,19 @@ impl RawRoute {
             }
         };
         for pattern in &self.models {
-            if let Some(problem) = pattern_problem(pattern) {
-                return Err(invalid(file, field("models"), problem));
+            if let Some(problem) = pattern_problem(pattern.get_ref()) {
+                let line = text
+                    .get(..pattern.span().start)
+                    .map_or(0, |before| before.matches('\n').count() + 1);
+                return Err(invalid(&format!("{file}:{line}"), field("models"), problem));
             }
         }
         Ok(Route {
-            models: self.models,
+            models: self
+                .models
+                .into_iter()
+                .map(toml::Spanned::into_inner)
+                .collect(),
             name: self.name,
             kind: self.kind,
             api,
@@ -632,7 +640,7 @@ impl Routes {
         let policy = raw.policy.check(file)?;
         let mut routes: Vec<Route> = Vec::new();
         for raw in raw.route {
-            let route = raw.check(file, &routes)?;
+            let route = raw.check(file, text, &routes)?;
             routes.push(route);
         }
         Ok(Self { policy, routes })
@@ -745,7 +753,7 @@ mod tests {
             (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmax_sensitivity = \"secret\""), "use low, medium or high"),
             (route("kind = \"cloud\"\npreset = \"vllm\"\nendpoint = \"https://x.example\"\nkey_secret = \"env:K\""), "presets name local servers"),
             ("[policy]\nmax_tokens_default = 9000\n".to_owned(), "policy.max_tokens_default"),
-            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"\"]"), "route \"r\".models: \"\": a pattern has 1-128 bytes"),
+            (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"\"]"), "routes.toml:7: route \"r\".models: \"\": a pattern has 1-128 bytes"),
             (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"gpt 4\"]"), "no spaces"),
             (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"**\"]"), "would claim every name"),
             (route("kind = \"local\"\npreset = \"vllm\"\nendpoint = \"http://127.0.0.1:1\"\nmodels = [\"a*o\"]"), "matches \"auto\""),

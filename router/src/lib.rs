@@ -4,8 +4,9 @@
 //! the receipt, and the text's sensitivity must not exceed that grant's `max_sensitivity` (an
 //! unspecified grant carries nothing). The text's sensitivity comes from the [`Classifier`]
 //! (crate `tollgate_classify`, re-exported here). [`config`] reads the supervisor's routes
-//! file; [`decide`] picks the route for a call (a named one, or `auto`); [`wire`] builds
-//! requests and reads replies of the OpenAI and Anthropic APIs; [`sse`] reads server-sent
+//! file; [`decide`] picks the route for a call (a named one, one that claims the model name
+//! asked for, or `auto`); [`wire`] builds requests and reads replies of OpenAI Chat
+//! Completions, Anthropic Messages and the OpenAI Responses API; [`sse`] reads server-sent
 //! events; [`tokens`] keeps a run's token budget. The I/O is `tollgate_router_backends`'s
 //! (the backends and loading the routes) and the supervisor's (each run's calls).
 #![forbid(unsafe_code)]

@@ -236,8 +236,11 @@ fn user_items(
             _ => {}
         }
     }
-    if !rest.is_empty() || (role == Role::User && message.parts.is_empty()) {
+    if !rest.is_empty() {
         input.push(json!({"role": "user", "content": rest}));
+    } else if role == Role::User && message.parts.is_empty() {
+        // A user turn that said nothing still is a turn (the API refuses an empty list).
+        input.push(json!({"role": "user", "content": ""}));
     }
     Ok(())
 }

@@ -66,6 +66,17 @@ fn requests_are_built_for_each_format() {
     assert_eq!(responses["instructions"], "be brief");
     assert_eq!(responses["store"], false);
     assert_eq!(responses["max_output_tokens"], 64);
+    // An empty user turn is still a turn, as each API takes one.
+    let mut empty = chat(false);
+    empty.call.messages = vec![message("user", "")];
+    assert_eq!(
+        body_of(Api::OpenaiResponses, &empty)["input"],
+        json!([{"role": "user", "content": ""}])
+    );
+    assert_eq!(
+        body_of(Api::Openai, &empty)["messages"],
+        json!([{"role": "user", "content": ""}])
+    );
 }
 
 fn stream(api: Api, text: &str) -> Result<Vec<StreamItem>, WireError> {
