@@ -420,7 +420,8 @@ impl ModelCalls {
                 return Err(self.refuse("model.count_tokens", &call_id, &request, refused))
             }
         };
-        let route = checked.routed.choice.route;
+        let Routed { choice, sent, .. } = checked.routed;
+        let route = choice.route;
         let asks = self
             .gate
             .receipt
@@ -429,7 +430,7 @@ impl ModelCalls {
             .any(|grant| grant.name == route.name && grant.ask);
         let chat = ChatRequest {
             model: route.model.clone(),
-            call: checked.routed.sent.clone(),
+            call: sent,
         };
         let prompt = if asks {
             estimate_call(&chat.call)
@@ -437,12 +438,7 @@ impl ModelCalls {
             self.prompt_tokens(&checked.models.shared, route, &chat)
                 .await
         };
-        let mut meta = route::decision_meta(
-            &checked.routed.choice,
-            checked.force_local,
-            0,
-            &checked.routed.sent,
-        );
+        let mut meta = route::decision_meta(&choice, checked.force_local, 0, &chat.call);
         meta.push(("count_only", true.into()));
         meta.push((
             "prompt_tokens",
@@ -518,7 +514,12 @@ impl ModelCalls {
             force_local,
             dropped_thinking,
         } = self.check(request)?;
-        let choice = &routed.choice;
+        let Routed {
+            choice,
+            sent,
+            bytes,
+        } = routed;
+        let choice = &choice;
         // A route that asks: an operator sees the classifier's judgement of what would leave
         // (never the text) and decides before anything is sent.
         let asks = self
@@ -530,7 +531,7 @@ impl ModelCalls {
         let mut approved_by = None;
         if asks {
             let asked = Asked {
-                bytes: routed.bytes,
+                bytes,
                 sensitivity: choice.sent_sensitivity().name().to_owned(),
                 reasons: choice
                     .assessment
@@ -560,7 +561,7 @@ impl ModelCalls {
         let shared = &models.shared;
         let mut chat = ChatRequest {
             model: route.model.clone(),
-            call: routed.sent.clone(),
+            call: sent,
         };
         let prompt = self.prompt_tokens(shared, route, &chat).await;
         let policy = &shared.routes.policy;
