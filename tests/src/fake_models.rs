@@ -91,6 +91,11 @@ pub struct Script {
     pub health_503s: u32,
     /// The tokenizer endpoints it serves (none: they answer 404).
     pub tokenizer: Option<Tokenizer>,
+    /// Tool calls the reply makes (after `text`, if any); not empty: the reply ends in
+    /// them (see "Scripted tool calls" below).
+    pub tool_calls: Vec<ScriptedCall>,
+    /// Reasoning the reply begins with, Anthropic replies only: (text, signature).
+    pub thinking: Option<(String, String)>,
 }
 
 /// A backend's script and what it has used up.
@@ -254,6 +259,9 @@ fn reply(method: &str, path: &str, body: &Value, state: &State) -> (u16, &'stati
             Some(Tokenizer::Llamacpp) => ok(llamacpp_template(body)),
             _ => not_found(),
         },
+        ("POST", "/v1/chat/completions" | "/v1/messages") if tools_scripted(script) => {
+            tool_reply(path, stream, script)
+        }
         ("POST", "/v1/chat/completions") if stream => {
             (200, "text/event-stream", openai_stream(script))
         }
@@ -274,6 +282,165 @@ fn reply(method: &str, path: &str, body: &Value, state: &State) -> (u16, &'stati
         }
         _ => not_found(),
     }
+}
+
+// ---- Scripted tool calls -----------------------------------------------------------------
+//
+// Replies that end in tool calls (OpenAI `tool_calls`, streamed as `delta.tool_calls` pieces;
+// Anthropic `tool_use` blocks, streamed as `input_json_delta` pieces), optionally after text
+// and, for Anthropic, after a signed thinking block.
+
+/// One tool call a scripted reply makes.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptedCall {
+    /// Its id (`call_…`, `toolu_…`).
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// Its arguments, a JSON object in JSON text (streamed in two pieces).
+    pub arguments: String,
+}
+
+fn tools_scripted(script: &Script) -> bool {
+    !script.tool_calls.is_empty() || script.thinking.is_some()
+}
+
+fn tool_reply(path: &str, stream: bool, script: &Script) -> (u16, &'static str, String) {
+    let anthropic = path == "/v1/messages";
+    let finish = if script.tool_calls.is_empty() {
+        if anthropic {
+            "end_turn"
+        } else {
+            "stop"
+        }
+    } else if anthropic {
+        "tool_use"
+    } else {
+        "tool_calls"
+    };
+    match (anthropic, stream) {
+        (false, true) => (200, "text/event-stream", openai_tool_stream(script, finish)),
+        (true, true) => (
+            200,
+            "text/event-stream",
+            anthropic_tool_stream(script, finish),
+        ),
+        (false, false) => {
+            let calls: Vec<Value> = script
+                .tool_calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+            let content = if script.text.is_empty() {
+                Value::Null
+            } else {
+                json!(script.text)
+            };
+            ok(json!({
+                "id": "c", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "tool_calls": calls}, "finish_reason": finish}],
+                "usage": {"prompt_tokens": script.prompt_tokens, "completion_tokens": script.completion_tokens},
+            }))
+        }
+        (true, false) => {
+            let mut content = Vec::new();
+            if let Some((thinking, signature)) = &script.thinking {
+                content.push(
+                    json!({"type": "thinking", "thinking": thinking, "signature": signature}),
+                );
+            }
+            if !script.text.is_empty() {
+                content.push(json!({"type": "text", "text": script.text}));
+            }
+            for c in &script.tool_calls {
+                let input: Value = serde_json::from_str(&c.arguments).unwrap_or_default();
+                content
+                    .push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+            }
+            ok(json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "content": content,
+                "stop_reason": finish,
+                "usage": {"input_tokens": script.prompt_tokens, "output_tokens": script.completion_tokens},
+            }))
+        }
+    }
+}
+
+fn openai_tool_stream(script: &Script, finish: &str) -> String {
+    let chunk = |delta: Value, finish: Value| {
+        let body = json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {body}\n\n")
+    };
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": null}),
+        Value::Null,
+    )];
+    if !script.text.is_empty() {
+        events.push(chunk(json!({"content": script.text}), Value::Null));
+    }
+    for (i, c) in script.tool_calls.iter().enumerate() {
+        let (a, b) = c.arguments.split_at(c.arguments.len() / 2);
+        events.push(chunk(
+            json!({"tool_calls": [{"index": i, "id": c.id, "type": "function", "function": {"name": c.name, "arguments": ""}}]}),
+            Value::Null,
+        ));
+        for piece in [a, b] {
+            events.push(chunk(
+                json!({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}),
+                Value::Null,
+            ));
+        }
+    }
+    events.push(chunk(json!({}), json!(finish)));
+    events.push(format!(
+        "data: {}\n\n",
+        json!({"id": "c", "choices": [], "usage": {"prompt_tokens": script.prompt_tokens, "completion_tokens": script.completion_tokens}})
+    ));
+    events.push("data: [DONE]\n\n".into());
+    events.concat()
+}
+
+fn anthropic_tool_stream(script: &Script, finish: &str) -> String {
+    let event = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+    let mut events = vec![event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "usage": {"input_tokens": script.prompt_tokens, "output_tokens": 1}}}),
+    )];
+    let mut index = 0;
+    if let Some((thinking, signature)) = &script.thinking {
+        events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "thinking", "thinking": ""}})));
+        events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "thinking_delta", "thinking": thinking}})));
+        events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "signature_delta", "signature": signature}})));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        index += 1;
+    }
+    if !script.text.is_empty() {
+        events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "text", "text": ""}})));
+        events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": script.text}})));
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        index += 1;
+    }
+    for c in &script.tool_calls {
+        let (a, b) = c.arguments.split_at(c.arguments.len() / 2);
+        events.push(event("content_block_start", json!({"type": "content_block_start", "index": index, "content_block": {"type": "tool_use", "id": c.id, "name": c.name, "input": {}}})));
+        for piece in [a, b] {
+            events.push(event("content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": {"type": "input_json_delta", "partial_json": piece}})));
+        }
+        events.push(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+        index += 1;
+    }
+    events.push(event("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": finish}, "usage": {"output_tokens": script.completion_tokens}})));
+    events.push(event("message_stop", json!({"type": "message_stop"})));
+    events.concat()
 }
 
 /// Serves one connection: records each request and answers it from the script.

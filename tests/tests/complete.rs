@@ -39,6 +39,8 @@ struct Setup {
     client: pb::gateway_client::GatewayClient<tonic::transport::Channel>,
     /// The supervisor's approval board (for routes that ask).
     board: Arc<tollgate_supervisor::approvals::ApprovalBoard>,
+    /// The run's gateway (to end it as a teardown would).
+    run: Arc<RunGateway>,
     _handle: gateway::GatewayHandle,
     _dir: tempfile::TempDir,
 }
@@ -152,7 +154,8 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         approvals: board.clone(),
         output_limit: Arc::default(),
     }));
-    let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
+    let handle =
+        gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run.clone()).unwrap();
     let channel =
         tonic::transport::Endpoint::from_shared(format!("unix:{}", handle.socket.display()))
             .unwrap()
@@ -166,6 +169,7 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         audit,
         client: pb::gateway_client::GatewayClient::new(channel),
         board,
+        run,
         _handle: handle,
         _dir: dir,
     }
@@ -654,4 +658,123 @@ async fn a_route_that_asks_waits_for_an_operator_who_sees_the_judgement_not_the_
     assert!(audit.contains("\"approved_by\":\"alice\""), "{audit}");
     assert!(!audit.contains(&secret));
     let _ = &mut setup;
+}
+
+/// `tollgate calls RUN_ID --json`, one row per line.
+fn listed_calls(setup: &Setup) -> Vec<serde_json::Value> {
+    setup.audit.flush().unwrap();
+    let listed = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["calls", RUN_ID, setup.audit_dir.to_str().unwrap(), "--json"])
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// A run whose every model request was refused (by the sandbox's endpoint before it became
+/// a call, or by `Complete`) still lists each refusal in `tollgate calls`: before
+/// `RecordRefusedCall`, the endpoint's refusals were nowhere, and `tollgate calls` said
+/// "no gateway calls". Reports are bounded: 64 a second one by one, the rest counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_refused_model_request_is_in_tollgate_calls() {
+    use pb::Sensitivity::Low;
+    let mut s = setup(&[("claude", Low)], 10_000).await;
+    let recorded = s
+        .client
+        .record_refused_call(pb::RecordRefusedCallRequest {
+            api: "anthropic-messages".into(),
+            request: "POST /v1/messages/batches?beta=true".into(),
+            status: 404,
+            reason: "this endpoint does not serve\nmessage batches".into(),
+            model: "claude-sonnet-4-5".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!recorded.call_id.is_empty());
+    // A secret in the report is not recorded.
+    s.client
+        .record_refused_call(pb::RecordRefusedCallRequest {
+            api: "openai-chat".into(),
+            request: "POST /v1/chat/completions".into(),
+            status: 400,
+            reason: format!("bad JSON near {}", github_token()),
+            model: "gpt-4o".into(),
+        })
+        .await
+        .unwrap();
+    let ungranted = call(&mut s, request("local", "hi", true))
+        .await
+        .unwrap_err();
+    assert_eq!(ungranted.code(), tonic::Code::PermissionDenied);
+    let mut bad = request("auto", "hi", true);
+    bad.messages[0].role = "wizard".into();
+    let bad = call(&mut s, bad).await.unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument, "{bad:?}");
+    // A loop of refusals: 64 recorded in a second (2 already), the rest counted.
+    let mut counted = 0;
+    for _ in 0..70 {
+        let answer = s
+            .client
+            .record_refused_call(pb::RecordRefusedCallRequest {
+                api: "openai-responses".into(),
+                request: "POST /v1/responses".into(),
+                status: 400,
+                reason: "x".into(),
+                model: "gpt-5".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        counted += usize::from(answer.call_id.is_empty());
+    }
+    // All 70 came within the second: 62 recorded, 8 counted (a slow machine may open a
+    // second window, recording more).
+    assert!(counted <= 8, "{counted}");
+    s.run.models.flush_refused();
+
+    let rows = listed_calls(&s);
+    let requests: Vec<&serde_json::Value> = rows
+        .iter()
+        .filter(|row| row["tool"] == "model.request")
+        .collect();
+    assert_eq!(
+        requests[0]["request"], "POST /v1/messages/batches",
+        "{rows:?}"
+    );
+    assert_eq!(requests[0]["status"], "404");
+    assert_eq!(requests[0]["route"], "claude-sonnet-4-5");
+    assert_eq!(requests[0]["decision"], "deny");
+    assert!(requests[0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("does not serve"));
+    assert!(requests[1]["reason"]
+        .as_str()
+        .unwrap()
+        .starts_with("<withheld"));
+    let summarised: usize = requests
+        .iter()
+        .filter_map(|row| row["reason"].as_str()?.split_once(" more requests refused"))
+        .map(|(n, _)| n.parse::<usize>().unwrap())
+        .sum();
+    assert_eq!(summarised, counted, "{rows:?}");
+    assert_eq!(requests.len(), 72 - counted + usize::from(counted > 0));
+    assert!(
+        rows.iter()
+            .filter(|row| row["tool"] == "model.complete")
+            .all(|row| row["decision"] == "deny"),
+        "{rows:?}"
+    );
+    assert_eq!(
+        rows.iter()
+            .filter(|row| row["tool"] == "model.complete")
+            .count(),
+        2,
+        "both refused Complete calls are listed: {rows:?}"
+    );
+    assert!(!audit_text(&s).contains(&github_token()));
 }

@@ -572,7 +572,10 @@ for top in ("/run", "/work", "/tmp", "/etc"):
             except OSError:
                 pass
 try:
-    client.chat.completions.create(model="nowhere", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    # A name nobody claims goes where "auto" would; the cloud route by name, with a secret,
+    # is refused.
+    client.chat.completions.create(model="claude", max_tokens=1, messages=[
+        {"role": "user", "content": "use " + os.environ["TOKEN_PREFIX"] + "q7Lm2Xv9Rt4Kp8Ws3Yb6Nc1Zd5Hf0Ja2Ue7Io9"}])
 except openai.APIStatusError as e:
     print("refused", e.status_code, "sk-ant-api03" in str(e.body))
 print("found", found)

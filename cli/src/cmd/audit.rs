@@ -406,14 +406,36 @@ fn story_line(entry: &Entry) -> String {
         ),
         EntryKind::LimitHit => format!("{} limit hit: {reason}", meta("limit")),
         EntryKind::RouteDecision if meta("phase") == "done" => format!(
-            "model call done on route {}: {} prompt + {} completion tokens ({} / {}), finish {}{}",
+            "model call done on route {}: {} prompt + {} completion tokens ({} / {}), {} tool calls, finish {}{}",
             meta("route"),
             meta("prompt_tokens"),
             meta("completion_tokens"),
             meta("prompt_source"),
             meta("completion_source"),
+            entry
+                .metadata
+                .get("tool_calls")
+                .map_or_else(|| "0".to_owned(), meta_text),
             meta("finish_reason"),
             parenthesised(&reason)
+        ),
+        EntryKind::RouteDecision
+            if meta("count_only") == "true"
+                && entry.decision == Some(tollgate_audit::Decision::Allow) =>
+        {
+            format!(
+            "tokens counted for route {} ({}): {} prompt tokens ({}){}",
+            meta("route"),
+            meta("model"),
+            meta("prompt_tokens"),
+            meta("prompt_source"),
+            parenthesised(&reason)
+            )
+        }
+        EntryKind::RouteDecision if meta("refused_by") == "endpoint" => format!(
+            "model request refused by the sandbox's endpoint: {} answered {}: {reason}",
+            meta("request"),
+            meta("status")
         ),
         EntryKind::RouteDecision if entry.decision == Some(tollgate_audit::Decision::Deny) => {
             format!("model call refused: {reason}")
@@ -560,7 +582,9 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
 }
 
 /// One model call of `calls`: its decision, route and sensitivity; once it went out, its
-/// tokens (from the call's `done` entry).
+/// tokens, tool calls and how it finished (from the call's `done` entry). A request the
+/// sandbox's model endpoint refused before it became a call is `model.request`, with what
+/// was asked and the status answered.
 fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
     let done_meta = |key: &str| {
@@ -569,45 +593,72 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
             .unwrap_or_default()
     };
     let decision = entry.decision.map_or("-", |d| d.as_str());
+    let at_endpoint = meta("refused_by") == "endpoint";
+    let tool = if at_endpoint {
+        "model.request"
+    } else if meta("count_only") == "true" {
+        "model.count_tokens"
+    } else {
+        "model.complete"
+    };
     let route = if entry.decision == Some(tollgate_audit::Decision::Allow) {
         meta("route")
     } else {
         meta("requested")
     };
     if json_out {
-        println!(
-            "{}",
-            json!({
-                "time": entry.time,
-                "call_id": entry.call_id,
-                "tool": "model.complete",
-                "route": route,
-                "decision": decision,
-                "reason": entry.reason,
-                "sensitivity": entry.metadata.get("sensitivity").map(meta_text),
-                "prompt_tokens": done.and_then(|d| d.metadata.get("prompt_tokens")).map(meta_text),
-                "completion_tokens": done.and_then(|d| d.metadata.get("completion_tokens")).map(meta_text),
-            })
-        );
+        let done_value = |key: &str| done.and_then(|d| d.metadata.get(key)).map(meta_text);
+        let mut row = json!({
+            "time": entry.time,
+            "call_id": entry.call_id,
+            "tool": tool,
+            "route": route,
+            "decision": decision,
+            "reason": entry.reason,
+            "sensitivity": entry.metadata.get("sensitivity").map(meta_text),
+            "prompt_tokens": done_value("prompt_tokens").or_else(|| entry.metadata.get("prompt_tokens").map(meta_text)),
+            "completion_tokens": done_value("completion_tokens"),
+            "model": done_value("model").or_else(|| entry.metadata.get("model").map(meta_text)),
+            "tools": entry.metadata.get("tools").map(meta_text),
+            "tool_calls": done_value("tool_calls"),
+            "finish_reason": done_value("finish_reason"),
+        });
+        if at_endpoint {
+            row["request"] = json!(meta("request"));
+            row["status"] = json!(meta("status"));
+            row["api"] = json!(meta("api"));
+        }
+        println!("{row}");
     } else {
-        let tokens = if done.is_some() {
+        let detail = if at_endpoint {
             format!(
-                "  {} + {} tokens",
-                done_meta("prompt_tokens"),
-                done_meta("completion_tokens")
+                "{} answered {}, model {}",
+                meta("request"),
+                meta("status"),
+                route
             )
         } else {
-            String::new()
+            let mut detail = format!("route {} (sensitivity {})", route, meta("sensitivity"));
+            if done.is_some() {
+                detail.push_str(&format!(
+                    "  {} + {} tokens",
+                    done_meta("prompt_tokens"),
+                    done_meta("completion_tokens")
+                ));
+                let calls = done_meta("tool_calls");
+                if !calls.is_empty() && calls != "0" {
+                    detail.push_str(&format!(", {calls} tool calls"));
+                }
+            }
+            detail
         };
         say!(
-            "{}  {}  {:<8} {:<5} route {} (sensitivity {}){}{}",
+            "{}  {}  {:<8} {:<5} {}{}",
             entry.time,
             entry.call_id.as_deref().unwrap_or("-"),
-            "model.complete",
+            tool,
             decision,
-            route,
-            meta("sensitivity"),
-            tokens,
+            detail,
             entry
                 .reason
                 .as_deref()

@@ -4,6 +4,8 @@
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::call_tool_request::Tool;
 
+use super::models::{MAX_STOPS, MAX_STOP_LEN, MAX_TEXT, MAX_TOOL_NAME};
+
 /// Most bytes one `fs.read` returns (read on with `offset`).
 pub const MAX_READ: u64 = 1 << 20;
 /// Most entries one `fs.list` returns.
@@ -152,13 +154,250 @@ impl AgentInput for pb::StopChildRequest {
     }
 }
 
+/// Most tools one model call may offer.
+pub const MAX_TOOLS: usize = 128;
+/// Most parts (text, images, tool calls and results, reasoning; a result's own parts
+/// included) one model call may carry.
+pub const MAX_PARTS: usize = 16_384;
+/// Most bytes of one opaque reasoning signature (Anthropic's, or the Responses API's
+/// encrypted reasoning).
+pub const MAX_SIGNATURE: usize = 256 << 10;
+
+/// The sizes of a model call's fields as it is walked: the text that leaves (classified, at
+/// most [`MAX_TEXT`] bytes in all), the image bytes (at most as much again) and the parts.
+#[derive(Default)]
+struct CallSize {
+    text: usize,
+    images: usize,
+    parts: usize,
+}
+
+impl CallSize {
+    fn text(&mut self, field: &str, value: &str, max: usize) -> Result<(), String> {
+        text(field, value, max)?;
+        self.text += value.len();
+        Ok(())
+    }
+
+    fn part(&mut self, field: &str, part: &pb::ContentPart, depth: usize) -> Result<(), String> {
+        use pb::content_part::Part;
+        self.parts += 1;
+        if self.parts > MAX_PARTS {
+            return Err(format!(
+                "the call has more than {MAX_PARTS} parts; at most {MAX_PARTS} are accepted"
+            ));
+        }
+        match &part.part {
+            Some(Part::Text(t)) => self.text(field, t, MAX_TEXT),
+            Some(Part::Image(image)) => {
+                text(
+                    &format!("{field}.image.media_type"),
+                    &image.media_type,
+                    MAX_NAME,
+                )?;
+                self.images += image.data.len() + image.url.len();
+                if self.images > MAX_TEXT {
+                    return Err(format!(
+                        "the call's images are {} bytes or more; at most {MAX_TEXT} are accepted",
+                        self.images
+                    ));
+                }
+                Ok(())
+            }
+            Some(Part::ToolCall(call)) => {
+                self.text(&format!("{field}.tool_call.id"), &call.id, MAX_NAME)?;
+                self.text(&format!("{field}.tool_call.name"), &call.name, MAX_NAME)?;
+                self.text(
+                    &format!("{field}.tool_call.arguments_json"),
+                    &call.arguments_json,
+                    MAX_TEXT,
+                )
+            }
+            Some(Part::ToolResult(result)) => {
+                self.text(
+                    &format!("{field}.tool_result.call_id"),
+                    &result.call_id,
+                    MAX_NAME,
+                )?;
+                // A result holds text and images; anything deeper is refused here, before
+                // a walk could follow it.
+                if depth > 0 {
+                    return Err(format!("{field}: a tool result may not hold a tool result"));
+                }
+                for (i, inner) in result.content.iter().enumerate() {
+                    self.part(
+                        &format!("{field}.tool_result.content[{i}]"),
+                        inner,
+                        depth + 1,
+                    )?;
+                }
+                Ok(())
+            }
+            Some(Part::Thinking(thinking)) => {
+                self.text(&format!("{field}.thinking.text"), &thinking.text, MAX_TEXT)?;
+                self.text(&format!("{field}.thinking.id"), &thinking.id, MAX_NAME)?;
+                text(
+                    &format!("{field}.thinking.origin"),
+                    &thinking.origin,
+                    MAX_NAME,
+                )?;
+                // Opaque: never sent unless this run's backend issued it, but held while
+                // checked, so counted with the images.
+                text(
+                    &format!("{field}.thinking.signature"),
+                    &thinking.signature,
+                    MAX_SIGNATURE,
+                )?;
+                self.images += thinking.signature.len();
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
 impl AgentInput for pb::CompleteRequest {
     fn bound(&self) -> Result<(), String> {
         text("route", &self.route, MAX_NAME)?;
-        // Message text is bounded by the call's own limits and never audited.
+        let mut size = CallSize::default();
         for (i, message) in self.messages.iter().enumerate() {
             text(&format!("messages[{i}].role"), &message.role, MAX_NAME)?;
+            size.text(
+                &format!("messages[{i}].content"),
+                &message.content,
+                MAX_TEXT,
+            )?;
+            for (j, part) in message.parts.iter().enumerate() {
+                size.part(&format!("messages[{i}].parts[{j}]"), part, 0)?;
+            }
+        }
+        if self.tools.len() > MAX_TOOLS {
+            return Err(format!(
+                "tools has {} items; at most {MAX_TOOLS} are accepted",
+                self.tools.len()
+            ));
+        }
+        for (i, tool) in self.tools.iter().enumerate() {
+            size.text(&format!("tools[{i}].name"), &tool.name, MAX_TOOL_NAME)?;
+            size.text(
+                &format!("tools[{i}].description"),
+                &tool.description,
+                MAX_TEXT,
+            )?;
+            size.text(
+                &format!("tools[{i}].parameters_json"),
+                &tool.parameters_json,
+                MAX_TEXT,
+            )?;
+        }
+        if let Some(choice) = &self.tool_choice {
+            size.text("tool_choice.name", &choice.name, MAX_TOOL_NAME)?;
+        }
+        size.text("response_format_json", &self.response_format_json, MAX_TEXT)?;
+        if let Some(reasoning) = &self.reasoning {
+            text("reasoning.effort", &reasoning.effort, MAX_NAME)?;
+        }
+        if self.stop.len() > MAX_STOPS {
+            return Err(format!(
+                "stop has {} items; at most {MAX_STOPS} are accepted",
+                self.stop.len()
+            ));
+        }
+        for (i, stop) in self.stop.iter().enumerate() {
+            size.text(&format!("stop[{i}]"), stop, MAX_STOP_LEN)?;
+        }
+        if size.text > MAX_TEXT {
+            return Err(format!(
+                "the call carries {} bytes of text (messages, tools, arguments, results); at most {MAX_TEXT} are accepted",
+                size.text
+            ));
         }
         Ok(())
+    }
+}
+
+impl AgentInput for pb::RecordRefusedCallRequest {
+    fn bound(&self) -> Result<(), String> {
+        text("api", &self.api, MAX_NAME)?;
+        text("request", &self.request, MAX_PATH)?;
+        text("reason", &self.reason, MAX_REASON)?;
+        text("model", &self.model, MAX_NAME)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::content_part::Part;
+
+    fn part(part: Part) -> pb::ContentPart {
+        pb::ContentPart {
+            part: Some(part),
+            cache: false,
+        }
+    }
+
+    fn call() -> pb::CompleteRequest {
+        pb::CompleteRequest {
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+                parts: vec![],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_model_call_is_bounded_field_by_field_and_in_all() {
+        assert_eq!(call().bound(), Ok(()));
+        let tool = |name: &str| pb::ToolDefinition {
+            name: name.into(),
+            ..Default::default()
+        };
+        let mut many = call();
+        many.tools = vec![tool("t"); MAX_TOOLS + 1];
+        assert!(many.bound().unwrap_err().contains("tools has 129 items"));
+        let mut long = call();
+        long.tools = vec![tool(&"n".repeat(MAX_TOOL_NAME + 1))];
+        assert!(long
+            .bound()
+            .unwrap_err()
+            .starts_with("tools[0].name is 129 bytes"));
+        // Every text counts towards one total.
+        let mut big = call();
+        big.tools = vec![pb::ToolDefinition {
+            description: "d".repeat(MAX_TEXT / 2),
+            ..tool("t")
+        }];
+        big.messages[0].content = "m".repeat(MAX_TEXT / 2 + 1);
+        assert!(big.bound().unwrap_err().contains("bytes of text"));
+        let mut nested = call();
+        nested.messages[0].parts = vec![part(Part::ToolResult(pb::ToolResult {
+            call_id: "c".into(),
+            content: vec![part(Part::ToolResult(Default::default()))],
+            is_error: false,
+        }))];
+        assert!(nested
+            .bound()
+            .unwrap_err()
+            .contains("a tool result may not hold a tool result"));
+        let mut images = call();
+        let image = pb::ImagePart {
+            media_type: "image/png".into(),
+            data: vec![0; MAX_TEXT / 2 + 1],
+            url: String::new(),
+        };
+        images.messages[0].parts = vec![part(Part::Image(image.clone())), part(Part::Image(image))];
+        assert!(images.bound().unwrap_err().contains("images"));
+        let mut signature = call();
+        signature.messages[0].parts = vec![part(Part::Thinking(pb::ThinkingPart {
+            signature: "s".repeat(MAX_SIGNATURE + 1),
+            ..Default::default()
+        }))];
+        assert!(signature
+            .bound()
+            .unwrap_err()
+            .contains("thinking.signature"));
     }
 }

@@ -1,15 +1,32 @@
-//! The gateway's `Complete`: one model call, checked, routed, charged and audited.
+//! The gateway's model calls: `Complete` (one model call, checked, routed, charged and
+//! audited), `CountTokens`, `ListModels` and `RecordRefusedCall`.
 //!
-//! In order: the run is alive and its receipt neither expired nor revoked (as for tools),
-//! the messages are well formed, this supervisor has routes, the router picks the route (the
-//! named one, or for `auto` the most capable granted route that may carry the text; see
-//! `tollgate_router::decide`), the tool-call budget counts the call, the token budget holds
-//! the prompt and the completion cap (lowered to what is left). The `route_decision` entry
+//! `Complete`, in order: the run is alive and its receipt neither expired nor revoked (as
+//! for tools), the call is well formed (roles, tool names, JSON fields; see
+//! [`outbound::normalise`]), this supervisor has routes, reasoning whose signature this run's
+//! backend did not issue is dropped ([`signatures`]), the router picks the route on
+//! everything that leaves (every text of the call classified together, an image rated high;
+//! the named route, a route that claims the model name asked for, or for `auto` the most
+//! capable granted route that may carry it; see `tollgate_router::decide`), the tool-call
+//! budget counts the call, the token budget holds the prompt (estimated or counted over the
+//! whole call) and the completion cap (lowered to what is left). The `route_decision` entry
 //! is on disk **before** any byte leaves the host; text sent to a backend cannot be
 //! recalled. The backend call then runs on its own task, so a client that goes away never
-//! skips the settling of the budget or the second entry (counts, finish, status). Entries
-//! carry the route, sensitivities, findings (detector, message, byte span) and counts, never
-//! the text.
+//! skips the settling of the budget or the second entry (counts, tool calls, finish, served
+//! model, status). Entries carry the route, sensitivities, findings (detector, text number,
+//! byte span) and counts, never the text, the tools' names or their arguments.
+
+mod counts;
+mod names;
+mod outbound;
+mod refused;
+mod relay;
+mod route;
+mod signatures;
+
+pub use outbound::MAX_TOOL_NAME;
+pub use refused::{RefusedRequests, MAX_RECORDED_PER_SECOND};
+pub use signatures::{Signatures, MAX_SIGNATURES};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,14 +37,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tollgate_audit::{Decision, EntryDraft, EntryKind, MetaValue};
 use tollgate_proto::v1 as pb;
-use tollgate_router::config::{Route, RouteKind};
-use tollgate_router::decide::{decide, Choice, NoRoute, Requested};
-use tollgate_router::tokens::{
-    estimate_call, estimate_completion, Ledger, TokenCount, TokenSource,
-};
-use tollgate_router::wire::{ChatRequest, Role, StreamItem};
+use tollgate_router::decide::{NoRoute, Requested};
+use tollgate_router::tokens::{estimate_call, Ledger, TokenCount, TokenSource};
+use tollgate_router::wire::ChatRequest;
 use tollgate_router::Sensitivity;
-use tollgate_router_backends::{has_tokenizer, BackendError, Backends, ModelRoutes, CALL_TIMEOUT};
+use tollgate_router_backends::{BackendError, Backends, ModelRoutes};
 use tonic::Status;
 
 use super::approval::Asked;
@@ -35,13 +49,16 @@ use super::gate::{new_call_id, CallGate, Refusal};
 use crate::records::RouteUsage;
 use crate::COMPONENT;
 
-/// How long a client may leave the stream unread before the call is dropped.
-const CLIENT_IDLE: std::time::Duration = std::time::Duration::from_secs(120);
+use route::{RouteRefusal, Routed};
 
 /// Most model calls of one run in flight at once.
 pub const MAX_IN_FLIGHT: usize = 4;
-/// Most bytes of message text in one call.
+/// Most bytes of text in one call: messages, parts, tools, arguments, results together.
 pub const MAX_TEXT: usize = 4 << 20;
+/// Most stop sequences a call may carry.
+pub const MAX_STOPS: usize = 4;
+/// Longest stop sequence.
+pub const MAX_STOP_LEN: usize = 64;
 
 /// One run's model calls: its budget and what is in flight.
 #[derive(Debug)]
@@ -54,6 +71,8 @@ pub struct RunModels {
     pub in_flight: AtomicUsize,
     /// What went out on each route, by route name.
     usage: Mutex<BTreeMap<String, RouteUsage>>,
+    /// The reasoning signatures this run's backends issued: only those go back.
+    pub signatures: Mutex<Signatures>,
 }
 
 impl RunModels {
@@ -64,6 +83,7 @@ impl RunModels {
             ledger: Mutex::new(Ledger::new(tokens)),
             in_flight: AtomicUsize::new(0),
             usage: Mutex::new(BTreeMap::new()),
+            signatures: Mutex::default(),
         }
     }
 
@@ -163,19 +183,20 @@ fn source_name(count: TokenCount) -> &'static str {
     }
 }
 
-/// The route a call asked for, as recorded: a route name, or `<invalid>` (the field is the
-/// agent's and could hold anything).
-fn requested_name(route: &str) -> &str {
-    if route.is_empty() || route == "auto" || tollgate_router::config::valid_name(route) {
-        route
+/// The name a call asked for, as recorded: a route or model name of the usual shape (at
+/// most 128 bytes of letters, digits and `._:/@+-`), else `<invalid>`: the field is the
+/// agent's and could hold anything.
+fn requested_name(name: &str) -> &str {
+    let shaped = name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/@+-".contains(&b));
+    if shaped {
+        name
     } else {
         "<invalid>"
     }
 }
-
-/// Most stop sequences a call may carry, and their longest.
-const MAX_STOPS: usize = 4;
-const MAX_STOP_LEN: usize = 64;
 
 /// A refusal: the status for the agent, the reason and metadata for the entry.
 struct Refused {
@@ -204,7 +225,20 @@ impl From<Refusal> for Refused {
     }
 }
 
-/// The model calls of one run (`Gateway.Complete`).
+impl From<RouteRefusal> for Refused {
+    fn from(refusal: RouteRefusal) -> Self {
+        match refusal {
+            RouteRefusal::NoRoute(no_route) => no_route_refusal(&no_route),
+            RouteRefusal::Unredactable => Refused::new(
+                Status::permission_denied,
+                "a tool argument or schema the route must redact could not be redacted and kept valid JSON; send it on a route that may carry it".into(),
+            ),
+        }
+    }
+}
+
+/// The model calls of one run (`Gateway.Complete`, `CountTokens`, `ListModels`,
+/// `RecordRefusedCall`).
 #[derive(Debug, Clone)]
 pub struct ModelCalls {
     /// The run's call gate.
@@ -213,6 +247,8 @@ pub struct ModelCalls {
     pub models: Option<Arc<RunModels>>,
     /// Where a call on a route that asks waits for an operator.
     pub approvals: super::approval::RunApprovals,
+    /// The requests the sandbox's model endpoint refused (`RecordRefusedCall`).
+    pub refused: Arc<RefusedRequests>,
 }
 
 /// Releases an in-flight slot when dropped.
@@ -227,7 +263,107 @@ impl Drop for Slot {
 /// The stream `Complete` answers with.
 pub type CompleteStream = ReceiverStream<Result<pb::CompleteEvent, Status>>;
 
+/// A call checked and routed, not yet charged.
+struct Checked<'a> {
+    models: Arc<RunModels>,
+    routed: Routed<'a>,
+    force_local: bool,
+    /// Thinking parts dropped for a signature this run's backend did not issue.
+    dropped_thinking: usize,
+}
+
 impl ModelCalls {
+    /// Serves one `RecordRefusedCall`: the refusal recorded (or counted); its call id, empty
+    /// when it was only counted.
+    pub(crate) fn record_refused(&self, request: &pb::RecordRefusedCallRequest) -> String {
+        let classifier = self.models.as_ref().map(|m| &m.shared.classifier);
+        self.refused.record(&self.gate, classifier, request)
+    }
+
+    /// Writes the summary of refused requests only counted (at teardown).
+    pub fn flush_refused(&self) {
+        self.refused.flush(&self.gate);
+    }
+
+    /// Serves `ListModels`: "auto", each granted route this supervisor serves, its model and
+    /// the names it claims (none when it has no routes).
+    pub(crate) fn list_models(&self) -> pb::ListModelsResponse {
+        match &self.models {
+            Some(models) => names::list(&self.gate.receipt, &models.shared.routes),
+            None => pb::ListModelsResponse::default(),
+        }
+    }
+
+    /// An entry of this call's `route_decision`.
+    fn entry(
+        &self,
+        call_id: &str,
+        request: &pb::CompleteRequest,
+        decision: Decision,
+        reason: Option<&str>,
+        meta: &[(&'static str, MetaValue)],
+    ) -> EntryDraft {
+        let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)
+            .receipt(self.gate.run_id.as_str())
+            .run(self.gate.run_id.as_str())
+            .call(call_id)
+            .decision(decision)
+            .meta("requested", requested_name(&request.route))
+            .meta("messages", request.messages.len() as i64);
+        for (key, value) in meta {
+            entry = entry.meta(*key, value.clone());
+        }
+        if let Some(reason) = reason {
+            entry = entry.reason(reason);
+        }
+        entry
+    }
+
+    /// Records a refused call (summarised once the run is spent) and the status for the
+    /// agent, with the call id, the sensitivity and the findings in its metadata.
+    fn refuse(
+        &self,
+        tool: &str,
+        call_id: &str,
+        request: &pb::CompleteRequest,
+        mut refused: Refused,
+    ) -> Status {
+        let summarised = self
+            .gate
+            .summarised(tool, call_id, &refused.reason)
+            .unwrap_or(false);
+        if !summarised {
+            if tool == "model.count_tokens" {
+                refused.meta.push(("count_only", true.into()));
+            }
+            let entry = self.entry(
+                call_id,
+                request,
+                Decision::Deny,
+                Some(&refused.reason),
+                &refused.meta,
+            );
+            if let Err(e) = self.gate.audited(entry, false) {
+                tracing::error!(run_id = %self.gate.run_id, error = %e.message(), "could not audit a model call");
+            }
+        }
+        crate::metrics::get().call(tool, "deny");
+        let mut status = refused.status;
+        for (key, value) in [
+            ("tollgate-call-id", Some(call_id.to_owned())),
+            (
+                "tollgate-sensitivity",
+                meta_str(&refused.meta, "sensitivity"),
+            ),
+            ("tollgate-reasons", meta_list(&refused.meta, "reasons")),
+        ] {
+            if let Some(value) = value.and_then(|v| v.parse().ok()) {
+                status.metadata_mut().insert(key, value);
+            }
+        }
+        status
+    }
+
     /// Serves one `Complete` call.
     pub(crate) async fn complete(
         &self,
@@ -235,57 +371,12 @@ impl ModelCalls {
     ) -> Result<CompleteStream, Status> {
         let started = Instant::now();
         let call_id = new_call_id();
-        let audit =
-            |decision: Decision, reason: Option<&str>, meta: &[(&'static str, MetaValue)]| {
-                let mut entry = EntryDraft::new(COMPONENT, EntryKind::RouteDecision)
-                    .receipt(self.gate.run_id.as_str())
-                    .run(self.gate.run_id.as_str())
-                    .call(call_id.as_str())
-                    .decision(decision)
-                    .meta("requested", requested_name(&request.route))
-                    .meta("messages", request.messages.len() as i64);
-                for (key, value) in meta {
-                    entry = entry.meta(*key, value.clone());
-                }
-                if let Some(reason) = reason {
-                    entry = entry.reason(reason);
-                }
-                entry
-            };
-        let prepared = self.prepare(&request, &call_id).await;
-        let (plan, slot) = match prepared {
+        let (plan, slot) = match self.prepare(&request, &call_id).await {
             Ok(prepared) => prepared,
-            Err(refused) => {
-                // A spent run's refusals are summarised like its tool calls'.
-                let summarised = self
-                    .gate
-                    .summarised("model.complete", &call_id, &refused.reason)
-                    .unwrap_or(false);
-                if !summarised {
-                    let entry = audit(Decision::Deny, Some(&refused.reason), &refused.meta);
-                    if let Err(e) = self.gate.audited(entry, false) {
-                        tracing::error!(run_id = %self.gate.run_id, error = %e.message(), "could not audit a model call");
-                    }
-                }
-                crate::metrics::get().call("model.complete", "deny");
-                let mut status = refused.status;
-                for (key, value) in [
-                    ("tollgate-call-id", Some(call_id.clone())),
-                    (
-                        "tollgate-sensitivity",
-                        meta_str(&refused.meta, "sensitivity"),
-                    ),
-                    ("tollgate-reasons", meta_list(&refused.meta, "reasons")),
-                ] {
-                    if let Some(value) = value.and_then(|v| v.parse().ok()) {
-                        status.metadata_mut().insert(key, value);
-                    }
-                }
-                return Err(status);
-            }
+            Err(refused) => return Err(self.refuse("model.complete", &call_id, &request, refused)),
         };
         // On disk before any byte leaves the host.
-        let entry = audit(Decision::Allow, None, &plan.meta);
+        let entry = self.entry(&call_id, &request, Decision::Allow, None, &plan.meta);
         if let Err(status) = self.gate.audited(entry, true) {
             if let Ok(mut ledger) = slot.0.ledger.lock() {
                 ledger.release(plan.reservation);
@@ -304,6 +395,112 @@ impl ModelCalls {
         Ok(ReceiverStream::new(stream))
     }
 
+    /// Serves one `CountTokens`: checked, classified and routed as `Complete` would be
+    /// (refused alike), audited as a model call with `count_only`, charged nothing (neither
+    /// tokens nor a tool call). The count is the chosen route's tokenizer's where it has one
+    /// (a local server), else the estimate over the whole call; nothing goes to a route that
+    /// asks an operator first.
+    pub(crate) async fn count_tokens(
+        &self,
+        request: pb::CompleteRequest,
+    ) -> Result<pb::CountTokensResponse, Status> {
+        let call_id = new_call_id();
+        let checked = self
+            .gate
+            .check_audit_quota()
+            .and_then(|()| self.gate.check_alive())
+            .map_err(Refused::from);
+        let checked = match checked {
+            Ok(()) => self.check(&request),
+            Err(refused) => Err(refused),
+        };
+        let checked = match checked {
+            Ok(checked) => checked,
+            Err(refused) => {
+                return Err(self.refuse("model.count_tokens", &call_id, &request, refused))
+            }
+        };
+        let Routed { choice, sent, .. } = checked.routed;
+        let route = choice.route;
+        let asks = self
+            .gate
+            .receipt
+            .routes
+            .iter()
+            .any(|grant| grant.name == route.name && grant.ask);
+        let chat = ChatRequest {
+            model: route.model.clone(),
+            call: sent,
+        };
+        let prompt = if asks {
+            estimate_call(&chat.call)
+        } else {
+            self.prompt_tokens(&checked.models.shared, route, &chat)
+                .await
+        };
+        let mut meta = route::decision_meta(&choice, checked.force_local, 0, &chat.call);
+        meta.push(("count_only", true.into()));
+        meta.push((
+            "prompt_tokens",
+            i64::try_from(prompt.tokens).unwrap_or(i64::MAX).into(),
+        ));
+        meta.push(("prompt_source", source_name(prompt).into()));
+        let entry = self.entry(&call_id, &request, Decision::Allow, None, &meta);
+        self.gate.audited(entry, false)?;
+        crate::metrics::get().call("model.count_tokens", "allow");
+        Ok(pb::CountTokensResponse {
+            prompt: Some(proto_count(prompt)),
+            route: route.name.clone(),
+            model: route.model.clone(),
+        })
+    }
+
+    /// The checks every model call passes before anything is charged: routes exist, the
+    /// call is well formed, unissued reasoning dropped, a route chosen for what leaves.
+    fn check<'a>(&'a self, request: &pb::CompleteRequest) -> Result<Checked<'a>, Refused> {
+        let Some(run_models) = self.models.as_ref() else {
+            return Err(Refused::new(
+                Status::unavailable,
+                "this supervisor has no model routes (it was started without --routes)".into(),
+            ));
+        };
+        let models = run_models.clone();
+        let shared: &'a ModelRoutes = &run_models.shared;
+        let mut call = request.clone();
+        outbound::normalise(&mut call).map_err(|e| Refused::new(Status::invalid_argument, e))?;
+        let dropped_thinking = {
+            let issued = models.signatures.lock().unwrap_or_else(|p| p.into_inner());
+            outbound::drop_unissued_thinking(&mut call, &issued)
+        };
+        if call.messages.is_empty() {
+            return Err(Refused::new(
+                Status::invalid_argument,
+                "a call needs 1 or more messages besides reasoning this run's backend did not issue".into(),
+            ));
+        }
+        let force_local = shared.routes.policy.force_local || request.local_only;
+        let requested = Requested::resolve(&request.route, &shared.routes, &self.gate.receipt);
+        let routed = route::route(
+            &self.gate.receipt,
+            &shared.routes,
+            &shared.classifier,
+            &requested,
+            force_local,
+            call,
+        )
+        .map_err(|refusal| {
+            let mut refused = Refused::from(refusal);
+            refused.meta.push(("force_local", force_local.into()));
+            refused
+        })?;
+        Ok(Checked {
+            models,
+            routed,
+            force_local,
+            dropped_thinking,
+        })
+    }
+
     /// Every check before a call is sent; the plan to send it.
     async fn prepare(
         &self,
@@ -311,31 +508,18 @@ impl ModelCalls {
         call_id: &str,
     ) -> Result<(CallPlan, Slot), Refused> {
         let made = self.gate.admit("model.complete").map_err(Refused::from)?;
-        let Some(models) = self.models.clone() else {
-            return Err(Refused::new(
-                Status::unavailable,
-                "this supervisor has no model routes (it was started without --routes)".into(),
-            ));
-        };
-        let messages = well_formed(request)?;
-        let shared = &models.shared;
-        // The stop sequences leave with the messages: they are judged (and redacted) too,
-        // after the messages.
-        let texts: Vec<&str> = messages
-            .iter()
-            .map(|m| m.content.as_str())
-            .chain(request.stop.iter().map(String::as_str))
-            .collect();
-        let force_local = shared.routes.policy.force_local || request.local_only;
-        let choice = decide(
-            &self.gate.receipt,
-            &shared.routes,
-            &shared.classifier,
-            &Requested::resolve(&request.route, &shared.routes, &self.gate.receipt),
+        let Checked {
+            models,
+            routed,
             force_local,
-            &texts,
-        )
-        .map_err(|no_route| no_route_refusal(&no_route, force_local))?;
+            dropped_thinking,
+        } = self.check(request)?;
+        let Routed {
+            choice,
+            sent,
+            bytes,
+        } = routed;
+        let choice = &choice;
         // A route that asks: an operator sees the classifier's judgement of what would leave
         // (never the text) and decides before anything is sent.
         let asks = self
@@ -347,7 +531,7 @@ impl ModelCalls {
         let mut approved_by = None;
         if asks {
             let asked = Asked {
-                bytes: texts.iter().map(|t| t.len() as u64).sum(),
+                bytes,
                 sensitivity: choice.sent_sensitivity().name().to_owned(),
                 reasons: choice
                     .assessment
@@ -373,30 +557,11 @@ impl ModelCalls {
                 format!("{MAX_IN_FLIGHT} model calls are already in flight for this run"),
             ));
         }
-        let mut sent: Vec<String> = match &choice.redacted {
-            Some(redacted) => redacted.messages.clone(),
-            None => texts.iter().map(|t| (*t).to_owned()).collect(),
-        };
-        let sent_stops = sent.split_off(messages.len());
-        let sent_messages: Vec<pb::ChatMessage> = messages
-            .iter()
-            .zip(sent)
-            .map(|(m, content)| pb::ChatMessage {
-                role: m.role.clone(),
-                content,
-                parts: Vec::new(),
-            })
-            .collect();
         let route = choice.route;
+        let shared = &models.shared;
         let mut chat = ChatRequest {
             model: route.model.clone(),
-            call: pb::CompleteRequest {
-                messages: sent_messages,
-                stream: request.stream,
-                temperature: request.temperature,
-                stop: sent_stops,
-                ..Default::default()
-            },
+            call: sent,
         };
         let prompt = self.prompt_tokens(shared, route, &chat).await;
         let policy = &shared.routes.policy;
@@ -416,11 +581,15 @@ impl ModelCalls {
                     format!("receipt {}: {spent}", self.gate.run_id),
                 )
             })?;
-        let mut meta = decision_meta(&choice, force_local, reservation.max_tokens);
+        chat.call.max_tokens = reservation.max_tokens;
+        let mut meta =
+            route::decision_meta(choice, force_local, reservation.max_tokens, &chat.call);
+        if dropped_thinking > 0 {
+            meta.push(("dropped_thinking", (dropped_thinking as i64).into()));
+        }
         if let Some(by) = approved_by {
             meta.push(("approved_by", by.into()));
         }
-        chat.call.max_tokens = reservation.max_tokens;
         let started = pb::CompleteStarted {
             call_id: String::new(),
             route: route.name.clone(),
@@ -430,10 +599,9 @@ impl ModelCalls {
             redacted_spans: choice.redacted.as_ref().map_or(0, |r| r.spans as u32),
             max_tokens: reservation.max_tokens,
         };
-        let route_name = route.name.clone();
         Ok((
             CallPlan {
-                route: route_name,
+                route: route.name.clone(),
                 chat,
                 prompt,
                 reservation,
@@ -464,9 +632,22 @@ impl ModelCalls {
         let Some(route) = shared.routes.get(&plan.route) else {
             return;
         };
-        let streamed = relay_reply(&shared.backends, route, &plan.chat, &out).await;
-        let (prompt, completion) = self.counts(&shared, route, &plan, &streamed).await;
-        let Streamed { result, finish, .. } = streamed;
+        let streamed = relay::relay_reply(&shared.backends, route, &plan.chat, &out).await;
+        streamed.remember_signatures(&models.signatures);
+        let (prompt, completion) = self
+            .counts(
+                &shared,
+                route,
+                (plan.prompt, plan.chat.call.max_tokens),
+                &streamed,
+            )
+            .await;
+        let relay::Streamed {
+            result,
+            finish,
+            tool_calls,
+            ..
+        } = streamed;
         let (used, left) = {
             let mut ledger = models.ledger.lock().unwrap_or_else(|p| p.into_inner());
             let used = ledger.settle(plan.reservation, prompt.tokens, completion.tokens);
@@ -481,12 +662,14 @@ impl ModelCalls {
             .call(call_id.as_str())
             .meta("phase", "done")
             .meta("route", plan.route.as_str())
+            .meta("model", plan.chat.model.as_str())
             .meta("prompt_tokens", prompt.tokens as i64)
             .meta("prompt_source", source_name(prompt))
             .meta("completion_tokens", completion.tokens as i64)
             .meta("completion_source", source_name(completion))
             .meta("estimated", estimated)
             .meta("finish_reason", finish.as_str())
+            .meta("tool_calls", i64::from(tool_calls))
             .meta("tokens_used", used as i64)
             .meta(
                 "duration_ms",
@@ -517,6 +700,8 @@ impl ModelCalls {
                         e.status().map_or(MetaValue::Null, |s| i64::from(s).into()),
                     );
                 let status = match e {
+                    // Nothing was sent: the call holds what the route's format cannot carry.
+                    BackendError::Unsendable { .. } => Status::invalid_argument(reason),
                     BackendError::Status { status: 429, .. } => Status::resource_exhausted(reason),
                     BackendError::Status { status, .. } if (400..500).contains(status) => {
                         Status::failed_precondition(reason)
@@ -532,114 +717,6 @@ impl ModelCalls {
         drop(slot);
     }
 
-    /// The prompt's tokens: the route's tokenizer when its server has one (the text is sent
-    /// to it as it would be to the route: it is the same local server); an estimate
-    /// otherwise, or when the tokenizer fails. A tokenizer never fails the call.
-    async fn prompt_tokens(
-        &self,
-        shared: &ModelRoutes,
-        route: &Route,
-        chat: &ChatRequest,
-    ) -> TokenCount {
-        if !has_tokenizer(route) {
-            return estimate_call(&chat.call);
-        }
-        match shared.backends.count_prompt(route, chat).await {
-            Ok(tokens) => TokenCount {
-                tokens,
-                source: TokenSource::Tokenizer,
-            },
-            Err(e) => {
-                tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the prompt's tokens instead");
-                estimate_call(&chat.call)
-            }
-        }
-    }
-
-    /// What the call is charged: the server's counts, else the tokenizer's, else estimates
-    /// (see [`Self::completion_tokens`]).
-    async fn counts(
-        &self,
-        shared: &ModelRoutes,
-        route: &Route,
-        plan: &CallPlan,
-        streamed: &Streamed,
-    ) -> (TokenCount, TokenCount) {
-        let Streamed {
-            result,
-            text_len,
-            text,
-            prompt: server_prompt,
-            completion: server_completion,
-            ..
-        } = streamed;
-        let text_len = *text_len;
-        let prompt = server_prompt.map_or(plan.prompt, |tokens| TokenCount {
-            tokens,
-            source: TokenSource::Server,
-        });
-        let completion = match *server_completion {
-            Some(tokens) => TokenCount {
-                tokens,
-                source: TokenSource::Server,
-            },
-            None => {
-                // The tokenizer counts only a whole text from a call that went through.
-                let whole = result.is_ok() && text.len() == text_len;
-                self.completion_tokens(shared, route, whole.then_some(text.as_str()))
-                    .await
-                    .unwrap_or_else(|| {
-                        // Uncounted: charged the cap the backend was held to (never less
-                        // than the text's length suggests), so estimates cannot add up
-                        // past the budget.
-                        let mut estimate = estimate_completion(text);
-                        estimate.tokens = estimate
-                            .tokens
-                            .max((text_len as u64).div_ceil(4))
-                            .max(u64::from(plan.chat.call.max_tokens));
-                        estimate
-                    })
-            }
-        };
-        // A failed call that returned nothing is not charged (an agent's retry of an
-        // unreachable backend must not drain its budget).
-        if result.is_err() && text_len == 0 {
-            (
-                TokenCount {
-                    tokens: 0,
-                    ..prompt
-                },
-                TokenCount {
-                    tokens: 0,
-                    ..completion
-                },
-            )
-        } else {
-            (prompt, completion)
-        }
-    }
-
-    /// The completion's tokens by the route's tokenizer, when it has one and the whole text
-    /// came back; `None`: estimate instead.
-    async fn completion_tokens(
-        &self,
-        shared: &ModelRoutes,
-        route: &Route,
-        text: Option<&str>,
-    ) -> Option<TokenCount> {
-        let text = text.filter(|_| has_tokenizer(route))?;
-        match shared.backends.count_completion(route, text).await {
-            Ok(tokens) => Some(TokenCount {
-                tokens,
-                source: TokenSource::Tokenizer,
-            }),
-            Err(e) => {
-                tracing::warn!(run_id = %self.gate.run_id, error = %e, "estimating the completion's tokens instead");
-                None
-            }
-        }
-    }
-
     /// A backend's error, with the route's key removed should it appear.
     fn scrubbed(&self, route: &str, backends: &Backends, text: &str) -> String {
         match backends.key_of(route) {
@@ -649,47 +726,8 @@ impl ModelCalls {
     }
 }
 
-/// The call's messages, checked: known roles, 1 or more, at most [`MAX_TEXT`] bytes of text,
-/// and few short stop sequences.
-fn well_formed(request: &pb::CompleteRequest) -> Result<Vec<pb::ChatMessage>, Refused> {
-    let mut messages = Vec::with_capacity(request.messages.len());
-    let mut size = 0;
-    for (i, m) in request.messages.iter().enumerate() {
-        Role::parse(&m.role)
-            .filter(|r| *r != Role::Tool)
-            .ok_or_else(|| {
-                Refused::new(
-                    Status::invalid_argument,
-                    format!(
-                        "message {i}: the role is not system, user or assistant ({} bytes given)",
-                        m.role.len()
-                    ),
-                )
-            })?;
-        size += m.content.len();
-        messages.push(pb::ChatMessage {
-            role: m.role.clone(),
-            content: m.content.clone(),
-            parts: Vec::new(),
-        });
-    }
-    if messages.is_empty() || size > MAX_TEXT {
-        return Err(Refused::new(
-            Status::invalid_argument,
-            format!("a call needs 1 or more messages and at most {MAX_TEXT} bytes of text"),
-        ));
-    }
-    if request.stop.len() > MAX_STOPS || request.stop.iter().any(|s| s.len() > MAX_STOP_LEN) {
-        return Err(Refused::new(
-            Status::invalid_argument,
-            format!("at most {MAX_STOPS} stop sequences of at most {MAX_STOP_LEN} bytes"),
-        ));
-    }
-    Ok(messages)
-}
-
 /// The refusal of a call no granted route may carry, with what the classifier found.
-fn no_route_refusal(no_route: &NoRoute, force_local: bool) -> Refused {
+fn no_route_refusal(no_route: &NoRoute) -> Refused {
     let reasons: Vec<String> = no_route
         .assessment
         .findings
@@ -702,129 +740,8 @@ fn no_route_refusal(no_route: &NoRoute, force_local: bool) -> Refused {
         meta: vec![
             ("sensitivity", no_route.assessment.sensitivity.name().into()),
             ("reasons", reasons.into()),
-            ("force_local", force_local.into()),
         ],
     }
-}
-
-/// The `route_decision` entry's metadata for an allowed call: route, sensitivities,
-/// findings (never the text), redactions and the completion cap.
-fn decision_meta(
-    choice: &Choice<'_>,
-    force_local: bool,
-    max_tokens: u32,
-) -> Vec<(&'static str, MetaValue)> {
-    let route = choice.route;
-    let findings: Vec<String> = choice
-        .assessment
-        .findings
-        .iter()
-        .map(|f| f.compact())
-        .collect();
-    vec![
-        ("route", route.name.as_str().into()),
-        (
-            "kind",
-            match route.kind {
-                RouteKind::Local => "local",
-                RouteKind::Cloud => "cloud",
-            }
-            .into(),
-        ),
-        ("model", route.model.as_str().into()),
-        ("sensitivity", choice.assessment.sensitivity.name().into()),
-        ("sent_sensitivity", choice.sent_sensitivity().name().into()),
-        ("reasons", findings.into()),
-        (
-            "redacted_spans",
-            choice
-                .redacted
-                .as_ref()
-                .map_or(0, |r| r.spans as i64)
-                .into(),
-        ),
-        ("force_local", force_local.into()),
-        ("max_tokens", i64::from(max_tokens).into()),
-    ]
-}
-
-/// What came back from a backend, as it was relayed to the agent.
-struct Streamed {
-    /// How the call ended.
-    result: Result<(), BackendError>,
-    /// Bytes of completion text relayed.
-    text_len: usize,
-    /// The text (up to 1 MiB), kept only to estimate a completion the server did not count.
-    text: String,
-    finish: String,
-    /// The server's own counts, when it gave them.
-    prompt: Option<u64>,
-    completion: Option<u64>,
-}
-
-/// Sends `chat` to `route` and relays its reply to `out` as it arrives. A client that stops
-/// reading does not hold the call: after [`CLIENT_IDLE`] the backend's reply is dropped.
-async fn relay_reply(
-    backends: &Backends,
-    route: &Route,
-    chat: &ChatRequest,
-    out: &mpsc::Sender<Result<pb::CompleteEvent, Status>>,
-) -> Streamed {
-    let event = |e: pb::complete_event::Event| pb::CompleteEvent { event: Some(e) };
-    let (items_tx, mut items_rx) = mpsc::channel::<StreamItem>(64);
-    let backend = async {
-        let result = tokio::time::timeout(CALL_TIMEOUT, backends.call(route, chat, &items_tx))
-            .await
-            .unwrap_or_else(|_| {
-                Err(BackendError::Reply {
-                    route: route.name.clone(),
-                    detail: format!(
-                        "the call took longer than {} s and was given up",
-                        CALL_TIMEOUT.as_secs()
-                    ),
-                })
-            });
-        drop(items_tx);
-        result
-    };
-    let forward = async {
-        let mut streamed = Streamed {
-            result: Ok(()),
-            text_len: 0,
-            text: String::new(),
-            finish: String::new(),
-            prompt: None,
-            completion: None,
-        };
-        while let Some(item) = items_rx.recv().await {
-            match item {
-                StreamItem::Delta(delta) => {
-                    streamed.text_len += delta.text.len();
-                    if streamed.text.len() < 1 << 20 {
-                        streamed.text.push_str(&delta.text);
-                    }
-                    let sent = tokio::time::timeout(
-                        CLIENT_IDLE,
-                        out.send(Ok(event(pb::complete_event::Event::Delta(delta)))),
-                    )
-                    .await;
-                    if !matches!(sent, Ok(Ok(()))) {
-                        break;
-                    }
-                }
-                StreamItem::Finish(reason) => streamed.finish = reason,
-                StreamItem::Usage { prompt, completion } => {
-                    streamed.prompt = prompt.or(streamed.prompt);
-                    streamed.completion = completion.or(streamed.completion);
-                }
-                StreamItem::Done => {}
-            }
-        }
-        streamed
-    };
-    let (result, mut streamed) = tokio::join!(backend, forward);
-    streamed.result = result;
-    streamed
 }
 
 /// A checked call, ready to send.

@@ -130,6 +130,7 @@ impl RunGateway {
                 gate: gate.clone(),
                 models: config.models.clone(),
                 approvals: approvals.clone(),
+                refused: Default::default(),
             },
             egress: Arc::new(EgressCalls::new(
                 gate.clone(),

@@ -118,13 +118,16 @@ impl Gateway for GatewayService {
         self.run.models.complete(request).await.map(Response::new)
     }
 
-    // SCAFFOLD(issue 29): replaced by the gateway helper's implementations before landing.
     async fn count_tokens(
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CountTokensResponse>, Status> {
-        self.check_peer(&request)?;
-        Err(Status::unimplemented("CountTokens"))
+        let request = self.admitted("model.count_tokens", request)?;
+        self.run
+            .models
+            .count_tokens(request)
+            .await
+            .map(Response::new)
     }
 
     async fn list_models(
@@ -132,7 +135,7 @@ impl Gateway for GatewayService {
         request: Request<pb::ListModelsRequest>,
     ) -> Result<Response<pb::ListModelsResponse>, Status> {
         self.check_peer(&request)?;
-        Err(Status::unimplemented("ListModels"))
+        Ok(Response::new(self.run.models.list_models()))
     }
 
     async fn record_refused_call(
@@ -140,7 +143,11 @@ impl Gateway for GatewayService {
         request: Request<pb::RecordRefusedCallRequest>,
     ) -> Result<Response<pb::RecordRefusedCallResponse>, Status> {
         self.check_peer(&request)?;
-        Err(Status::unimplemented("RecordRefusedCall"))
+        // Over a bound: the sandbox's own report is refused, and recorded as such.
+        let request = self.admitted("model.endpoint", request)?;
+        let run = self.run.clone();
+        let call_id = tokio::task::block_in_place(|| run.models.record_refused(&request));
+        Ok(Response::new(pb::RecordRefusedCallResponse { call_id }))
     }
 
     async fn call_tool(
@@ -289,6 +296,10 @@ fn gateway_request_limits() -> RequestLimits {
     RequestLimits::builder(256 << 10, GATEWAY_IN_FLIGHT, GATEWAY_BODY_DEADLINE)
         .cap("/tollgate.v1.Gateway/CallTool", MAX_WRITE + (64 << 10))
         .cap("/tollgate.v1.Gateway/Complete", 2 * MAX_TEXT + (64 << 10))
+        .cap(
+            "/tollgate.v1.Gateway/CountTokens",
+            2 * MAX_TEXT + (64 << 10),
+        )
         // A connection's control, open as long as the connection: `open` is small, and
         // anything after it ends the connection.
         .stream("/tollgate.v1.Gateway/Egress")
@@ -387,8 +398,10 @@ pub fn serve_listener(
             .layer(limits)
             .add_service(
                 pb::gateway_server::GatewayServer::new(service)
-                    // A full fs.write and its framing.
-                    .max_decoding_message_size(MAX_WRITE + (64 << 10)),
+                    // The largest request any method takes (each method's own cap is
+                    // the layer's above): a full fs.write, or a model call's text and
+                    // images, and its framing.
+                    .max_decoding_message_size(MAX_WRITE.max(2 * MAX_TEXT) + (64 << 10)),
             )
             .serve_with_incoming_shutdown(
                 super::tunnel::sort(

@@ -129,6 +129,7 @@ impl RunManager {
             self.approvals.forget_run(run_id);
             // Refusals of a spent run still being counted get their summary entry.
             run.gate.flush_refusals();
+            run.models.flush_refused();
             let last_call = run
                 .gate
                 .last_call
