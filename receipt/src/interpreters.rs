@@ -9,7 +9,16 @@ use std::path::{Path, PathBuf};
 use tollgate_proto::v1 as pb;
 
 use crate::paths::{is_normal_absolute, path_within, SYSTEM_PATHS};
-use crate::spec::SpecError;
+
+/// A virtualenv's interpreter the spec cannot grant as asked, or a bad `interpreters` value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InterpreterError {
+    /// Dotted path of the field, e.g. `exec.allow[2]`.
+    pub field: String,
+    /// What is wrong and what to write instead.
+    pub reason: String,
+}
 
 /// What to do with a program that links outside every grant (`[exec] interpreters`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,11 +33,11 @@ pub enum Interpreters {
 
 impl Interpreters {
     /// Parses `"refuse"` / `"follow"` (`field` names it in the error).
-    pub fn parse(field: &str, text: &str) -> Result<Self, SpecError> {
+    pub fn parse(field: &str, text: &str) -> Result<Self, InterpreterError> {
         match text {
             "refuse" => Ok(Self::Refuse),
             "follow" => Ok(Self::Follow),
-            _ => Err(SpecError::Invalid {
+            _ => Err(InterpreterError {
                 field: field.into(),
                 reason: format!("{text:?} is not \"refuse\" or \"follow\""),
             }),
@@ -60,7 +69,7 @@ fn installation_of(target: &Path) -> PathBuf {
 pub fn check_interpreters(
     request: &mut pb::MintReceiptRequest,
     mode: Interpreters,
-) -> Result<(), SpecError> {
+) -> Result<(), InterpreterError> {
     let mut programs: Vec<(String, String)> = request
         .exec
         .iter()
@@ -104,7 +113,7 @@ pub fn check_interpreters(
         }
         match mode {
             Interpreters::Refuse => {
-                return Err(SpecError::Invalid {
+                return Err(InterpreterError {
                     field,
                     reason: format!(
                         "{program} is a link to {target_text}, outside every grant: the sandbox cannot reach it; make the virtualenv from /usr/bin/python3, or set [exec] interpreters = \"follow\" to grant {} read-only and executable",

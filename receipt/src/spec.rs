@@ -25,6 +25,15 @@ pub enum SpecError {
     },
 }
 
+impl From<crate::interpreters::InterpreterError> for SpecError {
+    fn from(e: crate::interpreters::InterpreterError) -> Self {
+        Self::Invalid {
+            field: e.field,
+            reason: e.reason,
+        }
+    }
+}
+
 impl SpecError {
     /// The error for a person, prefixed with the file it is about: `run.toml:3: exec.allow:
     /// invalid type: …` (the line where TOML was wrong) or `run.toml: limits.memory: …`.

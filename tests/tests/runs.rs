@@ -517,6 +517,58 @@ fn exec_through_the_gateway_follows_directory_entries() {
     fx.assert_gone(&run_id);
 }
 
+/// What the sandbox's model endpoint refuses itself (a body that is not JSON, a path it does
+/// not serve) reaches the run's audit log from inside a real sandbox, so `tollgate calls`
+/// shows why an agent failed; the answers tell SDKs not to retry.
+#[test]
+fn the_endpoints_own_refusals_are_in_tollgate_calls() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("models-refused", 201_880);
+    let (_runtime, _backend) = fx.serve_local_route(Default::default());
+    let agent = r#"
+import os, urllib.request, urllib.error
+base = os.environ["OPENAI_BASE_URL"]
+def post(path, body):
+    request = urllib.request.Request(base + path, data=body, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as reply:
+            return reply.status, reply.headers.get("x-should-retry")
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("x-should-retry")
+print("not json", *post("/chat/completions", b"{not json"))
+print("unknown path", *post("/embeddings", b"{}"))
+"#;
+    let mut receipt = fx.receipt(&format!("/usr/bin/python3 - <<'PY'\n{agent}\nPY"), 60);
+    receipt.exec.push("/usr/bin/python3".into());
+    receipt.routes.push(pb::RouteGrant {
+        name: "local".into(),
+        max_sensitivity: pb::Sensitivity::High as i32,
+        ask: false,
+    });
+    let run_id = fx.start(&fx.sign(receipt)).unwrap();
+    let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();
+    let output = fx.output_of(&run_id);
+    assert_eq!(record.state, RunState::Exited, "{output}");
+    assert!(output.contains("not json 400 false"), "{output}");
+    assert!(output.contains("unknown path 404 false"), "{output}");
+    let listed = std::process::Command::new(bin_path("tollgate"))
+        .args(["calls", &run_id])
+        .arg(fx.data.join("audit"))
+        .output()
+        .unwrap();
+    let calls = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{listed:?}");
+    let refused: Vec<&str> = calls
+        .lines()
+        .filter(|l| l.contains("model.request"))
+        .collect();
+    assert_eq!(refused.len(), 2, "{calls}");
+    assert!(refused[0].contains("POST /v1/chat/completions"), "{calls}");
+    assert!(refused[1].contains("POST /v1/embeddings"), "{calls}");
+}
+
 /// The agent inside the sandbox: the official `openai` package, unmodified, against the
 /// sandbox's own endpoint (`OPENAI_BASE_URL`).
 const SDK_AGENT: &str = r#"

@@ -9,7 +9,7 @@ use super::common::{
     str_of, string_of, text_part, tool_call_part, tool_choice, tool_result_part, usage, Block,
     Call, Invalid, Reply,
 };
-use super::{Context, Encoder};
+use super::reply::{Context, Encoder};
 
 /// The gateway call a Chat Completions request asks for.
 pub(crate) fn parse(body: &Value) -> Result<Call, Invalid> {
@@ -338,7 +338,7 @@ impl Encoder for ChatStream {
     }
 
     fn error(&mut self, status: &tonic::Status) -> String {
-        let kind = super::GatewayError::of(status).openai_kind;
+        let kind = super::reply::GatewayError::of(status).openai_kind;
         format!(
             "data: {}\n\n",
             json!({"error": {"message": status.message(), "type": kind, "param": null, "code": kind}})

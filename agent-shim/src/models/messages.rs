@@ -10,7 +10,7 @@ use super::common::{
     stop_of, str_of, string_of, text_part, tool_call_part, tool_choice, tool_result_part, usage,
     Block, Call, Invalid, Reply,
 };
-use super::{Context, Encoder};
+use super::reply::{Context, Encoder};
 
 /// Where a reasoning block came from, as ThinkingPart.origin names it.
 const ORIGIN: &str = "anthropic";
@@ -439,7 +439,7 @@ impl Encoder for MessagesStream {
     }
 
     fn error(&mut self, status: &tonic::Status) -> String {
-        let kind = super::GatewayError::of(status).anthropic_kind();
+        let kind = super::reply::GatewayError::of(status).anthropic_kind();
         event(
             "error",
             json!({"type": "error", "error": {"type": kind, "message": status.message()}}),

@@ -11,7 +11,7 @@ use super::common::{
     str_of, string_of, text_part, tool_call_part, tool_choice, tool_result_part, usage, Block,
     Call, Invalid, Reply,
 };
-use super::{Context, Encoder};
+use super::reply::{Context, Encoder};
 
 /// Where a reasoning item came from, as ThinkingPart.origin names it.
 const ORIGIN: &str = "openai-responses";
@@ -738,7 +738,7 @@ impl Encoder for ResponsesStream {
 
     fn error(&mut self, status: &tonic::Status) -> String {
         let mut out = String::new();
-        let kind = super::GatewayError::of(status).openai_kind;
+        let kind = super::reply::GatewayError::of(status).openai_kind;
         let mut response = response(&self.context, "failed", &self.output, None);
         response["error"] = json!({"code": kind, "message": status.message()});
         self.event(&mut out, "response.failed", json!({"response": response}));

@@ -11,10 +11,11 @@
 use serde_json::{json, Map, Value};
 use tollgate_proto::v1 as pb;
 
-use super::{
+use super::shared::{
     call_arguments, choice_mode, image_base64, normalise_finish, text_delta, thinking_delta,
-    tool_delta, tool_schema, unsendable, ChatRequest, Completion, Role, StreamItem, WireError,
+    tool_delta, tool_schema, unsendable,
 };
+use super::types::{ChatRequest, Completion, Role, StreamItem, WireError};
 use crate::config::Api;
 
 const API: Api = Api::Anthropic;
@@ -229,7 +230,7 @@ pub(super) fn parse(value: &Value) -> Result<Completion, WireError> {
     let blocks = value
         .get("content")
         .and_then(Value::as_array)
-        .ok_or_else(|| super::malformed(API, "no content"))?;
+        .ok_or_else(|| super::shared::malformed(API, "no content"))?;
     let mut deltas = Vec::new();
     let mut calls = 0u32;
     for block in blocks {

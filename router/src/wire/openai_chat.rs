@@ -11,10 +11,11 @@
 use serde_json::{json, Map, Value};
 use tollgate_proto::v1 as pb;
 
-use super::{
+use super::shared::{
     call_arguments, choice_mode, image_data_url, joined_text, normalise_finish, text_delta,
-    tool_delta, tool_schema, unsendable, ChatRequest, Completion, Role, StreamItem, WireError,
+    tool_delta, tool_schema, unsendable,
 };
+use super::types::{ChatRequest, Completion, Role, StreamItem, WireError};
 use crate::config::Api;
 
 const API: Api = Api::Openai;
@@ -196,7 +197,7 @@ fn image_part(image: &pb::ImagePart) -> Result<Value, WireError> {
 pub(super) fn parse(value: &Value) -> Result<Completion, WireError> {
     let choice = value
         .pointer("/choices/0")
-        .ok_or_else(|| super::malformed(API, "no choices"))?;
+        .ok_or_else(|| super::shared::malformed(API, "no choices"))?;
     let mut deltas = Vec::new();
     if let Some(text) = choice
         .pointer("/message/content")

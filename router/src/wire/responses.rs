@@ -12,10 +12,11 @@
 use serde_json::{json, Map, Value};
 use tollgate_proto::v1 as pb;
 
-use super::{
+use super::shared::{
     call_arguments, choice_mode, image_data_url, joined_text, text_delta, thinking_delta,
-    tool_delta, tool_schema, unsendable, ChatRequest, Completion, Role, StreamItem, WireError,
+    tool_delta, tool_schema, unsendable,
 };
+use super::types::{ChatRequest, Completion, Role, StreamItem, WireError};
 use crate::config::Api;
 
 const API: Api = Api::OpenaiResponses;
@@ -308,7 +309,7 @@ pub(super) fn parse(value: &Value) -> Result<Completion, WireError> {
     let output = value
         .get("output")
         .and_then(Value::as_array)
-        .ok_or_else(|| super::malformed(API, "no output"))?;
+        .ok_or_else(|| super::shared::malformed(API, "no output"))?;
     let mut deltas = Vec::new();
     let mut calls = 0u32;
     for item in output {

@@ -3,6 +3,7 @@
 use serde_json::{json, Value};
 use tollgate_proto::v1 as pb;
 
+use super::shared::text_delta;
 use super::*;
 use crate::sse::SseParser;
 
