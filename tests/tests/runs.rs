@@ -802,7 +802,11 @@ fn a_python_agent_uses_the_official_openai_sdk_inside_its_sandbox() {
         "{output}{errors}"
     );
     let lines: Vec<&str> = output.lines().collect();
-    assert_eq!(lines[0], "models ['auto', 'claude', 'local']", "{output}");
+    // "auto", the granted routes and the models they serve (the local route's is "qwen").
+    assert_eq!(
+        lines[0], "models ['auto', 'claude', 'local', 'qwen']",
+        "{output}"
+    );
     assert_eq!(lines[1], "reply served by the cloud 12 5", "{output}");
     assert_eq!(lines[2], "reply served locally 12 5", "{output}");
     assert_eq!(lines[3], "whole served by the cloud 17", "{output}");
