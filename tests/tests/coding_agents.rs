@@ -414,6 +414,11 @@ fn codex_does_the_task_on_the_host() {
 }
 
 #[test]
+fn opencode_does_the_task_on_the_host() {
+    control("opencode");
+}
+
+#[test]
 fn aider_does_the_task_on_the_host() {
     control("aider");
 }
@@ -433,6 +438,13 @@ fn claude_code_does_the_task_in_a_sandbox() {
 #[test]
 fn codex_does_the_task_in_a_sandbox() {
     in_sandbox("codex", "openai-responses", "gpt-5-codex", 330_100);
+}
+
+/// opencode speaks Anthropic Messages with tools (`write`, `bash`), streamed, through its
+/// built-in `anthropic` provider.
+#[test]
+fn opencode_does_the_task_in_a_sandbox() {
+    in_sandbox("opencode", "anthropic", "claude-sonnet-4-5", 330_800);
 }
 
 /// aider speaks chat completions with its own edit format, asking for `gpt-4o` by the
@@ -458,6 +470,12 @@ fn claude_code_does_the_task_in_a_sandbox_beside_its_model() {
 #[test]
 fn codex_does_the_task_in_a_sandbox_beside_its_model() {
     beside_in_sandbox("codex", 330_500);
+}
+
+/// opencode in a sandbox with its model beside it.
+#[test]
+fn opencode_does_the_task_in_a_sandbox_beside_its_model() {
+    beside_in_sandbox("opencode", 330_900);
 }
 
 /// aider in a sandbox with its model beside it.

@@ -54,6 +54,27 @@ pub fn codex_script() -> ModelScript {
     }
 }
 
+/// opencode's script: its `write` and `bash` tools, Anthropic Messages (its built-in
+/// `anthropic` provider, pointed at the endpoint).
+pub fn opencode_script(project: &str) -> ModelScript {
+    ModelScript {
+        turns: vec![
+            Turn::calls(vec![Call::new(
+                "write",
+                json!({"filePath": format!("{project}/hello.txt"), "content": CONTENT}),
+            )]),
+            Turn::calls(vec![Call::new(
+                "bash",
+                json!({"command": "wc -c hello.txt", "description": "Count the bytes of hello.txt"}),
+            )]),
+            Turn::text(FINAL).expecting(COUNTED),
+        ],
+        tools_required: true,
+        side_reply: "ok".into(),
+        models: vec!["claude-sonnet-4-5".into(), "claude-haiku-4-5".into()],
+    }
+}
+
 /// llm's script: the two functions of examples/agents/llm-tools.py, chat completions.
 pub fn llm_script() -> ModelScript {
     ModelScript {
@@ -94,12 +115,13 @@ pub fn aider_script() -> ModelScript {
 /// The project aider works in: a test of `greet.py`, which does not exist yet.
 pub const AIDER_TEST: &str = "from greet import greet\n\nassert greet(\"tollgate\") == \"Hello, tollgate!\", greet(\"tollgate\")\nprint(\"greeted\")\n";
 
-/// The script of agent `name` (`claude-code`, `codex`, `aider`, `llm`), working in `project`
+/// The script of agent `name` (`claude-code`, `codex`, `opencode`, `aider`, `llm`), working in `project`
 /// (the path as the agent sees it).
 pub fn script(name: &str, project: &str) -> ModelScript {
     match name {
         "claude-code" => claude_script(project),
         "codex" => codex_script(),
+        "opencode" => opencode_script(project),
         "aider" => aider_script(),
         "llm" => llm_script(),
         _ => panic!("no script for an agent named {name:?}"),
