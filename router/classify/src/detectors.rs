@@ -207,7 +207,13 @@ pub(crate) const BUILTINS: &[Builtin] = &[
         // digests named by their algorithm (`SHA256:` SSH key fingerprints, `sha256:` images).
         concat!(
             r"\b(?:sha(?:1|256|384|512)-[A-Za-z0-9+/]{27,}={0,2}|h1:[A-Za-z0-9+/]{43}=",
-            r"|(?i:sha(?:1|256|384|512)|md5):[A-Za-z0-9+/]{22,128}={0,2})",
+            // Each algorithm at its own length, hex or base64: another length is not its
+            // digest, so `sha256:` glued to a secret still has the secret judged.
+            r"|(?i:md5):(?:[0-9A-Fa-f]{32}\b|[A-Za-z0-9+/]{22}(?:==|\b))",
+            r"|(?i:sha1):(?:[0-9A-Fa-f]{40}\b|[A-Za-z0-9+/]{27}(?:=|\b))",
+            r"|(?i:sha256):(?:[0-9A-Fa-f]{64}\b|[A-Za-z0-9+/]{43}(?:=|\b))",
+            r"|(?i:sha384):(?:[0-9A-Fa-f]{96}\b|[A-Za-z0-9+/]{64}\b)",
+            r"|(?i:sha512):(?:[0-9A-Fa-f]{128}\b|[A-Za-z0-9+/]{86}(?:==|\b)))",
             // Hashed host names in known_hosts: `|1|salt|HMAC-SHA1`.
             r"|\|1\|[A-Za-z0-9+/]{27}=\|[A-Za-z0-9+/]{27}="
         ),

@@ -394,3 +394,33 @@ fn escaped_json_and_api_ids_are_read_as_they_are_meant() {
         vec!["high_entropy"]
     );
 }
+
+/// A digest is known only at its algorithm's own length: `sha256:` glued to a secret of
+/// another length does not make the secret a digest (before, any 22 to 128 characters after
+/// `sha256:` were taken as one, hiding an AWS key id).
+#[test]
+fn an_algorithm_label_hides_nothing_but_a_digest_of_its_length() {
+    let classifier = default_classifier();
+    let alone = classifier
+        .classify("key AKIAIOSFODNN7EXAMPLE/x")
+        .sensitivity;
+    assert!(alone > Sensitivity::Low);
+    assert_eq!(
+        classifier
+            .classify("sha256:AKIAIOSFODNN7EXAMPLE/x")
+            .sensitivity,
+        alone
+    );
+    for digest in [
+        "sha256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU=",
+        "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s",
+        "md5:d41d8cd98f00b204e9800998ecf8427e",
+    ] {
+        assert_eq!(
+            classifier.classify(digest).sensitivity,
+            Sensitivity::Low,
+            "{digest}"
+        );
+    }
+}

@@ -468,19 +468,9 @@ impl ModelCalls {
         let shared: &'a ModelRoutes = &run_models.shared;
         let mut call = request.clone();
         outbound::normalise(&mut call).map_err(|e| Refused::new(Status::invalid_argument, e))?;
-        let dropped_thinking = {
-            let issued = models.signatures.lock().unwrap_or_else(|p| p.into_inner());
-            outbound::drop_unissued_thinking(&mut call, &issued)
-        };
-        if call.messages.is_empty() {
-            return Err(Refused::new(
-                Status::invalid_argument,
-                "a call needs 1 or more messages besides reasoning this run's backend did not issue".into(),
-            ));
-        }
         let force_local = shared.routes.policy.force_local || request.local_only;
         let requested = Requested::resolve(&request.route, &shared.routes, &self.gate.receipt);
-        let routed = route::route(
+        let mut routed = route::route(
             &self.gate.receipt,
             &shared.routes,
             &shared.classifier,
@@ -493,6 +483,18 @@ impl ModelCalls {
             refused.meta.push(("force_local", force_local.into()));
             refused
         })?;
+        // Reasoning goes back only to the route whose backend issued it, so this is decided
+        // once the route is chosen.
+        let dropped_thinking = {
+            let issued = models.signatures.lock().unwrap_or_else(|p| p.into_inner());
+            outbound::drop_unissued_thinking(&mut routed.sent, &issued, &routed.choice.route.name)
+        };
+        if routed.sent.messages.is_empty() {
+            return Err(Refused::new(
+                Status::invalid_argument,
+                "a call needs 1 or more messages besides reasoning the chosen route's backend did not issue".into(),
+            ));
+        }
         Ok(Checked {
             models,
             routed,
@@ -633,7 +635,7 @@ impl ModelCalls {
             return;
         };
         let streamed = relay::relay_reply(&shared.backends, route, &plan.chat, &out).await;
-        streamed.remember_signatures(&models.signatures);
+        streamed.remember_signatures(&plan.route, &models.signatures);
         let (prompt, completion) = self
             .counts(
                 &shared,

@@ -36,6 +36,8 @@ pub(crate) enum Kind {
 const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
 /// The wire formats whose reasoning a call may carry back.
 const ORIGINS: [&str; 2] = ["anthropic", "openai-responses"];
+/// The reasoning levels the APIs name ("": the backend's default).
+const REASONING_EFFORTS: [&str; 7] = ["", "none", "minimal", "low", "medium", "high", "xhigh"];
 /// Longest tool name (the APIs' own limit is 64; some servers allow 128).
 pub const MAX_TOOL_NAME: usize = 128;
 
@@ -133,19 +135,21 @@ pub(crate) fn tool_calls_in(request: &pb::CompleteRequest) -> usize {
         .count()
 }
 
-/// Drops each thinking part whose signature no backend of this run issued (it cannot be
-/// read, so it could carry anything); a message left with nothing is dropped too. Returns
-/// how many parts were dropped.
+/// Drops each thinking part whose signature `route`'s backend did not issue for this run (it
+/// cannot be read, so it could carry anything, and another route's may be made from text this
+/// one may not receive); a message left with nothing is dropped too. Returns how many parts
+/// were dropped.
 pub(crate) fn drop_unissued_thinking(
     request: &mut pb::CompleteRequest,
     issued: &Signatures,
+    route: &str,
 ) -> usize {
     let mut dropped = 0;
     for message in &mut request.messages {
         let before = message.parts.len();
         message.parts.retain(|part| match &part.part {
             Some(Part::Thinking(t)) => {
-                t.signature.is_empty() || issued.issued(&t.origin, &t.signature)
+                t.signature.is_empty() || issued.issued(route, &t.origin, &t.signature)
             }
             _ => true,
         });
@@ -194,9 +198,14 @@ pub(crate) fn normalise(request: &mut pb::CompleteRequest) -> Result<(), String>
     canonical_json(&mut request.response_format_json, true)
         .map_err(|e| format!("response_format_json {e}"))?;
     if let Some(reasoning) = &request.reasoning {
-        let effort = &reasoning.effort;
-        if effort.len() > 16 || !effort.bytes().all(|b| b.is_ascii_lowercase()) {
-            return Err("reasoning.effort is a level such as low, medium or high".into());
+        // Sent upstream as it is and never classified: only the APIs' own levels, so it
+        // carries nothing but a choice among them.
+        if !REASONING_EFFORTS.contains(&reasoning.effort.as_str()) {
+            return Err(format!(
+                "reasoning.effort {:?} is not one of {}",
+                reasoning.effort.chars().take(32).collect::<String>(),
+                REASONING_EFFORTS[1..].join(", ")
+            ));
         }
     }
     Ok(())
@@ -320,6 +329,31 @@ fn redact_strings(classifier: &Classifier, value: &mut Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `reasoning.effort` leaves unclassified, so it may only name one of the APIs' levels: a
+    /// free word would be a channel past the classifier.
+    #[test]
+    fn reasoning_effort_is_one_of_the_apis_levels() {
+        let with = |effort: &str| pb::CompleteRequest {
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+                parts: vec![],
+            }],
+            reasoning: Some(pb::ReasoningConfig {
+                effort: effort.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for effort in ["", "minimal", "low", "medium", "high", "xhigh"] {
+            assert!(normalise(&mut with(effort)).is_ok(), "{effort}");
+        }
+        for effort in ["akiaiosfodnn", "secretword", "High"] {
+            let error = normalise(&mut with(effort)).unwrap_err();
+            assert!(error.contains("reasoning.effort"), "{error}");
+        }
+    }
 
     fn text_part(text: &str) -> pb::ContentPart {
         pb::ContentPart {
@@ -473,16 +507,24 @@ mod tests {
     fn unissued_thinking_is_dropped_and_issued_thinking_kept() {
         let mut call = call_with_everything();
         let mut issued = Signatures::default();
-        assert_eq!(drop_unissued_thinking(&mut call.clone(), &issued), 1);
-        issued.remember("anthropic", "sig");
-        assert_eq!(drop_unissued_thinking(&mut call, &issued), 0);
+        assert_eq!(
+            drop_unissued_thinking(&mut call.clone(), &issued, "claude"),
+            1
+        );
+        issued.remember("claude", "anthropic", "sig");
+        // Issued by another route of the same format: not for this one.
+        assert_eq!(
+            drop_unissued_thinking(&mut call.clone(), &issued, "claude-public"),
+            1
+        );
+        assert_eq!(drop_unissued_thinking(&mut call, &issued, "claude"), 0);
         // A message that was only unissued reasoning goes with it.
         call.messages[1].parts.truncate(1);
         let mut forged = call.clone();
         if let Some(Part::Thinking(t)) = &mut forged.messages[1].parts[0].part {
             t.signature = "made up".into();
         }
-        assert_eq!(drop_unissued_thinking(&mut forged, &issued), 1);
+        assert_eq!(drop_unissued_thinking(&mut forged, &issued, "claude"), 1);
         assert_eq!(forged.messages.len(), 2);
     }
 

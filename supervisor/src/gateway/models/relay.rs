@@ -72,14 +72,19 @@ impl Streamed {
         }
     }
 
-    /// Remembers the signatures this reply issued, so they may go back to this backend.
-    pub(super) fn remember_signatures(&self, signatures: &std::sync::Mutex<Signatures>) {
+    /// Remembers the signatures this reply issued, so they may go back to this backend: to
+    /// `route`, and no other.
+    pub(super) fn remember_signatures(
+        &self,
+        route: &str,
+        signatures: &std::sync::Mutex<Signatures>,
+    ) {
         if self.signatures.is_empty() {
             return;
         }
         let mut known = signatures.lock().unwrap_or_else(|p| p.into_inner());
         for (origin, signature) in &self.signatures {
-            known.remember(origin, signature);
+            known.remember(route, origin, signature);
         }
     }
 }

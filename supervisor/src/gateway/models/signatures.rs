@@ -21,10 +21,14 @@ pub struct Signatures {
     known: HashSet<[u8; 32]>,
 }
 
-/// The hash a signature is remembered by: its origin and its bytes, so a signature one wire
-/// format issued is not taken for another's.
-fn digest(origin: &str, signature: &str) -> [u8; 32] {
+/// The hash a signature is remembered by: the route whose backend issued it, its origin and
+/// its bytes. A signature goes back only to the route that issued it: another route of the
+/// same format (one allowed less sensitive text) must not receive an opaque blob made from
+/// what the first one was sent.
+fn digest(route: &str, origin: &str, signature: &str) -> [u8; 32] {
     let mut hash = Sha256::new();
+    hash.update(route.as_bytes());
+    hash.update([0]);
     hash.update(origin.as_bytes());
     hash.update([0]);
     hash.update(signature.as_bytes());
@@ -33,11 +37,11 @@ fn digest(origin: &str, signature: &str) -> [u8; 32] {
 
 impl Signatures {
     /// Remembers a signature a backend's reply carried (empty ones are nothing to remember).
-    pub fn remember(&mut self, origin: &str, signature: &str) {
+    pub fn remember(&mut self, route: &str, origin: &str, signature: &str) {
         if signature.is_empty() {
             return;
         }
-        let hash = digest(origin, signature);
+        let hash = digest(route, origin, signature);
         if !self.known.insert(hash) {
             return;
         }
@@ -49,9 +53,9 @@ impl Signatures {
         }
     }
 
-    /// Whether a backend of this run issued `signature` (and it is not yet forgotten).
-    pub fn issued(&self, origin: &str, signature: &str) -> bool {
-        self.known.contains(&digest(origin, signature))
+    /// Whether `route`'s backend issued `signature` for this run (and it is not yet forgotten).
+    pub fn issued(&self, route: &str, origin: &str, signature: &str) -> bool {
+        self.known.contains(&digest(route, origin, signature))
     }
 
     /// How many are remembered.
@@ -72,23 +76,30 @@ mod tests {
     #[test]
     fn only_issued_signatures_are_known_and_the_oldest_are_forgotten() {
         let mut seen = Signatures::default();
-        assert!(!seen.issued("anthropic", "sig-a"));
-        seen.remember("anthropic", "sig-a");
-        assert!(seen.issued("anthropic", "sig-a"));
+        assert!(!seen.issued("claude", "anthropic", "sig-a"));
+        seen.remember("claude", "anthropic", "sig-a");
+        assert!(seen.issued("claude", "anthropic", "sig-a"));
         // Bound to the wire format that issued it.
-        assert!(!seen.issued("openai-responses", "sig-a"));
-        seen.remember("anthropic", "sig-a");
+        assert!(!seen.issued("claude", "openai-responses", "sig-a"));
+        // Bound to the route that issued it: another route of the same format may be allowed
+        // less sensitive text than the one the signature's reasoning was made from.
+        assert!(!seen.issued("claude-public", "anthropic", "sig-a"));
+        seen.remember("claude", "anthropic", "sig-a");
         assert_eq!(seen.len(), 1, "remembered once");
-        seen.remember("anthropic", "");
+        seen.remember("claude", "anthropic", "");
         assert_eq!(seen.len(), 1, "an empty signature is nothing");
         for i in 0..MAX_SIGNATURES {
-            seen.remember("anthropic", &format!("sig-{i}"));
+            seen.remember("claude", "anthropic", &format!("sig-{i}"));
         }
         assert_eq!(seen.len(), MAX_SIGNATURES);
         assert!(
-            !seen.issued("anthropic", "sig-a"),
+            !seen.issued("claude", "anthropic", "sig-a"),
             "the oldest is forgotten"
         );
-        assert!(seen.issued("anthropic", &format!("sig-{}", MAX_SIGNATURES - 1)));
+        assert!(seen.issued(
+            "claude",
+            "anthropic",
+            &format!("sig-{}", MAX_SIGNATURES - 1)
+        ));
     }
 }
