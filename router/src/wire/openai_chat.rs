@@ -12,8 +12,8 @@ use serde_json::{json, Map, Value};
 use tollgate_proto::v1 as pb;
 
 use super::shared::{
-    call_arguments, choice_mode, image_data_url, joined_text, normalise_finish, text_delta,
-    tool_delta, tool_schema, unsendable,
+    call_arguments, image_data_url, insert_openai_tool_choice, joined_text, normalise_finish,
+    response_format, text_delta, tool_delta, tool_schema, unsendable,
 };
 use super::types::{ChatRequest, Completion, Role, StreamItem, WireError};
 use crate::config::Api;
@@ -60,28 +60,13 @@ pub fn body(request: &ChatRequest) -> Result<Value, WireError> {
             })
             .collect::<Result<Vec<Value>, WireError>>()?;
         body.insert("tools".into(), Value::Array(tools));
-        if let Some(mode) = choice_mode(call.tool_choice.as_ref()) {
-            use pb::tool_choice::Mode;
-            let choice = match mode {
-                Mode::Auto | Mode::Unspecified => json!("auto"),
-                Mode::None => json!("none"),
-                Mode::Required => json!("required"),
-                Mode::Named => json!({
-                    "type": "function",
-                    "function": {"name": call.tool_choice.as_ref().map(|c| c.name.as_str()).unwrap_or_default()},
-                }),
-            };
-            body.insert("tool_choice".into(), choice);
-        }
-        if let Some(parallel) = call.tool_choice.as_ref().and_then(|c| c.parallel) {
-            body.insert("parallel_tool_calls".into(), json!(parallel));
-        }
+        insert_openai_tool_choice(
+            &mut body,
+            call,
+            |name| json!({"type": "function", "function": {"name": name}}),
+        );
     }
-    if !call.response_format_json.trim().is_empty() {
-        let format: Value = serde_json::from_str(&call.response_format_json)
-            .ok()
-            .filter(Value::is_object)
-            .ok_or_else(|| unsendable(API, "the response format is not a JSON object"))?;
+    if let Some(format) = response_format(API, call)? {
         body.insert("response_format".into(), format);
     }
     if let Some(effort) = call

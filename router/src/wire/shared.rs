@@ -190,3 +190,46 @@ pub(super) fn image_base64(api: Api, image: &pb::ImagePart) -> Result<(String, S
         )),
     }
 }
+
+/// The tool choice and parallel-calls setting in OpenAI's two formats' shape, into `body`:
+/// they differ only in how a named tool is written (`named`).
+pub(super) fn insert_openai_tool_choice(
+    body: &mut serde_json::Map<String, Value>,
+    call: &pb::CompleteRequest,
+    named: impl FnOnce(&str) -> Value,
+) {
+    if let Some(mode) = choice_mode(call.tool_choice.as_ref()) {
+        use pb::tool_choice::Mode;
+        let choice = match mode {
+            Mode::Auto | Mode::Unspecified => serde_json::json!("auto"),
+            Mode::None => serde_json::json!("none"),
+            Mode::Required => serde_json::json!("required"),
+            Mode::Named => named(
+                call.tool_choice
+                    .as_ref()
+                    .map(|c| c.name.as_str())
+                    .unwrap_or_default(),
+            ),
+        };
+        body.insert("tool_choice".into(), choice);
+    }
+    if let Some(parallel) = call.tool_choice.as_ref().and_then(|c| c.parallel) {
+        body.insert("parallel_tool_calls".into(), serde_json::json!(parallel));
+    }
+}
+
+/// The call's required reply shape, when it asks for one: a JSON object, else the call
+/// cannot be sent in `api`.
+pub(super) fn response_format(
+    api: Api,
+    call: &pb::CompleteRequest,
+) -> Result<Option<Value>, WireError> {
+    if call.response_format_json.trim().is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_str(&call.response_format_json)
+        .ok()
+        .filter(Value::is_object)
+        .map(Some)
+        .ok_or_else(|| unsendable(api, "the response format is not a JSON object"))
+}
