@@ -183,11 +183,13 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
         ));
     }
     if let Some(agent) = &request.agent {
+        if !agent.workdir.is_empty() {
+            check_path("agent.workdir", &agent.workdir)?;
+        }
+        // No argv: the command is given when the run starts (the supervisor checks it
+        // against exec then); env and workdir still apply.
         let Some(program) = agent.argv.first() else {
-            return Err(CallError::invalid(
-                "agent.argv",
-                "must not be empty when agent is set",
-            ));
+            return Ok(());
         };
         if !tollgate_proto::exec_allows(&request.exec, program) {
             return Err(CallError::invalid(
@@ -203,9 +205,6 @@ pub fn validate_mint(request: &pb::MintReceiptRequest) -> Result<(), CallError> 
                     tollgate_receipt::paths::SYSTEM_PATHS.join(", ")
                 ),
             ));
-        }
-        if !agent.workdir.is_empty() {
-            check_path("agent.workdir", &agent.workdir)?;
         }
     }
     Ok(())
@@ -829,6 +828,16 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("cannot run in a sandbox"));
+        // No argv: the command comes at start; the env and workdir are still checked.
+        let mut r = request();
+        r.agent = Some(pb::AgentSpec {
+            env: [("A".to_owned(), "1".to_owned())].into(),
+            workdir: "/project".into(),
+            ..Default::default()
+        });
+        validate_mint(&r).unwrap();
+        r.agent.as_mut().unwrap().workdir = "project/../x".into();
+        assert_eq!(field(&r), "agent.workdir");
         let mut r = request();
         r.routes.push(pb::RouteGrant {
             name: "local".into(),

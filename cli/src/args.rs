@@ -114,15 +114,29 @@ impl GlobalArgs {
 /// Commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Mint a receipt from a TOML run spec; print its tgr1. text or write it to --out.
+    /// Mint a receipt from a TOML run spec or a profile; print its tgr1. text or write it to
+    /// --out.
     ///
     /// The spec names subject, ttl, audience, [agent], [limits], [[fs]], [exec], [[routes]]
-    /// and [delegate] (see docs/run-spec.md). The authority refuses anything above your
-    /// operator ceiling and names the grant.
+    /// and [delegate] (see docs/run-spec.md). A profile (`--profile claude-code --project DIR
+    /// --task TEXT`, or `profile = "NAME"` in a spec) expands first into the explicit spec
+    /// that is signed: `tollgate profiles` lists them. The authority refuses anything above
+    /// your operator ceiling and names the grant.
     Mint {
         /// The run spec (TOML); "-" reads stdin.
-        #[arg(long, value_name = "FILE")]
-        spec: PathBuf,
+        #[arg(
+            long,
+            value_name = "FILE",
+            required_unless_present = "profile",
+            conflicts_with = "profile"
+        )]
+        spec: Option<PathBuf>,
+        /// Mint from this profile (`tollgate profiles` lists them) instead of a spec file.
+        #[arg(long, value_name = "NAME")]
+        profile: Option<String>,
+        /// The profile's variables.
+        #[command(flatten)]
+        values: ProfileValues,
         /// Write the receipt's text form here (mode 0600) instead of stdout.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
@@ -137,6 +151,18 @@ pub enum Command {
     /// Inspect receipts.
     #[command(subcommand)]
     Receipt(ReceiptCommand),
+    /// List the profiles `tollgate mint --profile NAME` can start from: yours
+    /// (~/.config/tollgate/profiles/NAME.toml), the host's (/etc/tollgate/profiles/) and the
+    /// built-in ones (claude-code, codex, aider, opencode, python, node, shell), in that order
+    /// of precedence.
+    Profiles {
+        /// JSON lines instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one profile.
+    #[command(subcommand)]
+    Profile(ProfileCommand),
     /// List your receipts (admins: everyone's), newest first.
     Receipts {
         /// Include expired receipts.
@@ -738,6 +764,39 @@ pub enum AuditCommand {
         /// Only entries since this time: RFC 3339 or an age (2h).
         #[arg(long, value_name = "TIME")]
         since: Option<String>,
+    },
+}
+
+/// Values of a profile's variables (`tollgate mint --profile`, `tollgate profile show`).
+#[derive(Debug, Default, Args)]
+pub struct ProfileValues {
+    /// The project the agent works on: a directory on this host (the profile's `project`).
+    #[arg(long, value_name = "DIR")]
+    pub project: Option<PathBuf>,
+    /// What the agent is asked to do (the profile's `task`), e.g. "make the tests pass".
+    #[arg(long, value_name = "TEXT")]
+    pub task: Option<String>,
+    /// Any other variable of the profile, e.g. --var install=/opt/claude-code (repeatable;
+    /// `tollgate profile show NAME` lists them).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+}
+
+/// `tollgate profile ...`
+#[derive(Debug, Subcommand)]
+pub enum ProfileCommand {
+    /// Print a profile: its file as written (with the comments saying what each setting is
+    /// for and which variables it takes), or with --expanded the run spec it mints.
+    Show {
+        /// The profile's name.
+        name: String,
+        /// Print the explicit run spec the profile expands to with these values (what
+        /// `tollgate mint --profile` would sign), instead of the file.
+        #[arg(long)]
+        expanded: bool,
+        /// The profile's variables (with --expanded).
+        #[command(flatten)]
+        values: ProfileValues,
     },
 }
 

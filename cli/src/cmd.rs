@@ -10,6 +10,7 @@ pub(crate) mod keys;
 pub(crate) mod local;
 pub(crate) mod operators;
 pub(crate) mod pki;
+pub(crate) mod profiles;
 pub(crate) mod quickstart;
 pub(crate) mod receipts;
 pub(crate) mod rootfs;

@@ -17,7 +17,8 @@ mod terminal;
 
 pub use args::{
     AuditCommand, AuditTrustArgs, Cli, Command, GlobalArgs, KeysCommand, OperatorCommand,
-    PkiCommand, PkiKind, ReceiptCommand, RootfsCommand, RootfsPlace, SupervisorCommand,
+    PkiCommand, PkiKind, ProfileCommand, ProfileValues, ReceiptCommand, RootfsCommand, RootfsPlace,
+    SupervisorCommand,
 };
 pub use cmd::audit;
 pub use cmd::receipts::{fetch_trust, mint_with, verify_with};
@@ -25,8 +26,8 @@ pub use error::{CliError, RootfsError};
 use tollgate_proto::v1 as pb;
 
 use cmd::{
-    approvals, copy, doctor, keys, local, operators, pki, quickstart, receipts, rootfs, runs,
-    supervisors,
+    approvals, copy, doctor, keys, local, operators, pki, profiles, quickstart, receipts, rootfs,
+    runs, supervisors,
 };
 
 /// Runs one command; output goes to stdout, the caller prints the error.
@@ -35,13 +36,32 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Mint {
             spec,
+            profile,
+            values,
             json,
             dry_run: true,
             ..
-        } => receipts::check_mint(global, &spec, json).await,
+        } => {
+            let source = profiles::MintSource::new(spec, profile, values)?;
+            receipts::check_mint(global, &source, json).await
+        }
         Command::Mint {
-            spec, out, json, ..
-        } => receipts::mint(global, &spec, out.as_deref(), json).await,
+            spec,
+            profile,
+            values,
+            out,
+            json,
+            ..
+        } => {
+            let source = profiles::MintSource::new(spec, profile, values)?;
+            receipts::mint(global, &source, out.as_deref(), json).await
+        }
+        Command::Profiles { json } => profiles::list(json),
+        Command::Profile(ProfileCommand::Show {
+            name,
+            expanded,
+            values,
+        }) => profiles::show(&name, expanded, &values),
         Command::Receipt(ReceiptCommand::Show {
             file,
             audience,

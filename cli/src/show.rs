@@ -139,7 +139,14 @@ pub fn receipt_lines(r: &pb::Receipt) -> Vec<String> {
         ));
     }
     if let Some(agent) = &r.agent {
-        lines.push(("agent", agent.argv.join(" ")));
+        lines.push((
+            "agent",
+            if agent.argv.is_empty() {
+                "not pinned: the command is given when the run starts".into()
+            } else {
+                agent.argv.join(" ")
+            },
+        ));
     }
     if let Some(l) = r.limits {
         lines.push((

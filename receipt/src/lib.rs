@@ -21,9 +21,11 @@ pub mod delegation;
 pub mod egress;
 pub mod interpreters;
 pub mod paths;
+pub mod profile;
 mod runnable;
 pub mod spec;
 mod time;
+mod toml_problem;
 mod verify;
 
 pub use time::{rfc3339, timestamp_from_unix, timestamp_to_unix, unix_now};

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tollgate_proto::v1 as pb;
 
 /// A spec file could not be used. The message is one line naming the field and the fix.
@@ -45,133 +45,12 @@ impl SpecError {
     }
 }
 
-/// What was wrong in a TOML file, where: the line and column (1-based) and the dotted key
-/// path (`exec.allow`, `fs[1].access`) of the value or key the error is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TomlProblem {
-    /// 1-based line; 0 when the parser gave no position.
-    pub line: usize,
-    /// 1-based column (in characters); 0 when the parser gave no position.
-    pub column: usize,
-    /// Dotted path of the key; empty when the error is about no key (a syntax error between
-    /// entries, or the document as a whole).
-    pub key: String,
-    /// What was wrong, one line.
-    pub message: String,
-}
+pub use crate::toml_problem::{parse_toml, TomlProblem};
 
-impl TomlProblem {
-    /// Where `error` (from parsing `text`) happened, with the key path worked out from the
-    /// document's spans.
-    pub fn new(text: &str, error: &toml::de::Error) -> Self {
-        // toml's message may span several lines; keep it to one.
-        let message = error
-            .message()
-            .trim()
-            .lines()
-            .map(str::trim)
-            .collect::<Vec<_>>()
-            .join(" ");
-        let Some(span) = error.span() else {
-            return Self {
-                line: 0,
-                column: 0,
-                key: String::new(),
-                message,
-            };
-        };
-        let at = span.start.min(text.len());
-        let before = &text[..floor_char_boundary(text, at)];
-        let line = before.matches('\n').count() + 1;
-        let column = before.rsplit('\n').next().unwrap_or("").chars().count() + 1;
-        let key = toml::de::DeTable::parse(text)
-            .ok()
-            .and_then(|table| key_at(table.get_ref(), span.start, ""))
-            .unwrap_or_default();
-        Self {
-            line,
-            column,
-            key,
-            message,
-        }
-    }
-
-    /// `line 3: key: message`, for messages that name the file themselves.
-    pub fn located(&self) -> String {
-        if self.line > 0 {
-            format!("line {}: {self}", self.line)
-        } else {
-            self.to_string()
-        }
-    }
-
-    /// `file:line: key: message` (parts without a value left out).
-    pub fn in_file(&self, file: &str) -> String {
-        let mut shown = file.to_owned();
-        if self.line > 0 {
-            shown.push_str(&format!(":{}", self.line));
-        }
-        shown.push_str(": ");
-        shown.push_str(&self.to_string());
-        shown
-    }
-}
-
-impl std::fmt::Display for TomlProblem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.key.is_empty() {
-            f.write_str(&self.message)
-        } else {
-            write!(f, "{}: {}", self.key, self.message)
-        }
-    }
-}
-
-fn floor_char_boundary(text: &str, mut at: usize) -> usize {
-    while !text.is_char_boundary(at) {
-        at -= 1;
-    }
-    at
-}
-
-/// The deepest key path whose key or value span holds `offset`. Every entry is searched (a
-/// table's own span may cover only its header, not its body).
-fn key_at(table: &toml::de::DeTable<'_>, offset: usize, prefix: &str) -> Option<String> {
-    for (key, value) in table {
-        let path = if prefix.is_empty() {
-            key.get_ref().to_string()
-        } else {
-            format!("{prefix}.{}", key.get_ref())
-        };
-        if let Some(deeper) = value_key_at(value, offset, &path) {
-            return Some(deeper);
-        }
-        if key.span().contains(&offset) || value.span().contains(&offset) {
-            return Some(path);
-        }
-    }
-    None
-}
-
-fn value_key_at(
-    value: &toml::Spanned<toml::de::DeValue<'_>>,
-    offset: usize,
-    path: &str,
-) -> Option<String> {
-    match value.get_ref() {
-        toml::de::DeValue::Table(table) => key_at(table, offset, path),
-        toml::de::DeValue::Array(items) => items.iter().enumerate().find_map(|(i, item)| {
-            let path = format!("{path}[{i}]");
-            value_key_at(item, offset, &path)
-                .or_else(|| item.span().contains(&offset).then_some(path))
-        }),
-        _ => None,
-    }
-}
-
-/// Parses TOML text into `T`; an error says the line and the key path (see [`TomlProblem`]).
-pub fn parse_toml<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, TomlProblem> {
-    toml::from_str(text).map_err(|e| TomlProblem::new(text, &e))
+// serde's skip_serializing_if wants a function of a reference.
+#[allow(clippy::trivially_copy_pass_by_ref)]
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SpecError {
@@ -182,7 +61,7 @@ fn invalid(field: impl Into<String>, reason: impl Into<String>) -> SpecError {
 }
 
 /// A size: an integer number of bytes or a string like `"512MiB"` or `"2 GB"`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(untagged)]
 pub enum SizeValue {
     /// Bytes.
@@ -238,34 +117,50 @@ pub fn parse_duration(field: &str, text: &str) -> Result<Duration, SpecError> {
 
 /// `[limits]` of a run spec or ceiling. Absent fields are left to defaults (run spec) or
 /// uncapped (ceiling).
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsSpec {
     /// Memory of the run's cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<SizeValue>,
     /// Processes and threads.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
     /// CPU cores, fractional allowed (`0.5`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<f64>,
     /// Output bytes relayed or returned.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub output: Option<SizeValue>,
     /// Size of `/tmp`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tmpfs: Option<SizeValue>,
     /// Gateway tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<u64>,
     /// Model tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
     /// Open file descriptors of each sandbox process (`RLIMIT_NOFILE`); default 1024.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub files: Option<u32>,
     /// Outbound connections open at once; default 16.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_connections: Option<u32>,
     /// Bytes the run's outbound connections carry, each way; default 1 GiB.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_bytes: Option<SizeValue>,
     /// How long an outbound connection may be idle, e.g. `"60s"` (the default).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_idle: Option<String>,
 }
 
 impl LimitsSpec {
+    /// No limit is set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
     /// The limits as a protocol message; absent fields are zero.
     pub fn to_proto(&self) -> Result<pb::Limits, SpecError> {
         let size = |value: &Option<SizeValue>, field: &str| {
@@ -320,7 +215,7 @@ impl LimitsSpec {
 }
 
 /// One `[[fs]]` grant.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct FsSpec {
     /// Absolute host path.
@@ -328,21 +223,22 @@ pub struct FsSpec {
     /// `"read"` or `"write"`.
     pub access: String,
     /// Optional absolute path inside the sandbox to bind-mount at.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mount: Option<String>,
     /// Mount it executable (grants with a mount only). A read grant: its shared libraries
     /// load and the `exec` programs beneath it run. A write grant: W^X lifted for it alone,
     /// the agent runs what it builds there. In a ceiling (write entries only): executable
     /// write grants may be minted beneath it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub exec: bool,
     /// Each change the gateway makes beneath it waits for an operator's approval (grants
     /// without `mount` only). In a ceiling: grants minted beneath it must ask.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub ask: bool,
     /// Each read the gateway makes beneath it waits for an operator's approval too (grants
     /// without `mount`, and no mount reaching the same files). In a ceiling: grants minted
     /// beneath it must ask before reads.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub ask_reads: bool,
 }
 
@@ -391,7 +287,7 @@ fn fs_to_proto(grants: &[FsSpec]) -> Result<Vec<pb::FsGrant>, SpecError> {
 }
 
 /// `[approvals]`: how calls that ask for approval wait.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ApprovalsSection {
     /// How long a call waits for a decision before it is denied, e.g. `"2m"` (default 5m,
@@ -406,7 +302,7 @@ pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
 pub const MAX_APPROVAL_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// One `[[routes]]` grant.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RouteSpec {
     /// Route name from the supervisor's configuration (`"*"` in a ceiling: any route).
@@ -415,7 +311,7 @@ pub struct RouteSpec {
     pub max_sensitivity: String,
     /// Each call this route carries waits for an operator's approval. In a ceiling: grants
     /// of the route must ask.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub ask: bool,
 }
 
@@ -437,29 +333,32 @@ fn routes_to_proto(routes: &[RouteSpec]) -> Result<Vec<pb::RouteGrant>, SpecErro
 }
 
 /// One `[[egress]]` grant: where the run may connect through the supervisor.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct EgressSpec {
     /// `"api.example.com"`, `"*.example.com"` or an IP address (`"*"` in a ceiling: any).
     pub host: String,
     /// Ports; default `[443]`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<u32>,
     /// `"low"` (the default), `"medium"` or `"high"`: the most sensitive text sent there.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_sensitivity: Option<String>,
     /// A secret of the supervisor's whose header is added to each request.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inject: Option<String>,
     /// HTTP methods allowed per request (inspected hosts).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub methods: Vec<String>,
     /// Path prefixes allowed per request (inspected hosts).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub paths: Vec<String>,
     /// Terminate TLS and read each request; implied by `inject`, `methods` and `paths`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub inspect: Option<bool>,
     /// Each new connection waits for an operator's approval. In a ceiling: grants minted
     /// beneath it must ask.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub ask: bool,
 }
 
@@ -496,40 +395,49 @@ fn egress_to_proto(grants: &[EgressSpec]) -> Result<Vec<pb::EgressGrant>, SpecEr
 }
 
 /// `[agent]`: a pinned command.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
-    /// Executable (absolute path) and arguments.
+    /// Executable (absolute path) and arguments; empty: the command is given when the run
+    /// starts (and must be listed in `exec`), with this section's env and workdir.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub argv: Vec<String>,
     /// Extra environment variables.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Working directory inside the sandbox.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub workdir: Option<String>,
 }
 
 /// `[exec]`.
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExecSection {
     /// Absolute paths of executables the agent may run (directly, or with the exec tool).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allow: Vec<String>,
     /// Programs the agent may run only through the gateway's exec tool: each run checked and
     /// audited with its argv; the agent cannot execute them itself.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gateway: Vec<String>,
     /// Programs run only through the gateway's exec tool, each run approved by an operator
     /// first.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ask: Vec<String>,
     /// A program beneath a grant that links outside every grant (a virtualenv's
     /// `bin/python` made from a pyenv, uv or conda Python): `"refuse"` (the default) or
     /// `"follow"` (grant the interpreter's installation read-only and executable).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub interpreters: Option<String>,
 }
 
 impl ExecSection {
+    /// Nothing is listed or set.
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
     /// The gateway-only grants: `gateway` then `ask`.
     pub fn gateway_grants(&self) -> Result<Vec<pb::GatewayExecGrant>, SpecError> {
         let grants: Vec<pb::GatewayExecGrant> = self
@@ -560,12 +468,14 @@ impl ExecSection {
 }
 
 /// `[rootfs]`: the userland the sandbox runs on instead of the host's; exactly one of the two.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RootfsSection {
     /// An unpacked root file system at this absolute host path.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     /// One registered with the supervisor (`tollgate rootfs import NAME FILE.tar`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
 
@@ -610,29 +520,31 @@ impl RootfsSection {
 }
 
 /// `[workspace]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct WorkspaceSection {
     /// How long `/work` is kept after the run ends, e.g. `"1h"` (at most 30 days); absent:
     /// removed at teardown.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub keep: Option<String>,
     /// `/work` mounted executable: the agent runs what it builds there (W^X lifted for
     /// `/work` alone).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub exec: bool,
 }
 
 /// `[home]`: the agent's own host directory, kept across runs, mounted writable at its
 /// `$HOME`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct HomeSection {
     /// Absolute host path; never your own home, an ancestor of it, or a system path.
     pub path: String,
     /// Where the sandbox shows it, and what `HOME` says (default `/home/agent`).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub mount: Option<String>,
     /// Executable (W^X lifted for the home alone); default `noexec`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub exec: bool,
 }
 
@@ -640,52 +552,69 @@ pub struct HomeSection {
 pub const MAX_WORKSPACE_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// `[delegate]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DelegateSection {
     /// Levels of descendants allowed.
     pub max_depth: u32,
     /// Each child receipt asked for waits for an operator's approval.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub ask: bool,
 }
 
 /// A run spec: what an operator asks the authority to sign.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
-    /// The agent's name.
+    /// The profile this spec starts from (`"claude-code"`): its settings, then this file's on
+    /// top (see the `profile` module). Absent in an expanded spec.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Values of the profile's variables (`project = "/home/me/project"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub vars: BTreeMap<String, String>,
+    /// The agent's name (required, here or from the profile).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub subject: String,
-    /// Lifetime, e.g. `"10m"`.
+    /// Lifetime, e.g. `"10m"` (required, here or from the profile).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ttl: String,
-    /// Supervisor ids.
+    /// Supervisor ids (required, here or from the profile).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audience: Vec<String>,
-    /// Pinned agent command.
+    /// The agent: its command (pinned, or given when the run starts), environment and
+    /// working directory.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentSection>,
     /// Limits.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "LimitsSpec::is_empty")]
     pub limits: LimitsSpec,
     /// File-system grants.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fs: Vec<FsSpec>,
     /// Executables.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "ExecSection::is_empty")]
     pub exec: ExecSection,
     /// Model routes.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteSpec>,
     /// Delegation.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub delegate: Option<DelegateSection>,
     /// The userland to run on; absent: the host's.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub rootfs: Option<RootfsSection>,
     /// The workspace; absent: removed at teardown, not executable.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub workspace: Option<WorkspaceSection>,
     /// The agent's home; absent: `HOME` is `/work`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub home: Option<HomeSection>,
     /// Outbound connections through the supervisor.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<EgressSpec>,
     /// How calls that ask for approval wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub approvals: Option<ApprovalsSection>,
 }
 
@@ -719,8 +648,29 @@ impl RunSpec {
     }
 
     fn request(&self, user_home: Option<&str>) -> Result<pb::MintReceiptRequest, SpecError> {
+        if let Some(profile) = &self.profile {
+            return Err(invalid(
+                "profile",
+                format!("{profile:?} is not expanded yet: mint it with tollgate mint, which expands profiles"),
+            ));
+        }
+        if !self.vars.is_empty() {
+            return Err(invalid(
+                "vars",
+                "only a spec that names a profile has variables: add profile = \"NAME\" or drop [vars]",
+            ));
+        }
         if self.subject.trim().is_empty() {
-            return Err(invalid("subject", "must not be empty"));
+            return Err(invalid(
+                "subject",
+                "missing: give the agent's name, e.g. subject = \"coder\"",
+            ));
+        }
+        if self.ttl.trim().is_empty() {
+            return Err(invalid(
+                "ttl",
+                "missing: give the receipt's lifetime, e.g. ttl = \"30m\"",
+            ));
         }
         if self.audience.is_empty() {
             return Err(invalid(
@@ -801,38 +751,38 @@ impl RunSpec {
 }
 
 /// An operator ceiling: the most an operator may grant.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct CeilingSpec {
     /// Longest ttl, e.g. `"8h"`.
     pub max_ttl: String,
     /// Allowed supervisor ids; empty means any.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub audience: Vec<String>,
     /// Allowed executables; an entry ending in `/` covers a directory.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exec: Vec<String>,
     /// Executables granted only through the gateway, each run approved (`[exec] ask` of a run
     /// spec); an entry ending in `/` covers a directory.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exec_ask: Vec<String>,
     /// Highest delegation depth.
     #[serde(default)]
     pub max_delegate_depth: u32,
     /// Every delegate grant minted under it must ask.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_false")]
     pub delegate_ask: bool,
     /// Path grants that cover requested paths beneath them.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fs: Vec<FsSpec>,
     /// Routes (`"*"` for any).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteSpec>,
     /// Caps; absent means uncapped.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "LimitsSpec::is_empty")]
     pub limits: LimitsSpec,
     /// Outbound connections operators may grant (`host = "*"`: any host).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<EgressSpec>,
 }
 

@@ -21,10 +21,7 @@ use crate::error::CliError;
 use crate::files::{fill_private, open_private, read_input};
 use crate::show;
 
-/// The invoking user's home, which no run spec's `[home]` may be (nor hold).
-fn operator_home() -> Option<String> {
-    std::env::var("HOME").ok().filter(|home| !home.is_empty())
-}
+use super::profiles::{operator_home, MintSource};
 
 /// Mints from a spec file with an already-connected client.
 pub async fn mint_with(
@@ -46,14 +43,11 @@ pub async fn mint_with(
 /// nothing is minted.
 pub(crate) async fn check_mint(
     global: &GlobalArgs,
-    spec: &Path,
+    source: &MintSource,
     json: bool,
 ) -> Result<(), CliError> {
-    let text = read_input(spec)?;
+    let request = source.request(false)?;
     let token = global.tokens().token()?;
-    let request = RunSpec::parse(&text)
-        .and_then(|spec| spec.to_request_for(operator_home().as_deref()))
-        .map_err(|e| CliError::Input(e.in_file(&spec.display().to_string())))?;
     let mut client = connect(&global.authority, &global.tls()).await?;
     let checked = client
         .check_mint(authed(&token, request)?)
@@ -78,14 +72,14 @@ pub(crate) async fn check_mint(
         );
     } else if checked.violations.is_empty() {
         say!(
-            "{}: within your ceiling; `tollgate mint --spec {}` would mint it",
-            spec.display(),
-            spec.display()
+            "{}: within your ceiling; `{}` would mint it",
+            source.label(),
+            source.mint_command()
         );
     } else {
         say!(
             "{}: {} grant(s) above your ceiling:",
-            spec.display(),
+            source.label(),
             checked.violations.len()
         );
         for violation in &checked.violations {
@@ -102,18 +96,23 @@ pub(crate) async fn check_mint(
 /// `tollgate mint`: mints from a run spec; prints the text form or writes it to `out`.
 pub(crate) async fn mint(
     global: &GlobalArgs,
-    spec: &Path,
+    source: &MintSource,
     out: Option<&Path>,
     json: bool,
 ) -> Result<(), CliError> {
-    let text = read_input(spec)?;
+    let request = source.request(true)?;
     let token = global.tokens().token()?;
     // The output first (its directory exists and is writable, the file can be made): a
     // receipt that could not be written is never minted.
     let opened = out.map(open_private).transpose()?;
     let minting = async {
         let mut client = connect(&global.authority, &global.tls()).await?;
-        mint_with(&mut client, &token, &text, &spec.display().to_string()).await
+        Ok::<_, CliError>(
+            client
+                .mint_receipt(authed(&token, request)?)
+                .await?
+                .into_inner(),
+        )
     };
     let minted = match (minting.await, out, &opened) {
         (Ok(minted), _, _) => minted,
