@@ -164,7 +164,14 @@ impl<'a> Powers<'a> {
             ),
         );
         if let Some(agent) = &r.agent {
-            line("agent", agent.argv.join(" "));
+            line(
+                "agent",
+                if agent.argv.is_empty() {
+                    "not pinned: the command was given when the run started".into()
+                } else {
+                    agent.argv.join(" ")
+                },
+            );
         }
         if r.fs.is_empty() {
             line("fs", "none".into());
