@@ -169,9 +169,40 @@ impl RunFixture {
         (runtime, backend)
     }
 
+    /// Serves one local model route, `local`, speaking `api` to `endpoint` for `model`, as the
+    /// supervisor's routes file would. The runtime returned must stay alive meanwhile.
+    pub fn route_local(&self, api: &str, model: &str, endpoint: &str) -> tokio::runtime::Runtime {
+        let routes_file = self.data.parent().unwrap().join("routes.toml");
+        std::fs::write(
+            &routes_file,
+            format!(
+                "[[route]]\nname = \"local\"\nkind = \"local\"\napi = \"{api}\"\nendpoint = \"{endpoint}\"\nmodel = \"{model}\"\n"
+            ),
+        )
+        .unwrap();
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let routes = runtime
+            .block_on(tollgate_router_backends::ModelRoutes::load(
+                &routes_file,
+                Duration::from_secs(10),
+            ))
+            .unwrap_or_else(|e| panic!("the supervisor's routes file does not load: {e}"));
+        self.manager.set_model_routes(Arc::new(routes));
+        runtime
+    }
+
     /// Starts a signed receipt, capturing its output.
     pub fn start(&self, signed: &SignedReceipt) -> Result<String, StartError> {
         self.manager.start(signed, None, self.sink())
+    }
+
+    /// Starts a signed receipt that pins no command with `argv`, capturing its output.
+    pub fn start_command(
+        &self,
+        signed: &SignedReceipt,
+        argv: Vec<String>,
+    ) -> Result<String, StartError> {
+        self.manager.start(signed, Some(argv), self.sink())
     }
 
     /// Nothing of `run_id` is left: no cgroup (the one its report names), no directory, no
@@ -220,6 +251,63 @@ fn prepared(var: &str, name: &str, inside: &str) -> PathBuf {
     );
     // Grants name real, normalised paths: no `..`, no link on the way.
     dir.canonicalize().unwrap()
+}
+
+/// The receipt an authority would sign for `request` (owner `admin`, valid for ten minutes
+/// from now): every grant of the request, as minted, for the fixture to sign.
+pub fn receipt_of(request: pb::MintReceiptRequest) -> pb::Receipt {
+    let now = unix_now();
+    pb::Receipt {
+        receipt_id: uuid::Uuid::now_v7().to_string(),
+        owner: "admin".into(),
+        subject: request.subject,
+        audience: request.audience,
+        issued_at: Some(timestamp_from_unix(now)),
+        not_before: Some(timestamp_from_unix(now)),
+        expires_at: Some(timestamp_from_unix(now + 600)),
+        agent: request.agent,
+        limits: request.limits,
+        fs: request.fs,
+        exec: request.exec,
+        routes: request.routes,
+        workspace_keep_seconds: request.workspace_keep_seconds,
+        gateway_exec: request.gateway_exec,
+        egress: request.egress,
+        approval_timeout_seconds: request.approval_timeout_seconds,
+        workspace_exec: request.workspace_exec,
+        home: request.home,
+        rootfs: request.rootfs,
+        ..Default::default()
+    }
+}
+
+/// Where scripts/install-agents put the coding agents: `$TOLLGATE_AGENTS_DIR`, else its
+/// defaults (`/usr/local/lib/tollgate-agents` as root).
+pub fn agents_dir() -> PathBuf {
+    let dir = std::env::var_os("TOLLGATE_AGENTS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            if nix::unistd::geteuid().is_root() {
+                PathBuf::from("/usr/local/lib/tollgate-agents")
+            } else {
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tollgate-agents")
+            }
+        });
+    dir.canonicalize().unwrap_or(dir)
+}
+
+/// A directory of the agent's own, as a user's project or home is: owned by an unprivileged
+/// user (4321), 0700, so the sandbox shows it id-mapped (the agent is its owner).
+pub fn own_dir(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(path).unwrap();
+    let status = std::process::Command::new("chown")
+        .args(["-R", "4321:4321"])
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).unwrap();
 }
 
 /// The agents' virtualenv scripts/test makes from the host's `/usr/bin/python3` with the

@@ -1,6 +1,7 @@
 //! Coding agents at work, on real sandboxes (root): a write grant (or /work) that the receipt
 //! makes executable runs what the agent builds there — a C program compiled with gcc, a
-//! Python package with a compiled extension installed by pip — and nothing else does;
+//! Python package with a compiled extension installed by pip, a Node.js native addon — and
+//! nothing else does;
 //! directory rules in `exec` run what lies beneath them; a home kept across runs carries one
 //! run's state to the next.
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 use tollgate_proto::v1 as pb;
 use tollgate_supervisor::records::RunState;
 use tollgate_tests::require_root;
-use tollgate_tests::run_fixture::RunFixture as Fixture;
+use tollgate_tests::run_fixture::{own_dir, RunFixture as Fixture};
 
 const HELLO_C: &str = r#"
 #include <stdio.h>
@@ -29,20 +30,6 @@ static PyMethodDef methods[] = {{"hi", hi, METH_NOARGS, "hi"}, {NULL, NULL, 0, N
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "hello_ext", NULL, -1, methods};
 PyMODINIT_FUNC PyInit_hello_ext(void) { return PyModule_Create(&module); }
 "#;
-
-/// A directory of the agent's own, as a user's project or home is: owned by an unprivileged
-/// user, 0700, so the sandbox shows it id-mapped (the agent is its owner).
-fn own_dir(path: &Path) {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::create_dir_all(path).unwrap();
-    let status = std::process::Command::new("chown")
-        .args(["-R", "4321:4321"])
-        .arg(path)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).unwrap();
-}
 
 fn write_grant(path: &Path, mount: &str, exec: bool) -> pb::FsGrant {
     pb::FsGrant {
@@ -231,6 +218,63 @@ fn a_pip_installed_compiled_extension_loads_only_from_an_executable_grant() {
             "\nnoexec: nothing built here runs or loads without exec = true on this grant in the run spec)\n"
         ),
         "{output}{errors}"
+    );
+}
+
+/// A Node.js native addon (Node-API), `require("hello").hi()`, laid out as npm installs one.
+const ADDON_C: &str = r#"
+#include <node_api.h>
+static napi_value hi(napi_env env, napi_callback_info info) {
+    napi_value text;
+    napi_create_string_utf8(env, "native hello", NAPI_AUTO_LENGTH, &text);
+    return text;
+}
+static napi_value init(napi_env env, napi_value exports) {
+    napi_value fn;
+    napi_create_function(env, "hi", NAPI_AUTO_LENGTH, hi, NULL, &fn);
+    napi_set_named_property(env, exports, "hi", fn);
+    return exports;
+}
+NAPI_MODULE(hello, init)
+"#;
+
+/// The addon is built in the sandbox, in the project, with the host's Node.js headers (the
+/// `libnode-dev` package), and loaded by `node`: only where the grant is executable.
+#[test]
+fn a_node_native_addon_built_in_an_executable_grant_loads_and_without_exec_does_not() {
+    if !require_root() {
+        return;
+    }
+    assert!(
+        Path::new("/usr/include/node/node_api.h").exists(),
+        "Node.js headers are missing: apt-get install libnode-dev (scripts/test installs it)"
+    );
+    let fx = Fixture::new("build-addon", 340_600);
+    let project = fx.data.parent().unwrap().join("project");
+    let package = project.join("node_modules/hello");
+    std::fs::create_dir_all(&package).unwrap();
+    std::fs::write(package.join("hello.c"), ADDON_C).unwrap();
+    std::fs::write(
+        package.join("package.json"),
+        r#"{"name": "hello", "version": "1.0.0", "main": "build/Release/hello.node"}"#,
+    )
+    .unwrap();
+    own_dir(&project);
+    let script = "cd /proj/node_modules/hello && mkdir -p build/Release && \
+                  gcc -shared -fPIC -I/usr/include/node -o build/Release/hello.node hello.c && \
+                  cd /proj && /usr/bin/node -e 'console.log(require(\"hello\").hi())' 2>&1 | \
+                  grep -o 'native hello\\|failed to map segment from shared object'";
+    let mut receipt = builder(&fx, script);
+    receipt.fs.push(write_grant(&project, "/proj", true));
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(output, "native hello\n", "{errors}");
+
+    let mut receipt = builder(&fx, script);
+    receipt.fs.push(write_grant(&project, "/proj", false));
+    let (output, errors) = run_to_end(&fx, receipt);
+    assert_eq!(
+        output, "failed to map segment from shared object\n",
+        "{errors}"
     );
 }
 

@@ -19,29 +19,14 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_proto::v1 as pb;
-use tollgate_receipt::{timestamp_from_unix, unix_now};
 use tollgate_supervisor::records::RunState;
 use tollgate_tests::require_root;
-use tollgate_tests::run_fixture::RunFixture as Fixture;
+use tollgate_tests::run_fixture::{agents_dir, receipt_of, RunFixture as Fixture};
 use tollgate_tests::scripted_models::agents::{script, AIDER_TEST, CONTENT, COUNTED, FINAL};
 use tollgate_tests::scripted_models::ScriptedModels;
 
-/// Where the shipped specs install the agents (scripts/install-agents as root).
+/// Where the shipped specs name the agents (scripts/install-agents installs them there as root).
 const SHIPPED_AGENTS: &str = "/usr/local/lib/tollgate-agents";
-
-/// Where scripts/install-agents put the agents: `$TOLLGATE_AGENTS_DIR`, else its defaults.
-fn agents_dir() -> PathBuf {
-    let dir = std::env::var_os("TOLLGATE_AGENTS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            if nix::unistd::geteuid().is_root() {
-                PathBuf::from(SHIPPED_AGENTS)
-            } else {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/tollgate-agents")
-            }
-        });
-    dir.canonicalize().unwrap_or(dir)
-}
 
 /// A directory the sandbox's unprivileged uid may use.
 fn open_dir(path: &Path) {
@@ -237,23 +222,7 @@ fn in_sandbox(name: &str, api: &str, model: &str, id_base: u32) {
     let request = shipped(name, &project);
     assert!(request.egress.is_empty(), "{name}: the spec grants egress");
     let models = ScriptedModels::start(script(name, "/project"));
-    let routes_file = fx.data.parent().unwrap().join("routes.toml");
-    std::fs::write(
-        &routes_file,
-        format!(
-            "[[route]]\nname = \"local\"\nkind = \"local\"\napi = \"{api}\"\nendpoint = \"{}\"\nmodel = \"{model}\"\n",
-            models.endpoint
-        ),
-    )
-    .unwrap();
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let routes = runtime
-        .block_on(tollgate_router_backends::ModelRoutes::load(
-            &routes_file,
-            Duration::from_secs(10),
-        ))
-        .unwrap_or_else(|e| panic!("the supervisor's routes file does not load: {e}"));
-    fx.manager.set_model_routes(std::sync::Arc::new(routes));
+    let _runtime = fx.route_local(api, model, &models.endpoint);
 
     let receipt = receipt_of(request);
     let run_id = fx.start(&fx.sign(receipt)).unwrap();
@@ -281,29 +250,6 @@ fn in_sandbox(name: &str, api: &str, model: &str, id_base: u32) {
         report.route_usage
     );
     fx.assert_gone(&run_id);
-}
-
-/// The receipt a mint of `request` would sign, for ten minutes (no authority in between: the
-/// fixture signs it).
-fn receipt_of(request: pb::MintReceiptRequest) -> pb::Receipt {
-    let now = unix_now();
-    pb::Receipt {
-        receipt_id: uuid::Uuid::now_v7().to_string(),
-        owner: "admin".into(),
-        subject: request.subject,
-        audience: request.audience,
-        issued_at: Some(timestamp_from_unix(now)),
-        not_before: Some(timestamp_from_unix(now)),
-        expires_at: Some(timestamp_from_unix(now + 600)),
-        agent: request.agent,
-        limits: request.limits,
-        fs: request.fs,
-        exec: request.exec,
-        routes: request.routes,
-        workspace_keep_seconds: request.workspace_keep_seconds,
-        gateway_exec: request.gateway_exec,
-        ..Default::default()
-    }
 }
 
 /// The sandbox's control: the shipped spec in a sandbox, but with the scripted server beside

@@ -127,3 +127,77 @@ pub fn script(name: &str, project: &str) -> ModelScript {
         _ => panic!("no script for an agent named {name:?}"),
     }
 }
+
+/// A C project whose test fails: `add` subtracts. `make test` builds the test program with the
+/// compiler and runs it from the project.
+pub const C_PROJECT: [(&str, &str); 3] = [
+    ("add.c", "int add(int a, int b) { return a - b; }\n"),
+    (
+        "test_add.c",
+        "#include <stdio.h>\n\nint add(int a, int b);\n\nint main(void) {\n    int got = add(2, 3);\n    if (got != 5) {\n        printf(\"FAIL: add(2, 3) = %d\\n\", got);\n        return 1;\n    }\n    printf(\"ok: add(2, 3) = 5\\n\");\n    return 0;\n}\n",
+    ),
+    (
+        "Makefile",
+        "test: test_add\n\t./test_add\n\ntest_add: add.c test_add.c\n\tcc -o test_add add.c test_add.c\n\n.PHONY: test\n",
+    ),
+];
+/// What the failing test prints.
+pub const TEST_FAILS: &str = "FAIL: add(2, 3) = -1";
+/// What the fixed test prints.
+pub const TEST_PASSES: &str = "ok: add(2, 3) = 5";
+/// How `add.c` ends once fixed (aider's first edit adds a comment above).
+pub const FIXED_ADD: &str = "int add(int a, int b) { return a + b; }\n";
+/// The model's final answer once the test passes.
+pub const FIXED: &str = "add.c is fixed: make test passes.";
+
+/// One shell command in `agent`'s own shell tool: Claude Code's `Bash`, opencode's `bash`,
+/// Codex's `exec_command`, and `run` (the agents of tests/agents/).
+fn shell(agent: &str, command: &str) -> Call {
+    match agent {
+        "claude-code" => Call::new(
+            "Bash",
+            json!({"command": command, "description": "Run a command"}),
+        ),
+        "opencode" => Call::new(
+            "bash",
+            json!({"command": command, "description": "Run a command"}),
+        ),
+        "codex" => Call::new("exec_command", json!({"cmd": command})),
+        _ => Call::new("run", json!({"command": command})),
+    }
+}
+
+/// The fix loop, in `agent`'s own tools: run `make test` (it fails, and its output must come
+/// back), fix `add.c`, run `make test` again (it must pass), then answer. aider, which has no
+/// shell tool, edits in its own format and runs the test command itself after each edit: a
+/// first edit that fixes nothing, whose failing test must come back; then the fix.
+pub fn fix_script(agent: &str) -> ModelScript {
+    if agent == "aider" {
+        let first = "I'll document add first.\n\nadd.c\n```c\n<<<<<<< SEARCH\nint add(int a, int b) { return a - b; }\n=======\n/* The sum of a and b. */\nint add(int a, int b) { return a - b; }\n>>>>>>> REPLACE\n```\n";
+        let second = "The test wants a sum.\n\nadd.c\n```c\n<<<<<<< SEARCH\nint add(int a, int b) { return a - b; }\n=======\nint add(int a, int b) { return a + b; }\n>>>>>>> REPLACE\n```\n";
+        return ModelScript {
+            turns: vec![Turn::text(first), Turn::text(second).expecting(TEST_FAILS)],
+            tools_required: false,
+            side_reply: String::new(),
+            models: vec!["gpt-4o".into()],
+        };
+    }
+    let models = match agent {
+        "claude-code" | "opencode" | "node" => {
+            vec!["claude-sonnet-4-5".into(), "claude-haiku-4-5".into()]
+        }
+        "codex" => vec!["gpt-5-codex".into()],
+        _ => vec!["gpt-4o".into()],
+    };
+    ModelScript {
+        turns: vec![
+            Turn::calls(vec![shell(agent, "make test")]),
+            Turn::calls(vec![shell(agent, "sed -i 's/a - b/a + b/' add.c")]).expecting(TEST_FAILS),
+            Turn::calls(vec![shell(agent, "make test")]),
+            Turn::text(FIXED).expecting(TEST_PASSES),
+        ],
+        tools_required: true,
+        side_reply: "ok".into(),
+        models,
+    }
+}
