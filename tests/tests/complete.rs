@@ -778,3 +778,86 @@ async fn every_refused_model_request_is_in_tollgate_calls() {
     );
     assert!(!audit_text(&s).contains(&github_token()));
 }
+
+/// A `CompleteRequest` as it travels, built without decoding or holding its messages: field
+/// 2 (`messages`) carrying one message's raw bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawCompleteRequest {
+    #[prost(bytes = "vec", tag = "2")]
+    message: Vec<u8>,
+}
+
+/// Peak and current resident memory of this process (VmHWM, VmRSS), in bytes.
+fn memory() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// 4 Mi empty content parts are 8 MiB on the wire and ~445 MiB once prost has decoded them:
+/// the gateway walks the raw bytes and refuses the call before decoding, naming the limit,
+/// for Complete and CountTokens alike, and this process's memory stays near where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_millions_of_empty_parts_is_refused_before_it_is_decoded() {
+    let setup = setup(&[("local", pb::Sensitivity::High)], 10_000).await;
+    // One ChatMessage: field 3 (`parts`), empty, 4 Mi times.
+    let message = [0x1a_u8, 0x00].repeat(4 << 20);
+    let (_, before) = memory();
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("unix:{}", setup._handle.socket.display()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut refusals = Vec::new();
+    for method in ["Complete", "CountTokens"] {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.unwrap();
+        let path =
+            http::uri::PathAndQuery::try_from(format!("/tollgate.v1.Gateway/{method}")).unwrap();
+        let request = tonic::Request::new(RawCompleteRequest {
+            message: message.clone(),
+        });
+        let status = if method == "Complete" {
+            let codec = tonic_prost::ProstCodec::<RawCompleteRequest, pb::CompleteEvent>::default();
+            grpc.server_streaming(request, path, codec)
+                .await
+                .unwrap_err()
+        } else {
+            let codec =
+                tonic_prost::ProstCodec::<RawCompleteRequest, pb::CountTokensResponse>::default();
+            grpc.unary(request, path, codec).await.unwrap_err()
+        };
+        refusals.push((method, status));
+    }
+    let (peak, _) = memory();
+    // The request's bytes are held a few times over (the test's copies, the body, the
+    // frame), never its decoded parts.
+    let grown = peak.saturating_sub(before);
+    assert!(grown < 96 << 20, "peak memory grew by {} MiB", grown >> 20);
+    for (method, status) in refusals {
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{method}: {status:?}"
+        );
+        assert!(
+            status
+                .message()
+                .contains("parts has more than 16384 items; at most 16384 are accepted"),
+            "{method}: {}",
+            status.message()
+        );
+    }
+    // Both refusals are audited, small.
+    let audit = audit_text(&setup);
+    assert!(audit.contains("model.complete") && audit.contains("model.count_tokens"));
+}
