@@ -362,6 +362,35 @@ mod tests {
         assert_eq!(shapes.walked("/tollgate.v1.Gateway/Egress"), None);
     }
 
+    /// How deep `message` nests along paths that do not repeat a message (recursion, such as
+    /// a tool result's contents, is bounded by the decoded checks instead).
+    fn depth(shapes: &Shapes, message: &str, path: &mut Vec<String>) -> usize {
+        path.push(message.to_owned());
+        let inner: Vec<String> = shapes.messages[message]
+            .iter()
+            .filter_map(|f| match &f.kind {
+                Kind::Message(inner) if !path.contains(inner) => Some(inner.clone()),
+                _ => None,
+            })
+            .collect();
+        let deepest = inner
+            .iter()
+            .map(|inner| 1 + depth(shapes, inner, path))
+            .max()
+            .unwrap_or(0);
+        path.pop();
+        deepest
+    }
+
+    #[test]
+    fn every_request_without_recursion_fits_the_depth_limit() {
+        let shapes = Shapes::gateway();
+        for (method, message) in &shapes.methods {
+            let deepest = depth(shapes, message, &mut Vec::new());
+            assert!(deepest <= MAX_DEPTH, "{method}: {deepest} levels");
+        }
+    }
+
     #[test]
     fn a_call_within_its_limits_passes_and_one_past_them_is_refused_undecoded() {
         assert_eq!(complete(&empty_parts(MAX_PARTS)), Ok(()));
