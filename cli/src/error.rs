@@ -58,6 +58,13 @@ pub enum CliError {
         /// What went wrong.
         detail: String,
     },
+    /// Standard output cannot be written (a full disk, `/dev/full`, an I/O error).
+    #[error("cannot write to standard output: {0}; nothing more was printed")]
+    Stdout(std::io::Error),
+    /// Standard output is a pipe whose reader went away (`tollgate ps | head`): the command
+    /// ends quietly, as a Unix filter does.
+    #[error("standard output was closed")]
+    StdoutClosed,
     /// A run could not start (`tollgate run` exits 125).
     #[error("the run could not start: {0}")]
     RunNotStarted(String),
@@ -129,6 +136,8 @@ impl CliError {
             Self::RunNotStarted(_) => 125,
             Self::RunEnded { code, .. } => *code,
             Self::Output { .. } => 73, // EX_CANTCREAT
+            Self::Stdout(_) => 74,     // EX_IOERR
+            Self::StdoutClosed => 141, // 128 + SIGPIPE, as a shell reports a filter it ended
             Self::Other(_) => 70,      // EX_SOFTWARE
             Self::Rootfs(e) => e.exit_code(),
             Self::Restore(e) => match e {

@@ -72,18 +72,19 @@ pub fn table(rows: &[Vec<String>]) -> Vec<String> {
         .collect()
 }
 
-/// Prints one line of a human view to stdout, escaped with [`line`]. `say!()` prints an
-/// empty line; a view of several lines says each.
+/// Prints one line of a human view to stdout, escaped with [`line`], through
+/// [`crate::out`]: evaluates to `Result<(), CliError>` (a failed write is an error to return,
+/// not a panic). `say!()` prints an empty line; a view of several lines says each.
 macro_rules! say {
     () => {
-        println!()
+        $crate::out::line("")
     };
     ($($arg:tt)*) => {
-        println!("{}", $crate::human::line(&format!($($arg)*)))
+        $crate::out::line(&$crate::human::line(&format!($($arg)*)))
     };
 }
 
-/// [`say!`] to stderr.
+/// [`say!`] to stderr (where a failed write has nowhere left to be reported).
 macro_rules! say_err {
     ($($arg:tt)*) => {
         eprintln!("{}", $crate::human::line(&format!($($arg)*)))

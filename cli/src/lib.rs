@@ -6,6 +6,8 @@
 #![forbid(unsafe_code)]
 
 #[macro_use]
+pub mod out;
+#[macro_use]
 pub mod human;
 mod args;
 pub mod client;
@@ -161,8 +163,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         } => {
             let classifier = local::policy_classifier(routes.as_deref())?;
             if explain_policy {
-                local::explain_policy(&classifier, json);
-                Ok(())
+                local::explain_policy(&classifier, json)
             } else {
                 local::classify_input(&classifier, text, file, json)
             }
@@ -199,10 +200,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Attach { run_id, read_only } => runs::attach(global, &run_id, read_only).await,
         Command::Ps { all, json } => runs::ps(global, all, json).await,
         Command::Watch { run_id, json } => runs::watch(global, &run_id, json).await,
-        Command::Completions { shell } => {
-            local::completions(shell);
-            Ok(())
-        }
+        Command::Completions { shell } => local::completions(shell),
         Command::Inspect { run_id, json } => runs::inspect(global, &run_id, json).await,
         Command::Tree { run_id, json } => runs::tree(global, &run_id, json).await,
         Command::Stop { run_id, reason } => runs::stop(global, run_id, reason).await,

@@ -32,6 +32,8 @@ async fn run() -> ExitCode {
             // printed only when the agent did not exit by itself.
             match &error {
                 tollgate_cli::CliError::RunEnded { reason, .. } if reason.is_empty() => {}
+                // A closed pipe ends a command quietly, as it ends any Unix filter.
+                tollgate_cli::CliError::StdoutClosed => {}
                 _ => eprintln!(
                     "tollgate: error: {}",
                     tollgate_cli::human::line(&error.to_string())

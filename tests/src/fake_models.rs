@@ -29,6 +29,30 @@ pub struct Recorded {
 }
 
 impl Recorded {
+    /// Reads `request` whole (method, path, headers, body as text; a body that fails to
+    /// arrive is recorded empty): one reading for every fake backend.
+    pub async fn read(request: hyper::Request<hyper::body::Incoming>) -> Recorded {
+        let method = request.method().as_str().to_owned();
+        let path = request.uri().path().to_owned();
+        let headers = request
+            .headers()
+            .iter()
+            .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
+            .collect();
+        let body = request
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Recorded {
+            method,
+            path,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        }
+    }
+
     /// The value of header `name`, if present.
     pub fn header(&self, name: &str) -> Option<&str> {
         let prefix = format!("{name}: ");
@@ -452,27 +476,10 @@ where
         let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let state = state.clone();
             async move {
-                let method = request.method().as_str().to_owned();
-                let path = request.uri().path().to_owned();
-                let headers = request
-                    .headers()
-                    .iter()
-                    .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
-                    .collect();
-                let body = request
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                let text = String::from_utf8_lossy(&body).into_owned();
-                let json: Value = serde_json::from_str(&text).unwrap_or_default();
-                state.recorded.lock().unwrap().push(Recorded {
-                    method: method.clone(),
-                    path: path.clone(),
-                    headers,
-                    body: text,
-                });
+                let recorded = Recorded::read(request).await;
+                let json = recorded.json();
+                let (method, path) = (recorded.method.clone(), recorded.path.clone());
+                state.recorded.lock().unwrap().push(recorded);
                 let (status, content_type, reply) = reply(&method, &path, &json, &state);
                 Ok::<_, Infallible>(
                     hyper::Response::builder()

@@ -10,6 +10,7 @@ pub mod fake_models;
 pub mod flood;
 pub mod lan;
 pub mod llama;
+pub mod model_gateway;
 pub mod relay;
 pub mod remote;
 pub mod run_fixture;

@@ -19,7 +19,7 @@ use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt as _, Full};
+use http_body_util::Full;
 use hyper::service::service_fn;
 use serde_json::json;
 
@@ -349,25 +349,7 @@ fn serve_connection(stream: tokio::net::TcpStream, state: Arc<State>) {
         let service = service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
             let state = state.clone();
             async move {
-                let method = request.method().as_str().to_owned();
-                let path = request.uri().path().to_owned();
-                let headers = request
-                    .headers()
-                    .iter()
-                    .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
-                    .collect();
-                let body = request
-                    .into_body()
-                    .collect()
-                    .await
-                    .map(|b| b.to_bytes())
-                    .unwrap_or_default();
-                let recorded = Recorded {
-                    method,
-                    path,
-                    headers,
-                    body: String::from_utf8_lossy(&body).into_owned(),
-                };
+                let recorded = Recorded::read(request).await;
                 let answer = answer(&state, &recorded);
                 let mut response = hyper::Response::builder()
                     .status(answer.status)

@@ -7,17 +7,14 @@
 //! Counts are honest: the server's usage when it gives one, else the tokenizer of a vLLM or
 //! llama.cpp route (over TCP or a Unix socket), else an estimate flagged as one.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use tokio_stream::StreamExt as _;
-use tollgate_audit::{AuditConfig, AuditLog};
+use tollgate_audit::AuditLog;
 use tollgate_proto::v1 as pb;
-use tollgate_router_backends::ModelRoutes;
-use tollgate_supervisor::gateway::RunModels;
-use tollgate_supervisor::gateway::{self, RunGateway, RunGatewayConfig};
-use tollgate_supervisor::snapshot::SnapshotStore;
+use tollgate_supervisor::gateway::{self, RunGateway};
 use tollgate_tests::fake_models::{FakeBackend, Script, Tokenizer};
+use tollgate_tests::model_gateway::{self, grant, ModelRun};
 
 const RUN_ID: &str = "01900000-0000-7000-8000-00000000c0de";
 const CLOUD_KEY_ENV: &str = "TOLLGATE_TEST_CLOUD_KEY";
@@ -109,68 +106,29 @@ async fn setup_with(grants: &[(&str, pb::Sensitivity)], tokens: u64, spec: Local
         spec.preset, local.endpoint, cloud.endpoint
     );
     std::env::set_var(CLOUD_KEY_ENV, cloud_key());
-    let routes = tollgate_router::config::Routes::parse(&routes, "routes.toml").unwrap();
-    let shared = Arc::new(ModelRoutes {
-        backends: tollgate_router_backends::Backends::new(&routes).unwrap(),
-        routes,
-        classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
-    });
-    let audit_dir = dir.path().join("audit");
-    let audit = AuditLog::open(AuditConfig::new(
-        &audit_dir,
-        "supervisor",
-        ed25519_dalek::SigningKey::from_bytes(&[7; 32]),
-        "complete-test",
-    ))
-    .unwrap();
     let board = Arc::new(tollgate_supervisor::approvals::ApprovalBoard::default());
-    let run = Arc::new(RunGateway::new(RunGatewayConfig {
-        run_id: RUN_ID.into(),
-        host_id: nix::unistd::geteuid().as_raw(),
-        receipt: pb::Receipt {
-            receipt_id: RUN_ID.into(),
-            routes: grants
-                .iter()
-                // "name?" grants the route with ask = true.
-                .map(|(name, s)| pb::RouteGrant {
-                    name: name.trim_end_matches('?').into(),
-                    max_sensitivity: *s as i32,
-                    ask: name.ends_with('?'),
-                })
-                .collect(),
-            ..Default::default()
+    let served = model_gateway::serve(
+        dir.path(),
+        ModelRun {
+            run_id: RUN_ID,
+            routes: &routes,
+            // "name?" grants the route with ask = true.
+            grants: grants.iter().map(|(name, s)| grant(name, *s)).collect(),
+            tokens,
+            audit_key: (7, "complete-test"),
+            approvals: board.clone(),
         },
-        expires_at: tollgate_receipt::unix_now() + 3600,
-        grants: vec![],
-        max_calls: 100,
-        closing: Arc::new(AtomicBool::new(false)),
-        is_revoked: Arc::new(|_: &str| false),
-        audit: audit.clone(),
-        snapshots: SnapshotStore::new(dir.path()),
-        exec: None,
-        models: Some(Arc::new(RunModels::new(shared, tokens))),
-        children: Default::default(),
-        egress: Default::default(),
-        approvals: board.clone(),
-        output_limit: Arc::default(),
-    }));
-    let handle =
-        gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run.clone()).unwrap();
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("unix:{}", handle.socket.display()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    )
+    .await;
     Setup {
         local,
         cloud,
-        audit_dir,
-        audit,
-        client: pb::gateway_client::GatewayClient::new(channel),
+        audit_dir: served.audit_dir,
+        audit: served.audit,
+        client: served.client,
         board,
-        run,
-        _handle: handle,
+        run: served.run,
+        _handle: served.handle,
         _dir: dir,
     }
 }
@@ -777,4 +735,87 @@ async fn every_refused_model_request_is_in_tollgate_calls() {
         "both refused Complete calls are listed: {rows:?}"
     );
     assert!(!audit_text(&s).contains(&github_token()));
+}
+
+/// A `CompleteRequest` as it travels, built without decoding or holding its messages: field
+/// 2 (`messages`) carrying one message's raw bytes.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawCompleteRequest {
+    #[prost(bytes = "vec", tag = "2")]
+    message: Vec<u8>,
+}
+
+/// Peak and current resident memory of this process (VmHWM, VmRSS), in bytes.
+fn memory() -> (u64, u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    (field("VmHWM:"), field("VmRSS:"))
+}
+
+/// 4 Mi empty content parts are 8 MiB on the wire and ~445 MiB once prost has decoded them:
+/// the gateway walks the raw bytes and refuses the call before decoding, naming the limit,
+/// for Complete and CountTokens alike, and this process's memory stays near where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_millions_of_empty_parts_is_refused_before_it_is_decoded() {
+    let setup = setup(&[("local", pb::Sensitivity::High)], 10_000).await;
+    // One ChatMessage: field 3 (`parts`), empty, 4 Mi times.
+    let message = [0x1a_u8, 0x00].repeat(4 << 20);
+    let (_, before) = memory();
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("unix:{}", setup._handle.socket.display()))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+    let mut refusals = Vec::new();
+    for method in ["Complete", "CountTokens"] {
+        let mut grpc = tonic::client::Grpc::new(channel.clone());
+        grpc.ready().await.unwrap();
+        let path =
+            http::uri::PathAndQuery::try_from(format!("/tollgate.v1.Gateway/{method}")).unwrap();
+        let request = tonic::Request::new(RawCompleteRequest {
+            message: message.clone(),
+        });
+        let status = if method == "Complete" {
+            let codec = tonic_prost::ProstCodec::<RawCompleteRequest, pb::CompleteEvent>::default();
+            grpc.server_streaming(request, path, codec)
+                .await
+                .unwrap_err()
+        } else {
+            let codec =
+                tonic_prost::ProstCodec::<RawCompleteRequest, pb::CountTokensResponse>::default();
+            grpc.unary(request, path, codec).await.unwrap_err()
+        };
+        refusals.push((method, status));
+    }
+    let (peak, _) = memory();
+    // The request's bytes are held a few times over (the test's copies, the body, the
+    // frame), never its decoded parts.
+    let grown = peak.saturating_sub(before);
+    assert!(grown < 96 << 20, "peak memory grew by {} MiB", grown >> 20);
+    for (method, status) in refusals {
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{method}: {status:?}"
+        );
+        assert!(
+            status
+                .message()
+                .contains("parts has more than 16384 items; at most 16384 are accepted"),
+            "{method}: {}",
+            status.message()
+        );
+    }
+    // Both refusals are audited, small.
+    let audit = audit_text(&setup);
+    assert!(audit.contains("model.complete") && audit.contains("model.count_tokens"));
 }

@@ -6,17 +6,15 @@
 //! signatures go back only to the backend that issued them, `CountTokens` routes and counts
 //! like `Complete`, and `ListModels` names what a run may ask for.
 
-use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use tokio_stream::StreamExt as _;
-use tollgate_audit::{AuditConfig, AuditLog};
+use tollgate_audit::AuditLog;
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::content_part::Part;
-use tollgate_router_backends::ModelRoutes;
-use tollgate_supervisor::gateway::{self, RunGateway, RunGatewayConfig, RunModels};
-use tollgate_supervisor::snapshot::SnapshotStore;
+use tollgate_supervisor::gateway;
 use tollgate_tests::fake_models::{FakeBackend, Script, ScriptedCall};
+use tollgate_tests::model_gateway::{self, grant, ModelRun};
 
 const RUN_ID: &str = "01900000-0000-7000-8000-0000000070c1";
 const CLOUD_KEY_ENV: &str = "TOLLGATE_TEST_TOOLS_CLOUD_KEY";
@@ -88,64 +86,28 @@ async fn setup_with(cloud_grant: pb::Sensitivity, cloud_script: Script, redact: 
         local.endpoint, cloud.endpoint
     );
     std::env::set_var(CLOUD_KEY_ENV, "test-key");
-    let routes = tollgate_router::config::Routes::parse(&routes, "routes.toml").unwrap();
-    let shared = Arc::new(ModelRoutes {
-        backends: tollgate_router_backends::Backends::new(&routes).unwrap(),
-        routes,
-        classifier: tollgate_router::Classifier::new(&Default::default()).unwrap(),
-    });
-    let audit_dir = dir.path().join("audit");
-    let audit = AuditLog::open(AuditConfig::new(
-        &audit_dir,
-        "supervisor",
-        ed25519_dalek::SigningKey::from_bytes(&[9; 32]),
-        "tools-test",
-    ))
-    .unwrap();
-    let grant = |name: &str, s: pb::Sensitivity| pb::RouteGrant {
-        name: name.into(),
-        max_sensitivity: s as i32,
-        ask: false,
-    };
-    let run = Arc::new(RunGateway::new(RunGatewayConfig {
-        run_id: RUN_ID.into(),
-        host_id: nix::unistd::geteuid().as_raw(),
-        receipt: pb::Receipt {
-            receipt_id: RUN_ID.into(),
-            routes: vec![
+    let served = model_gateway::serve(
+        dir.path(),
+        ModelRun {
+            run_id: RUN_ID,
+            routes: &routes,
+            grants: vec![
                 grant("local", pb::Sensitivity::High),
                 grant("claude", cloud_grant),
             ],
-            ..Default::default()
+            tokens: 100_000,
+            audit_key: (9, "tools-test"),
+            approvals: Arc::default(),
         },
-        expires_at: tollgate_receipt::unix_now() + 3600,
-        grants: vec![],
-        max_calls: 100,
-        closing: Arc::new(AtomicBool::new(false)),
-        is_revoked: Arc::new(|_: &str| false),
-        audit: audit.clone(),
-        snapshots: SnapshotStore::new(dir.path()),
-        exec: None,
-        models: Some(Arc::new(RunModels::new(shared, 100_000))),
-        children: Default::default(),
-        egress: Default::default(),
-        approvals: Arc::default(),
-        output_limit: Arc::default(),
-    }));
-    let handle = gateway::serve(&tokio::runtime::Handle::current(), dir.path(), run).unwrap();
-    let channel =
-        tonic::transport::Endpoint::from_shared(format!("unix:{}", handle.socket.display()))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap();
+    )
+    .await;
     Setup {
         local,
         cloud,
-        audit_dir,
-        audit,
-        client: pb::gateway_client::GatewayClient::new(channel),
-        _handle: handle,
+        audit_dir: served.audit_dir,
+        audit: served.audit,
+        client: served.client,
+        _handle: served.handle,
         _dir: dir,
     }
 }

@@ -35,27 +35,27 @@ pub(crate) async fn approvals(
             Some(pb::approval_event::Event::Pending(call)) => {
                 waiting += 1;
                 if json {
-                    println!("{}", pending_json(&call));
+                    out!("{}", pending_json(&call))?;
                 } else {
-                    say!("{}", pending_line(&call));
+                    say!("{}", pending_line(&call))?;
                 }
             }
             Some(pb::approval_event::Event::Decided(decided)) => {
                 if json {
-                    println!("{}", decided_json(&decided));
+                    out!("{}", decided_json(&decided))?;
                 } else {
-                    say!("{}", decided_line(&decided));
+                    say!("{}", decided_line(&decided))?;
                 }
             }
             Some(pb::approval_event::Event::CaughtUp(_)) => {
                 if !watch {
                     if waiting == 0 && !json {
-                        say!("no call waits for approval");
+                        say!("no call waits for approval")?;
                     }
                     return Ok(());
                 }
                 if !json {
-                    say!("(waiting for new calls; Ctrl-C to stop)");
+                    say!("(waiting for new calls; Ctrl-C to stop)")?;
                 }
             }
             None => {}
@@ -80,9 +80,9 @@ pub(crate) async fn decide(
         .decided
         .unwrap_or_default();
     if json {
-        println!("{}", decided_json(&decided));
+        out!("{}", decided_json(&decided))?;
     } else {
-        say!("{}", decided_line(&decided));
+        say!("{}", decided_line(&decided))?;
     }
     Ok(())
 }
@@ -447,7 +447,7 @@ async fn apply(
         .await?
         .into_inner();
     if json {
-        println!(
+        out!(
             "{}",
             json!({
                 "fs": after.fs.iter().map(|g| json!({
@@ -466,7 +466,7 @@ async fn apply(
                 "egress_bytes": after.egress_bytes,
                 "expires_at": after.expires_at.map(|t| t.seconds),
             })
-        );
+        )?;
         return Ok(());
     }
     for grant in &after.fs {
@@ -481,18 +481,18 @@ async fn apply(
             format!(" -> {}", grant.mount)
         };
         let ask = if grant.ask { ", asks" } else { "" };
-        say!("fs         {access:<5} {}{mount}{ask}", grant.path);
+        say!("fs         {access:<5} {}{mount}{ask}", grant.path)?;
     }
     for program in &after.gateway_exec {
         let ask = if program.ask { ", asks" } else { "" };
-        say!("exec       {} (gateway only{ask})", program.program);
+        say!("exec       {} (gateway only{ask})", program.program)?;
     }
-    say!("tool_calls {}", after.tool_calls);
+    say!("tool_calls {}", after.tool_calls)?;
     if after.tokens != 0 {
-        say!("tokens     {}", after.tokens);
+        say!("tokens     {}", after.tokens)?;
     }
-    say!("output     {}", show::size(after.output_bytes));
-    say!("egress     {} each way", show::size(after.egress_bytes));
-    say!("expires    {}", show::time_text(after.expires_at.as_ref()));
+    say!("output     {}", show::size(after.output_bytes))?;
+    say!("egress     {} each way", show::size(after.egress_bytes))?;
+    say!("expires    {}", show::time_text(after.expires_at.as_ref()))?;
     Ok(())
 }

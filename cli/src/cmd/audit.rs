@@ -176,7 +176,7 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
     let (mut broken, mut unreadable) = (0, 0);
     for dir in dirs {
         match verify_dir(dir, &options) {
-            Ok(report) if json_out => println!(
+            Ok(report) if json_out => out!(
                 "{}",
                 json!({
                     "log": dir.display().to_string(),
@@ -190,32 +190,32 @@ pub fn verify(dirs: &[PathBuf], trust: &Trust, json_out: bool) -> Result<(), Cli
                     "keyed": report.keyed,
                     "torn_tail_bytes": report.torn_tail.as_ref().map(|t| t.bytes),
                 })
-            ),
+            )?,
             Ok(report) => {
                 for line in describe(dir, &report) {
-                    say!("{line}");
+                    say!("{line}")?;
                 }
             }
             Err(error @ VerifyError::Broken { .. }) => {
                 broken += 1;
                 if json_out {
-                    println!(
+                    out!(
                         "{}",
                         json!({"log": dir.display().to_string(), "intact": false, "problem": error.to_string()})
-                    );
+                    )?;
                 } else {
-                    say!("{}: BROKEN: {error}", dir.display());
+                    say!("{}: BROKEN: {error}", dir.display())?;
                 }
             }
             Err(error) => {
                 unreadable += 1;
                 if json_out {
-                    println!(
+                    out!(
                         "{}",
                         json!({"log": dir.display().to_string(), "intact": null, "error": error.to_string()})
-                    );
+                    )?;
                 } else {
-                    say!("{}: cannot verify: {error}", dir.display());
+                    say!("{}: cannot verify: {error}", dir.display())?;
                 }
             }
         }
@@ -308,7 +308,7 @@ fn summary(entry: &Entry) -> String {
 pub fn query(dirs: &[PathBuf], filter: &EntryFilter, json_out: bool) -> Result<(), CliError> {
     for (_, entry) in merged(dirs, filter)? {
         if json_out {
-            println!("{}", entry.to_line());
+            out!("{}", entry.to_line())?;
         } else {
             say!(
                 "{}  {:<10} {:<5} {:<18} {}",
@@ -317,7 +317,7 @@ pub fn query(dirs: &[PathBuf], filter: &EntryFilter, json_out: bool) -> Result<(
                 entry.seq,
                 entry.kind.as_str(),
                 summary(&entry)
-            );
+            )?;
         }
     }
     Ok(())
@@ -333,15 +333,9 @@ pub fn export(dirs: &[PathBuf], since: Option<SystemTime>) -> Result<(), CliErro
     };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     for (_, entry) in merged(dirs, &filter)? {
-        writeln!(out, "{}", entry.to_line()).map_err(|e| CliError::Output {
-            path: "stdout".into(),
-            detail: e.to_string(),
-        })?;
+        writeln!(out, "{}", entry.to_line()).map_err(crate::out::error)?;
     }
-    out.flush().map_err(|e| CliError::Output {
-        path: "stdout".into(),
-        detail: e.to_string(),
-    })
+    out.flush().map_err(crate::out::error)
 }
 
 /// ` (reason)`, or nothing for no reason.
@@ -528,12 +522,12 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
         match verify_dir(dir, &options) {
             Ok(report) => {
                 for line in describe(dir, &report) {
-                    say!("{line}");
+                    say!("{line}")?;
                 }
             }
             Err(error @ VerifyError::Broken { .. }) => {
                 broken += 1;
-                say!("{}: BROKEN: {error}", dir.display());
+                say!("{}: BROKEN: {error}", dir.display())?;
             }
             Err(error) => return Err(CliError::Input(format!("{}: {error}", dir.display()))),
         }
@@ -554,7 +548,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
             listing(dirs)
         )));
     }
-    say!();
+    say!()?;
     for (step, (_, entry)) in story.iter().enumerate() {
         say!(
             "{:>2}. {}  {:<10} #{:<5} {}",
@@ -563,10 +557,10 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
             entry.component,
             entry.seq,
             story_line(entry)
-        );
+        )?;
     }
     let ended = story.iter().any(|(_, e)| e.kind == EntryKind::Teardown);
-    say!();
+    say!()?;
     say!(
         "{}",
         if ended {
@@ -574,7 +568,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
         } else {
             "no teardown recorded yet: the run is live, never started, or its supervisor's log was not given"
         }
-    );
+    )?;
     if broken > 0 {
         return Err(CliError::AuditBroken(broken));
     }
@@ -585,7 +579,7 @@ pub fn trace(run_id: &str, dirs: &[PathBuf], trust: &Trust) -> Result<(), CliErr
 /// tokens, tool calls and how it finished (from the call's `done` entry). A request the
 /// sandbox's model endpoint refused before it became a call is `model.request`, with what
 /// was asked and the status answered.
-fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
+fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) -> Result<(), CliError> {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
     let done_meta = |key: &str| {
         done.and_then(|d| d.metadata.get(key))
@@ -628,7 +622,7 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
             row["status"] = json!(meta("status"));
             row["api"] = json!(meta("api"));
         }
-        println!("{row}");
+        out!("{row}")?;
     } else {
         let detail = if at_endpoint {
             format!(
@@ -664,13 +658,14 @@ fn model_call_line(entry: &Entry, done: Option<&Entry>, json_out: bool) {
                 .as_deref()
                 .map(|r| format!("  ({r})"))
                 .unwrap_or_default()
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// One outbound connection: its decision (`open`) and, when it got that far, how it ended
 /// (`closed`: bytes each way, duration, why; a connection cut by a check is denied there).
-fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) {
+fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) -> Result<(), CliError> {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
     let closed_meta = |key: &str| {
         closed
@@ -688,7 +683,7 @@ fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) {
         .or(entry.reason.as_deref());
     let target = format!("{}:{}", meta("host"), meta("port"));
     if json_out {
-        println!(
+        out!(
             "{}",
             json!({
                 "time": entry.time,
@@ -702,7 +697,7 @@ fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) {
                 "bytes_received": closed.and_then(|c| c.metadata.get("bytes_received")).map(meta_text),
                 "duration_ms": closed.and_then(|c| c.metadata.get("duration_ms")).map(meta_text),
             })
-        );
+        )?;
     } else {
         let traffic = if closed.is_some() {
             format!(
@@ -726,8 +721,9 @@ fn egress_line(entry: &Entry, closed: Option<&Entry>, json_out: bool) {
             "egress",
             decision,
             reason.map(|r| format!("  ({r})")).unwrap_or_default()
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// Whether an entry is the second of a call's two (a model call's `done`, a connection's
@@ -740,7 +736,7 @@ fn is_follow_up(entry: &Entry) -> bool {
 
 /// A call's wait for approval, beside the call in `tollgate calls`: its start (what it would
 /// change) or its end (how, by whom, why).
-fn approval_line(entry: &Entry, json_out: bool) {
+fn approval_line(entry: &Entry, json_out: bool) -> Result<(), CliError> {
     let meta = |key: &str| entry.metadata.get(key).map(meta_text).unwrap_or_default();
     let (approval, detail) = if entry.kind == EntryKind::ApprovalPending {
         (
@@ -773,7 +769,7 @@ fn approval_line(entry: &Entry, json_out: bool) {
         )
     };
     if json_out {
-        println!(
+        out!(
             "{}",
             json!({
                 "time": entry.time,
@@ -784,15 +780,16 @@ fn approval_line(entry: &Entry, json_out: bool) {
                 "decided_by": entry.metadata.get("decided_by").map(meta_text),
                 "reason": entry.reason,
             })
-        );
+        )?;
     } else {
         say!(
             "{}  {}  approval {:<9} {detail}",
             entry.time,
             entry.call_id.as_deref().unwrap_or("-"),
             approval
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// `tollgate calls RUN LOG_DIR...`: a run's gateway calls (tools, model calls and outbound
@@ -835,22 +832,22 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
         let decision = entry.decision.map_or("-", |d| d.as_str());
         let ended = entry.call_id.as_ref().and_then(|id| done.get(id));
         if entry.kind == EntryKind::RouteDecision {
-            model_call_line(&entry, ended, json_out);
+            model_call_line(&entry, ended, json_out)?;
             continue;
         }
         if entry.kind == EntryKind::Egress {
-            egress_line(&entry, ended, json_out);
+            egress_line(&entry, ended, json_out)?;
             continue;
         }
         if matches!(
             entry.kind,
             EntryKind::ApprovalPending | EntryKind::ApprovalDecided
         ) {
-            approval_line(&entry, json_out);
+            approval_line(&entry, json_out)?;
             continue;
         }
         if json_out {
-            println!(
+            out!(
                 "{}",
                 json!({
                     "time": entry.time,
@@ -862,7 +859,7 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
                     "bytes": entry.metadata.get("bytes").map(meta_text),
                     "duration_us": entry.metadata.get("duration_us").map(meta_text),
                 })
-            );
+            )?;
         } else {
             say!(
                 "{}  {}  {:<8} {:<5} {}{}",
@@ -876,7 +873,7 @@ pub fn calls(run_id: &str, dirs: &[PathBuf], json_out: bool) -> Result<(), CliEr
                     .as_deref()
                     .map(|r| format!("  ({r})"))
                     .unwrap_or_default()
-            );
+            )?;
         }
     }
     Ok(())

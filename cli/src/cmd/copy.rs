@@ -63,11 +63,10 @@ pub(crate) async fn copy(global: &GlobalArgs, source: &str, dest: &Path) -> Resu
         .await?
         .into_inner();
     if dest == Path::new("-") {
-        let mut out = std::io::stdout().lock();
         while let Some(chunk) = stream.next().await {
-            out.write_all(&chunk?.data).map_err(output_error(dest))?;
+            crate::out::bytes(&chunk?.data)?;
         }
-        return out.flush().map_err(output_error(dest));
+        return Ok(());
     }
     let name = path.rsplit('/').next().unwrap_or("work").to_owned();
     let target = destination(dest, &name);
@@ -83,7 +82,7 @@ pub(crate) async fn copy(global: &GlobalArgs, source: &str, dest: &Path) -> Resu
             .map_err(output_error(&beside))?;
     }
     unpack_into_place(archive, &name, &target, &beside)?;
-    say!("copied {source} to {}", target.display());
+    say!("copied {source} to {}", target.display())?;
     Ok(())
 }
 
@@ -194,7 +193,7 @@ async fn copy_in(
         "copied {} into {run_id}:{path} ({})",
         source.display(),
         bytesize::ByteSize(copied.bytes)
-    );
+    )?;
     Ok(())
 }
 
@@ -206,7 +205,7 @@ pub(crate) async fn remove(global: &GlobalArgs, run_id: String) -> Result<(), Cl
         .remove_workspace(authed(&token, pb::RemoveWorkspaceRequest { run_id })?)
         .await?
         .into_inner();
-    say!("removed the kept workspace {}", removed.path);
+    say!("removed the kept workspace {}", removed.path)?;
     Ok(())
 }
 

@@ -107,30 +107,31 @@ fn host_checks(shim: Option<&Path>, planned: &Planned<'_>) -> Vec<Check> {
 }
 
 /// Prints checks for people: verdict, name, what was seen, and the fix under it.
-fn print(checks: &[Check]) {
+fn print(checks: &[Check]) -> Result<(), CliError> {
     for check in checks {
         say!(
             "{:<5} {:<16} {}",
             check.verdict.as_str(),
             check.name,
             check.seen
-        );
+        )?;
         if let Some(fix) = &check.fix {
-            say!("{:<22} fix: {fix}", "");
+            say!("{:<22} fix: {fix}", "")?;
         }
     }
+    Ok(())
 }
 
 /// For `tollgate quickstart`: the host checks, printed; how many failed.
-pub(crate) fn check_host(ids: &std::ops::Range<u32>, run_dir: &Path) -> usize {
+pub(crate) fn check_host(ids: &std::ops::Range<u32>, run_dir: &Path) -> Result<usize, CliError> {
     let planned = Planned {
         host_ids: ids,
         run_dir,
         data_dir: None,
     };
     let checks = host_checks(None, &planned);
-    print(&checks);
-    checks.iter().filter(|c| c.verdict == Verdict::Fail).count()
+    print(&checks)?;
+    Ok(checks.iter().filter(|c| c.verdict == Verdict::Fail).count())
 }
 
 /// Runs every check; `Err` (exit 1) when one fails.
@@ -158,7 +159,7 @@ pub(crate) async fn doctor(global: &GlobalArgs, args: DoctorArgs) -> Result<(), 
                 })
             })
             .collect();
-        println!("{}", json!({ "ready": failed == 0, "checks": list }));
+        out!("{}", json!({ "ready": failed == 0, "checks": list }))?;
     } else {
         for check in &checks {
             say!(
@@ -166,13 +167,13 @@ pub(crate) async fn doctor(global: &GlobalArgs, args: DoctorArgs) -> Result<(), 
                 check.verdict.as_str(),
                 check.name,
                 check.seen
-            );
+            )?;
             if let Some(fix) = &check.fix {
-                say!("{:<22} fix: {fix}", "");
+                say!("{:<22} fix: {fix}", "")?;
             }
         }
         if failed == 0 {
-            say!("this host can run tollgate-supervisor");
+            say!("this host can run tollgate-supervisor")?;
         }
     }
     if failed == 0 {

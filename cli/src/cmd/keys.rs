@@ -16,20 +16,20 @@ pub(crate) async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError
         .await?
         .into_inner();
     if json {
-        println!(
+        out!(
             "{}",
             json!({"issuer": set.issuer, "keys": set.keys.iter().map(show::key_json).collect::<Vec<_>>()})
-        );
+        )?;
         return Ok(());
     }
-    say!("issuer {}", set.issuer);
+    say!("issuer {}", set.issuer)?;
     say!(
         "{:<18}{:<9}{:<22}{:<22}PUBLIC KEY",
         "KEY ID",
         "STATE",
         "CREATED",
         "VERIFY UNTIL"
-    );
+    )?;
     for key in &set.keys {
         say!(
             "{:<18}{:<9}{:<22}{:<22}{}",
@@ -38,7 +38,7 @@ pub(crate) async fn keys(global: &GlobalArgs, json: bool) -> Result<(), CliError
             show::time_text(key.created_at.as_ref()),
             show::time_text(key.verify_until.as_ref()),
             hex::encode(&key.public_key)
-        );
+        )?;
     }
     Ok(())
 }
@@ -55,6 +55,6 @@ pub(crate) async fn rotate(global: &GlobalArgs) -> Result<(), CliError> {
         "signing with {}; {} retired (verifiable until its receipts expire)",
         rotated.active.map(|k| k.key_id).unwrap_or_default(),
         rotated.retired.map(|k| k.key_id).unwrap_or_default()
-    );
+    )?;
     Ok(())
 }

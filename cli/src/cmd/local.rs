@@ -25,7 +25,10 @@ pub(crate) fn policy_classifier(
 }
 
 /// `tollgate classify --explain-policy`: every detector, its level, what it looks for.
-pub(crate) fn explain_policy(classifier: &tollgate_router::Classifier, json_out: bool) {
+pub(crate) fn explain_policy(
+    classifier: &tollgate_router::Classifier,
+    json_out: bool,
+) -> Result<(), CliError> {
     let rows: Vec<_> = classifier
         .detectors()
         .map(|(id, level)| {
@@ -41,13 +44,14 @@ pub(crate) fn explain_policy(classifier: &tollgate_router::Classifier, json_out:
             .iter()
             .map(|(id, level, what)| json!({"detector": id, "level": level, "what": what}))
             .collect();
-        println!("{}", json!({ "detectors": list }));
+        out!("{}", json!({ "detectors": list }))?;
     } else {
-        say!("{:<24} {:<7} what it finds", "detector", "level");
+        say!("{:<24} {:<7} what it finds", "detector", "level")?;
         for (id, level, what) in rows {
-            say!("{id:<24} {level:<7} {what}");
+            say!("{id:<24} {level:<7} {what}")?;
         }
     }
+    Ok(())
 }
 
 /// `tollgate classify`: the text given, "-" for stdin, or a file's contents.
@@ -87,14 +91,14 @@ fn classify(
                 })
             })
             .collect();
-        println!(
+        out!(
             "{}",
             json!({"sensitivity": found.sensitivity.name(), "reasons": reasons})
-        );
+        )?;
     } else {
-        say!("sensitivity: {}", found.sensitivity.name());
+        say!("sensitivity: {}", found.sensitivity.name())?;
         for reason in &found.reasons {
-            say!("  {reason}");
+            say!("  {reason}")?;
         }
     }
     Ok(())
@@ -110,7 +114,7 @@ pub(crate) fn restore(
     let store = tollgate_files::snapshot::SnapshotStore::new(data_dir);
     let restored = store.restore(run_id, call_id)?;
     if json_out {
-        println!(
+        out!(
             "{}",
             serde_json::json!({
                 "run_id": run_id,
@@ -119,26 +123,24 @@ pub(crate) fn restore(
                 "removed": restored.removed,
                 "size": restored.size,
             })
-        );
+        )?;
     } else if restored.removed {
-        say!("removed {} (call {call_id} had created it)", restored.path);
+        say!("removed {} (call {call_id} had created it)", restored.path)?;
     } else {
         say!(
             "restored {} ({}) as it was before call {call_id}",
             restored.path,
             crate::show::size(restored.size)
-        );
+        )?;
     }
     Ok(())
 }
 
 /// `tollgate completions SHELL`: the completion script on stdout.
-pub(crate) fn completions(shell: clap_complete::Shell) {
+pub(crate) fn completions(shell: clap_complete::Shell) -> Result<(), CliError> {
     use clap::CommandFactory as _;
-    clap_complete::generate(
-        shell,
-        &mut Cli::command(),
-        "tollgate",
-        &mut std::io::stdout(),
-    );
+    // Made in memory first: `generate` panics when its writer fails.
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "tollgate", &mut script);
+    crate::out::bytes(&script)
 }

@@ -44,11 +44,11 @@ pub(crate) async fn add_operator(
                 "added operator {}; token written to {}",
                 created.name,
                 path.display()
-            );
+            )?;
         }
         None => {
             say_err!("added operator {}; its token (shown once):", created.name);
-            println!("{}", created.token);
+            out!("{}", created.token)?;
         }
     }
     Ok(())
@@ -70,14 +70,14 @@ pub(crate) async fn list_operators(global: &GlobalArgs, json: bool) -> Result<()
             "ADMIN",
             "MAX TTL",
             "CREATED BY"
-        );
+        )?;
     }
     for op in operators {
         let ceiling = op.ceiling.unwrap_or_default();
         let ttl =
             humantime::format_duration(std::time::Duration::from_secs(ceiling.max_ttl_seconds));
         if json {
-            println!(
+            out!(
                 "{}",
                 json!({
                     "name": op.name, "admin": op.admin, "created_by": op.created_by,
@@ -90,7 +90,7 @@ pub(crate) async fn list_operators(global: &GlobalArgs, json: bool) -> Result<()
                     "audience": ceiling.audience,
                     "max_delegate_depth": ceiling.max_delegate_depth,
                 })
-            );
+            )?;
         } else {
             let fs: Vec<_> = ceiling
                 .fs
@@ -115,7 +115,7 @@ pub(crate) async fn list_operators(global: &GlobalArgs, json: bool) -> Result<()
                     .map(|r| r.name.as_str())
                     .collect::<Vec<_>>()
                     .join(",")
-            );
+            )?;
         }
     }
     Ok(())

@@ -69,14 +69,14 @@ pub(crate) fn init(dir: &Path, name: &str, days: u32) -> Result<(), CliError> {
     let cert = params.self_signed(&key).map_err(pki_error)?;
     write_private(&key_path, &key.serialize_pem())?;
     write_public(&cert_path, &cert.pem())?;
-    println!(
+    out!(
         "CA \"{name}\": {} (give it to every daemon and client as --tls-client-ca / --ca)",
         cert_path.display()
-    );
-    println!(
+    )?;
+    out!(
         "its key: {} (mode 0600; keep it off the fleet's hosts)",
         key_path.display()
-    );
+    )?;
     Ok(())
 }
 
@@ -174,11 +174,11 @@ pub(crate) fn issue(
     let cert = params.signed_by(&key, &issuer).map_err(pki_error)?;
     write_private(&key_path, &key.serialize_pem())?;
     write_public(&cert_path, &cert.pem())?;
-    println!(
+    out!(
         "{}: {} and its key {} (mode 0600)",
         holder.identity,
         cert_path.display(),
         key_path.display()
-    );
+    )?;
     Ok((cert_path, key_path))
 }

@@ -193,12 +193,12 @@ pub(crate) fn list(json: bool) -> Result<(), CliError> {
                 }
                 Err(e) => row["error"] = json!(e.to_string()),
             }
-            println!("{row}");
+            out!("{row}")?;
         }
         return Ok(());
     }
     let width = rows.iter().map(|(f, _)| f.name.len()).max().unwrap_or(4);
-    say!("{:width$}  {:10}  DESCRIPTION", "NAME", "SOURCE");
+    say!("{:width$}  {:10}  DESCRIPTION", "NAME", "SOURCE")?;
     for (found, parsed) in &rows {
         let source = match &found.source {
             Source::BuiltIn => "built-in".to_owned(),
@@ -208,7 +208,7 @@ pub(crate) fn list(json: bool) -> Result<(), CliError> {
             Ok(profile) => profile.description.clone(),
             Err(e) => format!("unusable: {e}"),
         };
-        say!("{:width$}  {source:10}  {description}", found.name);
+        say!("{:width$}  {source:10}  {description}", found.name)?;
     }
     let files: Vec<&Found> = rows
         .iter()
@@ -216,9 +216,9 @@ pub(crate) fn list(json: bool) -> Result<(), CliError> {
         .filter(|f| f.source != Source::BuiltIn)
         .collect();
     for found in files {
-        say!("{}: {}", found.name, found.source);
+        say!("{}: {}", found.name, found.source)?;
     }
-    say!("`tollgate profile show NAME` prints one; copy it to ~/.config/tollgate/profiles/NAME.toml to change it");
+    say!("`tollgate profile show NAME` prints one; copy it to ~/.config/tollgate/profiles/NAME.toml to change it")?;
     Ok(())
 }
 
@@ -232,8 +232,7 @@ pub(crate) fn show(name: &str, expanded: bool, values: &ProfileValues) -> Result
                 "--project, --task and --var fill the profile's variables: add --expanded to see what they make".into(),
             ));
         }
-        print!("{}", found.text);
-        return Ok(());
+        return crate::out::bytes(found.text.as_bytes());
     }
     let spec = RunSpec {
         profile: Some(name.into()),
@@ -246,12 +245,11 @@ pub(crate) fn show(name: &str, expanded: bool, values: &ProfileValues) -> Result
         .map_err(|e| CliError::Input(e.in_file(&label)))?;
     let text = toml::to_string(&spec)
         .map_err(|e| CliError::Other(format!("cannot print the expanded spec: {e}")))?;
-    println!(
+    out!(
         "# profile {name} ({}), expanded: the run spec `tollgate mint` signs",
         found.source
-    );
-    print!("{text}");
-    Ok(())
+    )?;
+    crate::out::bytes(text.as_bytes())
 }
 
 impl ProfileValues {

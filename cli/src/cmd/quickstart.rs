@@ -111,7 +111,8 @@ async fn start_daemon(
 
 impl Daemon {
     /// SIGTERM, then wait (10 s) for a clean exit.
-    async fn stop(mut self) {
+    /// The daemon is stopped whatever happens to the line that says so.
+    async fn stop(mut self) -> Result<(), CliError> {
         if let Some(pid) = self.child.id() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
@@ -119,17 +120,18 @@ impl Daemon {
             );
         }
         match tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await {
-            Ok(Ok(status)) => println!("   {} exited ({status})", self.name),
+            Ok(Ok(status)) => out!("   {} exited ({status})", self.name)?,
             _ => {
                 let _ = self.child.kill().await;
-                println!("   {} did not stop within 10 s and was killed", self.name);
+                out!("   {} did not stop within 10 s and was killed", self.name)?;
             }
         }
+        Ok(())
     }
 }
 
-fn step(n: u32, text: &str) {
-    println!("\n── {n}. {text}");
+fn step(n: u32, text: &str) -> Result<(), CliError> {
+    out!("\n── {n}. {text}")
 }
 
 fn indent(text: &str) -> String {
@@ -148,29 +150,31 @@ pub(crate) async fn run(keep: bool, run_dir: &Path) -> Result<(), CliError> {
     let mut daemons = Vec::new();
     let result = tour(dir.path(), run_dir, &mut daemons).await;
 
-    step(9, "Stop the daemons");
+    // Every daemon stops even when stdout fails: the first output error is kept for later.
+    let mut shown = step(9, "Stop the daemons");
     // The supervisor first: it tears down any run still live.
     while let Some(daemon) = daemons.pop() {
-        daemon.stop().await;
+        let stopped = daemon.stop().await;
+        shown = shown.and(stopped);
     }
     // Both logs are closed now (each with a signed checkpoint): check them and tell the run.
-    let result = match result {
+    let result = match result.and_then(|run| shown.map(|()| run)) {
         Ok(Some(run_id)) => audit_trail(dir.path(), &run_id),
         Ok(None) => Ok(()),
         Err(e) => Err(e),
     };
     if keep {
         let kept = dir.keep();
-        println!("   data kept at {}", kept.display());
+        out!("   data kept at {}", kept.display())?;
     } else {
         drop(dir);
-        println!("   temporary directory removed");
+        out!("   temporary directory removed")?;
     }
     result?;
-    println!(
+    out!(
         "\nNext: run your own daemons (see README.md), then\n\
          `tollgate mint --spec run.toml --out r.tgr` and `tollgate run --receipt r.tgr`."
-    );
+    )?;
     Ok(())
 }
 
@@ -179,16 +183,16 @@ fn audit_trail(dir: &Path, run_id: &str) -> Result<(), CliError> {
     step(
         10,
         "The audit trail: both logs verify, and they tell the run's story",
-    );
+    )?;
     let logs = [
         dir.join("authority").join("audit"),
         dir.join("supervisor").join("audit"),
     ];
-    println!(
+    out!(
         "   (what `tollgate trace {run_id} {} {}` prints)",
         logs[0].display(),
         logs[1].display()
-    );
+    )?;
     trace(run_id, &logs, &Trust::default())
 }
 
@@ -201,8 +205,8 @@ async fn tour(
     step(
         0,
         "Check that this host can run a supervisor (what `tollgate doctor` does)",
-    );
-    let failed = super::doctor::check_host(&quickstart_host_ids_range(), run_dir);
+    )?;
+    let failed = super::doctor::check_host(&quickstart_host_ids_range(), run_dir)?;
     let root = nix::unistd::geteuid().is_root();
     if failed > 0 && root {
         return Err(CliError::Doctor(failed));
@@ -210,10 +214,10 @@ async fn tour(
     let (authority_addr, token, mut client) = start_authority(dir, daemons).await?;
     receipt_steps(&mut client, &token).await?;
     if !root {
-        println!(
+        out!(
             "\n   The sandbox part of the tour needs root (the supervisor builds namespaces and\n   \
              cgroups): run `sudo tollgate quickstart` to see an agent run."
-        );
+        )?;
         return Ok(None);
     }
 
@@ -230,7 +234,7 @@ async fn start_authority(
     dir: &Path,
     daemons: &mut Vec<Daemon>,
 ) -> Result<(String, String, AuthorityClient<Channel>), CliError> {
-    step(1, "Start an authority on a free port");
+    step(1, "Start an authority on a free port")?;
     let authority_dir = dir.join("authority");
     let authority = start_daemon(
         "tollgate-authority",
@@ -246,11 +250,11 @@ async fn start_authority(
     .await?;
     let authority_addr = authority.addr.clone();
     daemons.push(authority);
-    println!(
+    out!(
         "   listening on {authority_addr}; data in {}",
         authority_dir.display()
-    );
-    println!("   first start created a signing key (keys/, 0600) and admin.token (0600)");
+    )?;
+    out!("   first start created a signing key (keys/, 0600) and admin.token (0600)")?;
     let token = read_token(&authority_dir.join("admin.token"))?;
     let mut client = connect(&authority_addr, &Default::default()).await?;
     let keys = client
@@ -258,11 +262,11 @@ async fn start_authority(
         .await?
         .into_inner();
     for key in &keys.keys {
-        println!(
+        out!(
             "   public key {} ({})",
             key.key_id,
             hex::encode(&key.public_key)
-        );
+        )?;
     }
 
     Ok((authority_addr, token, client))
@@ -270,22 +274,22 @@ async fn start_authority(
 
 /// Steps 2 to 5: mint, verify, tamper, revoke.
 async fn receipt_steps(client: &mut AuthorityClient<Channel>, token: &str) -> Result<(), CliError> {
-    step(2, "Mint a receipt from a run spec (as the admin operator)");
-    println!("{}", indent(SAMPLE_SPEC.trim_end()));
+    step(2, "Mint a receipt from a run spec (as the admin operator)")?;
+    out!("{}", indent(SAMPLE_SPEC.trim_end()))?;
     let minted = mint_with(client, token, SAMPLE_SPEC, "sample spec").await?;
-    println!(
+    out!(
         "\n   text form ({} chars): {}…",
         minted.text.len(),
         &minted.text[..48.min(minted.text.len())]
-    );
+    )?;
 
-    step(3, "Verify it as a supervisor with id \"workstation\" would");
+    step(3, "Verify it as a supervisor with id \"workstation\" would")?;
     let (_, outcome) = verify_with(client, &minted.text, Some("workstation")).await?;
     let verified = outcome?;
-    println!("   valid: Ed25519 signature over \"tollgate.receipt.v1\\n\" || receipt bytes");
-    println!("{}", indent(&show::receipt_text(&verified)));
+    out!("   valid: Ed25519 signature over \"tollgate.receipt.v1\\n\" || receipt bytes")?;
+    out!("{}", indent(&show::receipt_text(&verified)))?;
 
-    step(4, "Tamper with one character: refused");
+    step(4, "Tamper with one character: refused")?;
     let mut tampered = minted.text.clone();
     let middle = tampered.len() / 2;
     let replacement = if &tampered[middle..=middle] == "A" {
@@ -296,10 +300,10 @@ async fn receipt_steps(client: &mut AuthorityClient<Channel>, token: &str) -> Re
     tampered.replace_range(middle..=middle, replacement);
     match verify_with(client, &tampered, Some("workstation")).await?.1 {
         Ok(_) => return Err(CliError::Other("a tampered receipt verified".into())),
-        Err(e) => say!("   refused: {e}"),
+        Err(e) => say!("   refused: {e}")?,
     }
 
-    step(5, "Revoke it: refused from now on");
+    step(5, "Revoke it: refused from now on")?;
     let receipt = minted.receipt.clone().unwrap_or_default();
     client
         .revoke_receipt(authed(
@@ -315,7 +319,7 @@ async fn receipt_steps(client: &mut AuthorityClient<Channel>, token: &str) -> Re
         .1
     {
         Ok(_) => return Err(CliError::Other("a revoked receipt verified".into())),
-        Err(e) => say!("   refused: {e}"),
+        Err(e) => say!("   refused: {e}")?,
     }
 
     Ok(())
@@ -332,7 +336,7 @@ async fn start_supervisor(
     step(
         6,
         "Start a supervisor (id \"workstation\") that trusts this authority",
-    );
+    )?;
     let supervisor_dir = dir.join("supervisor");
     let supervisor = start_daemon(
         "tollgate-supervisor",
@@ -363,7 +367,7 @@ async fn start_supervisor(
     .await?;
     let supervisor_addr = supervisor.addr.clone();
     daemons.push(supervisor);
-    println!("   listening on {supervisor_addr}; it follows the authority's revocations");
+    out!("   listening on {supervisor_addr}; it follows the authority's revocations")?;
 
     Ok((supervisor_dir, supervisor_addr))
 }
@@ -391,7 +395,7 @@ async fn run_sample_agent(
     step(
         7,
         "Mint a receipt for a small agent and run it in a sandbox",
-    );
+    )?;
     let project = dir.join("project");
     std::fs::create_dir_all(&project)
         .and_then(|()| std::fs::write(project.join("README.txt"), "hello from the host\n"))
@@ -436,11 +440,11 @@ async fn run_sample_agent(
         .mint_receipt(authed(token, request)?)
         .await?
         .into_inner();
-    println!(
+    out!(
         "   grants: read {} at /project; write {} through the gateway only; exec sh, id, cat, ls;\n   nothing else",
         project.display(),
         notes.display()
-    );
+    )?;
     let supervisor_token = read_token(&supervisor_dir.join("admin.token"))?;
     let mut runs = connect_supervisor(supervisor_addr, &Default::default()).await?;
     let run_id = runs
@@ -467,10 +471,10 @@ async fn run_sample_agent(
     while let Some(event) = events.next().await {
         match event?.event {
             Some(pb::run_event::Event::Output(chunk)) => {
-                println!(
+                out!(
                     "{}",
                     indent(String::from_utf8_lossy(&chunk.data).trim_end())
-                );
+                )?;
             }
             Some(pb::run_event::Event::Ended(run)) => ended = Some(run),
             None => {}
@@ -483,23 +487,23 @@ async fn run_sample_agent(
 
 /// Step 8: the teardown report; an error if the teardown left anything behind.
 fn teardown_report(run: pb::Run) -> Result<(), CliError> {
-    step(8, "The teardown report");
+    step(8, "The teardown report")?;
     let report = run.report.unwrap_or_default();
-    println!(
+    out!(
         "   state      {}",
         if run.state == pb::RunState::Exited as i32 {
             "exited"
         } else {
             "ended"
         }
-    );
-    say!("   reason     {}", report.reason);
-    println!("   duration   {} ms", report.duration_ms);
+    )?;
+    say!("   reason     {}", report.reason)?;
+    out!("   duration   {} ms", report.duration_ms)?;
     if let Some(peak) = report.peak_memory_bytes {
-        println!("   peak mem   {}", show::size(peak));
+        out!("   peak mem   {}", show::size(peak))?;
     }
     if report.cleanup_errors.is_empty() {
-        println!("   teardown   no process, cgroup or directory of the run is left");
+        out!("   teardown   no process, cgroup or directory of the run is left")?;
     } else {
         return Err(CliError::Other(format!(
             "teardown left something behind: {}",

@@ -54,7 +54,7 @@ pub(crate) async fn check_mint(
         .await?
         .into_inner();
     if json {
-        println!(
+        out!(
             "{}",
             json!({
                 "violations": checked.violations,
@@ -69,21 +69,21 @@ pub(crate) async fn check_mint(
                     "files": l.files,
                 })),
             })
-        );
+        )?;
     } else if checked.violations.is_empty() {
         say!(
             "{}: within your ceiling; `{}` would mint it",
             source.label(),
             source.mint_command()
-        );
+        )?;
     } else {
         say!(
             "{}: {} grant(s) above your ceiling:",
             source.label(),
             checked.violations.len()
-        );
+        )?;
         for violation in &checked.violations {
-            say!("  {violation}");
+            say!("  {violation}")?;
         }
     }
     if checked.violations.is_empty() {
@@ -137,9 +137,9 @@ pub(crate) async fn mint(
     if json {
         let mut value = show::receipt_json(&receipt);
         value["text"] = json!(minted.text);
-        println!("{value}");
+        out!("{value}")?;
     } else if out.is_none() {
-        println!("{}", minted.text);
+        out!("{}", minted.text)?;
     }
     Ok(())
 }
@@ -232,7 +232,7 @@ pub(crate) async fn show_receipt(
                 })),
             ),
         };
-        println!(
+        out!(
             "{}",
             json!({
                 "valid": valid,
@@ -242,7 +242,7 @@ pub(crate) async fn show_receipt(
                 "spent": spent,
                 "receipt": shown.as_ref().map(show::receipt_json),
             })
-        );
+        )?;
     } else {
         let status = match (&outcome, &used) {
             (Ok(_), Use::Spent(run)) => format!(
@@ -254,10 +254,10 @@ pub(crate) async fn show_receipt(
             (Ok(_), Use::Unchecked) => "valid (signature, validity window and revocation checked; not checked: whether a supervisor has started it)".to_owned(),
             (Err(e), _) => format!("INVALID: {e}"),
         };
-        say!("{:<11}{status}", "status");
+        say!("{:<11}{status}", "status")?;
         if let Some(receipt) = &shown {
             for line in show::receipt_lines(receipt) {
-                say!("{line}");
+                say!("{line}")?;
             }
         }
     }
@@ -335,7 +335,7 @@ pub(crate) async fn list_receipts(
             let run = runs.as_ref().and_then(|runs| runs.get(&r.receipt_id));
             let state = receipt_state(r, unix_now(), runs.as_ref().map(|_| run));
             if json {
-                println!(
+                out!(
                     "{}",
                     json!({
                         "receipt_id": r.receipt_id, "owner": r.owner, "subject": r.subject,
@@ -347,7 +347,7 @@ pub(crate) async fn list_receipts(
                         "parent_receipt_id": r.parent_receipt_id,
                         "depth": r.depth,
                     })
-                );
+                )?;
             } else {
                 rows.push(vec![
                     r.receipt_id.clone(),
@@ -371,7 +371,7 @@ pub(crate) async fn list_receipts(
     }
     if !json {
         for line in crate::human::table(&rows) {
-            println!("{line}");
+            out!("{line}")?;
         }
     }
     Ok(())
@@ -440,13 +440,13 @@ pub(crate) async fn revoke(
             revocation.receipt_id,
             show::time_text(revocation.revoked_at.as_ref()),
             revocation.revoked_by
-        );
+        )?;
     } else {
         say!(
             "revoked {} (revocation #{})",
             revocation.receipt_id,
             revocation.seq
-        );
+        )?;
     }
     // Revocation covers the receipt's delegated descendants.
     if !response.cascaded.is_empty() {
@@ -454,7 +454,7 @@ pub(crate) async fn revoke(
             "also revoked {} descendant receipt(s): {}",
             response.cascaded.len(),
             response.cascaded.join(", ")
-        );
+        )?;
     }
     Ok(())
 }

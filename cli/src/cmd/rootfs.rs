@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use serde_json::json;
 use tollgate_receipt::paths::Rootfs;
 
-use crate::error::RootfsError;
+use crate::error::{CliError, RootfsError};
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> RootfsError + '_ {
     move |source| RootfsError::Io {
@@ -131,7 +131,7 @@ fn unpack(tar: impl Read, into: &Path) -> Result<ImportReport, RootfsError> {
 }
 
 /// `tollgate rootfs import NAME FILE`.
-pub(crate) fn import(name: &str, file: &Path, dir: &Path, json: bool) -> Result<(), RootfsError> {
+pub(crate) fn import(name: &str, file: &Path, dir: &Path, json: bool) -> Result<(), CliError> {
     let (destination, report) = if file == Path::new("-") {
         import_from(name, std::io::stdin().lock(), dir)?
     } else {
@@ -139,7 +139,7 @@ pub(crate) fn import(name: &str, file: &Path, dir: &Path, json: bool) -> Result<
         import_from(name, std::io::BufReader::new(tar), dir)?
     };
     if json {
-        println!(
+        out!(
             "{}",
             json!({
                 "name": name,
@@ -149,16 +149,16 @@ pub(crate) fn import(name: &str, file: &Path, dir: &Path, json: bool) -> Result<
                 "devices_skipped": report.devices_skipped,
                 "set_id_cleared": report.set_id_cleared,
             })
-        );
+        )?;
     } else {
-        println!(
+        out!(
             "imported {name} into {}: {} entries, {}; left out {} device nodes or FIFOs, cleared set-uid/set-gid on {} files\nruns name it with [rootfs] name = \"{name}\"",
             destination.display(),
             report.entries,
             bytesize::ByteSize(report.bytes),
             report.devices_skipped,
             report.set_id_cleared
-        );
+        )?;
     }
     Ok(())
 }
@@ -174,7 +174,7 @@ fn pretty_name(root: &Path) -> Option<String> {
 }
 
 /// `tollgate rootfs list`.
-pub(crate) fn list(dir: &Path, json: bool) -> Result<(), RootfsError> {
+pub(crate) fn list(dir: &Path, json: bool) -> Result<(), CliError> {
     let mut names: Vec<String> = match fs::read_dir(dir) {
         Ok(entries) => entries
             .flatten()
@@ -183,7 +183,7 @@ pub(crate) fn list(dir: &Path, json: bool) -> Result<(), RootfsError> {
             .filter(|name| !name.starts_with('.'))
             .collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(io(dir)(e)),
+        Err(e) => return Err(io(dir)(e).into()),
     };
     names.sort();
     if json {
@@ -191,16 +191,16 @@ pub(crate) fn list(dir: &Path, json: bool) -> Result<(), RootfsError> {
             .iter()
             .map(|name| json!({"name": name, "path": dir.join(name).display().to_string(), "os": pretty_name(&dir.join(name))}))
             .collect();
-        println!("{}", json!(list));
+        out!("{}", json!(list))?;
     } else if names.is_empty() {
-        println!(
+        out!(
             "no root file systems under {} (tollgate rootfs import NAME FILE.tar adds one)",
             dir.display()
-        );
+        )?;
     } else {
         for name in names {
             let os = pretty_name(&dir.join(&name)).unwrap_or_else(|| "unknown userland".into());
-            println!("{name:<20} {os}");
+            out!("{name:<20} {os}")?;
         }
     }
     Ok(())

@@ -375,7 +375,7 @@ async fn show_events(
         match event.event {
             Some(pb::run_event::Event::Output(chunk)) => {
                 bytes += chunk.data.len();
-                show_output(&chunk, display);
+                show_output(&chunk, display)?;
             }
             Some(pb::run_event::Event::Ended(run)) => {
                 clear();
@@ -397,30 +397,31 @@ fn lost_connection(status: &tonic::Status) -> bool {
 }
 
 /// One chunk of the agent's output, as `display` shows it.
-fn show_output(chunk: &pb::OutputChunk, display: Display) {
+fn show_output(chunk: &pb::OutputChunk, display: Display) -> Result<(), CliError> {
     let stderr = chunk.stream == pb::OutputStream::Stderr as i32;
     if display == Display::Json {
-        println!(
+        out!(
             "{}",
             serde_json::json!({
                 "event": "output",
                 "stream": if stderr { "stderr" } else { "stdout" },
                 "text": String::from_utf8_lossy(&chunk.data),
             })
-        );
-        return;
+        )?;
+        return Ok(());
     }
     if display == Display::Progress {
         // Clears the status line before the agent's bytes.
         eprint!("\r\x1b[2K");
     }
-    // The agent's bytes, unchanged; a closed stdout is not our error to report.
-    let _ = if stderr {
-        std::io::stderr().write_all(&chunk.data)
+    // The agent's bytes, unchanged. Its stderr goes to ours, where a failure has nowhere
+    // left to be reported; its stdout goes through `out`, so a failed write ends the command.
+    if stderr {
+        let _ = std::io::stderr().write_all(&chunk.data);
+        Ok(())
     } else {
-        std::io::stdout().write_all(&chunk.data)
-    };
-    let _ = std::io::stdout().flush();
+        crate::out::bytes(&chunk.data)
+    }
 }
 
 /// The end of a followed run, shown as `display` asks; the result carries the agent's exit
@@ -431,12 +432,12 @@ fn run_ended(
     display: Display,
     elapsed: std::time::Duration,
 ) -> Result<(), CliError> {
-    let _ = std::io::stdout().flush();
+    std::io::stdout().flush().map_err(crate::out::error)?;
     if display == Display::Json {
-        println!(
+        out!(
             "{}",
             serde_json::json!({"event": "ended", "run": run_json(&run)})
-        );
+        )?;
     }
     if display == Display::Progress {
         say_err!(
@@ -482,11 +483,11 @@ pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(),
     let shown = runs.iter().filter(|run| all || is_live(run));
     if json {
         for run in shown {
-            println!("{}", run_json(run));
+            out!("{}", run_json(run))?;
         }
     } else {
         for line in ps_lines(shown) {
-            println!("{line}");
+            out!("{line}")?;
         }
     }
     Ok(())
@@ -526,10 +527,10 @@ pub(crate) async fn inspect(global: &GlobalArgs, run_id: &str, json: bool) -> Re
         .await?
         .into_inner();
     if json {
-        println!("{}", run_json(&run));
+        out!("{}", run_json(&run))?;
     } else {
         for line in run_lines(&run) {
-            say!("{line}");
+            say!("{line}")?;
         }
     }
     Ok(())
@@ -549,7 +550,7 @@ pub(crate) async fn stop(
         .into_inner();
     if let Some(run) = stopped.run {
         for line in run_lines(&run) {
-            say!("{line}");
+            say!("{line}")?;
         }
     }
     Ok(())
@@ -619,8 +620,7 @@ pub(crate) async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Resul
         .await?
         .into_inner();
     if json {
-        print_tree_json(&tree);
-        return Ok(());
+        return print_tree_json(&tree);
     }
     let mut entries = tree_rows(&tree, tollgate_receipt::unix_now());
     let depths: Vec<u32> = entries.iter().map(|(d, _)| *d).collect();
@@ -639,7 +639,7 @@ pub(crate) async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Resul
         "SUBJECT",
         "STATE",
         "AGE"
-    );
+    )?;
     for (_, row) in &entries {
         let name = format!("{}{}", row.prefix, row.run_id);
         let pad = width.saturating_sub(name.chars().count());
@@ -650,20 +650,20 @@ pub(crate) async fn tree(global: &GlobalArgs, run_id: &str, json: bool) -> Resul
             row.state,
             row.age,
             row.expires
-        );
+        )?;
     }
     Ok(())
 }
 
 /// `tollgate tree --json`: one object per run, then one per pending child.
-fn print_tree_json(tree: &pb::RunTree) {
+fn print_tree_json(tree: &pb::RunTree) -> Result<(), CliError> {
     for run in &tree.runs {
         let mut line = run_json(run);
         line["exit_code"] = json!(run.report.as_ref().and_then(|r| r.exit_code));
-        println!("{line}");
+        out!("{line}")?;
     }
     for child in &tree.pending {
-        println!(
+        out!(
             "{}",
             json!({
                 "run_id": child.receipt_id,
@@ -672,8 +672,9 @@ fn print_tree_json(tree: &pb::RunTree) {
                 "state": "minted",
                 "expires_at": child.expires_at.map(|t| t.seconds),
             })
-        );
+        )?;
     }
+    Ok(())
 }
 
 /// The tree's rows with their depth below the root, each pending child right after its

@@ -47,14 +47,14 @@ pub(crate) async fn add_supervisor(
                 "enrolled supervisor {}; delegation token written to {}",
                 enrolled.supervisor_id,
                 path.display()
-            );
+            )?;
         }
         _ => {
             say_err!(
                 "enrolled supervisor {}; its delegation token (shown once):",
                 enrolled.supervisor_id
             );
-            println!("{}", enrolled.token);
+            out!("{}", enrolled.token)?;
         }
     }
     Ok(())
@@ -77,6 +77,6 @@ pub(crate) async fn remove_supervisor(
     say!(
         "removed supervisor {}; its delegation token no longer works",
         removed.supervisor_id
-    );
+    )?;
     Ok(())
 }

@@ -33,6 +33,10 @@ pub const DEFAULT_ENTROPY_MIN_LEN: usize = 24;
 /// an adversarial input can cause.
 const RESCAN_LIMIT: usize = 256;
 
+/// The detector of the APIs' own ids (tool calls, completions, messages): harmless, but what
+/// an id's body holds is judged (see `Classifier::inside_id`).
+const API_ID: &str = "api_id";
+
 /// How near `"private_key"` must be to `"type": "service_account"`, in bytes either side.
 const GCP_WINDOW: usize = 8 * 1024;
 
@@ -449,6 +453,8 @@ impl Classifier {
                             sensitivity: d.sensitivity,
                             span,
                         });
+                    } else if d.id.as_str() == API_ID {
+                        reasons.extend(self.inside_id(text, span));
                     }
                     break end;
                 }
@@ -471,6 +477,39 @@ impl Classifier {
             sensitivity,
             reasons,
         }
+    }
+
+    /// What the body of an API's id (`chatcmpl-<body>`, `call_<body>`, `toolu_01<body>`)
+    /// holds for the specific high-sensitivity detectors (keys and tokens of a known format).
+    /// The id is consumed whole by the scan, so without this a key shaped to fit an id's
+    /// pattern (`chatcmpl-AKIA…`) would pass unseen; the body is judged on its own (its
+    /// prefix's `_` or `-` is where a key may start), the generic and entropy detectors left
+    /// out: an id's body is random by nature.
+    fn inside_id(&self, text: &str, id: Range<usize>) -> Vec<Reason> {
+        let shown = &text[id.clone()];
+        let body = shown.rfind(['_', '-']).map_or(0, |i| i + 1);
+        let offset = id.start + body;
+        self.scan(&shown[body..])
+            .reasons
+            .into_iter()
+            .filter(|reason| {
+                reason.sensitivity == Sensitivity::High
+                    && self.detectors.iter().any(|d| {
+                        d.id == reason.detector
+                            && !matches!(
+                                d.check,
+                                Check::Assignment
+                                    | Check::SecretValue
+                                    | Check::Benign
+                                    | Check::HighEntropy
+                            )
+                    })
+            })
+            .map(|reason| Reason {
+                span: reason.span.start + offset..reason.span.end + offset,
+                ..reason
+            })
+            .collect()
     }
 
     /// `text` with every detected span replaced by `[REDACTED:<detector>]`, or `None` when

@@ -154,6 +154,9 @@ impl AgentInput for pb::StopChildRequest {
     }
 }
 
+/// Most messages one model call may carry (a long agent session's history fits: every
+/// message holds at least one part or text, and a call holds at most [`MAX_PARTS`] parts).
+pub const MAX_MESSAGES: usize = MAX_PARTS;
 /// Most tools one model call may offer.
 pub const MAX_TOOLS: usize = 128;
 /// Most parts (text, images, tool calls and results, reasoning; a result's own parts
@@ -259,6 +262,12 @@ impl CallSize {
 impl AgentInput for pb::CompleteRequest {
     fn bound(&self) -> Result<(), String> {
         text("route", &self.route, MAX_NAME)?;
+        if self.messages.len() > MAX_MESSAGES {
+            return Err(format!(
+                "messages has {} items; at most {MAX_MESSAGES} are accepted",
+                self.messages.len()
+            ));
+        }
         let mut size = CallSize::default();
         for (i, message) in self.messages.iter().enumerate() {
             text(&format!("messages[{i}].role"), &message.role, MAX_NAME)?;

@@ -20,7 +20,8 @@
 //! are never opened.
 //!
 //! Inside, dependencies run one way: `input` (bounds) and `gate` (the checks, the budget
-//! and the audit entry every call passes) are leaves; `approval` (calls under a grant that
+//! and the audit entry every call passes) are leaves, and so is `shape` (the bounds on a
+//! request's raw bytes, checked by `prewalk` before tonic decodes it); `approval` (calls under a grant that
 //! asks, waiting on the supervisor's approval board) uses only the gate, and the tool families
 //! ask through it; the tool families `fs`, `exec`,
 //! `models` and `children` each depend on the gate only (delegation also on the grants
@@ -39,8 +40,10 @@ pub mod gate;
 pub mod input;
 pub mod inspection;
 pub mod models;
+mod prewalk;
 pub mod run;
 pub mod service;
+pub mod shape;
 #[cfg(test)]
 mod tests;
 mod tunnel;

@@ -375,6 +375,7 @@ pub fn serve_listener(
     } else {
         egress.max_open() as usize
     };
+    let prewalk = super::prewalk::Prewalk::new(run.clone());
     let service = GatewayService::new(run);
     let run_id = service.run.gate.run_id.clone();
     let limits = gateway_request_limits();
@@ -393,9 +394,11 @@ pub fn serve_listener(
             max: bounds.connections.max + hand_offs,
             ..bounds.connections
         };
+        // `limits` is outermost: the walk collects a body only as far as its caps allow.
         let served = bounds
             .server()
             .layer(limits)
+            .layer(prewalk)
             .add_service(
                 pb::gateway_server::GatewayServer::new(service)
                     // The largest request any method takes (each method's own cap is
