@@ -32,6 +32,7 @@ pub mod access;
 mod admit;
 pub mod amend;
 pub mod input;
+mod lifecycle;
 mod open;
 mod restore;
 mod start;
@@ -131,8 +132,11 @@ struct LiveRun {
     /// Set (with a notify) when teardown has finished.
     ended: Mutex<bool>,
     ended_signal: Condvar,
+    /// Sent on every change the run's tasks wait for: its end, a new expiry, a detach (the
+    /// tasks' side of `ended_signal` and `detached_signal`).
+    changes: tokio::sync::watch::Sender<()>,
     /// The expiry an amendment set (Unix seconds; 0: the receipt's). Changed with a notify on
-    /// `ended_signal`, so the expiry thread waits for the new one.
+    /// `changes`, so the expiry task waits for the new one.
     amended_expiry: std::sync::atomic::AtomicI64,
     /// What a live restore hands the shim; set once the agent runs (root runs only).
     restore: Mutex<Option<RestoreHandles>>,
@@ -166,11 +170,22 @@ impl LiveRun {
             });
     }
 
-    /// Moves the run's expiry to `expires_at` (Unix seconds) and wakes its expiry thread.
+    /// Moves the run's expiry to `expires_at` (Unix seconds) and wakes its expiry task.
     fn set_expiry(&self, expires_at: i64) {
-        let _ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         self.amended_expiry.store(expires_at, Ordering::SeqCst);
+        self.changes.send_replace(());
+    }
+
+    /// Whether teardown has finished.
+    fn is_ended(&self) -> bool {
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that teardown has finished, for blocking waiters and tasks alike.
+    fn set_ended(&self) {
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.ended_signal.notify_all();
+        self.changes.send_replace(());
     }
 
     /// The trigger noted so far, if any.
@@ -222,6 +237,7 @@ impl LiveRun {
     fn set_detached(&self) {
         *self.detached.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.detached_signal.notify_all();
+        self.changes.send_replace(());
     }
 
     /// Waits up to `timeout` for pid 1's `Detached`.
@@ -284,6 +300,9 @@ pub struct RunManager {
     /// admission, under `allocation`, given back at their end).
     child_holds: Mutex<HashMap<String, (String, Holds)>>,
     gateway_runtime: Option<tokio::runtime::Runtime>,
+    /// The gateway runtime's handle, where every live run's lifecycle tasks run (see
+    /// `lifecycle`): a fixed set of threads whatever the number of runs.
+    tasks: tokio::runtime::Handle,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,

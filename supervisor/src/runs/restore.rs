@@ -31,7 +31,7 @@ use tollgate_receipt::{parse_envelope, SignedReceipt};
 use tollgate_shim_protocol::protocol::ToShim;
 
 use super::amend::AmendedRun;
-use super::start::{RunThreads, Watched};
+use super::lifecycle::{RunTasks, Watched};
 use super::{now_ms, LiveRun, RunManager, RunState};
 use crate::cgroup::RunCgroup;
 use crate::error::StartError;
@@ -241,6 +241,8 @@ impl RunManager {
             (
                 handle
                     .listener
+                    .as_ref()
+                    .ok_or("its gateway socket was not kept")?
                     .try_clone()
                     .map_err(|e| format!("the gateway socket: {e}"))?,
                 run.gate.calls.load(Ordering::SeqCst),
@@ -364,20 +366,20 @@ impl RunManager {
                         (state.shim_pid, state.argv.clone(), state.started_ms),
                     );
                 }
-                let threads = RunThreads {
+                let tasks = RunTasks {
                     run_id,
                     expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
                     live,
                     dirs,
                     started_ms: state.started_ms,
                 };
-                self.spawn_run_threads(threads, process, output, self.hub_sink());
+                self.spawn_run_tasks(tasks, process, output, self.hub_sink());
             }
             Err(e) => {
                 let reason = format!("re-adopting after a live restore failed: {e}");
                 tracing::warn!(run_id = %run_id, reason = %reason, "run lost");
                 live.trigger(RunState::Lost, reason);
-                let exit = match super::start::watch(process) {
+                let exit = match super::lifecycle::watch(process) {
                     Watched::Ended(exit) => exit,
                     Watched::Detached => None,
                 };
@@ -451,7 +453,10 @@ impl RunManager {
             models.charge_restored(state.tokens_used);
         }
         if let Some(exec) = &run.exec.sandbox {
-            exec.started.set(Ok(PinnedSandbox { pid_one, execute }));
+            exec.started.set(Ok(PinnedSandbox {
+                pid_one: crate::sandbox::PidOne::Pinned(pid_one),
+                execute,
+            }));
         }
         self.serve_gateway_on(
             live,
