@@ -103,6 +103,7 @@ fn host_checks(shim: Option<&Path>, planned: &Planned<'_>) -> Vec<Check> {
         memfd_noexec(),
         idmapped_mounts(),
         host_ids(planned),
+        capacity(planned.host_ids),
     ]
 }
 
@@ -603,6 +604,80 @@ async fn authority(global: &GlobalArgs) -> Check {
             "check that --authority names a tollgate-authority",
         ),
     }
+}
+
+/// Descriptors a supervisor holds per live run at most (`tollgate_supervisor::host_limits`).
+const FDS_PER_RUN: u64 = 4;
+/// Host pids a sandbox takes at least: its shim, its pid 1 and the agent.
+const PIDS_PER_RUN: u64 = 3;
+/// Host memory a sleeping sandbox and the supervisor's share of it take (measured: about
+/// 2.5 MiB a sandbox, well under 0.5 MiB of the supervisor's a run).
+const MEMORY_PER_RUN: u64 = 3 << 20;
+/// Descriptors the supervisor keeps for itself (its log, database, listeners, clients).
+const FDS_RESERVED: u64 = 256;
+
+/// How many live runs this host's limits allow one supervisor, and which limit binds.
+fn capacity(host_ids: &std::ops::Range<u32>) -> Check {
+    let number = |path: &str| read(path).and_then(|text| text.parse::<u64>().ok());
+    // The daemon (root) raises its open-file limit to fs.nr_open at start.
+    let files = number("/proc/sys/fs/nr_open").unwrap_or(1024);
+    let pid_max = number("/proc/sys/kernel/pid_max").unwrap_or(32_768);
+    let threads_max = number("/proc/sys/kernel/threads-max").unwrap_or(u64::MAX);
+    // /proc/loadavg's fourth field: running/total scheduling entities (threads) now.
+    let tasks = read("/proc/loadavg")
+        .and_then(|text| {
+            text.split_whitespace()
+                .nth(3)?
+                .split('/')
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0u64);
+    let memory = read("/proc/meminfo")
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("MemAvailable:"))?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024);
+    let limits = [
+        (
+            "open files",
+            files.saturating_sub(FDS_RESERVED) / FDS_PER_RUN,
+            format!("fs.nr_open {files}"),
+        ),
+        (
+            "pids",
+            pid_max.min(threads_max).saturating_sub(tasks) / PIDS_PER_RUN,
+            format!("kernel.pid_max {pid_max}, threads-max {threads_max}, {tasks} in use"),
+        ),
+        (
+            "memory",
+            memory / MEMORY_PER_RUN,
+            format!("{} MiB available", memory >> 20),
+        ),
+        (
+            "host ids",
+            u64::from(host_ids.end.saturating_sub(host_ids.start)),
+            format!("--host-id-count {}", host_ids.len()),
+        ),
+    ];
+    let Some((binding, runs, _)) = limits.iter().min_by_key(|(_, runs, _)| *runs) else {
+        return Check::ok("capacity", "no limits read");
+    };
+    let seen = format!(
+        "about {runs} live runs, bound by {binding} ({})",
+        limits
+            .iter()
+            .map(|(name, runs, why)| format!("{name}: {runs} from {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    Check::ok("capacity", seen)
 }
 
 #[cfg(test)]
