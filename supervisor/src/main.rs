@@ -231,14 +231,10 @@ async fn main() -> ExitCode {
     // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
     // Each live run holds a few descriptors, so the limit bounds how many runs this
-    // supervisor can hold: it goes as high as the kernel allows, and the log says how high.
-    match tollgate_daemon::raise_open_files_limit() {
-        Ok(limit) => tracing::info!(
-            open_files = limit,
-            live_runs = limit / tollgate_supervisor::host_limits::FDS_PER_RUN,
-            "open-file limit raised as far as the kernel allows"
-        ),
-        Err(e) => tracing::warn!(error = %e, "could not raise the open-files limit"),
+    // supervisor can hold: it goes as high as the kernel allows (the figure is logged once
+    // the supervisor listens).
+    if let Err(e) = tollgate_daemon::raise_open_files_limit() {
+        tracing::warn!(error = %e, "could not raise the open-files limit");
     }
     let served = match configure(flags).await {
         Ok(config) => serve(config, tollgate_daemon::shutdown::signal()).await,
