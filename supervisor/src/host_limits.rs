@@ -3,6 +3,7 @@
 //! A start refused by one of them is `RESOURCE_EXHAUSTED` naming it ([`crate::error::HostLimit`]).
 
 /// Descriptors the supervisor holds for one live run at most: the shim's control socket, the
-/// agent's stdout and stderr pipes and the gateway's listening socket (a run under live
-/// restore keeps a few more for its hand-over; one with input holds its input's end).
+/// agent's stdout and stderr pipes and the gateway's listening socket (a root run under
+/// live restore keeps a duplicate of the gateway socket for its hand-over; one with input
+/// holds its input's end).
 pub const FDS_PER_RUN: u64 = 4;

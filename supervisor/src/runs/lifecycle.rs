@@ -6,18 +6,16 @@
 //! run the host out of pids at a few thousand runs.
 
 use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _};
 use tollgate_audit::{AuditError, PendingEntry};
 use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use super::teardown::Ended;
-use super::{LiveRun, OutputSink, OutputStream, RunManager};
+use super::{LiveRun, OutputSink, OutputStream, RestoreHandles, RestoreMeta, RunManager};
 use crate::records::RunState;
 use crate::sandbox::{RunDirs, SandboxOutput, SandboxProcess, ShimWatch};
 
@@ -27,8 +25,8 @@ pub(super) const EXPIRED: &str = "the receipt expired";
 /// The most bytes one relay reads at a time (on the worker's stack, never kept per run).
 const RELAY_CHUNK: usize = 8192;
 
-/// The shim's events are short JSON lines: a small buffer per run, grown only for a long one.
-const EVENTS_BUFFER: usize = 256;
+/// The most bytes of shim events read at a time (short JSON lines; on the worker's stack).
+const EVENTS_CHUNK: usize = 1024;
 
 /// What a live run's lifecycle tasks need (see [`RunManager::spawn_run_tasks`]).
 pub(super) struct RunTasks {
@@ -42,6 +40,8 @@ pub(super) struct RunTasks {
     pub dirs: RunDirs,
     /// When it was admitted (Unix milliseconds).
     pub started_ms: u64,
+    /// Set when the run is kept for a live restore (see `RestoreHandles`).
+    pub restore: Option<RestoreMeta>,
 }
 
 /// How watching a shim ended.
@@ -78,36 +78,58 @@ fn on_event(line: &[u8], exit: &mut Option<AgentExit>) -> Option<Watched> {
 }
 
 /// Reads shim events from the control socket without blocking a thread, until the socket
-/// closes (the shim ended) or pid 1 confirms a detach.
-async fn watch_events(control: UnixStream, buffered: Vec<u8>) -> Watched {
+/// closes (the shim ended) or pid 1 confirms a detach. `buffered`: bytes read ahead.
+async fn watch_events(control: Arc<OwnedFd>, buffered: Vec<u8>) -> Watched {
     let mut exit = None;
-    let socket = control
-        .set_nonblocking(true)
-        .and_then(|()| tokio::net::UnixStream::from_std(control));
-    let socket = match socket {
+    let socket = match register(control) {
         Ok(socket) => socket,
         Err(e) => {
             // Not pollable here (it always is on Linux): an error, not a silent end.
             tracing::error!(error = %e, "the shim's control socket cannot be watched; the run is treated as ended");
-            return Watched::Ended(None);
+            return Watched::Ended(exit);
         }
     };
-    let mut reader = tokio::io::BufReader::with_capacity(
-        EVENTS_BUFFER,
-        std::io::Cursor::new(buffered).chain(socket),
-    );
-    let mut line = Vec::new();
+    let mut pending = buffered;
     loop {
-        line.clear();
-        match reader.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return Watched::Ended(exit),
-            Ok(_) => {
-                if let Some(watched) = on_event(&line, &mut exit) {
-                    return watched;
-                }
+        while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if let Some(watched) = on_event(&line, &mut exit) {
+                return watched;
             }
         }
+        let Ok(mut ready) = socket.readable().await else {
+            return Watched::Ended(exit);
+        };
+        let read = ready.try_io(|fd| {
+            let mut chunk = [0u8; EVENTS_CHUNK];
+            let n = nix::unistd::read(fd.get_ref(), &mut chunk).map_err(std::io::Error::from)?;
+            pending.extend_from_slice(&chunk[..n]);
+            Ok(n)
+        });
+        match read {
+            Err(_would_block) => continue,
+            Ok(Ok(0) | Err(_)) => {
+                // A last line without its newline still counts.
+                if !pending.is_empty() {
+                    if let Some(watched) = on_event(&pending, &mut exit) {
+                        return watched;
+                    }
+                }
+                return Watched::Ended(exit);
+            }
+            Ok(Ok(_)) => {}
+        }
     }
+}
+
+/// `fd`, non-blocking, registered with the runtime for reading.
+fn register(fd: Arc<OwnedFd>) -> std::io::Result<AsyncFd<Arc<OwnedFd>>> {
+    set_nonblocking(&fd)?;
+    // SAFETY: the `AsyncFd` holds the descriptor (an `OwnedFd`, open as long as any `Arc`
+    // of it lives, this one included) and nothing replaces or closes it while registered.
+    #[allow(unsafe_code)]
+    let registered = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+    registered.map_err(std::io::Error::from)
 }
 
 /// Reads `pipe` once it is readable and hands what it holds to the sink, within the shared
@@ -149,16 +171,8 @@ impl Relay {
 
     /// Relays `pipe` until its end, on the runtime: readiness from epoll, reads that never
     /// block (the descriptor is made non-blocking).
-    async fn run(self, pipe: OwnedFd) {
-        let registered = set_nonblocking(&pipe).and_then(|()| {
-            // SAFETY: the `AsyncFd` owns the descriptor (an `OwnedFd`, valid and open) and
-            // nothing replaces or closes it while it is registered.
-            #[allow(unsafe_code)]
-            let registered =
-                unsafe { AsyncFd::register_with_interest(pipe, tokio::io::Interest::READABLE) };
-            registered.map_err(std::io::Error::from)
-        });
-        let pipe = match registered {
+    async fn run(self, pipe: Arc<OwnedFd>) {
+        let pipe = match register(pipe) {
             Ok(pipe) => pipe,
             Err(e) => {
                 tracing::error!(run_id = %self.run_id, error = %e, "an output pipe cannot be watched; its output is dropped");
@@ -299,7 +313,30 @@ impl RunManager {
             live,
             dirs,
             started_ms,
+            restore,
         } = tasks;
+        let ShimWatch {
+            child,
+            control,
+            buffered,
+            reaped,
+        } = process.into_watch();
+        // Shared by the tasks and, for a live restore, the hand-over: one descriptor each.
+        let control = Arc::new(OwnedFd::from(control));
+        let (stdout, stderr) = (
+            Arc::new(OwnedFd::from(stdout)),
+            Arc::new(OwnedFd::from(stderr)),
+        );
+        if let Some((shim_pid, argv, started_ms)) = restore {
+            live.keep_for_restore(RestoreHandles {
+                control: control.clone(),
+                stdout: stdout.clone(),
+                stderr: stderr.clone(),
+                shim_pid,
+                argv,
+                started_ms,
+            });
+        }
         if let Some(end) = input {
             *live.input.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::fs::File::from(end));
         }
@@ -312,8 +349,8 @@ impl RunManager {
         ));
         let truncated = Arc::new(AtomicBool::new(false));
         let relays = [
-            (OwnedFd::from(stdout), OutputStream::Stdout),
-            (OwnedFd::from(stderr), OutputStream::Stderr),
+            (stdout, OutputStream::Stdout),
+            (stderr, OutputStream::Stderr),
         ]
         .map(|(pipe, stream)| {
             let relay = Relay {
@@ -325,12 +362,6 @@ impl RunManager {
             };
             self.tasks.spawn(relay.run(pipe))
         });
-        let ShimWatch {
-            child,
-            control,
-            buffered,
-            reaped,
-        } = process.into_watch();
         let manager = self.clone();
         self.tasks.spawn(async move {
             let watched = watch_events(control, buffered).await;
@@ -407,6 +438,34 @@ mod tests {
         assert!(on_event(b"not json\n", &mut exit).is_none());
     }
 
+    /// The watch reads events split across what was read ahead and the socket, and ends
+    /// with the agent's exit when the socket closes, or at a detach.
+    #[test]
+    fn the_watch_reads_events_to_the_sockets_end() {
+        use std::io::Write as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(7))).unwrap();
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (ahead, rest) = exited.split_at(3);
+        theirs.write_all(rest).unwrap();
+        theirs.write_all(b"\n").unwrap();
+        drop(theirs);
+        let watched = runtime.block_on(watch_events(Arc::new(OwnedFd::from(ours)), ahead.to_vec()));
+        assert!(matches!(watched, Watched::Ended(Some(AgentExit::Code(7)))));
+
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut detached = serde_json::to_vec(&FromShim::Detached).unwrap();
+        detached.push(b'\n');
+        theirs.write_all(&detached).unwrap();
+        // Still open: the detach ends the watch, not the socket's end.
+        let watched = runtime.block_on(watch_events(Arc::new(OwnedFd::from(ours)), Vec::new()));
+        assert!(matches!(watched, Watched::Detached));
+        drop(theirs);
+    }
+
     /// A relay reads through a non-blocking pipe to its end, within the budget.
     #[test]
     fn relays_drain_within_the_budget() {
@@ -431,7 +490,7 @@ mod tests {
             use std::io::Write as _;
             writer.write_all(b"hello world").unwrap();
         });
-        runtime.block_on(relay.run(OwnedFd::from(reader)));
+        runtime.block_on(relay.run(Arc::new(OwnedFd::from(reader))));
         writing.join().unwrap();
         assert_eq!(&*seen.lock().unwrap(), b"hello");
         assert!(truncated.load(Ordering::Relaxed));

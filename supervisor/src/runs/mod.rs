@@ -43,14 +43,15 @@ pub mod workspace;
 pub const MAX_LIVE_RESTORE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// What detaching a live run for a live restore hands over, kept from the moment its agent
-/// runs (root runs only).
+/// runs (root runs only): the very descriptors the run's tasks read, shared, not duplicates
+/// (a run holds no more descriptors for being kept).
 #[derive(Debug)]
 struct RestoreHandles {
-    /// A second handle on the shim's control socket.
-    control: std::os::unix::net::UnixStream,
-    /// Duplicates of the read ends of the agent's stdout and stderr.
-    stdout: std::os::fd::OwnedFd,
-    stderr: std::os::fd::OwnedFd,
+    /// The shim's control socket (the watch reads it; a detach writes to it).
+    control: Arc<std::os::fd::OwnedFd>,
+    /// The read ends of the agent's stdout and stderr (the relays read them).
+    stdout: Arc<std::os::fd::OwnedFd>,
+    stderr: Arc<std::os::fd::OwnedFd>,
     /// The shim's host pid.
     shim_pid: u32,
     /// The argv given at the start, if any.
@@ -58,6 +59,10 @@ struct RestoreHandles {
     /// When the run was admitted (Unix milliseconds).
     started_ms: u64,
 }
+
+/// What keeping a run for a live restore records besides its descriptors: the shim's host
+/// pid, the argv given at the start, and when the run was admitted (Unix milliseconds).
+type RestoreMeta = (u32, Option<Vec<String>>, u64);
 
 /// Fetches the authority's key set now, or `None` (not fetched: too soon after the last
 /// fetch, or the authority did not answer). Blocking.
@@ -196,36 +201,10 @@ impl LiveRun {
             .clone()
     }
 
-    /// Keeps what detaching this run for a live restore hands over: a second handle on the
-    /// shim's control socket and duplicates of the output pipes' read ends. Without them the
-    /// run is torn down at the next stop, as without live restore.
-    fn keep_for_restore(
-        &self,
-        run_id: &str,
-        process: &crate::sandbox::SandboxProcess,
-        output: &crate::sandbox::SandboxOutput,
-        (shim_pid, argv, started_ms): (u32, Option<Vec<String>>, u64),
-    ) {
-        match (
-            process.control(),
-            output.stdout.try_clone(),
-            output.stderr.try_clone(),
-        ) {
-            (Ok(control), Ok(stdout), Ok(stderr)) => {
-                *self.restore.lock().unwrap_or_else(|p| p.into_inner()) = Some(RestoreHandles {
-                    control,
-                    stdout: stdout.into(),
-                    stderr: stderr.into(),
-                    shim_pid,
-                    argv,
-                    started_ms,
-                });
-            }
-            _ => tracing::warn!(
-                run_id,
-                "could not keep what a live restore needs; this run ends at the next stop"
-            ),
-        }
+    /// Keeps what detaching this run for a live restore hands over. Without it the run is
+    /// torn down at the next stop, as without live restore.
+    fn keep_for_restore(&self, handles: RestoreHandles) {
+        *self.restore.lock().unwrap_or_else(|p| p.into_inner()) = Some(handles);
     }
 
     /// Whether pid 1 has taken the run over for a live restore.

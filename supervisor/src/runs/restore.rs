@@ -220,7 +220,7 @@ impl RunManager {
 
     /// Hands one run over to its pid 1 (see the module's documentation).
     fn detach(&self, run_id: &str, live: &LiveRun, window: Duration) -> Result<(), String> {
-        let Some(mut handles) = live
+        let Some(handles) = live
             .restore
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -289,7 +289,14 @@ impl RunManager {
             handles.stderr.try_clone().map_err(|e| e.to_string())?,
             gateway,
         ];
-        let sent = send_line_with_fds(&mut handles.control, &ToShim::Detach { until_ms }, &fds);
+        // A handle of its own on the socket the watch reads, for this one message.
+        let sent = handles
+            .control
+            .try_clone()
+            .map(std::os::unix::net::UnixStream::from)
+            .and_then(|mut control| {
+                send_line_with_fds(&mut control, &ToShim::Detach { until_ms }, &fds)
+            });
         drop(fds);
         let confirmed = sent.is_ok() && live.wait_detached(DETACH_ACK);
         if !confirmed {
@@ -357,21 +364,18 @@ impl RunManager {
                 tracing::info!(run_id = %run_id, "run re-adopted after a live restore");
                 self.hub.open(&run_id);
                 self.publish_end(&run_id);
-                // A re-adopted run can be left running again at the next clean stop.
-                if self.settings.live_restore.is_some() {
-                    live.keep_for_restore(
-                        &run_id,
-                        &process,
-                        &output,
-                        (state.shim_pid, state.argv.clone(), state.started_ms),
-                    );
-                }
                 let tasks = RunTasks {
                     run_id,
                     expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
                     live,
                     dirs,
                     started_ms: state.started_ms,
+                    // A re-adopted run can be left running again at the next clean stop.
+                    restore: self
+                        .settings
+                        .live_restore
+                        .is_some()
+                        .then(|| (state.shim_pid, state.argv.clone(), state.started_ms)),
                 };
                 self.spawn_run_tasks(tasks, process, output, self.hub_sink());
             }

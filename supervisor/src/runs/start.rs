@@ -336,16 +336,15 @@ impl RunManager {
             admitted_at,
             started_ms,
         } = run;
-        if live.parent.is_none() && self.settings.live_restore.is_some() {
-            match process.pid() {
-                Some(shim_pid) => {
-                    live.keep_for_restore(&run_id, &process, &output, (shim_pid, argv, started_ms))
-                }
-                None => {
-                    tracing::warn!(run_id = %run_id, "the shim is not this supervisor's child; this run ends at the next stop")
-                }
+        let restore = if live.parent.is_none() && self.settings.live_restore.is_some() {
+            let kept = process.pid().map(|shim_pid| (shim_pid, argv, started_ms));
+            if kept.is_none() {
+                tracing::warn!(run_id = %run_id, "the shim is not this supervisor's child; this run ends at the next stop");
             }
-        }
+            kept
+        } else {
+            None
+        };
         if let Err(e) = self.records.set_running(&run_id) {
             live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
         }
@@ -392,6 +391,7 @@ impl RunManager {
             live,
             dirs,
             started_ms,
+            restore,
         };
         self.spawn_run_tasks_after(tasks, process, output, sink, Some(created));
     }

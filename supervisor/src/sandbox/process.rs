@@ -313,12 +313,6 @@ impl SandboxProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    /// A second handle on the control socket, to send it a message (a live restore's
-    /// `Detach`) while the run's thread reads events.
-    pub fn control(&self) -> std::io::Result<UnixStream> {
-        self.control.try_clone()
-    }
-
     /// The sandbox's pid 1 (the shim's only child), checked pinnable now. The shim is this
     /// process's child and not yet reaped, so its pid is its own; a pid 1 that already
     /// ended, with its number taken by another process, is recognised by that process's
