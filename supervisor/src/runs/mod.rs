@@ -2,8 +2,9 @@
 //! output, and tear it down through one code path whatever ends it.
 //!
 //! Every trigger (agent exit, expiry, stop, revocation, limit, shim death, shutdown) does the
-//! same two things: note why (the first reason wins) and kill the run's cgroup. The run's own
-//! thread then sees the shim end and performs the one teardown: kill whatever is left in the
+//! same two things: note why (the first reason wins) and kill the run's cgroup. The watch on the
+//! run's shim (a task, see `lifecycle`) then sees the shim end and, on the blocking pool,
+//! performs the one teardown: kill whatever is left in the
 //! cgroup, read peak memory, remove the cgroup (with retries) and the run directory, and
 //! write the teardown report. A supervisor that was killed instead finds the non-final
 //! records at its next start, marks them `lost`, and sweeps their cgroups and directories.
@@ -259,8 +260,6 @@ pub struct RunManager {
     admission: RwLock<ReceiptAdmission>,
     sandboxes: Arc<SandboxPool>,
     audit: AuditLog,
-    /// Serves the runs' gateway sockets (its own threads: agents' calls never wait behind the
-    /// operator API). `None` only while dropping.
     /// The supervisor's model routes, when it has any (set once, before runs start).
     models: RwLock<Option<Arc<ModelRoutes>>>,
     /// The authority link for delegation, when this supervisor has a delegation token.
@@ -278,6 +277,8 @@ pub struct RunManager {
     /// Live children by id: their parent and what they hold of its limits (taken at
     /// admission, under `allocation`, given back at their end).
     child_holds: Mutex<HashMap<String, (String, Holds)>>,
+    /// Serves the runs' gateway sockets and runs their lifecycle tasks (its own threads:
+    /// agents' calls never wait behind the operator API). `None` only while dropping.
     gateway_runtime: Option<tokio::runtime::Runtime>,
     /// The gateway runtime's handle, where every live run's lifecycle tasks run (see
     /// `lifecycle`): a fixed set of threads whatever the number of runs.

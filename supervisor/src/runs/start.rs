@@ -1,5 +1,5 @@
 //! Starting a recorded run: a prepared sandbox, the gateway served before the agent
-//! exists, the plan sent, output relayed, and the run's own thread that waits for its end.
+//! exists, the plan sent, and the run's lifecycle tasks started (see `lifecycle`).
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -82,7 +82,7 @@ struct Started<'a> {
 
 impl RunManager {
     /// Admits `signed`, records it, builds its sandbox and starts the agent. Returns the run
-    /// id once the agent runs; teardown happens on the run's own thread.
+    /// id once the agent runs; teardown follows the run's end (see `lifecycle`).
     pub fn start(
         self: &Arc<Self>,
         signed: &SignedReceipt,
@@ -366,7 +366,7 @@ impl RunManager {
             start_us = admitted_at.elapsed().as_micros() as u64,
             "run started"
         );
-        // In the log before anything of the run's end; durable by the time the run thread
+        // In the log before anything of the run's end; durable by the time the run's watch
         // has checked (off the start path).
         let created = self.audit.submit(
             EntryDraft::new(COMPONENT, EntryKind::SandboxCreated)
