@@ -132,8 +132,8 @@ fn register(fd: Arc<OwnedFd>) -> std::io::Result<AsyncFd<Arc<OwnedFd>>> {
     registered.map_err(std::io::Error::from)
 }
 
-/// Reads `pipe` once it is readable and hands what it holds to the sink, within the shared
-/// output budget; `false` at its end (EOF, or an error such as a terminal's hang-up).
+/// One output pipe of a run relayed to its sink, within the run's output budget (shared by
+/// both pipes; what is cut is noted in `truncated` for the report).
 struct Relay {
     stream: OutputStream,
     run_id: String,
@@ -169,8 +169,9 @@ impl Relay {
         Ok(n)
     }
 
-    /// Relays `pipe` until its end, on the runtime: readiness from epoll, reads that never
-    /// block (the descriptor is made non-blocking).
+    /// Relays `pipe` until its end (EOF, or an error such as a terminal's hang-up), on the
+    /// runtime: readiness from epoll, reads that never block (the descriptor is made
+    /// non-blocking).
     async fn run(self, pipe: Arc<OwnedFd>) {
         let pipe = match register(pipe) {
             Ok(pipe) => pipe,
