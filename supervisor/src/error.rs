@@ -21,8 +21,11 @@ pub enum StartError {
     #[error("receipt {0} pins its agent command; start it without an argv")]
     ArgvNotAllowed(String),
     /// Every host id of the configured range is in use.
-    #[error("no free sandbox host id in {0:?}: too many live runs")]
+    #[error("no free sandbox host id in {0:?}: every one is a live run's; end some runs or give the supervisor more (--host-id-count)")]
     NoHostId(std::ops::Range<u32>),
+    /// A host limit refused what a new sandbox needs (descriptors, processes, memory).
+    #[error(transparent)]
+    HostLimit(#[from] HostLimit),
     /// The sandbox could not be planned or built.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
@@ -71,6 +74,7 @@ impl StartError {
             Self::AlreadyUsed(_) => "already_used",
             Self::ArgvNotAllowed(_) => "argv_not_allowed",
             Self::NoHostId(_) => "no_host_id",
+            Self::HostLimit(limit) => limit.code(),
             Self::ShuttingDown => "shutting_down",
             Self::Stale(_) => "authority_stale",
             Self::Delegated { code, .. } | Self::Grant { code, .. } => code,
@@ -83,6 +87,83 @@ impl StartError {
             Self::Sandbox(_) | Self::Cgroup(_) | Self::Records(_) | Self::Audit(_) => "internal",
         }
     }
+}
+
+impl StartError {
+    /// This error as the host limit that caused it, when an operating-system error in it is
+    /// one (`EMFILE`, `ENFILE`, `ENOMEM`; `EAGAIN` only from starting a process, where it
+    /// means no pid or thread was left); otherwise unchanged.
+    pub(crate) fn host_limited(self) -> Self {
+        let limit = match &self {
+            Self::Sandbox(SandboxError::Spawn { source, .. }) => HostLimit::of(source, true),
+            Self::Sandbox(SandboxError::Control(source) | SandboxError::RunDir { source, .. })
+            | Self::Cgroup(CgroupError::Io { source, .. }) => HostLimit::of(source, false),
+            _ => None,
+        };
+        limit.map_or(self, Self::HostLimit)
+    }
+}
+
+/// A host limit that refused a new sandbox: each names the limit and how to raise it.
+#[derive(Debug, thiserror::Error)]
+pub enum HostLimit {
+    /// The supervisor's own open-file limit (`EMFILE`).
+    #[error("the supervisor reached its open-file limit (RLIMIT_NOFILE {limit}; a live run holds about 4 descriptors): raise it (LimitNOFILE= in its service unit, at most fs.nr_open) or end some runs")]
+    Descriptors {
+        /// The soft limit in force.
+        limit: u64,
+    },
+    /// The host's open-file table (`ENFILE`).
+    #[error("the host's open-file table is full (fs.file-max): raise it (sysctl fs.file-max) or end some runs")]
+    FileTable,
+    /// No pid or thread was left for the sandbox's processes (`EAGAIN` from `clone`).
+    #[error("the host has no process left for a new sandbox (kernel.pid_max {pid_max}, kernel.threads-max {threads_max}, or the supervisor's RLIMIT_NPROC or pids.max): raise them (sysctl kernel.pid_max) or end some runs")]
+    Processes {
+        /// `kernel.pid_max` (0 when unreadable).
+        pid_max: u64,
+        /// `kernel.threads-max` (0 when unreadable).
+        threads_max: u64,
+    },
+    /// The kernel had no memory for the sandbox (`ENOMEM`).
+    #[error("the host is out of memory for a new sandbox (ENOMEM): free memory or end some runs")]
+    Memory,
+}
+
+impl HostLimit {
+    /// The limit behind `error`, if it is one; `spawning`: it came from starting a process.
+    pub fn of(error: &std::io::Error, spawning: bool) -> Option<Self> {
+        match error.raw_os_error()? {
+            libc::EMFILE => Some(Self::Descriptors {
+                limit: nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+                    .map_or(0, |(soft, _)| soft),
+            }),
+            libc::ENFILE => Some(Self::FileTable),
+            libc::ENOMEM => Some(Self::Memory),
+            libc::EAGAIN if spawning => Some(Self::Processes {
+                pid_max: read_number("/proc/sys/kernel/pid_max"),
+                threads_max: read_number("/proc/sys/kernel/threads-max"),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Stable code for audit entries.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Descriptors { .. } => "host_descriptors",
+            Self::FileTable => "host_file_table",
+            Self::Processes { .. } => "host_processes",
+            Self::Memory => "host_memory",
+        }
+    }
+}
+
+/// A number from a `/proc/sys` file (0 when unreadable).
+pub(crate) fn read_number(path: &str) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Why input could not reach a run.

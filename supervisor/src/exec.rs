@@ -110,9 +110,9 @@ impl StartedPin {
 /// What `exec` holds of a started sandbox, taken when it started.
 #[derive(Debug)]
 pub struct PinnedSandbox {
-    /// A pidfd of the sandbox's pid 1: the helper joins its namespaces through it, never
-    /// through a pid looked up again (a recycled pid could be anyone's).
-    pub pid_one: OwnedFd,
+    /// The sandbox's pid 1: the helper joins its namespaces through a pidfd of it, taken for
+    /// each command (no descriptor held per run between commands).
+    pub pid_one: crate::sandbox::PidOne,
     /// The executables Landlock allows, interpreters included, as resolved when the sandbox
     /// started (what the agent changed since must not add to them).
     pub execute: Vec<PathBuf>,
@@ -365,6 +365,7 @@ fn spawn_helper(
     pinned: &PinnedSandbox,
     request: &EnterRequest,
 ) -> Result<(tokio::process::Child, tokio::net::UnixStream, Vec<u8>), ExecError> {
+    let pid_one = pinned.pid_one.pidfd().map_err(ExecError::Spawn)?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(ExecError::Spawn)?;
     let procs: Vec<OwnedFd> = sandbox
         .cgroup_procs
@@ -388,13 +389,14 @@ fn spawn_helper(
         &mut command,
         procs.iter().map(|fd| fd.as_raw_fd()).collect(),
         theirs.as_raw_fd(),
-        Some(pinned.pid_one.as_raw_fd()),
+        Some(pid_one.as_raw_fd()),
     );
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
     let child = command.spawn().map_err(ExecError::Spawn)?;
     drop(theirs);
     drop(procs);
+    drop(pid_one);
     let mut line = serde_json::to_vec(request).map_err(|e| ExecError::Helper(e.into()))?;
     line.push(b'\n');
     ours.set_nonblocking(true).map_err(ExecError::Helper)?;
@@ -553,7 +555,7 @@ mod tests {
         let setter = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             later.set(Ok(PinnedSandbox {
-                pid_one: OwnedFd::from(ours),
+                pid_one: crate::sandbox::PidOne::Pinned(OwnedFd::from(ours)),
                 execute: vec!["/bin/sh".into()],
             }));
         });

@@ -27,6 +27,7 @@ pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod gateway;
+pub mod host_limits;
 pub mod hub;
 pub mod link;
 pub mod memory;

@@ -230,6 +230,9 @@ async fn main() -> ExitCode {
     tollgate_supervisor::memory::return_large_blocks_to_the_system();
     // Connections are bounded per listener (tollgate_daemon), not by a low descriptor limit
     // that one busy client could exhaust for everyone.
+    // Each live run holds a few descriptors, so the limit bounds how many runs this
+    // supervisor can hold: it goes as high as the kernel allows (the figure is logged once
+    // the supervisor listens).
     if let Err(e) = tollgate_daemon::raise_open_files_limit() {
         tracing::warn!(error = %e, "could not raise the open-files limit");
     }

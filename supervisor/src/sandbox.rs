@@ -12,7 +12,7 @@ pub(crate) use control::{bind_unix, in_cgroup_with_control, recv_with_fds, send_
 pub use dirs::RunDirs;
 pub use error::SandboxError;
 pub use plan::{create_mount_point, plan_for, sandbox_base, AGENT_INNER_ID};
-pub use process::{IdleShim, ReattachedSandbox, SandboxOutput, SandboxProcess};
+pub use process::{IdleShim, PidOne, ReattachedSandbox, SandboxOutput, SandboxProcess, ShimWatch};
 
 /// Host directories shown read-only inside every sandbox (those that exist on the host): the
 /// receipt crate's list, the same one the authority refuses mount targets beneath.

@@ -28,7 +28,7 @@ pub fn start_status(error: &StartError) -> Status {
         StartError::Sandbox(SandboxError::BadGrant { .. }) => {
             Status::invalid_argument(format!("receipt: {message}"))
         }
-        StartError::NoHostId(_) => Status::resource_exhausted(message),
+        StartError::NoHostId(_) | StartError::HostLimit(_) => Status::resource_exhausted(message),
         StartError::ShuttingDown | StartError::Stale(_) => Status::unavailable(message),
         StartError::ChildrenLimits(_) => {
             Status::resource_exhausted(format!("receipt refused (children_limits): {message}"))

@@ -103,6 +103,7 @@ fn host_checks(shim: Option<&Path>, planned: &Planned<'_>) -> Vec<Check> {
         memfd_noexec(),
         idmapped_mounts(),
         host_ids(planned),
+        capacity(planned.host_ids),
     ]
 }
 
@@ -606,9 +607,135 @@ async fn authority(global: &GlobalArgs) -> Check {
     }
 }
 
+/// Descriptors a supervisor holds per live run at most (`tollgate_supervisor::host_limits`).
+const FDS_PER_RUN: u64 = 4;
+/// Host pids a sandbox takes at least: its shim, its pid 1 and the agent.
+const PIDS_PER_RUN: u64 = 3;
+/// Host memory a sleeping sandbox and the supervisor's share of it take (measured: about
+/// 2.5 MiB a sandbox, well under 0.5 MiB of the supervisor's a run).
+const MEMORY_PER_RUN: u64 = 3 << 20;
+/// Descriptors the supervisor keeps for itself (its log, database, listeners, clients).
+const FDS_RESERVED: u64 = 256;
+
+/// How many live runs this host's limits allow one supervisor, and which limit binds.
+fn capacity(host_ids: &std::ops::Range<u32>) -> Check {
+    let number = |path: &str| read(path).and_then(|text| text.parse::<u64>().ok());
+    // The limit the daemon would run with: it raises its own as far as the kernel lets it
+    // (to fs.nr_open with the privilege, else to its hard limit), as this process does here.
+    let files = tollgate_daemon::raise_open_files_limit().unwrap_or(1024);
+    let pid_max = number("/proc/sys/kernel/pid_max").unwrap_or(32_768);
+    let threads_max = number("/proc/sys/kernel/threads-max").unwrap_or(u64::MAX);
+    // /proc/loadavg's fourth field: running/total scheduling entities (threads) now.
+    let tasks = read("/proc/loadavg")
+        .and_then(|text| {
+            text.split_whitespace()
+                .nth(3)?
+                .split('/')
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0u64);
+    let memory = read("/proc/meminfo")
+        .and_then(|text| {
+            text.lines()
+                .find_map(|line| line.strip_prefix("MemAvailable:"))?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024);
+    Check::ok(
+        "capacity",
+        capacity_of(
+            files,
+            pid_max.min(threads_max).saturating_sub(tasks),
+            memory,
+            host_ids,
+            format!("kernel.pid_max {pid_max}, threads-max {threads_max}, {tasks} in use"),
+        ),
+    )
+}
+
+/// What the host's limits allow, in live runs: the least of them first, then each with what
+/// it came from. `pids` are those left for new processes; `memory` is available bytes.
+fn capacity_of(
+    files: u64,
+    pids: u64,
+    memory: u64,
+    host_ids: &std::ops::Range<u32>,
+    pids_from: String,
+) -> String {
+    let limits = [
+        (
+            "open files",
+            files.saturating_sub(FDS_RESERVED) / FDS_PER_RUN,
+            format!("RLIMIT_NOFILE {files} as raised"),
+        ),
+        ("pids", pids / PIDS_PER_RUN, pids_from),
+        (
+            "memory",
+            memory / MEMORY_PER_RUN,
+            format!("{} MiB available", memory >> 20),
+        ),
+        (
+            "host ids",
+            u64::from(host_ids.end.saturating_sub(host_ids.start)),
+            format!("--host-id-count {}", host_ids.len()),
+        ),
+    ];
+    let (binding, runs, _) = limits
+        .iter()
+        .min_by_key(|(_, runs, _)| *runs)
+        .unwrap_or(&limits[0]);
+    format!(
+        "about {runs} live runs, bound by {binding} ({})",
+        limits
+            .iter()
+            .map(|(name, runs, why)| format!("{name}: {runs} from {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
-    use super::kernel_at_least;
+    use super::{capacity_of, kernel_at_least};
+
+    #[test]
+    fn capacity_names_the_limit_that_binds() {
+        // 20,000 files at 4 a run (256 kept) is 4,936 runs; pids and memory allow more.
+        let seen = capacity_of(
+            20_000,
+            30_000,
+            64 << 30,
+            &(100_000..165_536),
+            "pid_max".into(),
+        );
+        assert!(
+            seen.starts_with("about 4936 live runs, bound by open files"),
+            "{seen}"
+        );
+        // A narrow host-id range binds before anything else.
+        let seen = capacity_of(
+            20_000,
+            30_000,
+            64 << 30,
+            &(100_000..100_016),
+            "pid_max".into(),
+        );
+        assert!(
+            seen.starts_with("about 16 live runs, bound by host ids"),
+            "{seen}"
+        );
+        // Too few pids left: three a sandbox.
+        let seen = capacity_of(1 << 20, 300, 64 << 30, &(0..65_536), "pid_max".into());
+        assert!(
+            seen.starts_with("about 100 live runs, bound by pids"),
+            "{seen}"
+        );
+    }
 
     #[test]
     fn kernel_releases_compare_by_major_and_minor() {

@@ -340,16 +340,27 @@ async fn accept_loop<L: Listener>(
     }
 }
 
-/// Raises this process's soft limit on open files to its hard limit and returns it: a daemon
-/// holds a descriptor per connection, run and log, and the per-listener limits above — not a
-/// low default — are what bound them. (Agents get the receipt's own `files` limit.)
+/// Raises this process's limit on open files as far as the kernel allows and returns the
+/// soft limit now: soft and hard to `fs.nr_open` when privileged (root), else the soft limit
+/// to the hard one; never lowers either. A daemon holds a descriptor per connection, run and
+/// log, and the per-listener limits above — not a low default — are what bound them. (Agents
+/// get the receipt's own `files` limit.)
 pub fn raise_open_files_limit() -> io::Result<u64> {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-    if soft < hard {
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    let ceiling = nr_open.max(hard);
+    if ceiling > soft
+        && setrlimit(Resource::RLIMIT_NOFILE, ceiling, ceiling).is_err()
+        && soft < hard
+    {
+        // Not privileged to raise the hard limit: as far as it goes.
         setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
     }
-    Ok(hard)
+    Ok(getrlimit(Resource::RLIMIT_NOFILE)?.0)
 }
 
 /// The errno values the accept loop backs off on (no libc dependency for four numbers; the

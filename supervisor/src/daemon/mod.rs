@@ -418,7 +418,16 @@ pub async fn serve(
         path: addr_path.clone(),
         source,
     })?;
-    tracing::info!(addr = %bound, id = %supervisor.config.runs.supervisor_id, "supervisor listening");
+    // The open-file limit (raised at start as far as the kernel allows) bounds the live runs.
+    let open_files = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(0, |(soft, _)| soft);
+    tracing::info!(
+        addr = %bound,
+        id = %supervisor.config.runs.supervisor_id,
+        open_files,
+        live_runs_by_open_files = open_files / crate::host_limits::FDS_PER_RUN,
+        "supervisor listening"
+    );
     tollgate_daemon::systemd::ready(&format!("listening on {bound}"));
     let data_dir = supervisor.config.runs.data_dir.clone();
     let result = supervisor.run(listener, shutdown).await;

@@ -253,11 +253,17 @@ pub struct GatewayHandle {
     pub socket: PathBuf,
     /// A duplicate of the listening socket: a live restore hands it to the sandbox's pid 1,
     /// so the socket the sandbox has mounted outlives this process and calls wait in its
-    /// backlog for the next supervisor.
-    pub listener: OwnedFd,
+    /// backlog for the next supervisor. `None` once dropped for a run that is never detached
+    /// (one descriptor a run fewer).
+    pub listener: Option<OwnedFd>,
 }
 
 impl GatewayHandle {
+    /// Closes the duplicate of the listening socket: the run is never left detached.
+    pub fn drop_duplicate(&mut self) {
+        self.listener = None;
+    }
+
     /// Stops accepting and ends open connections.
     pub fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
@@ -424,6 +430,6 @@ pub fn serve_listener(
     Ok(GatewayHandle {
         stop: Some(stop),
         socket,
-        listener: duplicate,
+        listener: Some(duplicate),
     })
 }

@@ -441,7 +441,7 @@ impl RunManager {
         let expiry = gate.expires_at();
         apply();
         if gate.expires_at() != expiry {
-            // Shown by listings; the run's own expiry is the gateway's and its thread's.
+            // Shown by listings; the run's own expiry is the gateway's and its expiry task's.
             if let Err(e) = self.records.set_expiry(run_id, gate.expires_at()) {
                 tracing::warn!(run_id, error = %e, "could not record the amended expiry");
             }

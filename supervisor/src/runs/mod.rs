@@ -2,8 +2,9 @@
 //! output, and tear it down through one code path whatever ends it.
 //!
 //! Every trigger (agent exit, expiry, stop, revocation, limit, shim death, shutdown) does the
-//! same two things: note why (the first reason wins) and kill the run's cgroup. The run's own
-//! thread then sees the shim end and performs the one teardown: kill whatever is left in the
+//! same two things: note why (the first reason wins) and kill the run's cgroup. The watch on the
+//! run's shim (a task, see `lifecycle`) then sees the shim end and, on the blocking pool,
+//! performs the one teardown: kill whatever is left in the
 //! cgroup, read peak memory, remove the cgroup (with retries) and the run directory, and
 //! write the teardown report. A supervisor that was killed instead finds the non-final
 //! records at its next start, marks them `lost`, and sweeps their cgroups and directories.
@@ -32,6 +33,7 @@ pub mod access;
 mod admit;
 pub mod amend;
 pub mod input;
+mod lifecycle;
 mod open;
 mod restore;
 mod start;
@@ -42,14 +44,15 @@ pub mod workspace;
 pub const MAX_LIVE_RESTORE_WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 /// What detaching a live run for a live restore hands over, kept from the moment its agent
-/// runs (root runs only).
+/// runs (root runs only): the very descriptors the run's tasks read, shared, not duplicates
+/// (a run holds no more descriptors for being kept).
 #[derive(Debug)]
 struct RestoreHandles {
-    /// A second handle on the shim's control socket.
-    control: std::os::unix::net::UnixStream,
-    /// Duplicates of the read ends of the agent's stdout and stderr.
-    stdout: std::os::fd::OwnedFd,
-    stderr: std::os::fd::OwnedFd,
+    /// The shim's control socket (the watch reads it; a detach writes to it).
+    control: Arc<std::os::fd::OwnedFd>,
+    /// The read ends of the agent's stdout and stderr (the relays read them).
+    stdout: Arc<std::os::fd::OwnedFd>,
+    stderr: Arc<std::os::fd::OwnedFd>,
     /// The shim's host pid.
     shim_pid: u32,
     /// The argv given at the start, if any.
@@ -57,6 +60,10 @@ struct RestoreHandles {
     /// When the run was admitted (Unix milliseconds).
     started_ms: u64,
 }
+
+/// What keeping a run for a live restore records besides its descriptors: the shim's host
+/// pid, the argv given at the start, and when the run was admitted (Unix milliseconds).
+type RestoreMeta = (u32, Option<Vec<String>>, u64);
 
 /// Fetches the authority's key set now, or `None` (not fetched: too soon after the last
 /// fetch, or the authority did not answer). Blocking.
@@ -131,8 +138,11 @@ struct LiveRun {
     /// Set (with a notify) when teardown has finished.
     ended: Mutex<bool>,
     ended_signal: Condvar,
+    /// Sent on every change the run's tasks wait for: its end, a new expiry, a detach (the
+    /// tasks' side of `ended_signal` and `detached_signal`).
+    changes: tokio::sync::watch::Sender<()>,
     /// The expiry an amendment set (Unix seconds; 0: the receipt's). Changed with a notify on
-    /// `ended_signal`, so the expiry thread waits for the new one.
+    /// `changes`, so the expiry task waits for the new one.
     amended_expiry: std::sync::atomic::AtomicI64,
     /// What a live restore hands the shim; set once the agent runs (root runs only).
     restore: Mutex<Option<RestoreHandles>>,
@@ -166,11 +176,22 @@ impl LiveRun {
             });
     }
 
-    /// Moves the run's expiry to `expires_at` (Unix seconds) and wakes its expiry thread.
+    /// Moves the run's expiry to `expires_at` (Unix seconds) and wakes its expiry task.
     fn set_expiry(&self, expires_at: i64) {
-        let _ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
         self.amended_expiry.store(expires_at, Ordering::SeqCst);
+        self.changes.send_replace(());
+    }
+
+    /// Whether teardown has finished.
+    fn is_ended(&self) -> bool {
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Notes that teardown has finished, for blocking waiters and tasks alike.
+    fn set_ended(&self) {
+        *self.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.ended_signal.notify_all();
+        self.changes.send_replace(());
     }
 
     /// The trigger noted so far, if any.
@@ -181,36 +202,10 @@ impl LiveRun {
             .clone()
     }
 
-    /// Keeps what detaching this run for a live restore hands over: a second handle on the
-    /// shim's control socket and duplicates of the output pipes' read ends. Without them the
-    /// run is torn down at the next stop, as without live restore.
-    fn keep_for_restore(
-        &self,
-        run_id: &str,
-        process: &crate::sandbox::SandboxProcess,
-        output: &crate::sandbox::SandboxOutput,
-        (shim_pid, argv, started_ms): (u32, Option<Vec<String>>, u64),
-    ) {
-        match (
-            process.control(),
-            output.stdout.try_clone(),
-            output.stderr.try_clone(),
-        ) {
-            (Ok(control), Ok(stdout), Ok(stderr)) => {
-                *self.restore.lock().unwrap_or_else(|p| p.into_inner()) = Some(RestoreHandles {
-                    control,
-                    stdout: stdout.into(),
-                    stderr: stderr.into(),
-                    shim_pid,
-                    argv,
-                    started_ms,
-                });
-            }
-            _ => tracing::warn!(
-                run_id,
-                "could not keep what a live restore needs; this run ends at the next stop"
-            ),
-        }
+    /// Keeps what detaching this run for a live restore hands over. Without it the run is
+    /// torn down at the next stop, as without live restore.
+    fn keep_for_restore(&self, handles: RestoreHandles) {
+        *self.restore.lock().unwrap_or_else(|p| p.into_inner()) = Some(handles);
     }
 
     /// Whether pid 1 has taken the run over for a live restore.
@@ -222,6 +217,7 @@ impl LiveRun {
     fn set_detached(&self) {
         *self.detached.lock().unwrap_or_else(|p| p.into_inner()) = true;
         self.detached_signal.notify_all();
+        self.changes.send_replace(());
     }
 
     /// Waits up to `timeout` for pid 1's `Detached`.
@@ -264,8 +260,6 @@ pub struct RunManager {
     admission: RwLock<ReceiptAdmission>,
     sandboxes: Arc<SandboxPool>,
     audit: AuditLog,
-    /// Serves the runs' gateway sockets (its own threads: agents' calls never wait behind the
-    /// operator API). `None` only while dropping.
     /// The supervisor's model routes, when it has any (set once, before runs start).
     models: RwLock<Option<Arc<ModelRoutes>>>,
     /// The authority link for delegation, when this supervisor has a delegation token.
@@ -283,7 +277,12 @@ pub struct RunManager {
     /// Live children by id: their parent and what they hold of its limits (taken at
     /// admission, under `allocation`, given back at their end).
     child_holds: Mutex<HashMap<String, (String, Holds)>>,
+    /// Serves the runs' gateway sockets and runs their lifecycle tasks (its own threads:
+    /// agents' calls never wait behind the operator API). `None` only while dropping.
     gateway_runtime: Option<tokio::runtime::Runtime>,
+    /// The gateway runtime's handle, where every live run's lifecycle tasks run (see
+    /// `lifecycle`): a fixed set of threads whatever the number of runs.
+    tasks: tokio::runtime::Handle,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,

@@ -142,6 +142,7 @@ impl RunManager {
             .map_err(|e| SandboxError::Setup(format!("starting the gateway runtime: {e}")))?;
         crate::metrics::get().key_set_replaced();
         let manager = Arc::new(Self {
+            tasks: gateway_runtime.handle().clone(),
             gateway_runtime: Some(gateway_runtime),
             models: RwLock::new(None),
             delegator: OnceLock::new(),

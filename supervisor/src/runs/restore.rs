@@ -31,7 +31,7 @@ use tollgate_receipt::{parse_envelope, SignedReceipt};
 use tollgate_shim_protocol::protocol::ToShim;
 
 use super::amend::AmendedRun;
-use super::start::{RunThreads, Watched};
+use super::lifecycle::{RunTasks, Watched};
 use super::{now_ms, LiveRun, RunManager, RunState};
 use crate::cgroup::RunCgroup;
 use crate::error::StartError;
@@ -220,7 +220,7 @@ impl RunManager {
 
     /// Hands one run over to its pid 1 (see the module's documentation).
     fn detach(&self, run_id: &str, live: &LiveRun, window: Duration) -> Result<(), String> {
-        let Some(mut handles) = live
+        let Some(handles) = live
             .restore
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -241,6 +241,8 @@ impl RunManager {
             (
                 handle
                     .listener
+                    .as_ref()
+                    .ok_or("its gateway socket was not kept")?
                     .try_clone()
                     .map_err(|e| format!("the gateway socket: {e}"))?,
                 run.gate.calls.load(Ordering::SeqCst),
@@ -287,7 +289,14 @@ impl RunManager {
             handles.stderr.try_clone().map_err(|e| e.to_string())?,
             gateway,
         ];
-        let sent = send_line_with_fds(&mut handles.control, &ToShim::Detach { until_ms }, &fds);
+        // A handle of its own on the socket the watch reads, for this one message.
+        let sent = handles
+            .control
+            .try_clone()
+            .map(std::os::unix::net::UnixStream::from)
+            .and_then(|mut control| {
+                send_line_with_fds(&mut control, &ToShim::Detach { until_ms }, &fds)
+            });
         drop(fds);
         let confirmed = sent.is_ok() && live.wait_detached(DETACH_ACK);
         if !confirmed {
@@ -355,29 +364,26 @@ impl RunManager {
                 tracing::info!(run_id = %run_id, "run re-adopted after a live restore");
                 self.hub.open(&run_id);
                 self.publish_end(&run_id);
-                // A re-adopted run can be left running again at the next clean stop.
-                if self.settings.live_restore.is_some() {
-                    live.keep_for_restore(
-                        &run_id,
-                        &process,
-                        &output,
-                        (state.shim_pid, state.argv.clone(), state.started_ms),
-                    );
-                }
-                let threads = RunThreads {
+                let tasks = RunTasks {
                     run_id,
                     expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
                     live,
                     dirs,
                     started_ms: state.started_ms,
+                    // A re-adopted run can be left running again at the next clean stop.
+                    restore: self
+                        .settings
+                        .live_restore
+                        .is_some()
+                        .then(|| (state.shim_pid, state.argv.clone(), state.started_ms)),
                 };
-                self.spawn_run_threads(threads, process, output, self.hub_sink());
+                self.spawn_run_tasks(tasks, process, output, self.hub_sink());
             }
             Err(e) => {
                 let reason = format!("re-adopting after a live restore failed: {e}");
                 tracing::warn!(run_id = %run_id, reason = %reason, "run lost");
                 live.trigger(RunState::Lost, reason);
-                let exit = match super::start::watch(process) {
+                let exit = match super::lifecycle::watch(process) {
                     Watched::Ended(exit) => exit,
                     Watched::Detached => None,
                 };
@@ -451,7 +457,10 @@ impl RunManager {
             models.charge_restored(state.tokens_used);
         }
         if let Some(exec) = &run.exec.sandbox {
-            exec.started.set(Ok(PinnedSandbox { pid_one, execute }));
+            exec.started.set(Ok(PinnedSandbox {
+                pid_one: crate::sandbox::PidOne::Pinned(pid_one),
+                execute,
+            }));
         }
         self.serve_gateway_on(
             live,

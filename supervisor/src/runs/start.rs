@@ -1,16 +1,15 @@
 //! Starting a recorded run: a prepared sandbox, the gateway served before the agent
-//! exists, the plan sent, output relayed, and the run's own thread that waits for its end.
+//! exists, the plan sent, and the run's lifecycle tasks started (see `lifecycle`).
 
-use std::io::Read as _;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use tollgate_receipt::SignedReceipt;
 use tollgate_shim_protocol::plan::{AgentInput, SandboxPlan};
-use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
+use tollgate_shim_protocol::protocol::FromShim;
 
 use crate::cgroup::{CgroupLimits, RunCgroup};
 use crate::egress::ca::{needs_ca, RunCa};
@@ -29,6 +28,7 @@ use crate::warm::PreparedSandbox;
 use crate::COMPONENT;
 use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
 
+use super::lifecycle::RunTasks;
 use super::teardown::Ended;
 use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
 
@@ -82,7 +82,7 @@ struct Started<'a> {
 
 impl RunManager {
     /// Admits `signed`, records it, builds its sandbox and starts the agent. Returns the run
-    /// id once the agent runs; teardown happens on the run's own thread.
+    /// id once the agent runs; teardown follows the run's end (see `lifecycle`).
     pub fn start(
         self: &Arc<Self>,
         signed: &SignedReceipt,
@@ -127,29 +127,6 @@ impl RunManager {
                 },
             );
         })
-    }
-
-    /// Publishes the end of `run_id` to its watchers once teardown has recorded it.
-    pub(super) fn publish_end(self: &Arc<Self>, run_id: &str) {
-        let (manager, id) = (Arc::downgrade(self), run_id.to_owned());
-        std::thread::spawn(move || loop {
-            let Some(manager) = manager.upgrade() else {
-                return;
-            };
-            match manager.wait(&id, Duration::from_secs(3600)) {
-                // Left running for the next supervisor (live restore): it has not ended, so
-                // no end is published; the stream closes with this server.
-                Some(record) if !record.state.is_final() && manager.left_detached() => return,
-                // Once torn down, the record is as final as it will get (a failed write
-                // leaves it non-final): publish it rather than wait on it forever.
-                Some(record) if record.state.is_final() || manager.live_run(&id).is_none() => {
-                    manager.hub.end(&id, crate::wire::run_proto(&record));
-                    return;
-                }
-                Some(_) => continue,
-                None => return,
-            }
-        });
     }
 
     /// [`Self::start`] for a run that is the root of its tree (`parent` none: an operator's
@@ -240,7 +217,7 @@ impl RunManager {
             pids: limits.pids,
             cpu_millicores: limits.cpu_millicores,
         });
-        let PreparedSandbox { cgroup, shim } = match prepared {
+        let PreparedSandbox { cgroup, shim } = match prepared.map_err(StartError::host_limited) {
             Ok(prepared) => prepared,
             Err(e) => {
                 self.sandboxes.refill();
@@ -260,7 +237,9 @@ impl RunManager {
             grants: run.grants,
             admitted,
         };
-        let spawned = self.spawn_sandbox(spawn, &dirs, &live, shim);
+        let spawned = self
+            .spawn_sandbox(spawn, &dirs, &live, shim)
+            .map_err(StartError::host_limited);
         // Prepare the next sandbox only now, off this start's path and CPU time.
         self.sandboxes.refill();
         match spawned {
@@ -311,6 +290,7 @@ impl RunManager {
             trigger: Mutex::new(None),
             ended: Mutex::new(false),
             ended_signal: Condvar::new(),
+            changes: tokio::sync::watch::Sender::new(()),
             amended_expiry: std::sync::atomic::AtomicI64::new(0),
             restore: Mutex::new(None),
             detached: Mutex::new(false),
@@ -338,7 +318,7 @@ impl RunManager {
     }
 
     /// A run whose agent is running: what a live restore would hand over, its record set
-    /// running, its creation audited, and its threads (see [`Self::spawn_run_threads`]).
+    /// running, its creation audited, and its tasks (see [`Self::spawn_run_tasks_after`]).
     fn run_started(
         self: &Arc<Self>,
         run: Started<'_>,
@@ -356,16 +336,15 @@ impl RunManager {
             admitted_at,
             started_ms,
         } = run;
-        if live.parent.is_none() && self.settings.live_restore.is_some() {
-            match process.pid() {
-                Some(shim_pid) => {
-                    live.keep_for_restore(&run_id, &process, &output, (shim_pid, argv, started_ms))
-                }
-                None => {
-                    tracing::warn!(run_id = %run_id, "the shim is not this supervisor's child; this run ends at the next stop")
-                }
+        let restore = if live.parent.is_none() && self.settings.live_restore.is_some() {
+            let kept = process.pid().map(|shim_pid| (shim_pid, argv, started_ms));
+            if kept.is_none() {
+                tracing::warn!(run_id = %run_id, "the shim is not this supervisor's child; this run ends at the next stop");
             }
-        }
+            kept
+        } else {
+            None
+        };
         if let Err(e) = self.records.set_running(&run_id) {
             live.trigger(RunState::Failed, format!("recording the start failed: {e}"));
         }
@@ -387,7 +366,7 @@ impl RunManager {
             start_us = admitted_at.elapsed().as_micros() as u64,
             "run started"
         );
-        // In the log before anything of the run's end; durable by the time the run thread
+        // In the log before anything of the run's end; durable by the time the run's watch
         // has checked (off the start path).
         let created = self.audit.submit(
             EntryDraft::new(COMPONENT, EntryKind::SandboxCreated)
@@ -406,105 +385,15 @@ impl RunManager {
                     i64::try_from(admitted_at.elapsed().as_micros()).unwrap_or(i64::MAX),
                 ),
         );
-        let threads = RunThreads {
+        let tasks = RunTasks {
             run_id,
             expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
             live,
             dirs,
             started_ms,
+            restore,
         };
-        self.spawn_run_threads_after(threads, process, output, sink, Some(created));
-    }
-
-    /// A re-adopted run's threads: as [`Self::run_started`]'s, with nothing to audit first.
-    pub(super) fn spawn_run_threads(
-        self: &Arc<Self>,
-        threads: RunThreads,
-        process: SandboxProcess,
-        output: SandboxOutput,
-        sink: OutputSink,
-    ) {
-        self.spawn_run_threads_after(threads, process, output, sink, None);
-    }
-
-    /// A live run's threads: its expiry watch, its output relays, and its own thread that
-    /// waits (after `created` is on disk) for its end and tears it down — unless pid 1 took
-    /// the run over for a live restore, which leaves it to the next supervisor.
-    fn spawn_run_threads_after(
-        self: &Arc<Self>,
-        threads: RunThreads,
-        process: SandboxProcess,
-        SandboxOutput {
-            stdout,
-            stderr,
-            input,
-        }: SandboxOutput,
-        output: OutputSink,
-        created: Option<Result<PendingEntry, AuditError>>,
-    ) {
-        let RunThreads {
-            run_id,
-            expires_at,
-            live,
-            dirs,
-            started_ms,
-        } = threads;
-        if let Some(end) = input {
-            *live.input.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::fs::File::from(end));
-        }
-        // An expiry that fell during the start fires at once.
-        let expiry = {
-            let (live, manager, id) = (live.clone(), Arc::downgrade(self), run_id.clone());
-            std::thread::spawn(move || {
-                // A detached run's pid 1 enforces its expiry itself.
-                if expire_at(&live, expires_at) && !live.is_detached() {
-                    match manager.upgrade() {
-                        Some(manager) => {
-                            manager.end_tree(&id, RunState::Expired, EXPIRED);
-                        }
-                        None => live.trigger(RunState::Expired, EXPIRED.into()),
-                    }
-                }
-            })
-        };
-        let truncated = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let relays = [
-            (stdout, OutputStream::Stdout),
-            (stderr, OutputStream::Stderr),
-        ]
-        .map(|(pipe, stream)| {
-            let (run_id, output, budget, truncated) = (
-                run_id.clone(),
-                output.clone(),
-                live.output_left.clone(),
-                truncated.clone(),
-            );
-            std::thread::spawn(move || relay(pipe, stream, &run_id, &output, &budget, &truncated))
-        });
-        let manager = self.clone();
-        std::thread::spawn(move || {
-            if let Some(Err(e)) = created.map(|created| created.and_then(PendingEntry::wait)) {
-                tracing::error!(run_id = %run_id, error = %e, "could not audit a sandbox's creation");
-            }
-            let exit = match watch(process) {
-                Watched::Ended(exit) => exit,
-                Watched::Detached => {
-                    live.set_detached();
-                    return;
-                }
-            };
-            for relay in relays {
-                let _ = relay.join();
-            }
-            manager.teardown(
-                &run_id,
-                &live,
-                &dirs,
-                Ended::Agent(exit, truncated.load(Ordering::Relaxed)),
-                started_ms,
-            );
-            let _ = expiry.join();
-        });
+        self.spawn_run_tasks_after(tasks, process, output, sink, Some(created));
     }
 
     /// Binds and serves the run's gateway socket (before the agent exists), with the run's
@@ -530,8 +419,11 @@ impl RunManager {
         };
         let ca_dir = ca.is_some().then_some(ca_dir);
         let run = self.gateway_for(receipt, plan, live, pinned, ca);
-        let handle = gateway::serve(runtime, &dirs.base, run.clone())
-            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+        let mut handle = gateway::serve(runtime, &dirs.base, run.clone()).map_err(gateway_error)?;
+        // Only a root run under live restore is ever handed to its pid 1.
+        if live.parent.is_some() || self.settings.live_restore.is_none() {
+            handle.drop_duplicate();
+        }
         let socket = handle.socket.clone();
         *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
         Ok((socket, ca_dir))
@@ -545,9 +437,12 @@ impl RunManager {
         listener: std::os::unix::net::UnixListener,
         socket: PathBuf,
     ) -> Result<(), StartError> {
-        let handle =
+        let mut handle =
             gateway::serve_listener(self.gateway_runtime()?, listener, socket, run.clone())
-                .map_err(|e| SandboxError::Setup(e.to_string()))?;
+                .map_err(gateway_error)?;
+        if self.settings.live_restore.is_none() {
+            handle.drop_duplicate();
+        }
         *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
         Ok(())
     }
@@ -729,7 +624,7 @@ impl RunManager {
                 .unwrap_or_else(|p| p.into_inner())
                 .as_ref()
                 .and_then(|(run, _)| run.exec.sandbox.clone());
-            match (exec, process.pin_pid_one()) {
+            match (exec, process.pid_one()) {
                 (Some(exec), Ok(pid_one)) => {
                     exec.started.set(Ok(PinnedSandbox { pid_one, execute }));
                 }
@@ -747,98 +642,11 @@ impl RunManager {
     }
 }
 
-/// The reason of a run that expired.
-pub(super) const EXPIRED: &str = "the receipt expired";
-
-/// Waits until `expires_at` (Unix seconds), or the expiry an amendment moved it to; `true`
-/// when it came, `false` when the run ended first.
-pub(super) fn expire_at(live: &LiveRun, expires_at: i64) -> bool {
-    let mut ended = live.ended.lock().unwrap_or_else(|p| p.into_inner());
-    loop {
-        if *ended {
-            return false;
-        }
-        let expires_at = match live.amended_expiry.load(Ordering::SeqCst) {
-            0 => expires_at,
-            amended => amended,
-        };
-        let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
-        let left = match deadline.duration_since(SystemTime::now()) {
-            Ok(left) if !left.is_zero() => left,
-            _ => break,
-        };
-        ended = live
-            .ended_signal
-            .wait_timeout(ended, left)
-            .map(|(guard, _)| guard)
-            .unwrap_or_else(|p| p.into_inner().0);
-    }
-    true
-}
-
-/// How watching a shim ended.
-pub(super) enum Watched {
-    /// The shim ended, with the agent's exit when it reported one.
-    Ended(Option<AgentExit>),
-    /// pid 1 took the run over for a live restore.
-    Detached,
-}
-
-/// Reads shim events until the shim's end or a confirmed detach.
-pub(super) fn watch(mut process: SandboxProcess) -> Watched {
-    let mut exit = None;
-    while let Ok(Some(event)) = process.next_event() {
-        match event {
-            FromShim::Exited(code) => exit = Some(code),
-            FromShim::Detached => return Watched::Detached,
-            _ => {}
-        }
-    }
-    let _ = process.wait();
-    Watched::Ended(exit)
-}
-
-/// What a live run's threads need (see [`RunManager::spawn_run_threads`]).
-pub(super) struct RunThreads {
-    /// The run id.
-    pub run_id: String,
-    /// The receipt's expiry, Unix seconds.
-    pub expires_at: i64,
-    /// The live run.
-    pub live: Arc<LiveRun>,
-    /// Its directories.
-    pub dirs: RunDirs,
-    /// When it was admitted (Unix milliseconds).
-    pub started_ms: u64,
-}
-
-/// Forwards a pipe to the sink until EOF, within the shared output budget.
-pub(super) fn relay(
-    mut pipe: std::io::PipeReader,
-    stream: OutputStream,
-    run_id: &str,
-    output: &OutputSink,
-    budget: &AtomicU64,
-    truncated: &std::sync::atomic::AtomicBool,
-) {
-    let mut buffer = [0u8; 8192];
-    loop {
-        let n = match pipe.read(&mut buffer) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
-        let allowed = budget
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                Some(left.saturating_sub(n as u64))
-            })
-            .unwrap_or(0)
-            .min(n as u64) as usize;
-        if allowed < n {
-            truncated.store(true, Ordering::Relaxed);
-        }
-        if allowed > 0 {
-            output(run_id, stream, &buffer[..allowed]);
-        }
+/// Why serving a run's gateway failed: a host limit when the socket hit one.
+fn gateway_error(e: gateway::GatewayError) -> StartError {
+    match crate::error::HostLimit::of(&e.source, false) {
+        Some(limit) => limit.into(),
+        None => SandboxError::Setup(e.to_string()).into(),
     }
 }
 

@@ -242,7 +242,6 @@ impl RunManager {
         }
         metrics.teardown(state.name(), tearing_down.elapsed());
         self.release_holds(run_id);
-        *live.ended.lock().unwrap_or_else(|p| p.into_inner()) = true;
-        live.ended_signal.notify_all();
+        live.set_ended();
     }
 }

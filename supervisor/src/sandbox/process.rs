@@ -7,6 +7,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, RwLock};
 
 use tollgate_shim_protocol::plan::{AgentInput, SandboxBase, SandboxPlan, INPUT_MARKER};
 use tollgate_shim_protocol::protocol::{FromShim, ToShim, REATTACH_FDS};
@@ -122,6 +123,43 @@ pub struct SandboxProcess {
     events: BufReader<UnixStream>,
     // Kept open: closing it tells pid 1 the supervisor is gone.
     control: UnixStream,
+    /// Set (under the write lock) before the shim is reaped: from then on its pid may be
+    /// anyone's, so nothing pins pid 1 through it (see [`PidOne`]).
+    reaped: Arc<RwLock<bool>>,
+}
+
+/// The sandbox's pid 1, as `exec` joins its namespaces: through a pidfd, never a pid looked
+/// up again (a recycled pid could be anyone's).
+#[derive(Debug)]
+pub enum PidOne {
+    /// A pidfd taken once: a re-adopted sandbox, whose shim is not this process's child.
+    Pinned(OwnedFd),
+    /// Pinned for each command through the shim, this process's child: while the shim is
+    /// not reaped its pid is its own, so its only child is the sandbox's pid 1. No
+    /// descriptor is held between commands.
+    Shim {
+        /// The shim's host pid.
+        pid: u32,
+        /// Whether the shim has been (or is being) reaped.
+        reaped: Arc<RwLock<bool>>,
+    },
+}
+
+impl PidOne {
+    /// A pidfd of the sandbox's pid 1, for one command.
+    pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
+        match self {
+            Self::Pinned(fd) => fd.try_clone(),
+            Self::Shim { pid, reaped } => {
+                // Held across the pin: the shim is not reaped meanwhile.
+                let reaped = reaped.read().unwrap_or_else(|p| p.into_inner());
+                if *reaped {
+                    return Err(std::io::Error::other("the sandbox has ended"));
+                }
+                pin_pid_one(*pid)
+            }
+        }
+    }
 }
 
 /// A sandbox a previous supervisor left running detached, taken over through its detach
@@ -202,6 +240,7 @@ impl SandboxProcess {
             child: Some(child),
             events,
             control,
+            reaped: Arc::default(),
         };
         // The agent's input comes first, alone with its descriptor (SCM_RIGHTS), when the
         // plan asks for one; anything else there is the start of the shim's failure line.
@@ -274,20 +313,19 @@ impl SandboxProcess {
         self.child.as_ref().map(Child::id)
     }
 
-    /// A second handle on the control socket, to send it a message (a live restore's
-    /// `Detach`) while the run's thread reads events.
-    pub fn control(&self) -> std::io::Result<UnixStream> {
-        self.control.try_clone()
-    }
-
-    /// A pidfd of the sandbox's pid 1 (the shim's only child). The shim is this process's
-    /// child and not yet reaped, so its pid is its own; a pid 1 that already ended, with its
-    /// number taken by another process, is recognised by that process's parent.
-    pub fn pin_pid_one(&self) -> std::io::Result<OwnedFd> {
+    /// The sandbox's pid 1 (the shim's only child), checked pinnable now. The shim is this
+    /// process's child and not yet reaped, so its pid is its own; a pid 1 that already
+    /// ended, with its number taken by another process, is recognised by that process's
+    /// parent.
+    pub fn pid_one(&self) -> std::io::Result<PidOne> {
         let shim = self
             .pid()
             .ok_or_else(|| std::io::Error::other("the shim is not this process's child"))?;
-        pin_pid_one(shim)
+        drop(pin_pid_one(shim)?);
+        Ok(PidOne::Shim {
+            pid: shim,
+            reaped: self.reaped.clone(),
+        })
     }
 
     /// Takes over a sandbox left running detached: connects to its detach socket, asks pid 1
@@ -346,6 +384,7 @@ impl SandboxProcess {
                 child: None,
                 events,
                 control,
+                reaped: Arc::default(),
             },
             // A run with input is never left detached: nothing of it to hand back.
             output: SandboxOutput {
@@ -378,6 +417,7 @@ impl SandboxProcess {
 
     /// Kills and reaps the shim, when it is this process's child.
     fn kill(&mut self) {
+        *self.reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
         if let Some(child) = self.child.as_mut() {
             let _ = child.kill();
             let _ = child.wait();
@@ -387,6 +427,55 @@ impl SandboxProcess {
     /// Waits for the shim process to exit, when it is this process's child (a re-adopted
     /// shim's parent reaps it).
     pub fn wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        *self.reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
         self.child.as_mut().map(Child::wait).transpose()
+    }
+}
+
+/// A started shim taken apart for watching it without a thread: what reads its events and
+/// what reaps it (see [`SandboxProcess::into_watch`]).
+#[derive(Debug)]
+pub struct ShimWatch {
+    /// The shim, when this supervisor started it (reaped once its socket has closed).
+    pub child: Option<Child>,
+    /// The control socket: the only descriptor left on it (closing it tells pid 1 the
+    /// supervisor is gone).
+    pub control: UnixStream,
+    /// Bytes of events already read from the socket and not yet parsed.
+    pub buffered: Vec<u8>,
+    /// Set before the shim is reaped (see [`PidOne`]).
+    pub reaped: Arc<RwLock<bool>>,
+}
+
+impl ShimWatch {
+    /// Reaps the shim (its socket has closed: it is ending, if it has not already), once
+    /// nothing can pin pid 1 through its pid any more.
+    pub fn reap(child: Option<Child>, reaped: &RwLock<bool>) {
+        *reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
+        if let Some(mut child) = child {
+            let _ = child.wait();
+        }
+    }
+}
+
+impl SandboxProcess {
+    /// Gives up the second handle on the control socket (one descriptor a run fewer) and
+    /// returns what watching the shim takes: the socket, the bytes read ahead, the child.
+    pub fn into_watch(self) -> ShimWatch {
+        let Self {
+            child,
+            events,
+            control,
+            reaped,
+        } = self;
+        // The events reader's socket is the same one: closing this handle leaves it open.
+        drop(control);
+        let buffered = events.buffer().to_vec();
+        ShimWatch {
+            child,
+            control: events.into_inner(),
+            buffered,
+            reaped,
+        }
     }
 }

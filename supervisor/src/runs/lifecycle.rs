@@ -1,0 +1,499 @@
+//! A live run's lifecycle work, scheduled without a thread of its own: its expiry, its two
+//! output relays, the watch on its shim and the publication of its end are tasks on the run
+//! runtime (the gateway's: one worker thread); the teardown that blocks (killing and removing
+//! the cgroup, unmounting, writing the report) goes to that runtime's blocking pool once the
+//! run has ended. Threads are pids: a supervisor whose thread count grew with its runs would
+//! run the host out of pids at a few thousand runs.
+
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::unix::AsyncFd;
+use tollgate_audit::{AuditError, PendingEntry};
+use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
+
+use super::teardown::Ended;
+use super::{LiveRun, OutputSink, OutputStream, RestoreHandles, RestoreMeta, RunManager};
+use crate::records::RunState;
+use crate::sandbox::{RunDirs, SandboxOutput, SandboxProcess, ShimWatch};
+
+/// The reason of a run that expired.
+pub(super) const EXPIRED: &str = "the receipt expired";
+
+/// The most bytes one relay reads at a time (on the worker's stack, never kept per run).
+const RELAY_CHUNK: usize = 8192;
+
+/// The most bytes of shim events read at a time (short JSON lines; on the worker's stack).
+const EVENTS_CHUNK: usize = 1024;
+
+/// What a live run's lifecycle tasks need (see [`RunManager::spawn_run_tasks`]).
+pub(super) struct RunTasks {
+    /// The run id.
+    pub run_id: String,
+    /// The receipt's expiry, Unix seconds.
+    pub expires_at: i64,
+    /// The live run.
+    pub live: Arc<LiveRun>,
+    /// Its directories.
+    pub dirs: RunDirs,
+    /// When it was admitted (Unix milliseconds).
+    pub started_ms: u64,
+    /// Set when the run is kept for a live restore (see `RestoreHandles`).
+    pub restore: Option<RestoreMeta>,
+}
+
+/// How watching a shim ended.
+pub(super) enum Watched {
+    /// The shim ended, with the agent's exit when it reported one.
+    Ended(Option<AgentExit>),
+    /// pid 1 took the run over for a live restore.
+    Detached,
+}
+
+/// Reads shim events until the shim's end or a confirmed detach, blocking the caller (a
+/// re-adoption that failed at start-up, before any run is live).
+pub(super) fn watch(mut process: SandboxProcess) -> Watched {
+    let mut exit = None;
+    while let Ok(Some(event)) = process.next_event() {
+        match event {
+            FromShim::Exited(code) => exit = Some(code),
+            FromShim::Detached => return Watched::Detached,
+            _ => {}
+        }
+    }
+    let _ = process.wait();
+    Watched::Ended(exit)
+}
+
+/// Notes one shim event; `Some` once it settles how the watch ends.
+fn on_event(line: &[u8], exit: &mut Option<AgentExit>) -> Option<Watched> {
+    match serde_json::from_slice(line) {
+        Ok(FromShim::Exited(code)) => *exit = Some(code),
+        Ok(FromShim::Detached) => return Some(Watched::Detached),
+        _ => {}
+    }
+    None
+}
+
+/// Reads shim events from the control socket without blocking a thread, until the socket
+/// closes (the shim ended) or pid 1 confirms a detach. `buffered`: bytes read ahead.
+async fn watch_events(control: Arc<OwnedFd>, buffered: Vec<u8>) -> Watched {
+    let mut exit = None;
+    let socket = match register(control) {
+        Ok(socket) => socket,
+        Err(e) => {
+            // Not pollable here (it always is on Linux): an error, not a silent end.
+            tracing::error!(error = %e, "the shim's control socket cannot be watched; the run is treated as ended");
+            return Watched::Ended(exit);
+        }
+    };
+    let mut pending = buffered;
+    loop {
+        while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if let Some(watched) = on_event(&line, &mut exit) {
+                return watched;
+            }
+        }
+        let Ok(mut ready) = socket.readable().await else {
+            return Watched::Ended(exit);
+        };
+        let read = ready.try_io(|fd| {
+            let mut chunk = [0u8; EVENTS_CHUNK];
+            let n = nix::unistd::read(fd.get_ref(), &mut chunk).map_err(std::io::Error::from)?;
+            pending.extend_from_slice(&chunk[..n]);
+            Ok(n)
+        });
+        match read {
+            Err(_would_block) => continue,
+            Ok(Ok(0) | Err(_)) => {
+                // A last line without its newline still counts.
+                if !pending.is_empty() {
+                    if let Some(watched) = on_event(&pending, &mut exit) {
+                        return watched;
+                    }
+                }
+                return Watched::Ended(exit);
+            }
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// `fd`, non-blocking, registered with the runtime for reading.
+fn register(fd: Arc<OwnedFd>) -> std::io::Result<AsyncFd<Arc<OwnedFd>>> {
+    set_nonblocking(&fd)?;
+    // SAFETY: the `AsyncFd` holds the descriptor (an `OwnedFd`, open as long as any `Arc`
+    // of it lives, this one included) and nothing replaces or closes it while registered.
+    #[allow(unsafe_code)]
+    let registered = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) };
+    registered.map_err(std::io::Error::from)
+}
+
+/// One output pipe of a run relayed to its sink, within the run's output budget (shared by
+/// both pipes; what is cut is noted in `truncated` for the report).
+struct Relay {
+    stream: OutputStream,
+    run_id: String,
+    output: OutputSink,
+    budget: Arc<AtomicU64>,
+    truncated: Arc<AtomicBool>,
+}
+
+impl Relay {
+    /// Forwards one read's bytes; the number read (0 at EOF).
+    fn forward(
+        &self,
+        read: &mut dyn FnMut(&mut [u8]) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let mut buffer = [0u8; RELAY_CHUNK];
+        let n = read(&mut buffer)?;
+        if n == 0 {
+            return Ok(0);
+        }
+        let allowed = self
+            .budget
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                Some(left.saturating_sub(n as u64))
+            })
+            .unwrap_or(0)
+            .min(n as u64) as usize;
+        if allowed < n {
+            self.truncated.store(true, Ordering::Relaxed);
+        }
+        if allowed > 0 {
+            (self.output)(&self.run_id, self.stream, &buffer[..allowed]);
+        }
+        Ok(n)
+    }
+
+    /// Relays `pipe` until its end (EOF, or an error such as a terminal's hang-up), on the
+    /// runtime: readiness from epoll, reads that never block (the descriptor is made
+    /// non-blocking).
+    async fn run(self, pipe: Arc<OwnedFd>) {
+        let pipe = match register(pipe) {
+            Ok(pipe) => pipe,
+            Err(e) => {
+                tracing::error!(run_id = %self.run_id, error = %e, "an output pipe cannot be watched; its output is dropped");
+                return;
+            }
+        };
+        loop {
+            let Ok(mut ready) = pipe.readable().await else {
+                return;
+            };
+            let read = ready.try_io(|fd| {
+                self.forward(&mut |buffer| {
+                    nix::unistd::read(fd.get_ref(), buffer).map_err(std::io::Error::from)
+                })
+            });
+            match read {
+                // Not readable after all: wait for the next readiness.
+                Err(_would_block) => continue,
+                Ok(Ok(0) | Err(_)) => return,
+                Ok(Ok(_)) => {}
+            }
+        }
+    }
+}
+
+/// Sets `O_NONBLOCK` on `fd`'s open file description.
+fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
+    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
+    Ok(())
+}
+
+/// Waits until `expires_at` (Unix seconds), or the expiry an amendment moved it to; `true`
+/// when it came, `false` when the run ended or was left detached first.
+pub(super) async fn expire_at(live: &LiveRun, expires_at: i64) -> bool {
+    // Subscribed before the state is read: a change made after this is never missed.
+    let mut changes = live.changes.subscribe();
+    loop {
+        if live.is_ended() || live.is_detached() {
+            return false;
+        }
+        let expires_at = match live.amended_expiry.load(Ordering::SeqCst) {
+            0 => expires_at,
+            amended => amended,
+        };
+        let deadline = UNIX_EPOCH + Duration::from_secs(expires_at.max(0) as u64);
+        let left = match deadline.duration_since(SystemTime::now()) {
+            Ok(left) if !left.is_zero() => left,
+            _ => return true,
+        };
+        tokio::select! {
+            () = tokio::time::sleep(left) => {}
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// Waits until `live` has ended or was left detached.
+async fn ended_or_detached(live: &LiveRun) {
+    let mut changes = live.changes.subscribe();
+    while !live.is_ended() && !live.is_detached() {
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl RunManager {
+    /// Publishes the end of `run_id` to its watchers once teardown has recorded it: a task
+    /// that waits on the run's changes, not a thread.
+    pub(super) fn publish_end(self: &Arc<Self>, run_id: &str) {
+        let (manager, id) = (Arc::downgrade(self), run_id.to_owned());
+        let live = self.live_run(run_id);
+        self.tasks.spawn(async move {
+            if let Some(live) = &live {
+                ended_or_detached(live).await;
+            }
+            // A quick read of one record, off the worker.
+            let _ = tokio::task::spawn_blocking(move || {
+                if let Some(manager) = manager.upgrade() {
+                    manager.publish_if_ended(&id);
+                }
+            })
+            .await;
+        });
+    }
+
+    /// Publishes `run_id`'s end when its record is as final as it will get.
+    fn publish_if_ended(&self, run_id: &str) {
+        let Some(record) = self.records.get(run_id).ok().flatten() else {
+            return;
+        };
+        // Left running for the next supervisor (live restore): it has not ended, so no end
+        // is published; the stream closes with this server.
+        if !record.state.is_final() && (self.left_detached() || self.live_run(run_id).is_some()) {
+            return;
+        }
+        // Once torn down, the record is as final as it will get (a failed write leaves it
+        // non-final): publish it rather than wait on it forever.
+        self.hub.end(run_id, crate::wire::run_proto(&record));
+    }
+
+    /// A re-adopted run's tasks: as a started run's, with nothing to audit first.
+    pub(super) fn spawn_run_tasks(
+        self: &Arc<Self>,
+        tasks: RunTasks,
+        process: SandboxProcess,
+        output: SandboxOutput,
+        sink: OutputSink,
+    ) {
+        self.spawn_run_tasks_after(tasks, process, output, sink, None);
+    }
+
+    /// A live run's tasks: its expiry, its output relays, and the watch on its shim, which
+    /// (after `created` is on disk) tears the run down once the shim has ended and both
+    /// relays have drained — unless pid 1 took the run over for a live restore, which leaves
+    /// it to the next supervisor.
+    pub(super) fn spawn_run_tasks_after(
+        self: &Arc<Self>,
+        tasks: RunTasks,
+        process: SandboxProcess,
+        SandboxOutput {
+            stdout,
+            stderr,
+            input,
+        }: SandboxOutput,
+        output: OutputSink,
+        created: Option<Result<PendingEntry, AuditError>>,
+    ) {
+        let RunTasks {
+            run_id,
+            expires_at,
+            live,
+            dirs,
+            started_ms,
+            restore,
+        } = tasks;
+        let ShimWatch {
+            child,
+            control,
+            buffered,
+            reaped,
+        } = process.into_watch();
+        // Shared by the tasks and, for a live restore, the hand-over: one descriptor each.
+        let control = Arc::new(OwnedFd::from(control));
+        let (stdout, stderr) = (
+            Arc::new(OwnedFd::from(stdout)),
+            Arc::new(OwnedFd::from(stderr)),
+        );
+        if let Some((shim_pid, argv, started_ms)) = restore {
+            live.keep_for_restore(RestoreHandles {
+                control: control.clone(),
+                stdout: stdout.clone(),
+                stderr: stderr.clone(),
+                shim_pid,
+                argv,
+                started_ms,
+            });
+        }
+        if let Some(end) = input {
+            *live.input.lock().unwrap_or_else(|p| p.into_inner()) = Some(std::fs::File::from(end));
+        }
+        // An expiry that fell during the start fires at once.
+        self.tasks.spawn(expire(
+            live.clone(),
+            Arc::downgrade(self),
+            run_id.clone(),
+            expires_at,
+        ));
+        let truncated = Arc::new(AtomicBool::new(false));
+        let relays = [
+            (stdout, OutputStream::Stdout),
+            (stderr, OutputStream::Stderr),
+        ]
+        .map(|(pipe, stream)| {
+            let relay = Relay {
+                stream,
+                run_id: run_id.clone(),
+                output: output.clone(),
+                budget: live.output_left.clone(),
+                truncated: truncated.clone(),
+            };
+            self.tasks.spawn(relay.run(pipe))
+        });
+        let manager = self.clone();
+        self.tasks.spawn(async move {
+            let watched = watch_events(control, buffered).await;
+            if let Watched::Detached = watched {
+                live.set_detached();
+            }
+            let exit = match watched {
+                Watched::Ended(exit) => exit,
+                Watched::Detached => {
+                    let _ = tokio::task::spawn_blocking(move || audited(&run_id, created)).await;
+                    return;
+                }
+            };
+            for relay in relays {
+                let _ = relay.await;
+            }
+            let torn_down = tokio::task::spawn_blocking(move || {
+                audited(&run_id, created);
+                ShimWatch::reap(child, &reaped);
+                manager.teardown(
+                    &run_id,
+                    &live,
+                    &dirs,
+                    Ended::Agent(exit, truncated.load(Ordering::Relaxed)),
+                    started_ms,
+                );
+            });
+            if let Err(e) = torn_down.await {
+                tracing::error!(error = %e, "a run's teardown did not finish");
+            }
+        });
+    }
+}
+
+/// Waits for a sandbox's creation to be on disk (its teardown's entry comes after it).
+fn audited(run_id: &str, created: Option<Result<PendingEntry, AuditError>>) {
+    if let Some(Err(e)) = created.map(|created| created.and_then(PendingEntry::wait)) {
+        tracing::error!(run_id = %run_id, error = %e, "could not audit a sandbox's creation");
+    }
+}
+
+/// Ends the run (and its tree) at its expiry; a detached run's pid 1 enforces its expiry
+/// itself.
+async fn expire(live: Arc<LiveRun>, manager: Weak<RunManager>, run_id: String, expires_at: i64) {
+    if !expire_at(&live, expires_at).await || live.is_detached() {
+        return;
+    }
+    // Ending a tree kills cgroups and waits for them to empty: blocking work.
+    let _ = tokio::task::spawn_blocking(move || match manager.upgrade() {
+        Some(manager) => {
+            manager.end_tree(&run_id, RunState::Expired, EXPIRED);
+        }
+        None => live.trigger(RunState::Expired, EXPIRED.into()),
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The blocking watch and the task's parse events alike.
+    #[test]
+    fn events_settle_the_watch() {
+        let mut exit = None;
+        let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(3))).unwrap();
+        assert!(on_event(&exited, &mut exit).is_none());
+        assert_eq!(exit, Some(AgentExit::Code(3)));
+        let detached = serde_json::to_vec(&FromShim::Detached).unwrap();
+        assert!(matches!(
+            on_event(&detached, &mut exit),
+            Some(Watched::Detached)
+        ));
+        assert!(on_event(b"not json\n", &mut exit).is_none());
+    }
+
+    /// The watch reads events split across what was read ahead and the socket, and ends
+    /// with the agent's exit when the socket closes, or at a detach.
+    #[test]
+    fn the_watch_reads_events_to_the_sockets_end() {
+        use std::io::Write as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(7))).unwrap();
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (ahead, rest) = exited.split_at(3);
+        theirs.write_all(rest).unwrap();
+        theirs.write_all(b"\n").unwrap();
+        drop(theirs);
+        let watched = runtime.block_on(watch_events(Arc::new(OwnedFd::from(ours)), ahead.to_vec()));
+        assert!(matches!(watched, Watched::Ended(Some(AgentExit::Code(7)))));
+
+        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let mut detached = serde_json::to_vec(&FromShim::Detached).unwrap();
+        detached.push(b'\n');
+        theirs.write_all(&detached).unwrap();
+        // Still open: the detach ends the watch, not the socket's end.
+        let watched = runtime.block_on(watch_events(Arc::new(OwnedFd::from(ours)), Vec::new()));
+        assert!(matches!(watched, Watched::Detached));
+        drop(theirs);
+    }
+
+    /// A relay reads through a non-blocking pipe to its end, within the budget.
+    #[test]
+    fn relays_drain_within_the_budget() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (reader, mut writer) = std::io::pipe().unwrap();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink_seen = seen.clone();
+        let truncated = Arc::new(AtomicBool::new(false));
+        let relay = Relay {
+            stream: OutputStream::Stdout,
+            run_id: "r".into(),
+            output: Arc::new(move |_: &str, _, bytes: &[u8]| {
+                sink_seen.lock().unwrap().extend_from_slice(bytes)
+            }),
+            budget: Arc::new(AtomicU64::new(5)),
+            truncated: truncated.clone(),
+        };
+        let writing = std::thread::spawn(move || {
+            use std::io::Write as _;
+            writer.write_all(b"hello world").unwrap();
+        });
+        runtime.block_on(relay.run(Arc::new(OwnedFd::from(reader))));
+        writing.join().unwrap();
+        assert_eq!(&*seen.lock().unwrap(), b"hello");
+        assert!(truncated.load(Ordering::Relaxed));
+    }
+}

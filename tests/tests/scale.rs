@@ -1,0 +1,140 @@
+//! What a supervisor holds per live run (issue 32): its threads do not grow with its runs
+//! (lifecycle work runs as tasks on a fixed runtime), and each run costs it at most four file
+//! descriptors and 128 KiB of its memory. Not timed: counts only.
+
+use std::time::Duration;
+
+use tollgate_supervisor::records::RunState;
+use tollgate_tests::require_root;
+use tollgate_tests::run_fixture::RunFixture;
+
+/// Host ids of these tests: 400000–404999 (one per live run).
+const HOST_ID_BASE: u32 = 400_000;
+
+/// Live runs the thread test accumulates.
+const RUNS: usize = 300;
+
+/// Where the thread count is first taken.
+const FIRST: usize = 20;
+
+/// Threads the supervisor may gain between `FIRST` and `RUNS` live runs: pools that grow on
+/// demand (the runtime's blocking pool), never one per run.
+const SLACK: usize = 16;
+
+/// Descriptors the supervisor may gain between `FIRST` and `RUNS` live runs besides the
+/// runs' own: what it opens once, lazily (the runtime's, the records').
+const FD_SLACK: usize = 8;
+
+/// One value of `/proc/self/status` (`Threads`, `VmRSS`), as its leading number.
+fn status(key: &str) -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/self/status"))
+}
+
+/// Open descriptors of this process (the supervisor under test).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+#[test]
+fn supervisor_threads_stay_flat_as_live_runs_accumulate() {
+    if !require_root() {
+        return;
+    }
+    let fixture = RunFixture::with("scale-threads", HOST_ID_BASE, |settings, _| {
+        settings.host_ids = HOST_ID_BASE..HOST_ID_BASE + RUNS as u32 + 8;
+        // Each start prepares its own sandbox: no refill in the background holds threads or
+        // descriptors when they are counted.
+        settings.warm_sandboxes = 0;
+    });
+    let mut runs = Vec::new();
+    let mut at_first = None;
+    for i in 0..RUNS {
+        let signed = fixture.sign(fixture.receipt("exec sleep 600", 600));
+        runs.push(
+            fixture
+                .start(&signed)
+                .unwrap_or_else(|e| panic!("start {i}: {e}")),
+        );
+        if runs.len() == FIRST {
+            at_first = Some((status("Threads"), open_fds(), status("VmRSS")));
+        }
+    }
+    let (threads_first, fds_first, rss_first) = at_first.unwrap();
+    let (threads, fds, rss) = (status("Threads"), open_fds(), status("VmRSS"));
+    let added = RUNS - FIRST;
+    eprintln!(
+        "threads {threads_first} at {FIRST} runs, {threads} at {RUNS}; fds {fds_first} -> {fds} ({:.2} a run); RSS {rss_first} KiB -> {rss} KiB ({} KiB a run)",
+        (fds - fds_first) as f64 / added as f64,
+        rss.saturating_sub(rss_first) / added,
+    );
+    let flat = threads <= threads_first + SLACK;
+    let fds_per_run = fds.saturating_sub(fds_first + FD_SLACK) as f64 / added as f64;
+    let rss_per_run = rss.saturating_sub(rss_first) / added;
+    // Every run is ended and gone before anything is asserted.
+    for run_id in &runs {
+        fixture.manager.stop(run_id, "the test is over");
+    }
+    for run_id in &runs {
+        let record = fixture
+            .manager
+            .wait(run_id, Duration::from_secs(60))
+            .expect("run recorded");
+        assert_eq!(record.state, RunState::Stopped, "{run_id}");
+        fixture.assert_gone(run_id);
+    }
+    assert!(
+        flat,
+        "the supervisor's threads grew with its runs: {threads_first} at {FIRST} live runs, {threads} at {RUNS}"
+    );
+    assert!(
+        fds_per_run <= 4.0,
+        "the supervisor holds {fds_per_run:.2} descriptors a live run (at most 4): {fds_first} at {FIRST} runs, {fds} at {RUNS}"
+    );
+    assert!(
+        rss_per_run <= 128,
+        "the supervisor holds {rss_per_run} KiB a live run (at most 128)"
+    );
+}
+
+#[test]
+fn a_start_past_the_open_file_limit_is_resource_exhausted_naming_it() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if !require_root() {
+        return;
+    }
+    let base = HOST_ID_BASE + 1_000;
+    let fixture = RunFixture::with("scale-fds", base, |settings, _| {
+        settings.host_ids = base..base + 16;
+        // Every start prepares its own sandbox: nothing prepared ahead takes descriptors.
+        settings.warm_sandboxes = 0;
+    });
+    let first = fixture
+        .start(&fixture.sign(fixture.receipt("exec sleep 600", 600)))
+        .unwrap();
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    // A few descriptors short of what a start takes for a moment.
+    setrlimit(Resource::RLIMIT_NOFILE, open_fds() as u64 + 2, hard).unwrap();
+    let refused = fixture.start(&fixture.sign(fixture.receipt("exec sleep 600", 600)));
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    fixture.manager.stop(&first, "the test is over");
+    fixture.manager.wait(&first, Duration::from_secs(30));
+    fixture.assert_gone(&first);
+    let error = refused.expect_err("a start past the open-file limit is refused");
+    assert_eq!(error.code(), "host_descriptors", "{error:?}");
+    let status = tollgate_supervisor::status::start_status(&error);
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("RLIMIT_NOFILE") && status.message().contains("raise it"),
+        "{}",
+        status.message()
+    );
+    assert!(
+        fixture.manager.live_ids().is_empty(),
+        "the refused start left a live run"
+    );
+}
