@@ -260,7 +260,7 @@ async fn refused_receipts_start_nothing() {
     assert_eq!(status.code(), Code::PermissionDenied);
     assert!(status.message().contains("revoked"), "{}", status.message());
     let runs = client
-        .list_runs(authed(&token, pb::ListRunsRequest {}))
+        .list_runs(authed(&token, pb::ListRunsRequest::default()))
         .await
         .unwrap()
         .into_inner();
