@@ -34,8 +34,9 @@ const START_DEADLINE: Duration = Duration::from_secs(30);
 
 /// What was seen at one count of live runs.
 struct Window {
-    /// Live runs when its first timed start began.
+    /// Live runs when its first timed start began, and after its last.
     live: usize,
+    live_after: usize,
     /// Each timed start, admitted (or spawned) → first byte.
     starts: Vec<Duration>,
     /// Wall time of the timed starts together.
@@ -116,6 +117,7 @@ fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<
         starts.sort();
         windows.push(Window {
             live: first,
+            live_after: live,
             starts,
             elapsed,
             threads: proc_field("/proc/self/status", "Threads"),
@@ -193,7 +195,7 @@ fn print(name: &str, ramp: &Ramp, supervisor: bool) {
             .map_or("-".to_owned(), |kib| format!("{:.2} MiB", kib / 1024.0));
         let own = if supervisor {
             format!(
-                "threads {:>6}  RSS {:>7.1} MiB  fds {:>6}",
+                "  threads {:>6}  RSS {:>7.1} MiB  fds {:>6}",
                 window.threads,
                 window.rss_kib as f64 / 1024.0,
                 window.fds
@@ -202,11 +204,12 @@ fn print(name: &str, ramp: &Ramp, supervisor: bool) {
             String::new()
         };
         println!(
-            "{name:<9} live {:>5}: start p50 {:>7.2} ms  p99 {:>7.2} ms  {:>6.1} starts/s  host {host:>9}/run  {own}",
+            "{name:<9} live {:>5}: start p50 {:>7.2} ms  p99 {:>7.2} ms  {:>6.1} starts/s | then at {:>5} live: host {host:>9}/run{own}",
             window.live,
             ms(percentile(&window.starts, 0.5)),
             ms(percentile(&window.starts, 0.99)),
             rate,
+            window.live_after,
         );
     }
     if let Some(failure) = &ramp.failure {
