@@ -349,7 +349,7 @@ async fn revocation_stop_shutdown_and_crash_leave_nothing() {
             .map(|run| run.run_id)
             .collect();
         match live_only {
-            true => assert_eq!(listed, [crashed.clone()]),
+            true => assert_eq!(listed, std::slice::from_ref(&crashed)),
             false => assert!(
                 listed.len() == 3 && listed[0] == crashed && listed.contains(&id),
                 "{listed:?}"
