@@ -3,7 +3,7 @@
 //! Dependencies between its modules run one way (docs/architecture.md):
 //!
 //! 1. leaves: [`error`], [`status`], [`wire`], [`records`], [`cgroup`], [`sandbox`],
-//!    [`exec`], [`hub`], [`admission`], [`warm`], [`egress`], [`link`];
+//!    [`exec`], [`hub`], [`host_ids`], [`admission`], [`warm`], [`egress`], [`link`];
 //! 2. [`gateway`]: the call gate and one handler per tool family, on each run's socket;
 //! 3. [`runs`]: the lifecycle (admit, start, teardown) over the leaves and the gateway;
 //! 4. [`service`] (the gRPC API) and [`daemon`] (`Supervisor::open` / `run` / `serve`).
@@ -27,6 +27,7 @@ pub mod egress;
 pub mod error;
 pub mod exec;
 pub mod gateway;
+pub mod host_ids;
 pub mod host_limits;
 pub mod hub;
 pub mod link;

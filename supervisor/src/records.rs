@@ -389,12 +389,13 @@ impl RunRecords {
         Ok(retried == 1)
     }
 
-    /// Host ids of runs that are not over.
-    pub fn live_host_ids(&self) -> Result<Vec<u32>, RecordsError> {
+    /// The host id of each run that is not over: `(run id, host id)`. Read once, when the
+    /// supervisor starts (see [`crate::host_ids`]); by the `runs_state` index.
+    pub fn live_host_ids(&self) -> Result<Vec<(String, u32)>, RecordsError> {
         let conn = self.conn();
-        let mut stmt =
-            conn.prepare("SELECT host_id FROM runs WHERE state IN ('starting', 'running')")?;
-        let ids = stmt.query_map([], |row| row.get(0))?;
+        let mut stmt = conn
+            .prepare("SELECT run_id, host_id FROM runs WHERE state IN ('starting', 'running')")?;
+        let ids = stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?;
         Ok(ids.collect::<Result<_, _>>()?)
     }
 
@@ -519,6 +520,19 @@ impl RunRecords {
         rows.map(|row| Self::with_report(row?)).collect()
     }
 
+    /// Runs that are not over (`starting`, `running`), newest first: by the `runs_state`
+    /// index, so the cost follows the live runs, not every run ever recorded.
+    pub fn list_live(&self) -> Result<Vec<RunRecord>, RecordsError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {} FROM runs WHERE state IN ('starting', 'running')
+             ORDER BY created_at DESC, run_id DESC",
+            Self::COLUMNS
+        ))?;
+        let rows = stmt.query_map([], Self::record)?;
+        rows.map(|row| Self::with_report(row?)).collect()
+    }
+
     /// `run_id` and every run it delegated, transitively, in pre-order (a parent before its
     /// children, siblings oldest first). Empty when `run_id` is unknown.
     pub fn subtree(&self, run_id: &str) -> Result<Vec<RunRecord>, RecordsError> {
@@ -571,7 +585,10 @@ mod tests {
         };
         assert!(records.insert(&run).unwrap());
         assert!(!records.insert(&run).unwrap(), "second use refused");
-        assert_eq!(records.live_host_ids().unwrap(), vec![200_000]);
+        assert_eq!(
+            records.live_host_ids().unwrap(),
+            vec![("r1".to_owned(), 200_000)]
+        );
         records.set_running("r1").unwrap();
         let report = TeardownReport {
             reason: "agent exited".into(),
@@ -646,6 +663,42 @@ mod tests {
             matches!(newer, RecordsError::NewerSchema { found: 99, .. }),
             "{newer}"
         );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn live_runs_are_listed_without_the_ended_ones_newest_first() {
+        let (dir, path) = temp_db("live");
+        let records = RunRecords::open(&path).unwrap();
+        for run in [
+            new_run("old", 10, None, 0),
+            new_run("starting", 12, None, 0),
+            new_run("running", 11, None, 0),
+        ] {
+            assert!(records.insert(&run).unwrap());
+        }
+        records.set_running("running").unwrap();
+        records
+            .finish("old", RunState::Exited, &TeardownReport::default(), 13)
+            .unwrap();
+        let ids =
+            |runs: Vec<RunRecord>| -> Vec<String> { runs.into_iter().map(|r| r.run_id).collect() };
+        assert_eq!(ids(records.list_live().unwrap()), ["starting", "running"]);
+        assert_eq!(ids(records.list().unwrap()), ["starting", "running", "old"]);
+        // The listing reads the state index, not the whole table.
+        let plan: String = records
+            .conn()
+            .query_row(
+                &format!(
+                    "EXPLAIN QUERY PLAN SELECT {} FROM runs WHERE state IN ('starting', 'running')
+                     ORDER BY created_at DESC, run_id DESC",
+                    RunRecords::COLUMNS
+                ),
+                [],
+                |row| row.get(3),
+            )
+            .unwrap();
+        assert!(plan.contains("runs_state"), "{plan}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -247,10 +247,17 @@ impl Supervisor for SupervisorService {
     ) -> Result<Response<pb::ListRunsResponse>, Status> {
         let caller = Caller::of(&request)?;
         self.audit_call(&caller, "ListRuns").await?;
+        let live_only = request.get_ref().live_only;
         let manager = self.manager.clone();
-        let runs = blocking(move || manager.list())
-            .await?
-            .map_err(|e| crate::status::internal("the run store", &e))?;
+        let runs = blocking(move || {
+            if live_only {
+                manager.list_live()
+            } else {
+                manager.list()
+            }
+        })
+        .await?
+        .map_err(|e| crate::status::internal("the run store", &e))?;
         Ok(Response::new(pb::ListRunsResponse {
             runs: runs
                 .iter()

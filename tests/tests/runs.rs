@@ -1338,6 +1338,49 @@ fn a_receipt_gets_three_tries_at_most() {
     assert!(matches!(fx.start(&signed), Err(StartError::AlreadyUsed(_))));
 }
 
+/// One host id per live run, the lowest free first: a full range refuses a start naming it,
+/// a duplicate start of a live receipt takes nothing from that run, and an id comes back
+/// once its run's end is recorded.
+#[test]
+fn host_ids_are_one_per_live_run_and_come_back_at_its_end() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::with("host-ids", 405_000, |settings, _| {
+        settings.host_ids = 405_000..405_002;
+    });
+    let host_id = |run_id: &str| fx.manager.get(run_id).unwrap().unwrap().host_id;
+    let long = "sleep 1000";
+    let a_receipt = fx.sign(fx.receipt(long, 60));
+    let a = fx.start(&a_receipt).unwrap();
+    let b = fx.start(&fx.sign(fx.receipt(long, 60))).unwrap();
+    assert_eq!((host_id(&a), host_id(&b)), (405_000, 405_001));
+    match fx.start(&fx.sign(fx.receipt(long, 60))) {
+        Err(e @ StartError::NoHostId(_)) => {
+            assert!(e.to_string().contains("405000..405002"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    // The same receipt again while its run is live: refused, and its id stays its own.
+    assert!(matches!(
+        fx.start(&a_receipt),
+        Err(StartError::AlreadyUsed(_))
+    ));
+    assert!(fx.manager.stop(&b, "done"));
+    fx.manager.wait(&b, Duration::from_secs(10)).unwrap();
+    let c = fx.start(&fx.sign(fx.receipt(long, 60))).unwrap();
+    assert_eq!(host_id(&c), 405_001, "b's id, not a's");
+    assert!(fx.manager.stop(&a, "done"));
+    fx.manager.wait(&a, Duration::from_secs(10)).unwrap();
+    let d = fx.start(&fx.sign(fx.receipt(long, 60))).unwrap();
+    assert_eq!(host_id(&d), 405_000);
+    for run in [&c, &d] {
+        assert!(fx.manager.stop(run, "done"));
+        fx.manager.wait(run, Duration::from_secs(10)).unwrap();
+        fx.assert_gone(run);
+    }
+}
+
 /// A live run's model use is on the run while it runs (`Run.model_usage`, what `inspect`,
 /// `ps --json` and `watch` show), counted per route as its calls settle.
 #[test]

@@ -83,7 +83,7 @@ async fn runs(supervisor: &SupervisorProcess) -> Vec<pb::Run> {
     supervisor
         .client()
         .await
-        .list_runs(authed(&supervisor.token(), pb::ListRunsRequest {}))
+        .list_runs(authed(&supervisor.token(), pb::ListRunsRequest::default()))
         .await
         .unwrap()
         .into_inner()

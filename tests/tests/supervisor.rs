@@ -260,7 +260,7 @@ async fn refused_receipts_start_nothing() {
     assert_eq!(status.code(), Code::PermissionDenied);
     assert!(status.message().contains("revoked"), "{}", status.message());
     let runs = client
-        .list_runs(authed(&token, pb::ListRunsRequest {}))
+        .list_runs(authed(&token, pb::ListRunsRequest::default()))
         .await
         .unwrap()
         .into_inner();
@@ -337,6 +337,25 @@ async fn revocation_stop_shutdown_and_crash_leave_nothing() {
     let (text, crashed) = mint(&authority, spec(long, 120)).await;
     client.start_run(authed(&token, start(text))).await.unwrap();
     wait_state(&supervisor, &crashed, pb::RunState::Running).await;
+    // `tollgate ps`'s listing: the live runs only; without `live_only`, every run.
+    for live_only in [true, false] {
+        let listed: Vec<String> = client
+            .list_runs(authed(&token, pb::ListRunsRequest { live_only }))
+            .await
+            .unwrap()
+            .into_inner()
+            .runs
+            .into_iter()
+            .map(|run| run.run_id)
+            .collect();
+        match live_only {
+            true => assert_eq!(listed, std::slice::from_ref(&crashed)),
+            false => assert!(
+                listed.len() == 3 && listed[0] == crashed && listed.contains(&id),
+                "{listed:?}"
+            ),
+        }
+    }
     drop(client);
     let supervisor = supervisor.restart(Signal::SIGKILL);
     let sleepers = std::fs::read_dir("/proc")

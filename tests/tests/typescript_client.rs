@@ -327,7 +327,7 @@ async fn typescript_client_runs_agents_on_the_real_supervisor() {
     let runs = supervisor
         .client()
         .await
-        .list_runs(authed(&supervisor.token(), pb::ListRunsRequest {}))
+        .list_runs(authed(&supervisor.token(), pb::ListRunsRequest::default()))
         .await
         .unwrap()
         .into_inner()

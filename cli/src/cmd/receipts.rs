@@ -406,7 +406,7 @@ async fn supervisor_runs(global: &GlobalArgs) -> Option<std::collections::HashMa
         .await
         .ok()?;
     let runs = client
-        .list_runs(authed(&token, pb::ListRunsRequest {}).ok()?)
+        .list_runs(authed(&token, pb::ListRunsRequest::default()).ok()?)
         .await
         .ok()?
         .into_inner()

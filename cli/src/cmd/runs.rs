@@ -476,10 +476,12 @@ pub(crate) async fn ps(global: &GlobalArgs, all: bool, json: bool) -> Result<(),
     let token = global.supervisor_tokens().token()?;
     let mut client = connect_supervisor(&global.supervisor, &global.tls()).await?;
     let runs = client
-        .list_runs(authed(&token, pb::ListRunsRequest {})?)
+        .list_runs(authed(&token, pb::ListRunsRequest { live_only: !all })?)
         .await?
         .into_inner()
         .runs;
+    // The supervisor sends only live runs without `-a`; filtered here too, for one that
+    // predates `live_only` and sends every run.
     let shown = runs.iter().filter(|run| all || is_live(run));
     if json {
         for run in shown {

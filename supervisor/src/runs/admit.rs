@@ -383,11 +383,12 @@ impl RunManager {
             None => None,
         };
         let host_id = self.record(signed, &receipt, parent)?;
-        if let Some(holds) = holds {
-            self.child_holds
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(receipt.receipt_id.clone(), holds);
+        if let Some((parent, holds)) = holds {
+            self.family.lock().unwrap_or_else(|p| p.into_inner()).add(
+                &receipt.receipt_id,
+                &parent,
+                holds,
+            );
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         Ok((receipt, host_id, pinned))
@@ -404,19 +405,12 @@ impl RunManager {
     ) -> Result<(String, Holds), StartError> {
         let wanted = holds_of(limits);
         let ceiling = holds_of(parent_limits);
-        let mut held: Holds = [0; 3];
-        for (of, hold) in self
-            .child_holds
+        // Kept summed per parent: no walk over every live child.
+        let held = self
+            .family
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .values()
-        {
-            if of == parent {
-                for (sum, value) in held.iter_mut().zip(hold) {
-                    *sum = sum.saturating_add(*value);
-                }
-            }
-        }
+            .held_by(parent);
         let names = [
             "limits.memory_bytes",
             "limits.pids",
@@ -434,20 +428,26 @@ impl RunManager {
     }
 
     /// A free host id and the single-use record (called under `allocation`): the id, or
-    /// `AlreadyUsed` when the receipt has started a run before.
+    /// `AlreadyUsed` when the receipt has started a run before. The id is taken from
+    /// [`HostIds`](crate::host_ids::HostIds), not by reading every live run's; it goes back
+    /// when the start is refused here, or when the run's final record is written.
     fn record(
         &self,
         signed: &SignedReceipt,
         receipt: &tollgate_proto::v1::Receipt,
         parent: Option<&str>,
     ) -> Result<u32, StartError> {
-        let used = self.records.live_host_ids()?;
-        let host_id = self
-            .settings
-            .host_ids
-            .clone()
-            .find(|id| !used.contains(id))
-            .ok_or_else(|| StartError::NoHostId(self.settings.host_ids.clone()))?;
+        let run_id = receipt.receipt_id.as_str();
+        let host_id = {
+            let mut ids = self.host_ids.lock().unwrap_or_else(|p| p.into_inner());
+            // Live (or its end not recorded): the record refuses it too, but the id it holds
+            // must not be given back for this start.
+            if ids.holds(run_id) {
+                return Err(StartError::AlreadyUsed(run_id.to_owned()));
+            }
+            ids.take(run_id)
+                .ok_or_else(|| StartError::NoHostId(ids.range()))?
+        };
         let recorded = self.records.insert(&NewRun {
             run_id: &receipt.receipt_id,
             owner: &receipt.owner,
@@ -458,8 +458,11 @@ impl RunManager {
             expires_at: receipt.expires_at.as_ref().map_or(0, |t| t.seconds),
             parent_run_id: parent,
             depth: receipt.depth,
-        })?;
-        if !recorded {
+        });
+        if !matches!(recorded, Ok(true)) {
+            self.give_back_host_id(run_id);
+        }
+        if !recorded? {
             return Err(StartError::AlreadyUsed(receipt.receipt_id.clone()));
         }
         Ok(host_id)

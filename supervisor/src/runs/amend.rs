@@ -489,14 +489,16 @@ impl RunManager {
         programs: &[String],
         by: &str,
     ) -> Result<(), AmendError> {
-        let children: Vec<(String, Arc<LiveRun>)> = self
-            .live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|(_, child)| child.parent.as_deref() == Some(run_id))
-            .map(|(id, child)| (id.clone(), child.clone()))
-            .collect();
+        // Found through the family index, not by walking every live run (lock order: live,
+        // then family).
+        let children: Vec<(String, Arc<LiveRun>)> = {
+            let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+            let family = self.family.lock().unwrap_or_else(|p| p.into_inner());
+            family
+                .children_of(run_id)
+                .filter_map(|id| live.get(id).map(|child| (id.clone(), child.clone())))
+                .collect()
+        };
         for (child_id, child) in children {
             let Some(gateway) = child
                 .gateway

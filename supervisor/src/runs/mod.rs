@@ -23,15 +23,18 @@ use crate::admission::ReceiptAdmission;
 use crate::cgroup::RunCgroup;
 use crate::error::StartError;
 use crate::gateway::{ChildOf, ChildRuns, Delegator, GatewayHandle, RunGateway};
+use crate::host_ids::HostIds;
 use crate::hub::RunHub;
 use crate::records::{RecordsError, RunRecord, RunRecords, RunState};
 use crate::warm::SandboxPool;
 use crate::COMPONENT;
+use family::{Family, Holds};
 use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 
 pub mod access;
 mod admit;
 pub mod amend;
+mod family;
 pub mod input;
 mod lifecycle;
 mod open;
@@ -111,10 +114,6 @@ pub enum OutputStream {
 
 /// Receives a run's output as it arrives: `(run_id, stream, bytes)`.
 pub type OutputSink = Arc<dyn Fn(&str, OutputStream, &[u8]) + Send + Sync>;
-
-/// What a live child holds of its parent's concurrent limits: memory bytes, pids, cpu
-/// millicores.
-type Holds = [u64; 3];
 
 /// A live run's shared state.
 struct LiveRun {
@@ -274,9 +273,12 @@ pub struct RunManager {
     hub: Arc<RunHub>,
     /// Gateway calls waiting for an operator's approval, across every run.
     approvals: Arc<crate::approvals::ApprovalBoard>,
-    /// Live children by id: their parent and what they hold of its limits (taken at
-    /// admission, under `allocation`, given back at their end).
-    child_holds: Mutex<HashMap<String, (String, Holds)>>,
+    /// Live children by parent, and what they hold of its limits (taken at admission, under
+    /// `allocation`, given back at their end). Locked after `live` where both are held.
+    family: Mutex<Family>,
+    /// The host id each live run holds (taken at admission, under `allocation`, given back
+    /// once its final record is written).
+    host_ids: Mutex<HostIds>,
     /// Serves the runs' gateway sockets and runs their lifecycle tasks (its own threads:
     /// agents' calls never wait behind the operator API). `None` only while dropping.
     gateway_runtime: Option<tokio::runtime::Runtime>,
@@ -421,17 +423,24 @@ impl RunManager {
 
     /// Marks every live descendant of `run_id` closing (breadth first, under the lock) and
     /// returns each with its parent's id.
+    /// Children are found through their parent (see [`family`]), never by walking every
+    /// live run: this runs at every teardown.
     fn mark_descendants(&self, run_id: &str) -> Vec<(Arc<LiveRun>, String)> {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner());
+        let family = self.family.lock().unwrap_or_else(|p| p.into_inner());
         let mut found: Vec<(Arc<LiveRun>, String)> = Vec::new();
         let mut frontier = vec![run_id.to_owned()];
         while !frontier.is_empty() {
             let mut next = Vec::new();
-            for (id, run) in live.iter() {
-                if let Some(parent) = run.parent.as_ref().filter(|p| frontier.contains(p)) {
-                    run.closing.store(true, Ordering::SeqCst);
-                    found.push((run.clone(), parent.clone()));
-                    next.push(id.clone());
+            for parent in &frontier {
+                for id in family.children_of(parent) {
+                    // A child admitted but not started yet has no sandbox to end: it sees its
+                    // parent closing when it is made live (see `start_recorded`).
+                    if let Some(run) = live.get(id) {
+                        run.closing.store(true, Ordering::SeqCst);
+                        found.push((run.clone(), parent.clone()));
+                        next.push(id.clone());
+                    }
                 }
             }
             frontier = next;
@@ -639,6 +648,11 @@ impl RunManager {
     /// All runs, newest first.
     pub fn list(&self) -> Result<Vec<RunRecord>, RecordsError> {
         self.records.list()
+    }
+
+    /// Runs that are not over, newest first (through the state index).
+    pub fn list_live(&self) -> Result<Vec<RunRecord>, RecordsError> {
+        self.records.list_live()
     }
 
     /// `run_id` and its descendants in pre-order (empty when unknown).

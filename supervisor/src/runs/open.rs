@@ -13,6 +13,7 @@ use super::{restore, RunManager, RunSettings};
 use crate::admission::ReceiptAdmission;
 use crate::cgroup::{delegate_to, sweep_keeping};
 use crate::error::StartError;
+use crate::host_ids::HostIds;
 use crate::records::{RunRecords, RunState, TeardownReport};
 use crate::sandbox::{create_mount_point, sandbox_base, SandboxError};
 use crate::warm::SandboxPool;
@@ -123,6 +124,8 @@ impl RunManager {
             };
             records.finish(run_id, RunState::Lost, &report, unix_now())?;
         }
+        // What is still live now was re-adopted: its host ids stay held.
+        let host_ids = HostIds::new(settings.host_ids.clone(), records.live_host_ids()?);
         let admission =
             ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
         let base = sandbox_base(&settings.data_dir, &settings.shim);
@@ -150,7 +153,8 @@ impl RunManager {
             freshness: OnceLock::new(),
             hub: Arc::default(),
             approvals: Arc::default(),
-            child_holds: Mutex::new(HashMap::new()),
+            family: Mutex::default(),
+            host_ids: Mutex::new(host_ids),
             settings,
             records,
             admission: RwLock::new(admission),

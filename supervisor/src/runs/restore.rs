@@ -188,11 +188,24 @@ impl RunManager {
             .iter()
             .map(|(id, run)| (id.clone(), run.clone()))
             .collect();
+        // Runs with a live child, through the family index (not a walk over every live run
+        // for each run); the lock is not held while runs detach.
+        let with_children: std::collections::HashSet<&str> = {
+            let live_ids: std::collections::HashSet<&str> =
+                live.iter().map(|(id, _)| id.as_str()).collect();
+            let family = self.family.lock().unwrap_or_else(|p| p.into_inner());
+            live.iter()
+                .map(|(id, _)| id.as_str())
+                .filter(|id| {
+                    family
+                        .children_of(id)
+                        .any(|child| live_ids.contains(child.as_str()))
+                })
+                .collect()
+        };
         let mut detached = BTreeSet::new();
         for (run_id, run) in &live {
-            let has_children = live
-                .iter()
-                .any(|(_, other)| other.parent.as_deref() == Some(run_id.as_str()));
+            let has_children = with_children.contains(run_id.as_str());
             // Its input (stdin pipe or terminal) cannot be handed over either.
             let has_input = run
                 .input

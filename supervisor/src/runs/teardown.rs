@@ -32,10 +32,20 @@ fn keeps_workspace(keep_seconds: u64, started: bool, emptied: bool) -> bool {
 impl RunManager {
     /// Gives back what a child held of its parent's limits (nothing for a root run).
     pub(super) fn release_holds(&self, run_id: &str) {
-        self.child_holds
+        self.family
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(run_id);
+    }
+
+    /// Gives back the host id `run_id` holds: once its final record is written (a record
+    /// that could not be written keeps its id held, as the database still counts it live),
+    /// or when its start was refused before it was recorded.
+    pub(super) fn give_back_host_id(&self, run_id: &str) {
+        self.host_ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .give_back(run_id);
     }
 
     /// Records a start that failed before the run had a cgroup.
@@ -50,11 +60,12 @@ impl RunManager {
         }
         report.duration_ms = now_ms().saturating_sub(started_ms);
         self.audit_teardown(run_id, RunState::FailedBeforeStart, &report);
-        if let Err(e) =
-            self.records
-                .finish(run_id, RunState::FailedBeforeStart, &report, unix_now())
+        match self
+            .records
+            .finish(run_id, RunState::FailedBeforeStart, &report, unix_now())
         {
-            tracing::error!(run_id, error = %e, "could not record a failed start");
+            Ok(()) => self.give_back_host_id(run_id),
+            Err(e) => tracing::error!(run_id, error = %e, "could not record a failed start"),
         }
         tracing::warn!(run_id, reason, "run failed to start");
     }
@@ -227,8 +238,9 @@ impl RunManager {
         report.duration_ms = now_ms().saturating_sub(started_ms);
         // The entry first: a crash in between repeats it at the next start, never loses it.
         self.audit_teardown(run_id, state, &report);
-        if let Err(e) = self.records.finish(run_id, state, &report, unix_now()) {
-            tracing::error!(run_id, error = %e, "could not record a teardown report");
+        match self.records.finish(run_id, state, &report, unix_now()) {
+            Ok(()) => self.give_back_host_id(run_id),
+            Err(e) => tracing::error!(run_id, error = %e, "could not record a teardown report"),
         }
         tracing::info!(run_id, state = state.name(), reason = %report.reason, "run torn down");
         let removed = self

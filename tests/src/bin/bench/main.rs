@@ -7,6 +7,8 @@
 //!   over the same gRPC stack (the service without a durable write).
 //!
 //! * `sandbox`: sandbox start and teardown beside `bwrap --unshare-all` (root).
+//! * `scale`: start rate and latency against the number of live runs, with the supervisor's
+//!   threads, RSS and host memory per run, beside the same sleepers under bwrap (root).
 //! * `audit`: durable audit appends per second beside a plain write + fdatasync per line.
 //! * `classify`: the router's classifier on 1 MiB of mixed text beside detect-secrets.
 //! * `gateway`: a 4 KiB `fs.read` through the gateway beside a direct read (root).
@@ -58,6 +60,26 @@ enum Bench {
         /// Runs of each kind.
         #[arg(long, default_value_t = 30)]
         runs: usize,
+    },
+    /// Start rate and start latency (p50, p99) against the number of live runs, with the
+    /// supervisor's threads, RSS and descriptors and the host's memory per run, beside the
+    /// same sleeping program under `bwrap --unshare-all` (root; bwrap on PATH).
+    Scale {
+        /// Live-run counts to time starts at (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "0,1000")]
+        at: Vec<usize>,
+        /// Starts timed at each count.
+        #[arg(long, default_value_t = 100)]
+        samples: usize,
+        /// Sandboxes the supervisor keeps prepared ahead (its default is 1).
+        #[arg(long, default_value_t = 1)]
+        warm: usize,
+        /// First host id for the runs (one per live run).
+        #[arg(long, default_value_t = 405_000)]
+        host_id_base: u32,
+        /// Leave out the bwrap peer.
+        #[arg(long)]
+        no_peer: bool,
     },
     /// Durable audit appends per second (1, 4 and 16 appenders) beside a plain write +
     /// fdatasync per line on the same disk.
@@ -374,6 +396,7 @@ mod fleet;
 mod gateway;
 mod models;
 mod sandbox;
+mod scale;
 mod stats;
 
 use stats::percentile;
@@ -391,6 +414,13 @@ fn main() -> anyhow::Result<()> {
             tokio::runtime::Runtime::new()?.block_on(bench_mint(count, concurrency.max(1)))
         }
         Bench::Sandbox { runs } => sandbox::bench(runs.max(3)),
+        Bench::Scale {
+            at,
+            samples,
+            warm,
+            host_id_base,
+            no_peer,
+        } => scale::bench(at, samples.max(2), warm, host_id_base, !no_peer),
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
         Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
         Bench::Gateway { calls } => gateway::bench(calls.max(100)),

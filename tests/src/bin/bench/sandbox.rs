@@ -42,7 +42,8 @@ fn sleepers_alive() -> usize {
         .unwrap_or(0)
 }
 
-fn bwrap(script: &str) -> Command {
+/// bwrap with `--unshare-all` and the host's /usr read-only, running `script` in `sh`.
+pub(crate) fn bwrap(script: &str) -> Command {
     let mut command = Command::new("bwrap");
     command
         .args(["--unshare-all", "--die-with-parent"])
@@ -105,6 +106,11 @@ impl Tollgate {
     /// A run manager keeping `warm` sandboxes prepared (0: every start prepares its own),
     /// with its own cgroup parent and host ids (`id_base`..+100).
     pub(crate) fn new(warm: usize, id_base: u32) -> anyhow::Result<Self> {
+        Self::with_ids(warm, id_base..id_base + 100)
+    }
+
+    /// A run manager keeping `warm` sandboxes prepared, handing out the host ids `ids`.
+    pub(crate) fn with_ids(warm: usize, ids: std::ops::Range<u32>) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let signer = ReceiptSigner::generate();
         let mut keys = KeySet::new();
@@ -115,7 +121,7 @@ impl Tollgate {
             supervisor_id: "bench".into(),
             shim: tollgate_tests::bin_path("tollgate-shim"),
             cgroup_parent: parent.clone(),
-            host_ids: id_base..id_base + 100,
+            host_ids: ids,
             clock_skew: Duration::ZERO,
             warm_sandboxes: warm,
             live_restore: None,
@@ -179,7 +185,7 @@ impl Tollgate {
     }
 
     /// Starts `receipt`; returns the run id and a receiver of its first output's arrival.
-    fn start_signed(
+    pub(crate) fn start_signed(
         &self,
         receipt: &tollgate_receipt::SignedReceipt,
     ) -> anyhow::Result<(String, mpsc::Receiver<Instant>)> {

@@ -1,0 +1,252 @@
+//! Start rate and start latency against the number of live runs, beside bwrap.
+//!
+//! Tollgate: one run manager (this process is its supervisor) starts runs of
+//! `sh -c 'echo x; exec sleep …'` one after another and keeps them all live. At each count of
+//! `--at` (0, 1,000, …) the next `--samples` starts are timed from the call that admits the
+//! receipt to the agent's first output byte; their p50 and p99 and their rate are reported
+//! with the supervisor's threads, RSS and descriptors, and the host's memory per live run
+//! (`MemAvailable` before the first start less now, over the live runs). Then a clean stop of
+//! every run is timed.
+//!
+//! The peer, after Tollgate's runs are gone: the same program under `bwrap --unshare-all`,
+//! spawned one after another and kept alive, timed from spawn to first byte at the same
+//! counts, with the host's memory per live sandbox.
+//!
+//! A start that fails ends that side's ramp and is reported with the count it failed at
+//! (today's supervisor holds five threads per run: high counts may run out of pids or
+//! descriptors); what was measured before it is still printed.
+
+use std::io::Read as _;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use tollgate_receipt::{timestamp_from_unix, unix_now};
+
+use crate::sandbox::{bwrap, Tollgate};
+use crate::stats::percentile;
+
+/// The program every run and sandbox runs: one byte out, then asleep for the whole bench.
+const SLEEPER: &str = "echo x; exec /usr/bin/sleep 7200";
+
+/// How long one start may take before the bench calls it failed.
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What was seen at one count of live runs.
+struct Window {
+    /// Live runs when its first timed start began, and after its last.
+    live: usize,
+    live_after: usize,
+    /// Each timed start, admitted (or spawned) → first byte.
+    starts: Vec<Duration>,
+    /// Wall time of the timed starts together.
+    elapsed: Duration,
+    /// After the window: this process's threads, RSS (KiB) and open descriptors.
+    threads: u64,
+    rss_kib: u64,
+    fds: usize,
+    /// Host memory taken since before the first start, over the live runs (KiB per run).
+    host_kib_per_run: Option<f64>,
+}
+
+/// One side's ramp: its windows, and the failure that ended it early, if one did.
+struct Ramp {
+    windows: Vec<Window>,
+    failure: Option<String>,
+}
+
+/// A field of `/proc/self/status` (or `/proc/meminfo`), in its own unit.
+fn proc_field(file: &str, name: &str) -> u64 {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| {
+            let rest = line.strip_prefix(name)?.strip_prefix(':')?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+fn mem_available_kib() -> u64 {
+    proc_field("/proc/meminfo", "MemAvailable")
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
+}
+
+/// Starts until `target` are live, timing each of the `samples` starts from `at[i]`.
+/// `start` starts one and returns its time to first byte.
+fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<Duration>) -> Ramp {
+    let baseline = mem_available_kib();
+    let mut live = 0usize;
+    let mut windows = Vec::new();
+    for &count in at {
+        while live < count {
+            if let Err(e) = start() {
+                return Ramp {
+                    windows,
+                    failure: Some(format!(
+                        "start #{} failed with {live} live: {e:#}",
+                        live + 1
+                    )),
+                };
+            }
+            live += 1;
+        }
+        let first = live;
+        let began = Instant::now();
+        let mut starts = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            match start() {
+                Ok(took) => starts.push(took),
+                Err(e) => {
+                    return Ramp {
+                        windows,
+                        failure: Some(format!(
+                            "start #{} failed with {live} live: {e:#}",
+                            live + 1
+                        )),
+                    }
+                }
+            }
+            live += 1;
+        }
+        let elapsed = began.elapsed();
+        let taken = baseline.saturating_sub(mem_available_kib());
+        starts.sort();
+        windows.push(Window {
+            live: first,
+            live_after: live,
+            starts,
+            elapsed,
+            threads: proc_field("/proc/self/status", "Threads"),
+            rss_kib: proc_field("/proc/self/status", "VmRSS"),
+            fds: open_fds(),
+            host_kib_per_run: (live > 0).then(|| taken as f64 / live as f64),
+        });
+    }
+    Ramp {
+        windows,
+        failure: None,
+    }
+}
+
+/// Tollgate's side: returns its ramp and how long the clean stop of every live run took.
+fn tollgate(
+    at: &[usize],
+    samples: usize,
+    warm: usize,
+    ids: std::ops::Range<u32>,
+) -> anyhow::Result<(Ramp, Duration, usize)> {
+    let tollgate = Tollgate::with_ids(warm, ids)?;
+    let ramp = ramp(at, samples, || {
+        let mut receipt = tollgate.unsigned_receipt(SLEEPER);
+        // Live for the whole bench, however long the ramp takes.
+        receipt.expires_at = Some(timestamp_from_unix(unix_now() + 7200));
+        let signed = tollgate.signer.sign(&mut receipt);
+        let begin = Instant::now();
+        let (_, first) = tollgate.start_signed(&signed)?;
+        let arrived = first
+            .recv_timeout(START_DEADLINE)
+            .context("no output from the run")?;
+        Ok(arrived - begin)
+    });
+    let live = tollgate.manager.live_ids().len();
+    let begin = Instant::now();
+    tollgate.manager.shutdown();
+    let stop = begin.elapsed();
+    drop(tollgate);
+    Ok((ramp, stop, live))
+}
+
+/// The peer's side: sandboxes kept alive until the ramp is done, then killed.
+fn peer(at: &[usize], samples: usize) -> Ramp {
+    let mut children: Vec<Child> = Vec::new();
+    let ramp = ramp(at, samples, || {
+        let begin = Instant::now();
+        let mut child = bwrap(SLEEPER)
+            .spawn()
+            .context("spawn bwrap (apt-get install bubblewrap)")?;
+        let mut byte = [0u8; 1];
+        // The pipe is closed once the byte is in, as Tollgate's relay holds one per run.
+        let mut stdout = child.stdout.take().context("stdout")?;
+        let read = stdout.read_exact(&mut byte);
+        let took = begin.elapsed();
+        children.push(child);
+        read.context("no output from bwrap")?;
+        Ok(took)
+    });
+    for child in &mut children {
+        let _ = child.kill();
+    }
+    for child in &mut children {
+        let _ = child.wait();
+    }
+    ramp
+}
+
+fn print(name: &str, ramp: &Ramp, supervisor: bool) {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    for window in &ramp.windows {
+        let rate = window.starts.len() as f64 / window.elapsed.as_secs_f64();
+        let host = window
+            .host_kib_per_run
+            .map_or("-".to_owned(), |kib| format!("{:.2} MiB", kib / 1024.0));
+        let own = if supervisor {
+            format!(
+                "  threads {:>6}  RSS {:>7.1} MiB  fds {:>6}",
+                window.threads,
+                window.rss_kib as f64 / 1024.0,
+                window.fds
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "{name:<9} live {:>5}: start p50 {:>7.2} ms  p99 {:>7.2} ms  {:>6.1} starts/s | then at {:>5} live: host {host:>9}/run{own}",
+            window.live,
+            ms(percentile(&window.starts, 0.5)),
+            ms(percentile(&window.starts, 0.99)),
+            rate,
+            window.live_after,
+        );
+    }
+    if let Some(failure) = &ramp.failure {
+        println!("{name:<9} STOPPED: {failure}");
+    }
+}
+
+/// Runs the benchmark and prints one line per side and count.
+pub(crate) fn bench(
+    mut at: Vec<usize>,
+    samples: usize,
+    warm: usize,
+    host_id_base: u32,
+    peer_too: bool,
+) -> anyhow::Result<()> {
+    at.sort_unstable();
+    at.dedup();
+    let most = at.last().copied().unwrap_or(0) + samples * at.len();
+    // The supervisor holds descriptors for each run: as many as the hard limit allows (what
+    // the daemon itself does when it is root).
+    let (_, hard) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)?;
+    nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard)?;
+    println!(
+        "scale: counts {at:?}, {samples} timed starts at each, warm pool {warm}, host ids {host_id_base}.., open-file limit {hard}"
+    );
+    let ids = host_id_base..host_id_base + u32::try_from(most + 1)?;
+    let (ramp, stop, live) = tollgate(&at, samples, warm, ids)?;
+    print("tollgate", &ramp, true);
+    println!(
+        "tollgate  clean stop with {live} live runs: {:.2} s",
+        stop.as_secs_f64()
+    );
+    if peer_too {
+        // Let the host settle (teardown's memory back) before the peer's baseline.
+        std::thread::sleep(Duration::from_secs(2));
+        let ramp = peer(&at, samples);
+        print("bwrap", &ramp, false);
+    }
+    Ok(())
+}
