@@ -25,6 +25,17 @@ use nix::unistd::Pid;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tonic::transport::Channel;
 
+/// A command's stderr, which must be one line (the CLI's errors are), trimmed.
+pub fn stderr_line(output: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(
+        text.trim_end().lines().count(),
+        1,
+        "errors are one line: {text:?}"
+    );
+    text.trim().to_owned()
+}
+
 /// Whether this process may run the root-only tests. Not root fails the test with a clear
 /// message (CI runs as root), unless `TOLLGATE_SKIP_ROOT_TESTS` is set, which skips them.
 pub fn require_root() -> bool {

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use tollgate_tests::{bin_path, AuthorityProcess};
+use tollgate_tests::{bin_path, stderr_line, AuthorityProcess};
 
 fn tollgate(authority: &AuthorityProcess, token: Option<&Path>, args: &[&str]) -> Output {
     let mut command = Command::new(bin_path("tollgate"));
@@ -18,16 +18,6 @@ fn tollgate(authority: &AuthorityProcess, token: Option<&Path>, args: &[&str]) -
         command.arg("--token-file").arg(token);
     }
     command.args(args).output().expect("run tollgate")
-}
-
-fn stderr_line(output: &Output) -> String {
-    let text = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(
-        text.trim_end().lines().count(),
-        1,
-        "errors are one line: {text:?}"
-    );
-    text.trim().to_owned()
 }
 
 const SPEC: &str = r#"

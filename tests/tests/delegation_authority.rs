@@ -14,7 +14,7 @@ use tollgate_proto::v1::authority_client::AuthorityClient;
 use tollgate_receipt::{
     from_text, unix_now, KeySet, NoRevocations, ReceiptVerifier, VerifyContext,
 };
-use tollgate_tests::{authed, bin_path, AuthorityProcess};
+use tollgate_tests::{authed, bin_path, stderr_line, AuthorityProcess};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -1030,12 +1030,6 @@ fn tollgate(authority: &AuthorityProcess, token: Option<&Path>, args: &[&str]) -
     command.args(args).output().expect("run tollgate")
 }
 
-fn one_line_error(output: &Output) -> String {
-    let text = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(text.trim_end().lines().count(), 1, "one line: {text:?}");
-    text.trim().to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_enrols_supervisors_and_shows_the_chain() {
     let dir = tempfile::tempdir().unwrap();
@@ -1082,16 +1076,16 @@ async fn the_cli_enrols_supervisors_and_shows_the_chain() {
     // Errors: one line, the CLI's exit codes.
     let again = tollgate(&authority, Some(&admin_file), &["supervisor", "add", SUP]);
     assert_eq!(again.status.code(), Some(73));
-    assert!(one_line_error(&again).contains("supervisor \"ws\" is already enrolled"));
+    assert!(stderr_line(&again).contains("supervisor \"ws\" is already enrolled"));
     let bad = tollgate(&authority, Some(&admin_file), &["supervisor", "add", "a b"]);
     assert_eq!(bad.status.code(), Some(65));
-    one_line_error(&bad);
+    stderr_line(&bad);
     let no_token = tollgate(&authority, None, &["supervisor", "add", "x"]);
     assert_eq!(no_token.status.code(), Some(77));
-    one_line_error(&no_token);
+    stderr_line(&no_token);
     let as_supervisor = tollgate(&authority, Some(&token_file), &["supervisor", "add", "x"]);
     assert_eq!(as_supervisor.status.code(), Some(77));
-    assert!(one_line_error(&as_supervisor).contains("delegation token"));
+    assert!(stderr_line(&as_supervisor).contains("delegation token"));
     let help = tollgate(&authority, None, &["supervisor", "add", "--help"]);
     assert!(help.status.success());
     let help = String::from_utf8_lossy(&help.stdout);
@@ -1190,7 +1184,7 @@ async fn the_cli_enrols_supervisors_and_shows_the_chain() {
         &["supervisor", "remove", SUP],
     );
     assert_eq!(gone.status.code(), Some(66));
-    assert!(one_line_error(&gone).contains("no supervisor \"ws\" is enrolled"));
+    assert!(stderr_line(&gone).contains("no supervisor \"ws\" is enrolled"));
     // A failed enrolment leaves no empty token file behind; a taken id leaves the old one.
     let fresh = dir.path().join("fresh.token");
     let failed = tollgate(

@@ -7,7 +7,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use tollgate_tests::{bin_path, AuthorityProcess};
+use tollgate_tests::{bin_path, stderr_line, AuthorityProcess};
 
 /// An unprivileged uid of no one on this host: the user minting in the home test.
 const USER: u32 = 4_327;
@@ -73,16 +73,6 @@ fn tollgate(operator: Option<&Operator>, env: &[(&str, &Path)], args: &[&str]) -
 
 fn run(mut command: Command) -> Output {
     command.output().expect("run tollgate")
-}
-
-fn stderr_line(output: &Output) -> String {
-    let text = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert_eq!(
-        text.trim_end().lines().count(),
-        1,
-        "errors are one line: {text:?}"
-    );
-    text.trim().to_owned()
 }
 
 fn ok(output: &Output) -> String {
