@@ -158,6 +158,22 @@ fn profiles_are_listed_and_shown_and_an_operators_copy_wins() {
         edited
     );
 
+    // A profile's own default home wins over the one every profile gets.
+    std::fs::write(
+        mine.join("homed.toml"),
+        "subject = \"homed\"\nttl = \"1h\"\naudience = [\"workstation\"]\n[profile]\ndescription = \"d\"\nvars = { home = \"/srv/agents/homed\" }\n[home]\npath = \"${home}\"\n",
+    )
+    .unwrap();
+    let expanded = ok(&run(tollgate(
+        None,
+        &env,
+        &["profile", "show", "homed", "--expanded"],
+    )));
+    assert!(
+        expanded.contains("[home]\npath = \"/srv/agents/homed\""),
+        "{expanded}"
+    );
+
     // Errors: one line, naming what was wrong and what to do.
     let unknown = run(tollgate(None, &env, &["profile", "show", "nope"]));
     assert_eq!(unknown.status.code(), Some(66));

@@ -391,7 +391,8 @@ enum Home {
 }
 
 /// `spec` with `profile` applied, the values from the command line over the spec's own. A
-/// profile that uses `home` and is given none gets the default home of its name.
+/// profile that uses `home`, is given none and has no default of its own gets the default
+/// home of its name.
 fn expand_with(
     spec: RunSpec,
     profile: &Profile,
@@ -401,7 +402,8 @@ fn expand_with(
     let mut given = values.to_map()?;
     let default_home = (profile.used.contains("home")
         && !given.contains_key("home")
-        && !spec.vars.contains_key("home"))
+        && !spec.vars.contains_key("home")
+        && !profile.defaults.contains_key("home"))
     .then(|| default_home(&profile.name))
     .transpose()?;
     if let Some(path) = &default_home {
