@@ -132,13 +132,11 @@ impl Profile {
             }
             problem(SpecError::Syntax(e))
         })?;
-        for key in ["vars"] {
-            if file.settings.contains_key(key) {
-                return Err(problem(invalid(
-                    key,
-                    "a profile's variables and their defaults are [profile.vars]",
-                )));
-            }
+        if file.settings.contains_key("vars") {
+            return Err(problem(invalid(
+                "vars",
+                "a profile's variables and their defaults are [profile.vars]",
+            )));
         }
         let mut used = BTreeSet::new();
         collect_table(&file.settings, "", &mut used).map_err(problem)?;
@@ -361,17 +359,30 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The variables `text` names, or why its `${…}` are malformed.
-fn variables_in(text: &str) -> Result<Vec<String>, String> {
-    let mut names = Vec::new();
+/// A piece of a profile's string value: text as it stands, or a variable to fill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece<'a> {
+    /// Kept as it is (`$${` already turned into `${`).
+    Text(&'a str),
+    /// `${NAME}`: the variable's name.
+    Var(&'a str),
+}
+
+/// `text` split at its `${NAME}`s (`$${` stands for a literal `${`), or why one is malformed.
+/// The one reading of the syntax: what a profile uses and how it is filled both come from it.
+fn pieces(text: &str) -> Result<Vec<Piece<'_>>, String> {
+    let mut pieces = Vec::new();
     let mut rest = text;
     while let Some(at) = rest.find('$') {
         let after = &rest[at + 1..];
         if let Some(escaped) = after.strip_prefix("${") {
+            pieces.push(Piece::Text(&rest[..at]));
+            pieces.push(Piece::Text("${"));
             rest = escaped;
             continue;
         }
         let Some(open) = after.strip_prefix('{') else {
+            pieces.push(Piece::Text(&rest[..=at]));
             rest = after;
             continue;
         };
@@ -384,37 +395,38 @@ fn variables_in(text: &str) -> Result<Vec<String>, String> {
                 "${{{name}}} is not a variable: names are lowercase letters, digits, '-' and '_'"
             ));
         }
-        names.push(name.to_owned());
+        pieces.push(Piece::Text(&rest[..at]));
+        pieces.push(Piece::Var(name));
         rest = &open[end + 1..];
     }
-    Ok(names)
+    pieces.push(Piece::Text(rest));
+    Ok(pieces)
 }
 
-/// `text` with each `${NAME}` replaced by its value and `$${` by `${`. Every name has a value
-/// (checked by the caller).
+/// The variables `text` names, or why its `${…}` are malformed.
+fn variables_in(text: &str) -> Result<Vec<String>, String> {
+    Ok(pieces(text)?
+        .into_iter()
+        .filter_map(|piece| match piece {
+            Piece::Var(name) => Some(name.to_owned()),
+            Piece::Text(_) => None,
+        })
+        .collect())
+}
+
+/// `text` with each `${NAME}` replaced by its value and `$${` by `${`. Every string was
+/// checked when the profile was parsed, and every name has a value (checked by the caller).
 fn fill(text: &str, values: &BTreeMap<String, String>) -> String {
-    let mut filled = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find('$') {
-        filled.push_str(&rest[..at]);
-        let after = &rest[at + 1..];
-        if let Some(escaped) = after.strip_prefix("${") {
-            filled.push_str("${");
-            rest = escaped;
-        } else if let Some((name, tail)) = after
-            .strip_prefix('{')
-            .and_then(|open| open.split_once('}'))
-            .filter(|(name, _)| values.contains_key(*name))
-        {
-            filled.push_str(&values[name]);
-            rest = tail;
-        } else {
-            filled.push('$');
-            rest = after;
-        }
+    match pieces(text) {
+        Ok(pieces) => pieces
+            .into_iter()
+            .map(|piece| match piece {
+                Piece::Text(text) => text,
+                Piece::Var(name) => values.get(name).map_or("", String::as_str),
+            })
+            .collect(),
+        Err(_) => text.to_owned(),
     }
-    filled.push_str(rest);
-    filled
 }
 
 fn collect_table(
