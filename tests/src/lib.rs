@@ -25,6 +25,14 @@ use nix::unistd::Pid;
 use tollgate_proto::v1::authority_client::AuthorityClient;
 use tonic::transport::Channel;
 
+/// The repository's root, canonical: where `profiles/`, `examples/` and `clients/` are.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .canonicalize()
+        .expect("the repository root")
+}
+
 /// A command's stderr, which must be one line (the CLI's errors are), trimmed.
 pub fn stderr_line(output: &std::process::Output) -> String {
     let text = String::from_utf8_lossy(&output.stderr).into_owned();

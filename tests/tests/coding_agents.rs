@@ -14,12 +14,13 @@
 //!   endpoint, and the supervisor's one route points at the scripted server in the API that
 //!   agent speaks.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_proto::v1 as pb;
 use tollgate_supervisor::records::RunState;
+use tollgate_tests::repo_root;
 use tollgate_tests::require_root;
 use tollgate_tests::run_fixture::{agents_dir, receipt_of, RunFixture as Fixture};
 use tollgate_tests::scripted_models::agents::{script, AIDER_TEST, CONTENT, COUNTED, FINAL};
@@ -103,13 +104,6 @@ fn assert_task_done(models: &ScriptedModels, code: Option<i32>, output: &str, pr
 /// The sandbox's model endpoint, as the shipped specs name it where they must (Codex's
 /// provider settings): the shim's fixed loopback port.
 const SANDBOX_ENDPOINT: &str = "http://127.0.0.1:7710";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
-}
 
 /// `examples/agents/NAME.toml` as shipped, its host paths replaced (the project, this
 /// repository, where the agents are installed), as the mint request it makes.

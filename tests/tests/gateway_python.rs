@@ -11,6 +11,7 @@ use tollgate_audit::{AuditConfig, AuditLog};
 use tollgate_proto::v1 as pb;
 use tollgate_supervisor::gateway::{self, FsGrant, RunGateway, RunGatewayConfig};
 use tollgate_supervisor::snapshot::SnapshotStore;
+use tollgate_tests::repo_root;
 
 // A UUID: snapshots are kept under the run id.
 const RUN_ID: &str = "01900000-0000-7000-8000-0000000a9e47";
@@ -19,10 +20,6 @@ const CANARY: &str = "tollgate-agent-canary";
 
 fn python() -> String {
     std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// The bytes the example writes (its `content()`): numbered lines, cut at `size`.

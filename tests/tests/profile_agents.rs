@@ -9,11 +9,11 @@
 //! would run: the command given when the run starts.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tollgate_receipt::profile::Profile;
 use tollgate_supervisor::records::RunState;
+use tollgate_tests::repo_root;
 use tollgate_tests::require_root;
 use tollgate_tests::run_fixture::{agents_dir, own_dir, receipt_of, RunFixture as Fixture};
 use tollgate_tests::scripted_models::agents::{
@@ -22,13 +22,6 @@ use tollgate_tests::scripted_models::agents::{
 use tollgate_tests::scripted_models::ScriptedModels;
 
 const TASK: &str = "make test fails: fix add.c so that it passes.";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
-}
 
 /// How the profile's run is started: its own pinned command, or (profiles that pin none) the
 /// agent of tests/agents/ copied into the project.

@@ -7,17 +7,11 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use tollgate_tests::repo_root;
 use tollgate_tests::{bin_path, stderr_line, AuthorityProcess};
 
 /// An unprivileged uid of no one on this host: the user minting in the home test.
 const USER: u32 = 4_327;
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
-}
 
 /// An authority and (in the same directory) `token`, the token of an operator whose ceiling
 /// is examples/ceiling-agents.toml with its /home standing for `dir`.

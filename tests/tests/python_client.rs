@@ -10,14 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use tollgate_tests::repo_root;
 use tollgate_tests::{require_root, AuthorityProcess, Pki, SupervisorProcess};
 
 fn python() -> String {
     std::env::var("TOLLGATE_PYTHON").unwrap_or_else(|_| "python3".into())
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn client_dir() -> PathBuf {
