@@ -87,7 +87,7 @@ macro_rules! say {
 /// [`say!`] to stderr (where a failed write has nowhere left to be reported).
 macro_rules! say_err {
     ($($arg:tt)*) => {
-        eprintln!("{}", $crate::human::line(&format!($($arg)*)))
+        $crate::out::stderr(&format!("{}\n", $crate::human::line(&format!($($arg)*))))
     };
 }
 

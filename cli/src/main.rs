@@ -16,7 +16,9 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("tollgate: error: cannot start the async runtime: {e}");
+            tollgate_cli::out::stderr(&format!(
+                "tollgate: error: cannot start the async runtime: {e}\n"
+            ));
             return ExitCode::from(70);
         }
     };
@@ -34,10 +36,10 @@ async fn run() -> ExitCode {
                 tollgate_cli::CliError::RunEnded { reason, .. } if reason.is_empty() => {}
                 // A closed pipe ends a command quietly, as it ends any Unix filter.
                 tollgate_cli::CliError::StdoutClosed => {}
-                _ => eprintln!(
-                    "tollgate: error: {}",
+                _ => tollgate_cli::out::stderr(&format!(
+                    "tollgate: error: {}\n",
                     tollgate_cli::human::line(&error.to_string())
-                ),
+                )),
             }
             ExitCode::from(error.exit_code())
         }

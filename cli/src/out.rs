@@ -26,6 +26,15 @@ pub fn line(text: &str) -> Result<(), CliError> {
         .map_err(error)
 }
 
+/// Writes `text` to stderr as it is. A failed write is dropped: stderr is where failures are
+/// reported, so one there has nowhere left to go (`eprint!` would panic instead).
+pub fn stderr(text: &str) {
+    let mut stderr = io::stderr().lock();
+    let _ = stderr
+        .write_all(text.as_bytes())
+        .and_then(|()| stderr.flush());
+}
+
 /// The error a failed write to stdout ends the command with.
 pub fn error(e: io::Error) -> CliError {
     if e.kind() == io::ErrorKind::BrokenPipe {

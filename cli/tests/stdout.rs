@@ -66,3 +66,30 @@ fn a_closed_pipe_ends_the_command_quietly() {
     );
     assert!(output.stderr.is_empty());
 }
+
+/// An error report that cannot be written (stderr on a full device) still ends the command
+/// with the error's own exit status, not a panic's 101.
+#[test]
+fn an_unwritable_stderr_keeps_the_errors_exit_status() {
+    let args = ["profile", "show", "no-such-profile"];
+    let reported = tollgate()
+        .args(args)
+        .env("TOLLGATE_PROFILES_DIR", "/nonexistent")
+        .stderr(Stdio::piped())
+        .output()
+        .expect("tollgate runs");
+    let code = reported.status.code();
+    assert!(
+        matches!(code, Some(c) if c != 0 && c != 101),
+        "{:?}: {}",
+        reported.status,
+        String::from_utf8_lossy(&reported.stderr)
+    );
+    let unreported = tollgate()
+        .args(args)
+        .env("TOLLGATE_PROFILES_DIR", "/nonexistent")
+        .stderr(dev_full())
+        .status()
+        .expect("tollgate runs");
+    assert_eq!(unreported.code(), code);
+}

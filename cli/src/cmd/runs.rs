@@ -337,7 +337,7 @@ async fn show_events(
     let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
     let clear = || {
         if display == Display::Progress {
-            eprint!("\r\x1b[2K");
+            crate::out::stderr("\r\x1b[2K");
         }
     };
     loop {
@@ -345,11 +345,11 @@ async fn show_events(
             event = events.next() => event,
             _ = tick.tick() => {
                 if display == Display::Progress {
-                    eprint!(
+                    crate::out::stderr(&format!(
                         "\r\x1b[2K[tollgate] {run_id}: running {:.1} s, {} of output",
                         started.elapsed().as_secs_f64(),
                         bytesize::ByteSize(bytes as u64)
-                    );
+                    ));
                 }
                 continue;
             }
@@ -412,7 +412,7 @@ fn show_output(chunk: &pb::OutputChunk, display: Display) -> Result<(), CliError
     }
     if display == Display::Progress {
         // Clears the status line before the agent's bytes.
-        eprint!("\r\x1b[2K");
+        crate::out::stderr("\r\x1b[2K");
     }
     // The agent's bytes, unchanged. Its stderr goes to ours, where a failure has nowhere
     // left to be reported; its stdout goes through `out`, so a failed write ends the command.
