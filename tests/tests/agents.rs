@@ -540,18 +540,28 @@ fn a_private_home_directory_is_the_agents_own_and_new_files_are_the_owners() {
             "cat /home/me/notes.txt; stat -c '%u %a' /home/me/notes.txt; \
              cat /home/me/theirs.txt 2>/dev/null || echo theirs refused; \
              echo made > /home/me/new.txt && mkdir /home/me/sub && echo sub > /home/me/sub/x; \
-             printf gw | tollgate-shim tool write {}/gw.txt --create >/dev/null && echo gateway wrote",
+             printf gw | tollgate-shim tool write {}/gw.txt --create >/dev/null && echo gateway wrote; \
+             grep ^agent: /etc/passwd | cut -d: -f6",
             home.display()
         ),
         60,
     );
     receipt.fs.push(write_grant(&home, "/home/me"));
-    receipt
-        .exec
-        .extend(["/usr/bin/cat", "/usr/bin/stat", "/usr/bin/mkdir"].map(String::from));
+    // Programs that look their user up (ssh, getpwuid) find the same home as HOME.
+    receipt.home = "/home/me".into();
+    receipt.exec.extend(
+        [
+            "/usr/bin/cat",
+            "/usr/bin/stat",
+            "/usr/bin/mkdir",
+            "/usr/bin/grep",
+            "/usr/bin/cut",
+        ]
+        .map(String::from),
+    );
     let (output, errors) = run_to_end(&fx, receipt);
     assert_eq!(
-        output, "my notes\n1000 600\ntheirs refused\ngateway wrote\n",
+        output, "my notes\n1000 600\ntheirs refused\ngateway wrote\n/home/me\n",
         "{errors}"
     );
     // The host sees the owner's ids on everything new, the agent's and the gateway's.

@@ -73,6 +73,20 @@ pub struct AgentCommand {
     pub cwd: PathBuf,
 }
 
+impl AgentCommand {
+    /// The agent's home for `/etc/passwd`: its `HOME` when that is an absolute path a passwd
+    /// line can hold (no `:` or line break), else [`DEFAULT_AGENT_HOME`].
+    pub fn home(&self) -> &str {
+        self.env
+            .iter()
+            // The first, as getenv finds it.
+            .find(|(name, _)| name == "HOME")
+            .map(|(_, home)| home.as_str())
+            .filter(|home| home.starts_with('/') && !home.contains([':', '\n', '\r']))
+            .unwrap_or(DEFAULT_AGENT_HOME)
+    }
+}
+
 /// What every sandbox of a supervisor shares, sent before any receipt is known: the shim
 /// builds this part of the root ahead of need.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,6 +136,19 @@ pub const ETC_FROM_HOST: [&str; 19] = [
 /// The agent's user in a sandbox's generated `/etc/passwd` (uid and gid 1000).
 pub const AGENT_USER: &str = "agent";
 
+/// The agent's home in the generated `/etc/passwd` when its environment names none usable.
+pub const DEFAULT_AGENT_HOME: &str = "/work";
+
+/// A sandbox's generated `/etc/passwd`, with the agent's home at `home` (programs that look
+/// their user up, as `ssh` and `getpwuid` callers do, find the same home as `HOME`).
+pub fn generated_passwd(home: &str) -> String {
+    format!(
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n\
+         {AGENT_USER}:x:1000:1000:Tollgate agent:{home}:/bin/sh\n\
+         nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+}
+
 /// The files a sandbox's `/etc` gets written for it, with the sandbox's `hostname`: users and
 /// groups (root, the agent, nobody), the hosts it can name (itself and localhost), a resolver
 /// configuration with no server (the sandbox has no network of its own) and a name-service
@@ -129,14 +156,7 @@ pub const AGENT_USER: &str = "agent";
 /// bound over that userland's own.
 pub fn generated_etc(hostname: &str) -> [(&'static str, String); 5] {
     [
-        (
-            "passwd",
-            format!(
-                "root:x:0:0:root:/root:/usr/sbin/nologin\n\
-                 {AGENT_USER}:x:1000:1000:Tollgate agent:/work:/bin/sh\n\
-                 nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-            ),
-        ),
+        ("passwd", generated_passwd(DEFAULT_AGENT_HOME)),
         (
             "group",
             format!("root:x:0:\n{AGENT_USER}:x:1000:\nnogroup:x:65534:\n"),
@@ -292,4 +312,30 @@ pub struct SandboxPlan {
     /// shim covers each before the agent exists, so the agent cannot execute or load them.
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(env: &[(&str, &str)]) -> AgentCommand {
+        AgentCommand {
+            argv: vec!["/bin/sh".into()],
+            env: env
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                .collect(),
+            cwd: PathBuf::from("/work"),
+        }
+    }
+
+    #[test]
+    fn the_passwd_home_is_homes_value_when_a_passwd_line_can_hold_it() {
+        assert_eq!(agent(&[("HOME", "/home/me")]).home(), "/home/me");
+        assert!(generated_passwd("/home/me").contains(":Tollgate agent:/home/me:/bin/sh\n"));
+        for unusable in ["", "relative", "/a:b", "/a\nroot::0:0::/:/bin/sh"] {
+            assert_eq!(agent(&[("HOME", unusable)]).home(), DEFAULT_AGENT_HOME);
+        }
+        assert_eq!(agent(&[]).home(), DEFAULT_AGENT_HOME);
+    }
 }

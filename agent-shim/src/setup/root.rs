@@ -17,7 +17,7 @@ use super::net::loopback_up;
 use super::programs::hide_programs;
 use super::userland::{switch_userland, USERLAND_STAGING};
 use super::views::{
-    generate_etc, mask_host_views, minimal_dev, show_system_paths, write_generated_etc,
+    finish_etc, generate_etc, mask_host_views, minimal_dev, show_system_paths, write_generated_etc,
 };
 
 /// Builds the part of the sandbox no receipt decides: a tmpfs root at `base.root_dir` with
@@ -116,6 +116,13 @@ pub fn finish_root(
             // W^X, unless the receipt lifts it for /work alone.
             no_exec: !plan.workspace_exec,
         },
+    )?;
+    // The agent's home in /etc/passwd, in the generated /etc and in the copy a run on its own
+    // userland takes, before either is shown.
+    finish_etc(
+        root,
+        &inside(root, Path::new(USERLAND_STAGING)).join("generated"),
+        plan.agent.home(),
     )?;
     // The root file system's mount comes after the grants'.
     let mut mounts = mounts;

@@ -6,7 +6,7 @@ use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use tollgate_shim_protocol::plan::{generated_etc, ETC_FROM_HOST};
+use tollgate_shim_protocol::plan::{generated_etc, generated_passwd, ETC_FROM_HOST};
 
 use super::error::SetupError;
 use super::mounts::{bind, create_dir, inside, mount_fs, restrict_recursively, Restrict};
@@ -57,7 +57,7 @@ pub(super) fn show_host_path(host: &Path, target: &Path, no_exec: bool) -> Resul
 /// A small `/etc` of the sandbox's own under `root` instead of the host's: the files
 /// [`generated_etc`] writes (users with the agent, hosts, no name server), and the few host
 /// entries programs need to run ([`ETC_FROM_HOST`], those the host has) shown read-only, links
-/// recreated as links. The root is made read-only with everything else before the agent runs.
+/// recreated as links. It is made read-only by [`finish_etc`], once the plan is known.
 pub(super) fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError> {
     let etc = inside(root, Path::new("/etc"));
     create_dir(&etc)?;
@@ -89,7 +89,23 @@ pub(super) fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError
     for name in names {
         show_host_path(&host_etc.join(&name), &etc.join(&name), true)?;
     }
-    // Read-only once its mount points exist (the binds inside keep their own flags).
+    // Made read-only by `finish_etc` once the plan names the agent's home.
+    Ok(())
+}
+
+/// Writes the agent's home (the plan's `HOME`) into the generated `/etc/passwd` under `root`
+/// and into the copy a run on its own userland takes (`generated`), then makes the generated
+/// `/etc` read-only (the binds inside keep their own flags).
+pub(super) fn finish_etc(root: &Path, generated: &Path, home: &str) -> Result<(), SetupError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let etc = inside(root, Path::new("/etc"));
+    let passwd = generated_passwd(home);
+    for dir in [&etc, generated] {
+        let path = dir.join("passwd");
+        fs::write(&path, &passwd)
+            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o644)))
+            .map_err(|source| SetupError::MountPoint { path, source })?;
+    }
     remount_tmpfs_read_only(&etc, "the generated /etc")
 }
 
