@@ -299,45 +299,52 @@ impl ProfileValues {
 /// What a mint starts from: a spec file (which may name a profile) or a profile.
 #[derive(Debug)]
 pub(crate) struct MintSource {
-    spec: Option<PathBuf>,
-    profile: Option<String>,
+    from: MintFrom,
     values: ProfileValues,
 }
 
+/// Where a mint's spec comes from.
+#[derive(Debug)]
+enum MintFrom {
+    /// A run spec file (`-` for stdin), which may name a profile itself.
+    Spec(PathBuf),
+    /// A profile by name, filled from the command line's values.
+    Profile(String),
+}
+
 impl MintSource {
-    /// `--spec FILE` or `--profile NAME` (clap makes it exactly one), with the variables.
+    /// `--spec FILE` or `--profile NAME` (clap makes it exactly one: a spec wins if both
+    /// came), with the variables.
     pub(crate) fn new(
         spec: Option<PathBuf>,
         profile: Option<String>,
         values: ProfileValues,
     ) -> Result<Self, CliError> {
-        if spec.is_none() && profile.is_none() {
-            return Err(CliError::Input(
-                "give --spec FILE or --profile NAME (`tollgate profiles` lists them)".into(),
-            ));
-        }
-        Ok(Self {
-            spec,
-            profile,
-            values,
-        })
+        let from = match (spec, profile) {
+            (Some(spec), _) => MintFrom::Spec(spec),
+            (None, Some(name)) => MintFrom::Profile(name),
+            (None, None) => {
+                return Err(CliError::Input(
+                    "give --spec FILE or --profile NAME (`tollgate profiles` lists them)".into(),
+                ))
+            }
+        };
+        Ok(Self { from, values })
     }
 
     /// How messages name it: the spec file, or `profile NAME`.
     pub(crate) fn label(&self) -> String {
-        match (&self.spec, &self.profile) {
-            (Some(spec), _) => spec.display().to_string(),
-            (None, Some(name)) => format!("profile {name}"),
-            (None, None) => String::new(),
+        match &self.from {
+            MintFrom::Spec(spec) => spec.display().to_string(),
+            MintFrom::Profile(name) => format!("profile {name}"),
         }
     }
 
     /// How to mint it once the dry run passes.
     pub(crate) fn mint_command(&self) -> String {
-        match (&self.spec, &self.profile) {
-            (Some(spec), _) => format!("tollgate mint --spec {}", spec.display()),
-            (None, Some(name)) => format!("tollgate mint --profile {name} …"),
-            (None, None) => String::new(),
+        match &self.from {
+            MintFrom::Spec(spec) => format!("tollgate mint --spec {}", spec.display()),
+            MintFrom::Profile(name) => format!("tollgate mint --profile {name} …"),
         }
     }
 
@@ -345,11 +352,11 @@ impl MintSource {
     /// does not exist yet when `make_home`), checked on this host.
     pub(crate) fn request(&self, make_home: bool) -> Result<pb::MintReceiptRequest, CliError> {
         let label = self.label();
-        let spec = match (&self.spec, &self.profile) {
-            (Some(path), _) => RunSpec::parse(&read_input(path)?)
+        let spec = match &self.from {
+            MintFrom::Spec(path) => RunSpec::parse(&read_input(path)?)
                 .map_err(|e| CliError::Input(e.in_file(&label)))?,
-            (None, name) => RunSpec {
-                profile: name.clone(),
+            MintFrom::Profile(name) => RunSpec {
+                profile: Some(name.clone()),
                 ..RunSpec::default()
             },
         };
