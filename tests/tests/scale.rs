@@ -1,5 +1,5 @@
 //! What a supervisor holds per live run (issue 32): its threads do not grow with its runs
-//! (lifecycle work runs as tasks on a fixed runtime), and each run costs it at most four file
+//! (lifecycle work runs as tasks on a fixed runtime), and each run costs it at most three file
 //! descriptors and 128 KiB of its memory. Not timed: counts only.
 
 use std::time::Duration;
