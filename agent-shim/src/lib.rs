@@ -548,11 +548,8 @@ fn supervise(
             continue;
         }
         link = match link {
-            Link::Attached(attached) => match attached.read() {
-                Some(link) => link,
-                // The supervisor is gone without detaching (a crash): fail closed.
-                None => return None,
-            },
+            // `None`: the supervisor is gone without detaching (a crash): fail closed.
+            Link::Attached(attached) => attached.read()?,
             Link::Detached {
                 listener,
                 held,

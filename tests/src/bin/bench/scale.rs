@@ -165,15 +165,26 @@ struct GatewayCheck {
     revocation: Duration,
 }
 
-/// Tollgate's side: returns its ramp, how long the clean stop of every live run took, how
-/// many were live then, the gateway check (when asked for) and what was left after the stop.
+/// What Tollgate's side saw.
+struct TollgateSide {
+    ramp: Ramp,
+    /// How long the clean stop of every live run took, and how many were live then.
+    stop: Duration,
+    live: usize,
+    /// The gateway check, when asked for.
+    check: Option<GatewayCheck>,
+    /// What was left after the stop.
+    left: Vec<String>,
+}
+
+/// Tollgate's side.
 fn tollgate(
     at: &[usize],
     samples: usize,
     warm: usize,
     ids: std::ops::Range<u32>,
     gateway_check: bool,
-) -> anyhow::Result<(Ramp, Duration, usize, Option<GatewayCheck>, Vec<String>)> {
+) -> anyhow::Result<TollgateSide> {
     let tollgate = Tollgate::with_ids(warm, ids.clone())?;
     let answers = Arc::new(Answers::default());
     let program = if gateway_check { ANSWERER } else { SLEEPER };
@@ -208,7 +219,13 @@ fn tollgate(
     let stop = begin.elapsed();
     let left = left_behind(&tollgate);
     drop(tollgate);
-    Ok((ramp, stop, live, check, left))
+    Ok(TollgateSide {
+        ramp,
+        stop,
+        live,
+        check,
+        left,
+    })
 }
 
 /// Every live run answers one gateway call: each run's shell (a process named `sh` running
@@ -234,12 +251,13 @@ fn check_gateways(
     }
     let took = begin.elapsed();
     let listing = Instant::now();
-    let listed = tollgate
+    let listed: Vec<_> = tollgate
         .manager
         .list_live()?
         .iter()
         .map(|record| tollgate.manager.run_view(record))
-        .count();
+        .collect();
+    let listed = listed.len();
     let ps = listing.elapsed();
     let victim = tollgate
         .manager
@@ -404,7 +422,13 @@ pub(crate) fn bench(
         "scale: counts {at:?}, {samples} timed starts at each, warm pool {warm}, host ids {host_id_base}.., open-file limit {hard}"
     );
     let ids = host_id_base..host_id_base + u32::try_from(most + 1)?;
-    let (ramp, stop, live, check, left) = tollgate(&at, samples, warm, ids, gateway_check)?;
+    let TollgateSide {
+        ramp,
+        stop,
+        live,
+        check,
+        left,
+    } = tollgate(&at, samples, warm, ids, gateway_check)?;
     print("tollgate", &ramp, true);
     if let Some(check) = check {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
