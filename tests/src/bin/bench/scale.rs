@@ -12,6 +12,13 @@
 //! spawned one after another and kept alive, timed from spawn to first byte at the same
 //! counts, with the host's memory per live sandbox.
 //!
+//! With `--gateway-check` (issue 32's item 4), each run's program stays a shell that, on
+//! SIGUSR1, makes one gateway call (`tollgate-shim receipt`); once the last count is live,
+//! every run's shell is signalled and the answers counted, then `ListRuns` (live only, what
+//! `tollgate ps` asks; in this process) and one revocation to its run's end are timed, and
+//! after the clean stop the bench checks that no cgroup under its parent, no mount beneath
+//! its data directory and no run directory is left.
+//!
 //! A start that fails ends that side's ramp and is reported with the count it failed at
 //! (today's supervisor holds five threads per run: high counts may run out of pids or
 //! descriptors); what was measured before it is still printed.
