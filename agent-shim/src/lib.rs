@@ -11,7 +11,10 @@
 //!    with its status.
 //! 2. **pid 1** (new namespaces, real root): reads the plan, builds the root file system
 //!    ([`setup`]), forks the agent, writes the agent's uid/gid map, reports `Started`, then
-//!    reaps children and watches the control socket. When the agent exits it reports `Exited` and exits; when the
+//!    reaps children and watches the control socket. It holds the run's gateway listening
+//!    socket (sent with the plan) and, each time the supervisor asks (`Accept`), accepts one
+//!    connection on it and hands it over on the control socket (`Connection`, SCM_RIGHTS).
+//!    When the agent exits it reports `Exited` and exits; when the
 //!    socket closes (the supervisor is gone) it exits at once. Either way the kernel kills
 //!    everything left in the pid namespace.
 //! 3. **agent**: clears groups, enters a new user namespace where it is an unprivileged
@@ -122,84 +125,108 @@ fn fail_early(reason: &str) -> ! {
     std::process::exit(EXIT_SETUP_FAILED)
 }
 
-/// Reads the supervisor's messages from the control socket with `recvmsg`, so descriptors
-/// sent with a message (SCM_RIGHTS: the plan's detached grant mounts) arrive with it; a plain
-/// buffered read would drop them.
-struct ControlReader<'a> {
-    socket: &'a UnixStream,
+/// What has come on a control socket and is not yet taken: bytes of lines not yet parsed, and
+/// the descriptors (SCM_RIGHTS) that came with them, in the order sent. Read with `recvmsg`,
+/// so descriptors sent with a message (the plan's detached grant mounts, a detach's) arrive
+/// with it; a plain buffered read would drop them.
+#[derive(Default)]
+struct Inbox {
     buffer: Vec<u8>,
     fds: std::collections::VecDeque<OwnedFd>,
 }
 
-impl<'a> ControlReader<'a> {
-    fn new(socket: &'a UnixStream) -> Self {
-        Self {
-            socket,
-            buffer: Vec::new(),
-            fds: std::collections::VecDeque::new(),
-        }
+impl Inbox {
+    /// The next complete message already received, if any.
+    fn message(&mut self) -> Option<Result<ToShim, String>> {
+        let end = self.buffer.iter().position(|&b| b == b'\n')?;
+        let line: Vec<u8> = self.buffer.drain(..=end).collect();
+        Some(serde_json::from_slice(&line).map_err(|e| format!("invalid message: {e}")))
     }
 
-    /// The next message (one JSON line).
-    fn next_message(&mut self) -> Result<ToShim, String> {
+    /// Receives once from `socket` (blocking until something comes); `false` at its end.
+    fn receive(&mut self, socket: &UnixStream) -> Result<bool, String> {
         use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-        loop {
-            if let Some(end) = self.buffer.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                return serde_json::from_slice(&line).map_err(|e| format!("invalid message: {e}"));
+        let mut chunk = [0u8; 16 * 1024];
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 253]);
+        let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
+        let received = recvmsg::<()>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| format!("reading the control socket: {e}"))?;
+        let (bytes, truncated) = (
+            received.bytes,
+            received.flags.contains(MsgFlags::MSG_CTRUNC),
+        );
+        for message in received
+            .cmsgs()
+            .map_err(|e| format!("reading the control socket: {e}"))?
+        {
+            if let ControlMessageOwned::ScmRights(fds) = message {
+                // SAFETY: the kernel installed these descriptors in this process for this
+                // message; nothing else owns them.
+                #[allow(unsafe_code)]
+                self.fds.extend(
+                    fds.into_iter()
+                        .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                );
             }
-            let mut chunk = [0u8; 16 * 1024];
-            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 253]);
-            let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
-            let received = recvmsg::<()>(
-                self.socket.as_raw_fd(),
-                &mut iov,
-                Some(&mut space),
-                MsgFlags::MSG_CMSG_CLOEXEC,
-            )
-            .map_err(|e| format!("reading the control socket: {e}"))?;
-            let (bytes, truncated) = (
-                received.bytes,
-                received.flags.contains(MsgFlags::MSG_CTRUNC),
-            );
-            for message in received
-                .cmsgs()
-                .map_err(|e| format!("reading the control socket: {e}"))?
-            {
-                if let ControlMessageOwned::ScmRights(fds) = message {
-                    // SAFETY: the kernel installed these descriptors in this process for this
-                    // message; nothing else owns them.
-                    #[allow(unsafe_code)]
-                    self.fds.extend(
-                        fds.into_iter()
-                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
-                    );
-                }
-            }
-            if truncated {
-                return Err("descriptors sent on the control socket were truncated".into());
-            }
-            if bytes == 0 {
-                return Err("the supervisor closed the control socket".into());
-            }
-            self.buffer.extend_from_slice(&chunk[..bytes]);
         }
+        if truncated {
+            return Err("descriptors sent on the control socket were truncated".into());
+        }
+        self.buffer.extend_from_slice(&chunk[..bytes]);
+        Ok(bytes > 0)
     }
 
     /// Every descriptor received so far, in the order sent.
     fn take_all(&mut self) -> Vec<OwnedFd> {
         self.fds.drain(..).collect()
     }
+}
+
+/// Reads the supervisor's messages from the control socket one at a time, blocking.
+struct ControlReader<'a> {
+    socket: &'a UnixStream,
+    inbox: Inbox,
+}
+
+impl<'a> ControlReader<'a> {
+    fn new(socket: &'a UnixStream) -> Self {
+        Self {
+            socket,
+            inbox: Inbox::default(),
+        }
+    }
+
+    /// The next message (one JSON line).
+    fn next_message(&mut self) -> Result<ToShim, String> {
+        loop {
+            if let Some(message) = self.inbox.message() {
+                return message;
+            }
+            if !self.inbox.receive(self.socket)? {
+                return Err("the supervisor closed the control socket".into());
+            }
+        }
+    }
 
     /// The next `count` descriptors received, in the order they were sent.
     fn take_fds(&mut self, count: usize) -> Result<Vec<OwnedFd>, String> {
-        if self.fds.len() != count {
+        if self.inbox.fds.len() != count {
             return Err(format!(
-                "the plan has {count} mounts but {} descriptors came with it",
-                self.fds.len()
+                "the plan has {count} descriptors (mounts and the gateway socket) but {} came with it",
+                self.inbox.fds.len()
             ));
         }
-        Ok(self.fds.drain(..).collect())
+        Ok(self.inbox.take_all())
+    }
+
+    /// What was received and not yet taken.
+    fn into_inbox(self) -> Inbox {
+        self.inbox
     }
 }
 
@@ -253,11 +280,27 @@ fn pid_one(
         Ok(other) => fail(&mut control, format!("{other:?} came instead of the plan")),
         Err(reason) => fail(&mut control, reason),
     };
-    let mounts = match reader.take_fds(plan.binds.len() + usize::from(plan.rootfs.is_some())) {
+    let has_gateway = plan.gateway_socket.is_some();
+    let mut mounts = match reader
+        .take_fds(plan.binds.len() + usize::from(plan.rootfs.is_some()) + usize::from(has_gateway))
+    {
         Ok(mounts) => mounts,
         Err(reason) => fail(&mut control, reason),
     };
-    drop(reader);
+    // The run's gateway listening socket comes last: pid 1 holds it and accepts on it for
+    // the supervisor, one connection each time it is asked.
+    let gateway = match has_gateway.then(|| mounts.pop()).flatten() {
+        Some(fd) => {
+            let listener = UnixListener::from(fd);
+            if let Err(e) = listener.set_nonblocking(true) {
+                fail(&mut control, format!("the gateway socket: {e}"));
+            }
+            Some(listener)
+        }
+        None => None,
+    };
+    // Nothing else comes before the supervisor has read `Started`; kept all the same.
+    let inbox = reader.into_inbox();
     // The agent's input, made while the host's /dev/ptmx is still reachable (before the
     // root is switched): the agent gets one end, the supervisor the other.
     let input = match agent::AgentStdio::for_plan(&plan) {
@@ -327,7 +370,8 @@ fn pid_one(
             execute: plan.landlock.execute.clone(),
         },
     );
-    let exit = supervise(agent, control, &signals, &plan.landlock.execute);
+    let link = Link::Attached(Attached::new(control, inbox));
+    let exit = supervise(agent, link, gateway, &signals, &plan.landlock.execute);
     // Exiting as pid 1 makes the kernel kill everything left in the namespace.
     std::process::exit(match exit {
         Some(AgentExit::Code(code)) => code,
@@ -336,16 +380,93 @@ fn pid_one(
     })
 }
 
+/// A supervisor connected to pid 1: its control socket, what came on it and is not yet
+/// taken, and how many gateway connections it has asked for and not yet been handed.
+struct Attached {
+    control: UnixStream,
+    inbox: Inbox,
+    asked: u32,
+}
+
+impl Attached {
+    fn new(control: UnixStream, inbox: Inbox) -> Self {
+        Self {
+            control,
+            inbox,
+            asked: 0,
+        }
+    }
+
+    /// Reads what the supervisor sent: each `Accept` is counted, a `Detach` with its
+    /// descriptors detaches, anything else is ignored. `None` once the socket has ended or
+    /// failed: the supervisor is gone without detaching (a crash).
+    fn read(mut self) -> Option<Link> {
+        match self.inbox.receive(&self.control) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => return None,
+        }
+        while let Some(message) = self.inbox.message() {
+            match message {
+                Ok(ToShim::Accept) => self.asked = self.asked.saturating_add(1),
+                Ok(ToShim::Detach { until_ms }) => {
+                    let fds = self.inbox.take_all();
+                    if let Some(detached) = detach(&mut self.control, fds, until_ms) {
+                        // The control socket closes here: the old supervisor's watch ends.
+                        return Some(detached);
+                    }
+                }
+                // Anything else is ignored, with whatever came with it.
+                _ => drop(self.inbox.take_all()),
+            }
+        }
+        Some(Link::Attached(self))
+    }
+
+    /// Accepts the gateway connections the supervisor asked for that are waiting, and hands
+    /// each over (pid 1 keeps no copy). One that cannot be accepted (out of descriptors or
+    /// memory) is answered without a descriptor: the supervisor backs off and asks again.
+    fn hand_over(&mut self, gateway: &UnixListener) {
+        while self.asked > 0 {
+            let sent = match gateway.accept() {
+                Ok((connection, _)) => send_with_fds(
+                    &self.control,
+                    &FromShim::Connection,
+                    &[OwnedFd::from(connection)],
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                // A client that gave up while queued, or a signal: the next one.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted
+                    ) =>
+                {
+                    continue
+                }
+                Err(_) => {
+                    send(&mut self.control, &FromShim::Connection);
+                    Ok(())
+                }
+            };
+            if sent.is_err() {
+                // The supervisor is going away; its socket's end is seen by the poll.
+                return;
+            }
+            self.asked -= 1;
+        }
+    }
+}
+
 /// What pid 1 watches besides its children: the supervisor's control socket, or, while
 /// detached for a live restore, the listener the next supervisor connects to.
 enum Link {
     /// A supervisor is connected: its end of the socket closing ends the run (fail closed).
-    Attached(UnixStream),
+    Attached(Attached),
     /// The supervisor stopped cleanly and handed over what must outlive it.
     Detached {
         /// Where the next supervisor connects.
         listener: UnixListener,
-        /// stdout and stderr read ends and the gateway listener, handed back on re-adoption.
+        /// stdout and stderr read ends, handed back on re-adoption.
         held: Vec<OwnedFd>,
         /// When the sandbox ends if nobody re-adopts it.
         until: SystemTime,
@@ -355,18 +476,24 @@ enum Link {
 /// Reaps children until the agent exits (its status, reported to a supervisor) or the run
 /// must end without one: the supervisor went away without detaching, or the detached
 /// deadline passed (`None`). While detached, an agent's exit is kept for the supervisor that
-/// re-adopts the sandbox.
+/// re-adopts the sandbox. While a supervisor is attached and has asked for gateway
+/// connections, pid 1 accepts them on `gateway` (the run's gateway socket, which it holds
+/// for the run's whole life, detached or not) and hands them over.
 fn supervise(
     agent: Pid,
-    control: UnixStream,
+    mut link: Link,
+    gateway: Option<UnixListener>,
     signals: &SignalFd,
     execute: &[std::path::PathBuf],
 ) -> Option<AgentExit> {
-    let mut link = Link::Attached(control);
     let mut exited: Option<AgentExit> = None;
     loop {
-        let (watched, timeout) = match &link {
-            Link::Attached(control) => (control.as_fd(), PollTimeout::NONE),
+        let (watched, timeout, accepting) = match &link {
+            Link::Attached(attached) => (
+                attached.control.as_fd(),
+                PollTimeout::NONE,
+                attached.asked > 0,
+            ),
             Link::Detached {
                 listener, until, ..
             } => {
@@ -378,46 +505,51 @@ fn supervise(
                     return None;
                 }
                 let millis = u16::try_from(left.as_millis().min(60_000)).unwrap_or(u16::MAX);
-                (listener.as_fd(), PollTimeout::from(millis.max(1)))
+                (listener.as_fd(), PollTimeout::from(millis.max(1)), false)
             }
         };
-        let mut fds = [
+        let mut fds = vec![
             PollFd::new(watched, PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
+        // Only while asked: otherwise connections wait in the socket's backlog.
+        if let Some(gateway) = gateway.as_ref().filter(|_| accepting) {
+            fds.push(PollFd::new(gateway.as_fd(), PollFlags::POLLIN));
+        }
         if poll(&mut fds, timeout).is_err() {
             continue;
         }
-        let link_ready = fds[0]
-            .revents()
-            .unwrap_or(PollFlags::empty())
-            .intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR);
-        let child_ready = fds[1]
-            .revents()
-            .unwrap_or(PollFlags::empty())
-            .contains(PollFlags::POLLIN);
+        let ready = |fd: &PollFd<'_>, flags: PollFlags| {
+            fd.revents().unwrap_or(PollFlags::empty()).intersects(flags)
+        };
+        let closed = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+        let link_ready = ready(&fds[0], closed);
+        let child_ready = ready(&fds[1], PollFlags::POLLIN);
+        let gateway_ready = fds.get(2).is_some_and(|fd| ready(fd, closed));
+        drop(fds);
         if child_ready {
             let _ = signals.read_signal();
             if let Some(exit) = reap(agent) {
                 match &mut link {
-                    Link::Attached(control) => {
-                        send(control, &FromShim::Exited(exit));
+                    Link::Attached(attached) => {
+                        send(&mut attached.control, &FromShim::Exited(exit));
                         return Some(exit);
                     }
                     Link::Detached { .. } => exited = Some(exit),
                 }
             }
         }
+        if let (true, Link::Attached(attached), Some(gateway)) =
+            (gateway_ready, &mut link, gateway.as_ref())
+        {
+            attached.hand_over(gateway);
+        }
         if !link_ready {
             continue;
         }
         link = match link {
-            Link::Attached(control) => match detach(control) {
-                Ok(detached) => detached,
-                // The supervisor is gone without detaching (a crash): fail closed.
-                Err(None) => return None,
-                Err(Some(control)) => Link::Attached(control),
-            },
+            // `None`: the supervisor is gone without detaching (a crash): fail closed.
+            Link::Attached(attached) => attached.read()?,
             Link::Detached {
                 listener,
                 held,
@@ -428,7 +560,7 @@ fn supervise(
                         send(&mut control, &FromShim::Exited(exit));
                         return Some(exit);
                     }
-                    Link::Attached(control)
+                    Link::Attached(Attached::new(control, Inbox::default()))
                 }
                 None => Link::Detached {
                     listener,
@@ -456,31 +588,22 @@ fn reap(agent: Pid) -> Option<AgentExit> {
     }
 }
 
-/// Reads the supervisor's message: a `Detach` with its descriptors detaches; anything else
-/// is ignored (`Err(Some)`); the socket's end is `Err(None)`.
-fn detach(mut control: UnixStream) -> Result<Link, Option<UnixStream>> {
-    let mut reader = ControlReader::new(&control);
-    let message = reader.next_message();
-    let fds = reader.take_all();
-    match message {
-        Ok(ToShim::Detach { until_ms }) if fds.len() == DETACH_FDS => {
-            let mut fds = fds.into_iter();
-            let Some(listener) = fds.next().map(UnixListener::from) else {
-                return Err(Some(control));
-            };
-            if listener.set_nonblocking(true).is_err() {
-                return Err(Some(control));
-            }
-            send(&mut control, &FromShim::Detached);
-            Ok(Link::Detached {
-                listener,
-                held: fds.collect(),
-                until: UNIX_EPOCH + Duration::from_millis(until_ms),
-            })
-        }
-        Ok(_) => Err(Some(control)),
-        Err(_) => Err(None),
+/// Takes a `Detach`'s descriptors over: the listener the next supervisor connects to, then
+/// the output pipes to hold. `None` (the detach is ignored and the supervisor stays
+/// attached) when they are not what a detach carries.
+fn detach(control: &mut UnixStream, fds: Vec<OwnedFd>, until_ms: u64) -> Option<Link> {
+    if fds.len() != DETACH_FDS {
+        return None;
     }
+    let mut fds = fds.into_iter();
+    let listener = UnixListener::from(fds.next()?);
+    listener.set_nonblocking(true).ok()?;
+    send(control, &FromShim::Detached);
+    Some(Link::Detached {
+        listener,
+        held: fds.collect(),
+        until: UNIX_EPOCH + Duration::from_millis(until_ms),
+    })
 }
 
 /// Serves one connection to the detach listener: a root peer that asks to `Reattach` gets

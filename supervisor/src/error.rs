@@ -108,7 +108,7 @@ impl StartError {
 #[derive(Debug, thiserror::Error)]
 pub enum HostLimit {
     /// The supervisor's own open-file limit (`EMFILE`).
-    #[error("the supervisor reached its open-file limit (RLIMIT_NOFILE {limit}; a live run holds about 4 descriptors): raise it (LimitNOFILE= in its service unit, at most fs.nr_open) or end some runs")]
+    #[error("the supervisor reached its open-file limit (RLIMIT_NOFILE {limit}; a live run holds about 3 descriptors): raise it (LimitNOFILE= in its service unit, at most fs.nr_open) or end some runs")]
     Descriptors {
         /// The soft limit in force.
         limit: u64,

@@ -5,12 +5,15 @@
 mod control;
 mod dirs;
 mod error;
+mod link;
 mod plan;
 mod process;
 
-pub(crate) use control::{bind_unix, in_cgroup_with_control, recv_with_fds, send_line_with_fds};
+pub(crate) use control::{bind_unix, in_cgroup_with_control, recv_with_fds};
 pub use dirs::RunDirs;
 pub use error::SandboxError;
+pub use link::ControlLink;
+pub(crate) use link::{send_blocking, set_nonblocking};
 pub use plan::{create_mount_point, plan_for, sandbox_base, AGENT_INNER_ID};
 pub use process::{IdleShim, PidOne, ReattachedSandbox, SandboxOutput, SandboxProcess, ShimWatch};
 

@@ -17,15 +17,26 @@ pub const PID_ONE_FD: i32 = 4;
 pub enum ToShim {
     /// First message: build the part of the sandbox no receipt decides.
     Prepare(Box<SandboxBase>),
-    /// Second message: complete the sandbox for this run and start the agent.
+    /// Second message: complete the sandbox for this run and start the agent. Sent with
+    /// descriptors attached (SCM_RIGHTS), in this order: a detached mount of each of the
+    /// plan's binds, the run's root file system's when it has one, and the run's gateway
+    /// listening socket when it has one (`gateway_socket`). pid 1 keeps the gateway socket
+    /// and accepts on it only when asked ([`ToShim::Accept`]): the supervisor holds no
+    /// listening socket for a run.
     Start(Box<SandboxPlan>),
+    /// Accept the next connection to the run's gateway socket (one waiting, or the next to
+    /// come) and hand it over as [`FromShim::Connection`]. The supervisor asks for one at a
+    /// time, only when it can hold another connection: past its limit nothing is accepted and
+    /// new connections wait in the socket's backlog.
+    Accept,
     /// Live restore: the supervisor is stopping cleanly and will come back. Sent with
     /// [`DETACH_FDS`] descriptors attached (SCM_RIGHTS), in this order: a listening socket the
-    /// next supervisor connects to, the read ends of the agent's stdout and stderr pipes, and
-    /// the run's gateway listening socket. pid 1 holds them (so the pipes and the gateway
-    /// socket outlive the supervisor, and gateway calls wait in its backlog), answers
-    /// [`FromShim::Detached`], stops treating the control socket's end as the end of the run,
-    /// and ends the sandbox itself at `until_ms` unless a supervisor re-adopts it first.
+    /// next supervisor connects to, and the read ends of the agent's stdout and stderr pipes.
+    /// pid 1 holds them (so the pipes outlive the supervisor), stops accepting gateway
+    /// connections (calls wait in the gateway socket's backlog, which pid 1 already holds),
+    /// answers [`FromShim::Detached`], stops treating the control socket's end as the end of
+    /// the run, and ends the sandbox itself at `until_ms` unless a supervisor re-adopts it
+    /// first.
     Detach {
         /// Unix milliseconds: the receipt's expiry or the end of the live-restore window,
         /// whichever comes first.
@@ -37,10 +48,9 @@ pub enum ToShim {
 }
 
 /// How many descriptors come with [`ToShim::Detach`].
-pub const DETACH_FDS: usize = 4;
-/// How many descriptors come with [`FromShim::Reattached`]: stdout, stderr, the gateway
-/// listener, in this order.
-pub const REATTACH_FDS: usize = 3;
+pub const DETACH_FDS: usize = 3;
+/// How many descriptors come with [`FromShim::Reattached`]: stdout and stderr, in this order.
+pub const REATTACH_FDS: usize = 2;
 
 /// How the agent ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,9 +86,12 @@ pub enum FromShim {
     Exited(AgentExit),
     /// pid 1 holds the descriptors of [`ToShim::Detach`] and runs on alone.
     Detached,
+    /// A connection to the run's gateway socket, accepted for [`ToShim::Accept`], attached
+    /// (SCM_RIGHTS, one descriptor). pid 1 keeps no copy.
+    Connection,
     /// The answer to [`ToShim::Reattach`], with [`REATTACH_FDS`] descriptors attached. The
     /// connection is the control socket from now on; `Exited` follows on it when the agent
-    /// ends (at once, if it ended while detached).
+    /// ends (at once, if it ended while detached), and gateway connections when asked for.
     Reattached {
         /// The agent's pid inside the sandbox.
         agent_pid: i32,

@@ -608,7 +608,7 @@ async fn authority(global: &GlobalArgs) -> Check {
 }
 
 /// Descriptors a supervisor holds per live run at most (`tollgate_supervisor::host_limits`).
-const FDS_PER_RUN: u64 = 4;
+const FDS_PER_RUN: u64 = 3;
 /// Host pids a sandbox takes at least: its shim, its pid 1 and the agent.
 const PIDS_PER_RUN: u64 = 3;
 /// Host memory a sleeping sandbox and the supervisor's share of it take (measured: about
@@ -705,7 +705,7 @@ mod tests {
 
     #[test]
     fn capacity_names_the_limit_that_binds() {
-        // 20,000 files at 4 a run (256 kept) is 4,936 runs; pids and memory allow more.
+        // 20,000 files at 3 a run (256 kept) is 6,581 runs; pids and memory allow more.
         let seen = capacity_of(
             20_000,
             30_000,
@@ -714,7 +714,7 @@ mod tests {
             "pid_max".into(),
         );
         assert!(
-            seen.starts_with("about 4936 live runs, bound by open files"),
+            seen.starts_with("about 6581 live runs, bound by open files"),
             "{seen}"
         );
         // A narrow host-id range binds before anything else.

@@ -2,9 +2,12 @@
 //!
 //! Each run gets its own Unix socket (`<runs>/<run_id>/gateway.sock`, owned by the run's host
 //! id, mode 0600), bound before the sandbox is sent its plan and shown only inside that
-//! sandbox at `/run/tollgate/gateway.sock`. The server on that socket serves exactly that run:
-//! the run is known from the socket that accepted the connection, never from anything the
-//! agent sends (the peer's uid must also be the run's host id).
+//! sandbox at `/run/tollgate/gateway.sock`. The listening socket goes to the sandbox's pid 1
+//! with the plan: pid 1 accepts on it each time the gateway asks and hands the connection
+//! over on the shim's control socket (`handed`), so the supervisor holds no listener per run.
+//! The server on that socket serves exactly that run: the run is known from the socket that
+//! accepted the connection, never from anything the agent sends (the peer's uid must also be
+//! the run's host id).
 //!
 //! Every call is checked in this order: the run is still alive, the receipt has not expired
 //! (by this host's clock) and is not revoked, the tool is granted, the target is in scope,
@@ -28,7 +31,8 @@
 //! and model budget it carves from; `egress`, outbound connections, also on the `egress`
 //! leaves); `run` assembles one run's gateway from them; `tunnel` sorts the connections
 //! that carry outbound connections' bytes from the gRPC ones and hands them to `egress`;
-//! `service` serves it on the run's socket. Delegation reaches the run manager through the
+//! `service` serves it on the run's socket, on the connections the run's pid 1 accepts and
+//! `handed` takes from the run's watch. Delegation reaches the run manager through the
 //! [`ChildRuns`] trait declared here, never the manager's type.
 
 pub mod approval;
@@ -37,6 +41,7 @@ pub mod egress;
 pub mod exec;
 pub mod fs;
 pub mod gate;
+pub mod handed;
 pub mod input;
 pub mod inspection;
 pub mod models;
@@ -51,10 +56,11 @@ mod tunnel;
 pub use children::{ChildControl, ChildOf, ChildRuns, ChildState, Delegator};
 pub use fs::FsGrant;
 pub use gate::{audit_quota, CallGate, MAX_AUDIT_QUOTA, MIN_AUDIT_QUOTA, SUMMARY_WINDOW};
+pub use handed::{handed, HandedConnections, HandedSender};
 pub use input::{MAX_LIST, MAX_PATH, MAX_READ, MAX_STDIN, MAX_WRITE};
 pub use models::RunModels;
 pub use run::{RunGateway, RunGatewayConfig};
 pub use service::{
-    serve, serve_listener, GatewayError, GatewayHandle, GatewayService, GATEWAY_BODY_DEADLINE,
-    GATEWAY_IN_FLIGHT,
+    bind, serve, serve_listener, GatewayError, GatewayHandle, GatewayService,
+    GATEWAY_BODY_DEADLINE, GATEWAY_IN_FLIGHT,
 };

@@ -1,13 +1,15 @@
 //! A run's gateway on its socket: the tonic service (the peer must be the run's host id;
-//! every request's fields bounded before any handler sees them) and the bounded server.
+//! every request's fields bounded before any handler sees them) and the bounded server, on
+//! the connections the run's pid 1 hands over (or, without a sandbox, accepted here).
 
-use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::Mode;
+use tollgate_daemon::serve::Listener;
 use tollgate_daemon::{RequestLimits, ServeLimits};
 use tollgate_proto::v1 as pb;
 use tollgate_proto::v1::call_tool_request::Tool;
@@ -15,6 +17,7 @@ use tollgate_proto::v1::gateway_server::Gateway;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status};
 
+use super::handed::HandedConnections;
 use super::input::{tool_name, AgentInput, MAX_WRITE};
 use super::models::{CompleteStream, MAX_TEXT};
 use super::run::RunGateway;
@@ -245,27 +248,51 @@ impl Gateway for GatewayService {
     }
 }
 
-/// A served gateway socket; stops serving when dropped or stopped.
+/// A run's gateway socket and its server: stops serving when dropped or stopped. A run's
+/// handle is made when the socket is bound, before its sandbox has the plan, and serves once
+/// the run's watch can ask pid 1 for connections ([`GatewayHandle::serve_handed`]).
 #[derive(Debug)]
 pub struct GatewayHandle {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Set by [`GatewayHandle::stop`]: a gateway stopped before it served never serves.
+    stopped: bool,
     /// The socket's host path.
     pub socket: PathBuf,
-    /// A duplicate of the listening socket: a live restore hands it to the sandbox's pid 1,
-    /// so the socket the sandbox has mounted outlives this process and calls wait in its
-    /// backlog for the next supervisor. `None` once dropped for a run that is never detached
-    /// (one descriptor a run fewer).
-    pub listener: Option<OwnedFd>,
 }
 
 impl GatewayHandle {
-    /// Closes the duplicate of the listening socket: the run is never left detached.
-    pub fn drop_duplicate(&mut self) {
-        self.listener = None;
+    /// The handle of the socket at `socket`, not serving yet.
+    pub fn bound(socket: PathBuf) -> Self {
+        Self {
+            stop: None,
+            stopped: false,
+            socket,
+        }
+    }
+
+    /// Serves `run` on the connections its sandbox's pid 1 hands over (see [`super::handed`]),
+    /// on `runtime`; nothing when the gateway is already serving or was stopped.
+    pub fn serve_handed(
+        &mut self,
+        runtime: &tokio::runtime::Handle,
+        run: Arc<RunGateway>,
+        connections: HandedConnections,
+    ) -> Result<(), GatewayError> {
+        if self.stopped || self.stop.is_some() {
+            return Ok(());
+        }
+        let stop =
+            spawn_server(runtime, run, move || Ok(connections)).map_err(|source| GatewayError {
+                path: self.socket.clone(),
+                source,
+            })?;
+        self.stop = Some(stop);
+        Ok(())
     }
 
     /// Stops accepting and ends open connections.
     pub fn stop(&mut self) {
+        self.stopped = true;
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -312,24 +339,18 @@ fn gateway_request_limits() -> RequestLimits {
         .build()
 }
 
-/// Binds `<dir>/gateway.sock` for `run` (owned by its host id, 0600) and serves it on
-/// `runtime`. The socket accepts (into its backlog) as soon as this returns.
-pub fn serve(
-    runtime: &tokio::runtime::Handle,
+/// Binds `<dir>/gateway.sock` for the run whose sandboxes run as `host_id` (owned by that
+/// id, 0600): the socket's host path and its listening socket, which accepts (into its
+/// backlog) as soon as this returns. A run's sandbox is handed the listener with its plan.
+pub fn bind(
     dir: &Path,
-    run: Arc<RunGateway>,
-) -> Result<GatewayHandle, GatewayError> {
+    host_id: u32,
+) -> Result<(PathBuf, std::os::unix::net::UnixListener), GatewayError> {
     let socket = dir.join("gateway.sock");
     let error = |source: std::io::Error| GatewayError {
         path: socket.clone(),
         source,
     };
-    // Calls run their file system work with `block_in_place`, which needs worker threads.
-    if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-        return Err(error(std::io::Error::other(
-            "the gateway needs a multi-threaded tokio runtime",
-        )));
-    }
     // Bound through /proc/self/fd: a long data directory must not hit sun_path's 108 bytes.
     let dir_fd = nix::fcntl::open(
         dir,
@@ -342,8 +363,8 @@ pub fn serve(
     nix::unistd::fchownat(
         &dir_fd,
         "gateway.sock",
-        Some(nix::unistd::Uid::from_raw(run.host_id)),
-        Some(nix::unistd::Gid::from_raw(run.host_id)),
+        Some(nix::unistd::Uid::from_raw(host_id)),
+        Some(nix::unistd::Gid::from_raw(host_id)),
         nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .map_err(|e| error(e.into()))?;
@@ -354,11 +375,22 @@ pub fn serve(
         nix::sys::stat::FchmodatFlags::FollowSymlink,
     )
     .map_err(|e| error(e.into()))?;
+    Ok((socket, listener))
+}
+
+/// Binds `<dir>/gateway.sock` for `run` and serves it on `runtime`, accepting in this
+/// process: a gateway without a sandbox (tests, benchmarks). A run's gateway is served on the
+/// connections its pid 1 accepts instead ([`GatewayHandle::serve_handed`]).
+pub fn serve(
+    runtime: &tokio::runtime::Handle,
+    dir: &Path,
+    run: Arc<RunGateway>,
+) -> Result<GatewayHandle, GatewayError> {
+    let (socket, listener) = bind(dir, run.host_id)?;
     serve_listener(runtime, listener, socket, run)
 }
 
-/// Serves `run` on an already bound gateway socket: a fresh one from [`serve`], or the one a
-/// re-adopted sandbox kept through a live restore.
+/// Serves `run` on an already bound gateway socket, accepting in this process.
 pub fn serve_listener(
     runtime: &tokio::runtime::Handle,
     listener: std::os::unix::net::UnixListener,
@@ -370,7 +402,34 @@ pub fn serve_listener(
         source,
     };
     listener.set_nonblocking(true).map_err(error)?;
-    let duplicate = listener.as_fd().try_clone_to_owned().map_err(error)?;
+    let stop = spawn_server(runtime, run, move || {
+        tokio::net::UnixListener::from_std(listener)
+    })
+    .map_err(error)?;
+    Ok(GatewayHandle {
+        stop: Some(stop),
+        stopped: false,
+        socket,
+    })
+}
+
+/// Spawns the server of `run` on `runtime`, on the connections of the listener `listen`
+/// makes there; the sender stops it.
+fn spawn_server<L, F>(
+    runtime: &tokio::runtime::Handle,
+    run: Arc<RunGateway>,
+    listen: F,
+) -> std::io::Result<tokio::sync::oneshot::Sender<()>>
+where
+    L: Listener<Io = tokio::net::UnixStream>,
+    F: FnOnce() -> std::io::Result<L> + Send + 'static,
+{
+    // Calls run their file system work with `block_in_place`, which needs worker threads.
+    if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+        return Err(std::io::Error::other(
+            "the gateway needs a multi-threaded tokio runtime",
+        ));
+    }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let egress = run.egress.clone();
     let host_id = run.host_id;
@@ -386,7 +445,7 @@ pub fn serve_listener(
     let run_id = service.run.gate.run_id.clone();
     let limits = gateway_request_limits();
     runtime.spawn(async move {
-        let listener = match tokio::net::UnixListener::from_std(listener) {
+        let listener = match listen() {
             Ok(listener) => listener,
             Err(e) => {
                 tracing::error!(run_id = %run_id, error = %e, "gateway socket unusable");
@@ -427,9 +486,5 @@ pub fn serve_listener(
             tracing::warn!(run_id = %run_id, error = %e, "gateway server ended with an error");
         }
     });
-    Ok(GatewayHandle {
-        stop: Some(stop),
-        socket,
-        listener: Some(duplicate),
-    })
+    Ok(stop)
 }

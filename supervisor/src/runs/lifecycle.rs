@@ -5,6 +5,7 @@
 //! run has ended. Threads are pids: a supervisor whose thread count grew with its runs would
 //! run the host out of pids at a few thousand runs.
 
+use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -16,17 +17,18 @@ use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use super::teardown::Ended;
 use super::{LiveRun, OutputSink, OutputStream, RestoreHandles, RestoreMeta, RunManager};
+use crate::gateway::handed::deliver;
+use crate::gateway::HandedSender;
 use crate::records::RunState;
-use crate::sandbox::{RunDirs, SandboxOutput, SandboxProcess, ShimWatch};
+use crate::sandbox::{
+    set_nonblocking, ControlLink, RunDirs, SandboxOutput, SandboxProcess, ShimWatch,
+};
 
 /// The reason of a run that expired.
 pub(super) const EXPIRED: &str = "the receipt expired";
 
 /// The most bytes one relay reads at a time (on the worker's stack, never kept per run).
 const RELAY_CHUNK: usize = 8192;
-
-/// The most bytes of shim events read at a time (short JSON lines; on the worker's stack).
-const EVENTS_CHUNK: usize = 1024;
 
 /// What a live run's lifecycle tasks need (see [`RunManager::spawn_run_tasks`]).
 pub(super) struct RunTasks {
@@ -68,56 +70,62 @@ pub(super) fn watch(mut process: SandboxProcess) -> Watched {
 }
 
 /// Notes one shim event; `Some` once it settles how the watch ends.
-fn on_event(line: &[u8], exit: &mut Option<AgentExit>) -> Option<Watched> {
-    match serde_json::from_slice(line) {
-        Ok(FromShim::Exited(code)) => *exit = Some(code),
-        Ok(FromShim::Detached) => return Some(Watched::Detached),
+fn on_event(event: FromShim, exit: &mut Option<AgentExit>) -> Option<Watched> {
+    match event {
+        FromShim::Exited(code) => *exit = Some(code),
+        FromShim::Detached => return Some(Watched::Detached),
         _ => {}
     }
     None
 }
 
-/// Reads shim events from the control socket without blocking a thread, until the socket
-/// closes (the shim ended) or pid 1 confirms a detach. `buffered`: bytes read ahead.
-async fn watch_events(control: Arc<OwnedFd>, buffered: Vec<u8>) -> Watched {
-    let mut exit = None;
-    let socket = match register(control) {
-        Ok(socket) => socket,
-        Err(e) => {
-            // Not pollable here (it always is on Linux): an error, not a silent end.
-            tracing::error!(error = %e, "the shim's control socket cannot be watched; the run is treated as ended");
-            return Watched::Ended(exit);
+/// Handles one line from the shim: a gateway connection goes to the gateway with the
+/// descriptor that came with it (the first not yet taken), an event is noted.
+fn on_line(
+    line: &[u8],
+    exit: &mut Option<AgentExit>,
+    fds: &mut VecDeque<OwnedFd>,
+    connections: &HandedSender,
+) -> Option<Watched> {
+    match serde_json::from_slice(line) {
+        Ok(FromShim::Connection) => {
+            deliver(connections, fds.pop_front());
+            None
         }
-    };
+        Ok(event) => on_event(event, exit),
+        Err(_) => None,
+    }
+}
+
+/// Reads the shim's control link without blocking a thread, until the socket closes (the
+/// shim ended) or pid 1 confirms a detach; the gateway connections pid 1 hands over meanwhile
+/// go to `connections`. `buffered`: bytes read ahead.
+async fn watch_events(
+    link: &ControlLink,
+    buffered: Vec<u8>,
+    connections: &HandedSender,
+) -> Watched {
+    let mut exit = None;
     let mut pending = buffered;
+    let mut fds = VecDeque::new();
     loop {
         while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
-            if let Some(watched) = on_event(&line, &mut exit) {
+            if let Some(watched) = on_line(&line, &mut exit, &mut fds, connections) {
                 return watched;
             }
         }
-        let Ok(mut ready) = socket.readable().await else {
-            return Watched::Ended(exit);
-        };
-        let read = ready.try_io(|fd| {
-            let mut chunk = [0u8; EVENTS_CHUNK];
-            let n = nix::unistd::read(fd.get_ref(), &mut chunk).map_err(std::io::Error::from)?;
-            pending.extend_from_slice(&chunk[..n]);
-            Ok(n)
-        });
-        match read {
-            Err(_would_block) => continue,
-            Ok(Ok(0) | Err(_)) => {
+        match link.receive(&mut pending, &mut fds).await {
+            Ok(0) | Err(_) => {
                 // A last line without its newline still counts.
                 if !pending.is_empty() {
-                    if let Some(watched) = on_event(&pending, &mut exit) {
+                    if let Some(watched) = on_line(&pending, &mut exit, &mut fds, connections) {
                         return watched;
                     }
                 }
                 return Watched::Ended(exit);
             }
-            Ok(Ok(_)) => {}
+            Ok(_) => {}
         }
     }
 }
@@ -197,14 +205,6 @@ impl Relay {
             }
         }
     }
-}
-
-/// Sets `O_NONBLOCK` on `fd`'s open file description.
-fn set_nonblocking(fd: &OwnedFd) -> std::io::Result<()> {
-    use nix::fcntl::{fcntl, FcntlArg, OFlag};
-    let flags = OFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFL)?);
-    fcntl(fd, FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    Ok(())
 }
 
 /// Waits until `expires_at` (Unix seconds), or the expiry an amendment moved it to; `true`
@@ -365,7 +365,20 @@ impl RunManager {
         });
         let manager = self.clone();
         self.tasks.spawn(async move {
-            let watched = watch_events(control, buffered).await;
+            // The watch reads the link; the gateway asks pid 1 for its connections on it.
+            let watched = match ControlLink::register(control) {
+                Ok(link) => {
+                    let link = Arc::new(link);
+                    let (connections, handed) = crate::gateway::handed(link.clone());
+                    manager.serve_handed(&run_id, &live, connections);
+                    watch_events(&link, buffered, &handed).await
+                }
+                Err(e) => {
+                    // Not pollable here (it always is on Linux): an error, not a silent end.
+                    tracing::error!(run_id = %run_id, error = %e, "the shim's control socket cannot be watched; the run is treated as ended");
+                    Watched::Ended(None)
+                }
+            };
             if let Watched::Detached = watched {
                 live.set_detached();
             }
@@ -424,19 +437,32 @@ async fn expire(live: Arc<LiveRun>, manager: Weak<RunManager>, run_id: String, e
 mod tests {
     use super::*;
 
-    /// The blocking watch and the task's parse events alike.
+    /// The blocking watch and the task's parse events alike; a connection goes to the
+    /// gateway with the descriptor that came with it.
     #[test]
     fn events_settle_the_watch() {
-        let mut exit = None;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _inside = runtime.enter();
+        let (sender, mut connections) = tokio::sync::mpsc::channel(1);
+        let (mut exit, mut fds) = (None, VecDeque::new());
         let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(3))).unwrap();
-        assert!(on_event(&exited, &mut exit).is_none());
+        assert!(on_line(&exited, &mut exit, &mut fds, &sender).is_none());
         assert_eq!(exit, Some(AgentExit::Code(3)));
         let detached = serde_json::to_vec(&FromShim::Detached).unwrap();
         assert!(matches!(
-            on_event(&detached, &mut exit),
+            on_line(&detached, &mut exit, &mut fds, &sender),
             Some(Watched::Detached)
         ));
-        assert!(on_event(b"not json\n", &mut exit).is_none());
+        assert!(on_line(b"not json\n", &mut exit, &mut fds, &sender).is_none());
+        let (connection, _client) = std::os::unix::net::UnixStream::pair().unwrap();
+        fds.push_back(OwnedFd::from(connection));
+        let handed = serde_json::to_vec(&FromShim::Connection).unwrap();
+        assert!(on_line(&handed, &mut exit, &mut fds, &sender).is_none());
+        assert!(matches!(connections.try_recv(), Ok(Ok(_))));
+        assert!(fds.is_empty());
     }
 
     /// The watch reads events split across what was read ahead and the socket, and ends
@@ -448,13 +474,20 @@ mod tests {
             .enable_all()
             .build()
             .unwrap();
+        let (sender, _connections) = tokio::sync::mpsc::channel(1);
+        let watch = |ours: std::os::unix::net::UnixStream, ahead: Vec<u8>| {
+            runtime.block_on(async {
+                let link = ControlLink::register(Arc::new(OwnedFd::from(ours))).unwrap();
+                watch_events(&link, ahead, &sender).await
+            })
+        };
         let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(7))).unwrap();
         let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let (ahead, rest) = exited.split_at(3);
         theirs.write_all(rest).unwrap();
         theirs.write_all(b"\n").unwrap();
         drop(theirs);
-        let watched = runtime.block_on(watch_events(Arc::new(OwnedFd::from(ours)), ahead.to_vec()));
+        let watched = watch(ours, ahead.to_vec());
         assert!(matches!(watched, Watched::Ended(Some(AgentExit::Code(7)))));
 
         let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -462,7 +495,7 @@ mod tests {
         detached.push(b'\n');
         theirs.write_all(&detached).unwrap();
         // Still open: the detach ends the watch, not the socket's end.
-        let watched = runtime.block_on(watch_events(Arc::new(OwnedFd::from(ours)), Vec::new()));
+        let watched = watch(ours, Vec::new());
         assert!(matches!(watched, Watched::Detached));
         drop(theirs);
     }

@@ -4,14 +4,16 @@
 //! Detaching a run: its record notes (durably, before anything is sent) what re-adopting it
 //! takes; then the shim's pid 1 is sent `Detach` with the descriptors that must outlive this
 //! process — a listening socket at `<data-dir>/live/<run-id>.sock` (root's, in the 0700 data
-//! directory, never mounted in a sandbox), the read ends of the agent's output pipes, and the
-//! run's gateway socket. pid 1 holds them and ends the sandbox itself at the receipt's expiry
-//! or the end of the window, whichever comes first. Gateway calls made meanwhile wait in the
-//! socket's backlog; output waits in the pipes (a writer blocks once a pipe is full).
+//! directory, never mounted in a sandbox) and the read ends of the agent's output pipes. pid 1
+//! holds them, beside the run's gateway socket it has held since the start, and ends the
+//! sandbox itself at the receipt's expiry or the end of the window, whichever comes first.
+//! Gateway calls made meanwhile wait in the gateway socket's backlog (pid 1 accepts nothing
+//! while detached); output waits in the pipes (a writer blocks once a pipe is full).
 //!
 //! Re-adopting it: the next supervisor connects to that socket, checks the recorded shim is
-//! still in the run's cgroup, takes the descriptors back, serves the same gateway socket again
-//! with the budgets the run had left, and watches the run as if it had started it (and can
+//! still in the run's cgroup, takes the pipes back, serves the same gateway socket again (on
+//! the connections pid 1 hands over, as before) with the budgets the run had left, and
+//! watches the run as if it had started it (and can
 //! leave it running again at its own clean stop). A run that cannot be re-adopted is recorded
 //! `expired` (its receipt ran out and its pid 1 ended it) or `lost` (its window ended, its
 //! shim is gone), and swept. A crash never detaches anything: pid 1 ends the run when its
@@ -38,8 +40,7 @@ use crate::error::StartError;
 use crate::exec::PinnedSandbox;
 use crate::records::RecordsError;
 use crate::sandbox::{
-    bind_unix, plan_for, send_line_with_fds, ReattachedSandbox, RunDirs, SandboxError,
-    SandboxProcess,
+    bind_unix, plan_for, send_blocking, ReattachedSandbox, RunDirs, SandboxError, SandboxProcess,
 };
 use crate::COMPONENT;
 
@@ -241,9 +242,9 @@ impl RunManager {
         else {
             return Err("its agent is not running".into());
         };
-        let (gateway, tool_calls, tokens_used, expires_at, amended, egress_bytes) = {
+        let (tool_calls, tokens_used, expires_at, amended, egress_bytes) = {
             let guard = live.gateway.lock().unwrap_or_else(|p| p.into_inner());
-            let Some((run, handle)) = guard.as_ref() else {
+            let Some((run, _)) = guard.as_ref() else {
                 return Err("its gateway is gone".into());
             };
             let tokens = run
@@ -252,12 +253,6 @@ impl RunManager {
                 .as_ref()
                 .map_or(0, |models| models.tokens_used());
             (
-                handle
-                    .listener
-                    .as_ref()
-                    .ok_or("its gateway socket was not kept")?
-                    .try_clone()
-                    .map_err(|e| format!("the gateway socket: {e}"))?,
                 run.gate.calls.load(Ordering::SeqCst),
                 tokens,
                 run.gate.expires_at(),
@@ -300,16 +295,15 @@ impl RunManager {
             OwnedFd::from(listener),
             handles.stdout.try_clone().map_err(|e| e.to_string())?,
             handles.stderr.try_clone().map_err(|e| e.to_string())?,
-            gateway,
         ];
-        // A handle of its own on the socket the watch reads, for this one message.
-        let sent = handles
-            .control
-            .try_clone()
-            .map(std::os::unix::net::UnixStream::from)
-            .and_then(|mut control| {
-                send_line_with_fds(&mut control, &ToShim::Detach { until_ms }, &fds)
-            });
+        // On the socket the watch reads, in one message (the gateway may be asking pid 1 for
+        // a connection on it at the same time).
+        let sent = send_blocking(
+            &handles.control,
+            &ToShim::Detach { until_ms },
+            &fds,
+            DETACH_ACK,
+        );
         drop(fds);
         let confirmed = sent.is_ok() && live.wait_detached(DETACH_ACK);
         if !confirmed {
@@ -358,11 +352,10 @@ impl RunManager {
         let ReattachedSandbox {
             process,
             output,
-            gateway,
             execute,
             pid_one,
         } = sandbox;
-        match self.serve_adopted(&signed, &state, &dirs, &live, gateway, (execute, pid_one)) {
+        match self.serve_adopted(&signed, &state, &dirs, &live, (execute, pid_one)) {
             Ok(receipt) => {
                 if let Err(e) = self.records.set_detached(&run_id, None) {
                     tracing::warn!(run_id = %run_id, error = %e, "could not clear the run's detached record");
@@ -412,14 +405,14 @@ impl RunManager {
         }
     }
 
-    /// Builds and serves the gateway of a re-adopted run; its verified receipt.
+    /// Builds the gateway of a re-adopted run (served once its watch runs); its verified
+    /// receipt.
     fn serve_adopted(
         self: &Arc<Self>,
         signed: &SignedReceipt,
         state: &DetachedRun,
         dirs: &RunDirs,
         live: &Arc<LiveRun>,
-        gateway: std::os::unix::net::UnixListener,
         (execute, pid_one): (Vec<PathBuf>, OwnedFd),
     ) -> Result<tollgate_proto::v1::Receipt, StartError> {
         // Checked again as at its start (signature, window, audience, revocation as known
@@ -475,12 +468,7 @@ impl RunManager {
                 execute,
             }));
         }
-        self.serve_gateway_on(
-            live,
-            run,
-            gateway,
-            plan.gateway_socket.clone().unwrap_or_default(),
-        )?;
+        self.keep_gateway(live, run, plan.gateway_socket.clone().unwrap_or_default());
         Ok(receipt)
     }
 }

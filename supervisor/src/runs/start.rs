@@ -18,8 +18,8 @@ use crate::exec::{ExecLimits, ExecSandbox, PinnedSandbox, StartedPin};
 use crate::gateway::egress::EgressSetup;
 use crate::gateway::inspection::Classify;
 use crate::gateway::{
-    self, ChildControl, ChildOf, ChildRuns, ChildState, FsGrant, RunGateway, RunGatewayConfig,
-    RunModels,
+    self, ChildControl, ChildOf, ChildRuns, ChildState, FsGrant, GatewayHandle, HandedConnections,
+    RunGateway, RunGatewayConfig, RunModels,
 };
 use crate::records::RunState;
 use crate::sandbox::{plan_for, IdleShim, RunDirs, SandboxError, SandboxOutput, SandboxProcess};
@@ -396,9 +396,10 @@ impl RunManager {
         self.spawn_run_tasks_after(tasks, process, output, sink, Some(created));
     }
 
-    /// Binds and serves the run's gateway socket (before the agent exists), with the run's
-    /// egress certificate authority when it inspects a host; returns the socket's host path
-    /// and the CA's directory for the plan.
+    /// Binds the run's gateway socket (before the agent exists) and makes its gateway, with
+    /// the run's egress certificate authority when it inspects a host; returns the socket's
+    /// host path, the CA's directory for the plan, and the listening socket for the sandbox's
+    /// pid 1 (the gateway serves once the run's watch can ask pid 1 for connections).
     pub(super) fn serve_gateway(
         self: &Arc<Self>,
         receipt: &tollgate_proto::v1::Receipt,
@@ -406,8 +407,7 @@ impl RunManager {
         plan: &SandboxPlan,
         live: &LiveRun,
         pinned: (&SignedReceipt, Vec<FsGrant>),
-    ) -> Result<(PathBuf, Option<PathBuf>), StartError> {
-        let runtime = self.gateway_runtime()?;
+    ) -> Result<(PathBuf, Option<PathBuf>, OwnedFd), StartError> {
         let ca_dir = dirs.base.join(EGRESS_CA_DIR);
         let ca = if needs_ca(receipt) {
             Some(Arc::new(
@@ -419,38 +419,31 @@ impl RunManager {
         };
         let ca_dir = ca.is_some().then_some(ca_dir);
         let run = self.gateway_for(receipt, plan, live, pinned, ca);
-        let mut handle = gateway::serve(runtime, &dirs.base, run.clone()).map_err(gateway_error)?;
-        // Only a root run under live restore is ever handed to its pid 1.
-        if live.parent.is_some() || self.settings.live_restore.is_none() {
-            handle.drop_duplicate();
-        }
-        let socket = handle.socket.clone();
-        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
-        Ok((socket, ca_dir))
+        let (socket, listener) = gateway::bind(&dirs.base, plan.host_id).map_err(gateway_error)?;
+        self.keep_gateway(live, run, socket.clone());
+        Ok((socket, ca_dir, OwnedFd::from(listener)))
     }
 
-    /// Serves a re-adopted run's gateway on the socket its sandbox kept.
-    pub(super) fn serve_gateway_on(
+    /// Keeps a run's gateway (served from its watch: see [`Self::serve_handed`]) on the
+    /// socket at `socket`: a fresh one, or the one a re-adopted sandbox's pid 1 kept.
+    pub(super) fn keep_gateway(&self, live: &LiveRun, run: Arc<RunGateway>, socket: PathBuf) {
+        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((run, GatewayHandle::bound(socket)));
+    }
+
+    /// Serves a live run's gateway on the connections its pid 1 hands over; nothing when the
+    /// run is already being torn down (its gateway taken).
+    pub(super) fn serve_handed(
         &self,
+        run_id: &str,
         live: &LiveRun,
-        run: Arc<RunGateway>,
-        listener: std::os::unix::net::UnixListener,
-        socket: PathBuf,
-    ) -> Result<(), StartError> {
-        let mut handle =
-            gateway::serve_listener(self.gateway_runtime()?, listener, socket, run.clone())
-                .map_err(gateway_error)?;
-        if self.settings.live_restore.is_none() {
-            handle.drop_duplicate();
-        }
-        *live.gateway.lock().unwrap_or_else(|p| p.into_inner()) = Some((run, handle));
-        Ok(())
-    }
-
-    fn gateway_runtime(&self) -> Result<&tokio::runtime::Handle, StartError> {
-        match &self.gateway_runtime {
-            Some(runtime) => Ok(runtime.handle()),
-            None => Err(SandboxError::Setup("the gateway runtime is gone".into()).into()),
+        connections: HandedConnections,
+    ) {
+        let mut gateway = live.gateway.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((run, handle)) = gateway.as_mut() {
+            if let Err(e) = handle.serve_handed(&self.tasks, run.clone(), connections) {
+                tracing::error!(run_id = %run_id, error = %e, "the run's gateway cannot serve; its calls wait until it ends");
+            }
         }
     }
 
@@ -595,10 +588,13 @@ impl RunManager {
         };
         let mut plan = plan;
         plan.input = input;
+        let mut mounts = mounts;
         match self.serve_gateway(receipt, dirs, &plan, live, (signed, grants)) {
-            Ok((socket, ca_dir)) => {
+            Ok((socket, ca_dir, listener)) => {
                 plan.gateway_socket = Some(socket);
                 plan.egress_ca = ca_dir;
+                // The last descriptor the plan carries: pid 1 keeps it.
+                mounts.push(listener);
             }
             Err(e) => {
                 shim.discard();

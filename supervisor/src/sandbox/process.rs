@@ -170,8 +170,6 @@ pub struct ReattachedSandbox {
     pub process: SandboxProcess,
     /// The read ends of the agent's stdout and stderr, as pid 1 held them.
     pub output: SandboxOutput,
-    /// The run's gateway socket, still bound where the sandbox has it mounted.
-    pub gateway: std::os::unix::net::UnixListener,
     /// The executables Landlock allows, as resolved when the sandbox started.
     pub execute: Vec<PathBuf>,
     /// A pidfd of the sandbox's pid 1.
@@ -180,18 +178,21 @@ pub struct ReattachedSandbox {
 
 impl SandboxProcess {
     /// Sends the idle `shim` its plan, with `mounts` (detached mounts of the plan's binds, in
-    /// order, then its root file system's when it has one) attached, and waits for `Started`.
+    /// order, then its root file system's when it has one, then the run's gateway listening
+    /// socket when the plan has one, which pid 1 keeps) attached, and waits for `Started`.
     /// The caller has applied the run's limits to the shim's cgroup first.
     pub fn start(
         shim: IdleShim,
         plan: &SandboxPlan,
         mounts: Vec<OwnedFd>,
     ) -> Result<(Self, FromShim, SandboxOutput), SandboxError> {
-        let expected = plan.binds.len() + usize::from(plan.rootfs.is_some());
+        let expected = plan.binds.len()
+            + usize::from(plan.rootfs.is_some())
+            + usize::from(plan.gateway_socket.is_some());
         if mounts.len() != expected {
             shim.discard();
             return Err(SandboxError::Setup(format!(
-                "{} mounts for {expected} (binds and root file system)",
+                "{} descriptors for {expected} (binds, root file system and gateway socket)",
                 mounts.len(),
             )));
         }
@@ -329,7 +330,8 @@ impl SandboxProcess {
     }
 
     /// Takes over a sandbox left running detached: connects to its detach socket, asks pid 1
-    /// to `Reattach`, and receives the agent's output pipes and the gateway socket. `shim` is
+    /// to `Reattach`, and receives the agent's output pipes (pid 1 kept the gateway socket,
+    /// and hands its connections over when asked, as before the detach). `shim` is
     /// the shim's host pid as recorded at the detach; it must still be in `cgroup` (a pid
     /// reused by anything else is refused).
     pub fn reattach(
@@ -372,9 +374,7 @@ impl SandboxProcess {
             Err(e) => return Err(lost(format!("pid 1's answer: {e}"))),
         };
         let mut fds = fds.into_iter();
-        let (Some(stdout), Some(stderr), Some(gateway), None) =
-            (fds.next(), fds.next(), fds.next(), fds.next())
-        else {
+        let (Some(stdout), Some(stderr), None) = (fds.next(), fds.next(), fds.next()) else {
             return Err(lost(format!(
                 "pid 1 handed back the wrong number of descriptors (expected {REATTACH_FDS})"
             )));
@@ -392,7 +392,6 @@ impl SandboxProcess {
                 stderr: PipeReader::from(stderr),
                 input: None,
             },
-            gateway: std::os::unix::net::UnixListener::from(gateway),
             execute,
             pid_one,
         })

@@ -80,6 +80,11 @@ enum Bench {
         /// Leave out the bwrap peer.
         #[arg(long)]
         no_peer: bool,
+        /// Once the last count is live, have every live run answer one gateway call, then
+        /// time `ps` (ListRuns, live only) and one revocation to its run's end, and check
+        /// that nothing is left after the clean stop.
+        #[arg(long)]
+        gateway_check: bool,
     },
     /// Durable audit appends per second (1, 4 and 16 appenders) beside a plain write +
     /// fdatasync per line on the same disk.
@@ -420,7 +425,15 @@ fn main() -> anyhow::Result<()> {
             warm,
             host_id_base,
             no_peer,
-        } => scale::bench(at, samples.max(2), warm, host_id_base, !no_peer),
+            gateway_check,
+        } => scale::bench(
+            at,
+            samples.max(2),
+            warm,
+            host_id_base,
+            !no_peer,
+            gateway_check,
+        ),
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),
         Bench::Classify { bytes, samples } => classify::bench(bytes.max(1024), samples.max(1)),
         Bench::Gateway { calls } => gateway::bench(calls.max(100)),

@@ -138,6 +138,11 @@ impl Tollgate {
         })
     }
 
+    /// The cgroup parent of its runs.
+    pub(crate) fn parent(&self) -> &str {
+        &self.parent
+    }
+
     /// The supervisor's data directory.
     pub(crate) fn data_dir(&self) -> std::path::PathBuf {
         self._dir.path().join("supervisor")

@@ -12,22 +12,40 @@
 //! spawned one after another and kept alive, timed from spawn to first byte at the same
 //! counts, with the host's memory per live sandbox.
 //!
+//! With `--gateway-check` (issue 32's item 4), each run's program stays a shell that, on
+//! SIGUSR1, makes one gateway call (`tollgate-shim receipt`); once the last count is live,
+//! every run's shell is signalled and the answers counted, then `ListRuns` (live only, what
+//! `tollgate ps` asks; in this process) and one revocation to its run's end are timed, and
+//! after the clean stop the bench checks that no cgroup under its parent, no mount beneath
+//! its data directory and no run directory is left.
+//!
 //! A start that fails ends that side's ramp and is reported with the count it failed at
 //! (today's supervisor holds five threads per run: high counts may run out of pids or
 //! descriptors); what was measured before it is still printed.
 
 use std::io::Read as _;
 use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use tollgate_receipt::{timestamp_from_unix, unix_now};
+use tollgate_supervisor::runs::OutputSink;
 
 use crate::sandbox::{bwrap, Tollgate};
 use crate::stats::percentile;
 
 /// The program every run and sandbox runs: one byte out, then asleep for the whole bench.
 const SLEEPER: &str = "echo x; exec /usr/bin/sleep 7200";
+
+/// With `--gateway-check`, each run's program instead: the same byte, then asleep until
+/// SIGUSR1, on which it makes one gateway call (`tollgate-shim receipt`, GetRunReceipt) and
+/// says whether it was answered. Its shell stays (a process more per run than `SLEEPER`).
+const ANSWERER: &str = "trap '/run/tollgate/bin/tollgate-shim receipt >/dev/null 2>&1 && echo answered || echo refused' USR1; echo x; while :; do /usr/bin/sleep 7200 & s=$!; wait $s; kill $s 2>/dev/null; done";
+
+/// How long every live run has to answer its gateway call.
+const ANSWER_DEADLINE: Duration = Duration::from_secs(300);
 
 /// How long one start may take before the bench calls it failed.
 const START_DEADLINE: Duration = Duration::from_secs(30);
@@ -132,32 +150,205 @@ fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<
     }
 }
 
-/// Tollgate's side: returns its ramp and how long the clean stop of every live run took.
+/// Gateway calls answered and refused by the runs' programs (`ANSWERER`'s lines).
+#[derive(Default)]
+struct Answers {
+    answered: AtomicUsize,
+    refused: AtomicUsize,
+}
+
+/// What `--gateway-check` saw once the last count was live.
+struct GatewayCheck {
+    /// Runs signalled, runs whose call was answered, refused, and how long until the last.
+    asked: usize,
+    answered: usize,
+    refused: usize,
+    took: Duration,
+    /// `ListRuns` with `live_only` (what `tollgate ps` asks), in this process: the runs it
+    /// listed and how long it took (no gRPC hop, no CLI start).
+    listed: usize,
+    ps: Duration,
+    /// One revocation, recorded → the run's final record.
+    revocation: Duration,
+}
+
+/// What Tollgate's side saw.
+struct TollgateSide {
+    ramp: Ramp,
+    /// How long the clean stop of every live run took, and how many were live then.
+    stop: Duration,
+    live: usize,
+    /// The gateway check, when asked for.
+    check: Option<GatewayCheck>,
+    /// What was left after the stop.
+    left: Vec<String>,
+}
+
+/// Tollgate's side.
 fn tollgate(
     at: &[usize],
     samples: usize,
     warm: usize,
     ids: std::ops::Range<u32>,
-) -> anyhow::Result<(Ramp, Duration, usize)> {
-    let tollgate = Tollgate::with_ids(warm, ids)?;
+    gateway_check: bool,
+) -> anyhow::Result<TollgateSide> {
+    let tollgate = Tollgate::with_ids(warm, ids.clone())?;
+    let answers = Arc::new(Answers::default());
+    let program = if gateway_check { ANSWERER } else { SLEEPER };
     let ramp = ramp(at, samples, || {
-        let mut receipt = tollgate.unsigned_receipt(SLEEPER);
+        let mut receipt = tollgate.unsigned_receipt(program);
         // Live for the whole bench, however long the ramp takes.
         receipt.expires_at = Some(timestamp_from_unix(unix_now() + 7200));
         let signed = tollgate.signer.sign(&mut receipt);
+        let (first, arrived) = std::sync::mpsc::sync_channel(1);
+        let answers = answers.clone();
+        let sink: OutputSink = Arc::new(move |_: &str, _, bytes: &[u8]| {
+            let _ = first.try_send(Instant::now());
+            if bytes.windows(8).any(|w| w == b"answered") {
+                answers.answered.fetch_add(1, Ordering::SeqCst);
+            } else if bytes.windows(7).any(|w| w == b"refused") {
+                answers.refused.fetch_add(1, Ordering::SeqCst);
+            }
+        });
         let begin = Instant::now();
-        let (_, first) = tollgate.start_signed(&signed)?;
-        let arrived = first
+        tollgate.manager.start(&signed, None, sink)?;
+        let arrived = arrived
             .recv_timeout(START_DEADLINE)
             .context("no output from the run")?;
         Ok(arrived - begin)
     });
+    let check = (gateway_check && ramp.failure.is_none())
+        .then(|| check_gateways(&tollgate, &answers, ids))
+        .transpose()?;
     let live = tollgate.manager.live_ids().len();
     let begin = Instant::now();
     tollgate.manager.shutdown();
     let stop = begin.elapsed();
+    let left = left_behind(&tollgate);
     drop(tollgate);
-    Ok((ramp, stop, live))
+    Ok(TollgateSide {
+        ramp,
+        stop,
+        live,
+        check,
+        left,
+    })
+}
+
+/// Every live run answers one gateway call: each run's shell (a process named `sh` running
+/// as one of the runs' host ids) is sent SIGUSR1 and its answer awaited; then `ps` and one
+/// revocation are timed.
+fn check_gateways(
+    tollgate: &Tollgate,
+    answers: &Answers,
+    ids: std::ops::Range<u32>,
+) -> anyhow::Result<GatewayCheck> {
+    let shells = processes_of("sh", &ids);
+    let begin = Instant::now();
+    for &pid in &shells {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGUSR1,
+        );
+    }
+    let settled =
+        || answers.answered.load(Ordering::SeqCst) + answers.refused.load(Ordering::SeqCst);
+    while settled() < shells.len() && begin.elapsed() < ANSWER_DEADLINE {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let took = begin.elapsed();
+    let listing = Instant::now();
+    let listed: Vec<_> = tollgate
+        .manager
+        .list_live()?
+        .iter()
+        .map(|record| tollgate.manager.run_view(record))
+        .collect();
+    let listed = listed.len();
+    let ps = listing.elapsed();
+    let victim = tollgate
+        .manager
+        .live_ids()
+        .into_iter()
+        .next()
+        .context("no live run to revoke")?;
+    let revoking = Instant::now();
+    tollgate
+        .manager
+        .revoke(&victim, "tollgate-bench gateway check");
+    tollgate
+        .manager
+        .wait(&victim, Duration::from_secs(60))
+        .filter(|record| record.state.is_final())
+        .context("the revoked run did not end within 60 s")?;
+    let revocation = revoking.elapsed();
+    Ok(GatewayCheck {
+        asked: shells.len(),
+        answered: answers.answered.load(Ordering::SeqCst),
+        refused: answers.refused.load(Ordering::SeqCst),
+        took,
+        listed,
+        ps,
+        revocation,
+    })
+}
+
+/// Host pids of the processes named `comm` whose real uid is one of `uids`.
+fn processes_of(comm: &str, uids: &std::ops::Range<u32>) -> Vec<i32> {
+    let field = |pid: i32, file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}"));
+    std::fs::read_dir("/proc")
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&pid| {
+                    field(pid, "comm").is_ok_and(|name| name.trim() == comm)
+                        && field(pid, "status").ok().is_some_and(|status| {
+                            status
+                                .lines()
+                                .find_map(|line| line.strip_prefix("Uid:"))
+                                .and_then(|ids| ids.split_whitespace().next()?.parse().ok())
+                                .is_some_and(|uid: u32| uids.contains(&uid))
+                        })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a clean stop left: cgroups under the bench's parent (in any hierarchy), mounts
+/// beneath its data directory, run directories.
+fn left_behind(tollgate: &Tollgate) -> Vec<String> {
+    let mut left = Vec::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let parent = hierarchy.path().join(tollgate.parent());
+        for child in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
+            if child.file_type().is_ok_and(|kind| kind.is_dir()) {
+                left.push(format!("cgroup {}", child.path().display()));
+            }
+        }
+    }
+    let data = tollgate.data_dir();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in mounts.lines() {
+        if let Some(point) = line.split_whitespace().nth(4) {
+            if std::path::Path::new(point).starts_with(&data) {
+                left.push(format!("mount {point}"));
+            }
+        }
+    }
+    for run in std::fs::read_dir(data.join("runs"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        left.push(format!("run directory {}", run.path().display()));
+    }
+    left
 }
 
 /// The peer's side: sandboxes kept alive until the ramp is done, then killed.
@@ -217,13 +408,15 @@ fn print(name: &str, ramp: &Ramp, supervisor: bool) {
     }
 }
 
-/// Runs the benchmark and prints one line per side and count.
+/// Runs the benchmark and prints one line per side and count; with `gateway_check`, every
+/// run live at the end answers one gateway call first (and `ps` and a revocation are timed).
 pub(crate) fn bench(
     mut at: Vec<usize>,
     samples: usize,
     warm: usize,
     host_id_base: u32,
     peer_too: bool,
+    gateway_check: bool,
 ) -> anyhow::Result<()> {
     at.sort_unstable();
     at.dedup();
@@ -236,12 +429,40 @@ pub(crate) fn bench(
         "scale: counts {at:?}, {samples} timed starts at each, warm pool {warm}, host ids {host_id_base}.., open-file limit {hard}"
     );
     let ids = host_id_base..host_id_base + u32::try_from(most + 1)?;
-    let (ramp, stop, live) = tollgate(&at, samples, warm, ids)?;
+    let TollgateSide {
+        ramp,
+        stop,
+        live,
+        check,
+        left,
+    } = tollgate(&at, samples, warm, ids, gateway_check)?;
     print("tollgate", &ramp, true);
+    if let Some(check) = check {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "tollgate  gateway check: {} of {} live runs answered ({} refused) in {:.2} s; ps (ListRuns live_only, in process) {:.2} ms for {} runs; a revocation ended its run in {:.2} ms",
+            check.answered,
+            check.asked,
+            check.refused,
+            check.took.as_secs_f64(),
+            ms(check.ps),
+            check.listed,
+            ms(check.revocation),
+        );
+    }
     println!(
         "tollgate  clean stop with {live} live runs: {:.2} s",
         stop.as_secs_f64()
     );
+    if left.is_empty() {
+        println!("tollgate  after the stop: no cgroup, mount or run directory left");
+    } else {
+        println!(
+            "tollgate  after the stop, LEFT: {} ({})",
+            left.len(),
+            left.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
+        );
+    }
     if peer_too {
         // Let the host settle (teardown's memory back) before the peer's baseline.
         std::thread::sleep(Duration::from_secs(2));
