@@ -1,14 +1,15 @@
 //! `tollgate-shim`: builds one sandbox from the plan the supervisor sends, starts the agent in
 //! it, and is the sandbox's pid 1.
 //!
-//! The supervisor starts the shim inside the sandbox's cgroup, with the control socket on fd 3
-//! ([`CONTROL_FD`]), often ahead of need: everything that does not depend on the
-//! plan happens before the plan arrives, and the supervisor applies the run's limits to the
-//! cgroup before it sends the plan. Then, in three processes:
+//! The supervisor starts the shim with the control socket on fd 3 ([`CONTROL_FD`]), often
+//! ahead of need, moves it into the sandbox's cgroup and only then sends the first message
+//! (the go-ahead: the part of the sandbox no receipt decides). Everything that does not depend
+//! on the plan happens before the plan arrives, and the supervisor applies the run's limits to
+//! the cgroup before it sends the plan. Then, in three processes:
 //!
-//! 1. **outer** (host pid namespace, real root): compiles the seccomp programs, unshares
-//!    mount, pid, net, ipc, uts and cgroup namespaces, forks pid 1 and waits for it, exiting
-//!    with its status.
+//! 1. **outer** (host pid namespace, real root): waits for the go-ahead and does nothing
+//!    before it; then compiles the seccomp programs, unshares mount, pid, net, ipc, uts and
+//!    cgroup namespaces, forks pid 1 and waits for it, exiting with its status.
 //! 2. **pid 1** (new namespaces, real root): reads the plan, builds the root file system
 //!    ([`setup`]), forks the agent, writes the agent's uid/gid map, reports `Started`, then
 //!    reaps children and watches the control socket. It holds the run's gateway listening
@@ -88,7 +89,23 @@ pub fn run() -> ! {
         );
         fail_early(&reason)
     };
-    // Everything that does not depend on the plan comes first: the supervisor starts shims
+    // The go-ahead first, before anything of the sandbox: the supervisor starts the shim
+    // without copying itself (`posix_spawn`), so the shim begins outside the sandbox's
+    // cgroup; the supervisor writes its pid into every hierarchy and only then sends the
+    // first message. Nothing is compiled, unshared or forked before it arrives, so nothing of
+    // the sandbox ever runs outside its cgroup. The reader (and anything it read ahead, such
+    // as the plan with its descriptors) goes to pid 1.
+    let mut reader = ControlReader::new(&control);
+    let base = match reader.next_message() {
+        Ok(ToShim::Prepare(base)) => *base,
+        Ok(ToShim::Start(_)) => fail(&mut control_writer, "the plan came before the base".into()),
+        Ok(other) => fail(
+            &mut control_writer,
+            format!("{other:?} came before the base"),
+        ),
+        Err(reason) => fail(&mut control_writer, reason),
+    };
+    // Everything that does not depend on the plan comes next: the supervisor starts shims
     // ahead of need, and a run's start then only pays for what its receipt decides.
     let seccomp = confine::SeccompPrograms::compile();
     let namespaces = CloneFlags::CLONE_NEWNS
@@ -104,9 +121,11 @@ pub fn run() -> ! {
     #[allow(unsafe_code)]
     let forked = unsafe { fork() };
     match forked {
-        Ok(ForkResult::Child) => pid_one(&control, seccomp, control_writer),
+        Ok(ForkResult::Child) => pid_one(reader, &base, seccomp, control_writer),
         Ok(ForkResult::Parent { child }) => {
-            // Only pid 1 keeps the link: when it exits, the supervisor sees EOF.
+            // Only pid 1 keeps the link (and any descriptor read ahead): when it exits, the
+            // supervisor sees EOF.
+            drop(reader);
             drop(control);
             drop(control_writer);
             let code = match waitpid(child, None) {
@@ -231,7 +250,8 @@ impl<'a> ControlReader<'a> {
 }
 
 fn pid_one(
-    control_reader: &UnixStream,
+    mut reader: ControlReader<'_>,
+    base: &plan::SandboxBase,
     seccomp: Result<confine::SeccompPrograms, confine::ConfineError>,
     mut control: UnixStream,
 ) -> ! {
@@ -248,15 +268,9 @@ fn pid_one(
         Ok(programs) => programs,
         Err(e) => fail(&mut control, e.to_string()),
     };
-    // One reader for both messages: the second may arrive in the same read as the first.
-    let mut reader = ControlReader::new(control_reader);
-    let base = match reader.next_message() {
-        Ok(ToShim::Prepare(base)) => *base,
-        Ok(ToShim::Start(_)) => fail(&mut control, "the plan came before the base".into()),
-        Ok(other) => fail(&mut control, format!("{other:?} came before the base")),
-        Err(reason) => fail(&mut control, reason),
-    };
-    if let Err(e) = setup::prepare_root(&base) {
+    // One reader for both messages (the outer process read the first): the second may have
+    // arrived in the same read as the first.
+    if let Err(e) = setup::prepare_root(base) {
         fail(&mut control, e.to_string());
     }
     // SIGCHLD arrives through a signalfd so one poll() watches children and the socket.
@@ -307,7 +321,7 @@ fn pid_one(
         Ok(input) => input,
         Err(reason) => fail(&mut control, reason),
     };
-    if let Err(e) = setup::finish_root(&base, &plan, mounts) {
+    if let Err(e) = setup::finish_root(base, &plan, mounts) {
         fail(&mut control, e.to_string());
     }
     // The executables' interpreters, resolved once, now, before the agent exists: a command

@@ -2,7 +2,8 @@
 //!
 //! The cgroup exists, with its limits applied and read back, before the agent does: the
 //! sandbox's first process (the shim) is placed in it (every `cgroup.procs` file from
-//! [`RunCgroup::procs_files`]) between fork and exec, and the run's limits are in place
+//! [`RunCgroup::procs_files`]) before it is sent anything, and it does nothing before its
+//! first message (see `sandbox::spawn`); the run's limits are in place
 //! before the shim is given its plan. The cgroup is the source of truth
 //! for "everything the run started": teardown kills what it contains and removes it.
 //!

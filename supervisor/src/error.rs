@@ -95,7 +95,10 @@ impl StartError {
     /// means no pid or thread was left); otherwise unchanged.
     pub(crate) fn host_limited(self) -> Self {
         let limit = match &self {
-            Self::Sandbox(SandboxError::Spawn { source, .. }) => HostLimit::of(source, true),
+            Self::Sandbox(SandboxError::Spawn(e)) => {
+                let (source, spawning) = e.source_io();
+                HostLimit::of(source, spawning)
+            }
             Self::Sandbox(SandboxError::Control(source) | SandboxError::RunDir { source, .. })
             | Self::Cgroup(CgroupError::Io { source, .. }) => HostLimit::of(source, false),
             _ => None,

@@ -1,24 +1,26 @@
 //! The gateway's `exec` tool: one command run inside a live sandbox.
 //!
-//! The supervisor starts `tollgate-shim enter` inside the run's cgroup (it joins every
-//! hierarchy between fork and exec, like the sandbox's own shim), hands it the request on
-//! fd 3, feeds the command's stdin and collects its stdout and stderr up to the output cap.
+//! The supervisor starts `tollgate-shim enter` as it starts the sandbox's own shim (without
+//! copying itself, then moving it into the run's cgroup in every hierarchy: see
+//! `sandbox::spawn`), hands it the request on fd 3 (the helper reads nothing before it), feeds the command's stdin and collects its stdout and stderr up to the output cap.
 //! The helper joins the sandbox's namespaces and starts the command exactly as the agent was
 //! started (see `tollgate_agent_shim`'s `enter`); it enforces the time limit and reports how
 //! the command ended. A helper that does not report within the limit plus a grace period is
 //! killed here.
 
-use std::os::fd::{AsRawFd as _, OwnedFd};
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::unix::pipe;
 use tollgate_shim_protocol::plan::{AgentCommand, SandboxPlan};
 use tollgate_shim_protocol::protocol::{AgentExit, EnterOutcome, EnterRequest};
 
-use crate::sandbox::in_cgroup_with_control;
+use crate::sandbox::{spawn_in_cgroup, ChildFds, ShimChild, SpawnError};
 
 /// The default (and largest) time a command may run, wall clock and CPU.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -141,6 +143,9 @@ pub enum ExecError {
     /// The helper could not be started.
     #[error("starting tollgate-shim enter: {0}")]
     Spawn(std::io::Error),
+    /// The helper could not be started in the run's cgroup (which step is in the error).
+    #[error(transparent)]
+    Start(#[from] SpawnError),
     /// The helper could not join the sandbox or start the command.
     #[error("the command could not start in the sandbox: {0}")]
     NotStarted(String),
@@ -226,7 +231,7 @@ struct Output {
 }
 
 impl Output {
-    fn start(child: &mut tokio::process::Child, cap: usize) -> Self {
+    fn start(child: &mut Helper, cap: usize) -> Self {
         let room = Arc::new(AtomicUsize::new(cap));
         let sinks: [Arc<Mutex<Captured>>; 2] = [Arc::default(), Arc::default()];
         let mut tasks = Vec::new();
@@ -358,50 +363,106 @@ pub async fn run(sandbox: &ExecSandbox, command: Command) -> Result<ExecResult, 
     }
 }
 
+/// A running `tollgate-shim enter`, its end of the pipes and a pidfd to wait on: killed (and
+/// reaped off the runtime's threads) when dropped before it was reaped, as when the gateway
+/// call is cancelled.
+struct Helper {
+    /// `None` once handed to the reaper in `drop`.
+    child: Option<ShimChild>,
+    /// Readable once the helper has exited.
+    exited: AsyncFd<OwnedFd>,
+    stdin: Option<pipe::Sender>,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
+}
+
+impl Helper {
+    /// Sends it `SIGKILL` (nothing once reaped).
+    fn start_kill(&mut self) -> std::io::Result<()> {
+        self.child.as_mut().map_or(Ok(()), ShimChild::kill)
+    }
+
+    /// Waits for it to exit, then reaps it (at once: it has exited).
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        // An exit is final: the readiness is never cleared.
+        drop(self.exited.readable().await?);
+        match self.child.as_mut() {
+            Some(child) => child.wait(),
+            None => Err(std::io::Error::other(
+                "the helper was already handed to its reaper",
+            )),
+        }
+    }
+}
+
+impl Drop for Helper {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let _ = child.kill();
+        // Reaping waits for the exit (at once, unless the helper is in an uninterruptible
+        // sleep): not on the runtime's threads.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || child.wait())),
+            Err(_) => drop(child.wait()),
+        }
+    }
+}
+
 /// Starts `tollgate-shim enter` in the run's cgroup with its control socket and pid 1's pidfd;
-/// the child, our end of the socket and the request line to send on it.
+/// the helper, our end of the socket and the request line to send on it (the helper's
+/// go-ahead: it reads nothing before it).
 fn spawn_helper(
     sandbox: &ExecSandbox,
     pinned: &PinnedSandbox,
     request: &EnterRequest,
-) -> Result<(tokio::process::Child, tokio::net::UnixStream, Vec<u8>), ExecError> {
+) -> Result<(Helper, tokio::net::UnixStream, Vec<u8>), ExecError> {
     let pid_one = pinned.pid_one.pidfd().map_err(ExecError::Spawn)?;
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(ExecError::Spawn)?;
-    let procs: Vec<OwnedFd> = sandbox
-        .cgroup_procs
-        .iter()
-        .map(|file| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(file)
-                .map(OwnedFd::from)
+    let (stdin_read, stdin_write) = std::io::pipe().map_err(ExecError::Spawn)?;
+    let (stdout_read, stdout_write) = std::io::pipe().map_err(ExecError::Spawn)?;
+    let (stderr_read, stderr_write) = std::io::pipe().map_err(ExecError::Spawn)?;
+    let fds = ChildFds {
+        control: theirs.as_fd(),
+        pid_one: Some(pid_one.as_fd()),
+        stdin: Some(stdin_read.as_fd()),
+        stdout: stdout_write.as_fd(),
+        stderr: stderr_write.as_fd(),
+    };
+    let mut child = spawn_in_cgroup(&sandbox.shim, &["enter"], &sandbox.cgroup_procs, fds)?;
+    // Only the helper holds its ends now: its output pipes end when it (and its command) do.
+    drop((theirs, pid_one, stdin_read, stdout_write, stderr_write));
+    let helper = (|| {
+        let pidfd = child.pidfd()?;
+        // SAFETY: the `AsyncFd` owns the pidfd (an `OwnedFd`) and nothing replaces or closes
+        // it while registered.
+        #[allow(unsafe_code)]
+        let exited =
+            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
+                .map_err(std::io::Error::from)?;
+        Ok::<_, std::io::Error>(Helper {
+            exited,
+            stdin: Some(pipe::Sender::from_owned_fd(stdin_write.into())?),
+            stdout: Some(pipe::Receiver::from_owned_fd(stdout_read.into())?),
+            stderr: Some(pipe::Receiver::from_owned_fd(stderr_read.into())?),
+            child: None,
         })
-        .collect::<Result<_, _>>()
-        .map_err(ExecError::Spawn)?;
-    let mut command = std::process::Command::new(&sandbox.shim);
-    command
-        .arg("enter")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .env_clear();
-    in_cgroup_with_control(
-        &mut command,
-        procs.iter().map(|fd| fd.as_raw_fd()).collect(),
-        theirs.as_raw_fd(),
-        Some(pid_one.as_raw_fd()),
-    );
-    let mut command = tokio::process::Command::from(command);
-    command.kill_on_drop(true);
-    let child = command.spawn().map_err(ExecError::Spawn)?;
-    drop(theirs);
-    drop(procs);
-    drop(pid_one);
+    })();
+    let mut helper = match helper {
+        Ok(helper) => helper,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ExecError::Helper(e));
+        }
+    };
+    helper.child = Some(child);
     let mut line = serde_json::to_vec(request).map_err(|e| ExecError::Helper(e.into()))?;
     line.push(b'\n');
     ours.set_nonblocking(true).map_err(ExecError::Helper)?;
     let control = tokio::net::UnixStream::from_std(ours).map_err(ExecError::Helper)?;
-    Ok((child, control, line))
+    Ok((helper, control, line))
 }
 
 /// Detaches the mount at sandbox path `target` inside the live sandbox (a mounted grant
@@ -479,7 +540,7 @@ async fn change_mounts(sandbox: &ExecSandbox, change: MountChange) -> Result<(),
 }
 
 /// The helper's exit status, waiting at most a second (then it is killed).
-async fn bounded_wait(child: &mut tokio::process::Child) -> String {
+async fn bounded_wait(child: &mut Helper) -> String {
     match tokio::time::timeout(Duration::from_secs(1), child.wait()).await {
         Ok(Ok(status)) => status.to_string(),
         Ok(Err(e)) => e.to_string(),

@@ -53,7 +53,9 @@ impl PreparedSandbox {
         match IdleShim::spawn(shim, &cgroup, base) {
             Ok(shim) => Ok(Self { cgroup, shim }),
             Err(e) => {
-                // The shim may have started (and forked pid 1) before the error.
+                // A shim that started has been killed and reaped before the error came back
+                // (it builds nothing before its go-ahead); the cgroup is emptied and removed
+                // all the same, so no failure path relies on that.
                 let _ = cgroup.kill_all(DISCARD_DEADLINE);
                 let _ = cgroup.remove();
                 Err(e.into())

@@ -15,7 +15,9 @@ pub const PID_ONE_FD: i32 = 4;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToShim {
-    /// First message: build the part of the sandbox no receipt decides.
+    /// First message, and the shim's go-ahead (sent only once the shim is in its cgroup in
+    /// every hierarchy; it does nothing before it): build the part of the sandbox no receipt
+    /// decides.
     Prepare(Box<SandboxBase>),
     /// Second message: complete the sandbox for this run and start the agent. Sent with
     /// descriptors attached (SCM_RIGHTS), in this order: a detached mount of each of the

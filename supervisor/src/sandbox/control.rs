@@ -1,17 +1,14 @@
 //! Talking to a shim: lines on its control socket with descriptors attached (`SCM_RIGHTS`),
-//! starting it in its cgroup with the socket on fd 3, Unix sockets at long paths, and a
-//! pidfd of its pid 1.
+//! Unix sockets at long paths, and a pidfd of its pid 1.
 
 use std::fs;
 use std::io::Write as _;
 use std::os::fd::{AsFd as _, AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::CommandExt as _;
 use std::path::Path;
-use std::process::Command;
 
-use tollgate_shim_protocol::protocol::{ToShim, CONTROL_FD, PID_ONE_FD};
+use tollgate_shim_protocol::protocol::ToShim;
 
 /// Sends one message as a JSON line.
 pub(super) fn send_line(control: &mut UnixStream, message: &ToShim) -> std::io::Result<()> {
@@ -53,64 +50,6 @@ pub(crate) fn send_line_with_fds(
         }
     }
     control.write_all(&line[batches.len()..])
-}
-
-/// Formats `value` in decimal into `buffer`, returning the digits (no allocation: used
-/// between fork and exec).
-pub(super) fn decimal(mut value: u32, buffer: &mut [u8; 10]) -> &[u8] {
-    let mut at = buffer.len();
-    loop {
-        at -= 1;
-        buffer[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            return &buffer[at..];
-        }
-    }
-}
-
-/// Makes `command`'s child join a cgroup (writing its pid to each of `procs_fds`, opened
-/// before the fork) between fork and exec, so nothing of it ever runs outside the cgroup, and
-/// gives it `control_fd` as fd 3 and `extra_fd`, if any, as fd 4.
-pub(crate) fn in_cgroup_with_control(
-    command: &mut Command,
-    procs_fds: Vec<RawFd>,
-    control_fd: RawFd,
-    extra_fd: Option<RawFd>,
-) {
-    #[allow(unsafe_code)]
-    // SAFETY: the closure runs between fork and exec in the child and only makes
-    // async-signal-safe system calls (getpid, write, fcntl, dup2) on descriptors opened
-    // before the fork, with no allocation: `decimal` writes into a stack buffer.
-    unsafe {
-        command.pre_exec(move || {
-            let mut buffer = [0u8; 10];
-            let pid = decimal(libc::getpid() as u32, &mut buffer);
-            for &fd in &procs_fds {
-                if libc::write(fd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // Moved above the target numbers first, so placing one cannot overwrite the
-            // other (the copies close on exec).
-            let mut moved = [-1; 2];
-            for (slot, fd) in moved.iter_mut().zip([Some(control_fd), extra_fd]) {
-                if let Some(fd) = fd {
-                    *slot = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10);
-                    if *slot < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-            }
-            for (target, fd) in [CONTROL_FD, PID_ONE_FD].into_iter().zip(moved) {
-                // dup2 clears close-on-exec on the new number.
-                if fd >= 0 && libc::dup2(fd, target) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
 }
 
 /// Connects to a Unix socket by path, through `/proc/self/fd` so that a long data directory
@@ -214,18 +153,5 @@ pub(super) fn pin_pid_one(shim: u32) -> std::io::Result<OwnedFd> {
             return Err(std::io::Error::other("the sandbox's pid 1 has ended"));
         }
         Ok(pidfd)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn decimal_formats_without_allocating() {
-        let mut buffer = [0u8; 10];
-        assert_eq!(decimal(0, &mut buffer), b"0");
-        assert_eq!(decimal(4_294_967_295, &mut buffer), b"4294967295");
-        assert_eq!(decimal(1234, &mut buffer), b"1234");
     }
 }

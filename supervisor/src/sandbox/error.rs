@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use super::spawn::SpawnError;
+
 /// A sandbox could not be prepared or started.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -31,14 +33,10 @@ pub enum SandboxError {
         /// The failure.
         source: std::io::Error,
     },
-    /// Starting `tollgate-shim` failed.
-    #[error("starting {shim}: {source}")]
-    Spawn {
-        /// The shim binary.
-        shim: PathBuf,
-        /// The failure.
-        source: std::io::Error,
-    },
+    /// Starting `tollgate-shim` in the sandbox's cgroup failed (which step is in the
+    /// [`SpawnError`]).
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
     /// Talking to the shim failed.
     #[error("control socket: {0}")]
     Control(std::io::Error),

@@ -1,33 +1,32 @@
 //! A shim as a process: idle and waiting for its plan (prepared ahead of need), started with
 //! one, or re-adopted after a live restore.
 
-use std::fs;
 use std::io::{BufRead as _, BufReader, PipeReader};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd as _, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, RwLock};
 
 use tollgate_shim_protocol::plan::{AgentInput, SandboxBase, SandboxPlan, INPUT_MARKER};
 use tollgate_shim_protocol::protocol::{FromShim, ToShim, REATTACH_FDS};
 
 use super::control::{
-    connect_unix, in_cgroup_with_control, pin_pid_one, recv_byte_with_fds, send_line,
-    send_line_with_fds,
+    connect_unix, pin_pid_one, recv_byte_with_fds, send_line, send_line_with_fds,
 };
 use super::error::SandboxError;
+use super::spawn::{spawn_in_cgroup, ChildFds, ShimChild};
 use crate::cgroup::RunCgroup;
 
-/// A `tollgate-shim` that has not been given its plan yet. It was started inside its
-/// sandbox's cgroup (it joins every hierarchy between fork and exec, so nothing of the
-/// sandbox ever runs outside that cgroup), has compiled the seccomp programs, unshared the
+/// A `tollgate-shim` that has not been given its plan yet. It was started without copying
+/// the supervisor and moved into its sandbox's cgroup in every hierarchy before its first
+/// message, which it waits for before anything else (so nothing of the sandbox ever runs
+/// outside that cgroup); since then it has compiled the seccomp programs, unshared the
 /// sandbox's namespaces and forked pid 1, which is blocked reading the plan on the control
 /// socket. A shim serves exactly one sandbox. When the supervisor goes away the socket
 /// closes and the shim exits.
 #[derive(Debug)]
 pub struct IdleShim {
-    child: Child,
+    child: ShimChild,
     control: UnixStream,
     stdout: PipeReader,
     stderr: PipeReader,
@@ -44,44 +43,25 @@ impl IdleShim {
         let (ours, theirs) = UnixStream::pair().map_err(SandboxError::Control)?;
         let (stdout, out_write) = std::io::pipe().map_err(SandboxError::Control)?;
         let (stderr, err_write) = std::io::pipe().map_err(SandboxError::Control)?;
-        let procs: Vec<OwnedFd> = cgroup
-            .procs_files()
-            .iter()
-            .map(|file| {
-                fs::OpenOptions::new()
-                    .write(true)
-                    .open(file)
-                    .map(OwnedFd::from)
-                    .map_err(|source| SandboxError::Spawn {
-                        shim: file.clone(),
-                        source,
-                    })
-            })
-            .collect::<Result<_, _>>()?;
-        let procs_fds: Vec<RawFd> = procs.iter().map(|fd| fd.as_raw_fd()).collect();
-        let control_fd = theirs.as_raw_fd();
-        let mut command = Command::new(shim);
-        command
-            .stdin(Stdio::null())
-            .stdout(out_write)
-            .stderr(err_write)
-            .env_clear();
-        in_cgroup_with_control(&mut command, procs_fds, control_fd, None);
-        let child = command.spawn().map_err(|source| SandboxError::Spawn {
-            shim: shim.to_owned(),
-            source,
-        })?;
-        // `command` still holds the pipes' write ends: drop it so the relays see EOF once
-        // the sandbox's last process has exited.
-        drop(command);
-        drop(theirs);
-        drop(procs);
+        let fds = ChildFds {
+            control: theirs.as_fd(),
+            pid_one: None,
+            stdin: None,
+            stdout: out_write.as_fd(),
+            stderr: err_write.as_fd(),
+        };
+        let child = spawn_in_cgroup(shim, &[], &cgroup.procs_files(), fds)?;
+        // Only the shim holds the pipes' write ends now, so the relays see EOF once the
+        // sandbox's last process has exited.
+        drop((theirs, out_write, err_write));
         let mut idle = Self {
             child,
             control: ours,
             stdout,
             stderr,
         };
+        // The shim's go-ahead: it is in its cgroup in every hierarchy now, and has done
+        // nothing before this message.
         if let Err(e) = send_line(&mut idle.control, &ToShim::Prepare(Box::new(base.clone()))) {
             idle.discard();
             return Err(SandboxError::Control(e));
@@ -119,7 +99,7 @@ pub struct SandboxOutput {
 #[derive(Debug)]
 pub struct SandboxProcess {
     /// The shim, when this supervisor started it (a re-adopted one is not its child).
-    child: Option<Child>,
+    child: Option<ShimChild>,
     events: BufReader<UnixStream>,
     // Kept open: closing it tells pid 1 the supervisor is gone.
     control: UnixStream,
@@ -311,7 +291,7 @@ impl SandboxProcess {
 
     /// The shim's host pid.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.as_ref().map(ShimChild::id)
     }
 
     /// The sandbox's pid 1 (the shim's only child), checked pinnable now. The shim is this
@@ -427,7 +407,7 @@ impl SandboxProcess {
     /// shim's parent reaps it).
     pub fn wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
         *self.reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
-        self.child.as_mut().map(Child::wait).transpose()
+        self.child.as_mut().map(ShimChild::wait).transpose()
     }
 }
 
@@ -436,7 +416,7 @@ impl SandboxProcess {
 #[derive(Debug)]
 pub struct ShimWatch {
     /// The shim, when this supervisor started it (reaped once its socket has closed).
-    pub child: Option<Child>,
+    pub child: Option<ShimChild>,
     /// The control socket: the only descriptor left on it (closing it tells pid 1 the
     /// supervisor is gone).
     pub control: UnixStream,
@@ -449,7 +429,7 @@ pub struct ShimWatch {
 impl ShimWatch {
     /// Reaps the shim (its socket has closed: it is ending, if it has not already), once
     /// nothing can pin pid 1 through its pid any more.
-    pub fn reap(child: Option<Child>, reaped: &RwLock<bool>) {
+    pub fn reap(child: Option<ShimChild>, reaped: &RwLock<bool>) {
         *reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
         if let Some(mut child) = child {
             let _ = child.wait();
