@@ -224,13 +224,7 @@ async fn the_daemons_threads_stay_flat_over_grpc_and_its_stop_leaves_nothing() {
     let threads_first = threads_first.unwrap();
     let threads = status_of(pid, "Threads");
     let live = client
-        .list_runs(authed(
-            &admin,
-            pb::ListRunsRequest {
-                live_only: true,
-                ..Default::default()
-            },
-        ))
+        .list_runs(authed(&admin, pb::ListRunsRequest { live_only: true }))
         .await
         .unwrap()
         .into_inner()
