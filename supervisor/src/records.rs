@@ -269,11 +269,16 @@ fn copy_error(e: &rusqlite::Error) -> rusqlite::Error {
         rusqlite::Error::SqliteFailure(code, message) => {
             rusqlite::Error::SqliteFailure(*code, message.clone())
         }
-        other => rusqlite::Error::SqliteFailure(
-            rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
-            Some(other.to_string()),
-        ),
+        other => failure(&other.to_string()),
     }
+}
+
+/// A generic SQLite failure saying `what`.
+fn failure(what: &str) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+        Some(what.to_owned()),
+    )
 }
 
 /// A new run to record.
@@ -346,8 +351,8 @@ fn make_private(path: &Path, create: bool) -> Result<(), RecordsError> {
 }
 
 /// Writes a group of final records in one durable transaction: at a supervisor's stop every
-/// live run ends at once, and one commit (one WAL fsync) a run made the records the slowest
-/// part of it. Each run's outcome goes to its `done`: its own statement's failure, or the
+/// live run ends at once, and one commit (one WAL fsync) a run, in series under the
+/// connection's lock, made the stop wait on the disk once per run. Each run's outcome goes to its `done`: its own statement's failure, or the
 /// transaction's (then every run of the group failed, and none is written).
 fn commit_finishes(conn: &mut Connection, group: Vec<Finish>) {
     if group.is_empty() {
@@ -377,7 +382,7 @@ fn commit_finishes(conn: &mut Connection, group: Vec<Finish>) {
         Err(outcomes
             .iter()
             .find_map(|outcome| outcome.as_ref().err().map(copy_error))
-            .unwrap_or_else(|| copy_error(&rusqlite::Error::InvalidQuery)))
+            .unwrap_or_else(|| failure("the final records' transaction was rolled back")))
     } else {
         tx.commit()
     };
@@ -553,9 +558,9 @@ impl RunRecords {
         match done.get() {
             Some(Ok(())) => Ok(()),
             Some(Err(e)) => Err(RecordsError::Sqlite(copy_error(e))),
-            None => Err(RecordsError::Sqlite(rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
-                Some("the final record was not committed".into()),
+            // Never: the group that held it set it before letting go of the connection.
+            None => Err(RecordsError::Sqlite(failure(
+                "the final record was not committed",
             ))),
         }
     }
