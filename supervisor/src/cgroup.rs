@@ -487,21 +487,11 @@ impl RunCgroup {
         let start = Instant::now();
         if method == KillMethod::CgroupKill {
             let dir = self.v2_dir.clone().unwrap_or_default();
-            let kill_file = dir.join("cgroup.kill");
-            match fs::write(&kill_file, "1") {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-                Err(e) => {
-                    return Err(CgroupError::Io {
-                        file: kill_file,
-                        source: e,
-                    })
-                }
+            if !write_kill(&dir)? {
+                return Ok(());
             }
             return wait_empty(&dir, start, deadline);
         }
-        // Without cgroup.kill: freeze so nothing forks between reading the list and the
-        // kills, SIGKILL every member, thaw so the kills are delivered, until empty.
         let freezer = self.v1_dir(&Controllers::Freezer);
         loop {
             let pids = read_pids(&freezer)?;
@@ -515,13 +505,23 @@ impl RunCgroup {
                     waited: deadline,
                 });
             }
-            freeze(&freezer, true)?;
-            for pid in read_pids(&freezer)? {
-                // ESRCH: already gone, which is what we want.
-                let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            }
-            freeze(&freezer, false)?;
+            kill_frozen(&freezer)?;
             std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    /// Sends the kill to every process in the cgroup and returns without waiting for them
+    /// to die: what [`Self::kill_all`] starts with. A caller ending many runs at once (a
+    /// supervisor's shutdown) signals every cgroup first, so that the kernel tears their
+    /// processes and namespaces down side by side, then waits (teardown's `kill_all` finds
+    /// each empty, or finishes the kill).
+    pub fn signal_kill(&self) -> Result<(), CgroupError> {
+        match self.kill_method() {
+            KillMethod::CgroupKill => {
+                write_kill(&self.v2_dir.clone().unwrap_or_default())?;
+                Ok(())
+            }
+            KillMethod::Freezer => kill_frozen(&self.v1_dir(&Controllers::Freezer)),
         }
     }
 
@@ -595,6 +595,34 @@ fn wait_empty(dir: &Path, start: Instant, deadline: Duration) -> Result<(), Cgro
         }
         std::thread::sleep(Duration::from_micros(200));
     }
+}
+
+/// Writes `1` to `dir`'s `cgroup.kill`; `false` when the cgroup is already gone.
+fn write_kill(dir: &Path) -> Result<bool, CgroupError> {
+    let kill_file = dir.join("cgroup.kill");
+    match fs::write(&kill_file, "1") {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(CgroupError::Io {
+            file: kill_file,
+            source: e,
+        }),
+    }
+}
+
+/// One pass of the kill without `cgroup.kill`: freeze so nothing forks between reading the
+/// list and the kills, SIGKILL every member, thaw so the kills are delivered. A cgroup
+/// already gone (or empty) is nothing to do.
+fn kill_frozen(freezer: &Path) -> Result<(), CgroupError> {
+    if read_pids(freezer)?.is_empty() {
+        return Ok(());
+    }
+    freeze(freezer, true)?;
+    for pid in read_pids(freezer)? {
+        // ESRCH: already gone, which is what we want.
+        let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    }
+    freeze(freezer, false)
 }
 
 fn freeze(freezer: &Path, frozen: bool) -> Result<(), CgroupError> {

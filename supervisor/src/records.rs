@@ -5,7 +5,7 @@
 //! restarts. WAL with `synchronous=FULL`, integrity check on open, like the authority.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension as _};
 use serde::{Deserialize, Serialize};
@@ -246,6 +246,39 @@ CREATE INDEX runs_parent ON runs(parent_run_id) WHERE parent_run_id IS NOT NULL;
 pub struct RunRecords {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// Final records waiting to be written: whoever next holds the connection commits every
+    /// one queued in one durable transaction (see [`RunRecords::finish`]).
+    finishing: Mutex<Vec<Finish>>,
+}
+
+/// One run's final record, queued for the next group commit.
+#[derive(Debug)]
+struct Finish {
+    run_id: String,
+    state: RunState,
+    report: String,
+    now: i64,
+    /// Set by the commit that wrote it (or failed to).
+    done: Arc<OnceLock<Result<(), rusqlite::Error>>>,
+}
+
+/// A copy of `e` for every run of a group that one failure failed: SQLite's code and
+/// message kept where it has them.
+fn copy_error(e: &rusqlite::Error) -> rusqlite::Error {
+    match e {
+        rusqlite::Error::SqliteFailure(code, message) => {
+            rusqlite::Error::SqliteFailure(*code, message.clone())
+        }
+        other => failure(&other.to_string()),
+    }
+}
+
+/// A generic SQLite failure saying `what`.
+fn failure(what: &str) -> rusqlite::Error {
+    rusqlite::Error::SqliteFailure(
+        rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_ERROR),
+        Some(what.to_owned()),
+    )
 }
 
 /// A new run to record.
@@ -317,6 +350,51 @@ fn make_private(path: &Path, create: bool) -> Result<(), RecordsError> {
         .map_err(file_error)
 }
 
+/// Writes a group of final records in one durable transaction: at a supervisor's stop every
+/// live run ends at once, and one commit (one WAL fsync) a run, in series under the
+/// connection's lock, made the stop wait on the disk once per run. Each run's outcome goes to its `done`: its own statement's failure, or the
+/// transaction's (then every run of the group failed, and none is written).
+fn commit_finishes(conn: &mut Connection, group: Vec<Finish>) {
+    if group.is_empty() {
+        return;
+    }
+    let tx = match conn.transaction() {
+        Ok(tx) => tx,
+        Err(e) => {
+            for finish in group {
+                let _ = finish.done.set(Err(copy_error(&e)));
+            }
+            return;
+        }
+    };
+    let mut outcomes = Vec::with_capacity(group.len());
+    for finish in &group {
+        let updated = tx
+            .execute(
+                "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4, detached = NULL WHERE run_id = ?1",
+                params![finish.run_id, finish.state.name(), finish.now, finish.report],
+            )
+            .map(|_| ());
+        outcomes.push(updated);
+    }
+    let committed = if tx.is_autocommit() {
+        // A failure that rolled the whole transaction back (a full disk, an I/O error).
+        Err(outcomes
+            .iter()
+            .find_map(|outcome| outcome.as_ref().err().map(copy_error))
+            .unwrap_or_else(|| failure("the final records' transaction was rolled back")))
+    } else {
+        tx.commit()
+    };
+    for (finish, outcome) in group.into_iter().zip(outcomes) {
+        let result = match &committed {
+            Ok(()) => outcome,
+            Err(e) => Err(copy_error(e)),
+        };
+        let _ = finish.done.set(result);
+    }
+}
+
 impl RunRecords {
     /// Opens (creating) the database with WAL, `synchronous=FULL` and an integrity check.
     pub fn open(path: &Path) -> Result<Self, RecordsError> {
@@ -355,6 +433,7 @@ impl RunRecords {
         Ok(Self {
             path: path.to_owned(),
             conn: Mutex::new(conn),
+            finishing: Mutex::default(),
         })
     }
 
@@ -455,11 +534,35 @@ impl RunRecords {
     ) -> Result<(), RecordsError> {
         let report =
             serde_json::to_string(report).map_err(|_| RecordsError::Report(run_id.into()))?;
-        self.conn().execute(
-            "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4, detached = NULL WHERE run_id = ?1",
-            params![run_id, state.name(), now, report],
-        )?;
-        Ok(())
+        let done = Arc::new(OnceLock::new());
+        self.finishing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Finish {
+                run_id: run_id.to_owned(),
+                state,
+                report,
+                now,
+                done: done.clone(),
+            });
+        let mut conn = self.conn();
+        // Queued before the connection was taken: either a holder before us committed it
+        // (and set `done` before letting go of the connection), or it is still queued and
+        // this call commits it, with every other one queued meanwhile.
+        if done.get().is_none() {
+            let group =
+                std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
+            commit_finishes(&mut conn, group);
+        }
+        drop(conn);
+        match done.get() {
+            Some(Ok(())) => Ok(()),
+            Some(Err(e)) => Err(RecordsError::Sqlite(copy_error(e))),
+            // Never: the group that held it set it before letting go of the connection.
+            None => Err(RecordsError::Sqlite(failure(
+                "the final record was not committed",
+            ))),
+        }
     }
 
     fn record(row: &rusqlite::Row<'_>) -> rusqlite::Result<(RunRecord, Option<String>)> {
@@ -565,6 +668,48 @@ impl RunRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Runs ending at once (a supervisor's stop) share commits: each caller returns only
+    /// once its own record is written, whichever caller committed it.
+    #[test]
+    fn final_records_written_together_are_each_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = RunRecords::open(&dir.path().join("supervisor.db")).unwrap();
+        let ids: Vec<String> = (0..64).map(|i| format!("r{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let run = NewRun {
+                run_id: id,
+                owner: "admin",
+                subject: "s",
+                receipt: id.as_bytes(),
+                host_id: 200_000 + i as u32,
+                now: 10,
+                expires_at: 100,
+                parent_run_id: None,
+                depth: 0,
+            };
+            assert!(records.insert(&run).unwrap());
+        }
+        std::thread::scope(|scope| {
+            for id in &ids {
+                let records = &records;
+                scope.spawn(move || {
+                    let report = TeardownReport {
+                        reason: format!("{id} ended"),
+                        ..Default::default()
+                    };
+                    records
+                        .finish(id, RunState::SupervisorShutdown, &report, 20)
+                        .unwrap();
+                    // Written when `finish` returns, not later.
+                    let record = records.get(id).unwrap().unwrap();
+                    assert_eq!(record.state, RunState::SupervisorShutdown, "{id}");
+                    assert_eq!(record.report.unwrap().reason, format!("{id} ended"));
+                });
+            }
+        });
+        assert!(records.live_host_ids().unwrap().is_empty());
+    }
 
     #[test]
     fn a_receipt_is_recorded_once_and_survives_reopen() {

@@ -708,6 +708,14 @@ impl SupervisorProcess {
         Self::spawn(&data_dir, &authority, parent, (base, ids), extra)
     }
 
+    /// Sends `signal` and waits for the daemon to exit, keeping this handle: what the stop
+    /// left (cgroups, run directories, the audit log) can then be looked at before the drop
+    /// sweeps.
+    pub fn terminate(&mut self, signal: Signal) -> ExitStatus {
+        let _ = kill(Pid::from_raw(self.child.id() as i32), signal);
+        self.child.wait().expect("wait")
+    }
+
     /// Sends `signal` and waits.
     pub fn stop(mut self, signal: Signal) -> ExitStatus {
         let _ = kill(Pid::from_raw(self.child.id() as i32), signal);

@@ -1,15 +1,23 @@
 //! What a supervisor holds per live run (issue 32): its threads do not grow with its runs
 //! (lifecycle work runs as tasks on a fixed runtime), and each run costs it at most three file
-//! descriptors and 128 KiB of its memory. Not timed: counts only.
+//! descriptors and 128 KiB of its memory; the daemon, driven over gRPC, keeps its threads
+//! flat too, and its clean stop with every run live leaves nothing behind. Not timed: counts
+//! only.
 
 use std::time::Duration;
 
+use nix::sys::signal::Signal;
+use tollgate_audit::EntryKind;
+use tollgate_proto::v1 as pb;
 use tollgate_supervisor::records::RunState;
-use tollgate_tests::require_root;
 use tollgate_tests::run_fixture::RunFixture;
+use tollgate_tests::{authed, leftovers, require_root, AuthorityProcess, SupervisorProcess};
 
 /// Host ids of these tests: 400000–404999 (one per live run).
 const HOST_ID_BASE: u32 = 400_000;
+
+/// Host ids of the daemon's thread test: 430000–430399 (one per live run).
+const DAEMON_HOST_ID_BASE: u32 = 430_000;
 
 /// Live runs the thread test accumulates.
 const RUNS: usize = 300;
@@ -231,10 +239,7 @@ fn an_agent_flooding_its_gateway_holds_at_most_the_connection_limit() {
     }
     let held = output();
     for pid in pids_of("python3", base..base + 4) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGUSR1,
-        );
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGUSR1);
     }
     let record = fixture
         .manager
@@ -263,4 +268,136 @@ fn an_agent_flooding_its_gateway_holds_at_most_the_connection_limit() {
     );
     assert!(after.contains("answered"), "{after}");
     assert_eq!(record.state, RunState::Exited, "{record:?}");
+}
+
+/// A field of `/proc/<pid>/status` (`Threads`), as its leading number.
+fn status_of(pid: u32, key: &str) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/status"))
+}
+
+/// The real daemon, over gRPC: its thread count (`/proc/<pid>/status`) stays flat while a few
+/// hundred runs accumulate, and a SIGTERM with every one of them live ends each (its audit
+/// entry written as `supervisor_shutdown`) and leaves no cgroup or run directory behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemons_threads_stay_flat_over_grpc_and_its_stop_leaves_nothing() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let authority = AuthorityProcess::start(&dir.path().join("authority"));
+    let mut supervisor = SupervisorProcess::start_with_capacity(
+        &dir.path().join("supervisor"),
+        authority.addr(),
+        "scale-daemon",
+        DAEMON_HOST_ID_BASE,
+        RUNS as u32 + 8,
+    );
+    let pid = supervisor.pid();
+    let (minter, admin) = (authority.admin_token(), supervisor.token());
+    let mut authority_client = authority.client().await;
+    let mut client = supervisor.client().await;
+    let mut runs = Vec::new();
+    let mut threads_first = None;
+    for i in 0..RUNS {
+        let minted = authority_client
+            .mint_receipt(authed(
+                &minter,
+                pb::MintReceiptRequest {
+                    subject: "scale".into(),
+                    ttl_seconds: 600,
+                    audience: vec!["workstation".into()],
+                    agent: Some(pb::AgentSpec {
+                        argv: vec!["/usr/bin/sleep".into(), "600".into()],
+                        ..Default::default()
+                    }),
+                    limits: Some(pb::Limits {
+                        memory_bytes: 64 << 20,
+                        pids: 16,
+                        ..Default::default()
+                    }),
+                    exec: vec!["/usr/bin/sleep".into()],
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("mint {i}: {e:?}"))
+            .into_inner();
+        let run_id = client
+            .start_run(authed(
+                &admin,
+                pb::StartRunRequest {
+                    receipt: minted.text,
+                    ..Default::default()
+                },
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("start {i}: {e:?}"))
+            .into_inner()
+            .run_id;
+        runs.push(run_id);
+        if runs.len() == FIRST {
+            threads_first = Some(status_of(pid, "Threads"));
+        }
+    }
+    let threads_first = threads_first.unwrap();
+    let threads = status_of(pid, "Threads");
+    let live = client
+        .list_runs(authed(&admin, pb::ListRunsRequest { live_only: true }))
+        .await
+        .unwrap()
+        .into_inner()
+        .runs
+        .into_iter()
+        .filter(|run| run.state == pb::RunState::Running as i32)
+        .count();
+    eprintln!("daemon threads {threads_first} at {FIRST} live runs, {threads} at {RUNS}");
+
+    // A clean stop with every run live: each ended and audited, nothing left.
+    let (data_dir, parent) = (
+        supervisor.data_dir().to_owned(),
+        supervisor.cgroup_parent.clone(),
+    );
+    let stopped = supervisor.terminate(Signal::SIGTERM);
+    let left = leftovers(&data_dir, &parent);
+    let parents_left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|hierarchy| hierarchy.path().join(&parent))
+        .filter(|dir| dir.exists())
+        .collect();
+    let ended: std::collections::HashSet<String> = supervisor
+        .audit()
+        .into_iter()
+        .filter(|entry| {
+            entry.kind == EntryKind::Teardown
+                && matches!(
+                    entry.metadata.get("state"),
+                    Some(tollgate_audit::MetaValue::Str(state))
+                        if state == RunState::SupervisorShutdown.name()
+                )
+        })
+        .filter_map(|entry| entry.run_id)
+        .collect();
+    assert_eq!(live, RUNS, "every run was live before the stop");
+    assert!(
+        threads <= threads_first + SLACK,
+        "the daemon's threads grew with its runs: {threads_first} at {FIRST} live runs, {threads} at {RUNS}"
+    );
+    assert!(stopped.success(), "the daemon's clean stop: {stopped:?}");
+    assert!(left.is_empty(), "the stop left behind: {left:?}");
+    assert!(
+        parents_left.is_empty(),
+        "the stop left the runs' parent cgroup: {parents_left:?}"
+    );
+    let unaudited: Vec<&String> = runs.iter().filter(|id| !ended.contains(*id)).collect();
+    assert!(
+        unaudited.is_empty(),
+        "{} runs have no supervisor_shutdown teardown entry: {unaudited:?}",
+        unaudited.len()
+    );
 }

@@ -238,16 +238,30 @@ impl LiveRun {
         }
     }
 
+    /// Notes why the run ends (the first reason wins), kills its cgroup and waits until it
+    /// is empty.
     fn trigger(&self, state: RunState, reason: String) {
-        self.closing.store(true, Ordering::SeqCst);
-        {
-            let mut trigger = self.trigger.lock().unwrap_or_else(|p| p.into_inner());
-            if trigger.is_none() {
-                *trigger = Some((state, reason));
-            }
-        }
+        self.note_trigger(state, reason);
         if let Err(e) = self.cgroup.kill_all(KILL_DEADLINE) {
             tracing::warn!(error = %e, "killing a run's cgroup failed; teardown retries");
+        }
+    }
+
+    /// [`Self::trigger`] without the wait: the kill is sent, and the run's teardown (which
+    /// kills again and waits until the cgroup is empty) follows once its shim has died.
+    fn trigger_without_waiting(&self, state: RunState, reason: String) {
+        self.note_trigger(state, reason);
+        if let Err(e) = self.cgroup.signal_kill() {
+            tracing::warn!(error = %e, "killing a run's cgroup failed; teardown retries");
+        }
+    }
+
+    /// Marks the run closing and notes the first trigger's state and reason.
+    fn note_trigger(&self, state: RunState, reason: String) {
+        self.closing.store(true, Ordering::SeqCst);
+        let mut trigger = self.trigger.lock().unwrap_or_else(|p| p.into_inner());
+        if trigger.is_none() {
+            *trigger = Some((state, reason));
         }
     }
 }
@@ -576,8 +590,13 @@ impl RunManager {
         if !detached.is_empty() {
             self.left_detached.store(true, Ordering::SeqCst);
         }
+        // Every run's kill is sent before any is waited for: the kernel then ends their
+        // processes and namespaces side by side, and their teardowns run side by side on
+        // the blocking pool. Killed and waited for one run at a time, the stop took one
+        // sandbox's exit (its processes, namespaces and mounts) per live run, in series:
+        // 45 s for 4,800 live runs.
         for (_, run) in &live {
-            run.trigger(
+            run.trigger_without_waiting(
                 RunState::SupervisorShutdown,
                 "the supervisor shut down".into(),
             );
