@@ -64,9 +64,6 @@ impl Listener for HandedConnections {
         // sent again; one that was sent is answered once, whoever waits for it then.
         let mut waiting = self.waiting.lock().await;
         if !waiting.asked {
-            // Out of descriptors: asked for nothing, so the connection stays in the socket's
-            // backlog and the caller's accept loop backs off (`EMFILE`) and asks again.
-            self.link.reserve_descriptor()?;
             if let Err(e) = self.link.send(&ToShim::Accept).await {
                 // pid 1 is gone: the run's watch sees the socket's end and tears it down,
                 // which stops this gateway. Nothing more will come.
