@@ -400,6 +400,9 @@ struct Attached {
     control: UnixStream,
     inbox: Inbox,
     asked: u32,
+    /// `ConnectionWaiting` was said and no `Accept` has come since: the listener is not
+    /// watched until one does.
+    announced: bool,
 }
 
 impl Attached {
@@ -408,6 +411,24 @@ impl Attached {
             control,
             inbox,
             asked: 0,
+            announced: false,
+        }
+    }
+
+    /// Whether the gateway socket is watched: to accept what was asked for, or to say once
+    /// that a connection waits.
+    fn watches_gateway(&self) -> bool {
+        self.asked > 0 || !self.announced
+    }
+
+    /// The gateway socket is readable: hands over what was asked for, or says once that a
+    /// connection waits (the supervisor asks only once it can take it).
+    fn on_gateway(&mut self, gateway: &UnixListener) {
+        if self.asked > 0 {
+            self.hand_over(gateway);
+        } else if !self.announced {
+            self.announced = true;
+            send(&mut self.control, &FromShim::ConnectionWaiting);
         }
     }
 
@@ -421,7 +442,10 @@ impl Attached {
         }
         while let Some(message) = self.inbox.message() {
             match message {
-                Ok(ToShim::Accept) => self.asked = self.asked.saturating_add(1),
+                Ok(ToShim::Accept) => {
+                    self.asked = self.asked.saturating_add(1);
+                    self.announced = false;
+                }
                 Ok(ToShim::Detach { until_ms }) => {
                     let fds = self.inbox.take_all();
                     if let Some(detached) = detach(&mut self.control, fds, until_ms) {
@@ -506,7 +530,7 @@ fn supervise(
             Link::Attached(attached) => (
                 attached.control.as_fd(),
                 PollTimeout::NONE,
-                attached.asked > 0,
+                attached.watches_gateway(),
             ),
             Link::Detached {
                 listener, until, ..
@@ -526,7 +550,8 @@ fn supervise(
             PollFd::new(watched, PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
-        // Only while asked: otherwise connections wait in the socket's backlog.
+        // Only while asked, or to say once that a connection waits: otherwise connections
+        // wait in the socket's backlog.
         if let Some(gateway) = gateway.as_ref().filter(|_| accepting) {
             fds.push(PollFd::new(gateway.as_fd(), PollFlags::POLLIN));
         }
@@ -556,7 +581,7 @@ fn supervise(
         if let (true, Link::Attached(attached), Some(gateway)) =
             (gateway_ready, &mut link, gateway.as_ref())
         {
-            attached.hand_over(gateway);
+            attached.on_gateway(gateway);
         }
         if !link_ready {
             continue;

@@ -401,3 +401,85 @@ async fn the_daemons_threads_stay_flat_over_grpc_and_its_stop_leaves_nothing() {
         unaudited.len()
     );
 }
+
+/// An agent that holds 24 gateway connections at once, each having sent one byte, says how
+/// many its peer closed within three seconds, then (on SIGUSR2) closes them and makes one call.
+const HOLDER: &str = r#"
+import signal, socket, subprocess, time
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+print("ready", flush=True)
+signal.sigwait({signal.SIGUSR1})
+held = []
+for _ in range(24):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect("/run/tollgate/gateway.sock")
+    s.send(b"P")
+    held.append(s)
+time.sleep(3)
+lost = 0
+for s in held:
+    s.setblocking(False)
+    try:
+        if s.recv(1, socket.MSG_PEEK) == b"":
+            lost += 1
+    except BlockingIOError:
+        pass
+    except OSError:
+        lost += 1
+print("lost", lost, flush=True)
+signal.sigwait({signal.SIGUSR2})
+for s in held:
+    s.close()
+done = subprocess.run(["/run/tollgate/bin/tollgate-shim", "receipt"], capture_output=True)
+print("answered" if done.returncode == 0 else "refused", flush=True)
+"#;
+
+/// At its open-file limit the supervisor asks pid 1 for no more gateway connections: they
+/// wait in the sandbox socket's backlog. A connection pid 1 accepted and handed over with no
+/// descriptor free to receive it on would be lost (closed on its caller), as a run's calls
+/// were when 5,000 live runs each made one at once.
+#[test]
+fn at_the_open_file_limit_gateway_connections_wait_and_none_is_lost() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if !require_root() {
+        return;
+    }
+    let base = 427_100;
+    let fixture = RunFixture::with("scale-fd-limit", base, |settings, _| {
+        settings.host_ids = base..base + 4;
+        settings.warm_sandboxes = 0;
+    });
+    let mut receipt = fixture.receipt(&format!("exec /usr/bin/python3 -c '{HOLDER}'"), 120);
+    receipt.exec.push("/usr/bin/python3".into());
+    let run_id = fixture.start(&fixture.sign(receipt)).unwrap();
+    let output = || fixture.output_of(&run_id);
+    let wait_for = |text: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !output().contains(text) && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for("ready");
+    let signal = |signal: Signal| {
+        for pid in pids_of("python3", base..base + 4) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+        }
+    };
+    // Room for a few of the agent's 24 connections only.
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let tight = (open_fds() + 10) as u64;
+    setrlimit(Resource::RLIMIT_NOFILE, tight, hard).unwrap();
+    signal(Signal::SIGUSR1);
+    wait_for("lost");
+    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).unwrap();
+    signal(Signal::SIGUSR2);
+    let record = fixture
+        .manager
+        .wait(&run_id, Duration::from_secs(60))
+        .expect("run recorded");
+    let said = output();
+    assert!(said.contains("lost 0\n"), "{said}");
+    assert!(said.contains("answered"), "{said}");
+    assert_eq!(record.state, RunState::Exited, "{record:?}");
+    fixture.assert_gone(&run_id);
+}

@@ -28,8 +28,9 @@ pub enum ToShim {
     Start(Box<SandboxPlan>),
     /// Accept the next connection to the run's gateway socket (one waiting, or the next to
     /// come) and hand it over as [`FromShim::Connection`]. The supervisor asks for one at a
-    /// time, only when it can hold another connection: past its limit nothing is accepted and
-    /// new connections wait in the socket's backlog.
+    /// time, after [`FromShim::ConnectionWaiting`], only when it can hold another connection
+    /// and has a descriptor free for it: otherwise nothing is accepted and new connections
+    /// wait in the socket's backlog.
     Accept,
     /// Live restore: the supervisor is stopping cleanly and will come back. Sent with
     /// [`DETACH_FDS`] descriptors attached (SCM_RIGHTS), in this order: a listening socket the
@@ -91,6 +92,10 @@ pub enum FromShim {
     /// A connection to the run's gateway socket, accepted for [`ToShim::Accept`], attached
     /// (SCM_RIGHTS, one descriptor). pid 1 keeps no copy.
     Connection,
+    /// A connection waits on the run's gateway socket and none is asked for: said once, then
+    /// not again until the next [`ToShim::Accept`]. The supervisor asks only once it holds a
+    /// descriptor for the connection, so no ask is outstanding while a run makes no call.
+    ConnectionWaiting,
     /// The answer to [`ToShim::Reattach`], with [`REATTACH_FDS`] descriptors attached. The
     /// connection is the control socket from now on; `Exited` follows on it when the agent
     /// ends (at once, if it ended while detached), and gateway connections when asked for.

@@ -40,6 +40,8 @@ pub struct HandedConnections {
 struct Waiting {
     connections: mpsc::Receiver<io::Result<UnixStream>>,
     asked: bool,
+    /// pid 1 said a connection waits, and it has not been asked for yet (it says so once).
+    announced: bool,
 }
 
 /// A run's handed-over connections, asked for on `link`, and the sender its watch delivers
@@ -51,6 +53,7 @@ pub fn handed(link: Arc<ControlLink>) -> (HandedConnections, HandedSender) {
         waiting: tokio::sync::Mutex::new(Waiting {
             connections: receiver,
             asked: false,
+            announced: false,
         }),
     };
     (connections, sender)
@@ -64,6 +67,14 @@ impl Listener for HandedConnections {
         // sent again; one that was sent is answered once, whoever waits for it then.
         let mut waiting = self.waiting.lock().await;
         if !waiting.asked {
+            // Nothing is asked (and no descriptor held) until a connection waits.
+            if !waiting.announced {
+                self.link.connection_waits().await;
+                waiting.announced = true;
+            }
+            // Out of descriptors: asked for nothing, so the connection stays in the socket's
+            // backlog and the caller's accept loop backs off (`EMFILE`) and tries again.
+            self.link.reserve_descriptor()?;
             if let Err(e) = self.link.send(&ToShim::Accept).await {
                 // pid 1 is gone: the run's watch sees the socket's end and tears it down,
                 // which stops this gateway. Nothing more will come.
@@ -71,6 +82,7 @@ impl Listener for HandedConnections {
                 return std::future::pending().await;
             }
             waiting.asked = true;
+            waiting.announced = false;
         }
         let next = waiting.connections.recv().await;
         waiting.asked = false;
@@ -141,6 +153,7 @@ mod tests {
         use std::io::Read as _;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
         let link = Arc::new(ControlLink::register(Arc::new(OwnedFd::from(ours))).unwrap());
+        let link_of_test = link.clone();
         let (connections, sender) = handed(link);
         let connections = Arc::new(connections);
         let waiting = tokio::spawn({
@@ -148,6 +161,13 @@ mod tests {
             async move { connections.accept().await }
         });
         // A second accept, cancelled while the first waits: no second request.
+        // Nothing is asked before pid 1 says a connection waits.
+        tokio::task::yield_now().await;
+        theirs.set_nonblocking(true).unwrap();
+        let mut asked = [0u8; 64];
+        let early = (&theirs).read(&mut asked).unwrap_err();
+        assert_eq!(early.kind(), io::ErrorKind::WouldBlock, "asked too early");
+        link_of_test.note_connection_waiting();
         let second =
             tokio::time::timeout(std::time::Duration::from_millis(50), connections.accept()).await;
         assert!(second.is_err(), "nothing was delivered yet");
@@ -155,8 +175,6 @@ mod tests {
         deliver(&sender, Some(OwnedFd::from(client)));
         let accepted = waiting.await.unwrap();
         assert!(accepted.is_ok(), "{accepted:?}");
-        theirs.set_nonblocking(true).unwrap();
-        let mut asked = [0u8; 64];
         let read = (&theirs).read(&mut asked).unwrap();
         assert_eq!(&asked[..read], b"\"accept\"\n");
         let again = (&theirs).read(&mut asked).unwrap_err();

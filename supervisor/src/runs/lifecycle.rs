@@ -85,11 +85,16 @@ fn on_line(
     line: &[u8],
     exit: &mut Option<AgentExit>,
     fds: &mut VecDeque<OwnedFd>,
+    link: &ControlLink,
     connections: &HandedSender,
 ) -> Option<Watched> {
     match serde_json::from_slice(line) {
         Ok(FromShim::Connection) => {
             deliver(connections, fds.pop_front());
+            None
+        }
+        Ok(FromShim::ConnectionWaiting) => {
+            link.note_connection_waiting();
             None
         }
         Ok(event) => on_event(event, exit),
@@ -111,7 +116,7 @@ async fn watch_events(
     loop {
         while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
-            if let Some(watched) = on_line(&line, &mut exit, &mut fds, connections) {
+            if let Some(watched) = on_line(&line, &mut exit, &mut fds, link, connections) {
                 return watched;
             }
         }
@@ -119,7 +124,8 @@ async fn watch_events(
             Ok(0) | Err(_) => {
                 // A last line without its newline still counts.
                 if !pending.is_empty() {
-                    if let Some(watched) = on_line(&pending, &mut exit, &mut fds, connections) {
+                    if let Some(watched) = on_line(&pending, &mut exit, &mut fds, link, connections)
+                    {
                         return watched;
                     }
                 }
@@ -446,23 +452,33 @@ mod tests {
             .build()
             .unwrap();
         let _inside = runtime.enter();
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let link = ControlLink::register(Arc::new(OwnedFd::from(ours))).unwrap();
         let (sender, mut connections) = tokio::sync::mpsc::channel(1);
         let (mut exit, mut fds) = (None, VecDeque::new());
         let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(3))).unwrap();
-        assert!(on_line(&exited, &mut exit, &mut fds, &sender).is_none());
+        assert!(on_line(&exited, &mut exit, &mut fds, &link, &sender).is_none());
         assert_eq!(exit, Some(AgentExit::Code(3)));
         let detached = serde_json::to_vec(&FromShim::Detached).unwrap();
         assert!(matches!(
-            on_line(&detached, &mut exit, &mut fds, &sender),
+            on_line(&detached, &mut exit, &mut fds, &link, &sender),
             Some(Watched::Detached)
         ));
-        assert!(on_line(b"not json\n", &mut exit, &mut fds, &sender).is_none());
+        assert!(on_line(b"not json\n", &mut exit, &mut fds, &link, &sender).is_none());
         let (connection, _client) = std::os::unix::net::UnixStream::pair().unwrap();
         fds.push_back(OwnedFd::from(connection));
         let handed = serde_json::to_vec(&FromShim::Connection).unwrap();
-        assert!(on_line(&handed, &mut exit, &mut fds, &sender).is_none());
+        assert!(on_line(&handed, &mut exit, &mut fds, &link, &sender).is_none());
         assert!(matches!(connections.try_recv(), Ok(Ok(_))));
         assert!(fds.is_empty());
+        // pid 1 saying a connection waits is kept for the gateway's next ask.
+        let waiting = serde_json::to_vec(&FromShim::ConnectionWaiting).unwrap();
+        assert!(on_line(&waiting, &mut exit, &mut fds, &link, &sender).is_none());
+        runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), link.connection_waits())
+                .await
+                .expect("the note was kept")
+        });
     }
 
     /// The watch reads events split across what was read ahead and the socket, and ends

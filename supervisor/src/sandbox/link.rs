@@ -27,6 +27,15 @@ const RECEIVE_CHUNK: usize = 1024;
 #[derive(Debug)]
 pub struct ControlLink {
     socket: AsyncFd<Arc<OwnedFd>>,
+    /// A descriptor held while the gateway's `Accept` is outstanding, released just before
+    /// each receive: the connection pid 1 hands over then has a free number to land on. A
+    /// connection received with no free number is lost (the kernel drops the descriptor), so
+    /// the gateway asks only once it holds one ([`ControlLink::reserve_descriptor`]), and
+    /// only after pid 1 said a connection waits: no ask, and no descriptor, is held for a run
+    /// that makes no call.
+    reserved: std::sync::Mutex<Option<OwnedFd>>,
+    /// pid 1 said a connection waits on the run's gateway socket (`ConnectionWaiting`).
+    connection_waiting: tokio::sync::Notify,
 }
 
 impl ControlLink {
@@ -40,7 +49,49 @@ impl ControlLink {
             AsyncFd::register_with_interest(control, Interest::READABLE | Interest::WRITABLE)
         }
         .map_err(io::Error::from)?;
-        Ok(Self { socket })
+        Ok(Self {
+            socket,
+            reserved: std::sync::Mutex::new(None),
+            connection_waiting: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Notes that pid 1 said a connection waits (kept until [`Self::connection_waits`] takes
+    /// it, if nobody waits yet).
+    pub fn note_connection_waiting(&self) {
+        self.connection_waiting.notify_one();
+    }
+
+    /// Returns once pid 1 has said a connection waits on the run's gateway socket.
+    pub async fn connection_waits(&self) {
+        self.connection_waiting.notified().await;
+    }
+
+    /// Holds one descriptor of this process's table for the next connection pid 1 hands
+    /// over, and checks one more is free beside it. At the open-file limit this fails
+    /// (`EMFILE`) and nothing should be asked of pid 1: an accepted connection that cannot be
+    /// received is closed on its caller, while one not accepted waits in the socket's backlog
+    /// until descriptors free up.
+    pub fn reserve_descriptor(&self) -> io::Result<()> {
+        let copy = || {
+            nix::fcntl::fcntl(
+                self.socket.get_ref(),
+                nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(0),
+            )
+            .map_err(io::Error::from)
+        };
+        let held = copy()?;
+        // SAFETY: fcntl just returned this descriptor; nothing else owns it.
+        #[allow(unsafe_code)]
+        let held = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(held) };
+        // The one beside it, closed at once: room is left for everything else the supervisor
+        // opens (a start's or a teardown's files), not just for this connection.
+        let spare = copy()?;
+        // SAFETY: as above.
+        #[allow(unsafe_code)]
+        drop(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(spare) });
+        *self.reserved.lock().unwrap_or_else(|p| p.into_inner()) = Some(held);
+        Ok(())
     }
 
     /// Receives what pid 1 sent next: the bytes go to the end of `pending`, the descriptors
@@ -54,6 +105,13 @@ impl ControlLink {
         loop {
             let mut ready = self.socket.readable().await?;
             let mut chunk = [0u8; RECEIVE_CHUNK];
+            // Released just before the receive: a descriptor that comes has a number free.
+            drop(
+                self.reserved
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take(),
+            );
             let received =
                 ready.try_io(|socket| recv_with_fds(socket.get_ref().as_fd(), &mut chunk));
             match received {
