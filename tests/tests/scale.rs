@@ -201,6 +201,29 @@ fn pids_of(comm: &str, uids: std::ops::Range<u32>) -> Vec<i32> {
         .collect()
 }
 
+/// A supervisor in this process for one Python agent's run, with four host ids from `base`
+/// and no sandbox prepared ahead.
+fn python_fixture(name: &str, base: u32) -> RunFixture {
+    RunFixture::with(name, base, |settings, _| {
+        settings.host_ids = base..base + 4;
+        settings.warm_sandboxes = 0;
+    })
+}
+
+/// Starts `program` as the agent (`python3 -c`) of a run of `fixture`: its run id.
+fn start_python(fixture: &RunFixture, program: &str) -> String {
+    let mut receipt = fixture.receipt(&format!("exec /usr/bin/python3 -c '{program}'"), 120);
+    receipt.exec.push("/usr/bin/python3".into());
+    fixture.start(&fixture.sign(receipt)).unwrap()
+}
+
+/// Sends `signal` to the Python agents running as host ids from `base` (four).
+fn signal_python(base: u32, signal: Signal) {
+    for pid in pids_of("python3", base..base + 4) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
+    }
+}
+
 /// A run's agent opening many gateway connections makes the supervisor hold at most the
 /// gateway's connection limit: the run's pid 1 accepts one only when the gateway asks, and
 /// the gateway asks only with a free slot, so the rest wait in the kernel's backlog of the
@@ -211,14 +234,9 @@ fn an_agent_flooding_its_gateway_holds_at_most_the_connection_limit() {
         return;
     }
     let base = 427_000;
-    let fixture = RunFixture::with("scale-flood", base, |settings, _| {
-        settings.host_ids = base..base + 4;
-        settings.warm_sandboxes = 0;
-    });
+    let fixture = python_fixture("scale-flood", base);
     let before = open_fds();
-    let mut receipt = fixture.receipt(&format!("exec /usr/bin/python3 -c '{FLOODER}'"), 120);
-    receipt.exec.push("/usr/bin/python3".into());
-    let run_id = fixture.start(&fixture.sign(receipt)).unwrap();
+    let run_id = start_python(&fixture, FLOODER);
     let output = || fixture.output_of(&run_id);
     // Counted until the agent holds its connections and the supervisor has taken the most it
     // takes (or a minute has passed: the assertions below say which).
@@ -238,9 +256,7 @@ fn an_agent_flooding_its_gateway_holds_at_most_the_connection_limit() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let held = output();
-    for pid in pids_of("python3", base..base + 4) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGUSR1);
-    }
+    signal_python(base, Signal::SIGUSR1);
     let record = fixture
         .manager
         .wait(&run_id, Duration::from_secs(60))
@@ -445,13 +461,8 @@ fn at_the_open_file_limit_gateway_connections_wait_and_none_is_lost() {
         return;
     }
     let base = 427_100;
-    let fixture = RunFixture::with("scale-fd-limit", base, |settings, _| {
-        settings.host_ids = base..base + 4;
-        settings.warm_sandboxes = 0;
-    });
-    let mut receipt = fixture.receipt(&format!("exec /usr/bin/python3 -c '{HOLDER}'"), 120);
-    receipt.exec.push("/usr/bin/python3".into());
-    let run_id = fixture.start(&fixture.sign(receipt)).unwrap();
+    let fixture = python_fixture("scale-fd-limit", base);
+    let run_id = start_python(&fixture, HOLDER);
     let output = || fixture.output_of(&run_id);
     let wait_for = |text: &str| {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
@@ -460,11 +471,7 @@ fn at_the_open_file_limit_gateway_connections_wait_and_none_is_lost() {
         }
     };
     wait_for("ready");
-    let signal = |signal: Signal| {
-        for pid in pids_of("python3", base..base + 4) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal);
-        }
-    };
+    let signal = |signal: Signal| signal_python(base, signal);
     // Room for a few of the agent's 24 connections only.
     let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
     let tight = (open_fds() + 10) as u64;
