@@ -521,7 +521,14 @@ impl RunCgroup {
                 write_kill(&self.v2_dir.clone().unwrap_or_default())?;
                 Ok(())
             }
-            KillMethod::Freezer => kill_frozen(&self.v1_dir(&Controllers::Freezer)),
+            KillMethod::Freezer => {
+                let freezer = self.v1_dir(&Controllers::Freezer);
+                // A cgroup already gone (or empty) is nothing to do.
+                if read_pids(&freezer)?.is_empty() {
+                    return Ok(());
+                }
+                kill_frozen(&freezer)
+            }
         }
     }
 
@@ -610,13 +617,10 @@ fn write_kill(dir: &Path) -> Result<bool, CgroupError> {
     }
 }
 
-/// One pass of the kill without `cgroup.kill`: freeze so nothing forks between reading the
-/// list and the kills, SIGKILL every member, thaw so the kills are delivered. A cgroup
-/// already gone (or empty) is nothing to do.
+/// One pass of the kill without `cgroup.kill` on a cgroup its caller found not empty:
+/// freeze so nothing forks between reading the list and the kills, SIGKILL every member,
+/// thaw so the kills are delivered.
 fn kill_frozen(freezer: &Path) -> Result<(), CgroupError> {
-    if read_pids(freezer)?.is_empty() {
-        return Ok(());
-    }
     freeze(freezer, true)?;
     for pid in read_pids(freezer)? {
         // ESRCH: already gone, which is what we want.
