@@ -61,6 +61,6 @@ pub use input::{MAX_LIST, MAX_PATH, MAX_READ, MAX_STDIN, MAX_WRITE};
 pub use models::RunModels;
 pub use run::{RunGateway, RunGatewayConfig};
 pub use service::{
-    bind, serve, serve_listener, GatewayError, GatewayHandle, GatewayService,
-    GATEWAY_BODY_DEADLINE, GATEWAY_IN_FLIGHT,
+    bind, serve, GatewayError, GatewayHandle, GatewayService, GATEWAY_BODY_DEADLINE,
+    GATEWAY_IN_FLIGHT,
 };

@@ -387,16 +387,6 @@ pub fn serve(
     run: Arc<RunGateway>,
 ) -> Result<GatewayHandle, GatewayError> {
     let (socket, listener) = bind(dir, run.host_id)?;
-    serve_listener(runtime, listener, socket, run)
-}
-
-/// Serves `run` on an already bound gateway socket, accepting in this process.
-pub fn serve_listener(
-    runtime: &tokio::runtime::Handle,
-    listener: std::os::unix::net::UnixListener,
-    socket: PathBuf,
-    run: Arc<RunGateway>,
-) -> Result<GatewayHandle, GatewayError> {
     let error = |source: std::io::Error| GatewayError {
         path: socket.clone(),
         source,
