@@ -2,7 +2,8 @@
 //!
 //! The supervisor starts `tollgate-shim enter` as it starts the sandbox's own shim (without
 //! copying itself, then moving it into the run's cgroup in every hierarchy: see
-//! `sandbox::spawn`), hands it the request on fd 3 (the helper reads nothing before it), feeds the command's stdin and collects its stdout and stderr up to the output cap.
+//! `sandbox::spawn`), hands it the request on fd 3 (the helper reads nothing before it),
+//! feeds the command's stdin and collects its stdout and stderr up to the output cap.
 //! The helper joins the sandbox's namespaces and starts the command exactly as the agent was
 //! started (see `tollgate_agent_shim`'s `enter`); it enforces the time limit and reports how
 //! the command ended. A helper that does not report within the limit plus a grace period is
@@ -433,7 +434,7 @@ fn spawn_helper(
     let mut child = spawn_in_cgroup(&sandbox.shim, &["enter"], &sandbox.cgroup_procs, fds)?;
     // Only the helper holds its ends now: its output pipes end when it (and its command) do.
     drop((theirs, pid_one, stdin_read, stdout_write, stderr_write));
-    let helper = (|| {
+    let parts = (|| {
         let pidfd = child.pidfd()?;
         // SAFETY: the `AsyncFd` owns the pidfd (an `OwnedFd`) and nothing replaces or closes
         // it while registered.
@@ -441,23 +442,28 @@ fn spawn_helper(
         let exited =
             unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
                 .map_err(std::io::Error::from)?;
-        Ok::<_, std::io::Error>(Helper {
+        Ok::<_, std::io::Error>((
             exited,
-            stdin: Some(pipe::Sender::from_owned_fd(stdin_write.into())?),
-            stdout: Some(pipe::Receiver::from_owned_fd(stdout_read.into())?),
-            stderr: Some(pipe::Receiver::from_owned_fd(stderr_read.into())?),
-            child: None,
-        })
+            pipe::Sender::from_owned_fd(stdin_write.into())?,
+            pipe::Receiver::from_owned_fd(stdout_read.into())?,
+            pipe::Receiver::from_owned_fd(stderr_read.into())?,
+        ))
     })();
-    let mut helper = match helper {
-        Ok(helper) => helper,
+    let (exited, stdin, stdout, stderr) = match parts {
+        Ok(parts) => parts,
         Err(e) => {
             let _ = child.kill();
             let _ = child.wait();
             return Err(ExecError::Helper(e));
         }
     };
-    helper.child = Some(child);
+    let helper = Helper {
+        child: Some(child),
+        exited,
+        stdin: Some(stdin),
+        stdout: Some(stdout),
+        stderr: Some(stderr),
+    };
     let mut line = serde_json::to_vec(request).map_err(|e| ExecError::Helper(e.into()))?;
     line.push(b'\n');
     ours.set_nonblocking(true).map_err(ExecError::Helper)?;
