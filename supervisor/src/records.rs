@@ -352,8 +352,9 @@ fn make_private(path: &Path, create: bool) -> Result<(), RecordsError> {
 
 /// Writes a group of final records in one durable transaction: at a supervisor's stop every
 /// live run ends at once, and one commit (one WAL fsync) a run, in series under the
-/// connection's lock, made the stop wait on the disk once per run. Each run's outcome goes to its `done`: its own statement's failure, or the
-/// transaction's (then every run of the group failed, and none is written).
+/// connection's lock, made the stop wait on the disk once per run. Each run's outcome goes to
+/// its `done`: its own statement's failure, or the transaction's (then every run of the group
+/// failed, and none is written).
 fn commit_finishes(conn: &mut Connection, group: Vec<Finish>) {
     if group.is_empty() {
         return;
