@@ -192,13 +192,6 @@ impl Supervisor {
             self.info(),
             self.last_revocation_seq.clone(),
         );
-        let (health_reporter, health_service) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<SupervisorServer<SupervisorService>>()
-            .await;
-        let (reflection, reflection_v1alpha) =
-            tollgate_daemon::reflection::services("tollgate.v1.Supervisor")
-                .map_err(|e| DaemonError::Reflection(e.to_string()))?;
         let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
         let teardown_manager = self.manager.clone();
         let signal = async move {
@@ -211,24 +204,13 @@ impl Supervisor {
             let _ = tokio::task::spawn_blocking(move || teardown_manager.shutdown()).await;
             let _ = stop_tx.send(true);
         };
-        let bounds = ServeLimits::DAEMON;
-        let incoming = tollgate_daemon::incoming(listener, bounds.connections);
-        let server = tollgate_daemon::tls::serve_tls(bounds.server(), &self.config.tls)
-            .map_err(DaemonError::Tls)?
-            .layer(request_limits(self.callers()))
-            .add_service(health_service)
-            .add_service(reflection)
-            .add_service(reflection_v1alpha)
-            // No message larger than the largest request (StartRun, 256 KiB): Attach's input
-            // stream is capped per message, not in total.
-            .add_service(SupervisorServer::new(service).max_decoding_message_size(256 << 10))
-            .serve_with_incoming_shutdown(incoming, signal);
+        let server = serve_api(service, self.callers(), &self.config.tls, listener, signal);
         let grace = async move {
             let _ = stop_rx.wait_for(|stop| *stop).await;
             tokio::time::sleep(Duration::from_secs(5)).await;
         };
         let served = tokio::select! {
-            served = server => served.map_err(DaemonError::from),
+            served = server => served,
             () = grace => Ok(()),
         };
         let parent = self.config.runs.cgroup_parent.clone();
@@ -271,6 +253,41 @@ impl Supervisor {
             .into(),
         }
     }
+}
+
+/// Serves the supervisor's API, `service`, on `listener` until `signal` completes, as the daemon
+/// does: with health and reflection, the daemon's connection and request bounds, callers
+/// resolved by `callers` from each request's headers (and TLS certificate), TLS as `tls` says.
+/// Public for a program that builds its own run manager and serves it (the scale bench times
+/// `tollgate ps` against one).
+pub async fn serve_api(
+    service: SupervisorService,
+    callers: CallerCheck,
+    tls: &tollgate_daemon::tls::ServerTls,
+    listener: TcpListener,
+    signal: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<SupervisorServer<SupervisorService>>()
+        .await;
+    let (reflection, reflection_v1alpha) =
+        tollgate_daemon::reflection::services("tollgate.v1.Supervisor")
+            .map_err(|e| DaemonError::Reflection(e.to_string()))?;
+    let bounds = ServeLimits::DAEMON;
+    let incoming = tollgate_daemon::incoming(listener, bounds.connections);
+    tollgate_daemon::tls::serve_tls(bounds.server(), tls)
+        .map_err(DaemonError::Tls)?
+        .layer(request_limits(callers))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_v1alpha)
+        // No message larger than the largest request (StartRun, 256 KiB): Attach's input
+        // stream is capped per message, not in total.
+        .add_service(SupervisorServer::new(service).max_decoding_message_size(256 << 10))
+        .serve_with_incoming_shutdown(incoming, signal)
+        .await
+        .map_err(DaemonError::from)
 }
 
 /// The supervisor API's request bounds. The caller is resolved from the headers (and the

@@ -15,7 +15,9 @@
 //! With `--gateway-check` (issue 32's item 4), each run's program stays a shell that, on
 //! SIGUSR1, makes one gateway call (`tollgate-shim receipt`); once the last count is live,
 //! every run's shell is signalled and the answers counted, then `ListRuns` (live only, what
-//! `tollgate ps` asks; in this process) and one revocation to its run's end are timed, and
+//! `tollgate ps` asks) in this process, the real `tollgate ps` over gRPC against this run
+//! manager's API served as the daemon serves it, and one revocation to its run's end are
+//! timed, and
 //! after the clean stop the bench checks that no cgroup under its parent, no mount beneath
 //! its data directory and no run directory is left.
 //!
@@ -30,8 +32,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use tollgate_proto::v1 as pb;
 use tollgate_receipt::{timestamp_from_unix, unix_now};
-use tollgate_supervisor::runs::OutputSink;
+use tollgate_supervisor::callers::CallerCheck;
+use tollgate_supervisor::daemon::serve_api;
+use tollgate_supervisor::runs::{OutputSink, RunManager};
+use tollgate_supervisor::service::SupervisorService;
 
 use crate::sandbox::{bwrap, Tollgate};
 use crate::stats::percentile;
@@ -168,6 +174,9 @@ struct GatewayCheck {
     /// listed and how long it took (no gRPC hop, no CLI start).
     listed: usize,
     ps: Duration,
+    /// `tollgate ps` as a user runs it, spawn → exit: the runs it printed and how long.
+    cli_listed: usize,
+    cli_ps: Duration,
     /// One revocation, recorded → the run's final record.
     revocation: Duration,
 }
@@ -266,6 +275,7 @@ fn check_gateways(
         .collect();
     let listed = listed.len();
     let ps = listing.elapsed();
+    let (cli_ps, cli_listed) = time_cli_ps(&tollgate.manager)?;
     let victim = tollgate
         .manager
         .live_ids()
@@ -289,8 +299,56 @@ fn check_gateways(
         took,
         listed,
         ps,
+        cli_listed,
+        cli_ps,
         revocation,
     })
+}
+
+/// Runs the real `tollgate ps` against this run manager: its API served on a loopback port
+/// the way the daemon serves it (request bounds, the admin token checked, no TLS), the CLI
+/// started as a user starts it. Returns spawn → exit and the runs it printed.
+fn time_cli_ps(manager: &Arc<RunManager>) -> anyhow::Result<(Duration, usize)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let token = tollgate_daemon::token::generate();
+    let token_file = dir.path().join("admin.token");
+    std::fs::write(&token_file, format!("{}\n", token.expose()))?;
+    let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))?;
+    let addr = listener.local_addr()?;
+    let service = SupervisorService::new(
+        manager.clone(),
+        pb::SupervisorInfo::default(),
+        Arc::default(),
+    );
+    let callers = CallerCheck::new(tollgate_daemon::token::hash(token.expose()), None);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = runtime.spawn(async move {
+        let tls = tollgate_daemon::tls::ServerTls::default();
+        serve_api(service, callers, &tls, listener, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let begin = Instant::now();
+    let out = std::process::Command::new(tollgate_tests::bin_path("tollgate"))
+        .args(["ps", "--json", "--supervisor", &format!("http://{addr}")])
+        .arg("--token-file")
+        .arg(&token_file)
+        .output()
+        .context("starting tollgate ps")?;
+    let took = begin.elapsed();
+    let _ = stop.send(());
+    runtime.block_on(server)??;
+    anyhow::ensure!(
+        out.status.success(),
+        "tollgate ps failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok((took, String::from_utf8_lossy(&out.stdout).lines().count()))
 }
 
 /// Host pids of the processes named `comm` whose real uid is one of `uids`.
@@ -440,13 +498,15 @@ pub(crate) fn bench(
     if let Some(check) = check {
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "tollgate  gateway check: {} of {} live runs answered ({} refused) in {:.2} s; ps (ListRuns live_only, in process) {:.2} ms for {} runs; a revocation ended its run in {:.2} ms",
+            "tollgate  gateway check: {} of {} live runs answered ({} refused) in {:.2} s; ps (ListRuns live_only, in process) {:.2} ms for {} runs; `tollgate ps` (CLI, gRPC) {:.2} ms for {} runs; a revocation ended its run in {:.2} ms",
             check.answered,
             check.asked,
             check.refused,
             check.took.as_secs_f64(),
             ms(check.ps),
             check.listed,
+            ms(check.cli_ps),
+            check.cli_listed,
             ms(check.revocation),
         );
     }
