@@ -375,7 +375,13 @@ impl RunCgroup {
                 }
                 write_file(&self.v1_dir(&Controllers::Pids).join("pids.max"), &pids)?;
                 let cpu = self.v1_dir(&Controllers::Cpu);
-                write_file(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                // Each write of either file makes the kernel walk every cpu cgroup on the host
+                // to check the quotas still fit (`tg_set_cfs_bandwidth`): a new cgroup already
+                // has the default period, so it is written only where it differs.
+                let period = cpu.join("cpu.cfs_period_us");
+                if read_trimmed(&period)? != CPU_PERIOD_US.to_string() {
+                    write_file(&period, &CPU_PERIOD_US.to_string())?;
+                }
                 write_file(&cpu.join("cpu.cfs_quota_us"), &quota)?;
                 self.verify_v1_limits(limits)
             }
