@@ -7,9 +7,11 @@
 //! before the shim is given its plan. The cgroup is the source of truth
 //! for "everything the run started": teardown kills what it contains and removes it.
 //!
-//! `cgroups-rs` creates the directories (and enables the v2 controllers in the parent).
-//! What it does not do, or does too slowly for a run's start, is written here at file level,
-//! each small:
+//! `cgroups-rs` finds where the v1 controllers are mounted (read once per process: the
+//! mount table does not change under a running supervisor, and `cgroups-rs` would read it
+//! afresh, twice, for every run). What it does not do, or does too slowly for a run's start,
+//! is written here at file level, each small:
+//! * **Creation**: one directory per hierarchy, made directly.
 //! * **Limits**: five control files written and read back (`RunCgroup::apply_limits`);
 //!   `cgroups-rs` would re-read the mount table on every load, on every start.
 //! * **Hybrid hosts**: `cgroups-rs` picks v1 there and ignores the v2 tree beside it. We also
@@ -35,10 +37,11 @@
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use cgroups_rs::fs::hierarchies::V1;
-use cgroups_rs::fs::{Cgroup, Controllers};
+use cgroups_rs::fs::Controllers;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
@@ -209,9 +212,25 @@ pub struct RunCgroup {
     v2_dir: Option<PathBuf>,
 }
 
-fn v1_mount(v1: &V1, controller: Controllers) -> Result<PathBuf, CgroupError> {
-    v1.get_mount_point(controller.clone())
-        .map(|(mount_point, _root)| mount_point)
+/// Where `controller` is mounted (v1), from the mount table as it was first read.
+fn v1_mount(controller: Controllers) -> Result<PathBuf, CgroupError> {
+    static MOUNTS: OnceLock<Vec<(Controllers, Option<PathBuf>)>> = OnceLock::new();
+    let mounts = MOUNTS.get_or_init(|| {
+        let v1 = V1::new();
+        V1_CONTROLLERS
+            .into_iter()
+            .map(|c| {
+                let mount = v1
+                    .get_mount_point(c.clone())
+                    .map(|(mount_point, _root)| mount_point);
+                (c, mount)
+            })
+            .collect()
+    });
+    mounts
+        .iter()
+        .find(|(c, _)| *c == controller)
+        .and_then(|(_, mount)| mount.clone())
         .ok_or_else(|| CgroupError::ControllerMissing(controller.to_string()))
 }
 
@@ -260,15 +279,10 @@ impl RunCgroup {
         Self {
             v1_dirs: match mode {
                 CgroupMode::Unified => Vec::new(),
-                _ => {
-                    let v1 = V1::new();
-                    V1_CONTROLLERS
-                        .into_iter()
-                        .filter_map(|c| {
-                            v1_mount(&v1, c.clone()).ok().map(|m| (c, m.join(relative)))
-                        })
-                        .collect()
-                }
+                _ => V1_CONTROLLERS
+                    .into_iter()
+                    .filter_map(|c| v1_mount(c.clone()).ok().map(|m| (c, m.join(relative))))
+                    .collect(),
             },
             v2_dir: match mode {
                 CgroupMode::Unified => Some(Path::new(UNIFIED_ROOT).join(relative)),
@@ -324,17 +338,13 @@ impl RunCgroup {
                 self.v2_dir = Some(dir);
             }
             CgroupMode::Legacy | CgroupMode::Hybrid => {
-                let v1 = V1::new();
                 for controller in V1_CONTROLLERS {
-                    let dir = v1_mount(&v1, controller.clone())?.join(&self.relative);
-                    self.v1_dirs.push((controller, dir));
+                    let dir = v1_mount(controller.clone())?.join(&self.relative);
+                    // Recorded before it is made: a failure's cleanup removes what was.
+                    self.v1_dirs.push((controller, dir.clone()));
+                    fs::create_dir_all(&dir)
+                        .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
                 }
-                Cgroup::new_with_specified_controllers(
-                    Box::new(V1::new()),
-                    &self.relative,
-                    Some(V1_CONTROLLERS.iter().map(|c| c.to_string()).collect()),
-                )
-                .map_err(|e| self.create_error(e.to_string()))?;
                 if self.mode == CgroupMode::Hybrid {
                     let dir = Path::new(HYBRID_V2_ROOT).join(&self.relative);
                     fs::create_dir_all(&dir)
@@ -691,9 +701,8 @@ pub fn sweep_keeping(
     match mode {
         CgroupMode::Unified => roots.push(PathBuf::from(UNIFIED_ROOT)),
         CgroupMode::Legacy | CgroupMode::Hybrid => {
-            let v1 = V1::new();
             for controller in V1_CONTROLLERS {
-                if let Ok(mount) = v1_mount(&v1, controller) {
+                if let Ok(mount) = v1_mount(controller) {
                     roots.push(mount);
                 }
             }
