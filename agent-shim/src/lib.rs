@@ -38,6 +38,8 @@ pub mod models;
 pub mod powers;
 pub mod probe;
 pub mod setup;
+#[cfg(test)]
+mod tests;
 pub mod tool;
 
 use std::io::Write as _;
