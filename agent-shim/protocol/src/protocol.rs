@@ -176,3 +176,35 @@ pub enum EnterOutcome {
         reason: String,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-over's messages have the names the other side parses, and an older pid 1's
+    /// `Reattached` (no `keeps_connections`) reads as one that keeps no connection.
+    #[test]
+    fn hand_over_messages_and_an_older_reattached() {
+        for (message, line) in [
+            (ToShim::Accept, "\"accept\""),
+            (ToShim::Received, "\"received\""),
+            (ToShim::Resend, "\"resend\""),
+        ] {
+            assert_eq!(serde_json::to_string(&message).unwrap(), line);
+        }
+        assert_eq!(
+            serde_json::to_string(&FromShim::NotAccepted).unwrap(),
+            "\"not_accepted\""
+        );
+        let older: FromShim =
+            serde_json::from_str(r#"{"reattached":{"agent_pid":2,"execute":[]}}"#).unwrap();
+        assert_eq!(
+            older,
+            FromShim::Reattached {
+                agent_pid: 2,
+                execute: Vec::new(),
+                keeps_connections: false,
+            }
+        );
+    }
+}
