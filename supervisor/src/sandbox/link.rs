@@ -1,6 +1,7 @@
 //! A started shim's control socket, shared without a thread: the run's watch reads pid 1's
 //! events on it, with the gateway connections pid 1 hands over (SCM_RIGHTS), and the run's
-//! gateway writes `Accept` on it each time it can hold one more connection. pid 1 holds the
+//! gateway writes `Accept` on it each time it can hold one more connection (and `Received`
+//! once it holds it, `Resend` when its descriptor did not arrive). pid 1 holds the
 //! run's gateway listening socket, so the supervisor holds three descriptors a live run: this
 //! socket and the agent's two output pipes.
 //!
@@ -30,11 +31,11 @@ const RECEIVE_CHUNK: usize = 1024;
 pub struct ControlLink {
     socket: AsyncFd<Arc<OwnedFd>>,
     /// A descriptor held while the gateway's `Accept` is outstanding, released just before
-    /// each receive: the connection pid 1 hands over then has a free number to land on. A
-    /// connection received with no free number is lost (the kernel drops the descriptor), so
-    /// the gateway asks only once it holds one ([`ControlLink::reserve_descriptor`]), and
-    /// only after pid 1 said a connection waits: no ask, and no descriptor, is held for a run
-    /// that makes no call.
+    /// each receive: the connection pid 1 hands over then has a free number to land on. One
+    /// received with no free number does not arrive (the kernel closes the descriptor; pid 1
+    /// kept a copy and is asked to send it again), so the gateway asks only once it holds one
+    /// ([`ControlLink::reserve_descriptor`]), and only after pid 1 said a connection waits:
+    /// no ask, and no descriptor, is held for a run that makes no call.
     reserved: std::sync::Mutex<Option<OwnedFd>>,
     /// pid 1 said a connection waits on the run's gateway socket (`ConnectionWaiting`).
     connection_waiting: tokio::sync::Notify,
@@ -77,9 +78,9 @@ impl ControlLink {
 
     /// Holds one descriptor of this process's table for the next connection pid 1 hands
     /// over, and checks one more is free beside it. At the open-file limit this fails
-    /// (`EMFILE`) and nothing should be asked of pid 1: an accepted connection that cannot be
-    /// received is closed on its caller, while one not accepted waits in the socket's backlog
-    /// until descriptors free up.
+    /// (`EMFILE`) and nothing should be asked of pid 1: a connection handed over that cannot
+    /// be received would only be sent again, over and over, while one not accepted waits in
+    /// the socket's backlog until descriptors free up.
     pub fn reserve_descriptor(&self) -> io::Result<()> {
         let copy = || {
             nix::fcntl::fcntl(
