@@ -14,7 +14,9 @@
 //!    ([`setup`]), forks the agent, writes the agent's uid/gid map, reports `Started`, then
 //!    reaps children and watches the control socket. It holds the run's gateway listening
 //!    socket (sent with the plan) and, each time the supervisor asks (`Accept`), accepts one
-//!    connection on it and hands it over on the control socket (`Connection`, SCM_RIGHTS).
+//!    connection on it and hands it over on the control socket (`Connection`, SCM_RIGHTS),
+//!    keeping its copy until the supervisor says it holds it (`Received`) and sending it
+//!    again if its descriptor did not arrive (`Resend`).
 //!    When the agent exits it reports `Exited` and exits; when the
 //!    socket closes (the supervisor is gone) it exits at once. Either way the kernel kills
 //!    everything left in the pid namespace.
