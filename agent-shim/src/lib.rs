@@ -14,7 +14,9 @@
 //!    ([`setup`]), forks the agent, writes the agent's uid/gid map, reports `Started`, then
 //!    reaps children and watches the control socket. It holds the run's gateway listening
 //!    socket (sent with the plan) and, each time the supervisor asks (`Accept`), accepts one
-//!    connection on it and hands it over on the control socket (`Connection`, SCM_RIGHTS).
+//!    connection on it and hands it over on the control socket (`Connection`, SCM_RIGHTS),
+//!    keeping its copy until the supervisor says it holds it (`Received`) and sending it
+//!    again if its descriptor did not arrive (`Resend`).
 //!    When the agent exits it reports `Exited` and exits; when the
 //!    socket closes (the supervisor is gone) it exits at once. Either way the kernel kills
 //!    everything left in the pid namespace.
@@ -38,6 +40,8 @@ pub mod models;
 pub mod powers;
 pub mod probe;
 pub mod setup;
+#[cfg(test)]
+mod tests;
 pub mod tool;
 
 use std::io::Write as _;
@@ -395,7 +399,8 @@ fn pid_one(
 }
 
 /// A supervisor connected to pid 1: its control socket, what came on it and is not yet
-/// taken, and how many gateway connections it has asked for and not yet been handed.
+/// taken, how many gateway connections it has asked for and not yet been handed, and the
+/// connection handed over last until the supervisor says it holds it.
 struct Attached {
     control: UnixStream,
     inbox: Inbox,
@@ -403,6 +408,13 @@ struct Attached {
     /// `ConnectionWaiting` was said and no `Accept` has come since: the listener is not
     /// watched until one does.
     announced: bool,
+    /// The connection handed over last, kept until the supervisor says it holds it
+    /// (`Received`): one whose descriptor did not arrive (the supervisor had no free number
+    /// for it) is sent again (`Resend`) instead of being closed on its caller. One at most:
+    /// the supervisor asks for the next only once it holds the last, so an `Accept` drops it
+    /// too. Kept, it holds the connection open on its caller's side, so it is dropped as soon
+    /// as the supervisor says so.
+    handed: Option<OwnedFd>,
 }
 
 impl Attached {
@@ -412,6 +424,7 @@ impl Attached {
             inbox,
             asked: 0,
             announced: false,
+            handed: None,
         }
     }
 
@@ -432,9 +445,10 @@ impl Attached {
         }
     }
 
-    /// Reads what the supervisor sent: each `Accept` is counted, a `Detach` with its
-    /// descriptors detaches, anything else is ignored. `None` once the socket has ended or
-    /// failed: the supervisor is gone without detaching (a crash).
+    /// Reads what the supervisor sent: each `Accept` is counted, `Received` drops the kept
+    /// connection, `Resend` sends it again, a `Detach` with its descriptors detaches,
+    /// anything else is ignored. `None` once the socket has ended or failed: the supervisor
+    /// is gone without detaching (a crash).
     fn read(mut self) -> Option<Link> {
         match self.inbox.receive(&self.control) {
             Ok(true) => {}
@@ -443,13 +457,17 @@ impl Attached {
         while let Some(message) = self.inbox.message() {
             match message {
                 Ok(ToShim::Accept) => {
+                    self.handed = None;
                     self.asked = self.asked.saturating_add(1);
                     self.announced = false;
                 }
+                Ok(ToShim::Received) => self.handed = None,
+                Ok(ToShim::Resend) => self.send_handed(),
                 Ok(ToShim::Detach { until_ms }) => {
                     let fds = self.inbox.take_all();
                     if let Some(detached) = detach(&mut self.control, fds, until_ms) {
-                        // The control socket closes here: the old supervisor's watch ends.
+                        // The control socket closes here: the old supervisor's watch ends,
+                        // and the kept connection (if any) is dropped with `self`.
                         return Some(detached);
                     }
                 }
@@ -461,36 +479,48 @@ impl Attached {
     }
 
     /// Accepts the gateway connections the supervisor asked for that are waiting, and hands
-    /// each over (pid 1 keeps no copy). One that cannot be accepted (out of descriptors or
-    /// memory) is answered without a descriptor: the supervisor backs off and asks again.
+    /// each over, keeping it until the supervisor says it holds it. One that cannot be
+    /// accepted (out of descriptors or memory) is answered `NotAccepted`: it waits in the
+    /// socket's backlog, and the supervisor backs off and asks again.
     fn hand_over(&mut self, gateway: &UnixListener) {
         while self.asked > 0 {
-            let sent = match gateway.accept() {
-                Ok((connection, _)) => send_with_fds(
-                    &self.control,
-                    &FromShim::Connection,
-                    &[OwnedFd::from(connection)],
-                ),
+            match gateway.accept() {
+                Ok((connection, _)) => {
+                    self.asked -= 1;
+                    self.handed = Some(OwnedFd::from(connection));
+                    self.send_handed();
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 // A client that gave up while queued, or a signal: the next one.
                 Err(e)
                     if matches!(
                         e.kind(),
                         std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted
-                    ) =>
-                {
-                    continue
-                }
+                    ) => {}
                 Err(_) => {
-                    send(&mut self.control, &FromShim::Connection);
-                    Ok(())
+                    self.asked -= 1;
+                    send(&mut self.control, &FromShim::NotAccepted);
                 }
-            };
-            if sent.is_err() {
-                // The supervisor is going away; its socket's end is seen by the poll.
-                return;
             }
-            self.asked -= 1;
+        }
+    }
+
+    /// Sends the kept connection (`Connection`, SCM_RIGHTS), or `NotAccepted` when none is
+    /// kept. One that cannot go with its descriptor (out of memory, or the supervisor gone)
+    /// is announced without it: a supervisor still there asks for it again.
+    fn send_handed(&mut self) {
+        let Some(connection) = &self.handed else {
+            send(&mut self.control, &FromShim::NotAccepted);
+            return;
+        };
+        if send_with_fds(
+            &self.control,
+            &FromShim::Connection,
+            std::slice::from_ref(connection),
+        )
+        .is_err()
+        {
+            send(&mut self.control, &FromShim::Connection);
         }
     }
 }
@@ -671,6 +701,7 @@ fn reattach(
     let answer = FromShim::Reattached {
         agent_pid: agent.as_raw(),
         execute: execute.to_vec(),
+        keeps_connections: true,
     };
     send_with_fds(&stream, &answer, held).ok()?;
     Some(stream)

@@ -32,6 +32,15 @@ pub enum ToShim {
     /// and has a descriptor free for it: otherwise nothing is accepted and new connections
     /// wait in the socket's backlog.
     Accept,
+    /// The supervisor holds the connection pid 1 handed over last ([`FromShim::Connection`]):
+    /// pid 1 closes its copy, so the caller sees the connection end when the gateway ends it.
+    Received,
+    /// The connection pid 1 handed over last did not arrive whole (the supervisor's receive
+    /// came truncated, `MSG_CTRUNC`, or with no descriptor: the kernel closes a descriptor
+    /// that finds no free number): pid 1 sends the copy it kept again, as
+    /// [`FromShim::Connection`]. Sent after backing off, and only while the supervisor holds
+    /// a descriptor for it, as [`ToShim::Accept`] is.
+    Resend,
     /// Live restore: the supervisor is stopping cleanly and will come back. Sent with
     /// [`DETACH_FDS`] descriptors attached (SCM_RIGHTS), in this order: a listening socket the
     /// next supervisor connects to, and the read ends of the agent's stdout and stderr pipes.
@@ -89,9 +98,18 @@ pub enum FromShim {
     Exited(AgentExit),
     /// pid 1 holds the descriptors of [`ToShim::Detach`] and runs on alone.
     Detached,
-    /// A connection to the run's gateway socket, accepted for [`ToShim::Accept`], attached
-    /// (SCM_RIGHTS, one descriptor). pid 1 keeps no copy.
+    /// A connection to the run's gateway socket, accepted for [`ToShim::Accept`] (or sent
+    /// again for [`ToShim::Resend`]), attached (SCM_RIGHTS, one descriptor). pid 1 keeps a
+    /// copy until [`ToShim::Received`] (or the next `Accept`, or a `Detach`), so a connection
+    /// lost on the way can be sent again instead of being closed on its caller. Sent without
+    /// a descriptor when pid 1 could not send it with one: the supervisor asks
+    /// [`ToShim::Resend`] as for one that arrived truncated.
     Connection,
+    /// pid 1 could not accept the connection it was asked for (out of descriptors or memory
+    /// itself), or holds none to send again for [`ToShim::Resend`]: nothing is held, the
+    /// connection waits in the socket's backlog, and pid 1 says [`FromShim::ConnectionWaiting`]
+    /// again. The supervisor backs off before it asks again.
+    NotAccepted,
     /// A connection waits on the run's gateway socket and none is asked for: said once, then
     /// not again until the next [`ToShim::Accept`]. The supervisor asks only once it holds a
     /// descriptor for the connection, so no ask is outstanding while a run makes no call.
@@ -104,6 +122,12 @@ pub enum FromShim {
         agent_pid: i32,
         /// The executables Landlock allows, as resolved when the sandbox started.
         execute: Vec<std::path::PathBuf>,
+        /// pid 1 keeps each [`FromShim::Connection`] until [`ToShim::Received`] and answers
+        /// [`ToShim::Resend`]. Absent (`false`) from a pid 1 of an older shim, left running
+        /// across an upgrade (live restore): it keeps none, so the supervisor asks it for
+        /// nothing again.
+        #[serde(default)]
+        keeps_connections: bool,
     },
 }
 
@@ -151,4 +175,36 @@ pub enum EnterOutcome {
         /// Which step failed and why.
         reason: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hand-over's messages have the names the other side parses, and an older pid 1's
+    /// `Reattached` (no `keeps_connections`) reads as one that keeps no connection.
+    #[test]
+    fn hand_over_messages_and_an_older_reattached() {
+        for (message, line) in [
+            (ToShim::Accept, "\"accept\""),
+            (ToShim::Received, "\"received\""),
+            (ToShim::Resend, "\"resend\""),
+        ] {
+            assert_eq!(serde_json::to_string(&message).unwrap(), line);
+        }
+        assert_eq!(
+            serde_json::to_string(&FromShim::NotAccepted).unwrap(),
+            "\"not_accepted\""
+        );
+        let older: FromShim =
+            serde_json::from_str(r#"{"reattached":{"agent_pid":2,"execute":[]}}"#).unwrap();
+        assert_eq!(
+            older,
+            FromShim::Reattached {
+                agent_pid: 2,
+                execute: Vec::new(),
+                keeps_connections: false,
+            }
+        );
+    }
 }

@@ -9,6 +9,14 @@
 //! the channel between the watch and the gateway holds one. Past the connection limit
 //! nothing is asked, pid 1 accepts nothing, and new connections wait in the kernel's backlog
 //! of the sandbox's socket: nothing queues in the supervisor or in pid 1.
+//!
+//! No connection is lost on the way. pid 1 keeps a copy of the one it handed over until the
+//! gateway says it has it (`Received`, sent before the connection is served, so the caller
+//! sees the connection end when the gateway ends it). One whose descriptor did not arrive
+//! (the kernel closes a descriptor that finds no free number in this process's table, which
+//! the reservation before each ask makes rare but another thread can still race it) is asked
+//! for again (`Resend`) after the accept loop's back-off, with a descriptor reserved for it as
+//! for an `Accept`.
 
 use std::io;
 use std::net::IpAddr;
@@ -22,8 +30,21 @@ use tollgate_shim_protocol::protocol::ToShim;
 
 use crate::sandbox::ControlLink;
 
-/// Where a run's watch puts the connections pid 1 hands over (or why one did not arrive).
-pub type HandedSender = mpsc::Sender<io::Result<UnixStream>>;
+/// What a run's watch delivers to its gateway for one ask.
+#[derive(Debug)]
+pub enum Handed {
+    /// The connection pid 1 handed over, as received (pid 1 keeps its copy until told).
+    Connection(OwnedFd),
+    /// pid 1 handed a connection over and its descriptor did not arrive: pid 1 still holds
+    /// it, to be asked for again.
+    Lost,
+    /// pid 1 could not accept one (see `FromShim::NotAccepted`): the connection waits in the
+    /// socket's backlog.
+    NotAccepted,
+}
+
+/// Where a run's watch puts what pid 1 answered to the gateway's ask.
+pub type HandedSender = mpsc::Sender<Handed>;
 
 /// The gateway connections pid 1 accepts for one run, as a listener for
 /// [`tollgate_daemon::incoming`].
@@ -34,14 +55,19 @@ pub struct HandedConnections {
     waiting: tokio::sync::Mutex<Waiting>,
 }
 
-/// The receiving end, and whether an `Accept` is outstanding (sent, its connection not yet
-/// taken).
+/// The receiving end, and where the hand-over stands.
 #[derive(Debug)]
 struct Waiting {
-    connections: mpsc::Receiver<io::Result<UnixStream>>,
+    connections: mpsc::Receiver<Handed>,
+    /// An `Accept` or a `Resend` is outstanding (sent, its answer not yet taken).
     asked: bool,
     /// pid 1 said a connection waits, and it has not been asked for yet (it says so once).
     announced: bool,
+    /// The last connection handed over did not arrive: the next ask is `Resend`.
+    lost: bool,
+    /// A connection was taken and pid 1 not yet told (`Received`): a caller cancelled while
+    /// telling it. Told first thing on the next `accept`, so pid 1's copy does not outlive it.
+    unconfirmed: bool,
 }
 
 /// A run's handed-over connections, asked for on `link`, and the sender its watch delivers
@@ -54,9 +80,25 @@ pub fn handed(link: Arc<ControlLink>) -> (HandedConnections, HandedSender) {
             connections: receiver,
             asked: false,
             announced: false,
+            lost: false,
+            unconfirmed: false,
         }),
     };
     (connections, sender)
+}
+
+impl HandedConnections {
+    /// Sends `message` to pid 1; `false` when pid 1 is gone (the run's watch sees the
+    /// socket's end and tears the run down, which stops this gateway).
+    async fn tell(&self, message: &ToShim) -> bool {
+        match self.link.send(message).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, ?message, "writing to pid 1 failed");
+                false
+            }
+        }
+    }
 }
 
 impl Listener for HandedConnections {
@@ -66,30 +108,62 @@ impl Listener for HandedConnections {
         // One caller at a time asks and waits. A request cancelled before it was sent is
         // sent again; one that was sent is answered once, whoever waits for it then.
         let mut waiting = self.waiting.lock().await;
-        if !waiting.asked {
-            // Nothing is asked (and no descriptor held) until a connection waits.
-            if !waiting.announced {
-                self.link.connection_waits().await;
-                waiting.announced = true;
+        if waiting.unconfirmed {
+            if !self.tell(&ToShim::Received).await {
+                return std::future::pending().await;
             }
+            waiting.unconfirmed = false;
+        }
+        if !waiting.asked {
+            let ask = if waiting.lost {
+                ToShim::Resend
+            } else {
+                // Nothing is asked (and no descriptor held) until a connection waits.
+                if !waiting.announced {
+                    self.link.connection_waits().await;
+                    waiting.announced = true;
+                }
+                ToShim::Accept
+            };
             // Out of descriptors: asked for nothing, so the connection stays in the socket's
-            // backlog and the caller's accept loop backs off (`EMFILE`) and tries again.
+            // backlog (or in pid 1, when it is to be sent again) and the caller's accept loop
+            // backs off (`EMFILE`) and tries again.
             self.link.reserve_descriptor()?;
-            if let Err(e) = self.link.send(&ToShim::Accept).await {
-                // pid 1 is gone: the run's watch sees the socket's end and tears it down,
-                // which stops this gateway. Nothing more will come.
-                tracing::debug!(error = %e, "asking pid 1 for a gateway connection failed");
+            if !self.tell(&ask).await {
                 return std::future::pending().await;
             }
             waiting.asked = true;
-            waiting.announced = false;
+            match ask {
+                ToShim::Resend => waiting.lost = false,
+                _ => waiting.announced = false,
+            }
         }
         let next = waiting.connections.recv().await;
         waiting.asked = false;
         match next {
-            Some(Ok(stream)) => Ok((stream, None)),
-            Some(Err(e)) => Err(e),
-            // The watch has ended (the shim ended or the run was detached): as above.
+            Some(Handed::Connection(fd)) => {
+                // pid 1 drops its copy now: the gateway holds the connection from here on.
+                waiting.unconfirmed = true;
+                if !self.tell(&ToShim::Received).await {
+                    return std::future::pending().await;
+                }
+                waiting.unconfirmed = false;
+                let stream = connection_of(fd).inspect_err(|e| {
+                    tracing::warn!(error = %e, "a gateway connection from pid 1 was refused");
+                })?;
+                Ok((stream, None))
+            }
+            Some(Handed::Lost) => {
+                waiting.lost = true;
+                Err(io::Error::other(
+                    "a gateway connection from pid 1 arrived without its descriptor; asking for it again",
+                ))
+            }
+            Some(Handed::NotAccepted) => Err(io::Error::other(
+                "pid 1 could not accept a gateway connection; it waits in the run's socket",
+            )),
+            // The watch has ended (the shim ended or the run was detached): nothing more
+            // will come.
             None => std::future::pending().await,
         }
     }
@@ -111,20 +185,26 @@ pub fn connection_of(fd: OwnedFd) -> io::Result<UnixStream> {
 }
 
 /// Delivers a `Connection` from pid 1 to the gateway: `fd`, the descriptor that came with it
-/// (`None` when it was lost on the way, as when this process is out of descriptors: the
-/// gateway backs off and asks again). A connection nobody asked for is closed.
+/// (`None` when it did not arrive: the gateway backs off and asks pid 1 to send it again). A
+/// connection nobody asked for is closed.
 pub fn deliver(sender: &HandedSender, fd: Option<OwnedFd>) {
-    let connection = match fd {
-        Some(fd) => connection_of(fd),
-        None => Err(io::Error::other(
-            "a gateway connection arrived without its descriptor",
-        )),
+    let handed = match fd {
+        Some(fd) => Handed::Connection(fd),
+        None => {
+            tracing::warn!("a gateway connection from pid 1 arrived without its descriptor");
+            Handed::Lost
+        }
     };
-    if let Err(e) = &connection {
-        tracing::warn!(error = %e, "a gateway connection from pid 1 was refused");
-    }
-    if sender.try_send(connection).is_err() {
+    if sender.try_send(handed).is_err() {
         tracing::debug!("a gateway connection nobody asked for was closed");
+    }
+}
+
+/// Delivers pid 1's `NotAccepted` to the gateway, which backs off and asks again once pid 1
+/// says a connection waits.
+pub fn deliver_not_accepted(sender: &HandedSender) {
+    if sender.try_send(Handed::NotAccepted).is_err() {
+        tracing::debug!("pid 1 answered an ask nobody made");
     }
 }
 
@@ -175,8 +255,13 @@ mod tests {
         deliver(&sender, Some(OwnedFd::from(client)));
         let accepted = waiting.await.unwrap();
         assert!(accepted.is_ok(), "{accepted:?}");
-        let read = (&theirs).read(&mut asked).unwrap();
-        assert_eq!(&asked[..read], b"\"accept\"\n");
+        // The ask, and pid 1 told the connection arrived (one line per send).
+        let mut said = Vec::new();
+        while said.len() < b"\"accept\"\n\"received\"\n".len() {
+            let read = (&theirs).read(&mut asked).unwrap();
+            said.extend_from_slice(&asked[..read]);
+        }
+        assert_eq!(said, b"\"accept\"\n\"received\"\n");
         let again = (&theirs).read(&mut asked).unwrap_err();
         assert_eq!(
             again.kind(),
@@ -184,7 +269,7 @@ mod tests {
             "exactly one request"
         );
         // Delivered without a request: closed, not queued past the channel's one slot.
-        deliver(&sender, None);
+        deliver_not_accepted(&sender);
         let (extra, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
         deliver(&sender, Some(OwnedFd::from(extra)));
         assert_eq!(sender.capacity(), 0);

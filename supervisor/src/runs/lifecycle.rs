@@ -17,7 +17,7 @@ use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 
 use super::teardown::Ended;
 use super::{LiveRun, OutputSink, OutputStream, RestoreHandles, RestoreMeta, RunManager};
-use crate::gateway::handed::deliver;
+use crate::gateway::handed::{deliver, deliver_not_accepted};
 use crate::gateway::HandedSender;
 use crate::records::RunState;
 use crate::sandbox::{
@@ -79,44 +79,66 @@ fn on_event(event: FromShim, exit: &mut Option<AgentExit>) -> Option<Watched> {
     None
 }
 
+/// What the watch reads besides pid 1's events: where gateway connections go.
+struct Handing<'a> {
+    /// The run's control link (pid 1 saying a connection waits is noted on it).
+    link: &'a ControlLink,
+    /// Where connections go.
+    connections: &'a HandedSender,
+    /// pid 1 keeps each connection until told it arrived (see `ShimWatch`).
+    keeps_connections: bool,
+}
+
 /// Handles one line from the shim: a gateway connection goes to the gateway with the
-/// descriptor that came with it (the first not yet taken), an event is noted.
+/// descriptor that came with it (the first not yet taken; none when it did not arrive), an
+/// event is noted.
 fn on_line(
     line: &[u8],
     exit: &mut Option<AgentExit>,
-    fds: &mut VecDeque<OwnedFd>,
-    link: &ControlLink,
-    connections: &HandedSender,
+    fds: &mut VecDeque<Option<OwnedFd>>,
+    handing: &Handing<'_>,
 ) -> Option<Watched> {
+    let Handing {
+        link,
+        connections,
+        keeps_connections,
+    } = *handing;
     match serde_json::from_slice(line) {
-        Ok(FromShim::Connection) => {
-            deliver(connections, fds.pop_front());
-            None
-        }
-        Ok(FromShim::ConnectionWaiting) => {
-            link.note_connection_waiting();
-            None
-        }
-        Ok(event) => on_event(event, exit),
-        Err(_) => None,
+        Ok(FromShim::Connection) => match fds.pop_front().flatten() {
+            Some(fd) => deliver(connections, Some(fd)),
+            // Asked for again when pid 1 kept it; an older pid 1 kept none: asked afresh.
+            None if !keeps_connections => deliver_not_accepted(connections),
+            None => deliver(connections, None),
+        },
+        Ok(FromShim::NotAccepted) => deliver_not_accepted(connections),
+        Ok(FromShim::ConnectionWaiting) => link.note_connection_waiting(),
+        Ok(event) => return on_event(event, exit),
+        Err(_) => {}
     }
+    None
 }
 
 /// Reads the shim's control link without blocking a thread, until the socket closes (the
 /// shim ended) or pid 1 confirms a detach; the gateway connections pid 1 hands over meanwhile
-/// go to `connections`. `buffered`: bytes read ahead.
+/// go to `connections`. `buffered`: bytes read ahead; `keeps_connections`: see `ShimWatch`.
 async fn watch_events(
     link: &ControlLink,
     buffered: Vec<u8>,
     connections: &HandedSender,
+    keeps_connections: bool,
 ) -> Watched {
+    let handing = Handing {
+        link,
+        connections,
+        keeps_connections,
+    };
     let mut exit = None;
     let mut pending = buffered;
     let mut fds = VecDeque::new();
     loop {
         while let Some(end) = pending.iter().position(|&byte| byte == b'\n') {
             let line: Vec<u8> = pending.drain(..=end).collect();
-            if let Some(watched) = on_line(&line, &mut exit, &mut fds, link, connections) {
+            if let Some(watched) = on_line(&line, &mut exit, &mut fds, &handing) {
                 return watched;
             }
         }
@@ -124,8 +146,7 @@ async fn watch_events(
             Ok(0) | Err(_) => {
                 // A last line without its newline still counts.
                 if !pending.is_empty() {
-                    if let Some(watched) = on_line(&pending, &mut exit, &mut fds, link, connections)
-                    {
+                    if let Some(watched) = on_line(&pending, &mut exit, &mut fds, &handing) {
                         return watched;
                     }
                 }
@@ -327,6 +348,7 @@ impl RunManager {
             control,
             buffered,
             reaped,
+            keeps_connections,
         } = process.into_watch();
         // Shared by the tasks and, for a live restore, the hand-over: one descriptor each.
         let control = Arc::new(OwnedFd::from(control));
@@ -377,7 +399,7 @@ impl RunManager {
                     let link = Arc::new(link);
                     let (connections, handed) = crate::gateway::handed(link.clone());
                     manager.serve_handed(&run_id, &live, connections);
-                    watch_events(&link, buffered, &handed).await
+                    watch_events(&link, buffered, &handed, keeps_connections).await
                 }
                 Err(e) => {
                     // Not pollable here (it always is on Linux): an error, not a silent end.
@@ -442,6 +464,7 @@ async fn expire(live: Arc<LiveRun>, manager: Weak<RunManager>, run_id: String, e
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::handed::Handed;
 
     /// The blocking watch and the task's parse events alike; a connection goes to the
     /// gateway with the descriptor that came with it.
@@ -456,24 +479,45 @@ mod tests {
         let link = ControlLink::register(Arc::new(OwnedFd::from(ours))).unwrap();
         let (sender, mut connections) = tokio::sync::mpsc::channel(1);
         let (mut exit, mut fds) = (None, VecDeque::new());
+        let handing = Handing {
+            link: &link,
+            connections: &sender,
+            keeps_connections: true,
+        };
         let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(3))).unwrap();
-        assert!(on_line(&exited, &mut exit, &mut fds, &link, &sender).is_none());
+        assert!(on_line(&exited, &mut exit, &mut fds, &handing).is_none());
         assert_eq!(exit, Some(AgentExit::Code(3)));
         let detached = serde_json::to_vec(&FromShim::Detached).unwrap();
         assert!(matches!(
-            on_line(&detached, &mut exit, &mut fds, &link, &sender),
+            on_line(&detached, &mut exit, &mut fds, &handing),
             Some(Watched::Detached)
         ));
-        assert!(on_line(b"not json\n", &mut exit, &mut fds, &link, &sender).is_none());
+        assert!(on_line(b"not json\n", &mut exit, &mut fds, &handing).is_none());
         let (connection, _client) = std::os::unix::net::UnixStream::pair().unwrap();
-        fds.push_back(OwnedFd::from(connection));
+        fds.push_back(Some(OwnedFd::from(connection)));
         let handed = serde_json::to_vec(&FromShim::Connection).unwrap();
-        assert!(on_line(&handed, &mut exit, &mut fds, &link, &sender).is_none());
-        assert!(matches!(connections.try_recv(), Ok(Ok(_))));
+        assert!(on_line(&handed, &mut exit, &mut fds, &handing).is_none());
+        assert!(matches!(connections.try_recv(), Ok(Handed::Connection(_))));
         assert!(fds.is_empty());
+        // One whose descriptor did not arrive, or that came with none, is to be sent again.
+        fds.push_back(None);
+        assert!(on_line(&handed, &mut exit, &mut fds, &handing).is_none());
+        assert!(matches!(connections.try_recv(), Ok(Handed::Lost)));
+        assert!(on_line(&handed, &mut exit, &mut fds, &handing).is_none());
+        assert!(matches!(connections.try_recv(), Ok(Handed::Lost)));
+        let refused = serde_json::to_vec(&FromShim::NotAccepted).unwrap();
+        assert!(on_line(&refused, &mut exit, &mut fds, &handing).is_none());
+        assert!(matches!(connections.try_recv(), Ok(Handed::NotAccepted)));
+        // An older pid 1 (re-adopted after an upgrade) kept no copy: asked afresh instead.
+        let older = Handing {
+            keeps_connections: false,
+            ..handing
+        };
+        assert!(on_line(&handed, &mut exit, &mut fds, &older).is_none());
+        assert!(matches!(connections.try_recv(), Ok(Handed::NotAccepted)));
         // pid 1 saying a connection waits is kept for the gateway's next ask.
         let waiting = serde_json::to_vec(&FromShim::ConnectionWaiting).unwrap();
-        assert!(on_line(&waiting, &mut exit, &mut fds, &link, &sender).is_none());
+        assert!(on_line(&waiting, &mut exit, &mut fds, &handing).is_none());
         runtime.block_on(async {
             tokio::time::timeout(Duration::from_secs(5), link.connection_waits())
                 .await
@@ -494,7 +538,7 @@ mod tests {
         let watch = |ours: std::os::unix::net::UnixStream, ahead: Vec<u8>| {
             runtime.block_on(async {
                 let link = ControlLink::register(Arc::new(OwnedFd::from(ours))).unwrap();
-                watch_events(&link, ahead, &sender).await
+                watch_events(&link, ahead, &sender, true).await
             })
         };
         let exited = serde_json::to_vec(&FromShim::Exited(AgentExit::Code(7))).unwrap();
@@ -514,6 +558,104 @@ mod tests {
         let watched = watch(ours, Vec::new());
         assert!(matches!(watched, Watched::Detached));
         drop(theirs);
+    }
+
+    /// A hand-over whose descriptor does not arrive (the kernel truncates the receive, as
+    /// when the supervisor has no free number for it) is asked for again and served: pid 1
+    /// keeps its copy until the gateway says it holds the connection, and closes it then, so
+    /// the caller still sees the connection end when the gateway ends it.
+    #[test]
+    fn a_connection_lost_on_its_way_is_sent_again_and_served() {
+        use std::io::{BufRead as _, Read as _, Write as _};
+        use tokio::io::AsyncReadExt as _;
+        use tollgate_daemon::serve::Listener as _;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut client, accepted) = std::os::unix::net::UnixStream::pair().unwrap();
+        // pid 1's side, as the shim has it: the connection it accepted is handed over for
+        // `accept` and again for `resend`, and kept until `received`.
+        let pid_one = std::thread::spawn(move || {
+            theirs
+                .set_read_timeout(Some(Duration::from_secs(30)))
+                .unwrap();
+            let mut kept = Some(OwnedFd::from(accepted));
+            let mut asked = Vec::new();
+            let mut lines = std::io::BufReader::new(&theirs);
+            let mut line = String::new();
+            while lines.read_line(&mut line).unwrap_or(0) > 0 {
+                let message = line.trim().to_owned();
+                line.clear();
+                asked.push(message.clone());
+                match message.as_str() {
+                    "\"accept\"" | "\"resend\"" => {
+                        use std::os::fd::AsRawFd as _;
+                        let raw = [kept.as_ref().expect("a connection is kept").as_raw_fd()];
+                        nix::sys::socket::sendmsg::<()>(
+                            theirs.as_raw_fd(),
+                            &[std::io::IoSlice::new(b"\"connection\"\n")],
+                            &[nix::sys::socket::ControlMessage::ScmRights(&raw)],
+                            nix::sys::socket::MsgFlags::empty(),
+                            None,
+                        )
+                        .unwrap();
+                    }
+                    "\"received\"" => {
+                        kept = None;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            drop(kept);
+            asked
+        });
+        let served = runtime.block_on(async {
+            let link = Arc::new(ControlLink::register(Arc::new(OwnedFd::from(ours))).unwrap());
+            let (connections, sender) = crate::gateway::handed(link.clone());
+            // The next receive that brings anything has no room for a descriptor.
+            link.starve(1);
+            let watch = tokio::spawn({
+                let link = link.clone();
+                // pid 1 said a connection waits (read ahead, so the hand-over is the first
+                // receive).
+                let waiting = b"\"connection_waiting\"\n".to_vec();
+                async move { watch_events(&link, waiting, &sender, true).await }
+            });
+            // As the accept loop does: an error is backed off from and `accept` called again.
+            let mut stream = None;
+            for _ in 0..3 {
+                match tokio::time::timeout(Duration::from_secs(30), connections.accept()).await {
+                    Ok(Ok((accepted, _))) => {
+                        stream = Some(accepted);
+                        break;
+                    }
+                    Ok(Err(_)) => continue,
+                    Err(_) => break,
+                }
+            }
+            let mut stream = stream.expect("the connection was not served");
+            client.write_all(b"ping").unwrap();
+            let mut four = [0u8; 4];
+            stream.read_exact(&mut four).await.unwrap();
+            drop(stream);
+            let watched = watch.await.unwrap();
+            (four, watched)
+        });
+        assert_eq!(&served.0, b"ping");
+        assert!(matches!(served.1, Watched::Ended(None)));
+        assert_eq!(
+            pid_one.join().unwrap(),
+            ["\"accept\"", "\"resend\"", "\"received\""]
+        );
+        // Neither the gateway nor pid 1 holds the connection now: its caller sees the end.
+        client
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut rest = [0u8; 1];
+        assert_eq!(client.read(&mut rest).unwrap(), 0);
     }
 
     /// A relay reads through a non-blocking pipe to its end, within the budget.

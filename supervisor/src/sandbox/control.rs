@@ -94,34 +94,115 @@ pub(super) fn recv_byte_with_fds(control: &UnixStream) -> std::io::Result<(u8, V
 
 /// Receives into `buffer` from the Unix socket `socket`, with the descriptors (SCM_RIGHTS,
 /// at most 8; more are closed by the kernel) that ride on those bytes: how many bytes came
-/// (0 at the end), and the descriptors, owned here and close-on-exec.
+/// (0 at the end), and the descriptors, owned here and close-on-exec. A receive whose
+/// descriptors did not all arrive (see [`Received::truncated`]) is an error here, with the
+/// bytes lost; a reader that can ask for them again uses [`recv_with_room`].
 pub(crate) fn recv_with_fds(
     socket: std::os::fd::BorrowedFd<'_>,
     buffer: &mut [u8],
 ) -> std::io::Result<(usize, Vec<OwnedFd>)> {
-    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
-    let mut space = nix::cmsg_space!([RawFd; 8]);
-    let mut iov = [std::io::IoSliceMut::new(buffer)];
-    let received = recvmsg::<()>(
-        socket.as_raw_fd(),
-        &mut iov,
-        Some(&mut space),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(std::io::Error::from)?;
+    let received = recv_with_room(socket, buffer, MAX_FDS_RECEIVED)?;
+    if received.truncated {
+        return Err(std::io::Error::other(
+            "descriptors sent with a message did not arrive (this process is out of descriptors)",
+        ));
+    }
+    Ok((received.bytes, received.fds))
+}
+
+/// The most descriptors one receive takes ([`recv_with_fds`]).
+pub(crate) const MAX_FDS_RECEIVED: usize = 8;
+
+/// What one receive brought.
+#[derive(Debug)]
+pub(crate) struct Received {
+    /// How many bytes came (0: the peer closed the socket).
+    pub bytes: usize,
+    /// The descriptors that came with them, in the order sent, owned here (close-on-exec).
+    pub fds: Vec<OwnedFd>,
+    /// Descriptors were sent with these bytes and some did not arrive (`MSG_CTRUNC`): no
+    /// free number for one in this process's table (`EMFILE`), or no room for it in the
+    /// control buffer. The kernel closed those: a connection among them is closed on its
+    /// caller unless its sender kept a copy.
+    pub truncated: bool,
+}
+
+/// Receives into `buffer` from the Unix socket `socket` with room for `room` descriptors
+/// (at most [`MAX_FDS_RECEIVED`]); a truncated receive is reported, with whatever
+/// descriptors did arrive, not turned into an error.
+pub(crate) fn recv_with_room(
+    socket: std::os::fd::BorrowedFd<'_>,
+    buffer: &mut [u8],
+    room: usize,
+) -> std::io::Result<Received> {
+    /// Control-message room for [`MAX_FDS_RECEIVED`] descriptors (16 bytes of header and 32
+    /// of data on 64-bit Linux), aligned as the kernel's `cmsghdr` requires.
+    #[repr(C)]
+    struct Space {
+        _align: [libc::cmsghdr; 0],
+        bytes: [u8; 64],
+    }
+    let mut space = Space {
+        _align: [],
+        bytes: [0; 64],
+    };
+    let room = room.min(MAX_FDS_RECEIVED);
+    let control_len = if room == 0 {
+        0
+    } else {
+        // SAFETY: CMSG_SPACE is arithmetic on its argument.
+        #[allow(unsafe_code)]
+        let space = unsafe { libc::CMSG_SPACE((room * size_of::<RawFd>()) as libc::c_uint) };
+        space as usize
+    };
+    debug_assert!(control_len <= space.bytes.len());
+    let mut iov = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    };
+    // SAFETY: msghdr is plain data; all-zero is a valid empty header.
+    #[allow(unsafe_code)]
+    let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
+    header.msg_iov = &mut iov;
+    header.msg_iovlen = 1;
+    if control_len > 0 {
+        header.msg_control = space.bytes.as_mut_ptr().cast();
+        header.msg_controllen = control_len;
+    }
+    // SAFETY: `header` points at `buffer` (its length in `iov`) and at `space` (at least
+    // `control_len` bytes), both alive and exclusively borrowed for the call.
+    #[allow(unsafe_code)]
+    let read = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut header, libc::MSG_CMSG_CLOEXEC) };
+    if read < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
     let mut fds = Vec::new();
-    for message in received.cmsgs().map_err(std::io::Error::from)? {
-        if let ControlMessageOwned::ScmRights(raw) = message {
-            // SAFETY: the kernel installed these descriptors in this process for this
-            // message; nothing else owns them.
-            #[allow(unsafe_code)]
-            fds.extend(
-                raw.into_iter()
-                    .map(|fd| unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
-            );
+    // SAFETY: the kernel filled `header.msg_control` with `msg_controllen` bytes of
+    // well-formed control messages; CMSG_FIRSTHDR/NXTHDR stay within them, and each
+    // SCM_RIGHTS message's data holds `(cmsg_len - CMSG_LEN(0)) / 4` descriptors the kernel
+    // installed in this process for this receive, owned by nothing else.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut message = libc::CMSG_FIRSTHDR(&header);
+        while !message.is_null() {
+            let cmsg = &*message;
+            if cmsg.cmsg_level == libc::SOL_SOCKET && cmsg.cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(message).cast::<RawFd>();
+                let count =
+                    (cmsg.cmsg_len as usize - libc::CMSG_LEN(0) as usize) / size_of::<RawFd>();
+                for i in 0..count {
+                    let fd = data.add(i).read_unaligned();
+                    fds.push(<OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd));
+                }
+            }
+            message = libc::CMSG_NXTHDR(&header, message);
         }
     }
-    Ok((received.bytes, fds))
+    Ok(Received {
+        bytes: read as usize,
+        fds,
+        truncated: header.msg_flags & libc::MSG_CTRUNC != 0,
+    })
 }
 
 /// A pidfd of the sandbox's pid 1, the only child of the shim `shim`; checked to still be

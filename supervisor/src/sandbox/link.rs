@@ -1,6 +1,7 @@
 //! A started shim's control socket, shared without a thread: the run's watch reads pid 1's
 //! events on it, with the gateway connections pid 1 hands over (SCM_RIGHTS), and the run's
-//! gateway writes `Accept` on it each time it can hold one more connection. pid 1 holds the
+//! gateway writes `Accept` on it each time it can hold one more connection (and `Received`
+//! once it holds it, `Resend` when its descriptor did not arrive). pid 1 holds the
 //! run's gateway listening socket, so the supervisor holds three descriptors a live run: this
 //! socket and the agent's two output pipes.
 //!
@@ -18,7 +19,9 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tollgate_shim_protocol::protocol::ToShim;
 
+#[cfg(test)]
 use super::control::recv_with_fds;
+use super::control::{recv_with_room, MAX_FDS_RECEIVED};
 
 /// The most bytes of shim events read at a time (short JSON lines; on the worker's stack).
 const RECEIVE_CHUNK: usize = 1024;
@@ -28,14 +31,18 @@ const RECEIVE_CHUNK: usize = 1024;
 pub struct ControlLink {
     socket: AsyncFd<Arc<OwnedFd>>,
     /// A descriptor held while the gateway's `Accept` is outstanding, released just before
-    /// each receive: the connection pid 1 hands over then has a free number to land on. A
-    /// connection received with no free number is lost (the kernel drops the descriptor), so
-    /// the gateway asks only once it holds one ([`ControlLink::reserve_descriptor`]), and
-    /// only after pid 1 said a connection waits: no ask, and no descriptor, is held for a run
-    /// that makes no call.
+    /// each receive: the connection pid 1 hands over then has a free number to land on. One
+    /// received with no free number does not arrive (the kernel closes the descriptor; pid 1
+    /// kept a copy and is asked to send it again), so the gateway asks only once it holds one
+    /// ([`ControlLink::reserve_descriptor`]), and only after pid 1 said a connection waits:
+    /// no ask, and no descriptor, is held for a run that makes no call.
     reserved: std::sync::Mutex<Option<OwnedFd>>,
     /// pid 1 said a connection waits on the run's gateway socket (`ConnectionWaiting`).
     connection_waiting: tokio::sync::Notify,
+    /// Receives left to make with no room for descriptors (tests: a hand-over the kernel
+    /// truncates, as when this process is out of descriptors).
+    #[cfg(test)]
+    starved: std::sync::atomic::AtomicUsize,
 }
 
 impl ControlLink {
@@ -53,6 +60,8 @@ impl ControlLink {
             socket,
             reserved: std::sync::Mutex::new(None),
             connection_waiting: tokio::sync::Notify::new(),
+            #[cfg(test)]
+            starved: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -69,9 +78,9 @@ impl ControlLink {
 
     /// Holds one descriptor of this process's table for the next connection pid 1 hands
     /// over, and checks one more is free beside it. At the open-file limit this fails
-    /// (`EMFILE`) and nothing should be asked of pid 1: an accepted connection that cannot be
-    /// received is closed on its caller, while one not accepted waits in the socket's backlog
-    /// until descriptors free up.
+    /// (`EMFILE`) and nothing should be asked of pid 1: a connection handed over that cannot
+    /// be received would only be sent again, over and over, while one not accepted waits in
+    /// the socket's backlog until descriptors free up.
     pub fn reserve_descriptor(&self) -> io::Result<()> {
         let copy = || {
             nix::fcntl::fcntl(
@@ -95,36 +104,75 @@ impl ControlLink {
     }
 
     /// Receives what pid 1 sent next: the bytes go to the end of `pending`, the descriptors
-    /// that came with them (SCM_RIGHTS, close-on-exec) to the end of `fds`, in the order sent.
-    /// How many bytes came (0: pid 1 closed the socket).
+    /// that came with them (SCM_RIGHTS, close-on-exec) to the end of `fds`, in the order
+    /// sent, and `None` there for a message whose descriptor did not arrive (the kernel
+    /// closed it: no free number for it, `MSG_CTRUNC`). pid 1 keeps a copy
+    /// of each connection it hands over until told it arrived, so such a connection is asked
+    /// for again rather than lost. How many bytes came (0: pid 1 closed the socket).
     pub async fn receive(
         &self,
         pending: &mut Vec<u8>,
-        fds: &mut VecDeque<OwnedFd>,
+        fds: &mut VecDeque<Option<OwnedFd>>,
     ) -> io::Result<usize> {
         loop {
             let mut ready = self.socket.readable().await?;
             let mut chunk = [0u8; RECEIVE_CHUNK];
-            // Released just before the receive: a descriptor that comes has a number free.
+            // Released just before the receive: a descriptor that comes has a number free,
+            // unless another thread takes it meanwhile (then it comes truncated, and is sent
+            // again).
             drop(
                 self.reserved
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .take(),
             );
+            let room = self.room();
             let received =
-                ready.try_io(|socket| recv_with_fds(socket.get_ref().as_fd(), &mut chunk));
+                ready.try_io(|socket| recv_with_room(socket.get_ref().as_fd(), &mut chunk, room));
             match received {
-                Ok(Ok((read, more))) => {
-                    pending.extend_from_slice(&chunk[..read]);
-                    fds.extend(more);
-                    return Ok(read);
+                Ok(Ok(received)) => {
+                    #[cfg(test)]
+                    if received.bytes > 0 && room == 0 {
+                        self.starved
+                            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    pending.extend_from_slice(&chunk[..received.bytes]);
+                    fds.extend(received.fds.into_iter().map(Some));
+                    if received.truncated {
+                        // One message's descriptors a receive at most: the kernel ends a
+                        // stream receive at a message that carries some.
+                        tracing::warn!(
+                            "a descriptor pid 1 sent did not arrive (no free number for it)"
+                        );
+                        fds.push_back(None);
+                    }
+                    return Ok(received.bytes);
                 }
+                // A signal: receive again.
+                Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Ok(Err(e)) => return Err(e),
                 // Not readable after all: wait for the next readiness.
                 Err(_would_block) => continue,
             }
         }
+    }
+
+    /// How many descriptors the next receive has room for.
+    fn room(&self) -> usize {
+        #[cfg(test)]
+        if self.starved.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            return 0;
+        }
+        MAX_FDS_RECEIVED
+    }
+
+    /// Makes the next `receives` receives that bring anything leave no room for
+    /// descriptors, so the kernel truncates a hand-over as it does when this process is out
+    /// of descriptors.
+    #[cfg(test)]
+    pub(crate) fn starve(&self, receives: usize) {
+        self.starved
+            .store(receives, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Sends `message` to pid 1, waiting for room in the socket's buffer.
@@ -261,7 +309,7 @@ mod tests {
             .block_on(link.receive(&mut pending, &mut fds))
             .unwrap();
         assert_eq!(&pending[..read], b"\"connection\"\n");
-        assert_eq!(fds.len(), 1);
+        assert!(matches!(fds.pop_front(), Some(Some(_))), "{fds:?}");
         drop(theirs);
         let read = runtime
             .block_on(link.receive(&mut pending, &mut fds))

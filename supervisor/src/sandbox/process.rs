@@ -106,6 +106,9 @@ pub struct SandboxProcess {
     /// Set (under the write lock) before the shim is reaped: from then on its pid may be
     /// anyone's, so nothing pins pid 1 through it (see [`PidOne`]).
     reaped: Arc<RwLock<bool>>,
+    /// pid 1 keeps each gateway connection it hands over until told it arrived (see
+    /// [`ShimWatch::keeps_connections`]).
+    keeps_connections: bool,
 }
 
 /// The sandbox's pid 1, as `exec` joins its namespaces: through a pidfd, never a pid looked
@@ -222,6 +225,8 @@ impl SandboxProcess {
             events,
             control,
             reaped: Arc::default(),
+            // This supervisor's own shim.
+            keeps_connections: true,
         };
         // The agent's input comes first, alone with its descriptor (SCM_RIGHTS), when the
         // plan asks for one; anything else there is the start of the shim's failure line.
@@ -348,8 +353,12 @@ impl SandboxProcess {
         control
             .set_read_timeout(None)
             .map_err(SandboxError::Control)?;
-        let execute = match serde_json::from_slice(&line) {
-            Ok(FromShim::Reattached { execute, .. }) => execute,
+        let (execute, keeps_connections) = match serde_json::from_slice(&line) {
+            Ok(FromShim::Reattached {
+                execute,
+                keeps_connections,
+                ..
+            }) => (execute, keeps_connections),
             Ok(other) => return Err(lost(format!("pid 1 answered {other:?}"))),
             Err(e) => return Err(lost(format!("pid 1's answer: {e}"))),
         };
@@ -365,6 +374,7 @@ impl SandboxProcess {
                 events,
                 control,
                 reaped: Arc::default(),
+                keeps_connections,
             },
             // A run with input is never left detached: nothing of it to hand back.
             output: SandboxOutput {
@@ -424,6 +434,11 @@ pub struct ShimWatch {
     pub buffered: Vec<u8>,
     /// Set before the shim is reaped (see [`PidOne`]).
     pub reaped: Arc<RwLock<bool>>,
+    /// pid 1 keeps each gateway connection it hands over until told it arrived, and sends
+    /// it again when asked: so a `Connection` whose descriptor did not arrive is asked for
+    /// again. `false` for a pid 1 of an older shim re-adopted after an upgrade, which keeps
+    /// none: such a connection is lost, and the gateway asks afresh.
+    pub keeps_connections: bool,
 }
 
 impl ShimWatch {
@@ -446,6 +461,7 @@ impl SandboxProcess {
             events,
             control,
             reaped,
+            keeps_connections,
         } = self;
         // The events reader's socket is the same one: closing this handle leaves it open.
         drop(control);
@@ -455,6 +471,7 @@ impl SandboxProcess {
             control: events.into_inner(),
             buffered,
             reaped,
+            keeps_connections,
         }
     }
 }
