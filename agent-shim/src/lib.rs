@@ -38,6 +38,7 @@ pub mod models;
 pub mod powers;
 pub mod probe;
 pub mod setup;
+pub mod spawner;
 pub mod tool;
 
 use std::io::Write as _;
