@@ -305,7 +305,7 @@ pub(crate) fn spawn_in_cgroup(
 mod tests {
     use super::*;
     use nix::sys::signal::Signal;
-    use std::os::fd::{AsFd as _, FromRawFd as _};
+    use std::os::fd::FromRawFd as _;
     use std::os::unix::net::UnixStream;
 
     /// A spawner of the `tollgate-shim` built beside this test binary
