@@ -573,4 +573,48 @@ mod tests {
             .expect_err("no spawner");
         assert!(matches!(error, SpawnError::StartSpawner { .. }), "{error}");
     }
+
+    #[test]
+    fn concurrent_starts_each_get_their_own_child() {
+        let spawner = spawner();
+        let pids = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..4)
+                            .map(|_| {
+                                let (_ours, theirs) = UnixStream::pair().unwrap();
+                                let (_read, write) = std::io::pipe().unwrap();
+                                let write = OwnedFd::from(write);
+                                let mut child = spawner
+                                    .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
+                                    .map(ShimChild::started)
+                                    .expect("spawns");
+                                assert!(child.wait().unwrap().success());
+                                child.id()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| worker.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(pids.len(), 32);
+    }
+
+    #[test]
+    fn the_spawner_ends_when_the_supervisor_closes_its_socket() {
+        let spawner = spawner();
+        let Link {
+            mut process,
+            socket,
+        } = spawner.link.lock().unwrap().take().expect("started");
+        // What the kernel does to every descriptor of a supervisor that dies.
+        drop(socket);
+        let status = process.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{status:?}");
+    }
 }
