@@ -1,5 +1,6 @@
 //! `tollgate-shim`: started by the supervisor as a sandbox's pid 1 (no arguments; the plan
-//! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
+//! comes on fd 3), as the supervisor's spawner of those (`tollgate-shim spawner`, internal),
+//! and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
 //! `tollgate-shim child` for delegation, `tollgate-shim receipt` for its own powers).
 #![forbid(unsafe_code)]
 
