@@ -252,10 +252,10 @@ impl Link {
     }
 }
 
-/// Starts `program` with `args`, an empty environment and `fds` through `spawner`, then moves it into the
-/// cgroup whose `cgroup.procs` files are `procs` (every hierarchy). On success the child is
-/// in its cgroup and waiting for its first message; on a failed move it has been killed and
-/// reaped.
+/// Starts `program` with `args`, an empty environment and `fds` through `spawner`, then moves
+/// it into the cgroup whose `cgroup.procs` files are `procs` (every hierarchy). On success the
+/// child is in its cgroup and waiting for its first message; on a failed move it has been
+/// killed and reaped.
 pub(crate) fn spawn_in_cgroup(
     spawner: &Spawner,
     program: &Path,
