@@ -40,6 +40,7 @@ pub mod models;
 pub mod powers;
 pub mod probe;
 pub mod setup;
+pub mod spawner;
 #[cfg(test)]
 mod tests;
 pub mod tool;
@@ -94,7 +95,7 @@ pub fn run() -> ! {
         fail_early(&reason)
     };
     // The go-ahead first, before anything of the sandbox: the supervisor starts the shim
-    // without copying itself (`posix_spawn`), so the shim begins outside the sandbox's
+    // without copying itself (through its spawner), so the shim begins outside the sandbox's
     // cgroup; the supervisor writes its pid into every hierarchy and only then sends the
     // first message. Nothing is compiled, unshared or forked before it arrives, so nothing of
     // the sandbox ever runs outside its cgroup. The reader (and anything it read ahead, such

@@ -1,5 +1,6 @@
 //! `tollgate-shim`: started by the supervisor as a sandbox's pid 1 (no arguments; the plan
-//! comes on fd 3), and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
+//! comes on fd 3), as the supervisor's spawner of those (`tollgate-shim spawner`, internal),
+//! and, inside a sandbox, the agent's gateway client (`tollgate-shim tool`,
 //! `tollgate-shim child` for delegation, `tollgate-shim receipt` for its own powers).
 #![forbid(unsafe_code)]
 
@@ -9,6 +10,8 @@ fn main() {
         None => tollgate_agent_shim::run(),
         // Internal: the supervisor's gateway runs `exec` commands in a sandbox with it.
         Some("enter") => tollgate_agent_shim::enter(),
+        // Internal: the supervisor starts every shim and `exec` helper through it.
+        Some("spawner") => std::process::exit(tollgate_agent_shim::spawner::main()),
         // Internal: pid 1 starts the sandbox's model endpoint with it.
         Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
         // Internal: pid 1 starts the sandbox's egress proxy with it.

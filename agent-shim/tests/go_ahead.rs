@@ -1,10 +1,10 @@
 //! The shim does nothing of the sandbox before its go-ahead.
 //!
-//! The supervisor starts a shim without copying itself (`posix_spawn`), so the shim runs for a
-//! moment outside the sandbox's cgroup; the supervisor then writes its pid into the cgroup and
-//! only after that sends the first message (`Prepare`). Nothing of the sandbox may exist before
-//! the join: the shim must wait for that first message before unsharing a namespace, forking
-//! pid 1 or compiling anything. Run as root (the shim needs it to unshare).
+//! The supervisor starts a shim without copying itself (through its spawner), so the shim runs
+//! for a moment outside the sandbox's cgroup; the supervisor then writes its pid into the
+//! cgroup and only after that sends the first message (`Prepare`). Nothing of the sandbox may
+//! exist before the join: the shim must wait for that first message before unsharing a
+//! namespace, forking pid 1 or compiling anything. Run as root (the shim needs it to unshare).
 
 use std::os::fd::AsRawFd as _;
 use std::os::unix::net::UnixStream;

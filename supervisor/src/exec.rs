@@ -21,7 +21,7 @@ use tokio::net::unix::pipe;
 use tollgate_shim_protocol::plan::{AgentCommand, SandboxPlan};
 use tollgate_shim_protocol::protocol::{AgentExit, EnterOutcome, EnterRequest};
 
-use crate::sandbox::{spawn_in_cgroup, ChildFds, ShimChild, SpawnError};
+use crate::sandbox::{spawn_in_cgroup, ChildFds, ShimChild, SpawnError, Spawner};
 
 /// The default (and largest) time a command may run, wall clock and CPU.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -56,8 +56,8 @@ impl Default for ExecLimits {
 /// What the gateway needs to run commands in one run's sandbox.
 #[derive(Debug)]
 pub struct ExecSandbox {
-    /// The `tollgate-shim` binary.
-    pub shim: PathBuf,
+    /// Starts the helper (`tollgate-shim enter`).
+    pub spawner: Arc<Spawner>,
     /// The sandbox's plan (its Landlock rules, ids and the agent's environment and cwd).
     pub plan: SandboxPlan,
     /// What the started sandbox pinned; set once its agent runs.
@@ -431,7 +431,13 @@ fn spawn_helper(
         stdout: stdout_write.as_fd(),
         stderr: stderr_write.as_fd(),
     };
-    let mut child = spawn_in_cgroup(&sandbox.shim, &["enter"], &sandbox.cgroup_procs, fds)?;
+    let mut child = spawn_in_cgroup(
+        &sandbox.spawner,
+        sandbox.spawner.shim(),
+        &["enter"],
+        &sandbox.cgroup_procs,
+        fds,
+    )?;
     // Only the helper holds its ends now: its output pipes end when it (and its command) do.
     drop((theirs, pid_one, stdin_read, stdout_write, stderr_write));
     let parts = (|| {
@@ -583,7 +589,7 @@ mod tests {
     #[test]
     fn timeouts_default_to_and_stop_at_the_maximum() {
         let sandbox = ExecSandbox {
-            shim: PathBuf::new(),
+            spawner: Arc::new(Spawner::start(PathBuf::new())),
             started: StartedPin::default(),
             plan: serde_json::from_value(serde_json::json!({
                 "run_id": "r", "workspace": "/w", "tmpfs_bytes": 0, "binds": [],

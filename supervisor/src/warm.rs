@@ -14,14 +14,13 @@
 //! If the supervisor dies, idle shims see their socket close and exit; the next start's
 //! sweep removes every cgroup under the parent, warm ones included.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::cgroup::{CgroupLimits, RunCgroup};
 use crate::error::StartError;
-use crate::sandbox::IdleShim;
+use crate::sandbox::{IdleShim, Spawner};
 use tollgate_shim_protocol::plan::SandboxBase;
 
 /// How long discarding a sandbox waits for its cgroup to empty.
@@ -40,7 +39,7 @@ impl PreparedSandbox {
     /// Prepares a sandbox in a new cgroup under `parent`: with `limits` applied before the
     /// shim starts when given, without limits (a warm sandbox) otherwise.
     fn prepare(
-        shim: &std::path::Path,
+        spawner: &Spawner,
         parent: &str,
         base: &SandboxBase,
         limits: Option<CgroupLimits>,
@@ -50,7 +49,7 @@ impl PreparedSandbox {
             Some(limits) => RunCgroup::create(&relative, limits)?,
             None => RunCgroup::create_unlimited(&relative)?,
         };
-        match IdleShim::spawn(shim, &cgroup, base) {
+        match IdleShim::spawn(spawner, &cgroup, base) {
             Ok(shim) => Ok(Self { cgroup, shim }),
             Err(e) => {
                 // A shim that started has been killed and reaped before the error came back
@@ -83,7 +82,7 @@ fn new_sandbox_id() -> String {
 /// Keeps up to `size` warm sandboxes ready, refilled in the background after each is taken.
 #[derive(Debug)]
 pub struct SandboxPool {
-    shim: PathBuf,
+    spawner: Arc<Spawner>,
     cgroup_parent: String,
     base: SandboxBase,
     size: usize,
@@ -95,9 +94,15 @@ pub struct SandboxPool {
 impl SandboxPool {
     /// A pool of up to `size` warm sandboxes (0 disables it: each start prepares its own).
     /// Call [`SandboxPool::refill`] to fill it.
-    pub fn new(shim: PathBuf, cgroup_parent: String, base: SandboxBase, size: usize) -> Arc<Self> {
+    /// Its shims are started through `spawner`.
+    pub fn new(
+        spawner: Arc<Spawner>,
+        cgroup_parent: String,
+        base: SandboxBase,
+        size: usize,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            shim,
+            spawner,
             cgroup_parent,
             base,
             size,
@@ -105,6 +110,11 @@ impl SandboxPool {
             refilling: AtomicBool::new(false),
             closed: AtomicBool::new(false),
         })
+    }
+
+    /// What starts its shims, and the run manager's `exec` helpers.
+    pub fn spawner(&self) -> &Arc<Spawner> {
+        &self.spawner
     }
 
     /// A sandbox for one run, its cgroup holding `limits` (applied and read back): a warm
@@ -125,9 +135,12 @@ impl SandboxPool {
                     Err(e.into())
                 }
             },
-            None => {
-                PreparedSandbox::prepare(&self.shim, &self.cgroup_parent, &self.base, Some(limits))
-            }
+            None => PreparedSandbox::prepare(
+                &self.spawner,
+                &self.cgroup_parent,
+                &self.base,
+                Some(limits),
+            ),
         }
     }
 
@@ -146,7 +159,8 @@ impl SandboxPool {
                 if !short || pool.closed.load(Ordering::SeqCst) {
                     break;
                 }
-                match PreparedSandbox::prepare(&pool.shim, &pool.cgroup_parent, &pool.base, None) {
+                match PreparedSandbox::prepare(&pool.spawner, &pool.cgroup_parent, &pool.base, None)
+                {
                     Ok(sandbox) => {
                         let mut warm = pool.warm.lock().unwrap_or_else(|p| p.into_inner());
                         warm.push(sandbox);

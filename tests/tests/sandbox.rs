@@ -9,7 +9,7 @@ use tollgate_shim_protocol::protocol::{AgentExit, FromShim};
 use tollgate_supervisor::beneath::{detached_mount, GrantRoot};
 use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::sandbox::{
-    create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxProcess,
+    create_mount_point, plan_for, sandbox_base, IdleShim, RunDirs, SandboxProcess, Spawner,
 };
 use tollgate_tests::{bin_path, require_root};
 
@@ -90,8 +90,8 @@ impl Harness {
             &bin_path("tollgate-shim"),
         );
         create_mount_point(&base).unwrap();
-        let shim =
-            IdleShim::spawn(&bin_path("tollgate-shim"), &cgroup, &base).expect("shim spawns");
+        let spawner = Spawner::start(bin_path("tollgate-shim"));
+        let shim = IdleShim::spawn(&spawner, &cgroup, &base).expect("shim spawns");
         // Each mounted grant goes to the shim as a detached mount of its pinned descriptor.
         let grant = GrantRoot::open(&receipt.fs[0].path).expect("grant pins");
         let mounts = vec![detached_mount(&grant).expect("grant clones")];
@@ -166,8 +166,8 @@ impl Harness {
             &bin_path("tollgate-shim"),
         );
         create_mount_point(&base).unwrap();
-        let shim =
-            IdleShim::spawn(&bin_path("tollgate-shim"), &cgroup, &base).expect("shim spawns");
+        let spawner = Spawner::start(bin_path("tollgate-shim"));
+        let shim = IdleShim::spawn(&spawner, &cgroup, &base).expect("shim spawns");
         let grant = GrantRoot::open(&receipt.fs[0].path).expect("grant pins");
         let mounts = vec![detached_mount(&grant).expect("grant clones")];
         let error = match SandboxProcess::start(shim, &plan, mounts) {

@@ -15,7 +15,7 @@ use crate::cgroup::{delegate_to, sweep_keeping};
 use crate::error::StartError;
 use crate::host_ids::HostIds;
 use crate::records::{RunRecords, RunState, TeardownReport};
-use crate::sandbox::{create_mount_point, sandbox_base, SandboxError};
+use crate::sandbox::{create_mount_point, sandbox_base, SandboxError, Spawner};
 use crate::warm::SandboxPool;
 use crate::COMPONENT;
 
@@ -28,6 +28,8 @@ impl RunManager {
         keys: KeySet,
         audit: AuditLog,
     ) -> Result<(Arc<Self>, Vec<String>), StartError> {
+        // First, while this process holds few descriptors: every shim inherits its table.
+        let spawner = Arc::new(Spawner::start(settings.shim.clone()));
         let runs_dir = settings.data_dir.join("runs");
         std::fs::create_dir_all(&runs_dir).map_err(|source| SandboxError::RunDir {
             path: runs_dir.clone(),
@@ -131,7 +133,7 @@ impl RunManager {
         let base = sandbox_base(&settings.data_dir, &settings.shim);
         create_mount_point(&base)?;
         let sandboxes = SandboxPool::new(
-            settings.shim.clone(),
+            spawner,
             settings.cgroup_parent.clone(),
             base,
             settings.warm_sandboxes,

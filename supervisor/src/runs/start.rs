@@ -501,7 +501,7 @@ impl RunManager {
             approvals: self.approvals.clone(),
             output_limit: live.output_limit.clone(),
             exec: Some(Arc::new(ExecSandbox {
-                shim: self.settings.shim.clone(),
+                spawner: self.sandboxes.spawner().clone(),
                 plan: plan.clone(),
                 cgroup_procs: live.cgroup.procs_files(),
                 limits: ExecLimits::default(),

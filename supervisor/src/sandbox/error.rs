@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::spawn::SpawnError;
+use super::child::SpawnError;
 
 /// A sandbox could not be prepared or started.
 #[derive(Debug, thiserror::Error)]

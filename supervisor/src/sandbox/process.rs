@@ -10,11 +10,12 @@ use std::sync::{Arc, RwLock};
 use tollgate_shim_protocol::plan::{AgentInput, SandboxBase, SandboxPlan, INPUT_MARKER};
 use tollgate_shim_protocol::protocol::{FromShim, ToShim, REATTACH_FDS};
 
+use super::child::{ChildFds, ShimChild};
 use super::control::{
     connect_unix, pin_pid_one, recv_byte_with_fds, send_line, send_line_with_fds,
 };
 use super::error::SandboxError;
-use super::spawn::{spawn_in_cgroup, ChildFds, ShimChild};
+use super::spawn::{spawn_in_cgroup, Spawner};
 use crate::cgroup::RunCgroup;
 
 /// A `tollgate-shim` that has not been given its plan yet. It was started without copying
@@ -33,10 +34,10 @@ pub struct IdleShim {
 }
 
 impl IdleShim {
-    /// Starts `shim` inside `cgroup`, with the control socket on fd 3 and fresh stdout and
-    /// stderr pipes, and sends it `base` to prepare.
+    /// Starts the spawner's shim inside `cgroup`, with the control socket on fd 3 and fresh
+    /// stdout and stderr pipes, and sends it `base` to prepare.
     pub fn spawn(
-        shim: &Path,
+        spawner: &Spawner,
         cgroup: &RunCgroup,
         base: &SandboxBase,
     ) -> Result<Self, SandboxError> {
@@ -50,7 +51,7 @@ impl IdleShim {
             stdout: out_write.as_fd(),
             stderr: err_write.as_fd(),
         };
-        let child = spawn_in_cgroup(shim, &[], &cgroup.procs_files(), fds)?;
+        let child = spawn_in_cgroup(spawner, spawner.shim(), &[], &cgroup.procs_files(), fds)?;
         // Only the shim holds the pipes' write ends now, so the relays see EOF once the
         // sandbox's last process has exited.
         drop((theirs, out_write, err_write));

@@ -2,98 +2,262 @@
 //!
 //! A `fork` copies what the parent holds: its mappings and page tables (every thread's stack
 //! is a mapping) and its descriptor table, and the child's `execve` tears the copy down again.
-//! That cost grows with the supervisor, so with every live run. `posix_spawn` (glibc:
-//! `clone(CLONE_VM | CLONE_VFORK)`) shares the parent's memory until the child has executed
-//! the program, and copies nothing. It runs no code of ours in the child, so the child cannot
-//! join its cgroup between fork and exec as a `pre_exec` hook did: the supervisor moves it in
-//! after the exec, writing its pid into every hierarchy's `cgroup.procs`. The programs
-//! started this way (`tollgate-shim`, `tollgate-shim enter`) do nothing before their first
-//! message on the control socket, which their caller sends only once [`spawn_in_cgroup`] has
-//! returned, so nothing of a sandbox ever runs outside its cgroup.
+//! That cost grows with the supervisor, so with every live run. Even `posix_spawn` (glibc:
+//! `clone(CLONE_VM | CLONE_VFORK)`), which shares the parent's memory, copies the descriptor
+//! table (about three descriptors per live run, all close-on-exec, each closed again at the
+//! `execve`). So the supervisor starts its children through a [`Spawner`]: a small process
+//! (`tollgate-shim spawner`) started once, when the run manager is built and the table is
+//! still small, that starts each child with `clone(CLONE_PARENT)`: the child is the
+//! supervisor's child as if the supervisor had started it, with a copy of the spawner's few
+//! descriptors.
+//!
+//! No code of ours runs in the child, so it cannot join its cgroup between fork and exec: the
+//! supervisor moves it in after the exec, writing its pid into every hierarchy's
+//! `cgroup.procs`. The programs started this way (`tollgate-shim`, `tollgate-shim enter`) do
+//! nothing before their first message on the control socket, which their caller sends only
+//! once [`spawn_in_cgroup`] has returned, so nothing of a sandbox ever runs outside its cgroup.
 
-use std::ffi::CString;
 use std::fs::OpenOptions;
-use std::io::Write as _;
-use std::os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd, RawFd};
+use std::io::{IoSlice, Write as _};
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
+use std::sync::{Mutex, PoisonError};
 
-use nix::fcntl::OFlag;
-use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags};
-use nix::sys::signal::{SigSet, Signal};
-use nix::sys::stat::Mode;
-use tollgate_shim_protocol::protocol::{CONTROL_FD, PID_ONE_FD};
+use nix::errno::Errno;
+use nix::sys::socket::{
+    recv, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
+};
+use tollgate_shim_protocol::spawner::{SpawnReply, SpawnRequest, REPLY_LEN};
 
-/// Starting a shim in its cgroup failed; each step has its own variant.
-#[derive(Debug, thiserror::Error)]
-pub enum SpawnError {
-    /// A `cgroup.procs` file could not be opened (before anything was started).
-    #[error("opening {file} to move the shim into its cgroup: {source}")]
-    OpenCgroup {
-        /// The `cgroup.procs` file.
-        file: PathBuf,
-        /// The failure.
-        source: std::io::Error,
-    },
-    /// The program could not be started (or its descriptors could not be arranged).
-    #[error("starting {program}: {source}")]
-    Spawn {
-        /// The program.
-        program: PathBuf,
-        /// The failure.
-        source: std::io::Error,
-    },
-    /// The started program could not be moved into its cgroup: it was killed and reaped
-    /// before it built anything.
-    #[error("moving {program} (pid {pid}) into its cgroup through {file}: {source} (it was killed before building anything); check that the cgroup still exists")]
-    JoinCgroup {
-        /// The program.
-        program: PathBuf,
-        /// Its pid, now reaped.
-        pid: u32,
-        /// The `cgroup.procs` file whose write failed.
-        file: PathBuf,
-        /// The failure.
-        source: std::io::Error,
-    },
+use super::child::{posix_spawn, ChildFds, ShimChild, SpawnError};
+
+/// Starts every shim and `exec` helper of a run manager through one spawner process
+/// (`tollgate-shim spawner`), started with the spawner and restarted when it is found gone.
+/// Starts are serialized on its socket: each is one request and one reply, and the spawner
+/// answers once the child has executed its program.
+#[derive(Debug)]
+pub struct Spawner {
+    shim: PathBuf,
+    /// `None` until started, and after it was found gone.
+    link: Mutex<Option<Link>>,
 }
 
-impl SpawnError {
-    /// The operating-system error behind this one, and whether it came from starting a
-    /// process (where `EAGAIN` means no pid was left).
-    pub fn source_io(&self) -> (&std::io::Error, bool) {
-        match self {
-            Self::Spawn { source, .. } => (source, true),
-            Self::OpenCgroup { source, .. } | Self::JoinCgroup { source, .. } => (source, false),
+/// A running spawner and the supervisor's end of its socket.
+#[derive(Debug)]
+struct Link {
+    process: ShimChild,
+    socket: OwnedFd,
+}
+
+impl Spawner {
+    /// Starts the spawner of `shim` (the `tollgate-shim` binary) now, while this process's
+    /// descriptor table is small: a child gets a copy of its starter's table. If it cannot
+    /// start, each start tries again and fails with [`SpawnError::StartSpawner`].
+    pub fn start(shim: PathBuf) -> Self {
+        let link = match Link::start(&shim) {
+            Ok(link) => Some(link),
+            Err(error) => {
+                tracing::warn!(shim = %shim.display(), %error, "the spawner did not start; each sandbox start tries again");
+                None
+            }
+        };
+        Self {
+            shim,
+            link: Mutex::new(link),
+        }
+    }
+
+    /// The `tollgate-shim` binary.
+    pub fn shim(&self) -> &Path {
+        &self.shim
+    }
+
+    /// Starts `program` with `args`, an empty environment and `fds`; its pid once it has
+    /// executed the program. It is this process's child.
+    fn spawn(&self, program: &Path, args: &[&str], fds: ChildFds<'_>) -> Result<u32, SpawnError> {
+        let request = SpawnRequest {
+            program: program.as_os_str().as_bytes().to_vec(),
+            args: args.iter().map(|arg| arg.as_bytes().to_vec()).collect(),
+            stdin: fds.stdin.is_some(),
+            pid_one: fds.pid_one.is_some(),
+        };
+        // In the order of `SpawnRequest::fd_targets`.
+        let attached: Vec<RawFd> = [Some(fds.stdout), Some(fds.stderr), Some(fds.control)]
+            .into_iter()
+            .chain([fds.stdin, fds.pid_one])
+            .flatten()
+            .map(|fd| fd.as_raw_fd())
+            .collect();
+        let message = request.encode();
+        let lost = |source| SpawnError::SpawnerLost {
+            program: program.to_owned(),
+            source,
+        };
+        let mut link = self.link.lock().unwrap_or_else(PoisonError::into_inner);
+        // A spawner found gone when the request is sent started nothing of it: one restart.
+        for attempt in 0.. {
+            let current = match link.take() {
+                Some(current) => current,
+                None => Link::start(&self.shim).map_err(|source| SpawnError::StartSpawner {
+                    shim: self.shim.clone(),
+                    source,
+                })?,
+            };
+            match current.send(&message, &attached) {
+                Ok(()) => {
+                    *link = Some(current);
+                    break;
+                }
+                Err(error) if attempt == 0 && is_gone(&error) => {
+                    tracing::warn!(pid = current.process.id(), %error, "the spawner was gone; restarting it");
+                    current.retire();
+                }
+                Err(error) => {
+                    current.retire();
+                    return Err(lost(error));
+                }
+            }
+        }
+        let reply = match link.as_ref().map(Link::receive) {
+            Some(Ok(reply)) => reply,
+            Some(Err(error)) => {
+                if let Some(current) = link.take() {
+                    tracing::warn!(pid = current.process.id(), %error, "the spawner went away during a start");
+                    current.retire();
+                }
+                return Err(lost(error));
+            }
+            None => return Err(lost(std::io::ErrorKind::NotConnected.into())),
+        };
+        drop(link);
+        let spawn_error = |source| SpawnError::Spawn {
+            program: program.to_owned(),
+            source,
+        };
+        let pid = u32::try_from(reply.pid).map_err(|_| {
+            spawn_error(std::io::Error::other(format!(
+                "the spawner answered pid {}",
+                reply.pid
+            )))
+        })?;
+        if reply.errno != 0 {
+            // A child whose exec failed has exited; it is this process's to reap.
+            if pid != 0 {
+                let _ = ShimChild::started(pid).wait();
+            }
+            return Err(spawn_error(std::io::Error::from_raw_os_error(reply.errno)));
+        }
+        if pid == 0 {
+            return Err(spawn_error(std::io::Error::other(
+                "the spawner answered pid 0",
+            )));
+        }
+        Ok(pid)
+    }
+}
+
+impl Drop for Spawner {
+    fn drop(&mut self) {
+        let link = self.link.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(link) = link.take() {
+            link.retire();
         }
     }
 }
 
-/// The descriptors a spawned shim gets: fd 0 is `/dev/null` unless `stdin` is given.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct ChildFds<'a> {
-    /// Its end of the control socket, placed on fd 3 ([`CONTROL_FD`]).
-    pub control: BorrowedFd<'a>,
-    /// A pidfd of the sandbox's pid 1, placed on fd 4 ([`PID_ONE_FD`]).
-    pub pid_one: Option<BorrowedFd<'a>>,
-    /// Its stdin; `/dev/null` when `None`.
-    pub stdin: Option<BorrowedFd<'a>>,
-    /// Its stdout.
-    pub stdout: BorrowedFd<'a>,
-    /// Its stderr.
-    pub stderr: BorrowedFd<'a>,
+/// Whether a failure to send means the spawner has gone away (its end of the socket closed).
+fn is_gone(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)
+    )
 }
 
-/// The highest descriptor number a child gets placed.
-const HIGHEST_PLACED: RawFd = PID_ONE_FD;
+impl Link {
+    /// Starts `shim spawner` with its end of a new socket on fd 3, `/dev/null` on stdin and
+    /// stdout, and this process's stderr (it says there why it ends, if not at end of file).
+    fn start(shim: &Path) -> std::io::Result<Self> {
+        let (ours, theirs) = socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )?;
+        let null = OpenOptions::new().write(true).open("/dev/null")?;
+        let stderr = std::io::stderr();
+        let fds = ChildFds {
+            control: theirs.as_fd(),
+            pid_one: None,
+            stdin: None,
+            stdout: null.as_fd(),
+            stderr: stderr.as_fd(),
+        };
+        let pid = posix_spawn(shim, &["spawner"], fds)?;
+        tracing::debug!(pid, "spawner started");
+        Ok(Self {
+            process: ShimChild::started(pid),
+            socket: ours,
+        })
+    }
 
-/// Starts `program` with `args`, an empty environment and `fds`, then moves it into the
-/// cgroup whose `cgroup.procs` files are `procs` (every hierarchy). On success the child is
-/// in its cgroup and waiting for its first message; on a failed move it has been killed and
-/// reaped.
+    /// Sends one request with its descriptors.
+    fn send(&self, message: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+        let iov = [IoSlice::new(message)];
+        let rights = [ControlMessage::ScmRights(fds)];
+        loop {
+            match sendmsg::<()>(
+                self.socket.as_raw_fd(),
+                &iov,
+                &rights,
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            ) {
+                Ok(_) => return Ok(()),
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Waits for the reply to the request sent.
+    fn receive(&self) -> std::io::Result<SpawnReply> {
+        let mut reply = [0; REPLY_LEN + 1];
+        let length = loop {
+            match recv(self.socket.as_raw_fd(), &mut reply, MsgFlags::empty()) {
+                Ok(length) => break length,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if length == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "its socket closed",
+            ));
+        }
+        SpawnReply::decode(&reply[..length]).map_err(std::io::Error::other)
+    }
+
+    /// Ends the spawner (closing its socket first) and reaps it. The children it started
+    /// are this process's and live on.
+    fn retire(self) {
+        let Self {
+            mut process,
+            socket,
+        } = self;
+        drop(socket);
+        let _ = process.kill();
+        let _ = process.wait();
+    }
+}
+
+/// Starts `program` with `args`, an empty environment and `fds` through `spawner`, then moves
+/// it into the cgroup whose `cgroup.procs` files are `procs` (every hierarchy). On success the
+/// child is in its cgroup and waiting for its first message; on a failed move it has been
+/// killed and reaped.
 pub(crate) fn spawn_in_cgroup(
+    spawner: &Spawner,
     program: &Path,
     args: &[&str],
     procs: &[PathBuf],
@@ -112,12 +276,8 @@ pub(crate) fn spawn_in_cgroup(
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let spawn_error = |source: std::io::Error| SpawnError::Spawn {
-        program: program.to_owned(),
-        source,
-    };
-    let pid = spawn(program, args, fds).map_err(spawn_error)?;
-    let mut child = ShimChild { pid, status: None };
+    let pid = spawner.spawn(program, args, fds)?;
+    let mut child = ShimChild::started(pid);
     let digits = pid.to_string();
     for (file, path) in procs_files.iter().zip(procs) {
         // One write: the kernel reads a cgroup file's value from a single write.
@@ -141,140 +301,29 @@ pub(crate) fn spawn_in_cgroup(
     Ok(child)
 }
 
-/// `posix_spawn` with the descriptors placed and the signal state reset as `std::process`
-/// does (empty mask, `SIGPIPE` back to its default: the supervisor ignores it).
-fn spawn(program: &Path, args: &[&str], fds: ChildFds<'_>) -> std::io::Result<u32> {
-    let to_c = |bytes: &[u8]| CString::new(bytes).map_err(std::io::Error::other);
-    let mut argv = vec![to_c(program.as_os_str().as_bytes())?];
-    for arg in args {
-        argv.push(to_c(arg.as_bytes())?);
-    }
-    let env: [&std::ffi::CStr; 0] = [];
-    // Every source above the numbers placed, so placing one never overwrites another that
-    // is still to be placed (the copies made for that are close-on-exec and dropped below).
-    let mut moved = Vec::new();
-    let mut source = |fd: BorrowedFd<'_>| -> std::io::Result<RawFd> {
-        if fd.as_raw_fd() > HIGHEST_PLACED {
-            return Ok(fd.as_raw_fd());
-        }
-        let copy = nix::fcntl::fcntl(
-            fd,
-            nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(HIGHEST_PLACED + 1),
-        )?;
-        #[allow(unsafe_code)]
-        // SAFETY: fcntl just returned this new descriptor; nothing else owns it.
-        let copy = unsafe { OwnedFd::from_raw_fd(copy) };
-        let raw = copy.as_raw_fd();
-        moved.push(copy);
-        Ok(raw)
-    };
-    let mut actions = PosixSpawnFileActions::init()?;
-    match fds.stdin {
-        Some(stdin) => actions.add_dup2(source(stdin)?, 0)?,
-        None => actions.add_open(0, "/dev/null", OFlag::O_RDONLY, Mode::empty())?,
-    }
-    let placed = [
-        (Some(fds.stdout), 1),
-        (Some(fds.stderr), 2),
-        (Some(fds.control), CONTROL_FD),
-        (fds.pid_one, PID_ONE_FD),
-    ];
-    let mut sources = Vec::new();
-    for (fd, target) in placed {
-        if let Some(fd) = fd {
-            sources.push((source(fd)?, target));
-        }
-    }
-    // dup2 clears close-on-exec on the new number; a source is never its own target here.
-    for (fd, target) in sources {
-        actions.add_dup2(fd, target)?;
-    }
-    let mut attr = PosixSpawnAttr::init()?;
-    attr.set_sigmask(&SigSet::empty())?;
-    let mut defaults = SigSet::empty();
-    defaults.add(Signal::SIGPIPE);
-    attr.set_sigdefault(&defaults)?;
-    attr.set_flags(
-        PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
-    )?;
-    let pid = nix::spawn::posix_spawn(program, &actions, &attr, &argv, &env)?;
-    drop(moved);
-    u32::try_from(pid.as_raw()).map_err(std::io::Error::other)
-}
-
-/// A shim this process started and owns: killed and reaped by pid, which stays its own until
-/// [`ShimChild::wait`] reaps it (a child's pid is never reused before its parent reaps it).
-/// Dropping it neither kills nor reaps (a shim left running detached outlives its handle).
-#[derive(Debug)]
-pub struct ShimChild {
-    pid: u32,
-    /// Set once reaped: from then on the pid may be anyone's.
-    status: Option<ExitStatus>,
-}
-
-impl ShimChild {
-    /// Its host pid.
-    pub fn id(&self) -> u32 {
-        self.pid
-    }
-
-    /// Sends it `SIGKILL`; nothing once it has been reaped.
-    pub fn kill(&mut self) -> std::io::Result<()> {
-        if self.status.is_some() {
-            return Ok(());
-        }
-        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
-        nix::sys::signal::kill(pid, Signal::SIGKILL).map_err(std::io::Error::from)
-    }
-
-    /// A pidfd of it (readable once it has exited), for waiting without a thread.
-    pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
-        if self.status.is_some() {
-            return Err(std::io::Error::other("the process has been reaped"));
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no
-        // memory of this process is involved. The pid is this process's unreaped child, so
-        // it names that child.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid, libc::PIDFD_NONBLOCK) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        #[allow(unsafe_code)]
-        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(raw as RawFd) })
-    }
-
-    /// Waits for it to exit and reaps it; its status again once reaped.
-    pub fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        if let Some(status) = self.status {
-            return Ok(status);
-        }
-        let mut raw = 0;
-        loop {
-            #[allow(unsafe_code)]
-            // SAFETY: waitpid writes the status into `raw`, a live local; the pid is this
-            // process's unreaped child.
-            let reaped = unsafe { libc::waitpid(self.pid as libc::pid_t, &mut raw, 0) };
-            if reaped == self.pid as libc::pid_t {
-                break;
-            }
-            let error = std::io::Error::last_os_error();
-            if error.kind() != std::io::ErrorKind::Interrupted {
-                return Err(error);
-            }
-        }
-        let status = ExitStatus::from_raw(raw);
-        self.status = Some(status);
-        Ok(status)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd as _;
+    use nix::sys::signal::Signal;
+    use std::os::fd::FromRawFd as _;
     use std::os::unix::net::UnixStream;
+
+    /// A spawner of the `tollgate-shim` built beside this test binary
+    /// (`target/<profile>/deps/<test>` -> `target/<profile>/tollgate-shim`).
+    fn spawner() -> Spawner {
+        let exe = std::env::current_exe().unwrap();
+        let mut dir = exe.parent().unwrap().to_path_buf();
+        if dir.ends_with("deps") {
+            dir.pop();
+        }
+        let shim = dir.join("tollgate-shim");
+        assert!(
+            shim.is_file(),
+            "{} is missing: build it first (cargo build -p tollgate-agent-shim)",
+            shim.display()
+        );
+        Spawner::start(shim)
+    }
 
     fn fds<'a>(control: &'a UnixStream, out: &'a OwnedFd) -> ChildFds<'a> {
         ChildFds {
@@ -302,6 +351,7 @@ mod tests {
         let script = "read go <&3; ls -l /proc/self/fd/0 | sed 's/.*-> //'; \
                       [ -S /proc/self/fd/3 ] || readlink /proc/self/fd/3; echo \"$go\"";
         let mut child = spawn_in_cgroup(
+            &spawner(),
             Path::new("/bin/sh"),
             &["-c", script],
             &procs,
@@ -327,6 +377,58 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// The size of `pid`'s descriptor table (`FDSize:` in its status).
+    fn fd_table_size(pid: u32) -> usize {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("FDSize:")).unwrap();
+        line["FDSize:".len()..].trim().parse().unwrap()
+    }
+
+    #[test]
+    fn a_child_gets_a_small_descriptor_table_however_many_the_supervisor_holds() {
+        // Started with the run manager, before the table grows.
+        let spawner = spawner();
+        // What a supervisor with hundreds of live runs holds: descriptors, all close-on-exec.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let held: Vec<OwnedFd> = (0..1100)
+            .map(|_| {
+                let raw = nix::fcntl::fcntl(&null, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(0))
+                    .expect("the test needs RLIMIT_NOFILE above 1,200");
+                #[allow(unsafe_code)]
+                // SAFETY: fcntl just returned this new descriptor; nothing else owns it.
+                unsafe {
+                    OwnedFd::from_raw_fd(raw)
+                }
+            })
+            .collect();
+        let dir = std::env::temp_dir().join(format!("tollgate-spawn-fds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let procs = [dir.join("procs")];
+        std::fs::write(&procs[0], b"").unwrap();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (_read, write) = std::io::pipe().unwrap();
+        let write = OwnedFd::from(write);
+        // It waits for its go-ahead, as a shim does, and ends with it.
+        let mut child = spawn_in_cgroup(
+            &spawner,
+            Path::new("/bin/sh"),
+            &["-c", "read go <&3"],
+            &procs,
+            fds(&theirs, &write),
+        )
+        .expect("spawns");
+        drop((theirs, write));
+        let size = fd_table_size(child.id());
+        drop(held);
+        (&ours).write_all(b"go\n").unwrap();
+        assert!(child.wait().unwrap().success());
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(
+            size <= 64,
+            "the child inherited a table of {size} descriptors from its starter"
+        );
+    }
+
     #[test]
     fn a_failed_cgroup_join_kills_and_reaps_the_child() {
         let (_ours, theirs) = UnixStream::pair().unwrap();
@@ -335,6 +437,7 @@ mod tests {
         // Every write to /dev/full fails (ENOSPC), as a write to a removed cgroup would.
         let procs = [PathBuf::from("/dev/full")];
         let error = spawn_in_cgroup(
+            &spawner(),
             Path::new("/bin/sleep"),
             &["1000"],
             &procs,
@@ -370,8 +473,148 @@ mod tests {
         let (_read, write) = std::io::pipe().unwrap();
         let write = OwnedFd::from(write);
         let procs = [PathBuf::from("/nonexistent/tollgate/cgroup.procs")];
-        let error = spawn_in_cgroup(Path::new("/bin/true"), &[], &procs, fds(&theirs, &write))
-            .expect_err("nothing starts");
+        let error = spawn_in_cgroup(
+            &spawner(),
+            Path::new("/bin/true"),
+            &[],
+            &procs,
+            fds(&theirs, &write),
+        )
+        .expect_err("nothing starts");
         assert!(matches!(error, SpawnError::OpenCgroup { .. }), "{error}");
+    }
+
+    /// The signals `pid` blocks and ignores (`SigBlk:`, `SigIgn:` in its status).
+    fn signal_masks(pid: u32) -> (String, String) {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |name: &str| {
+            let line = status.lines().find(|l| l.starts_with(name)).unwrap();
+            line[name.len()..].trim().to_owned()
+        };
+        (field("SigBlk:"), field("SigIgn:"))
+    }
+
+    #[test]
+    fn a_child_blocks_and_ignores_no_signal() {
+        let spawner = spawner();
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (_read, write) = std::io::pipe().unwrap();
+        let write = OwnedFd::from(write);
+        // sleep sets no signal disposition of its own: what it shows is what it inherited.
+        let mut child = spawner
+            .spawn(Path::new("/bin/sleep"), &["1000"], fds(&theirs, &write))
+            .map(ShimChild::started)
+            .expect("spawns");
+        let masks = signal_masks(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        drop(ours);
+        let nothing = "0000000000000000".to_owned();
+        assert_eq!(masks, (nothing.clone(), nothing));
+    }
+
+    #[test]
+    fn a_program_that_cannot_run_is_a_spawn_error_and_leaves_no_child() {
+        let spawner = spawner();
+        let (_ours, theirs) = UnixStream::pair().unwrap();
+        let (_read, write) = std::io::pipe().unwrap();
+        let write = OwnedFd::from(write);
+        let error = spawner
+            .spawn(Path::new("/nonexistent/program"), &[], fds(&theirs, &write))
+            .expect_err("nothing runs");
+        let SpawnError::Spawn { source, .. } = &error else {
+            panic!("not a spawn failure: {error}");
+        };
+        assert_eq!(source.raw_os_error(), Some(libc::ENOENT), "{error}");
+        // The spawner still serves.
+        let mut child = spawner
+            .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
+            .map(ShimChild::started)
+            .expect("spawns");
+        assert!(child.wait().unwrap().success());
+    }
+
+    #[test]
+    fn a_spawner_that_died_is_restarted_by_the_next_start() {
+        let spawner = spawner();
+        let first = {
+            let link = spawner.link.lock().unwrap();
+            link.as_ref().expect("started").process.id()
+        };
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(first as i32), Signal::SIGKILL).unwrap();
+        // Until it has exited (its socket closed), left unreaped for the spawner to reap.
+        #[allow(unsafe_code)]
+        // SAFETY: waitid writes into `info`, a live local; WNOWAIT leaves the child unreaped.
+        let waited = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(libc::P_PID, first, &mut info, libc::WEXITED | libc::WNOWAIT)
+        };
+        assert_eq!(waited, 0);
+        let (_ours, theirs) = UnixStream::pair().unwrap();
+        let (_read, write) = std::io::pipe().unwrap();
+        let write = OwnedFd::from(write);
+        let mut child = spawner
+            .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
+            .map(ShimChild::started)
+            .expect("the next start restarts the spawner");
+        assert!(child.wait().unwrap().success());
+        let second = spawner.link.lock().unwrap().as_ref().unwrap().process.id();
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn a_missing_shim_is_a_start_spawner_error() {
+        let spawner = Spawner::start(PathBuf::from("/nonexistent/tollgate-shim"));
+        let (_ours, theirs) = UnixStream::pair().unwrap();
+        let (_read, write) = std::io::pipe().unwrap();
+        let write = OwnedFd::from(write);
+        let error = spawner
+            .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
+            .expect_err("no spawner");
+        assert!(matches!(error, SpawnError::StartSpawner { .. }), "{error}");
+    }
+
+    #[test]
+    fn concurrent_starts_each_get_their_own_child() {
+        let spawner = spawner();
+        let pids = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    scope.spawn(|| {
+                        (0..4)
+                            .map(|_| {
+                                let (_ours, theirs) = UnixStream::pair().unwrap();
+                                let (_read, write) = std::io::pipe().unwrap();
+                                let write = OwnedFd::from(write);
+                                let mut child = spawner
+                                    .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
+                                    .map(ShimChild::started)
+                                    .expect("spawns");
+                                assert!(child.wait().unwrap().success());
+                                child.id()
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|worker| worker.join().unwrap())
+                .collect::<Vec<_>>()
+        });
+        assert_eq!(pids.len(), 32);
+    }
+
+    #[test]
+    fn the_spawner_ends_when_the_supervisor_closes_its_socket() {
+        let spawner = spawner();
+        let Link {
+            mut process,
+            socket,
+        } = spawner.link.lock().unwrap().take().expect("started");
+        // What the kernel does to every descriptor of a supervisor that dies.
+        drop(socket);
+        let status = process.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{status:?}");
     }
 }
