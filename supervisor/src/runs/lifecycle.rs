@@ -409,7 +409,7 @@ impl RunManager {
             teardowns.submit(move || {
                 audited(&run_id, created);
                 ShimWatch::reap(child, &reaped);
-                manager.teardown(
+                manager.teardown_gathered(
                     &run_id,
                     &live,
                     &dirs,

@@ -148,6 +148,7 @@ impl RunManager {
             tasks: gateway_runtime.handle().clone(),
             gateway_runtime: Some(gateway_runtime),
             teardowns: super::teardowns::Teardowns::new(super::teardowns::TEARDOWN_WORKERS),
+            endings: Default::default(),
             models: RwLock::new(None),
             delegator: OnceLock::new(),
             key_refresh: OnceLock::new(),
