@@ -77,10 +77,10 @@ impl Teardowns {
         state.queue.push_back(Box::new(job));
         if state.idle > 0 {
             wake.notify_one();
-            return;
         }
-        if state.workers >= self.max_workers {
-            // Every worker is busy: the first to finish takes it.
+        // More jobs waiting than idle workers to take them: one more worker, up to the bound
+        // (past it, the first worker to finish takes the job).
+        if state.queue.len() <= state.idle || state.workers >= self.max_workers {
             return;
         }
         state.workers += 1;
