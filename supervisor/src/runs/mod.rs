@@ -625,7 +625,11 @@ impl RunManager {
         for (_, run) in &live {
             run.note_trigger(RunState::SupervisorShutdown, SHUTDOWN.into());
         }
-        let killed_all = detached.is_empty()
+        // Never where a run was left detached (live restore), by this stop or an earlier
+        // one (a second shutdown finds no run live): its sandbox is under the same parent.
+        let killed_all = !live.is_empty()
+            && detached.is_empty()
+            && !self.left_detached()
             && crate::cgroup::kill_subtree(&self.settings.cgroup_parent).unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not kill every run at once; killing each");
                 false

@@ -178,7 +178,15 @@ impl<R> Endings<R> {
                 return;
             }
             drop(gathered);
-            write_group(records, group, &finished);
+            // A panic here must not leave `writing` set: no end would be written again.
+            let written = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                write_group(records, group, &finished)
+            }));
+            if written.is_err() {
+                tracing::error!(
+                    "writing a group of runs' ends panicked; later ends are still written"
+                );
+            }
             gathered = self.gathered.lock().unwrap_or_else(|p| p.into_inner());
         }
     }
