@@ -594,6 +594,24 @@ impl RunCgroup {
     }
 }
 
+/// Sends the kill to every process in every cgroup under `parent` with one write to its v2
+/// `cgroup.kill`, which the kernel applies to the whole subtree; returns without waiting.
+/// `false` (nothing sent) where the host has no `cgroup.kill`, or where the supervisor's own
+/// leaf ([`SUPERVISOR_LEAF`]) is under `parent`: the caller then kills each run's cgroup.
+/// A supervisor's stop sends it once instead of once a run: thousands of writes, each under
+/// the kernel's cgroup mutex that the first runs' cgroup removals also take, delayed the
+/// last runs' kills by seconds.
+pub fn kill_subtree(parent: &str) -> Result<bool, CgroupError> {
+    let cgroup = RunCgroup::existing(parent);
+    let Some(dir) = cgroup.v2_dir.clone() else {
+        return Ok(false);
+    };
+    if cgroup.kill_method() != KillMethod::CgroupKill || dir.join(SUPERVISOR_LEAF).exists() {
+        return Ok(false);
+    }
+    write_kill(&dir)
+}
+
 fn read_pids(dir: &Path) -> Result<Vec<u32>, CgroupError> {
     let file = dir.join("cgroup.procs");
     match fs::read_to_string(&file) {

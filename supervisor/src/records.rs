@@ -533,37 +533,61 @@ impl RunRecords {
         report: &TeardownReport,
         now: i64,
     ) -> Result<(), RecordsError> {
-        let report =
-            serde_json::to_string(report).map_err(|_| RecordsError::Report(run_id.into()))?;
-        let done = Arc::new(OnceLock::new());
-        self.finishing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(Finish {
-                run_id: run_id.to_owned(),
-                state,
-                report,
-                now,
-                done: done.clone(),
-            });
+        let mut outcome = self.finish_all(&[(run_id, state, report)], now);
+        outcome.pop().unwrap_or(Ok(()))
+    }
+
+    /// Records the ends of several runs with their reports, in one durable transaction with
+    /// every end queued meanwhile (see `commit_finishes`); one outcome per run, in order.
+    pub fn finish_all(
+        &self,
+        ends: &[(&str, RunState, &TeardownReport)],
+        now: i64,
+    ) -> Vec<Result<(), RecordsError>> {
+        let mut outcomes: Vec<Result<(), RecordsError>> = Vec::with_capacity(ends.len());
+        let mut queued = Vec::with_capacity(ends.len());
+        for &(run_id, state, report) in ends {
+            let Ok(report) = serde_json::to_string(report) else {
+                outcomes.push(Err(RecordsError::Report(run_id.into())));
+                queued.push(None);
+                continue;
+            };
+            let done = Arc::new(OnceLock::new());
+            self.finishing
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(Finish {
+                    run_id: run_id.to_owned(),
+                    state,
+                    report,
+                    now,
+                    done: done.clone(),
+                });
+            outcomes.push(Ok(()));
+            queued.push(Some(done));
+        }
         let mut conn = self.conn();
-        // Queued before the connection was taken: either a holder before us committed it
-        // (and set `done` before letting go of the connection), or it is still queued and
-        // this call commits it, with every other one queued meanwhile.
-        if done.get().is_none() {
+        // Queued before the connection was taken: either a holder before us committed them
+        // (and set `done` before letting go of the connection), or they are still queued and
+        // this call commits them, with every other one queued meanwhile.
+        if queued.iter().flatten().any(|done| done.get().is_none()) {
             let group =
                 std::mem::take(&mut *self.finishing.lock().unwrap_or_else(|p| p.into_inner()));
             commit_finishes(&mut conn, group);
         }
         drop(conn);
-        match done.get() {
-            Some(Ok(())) => Ok(()),
-            Some(Err(e)) => Err(RecordsError::Sqlite(copy_error(e))),
-            // Never: the group that held it set it before letting go of the connection.
-            None => Err(RecordsError::Sqlite(failure(
-                "the final record was not committed",
-            ))),
+        for (outcome, done) in outcomes.iter_mut().zip(queued) {
+            let Some(done) = done else { continue };
+            *outcome = match done.get() {
+                Some(Ok(())) => Ok(()),
+                Some(Err(e)) => Err(RecordsError::Sqlite(copy_error(e))),
+                // Never: the group that held it set it before letting go of the connection.
+                None => Err(RecordsError::Sqlite(failure(
+                    "the final record was not committed",
+                ))),
+            };
         }
+        outcomes
     }
 
     fn record(row: &rusqlite::Row<'_>) -> rusqlite::Result<(RunRecord, Option<String>)> {

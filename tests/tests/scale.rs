@@ -29,6 +29,12 @@ const FIRST: usize = 20;
 /// demand (the runtime's blocking pool), never one per run.
 const SLACK: usize = 16;
 
+/// The most threads the daemon may have at any moment of a clean stop of its `RUNS` live runs:
+/// its fixed ones (runtimes, audit and records writers) and the few teardown workers, however
+/// many runs end at once (tokio's blocking pool, which grows to a thread per queued
+/// teardown, took it past 300).
+const STOP_THREADS: usize = 16;
+
 /// Descriptors the supervisor may gain between `FIRST` and `RUNS` live runs besides the
 /// runs' own: what it opens once, lazily (the runtime's, the records').
 const FD_SLACK: usize = 8;
@@ -378,7 +384,32 @@ async fn the_daemons_threads_stay_flat_over_grpc_and_its_stop_leaves_nothing() {
         supervisor.data_dir().to_owned(),
         supervisor.cgroup_parent.clone(),
     );
+    // The daemon's threads, sampled through the stop until it has exited (not timed: the
+    // sampler only keeps the largest count it saw).
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+                    break;
+                };
+                let threads = status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("Threads:"))
+                    .and_then(|value| value.trim().parse().ok())
+                    .unwrap_or(0);
+                most = most.max(threads);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            most
+        })
+    };
     let stopped = supervisor.terminate(Signal::SIGTERM);
+    sampling.store(false, std::sync::atomic::Ordering::SeqCst);
+    let threads_in_stop = sampler.join().unwrap();
+    eprintln!("daemon threads during the stop of {RUNS} runs: at most {threads_in_stop}");
     let left = leftovers(&data_dir, &parent);
     let parents_left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
         .unwrap()
@@ -405,6 +436,11 @@ async fn the_daemons_threads_stay_flat_over_grpc_and_its_stop_leaves_nothing() {
         "the daemon's threads grew with its runs: {threads_first} at {FIRST} live runs, {threads} at {RUNS}"
     );
     assert!(stopped.success(), "the daemon's clean stop: {stopped:?}");
+    assert!(
+        threads_in_stop <= STOP_THREADS,
+        "the daemon grew to {threads_in_stop} threads while its {RUNS} runs ended at its stop \
+         (at most {STOP_THREADS}): its teardowns must share a few workers"
+    );
     assert!(left.is_empty(), "the stop left behind: {left:?}");
     assert!(
         parents_left.is_empty(),

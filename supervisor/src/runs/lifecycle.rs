@@ -283,13 +283,16 @@ impl RunManager {
             if let Some(live) = &live {
                 ended_or_detached(live).await;
             }
-            // A quick read of one record, off the worker.
-            let _ = tokio::task::spawn_blocking(move || {
+            // A quick read of one record, off the runtime's worker: on the teardown
+            // workers, queued behind the run's teardown.
+            let Some(teardowns) = manager.upgrade().map(|m| m.teardowns.clone()) else {
+                return;
+            };
+            teardowns.submit(move || {
                 if let Some(manager) = manager.upgrade() {
                     manager.publish_if_ended(&id);
                 }
-            })
-            .await;
+            });
         });
     }
 
@@ -413,17 +416,22 @@ impl RunManager {
             let exit = match watched {
                 Watched::Ended(exit) => exit,
                 Watched::Detached => {
-                    let _ = tokio::task::spawn_blocking(move || audited(&run_id, created)).await;
+                    manager
+                        .teardowns
+                        .submit(move || audited(&run_id, created));
                     return;
                 }
             };
             for relay in relays {
                 let _ = relay.await;
             }
-            let torn_down = tokio::task::spawn_blocking(move || {
+            // Queued, not awaited: the run's end (`set_ended`) is what waiters wait on, and
+            // a teardown that panicked is logged by the worker.
+            let teardowns = manager.teardowns.clone();
+            teardowns.submit(move || {
                 audited(&run_id, created);
                 ShimWatch::reap(child, &reaped);
-                manager.teardown(
+                manager.teardown_gathered(
                     &run_id,
                     &live,
                     &dirs,
@@ -431,9 +439,6 @@ impl RunManager {
                     started_ms,
                 );
             });
-            if let Err(e) = torn_down.await {
-                tracing::error!(error = %e, "a run's teardown did not finish");
-            }
         });
     }
 }
@@ -451,14 +456,15 @@ async fn expire(live: Arc<LiveRun>, manager: Weak<RunManager>, run_id: String, e
     if !expire_at(&live, expires_at).await || live.is_detached() {
         return;
     }
-    // Ending a tree kills cgroups and waits for them to empty: blocking work.
-    let _ = tokio::task::spawn_blocking(move || match manager.upgrade() {
-        Some(manager) => {
-            manager.end_tree(&run_id, RunState::Expired, EXPIRED);
-        }
-        None => live.trigger(RunState::Expired, EXPIRED.into()),
-    })
-    .await;
+    let Some(manager) = manager.upgrade() else {
+        live.trigger_without_waiting(RunState::Expired, EXPIRED.into());
+        return;
+    };
+    // Blocking work (cgroup files), on the teardown workers: a thousand runs expiring at
+    // once take a few threads, not a thousand. The kill is sent, not waited for: the run's
+    // teardown, queued once its shim has died, waits for its cgroup to empty.
+    let teardowns = manager.teardowns.clone();
+    teardowns.submit(move || manager.expire_tree(&run_id, EXPIRED));
 }
 
 #[cfg(test)]

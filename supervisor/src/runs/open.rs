@@ -149,6 +149,8 @@ impl RunManager {
         let manager = Arc::new(Self {
             tasks: gateway_runtime.handle().clone(),
             gateway_runtime: Some(gateway_runtime),
+            teardowns: super::teardowns::Teardowns::new(super::teardowns::TEARDOWN_WORKERS),
+            endings: Default::default(),
             models: RwLock::new(None),
             delegator: OnceLock::new(),
             key_refresh: OnceLock::new(),

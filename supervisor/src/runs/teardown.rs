@@ -2,6 +2,8 @@
 //! memory, remove the cgroup and the run directory, write the final record and the report.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
 
 use tollgate_receipt::unix_now;
 use tollgate_shim_protocol::protocol::AgentExit;
@@ -9,8 +11,9 @@ use tollgate_shim_protocol::protocol::AgentExit;
 use crate::records::{RunState, TeardownReport};
 use crate::sandbox::RunDirs;
 use crate::COMPONENT;
-use tollgate_audit::{EntryDraft, EntryKind};
+use tollgate_audit::{AuditError, EntryDraft, EntryKind, PendingEntry};
 
+use super::teardowns::{Ending, Endings};
 use super::{now_ms, LiveRun, RunManager, KILL_DEADLINE};
 
 /// How a run came to teardown.
@@ -70,9 +73,25 @@ impl RunManager {
         tracing::warn!(run_id, reason, "run failed to start");
     }
 
-    /// Audits the end of a run with its report (and the limit it hit, if one ended it).
-    /// Teardown has happened whatever the log says, so a failure here is logged, not raised.
+    /// Audits the end of a run with its report (and the limit it hit, if one ended it), and
+    /// waits until that is on disk. Teardown has happened whatever the log says, so a failure
+    /// here is logged, not raised.
     pub(super) fn audit_teardown(&self, run_id: &str, state: RunState, report: &TeardownReport) {
+        for entry in self.submit_teardown_entries(run_id, state, report) {
+            if let Err(e) = entry.and_then(PendingEntry::wait) {
+                tracing::error!(run_id, error = %e, "could not audit a teardown");
+            }
+        }
+    }
+
+    /// Hands the entries that audit the end of a run to the audit writer, without waiting
+    /// for them to be on disk.
+    fn submit_teardown_entries(
+        &self,
+        run_id: &str,
+        state: RunState,
+        report: &TeardownReport,
+    ) -> Vec<Result<PendingEntry, AuditError>> {
         let opt = |value: Option<i32>| value.map_or(tollgate_audit::MetaValue::Null, Into::into);
         let to_i64 = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
         let mut drafts = Vec::new();
@@ -109,23 +128,57 @@ impl RunManager {
                 .meta("routes_used", report.routes_used.clone())
                 .meta("cleanup_errors", report.cleanup_errors.clone()),
         );
-        for draft in drafts {
-            if let Err(e) = self.audit.append(draft) {
-                tracing::error!(run_id, error = %e, "could not audit a teardown");
-            }
-        }
+        drafts
+            .into_iter()
+            .map(|draft| self.audit.submit(draft))
+            .collect()
     }
 
-    /// The one teardown path.
+    /// The one teardown path, all at once: returns once the run's end is recorded (a start
+    /// that failed, a run lost at re-adoption).
     pub(super) fn teardown(
         &self,
         run_id: &str,
-        live: &LiveRun,
+        live: &Arc<LiveRun>,
         dirs: &RunDirs,
         ended: Ended,
         started_ms: u64,
     ) {
-        let tearing_down = std::time::Instant::now();
+        let ending = self.clean_up(run_id, live, dirs, ended, started_ms);
+        Endings::default().add(&self.records, ending, |ending, recorded| {
+            self.finish_run(ending, recorded)
+        });
+    }
+
+    /// The one teardown path, on a teardown worker: the run is cleaned up here, and its end
+    /// recorded with every other end gathered meanwhile (see [`Endings`]); `set_ended` follows
+    /// the record, as in [`Self::teardown`].
+    pub(super) fn teardown_gathered(
+        &self,
+        run_id: &str,
+        live: &Arc<LiveRun>,
+        dirs: &RunDirs,
+        ended: Ended,
+        started_ms: u64,
+    ) {
+        let ending = self.clean_up(run_id, live, dirs, ended, started_ms);
+        self.endings.add(&self.records, ending, |ending, recorded| {
+            self.finish_run(ending, recorded)
+        });
+    }
+
+    /// The teardown's clean-up: kill what is left, read peak memory, remove the cgroup and
+    /// the run directory, and hand the audit its entries; the final record is left to
+    /// [`Endings`].
+    fn clean_up(
+        &self,
+        run_id: &str,
+        live: &Arc<LiveRun>,
+        dirs: &RunDirs,
+        ended: Ended,
+        started_ms: u64,
+    ) -> Ending<(Arc<LiveRun>, Instant)> {
+        let tearing_down = Instant::now();
         live.closing.store(true, Ordering::SeqCst);
         let gateway = live
             .gateway
@@ -236,9 +289,32 @@ impl RunManager {
             report.cleanup_errors.push(e.to_string());
         }
         report.duration_ms = now_ms().saturating_sub(started_ms);
-        // The entry first: a crash in between repeats it at the next start, never loses it.
-        self.audit_teardown(run_id, state, &report);
-        match self.records.finish(run_id, state, &report, unix_now()) {
+        // The entry first: a crash between it and the record repeats it at the next start,
+        // never loses it (`Endings` writes the record once the entry is on disk).
+        Ending {
+            run_id: run_id.to_owned(),
+            entries: self.submit_teardown_entries(run_id, state, &report),
+            state,
+            report,
+            run: (live.clone(), tearing_down),
+        }
+    }
+
+    /// What follows a run's final record (written or not): its host id back, its end logged
+    /// and counted, and the run ended for whoever waits on it.
+    fn finish_run(
+        &self,
+        Ending {
+            run_id,
+            state,
+            report,
+            run: (live, tearing_down),
+            ..
+        }: Ending<(Arc<LiveRun>, Instant)>,
+        recorded: Result<(), crate::records::RecordsError>,
+    ) {
+        let run_id = run_id.as_str();
+        match recorded {
             Ok(()) => self.give_back_host_id(run_id),
             Err(e) => tracing::error!(run_id, error = %e, "could not record a teardown report"),
         }
