@@ -47,8 +47,8 @@ const SLEEPER: &str = "echo x; exec /usr/bin/sleep 7200";
 
 /// With `--gateway-check`, each run's program instead: the same byte, then asleep until
 /// SIGUSR1, on which it makes one gateway call (`tollgate-shim receipt`, GetRunReceipt) and
-/// says whether it was answered. Its shell stays (a process more per run than `SLEEPER`).
-const ANSWERER: &str = "trap '/run/tollgate/bin/tollgate-shim receipt >/dev/null 2>&1 && echo answered || echo refused' USR1; echo x; while :; do /usr/bin/sleep 7200 & s=$!; wait $s; kill $s 2>/dev/null; done";
+/// says whether it was answered (or why not, the client's own words). Its shell stays (a process more per run than `SLEEPER`).
+const ANSWERER: &str = "trap 'e=$(/run/tollgate/bin/tollgate-shim receipt 2>&1 >/dev/null) && echo answered || echo \"refused: $e\"' USR1; echo x; while :; do /usr/bin/sleep 7200 & s=$!; wait $s; kill $s 2>/dev/null; done";
 
 /// How long every live run has to answer its gateway call.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(300);
@@ -161,6 +161,8 @@ fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<
 struct Answers {
     answered: AtomicUsize,
     refused: AtomicUsize,
+    /// What the refused calls' client said, and how many said it.
+    reasons: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
 }
 
 /// What `--gateway-check` saw once the last count was live.
@@ -169,6 +171,8 @@ struct GatewayCheck {
     asked: usize,
     answered: usize,
     refused: usize,
+    /// What the refused calls' client said (each reason once, with its count).
+    reasons: Vec<(String, usize)>,
     took: Duration,
     /// `ListRuns` with `live_only` (what `tollgate ps` asks), in this process: the runs it
     /// listed and how long it took (no gRPC hop, no CLI start).
@@ -215,8 +219,17 @@ fn tollgate(
             let _ = first.try_send(Instant::now());
             if bytes.windows(8).any(|w| w == b"answered") {
                 answers.answered.fetch_add(1, Ordering::SeqCst);
-            } else if bytes.windows(7).any(|w| w == b"refused") {
+            } else if let Some(at) = bytes.windows(8).position(|w| w == b"refused:") {
                 answers.refused.fetch_add(1, Ordering::SeqCst);
+                let reason = String::from_utf8_lossy(&bytes[at + 8..]);
+                let reason = reason.lines().next().unwrap_or_default().trim();
+                let reason = reason.chars().take(160).collect::<String>();
+                *answers
+                    .reasons
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(reason)
+                    .or_default() += 1;
             }
         });
         let begin = Instant::now();
@@ -296,6 +309,13 @@ fn check_gateways(
         asked: shells.len(),
         answered: answers.answered.load(Ordering::SeqCst),
         refused: answers.refused.load(Ordering::SeqCst),
+        reasons: answers
+            .reasons
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(reason, count)| (reason.clone(), *count))
+            .collect(),
         took,
         listed,
         ps,
@@ -509,6 +529,9 @@ pub(crate) fn bench(
             check.cli_listed,
             ms(check.revocation),
         );
+        for (reason, count) in &check.reasons {
+            println!("tollgate  refused ({count}): {reason}");
+        }
     }
     println!(
         "tollgate  clean stop with {live} live runs: {:.2} s",
