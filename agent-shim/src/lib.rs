@@ -35,6 +35,7 @@ pub mod child;
 pub mod confine;
 pub mod egress;
 mod enter;
+mod held;
 mod helper;
 pub mod models;
 pub mod powers;
@@ -389,7 +390,11 @@ fn pid_one(
             execute: plan.landlock.execute.clone(),
         },
     );
-    let link = Link::Attached(Attached::new(control, inbox));
+    let link = Link::Attached(Attached::new(
+        control,
+        inbox,
+        held::HeldConnections::default(),
+    ));
     let exit = supervise(agent, link, gateway, &signals, &plan.landlock.execute);
     // Exiting as pid 1 makes the kernel kill everything left in the namespace.
     std::process::exit(match exit {
@@ -400,15 +405,17 @@ fn pid_one(
 }
 
 /// A supervisor connected to pid 1: its control socket, what came on it and is not yet
-/// taken, how many gateway connections it has asked for and not yet been handed, and the
-/// connection handed over last until the supervisor says it holds it.
+/// taken, how many gateway connections it has asked for and not yet been handed, the
+/// connections pid 1 holds until they have spoken and are asked for, and the connection
+/// handed over last until the supervisor says it holds it.
 struct Attached {
     control: UnixStream,
     inbox: Inbox,
     asked: u32,
-    /// `ConnectionWaiting` was said and no `Accept` has come since: the listener is not
-    /// watched until one does.
+    /// `ConnectionWaiting` was said and no `Accept` has come since: said again only after one.
     announced: bool,
+    /// Accepted connections not yet handed over: only those that have spoken are offered.
+    held: held::HeldConnections,
     /// The connection handed over last, kept until the supervisor says it holds it
     /// (`Received`): one whose descriptor did not arrive (the supervisor had no free number
     /// for it) is sent again (`Resend`) instead of being closed on its caller. One at most:
@@ -419,28 +426,49 @@ struct Attached {
 }
 
 impl Attached {
-    fn new(control: UnixStream, inbox: Inbox) -> Self {
+    fn new(control: UnixStream, inbox: Inbox, held: held::HeldConnections) -> Self {
         Self {
             control,
             inbox,
             asked: 0,
             announced: false,
+            held,
             handed: None,
         }
     }
 
-    /// Whether the gateway socket is watched: to accept what was asked for, or to say once
-    /// that a connection waits.
+    /// Whether the gateway socket is watched: while pid 1 has room to hold another
+    /// connection.
     fn watches_gateway(&self) -> bool {
-        self.asked > 0 || !self.announced
+        self.held.accepting()
     }
 
-    /// The gateway socket is readable: hands over what was asked for, or says once that a
-    /// connection waits (the supervisor asks only once it can take it).
+    /// The gateway socket is readable: accepts what waits (up to the bound) and offers
+    /// those that have already spoken.
     fn on_gateway(&mut self, gateway: &UnixListener) {
-        if self.asked > 0 {
-            self.hand_over(gateway);
-        } else if !self.announced {
+        self.held.accept_from(gateway);
+        self.on_silent();
+    }
+
+    /// A silent connection is readable: it spoke (offered) or hung up (dropped).
+    fn on_silent(&mut self) {
+        self.held.sort_silent();
+        self.offer();
+    }
+
+    /// Hands over spoken connections for what was asked, keeping each until the supervisor
+    /// says it holds it; with none asked, says once that one waits (the supervisor asks only
+    /// once it can take it).
+    fn offer(&mut self) {
+        while self.asked > 0 {
+            let Some(connection) = self.held.next_spoken() else {
+                break;
+            };
+            self.asked -= 1;
+            self.handed = Some(OwnedFd::from(connection));
+            self.send_handed();
+        }
+        if self.asked == 0 && self.held.has_spoken() && !self.announced {
             self.announced = true;
             send(&mut self.control, &FromShim::ConnectionWaiting);
         }
@@ -466,7 +494,11 @@ impl Attached {
                 Ok(ToShim::Resend) => self.send_handed(),
                 Ok(ToShim::Detach { until_ms }) => {
                     let fds = self.inbox.take_all();
-                    if let Some(detached) = detach(&mut self.control, fds, until_ms) {
+                    if let Some(mut detached) = detach(&mut self.control, fds, until_ms) {
+                        // Held connections wait for the next supervisor.
+                        if let Link::Detached { connections, .. } = &mut detached {
+                            *connections = std::mem::take(&mut self.held);
+                        }
                         // The control socket closes here: the old supervisor's watch ends,
                         // and the kept connection (if any) is dropped with `self`.
                         return Some(detached);
@@ -476,34 +508,8 @@ impl Attached {
                 _ => drop(self.inbox.take_all()),
             }
         }
+        self.offer();
         Some(Link::Attached(self))
-    }
-
-    /// Accepts the gateway connections the supervisor asked for that are waiting, and hands
-    /// each over, keeping it until the supervisor says it holds it. One that cannot be
-    /// accepted (out of descriptors or memory) is answered `NotAccepted`: it waits in the
-    /// socket's backlog, and the supervisor backs off and asks again.
-    fn hand_over(&mut self, gateway: &UnixListener) {
-        while self.asked > 0 {
-            match gateway.accept() {
-                Ok((connection, _)) => {
-                    self.asked -= 1;
-                    self.handed = Some(OwnedFd::from(connection));
-                    self.send_handed();
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                // A client that gave up while queued, or a signal: the next one.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::Interrupted
-                    ) => {}
-                Err(_) => {
-                    self.asked -= 1;
-                    send(&mut self.control, &FromShim::NotAccepted);
-                }
-            }
-        }
     }
 
     /// Sends the kept connection (`Connection`, SCM_RIGHTS), or `NotAccepted` when none is
@@ -539,15 +545,17 @@ enum Link {
         held: Vec<OwnedFd>,
         /// When the sandbox ends if nobody re-adopts it.
         until: SystemTime,
+        /// Gateway connections accepted and not yet handed over, for the next supervisor.
+        connections: held::HeldConnections,
     },
 }
 
 /// Reaps children until the agent exits (its status, reported to a supervisor) or the run
 /// must end without one: the supervisor went away without detaching, or the detached
 /// deadline passed (`None`). While detached, an agent's exit is kept for the supervisor that
-/// re-adopts the sandbox. While a supervisor is attached and has asked for gateway
-/// connections, pid 1 accepts them on `gateway` (the run's gateway socket, which it holds
-/// for the run's whole life, detached or not) and hands them over.
+/// re-adopts the sandbox. While a supervisor is attached, pid 1 accepts connections on
+/// `gateway` (the run's gateway socket, which it holds for the run's whole life, detached or
+/// not), holds each until it has spoken, and hands those over as they are asked for.
 fn supervise(
     agent: Pid,
     mut link: Link,
@@ -560,7 +568,14 @@ fn supervise(
         let (watched, timeout, accepting) = match &link {
             Link::Attached(attached) => (
                 attached.control.as_fd(),
-                PollTimeout::NONE,
+                // Woken when a failed accept's back-off ends.
+                attached
+                    .held
+                    .backoff_left()
+                    .map_or(PollTimeout::NONE, |left| {
+                        let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+                        PollTimeout::from(millis.max(1))
+                    }),
                 attached.watches_gateway(),
             ),
             Link::Detached {
@@ -581,10 +596,15 @@ fn supervise(
             PollFd::new(watched, PollFlags::POLLIN),
             PollFd::new(signals.as_fd(), PollFlags::POLLIN),
         ];
-        // Only while asked, or to say once that a connection waits: otherwise connections
-        // wait in the socket's backlog.
-        if let Some(gateway) = gateway.as_ref().filter(|_| accepting) {
+        // Only while pid 1 has room to hold another: otherwise connections wait in the
+        // socket's backlog.
+        let gateway_at = gateway.as_ref().filter(|_| accepting).map(|gateway| {
             fds.push(PollFd::new(gateway.as_fd(), PollFlags::POLLIN));
+            fds.len() - 1
+        });
+        let silent_from = fds.len();
+        if let Link::Attached(attached) = &link {
+            fds.extend(attached.held.silent_polls());
         }
         if poll(&mut fds, timeout).is_err() {
             continue;
@@ -595,7 +615,8 @@ fn supervise(
         let closed = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
         let link_ready = ready(&fds[0], closed);
         let child_ready = ready(&fds[1], PollFlags::POLLIN);
-        let gateway_ready = fds.get(2).is_some_and(|fd| ready(fd, closed));
+        let gateway_ready = gateway_at.is_some_and(|at| ready(&fds[at], closed));
+        let silent_ready = fds[silent_from..].iter().any(|fd| ready(fd, closed));
         drop(fds);
         if child_ready {
             let _ = signals.read_signal();
@@ -608,6 +629,9 @@ fn supervise(
                     Link::Detached { .. } => exited = Some(exit),
                 }
             }
+        }
+        if let (true, Link::Attached(attached)) = (silent_ready, &mut link) {
+            attached.on_silent();
         }
         if let (true, Link::Attached(attached), Some(gateway)) =
             (gateway_ready, &mut link, gateway.as_ref())
@@ -624,18 +648,23 @@ fn supervise(
                 listener,
                 held,
                 until,
+                connections,
             } => match reattach(&listener, &held, agent, execute) {
                 Some(mut control) => {
                     if let Some(exit) = exited {
                         send(&mut control, &FromShim::Exited(exit));
                         return Some(exit);
                     }
-                    Link::Attached(Attached::new(control, Inbox::default()))
+                    let mut attached = Attached::new(control, Inbox::default(), connections);
+                    // What spoke while no supervisor was attached is offered to this one.
+                    attached.offer();
+                    Link::Attached(attached)
                 }
                 None => Link::Detached {
                     listener,
                     held,
                     until,
+                    connections,
                 },
             },
         };
@@ -673,6 +702,7 @@ fn detach(control: &mut UnixStream, fds: Vec<OwnedFd>, until_ms: u64) -> Option<
         listener,
         held: fds.collect(),
         until: UNIX_EPOCH + Duration::from_millis(until_ms),
+        connections: held::HeldConnections::default(),
     })
 }
 

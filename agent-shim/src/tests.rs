@@ -1,5 +1,6 @@
-//! pid 1's side of the gateway hand-over ([`Attached`]): a connection handed over is kept
-//! until the supervisor says it holds it, sent again when asked, and dropped when told.
+//! pid 1's side of the gateway hand-over ([`Attached`]): a connection is offered once it has
+//! spoken; one handed over is kept until the supervisor says it holds it, sent again when
+//! asked, and dropped when told.
 
 use std::io::{Read as _, Write as _};
 use std::os::linux::net::SocketAddrExt as _;
@@ -7,8 +8,16 @@ use std::os::linux::net::SocketAddrExt as _;
 use super::*;
 
 /// pid 1 attached to a supervisor (the returned end), with a gateway socket and a client
-/// connected to it.
+/// connected to it that has sent `x`.
 fn attached(name: &str) -> (Attached, UnixStream, UnixListener, UnixStream) {
+    let (pid_one, supervisor, gateway, mut client) = silent(name);
+    client.write_all(b"x").unwrap();
+    (pid_one, supervisor, gateway, client)
+}
+
+/// pid 1 attached to a supervisor (the returned end), with a gateway socket and a client
+/// connected to it that has sent nothing yet.
+fn silent(name: &str) -> (Attached, UnixStream, UnixListener, UnixStream) {
     let (supervisor, control) = UnixStream::pair().unwrap();
     let address = std::os::unix::net::SocketAddr::from_abstract_name(format!(
         "tollgate-shim-test-{name}-{}",
@@ -20,7 +29,7 @@ fn attached(name: &str) -> (Attached, UnixStream, UnixListener, UnixStream) {
     let client = UnixStream::connect_addr(&address).unwrap();
     client.set_nonblocking(true).unwrap();
     (
-        Attached::new(control, Inbox::default()),
+        Attached::new(control, Inbox::default(), held::HeldConnections::default()),
         supervisor,
         gateway,
         client,
@@ -90,7 +99,6 @@ fn a_connection_is_kept_until_received_and_sent_again_when_asked() {
     let (line, again) = receive(&supervisor);
     assert_eq!(line, "\"connection\"\n");
     let again = UnixStream::from(again.expect("sent again attached"));
-    client.write_all(b"x").unwrap();
     let mut byte = [0u8; 1];
     (&again).read_exact(&mut byte).unwrap();
     assert_eq!(&byte, b"x", "the same connection");
@@ -123,6 +131,36 @@ fn the_next_accept_drops_the_kept_connection() {
     assert!(open(&client));
     let pid_one = tell(pid_one, &supervisor, "\"accept\"\n");
     assert!(pid_one.handed.is_none());
+    // Its first bytes unread, the caller sees a reset rather than a plain end.
     let mut rest = [0u8; 1];
-    assert_eq!((&client).read(&mut rest).unwrap(), 0);
+    let ended = match (&client).read(&mut rest) {
+        Ok(read) => read == 0,
+        Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+    };
+    assert!(ended, "the caller still sees its connection open");
+}
+
+/// A connection whose client has not written is held, not offered: the supervisor, which
+/// closes connections silent past its deadline, never holds one. Once it speaks it is
+/// offered; one that hangs up silent is dropped without a word to the supervisor.
+#[test]
+fn a_connection_is_offered_only_once_it_has_spoken() {
+    let (mut pid_one, supervisor, gateway, mut client) = silent("spoken");
+    supervisor.set_nonblocking(true).unwrap();
+    pid_one.on_gateway(&gateway);
+    let mut byte = [0u8; 1];
+    assert!(
+        matches!((&supervisor).read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a silent connection was offered"
+    );
+    client.write_all(b"x").unwrap();
+    pid_one.on_silent();
+    supervisor.set_nonblocking(false).unwrap();
+    assert_eq!(receive(&supervisor).0, "\"connection_waiting\"\n");
+    let _pid_one = tell(pid_one, &supervisor, "\"accept\"\n");
+    let (line, handed) = receive(&supervisor);
+    assert_eq!(line, "\"connection\"\n");
+    let handed = UnixStream::from(handed.expect("the connection came attached"));
+    (&handed).read_exact(&mut byte).unwrap();
+    assert_eq!(&byte, b"x", "the same connection, its first bytes unread");
 }

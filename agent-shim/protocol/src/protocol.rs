@@ -22,15 +22,15 @@ pub enum ToShim {
     /// Second message: complete the sandbox for this run and start the agent. Sent with
     /// descriptors attached (SCM_RIGHTS), in this order: a detached mount of each of the
     /// plan's binds, the run's root file system's when it has one, and the run's gateway
-    /// listening socket when it has one (`gateway_socket`). pid 1 keeps the gateway socket
-    /// and accepts on it only when asked ([`ToShim::Accept`]): the supervisor holds no
-    /// listening socket for a run.
+    /// listening socket when it has one (`gateway_socket`). pid 1 keeps the gateway socket,
+    /// accepts on it, and hands connections over only when asked ([`ToShim::Accept`]): the
+    /// supervisor holds no listening socket for a run.
     Start(Box<SandboxPlan>),
-    /// Accept the next connection to the run's gateway socket (one waiting, or the next to
-    /// come) and hand it over as [`FromShim::Connection`]. The supervisor asks for one at a
-    /// time, after [`FromShim::ConnectionWaiting`], only when it can hold another connection
-    /// and has a descriptor free for it: otherwise nothing is accepted and new connections
-    /// wait in the socket's backlog.
+    /// Hand over the oldest gateway connection that has spoken (or the next to speak) as
+    /// [`FromShim::Connection`]. The supervisor asks for one at a time, after
+    /// [`FromShim::ConnectionWaiting`], only when it can hold another connection and has a
+    /// descriptor free for it: otherwise pid 1 holds what it accepted (at most 32) and new
+    /// connections wait in the socket's backlog.
     Accept,
     /// The supervisor holds the connection pid 1 handed over last ([`FromShim::Connection`]):
     /// pid 1 closes its copy, so the caller sees the connection end when the gateway ends it.
@@ -105,14 +105,16 @@ pub enum FromShim {
     /// a descriptor when pid 1 could not send it with one: the supervisor asks
     /// [`ToShim::Resend`] as for one that arrived truncated.
     Connection,
-    /// pid 1 could not accept the connection it was asked for (out of descriptors or memory
-    /// itself), or holds none to send again for [`ToShim::Resend`]: nothing is held, the
-    /// connection waits in the socket's backlog, and pid 1 says [`FromShim::ConnectionWaiting`]
-    /// again. The supervisor backs off before it asks again.
+    /// pid 1 holds no connection to send again for [`ToShim::Resend`] (older shims: nor one
+    /// to accept for [`ToShim::Accept`]). pid 1 says [`FromShim::ConnectionWaiting`] again
+    /// once one has spoken; the supervisor backs off before it asks again.
     NotAccepted,
-    /// A connection waits on the run's gateway socket and none is asked for: said once, then
-    /// not again until the next [`ToShim::Accept`]. The supervisor asks only once it holds a
-    /// descriptor for the connection, so no ask is outstanding while a run makes no call.
+    /// A gateway connection pid 1 accepted has spoken (its client wrote its first bytes) and
+    /// none is asked for: said once, then not again until the next [`ToShim::Accept`]. pid 1
+    /// holds silent connections itself, so the supervisor, which closes a connection silent
+    /// past its deadline, never holds one whose client is merely slow to write. The
+    /// supervisor asks only once it holds a descriptor for the connection, so no ask is
+    /// outstanding while a run makes no call.
     ConnectionWaiting,
     /// The answer to [`ToShim::Reattach`], with [`REATTACH_FDS`] descriptors attached. The
     /// connection is the control socket from now on; `Exited` follows on it when the agent
