@@ -7,7 +7,8 @@
 //! as soon as it was accepted. So pid 1 accepts connections itself, holds each until its
 //! client has written something (or hung up), and offers only those: the supervisor never
 //! holds a silent connection, and a silent one costs the run (pid 1's descriptors, at most
-//! [`MAX_HELD`]), never the daemon.
+//! [`MAX_HELD`]), never the daemon. One silent for [`SILENT_DEADLINE`] is closed, so sockets
+//! that never speak cannot keep the run's own calls out for long.
 
 use std::collections::VecDeque;
 use std::os::fd::{AsFd as _, AsRawFd as _};
@@ -21,6 +22,11 @@ use nix::sys::socket::{recv, MsgFlags};
 /// gateway socket's backlog. The supervisor serves at most this many of a run's at a time.
 pub(crate) const MAX_HELD: usize = 32;
 
+/// How long a connection may stay silent in pid 1 before it is closed: far longer than the
+/// gateway's own deadline (10 s, counted once it holds the connection), for clients stalled
+/// by a loaded host, and short enough that silent sockets cannot hold the run's gateway.
+const SILENT_DEADLINE: Duration = Duration::from_secs(60);
+
 /// How long pid 1 leaves the gateway socket alone after an accept failed for want of
 /// descriptors or memory: the connection waits in the backlog meanwhile.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -29,7 +35,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// ones, oldest first, waiting for the supervisor to ask.
 #[derive(Debug, Default)]
 pub(crate) struct HeldConnections {
-    silent: Vec<UnixStream>,
+    /// Each with when it was accepted.
+    silent: Vec<(UnixStream, Instant)>,
     spoken: VecDeque<UnixStream>,
     /// An accept failed (out of descriptors or memory): not retried before this.
     backoff_until: Option<Instant>,
@@ -45,11 +52,18 @@ impl HeldConnections {
                 .is_none_or(|until| Instant::now() >= until)
     }
 
-    /// How long until a failed accept's back-off ends (for the poll's timeout), if one is
-    /// being waited out.
-    pub(crate) fn backoff_left(&self) -> Option<Duration> {
+    /// How long until something is due without any descriptor becoming ready (a failed
+    /// accept's back-off ends, a silent connection's deadline passes): the poll's timeout.
+    pub(crate) fn wake_in(&self) -> Option<Duration> {
+        let deadlines = self
+            .silent
+            .iter()
+            .map(|(_, accepted)| *accepted + SILENT_DEADLINE);
         self.backoff_until
-            .map(|until| until.saturating_duration_since(Instant::now()))
+            .into_iter()
+            .chain(deadlines)
+            .min()
+            .map(|due| due.saturating_duration_since(Instant::now()))
     }
 
     /// Accepts what waits on `gateway`, up to the bound; each new connection is silent until
@@ -60,7 +74,7 @@ impl HeldConnections {
             match gateway.accept() {
                 Ok((connection, _)) => {
                     if connection.set_nonblocking(true).is_ok() {
-                        self.silent.push(connection);
+                        self.silent.push((connection, Instant::now()));
                     }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
@@ -83,14 +97,16 @@ impl HeldConnections {
     pub(crate) fn silent_polls(&self) -> impl Iterator<Item = PollFd<'_>> {
         self.silent
             .iter()
-            .map(|connection| PollFd::new(connection.as_fd(), PollFlags::POLLIN))
+            .map(|(connection, _)| PollFd::new(connection.as_fd(), PollFlags::POLLIN))
     }
 
     /// Moves every silent connection whose client has written to the spoken ones, and drops
-    /// those whose client hung up (or failed) without a word.
+    /// those whose client hung up (or failed) without a word, or stayed silent past the
+    /// deadline.
     pub(crate) fn sort_silent(&mut self) {
+        let now = Instant::now();
         let mut still = Vec::with_capacity(self.silent.len());
-        for connection in self.silent.drain(..) {
+        for (connection, accepted) in self.silent.drain(..) {
             let mut byte = [0u8; 1];
             match recv(
                 connection.as_raw_fd(),
@@ -99,8 +115,10 @@ impl HeldConnections {
             ) {
                 Ok(0) => {}
                 Ok(_) => self.spoken.push_back(connection),
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => {
-                    still.push(connection);
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR)
+                    if now < accepted + SILENT_DEADLINE =>
+                {
+                    still.push((connection, accepted));
                 }
                 Err(_) => {}
             }

@@ -568,14 +568,12 @@ fn supervise(
         let (watched, timeout, accepting) = match &link {
             Link::Attached(attached) => (
                 attached.control.as_fd(),
-                // Woken when a failed accept's back-off ends.
-                attached
-                    .held
-                    .backoff_left()
-                    .map_or(PollTimeout::NONE, |left| {
-                        let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-                        PollTimeout::from(millis.max(1))
-                    }),
+                // Woken when a failed accept's back-off ends or a silent connection's
+                // deadline passes.
+                attached.held.wake_in().map_or(PollTimeout::NONE, |left| {
+                    let millis = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
+                    PollTimeout::from(millis.max(1))
+                }),
                 attached.watches_gateway(),
             ),
             Link::Detached {
@@ -606,9 +604,9 @@ fn supervise(
         if let Link::Attached(attached) = &link {
             fds.extend(attached.held.silent_polls());
         }
-        if poll(&mut fds, timeout).is_err() {
+        let Ok(woken) = poll(&mut fds, timeout) else {
             continue;
-        }
+        };
         let ready = |fd: &PollFd<'_>, flags: PollFlags| {
             fd.revents().unwrap_or(PollFlags::empty()).intersects(flags)
         };
@@ -616,7 +614,8 @@ fn supervise(
         let link_ready = ready(&fds[0], closed);
         let child_ready = ready(&fds[1], PollFlags::POLLIN);
         let gateway_ready = gateway_at.is_some_and(|at| ready(&fds[at], closed));
-        let silent_ready = fds[silent_from..].iter().any(|fd| ready(fd, closed));
+        // A timeout may be a silent connection's deadline.
+        let silent_ready = woken == 0 || fds[silent_from..].iter().any(|fd| ready(fd, closed));
         drop(fds);
         if child_ready {
             let _ = signals.read_signal();
