@@ -38,8 +38,8 @@ pub enum Handed {
     /// pid 1 handed a connection over and its descriptor did not arrive: pid 1 still holds
     /// it, to be asked for again.
     Lost,
-    /// pid 1 could not accept one (see `FromShim::NotAccepted`): the connection waits in the
-    /// socket's backlog.
+    /// pid 1 had none to hand over (see `FromShim::NotAccepted`): the connection waits in
+    /// pid 1 or in the socket's backlog.
     NotAccepted,
 }
 
