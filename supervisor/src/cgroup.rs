@@ -1,9 +1,9 @@
 //! One cgroup per run, on cgroup v2, v1, or a hybrid host (v1 controllers beside a v2 tree).
 //!
 //! The cgroup exists, with its limits applied and read back, before the agent does: the
-//! sandbox's first process (the shim) is placed in it (every `cgroup.procs` file from
-//! [`RunCgroup::procs_files`]) before it is sent anything, and it does nothing before its
-//! first message (see `sandbox::spawn`); the run's limits are in place
+//! sandbox's first process (the shim) is created in it and joins every hierarchy itself
+//! before it executes the shim (through [`RunCgroup::join`]; see `sandbox::spawn`), and it
+//! does nothing before its first message; the run's limits are in place
 //! before the shim is given its plan. The cgroup is the source of truth
 //! for "everything the run started": teardown kills what it contains and removes it.
 //!
@@ -199,6 +199,20 @@ impl CgroupLimits {
     fn cpu_quota_us(&self) -> u64 {
         (u64::from(self.cpu_millicores) * CPU_PERIOD_US / 1000).max(1000)
     }
+}
+
+/// How a process joins a run's cgroup as it starts, in every hierarchy: it is created in the
+/// v2 directory (`clone3` with `CLONE_INTO_CGROUP`) and, single-threaded and before it
+/// executes anything, writes `0` to each v1 hierarchy's `tasks` file. Both are the kernel's
+/// cheap moves: a move by pid (`cgroup.procs`) takes the kernel's threadgroup lock for
+/// writing, which can wait a whole RCU grace period while every other cgroup move waits on
+/// it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupJoin {
+    /// Each v1 hierarchy's `tasks` file (none on a unified host).
+    pub v1_tasks: Vec<PathBuf>,
+    /// The v2 directory (none on a pure v1 host).
+    pub v2_dir: Option<PathBuf>,
 }
 
 /// The cgroup of one run, in every hierarchy the host has.
@@ -453,20 +467,26 @@ impl RunCgroup {
         &self.mode
     }
 
-    /// Every `cgroup.procs` file a new process must be written to, so that it is limited
+    /// How a new process joins the run's cgroup in every hierarchy, so that it is limited
     /// (v1 controllers or v2) and killable (freezer or v2 membership).
-    pub fn procs_files(&self) -> Vec<PathBuf> {
-        self.v1_dirs
-            .iter()
-            .map(|(_, dir)| dir.join("cgroup.procs"))
-            .chain(self.v2_dir.iter().map(|dir| dir.join("cgroup.procs")))
-            .collect()
+    pub fn join(&self) -> CgroupJoin {
+        CgroupJoin {
+            v1_tasks: self
+                .v1_dirs
+                .iter()
+                .map(|(_, dir)| dir.join("tasks"))
+                .collect(),
+            v2_dir: self.v2_dir.clone(),
+        }
     }
 
-    /// Moves process `pid` into the run's cgroup in every hierarchy.
+    /// Moves process `pid` into the run's cgroup in every hierarchy, by pid (for a process
+    /// started elsewhere; the supervisor's own children join as they start, see
+    /// [`Self::join`]).
     pub fn add_process(&self, pid: u32) -> Result<(), CgroupError> {
-        for file in self.procs_files() {
-            write_file(&file, &pid.to_string())?;
+        let dirs = self.v1_dirs.iter().map(|(_, dir)| dir).chain(&self.v2_dir);
+        for dir in dirs {
+            write_file(&dir.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ use tokio::net::unix::pipe;
 use tollgate_shim_protocol::plan::{AgentCommand, SandboxPlan};
 use tollgate_shim_protocol::protocol::{AgentExit, EnterOutcome, EnterRequest};
 
+use crate::cgroup::CgroupJoin;
 use crate::sandbox::{spawn_in_cgroup, ChildFds, ShimChild, SpawnError, Spawner};
 
 /// The default (and largest) time a command may run, wall clock and CPU.
@@ -62,8 +63,8 @@ pub struct ExecSandbox {
     pub plan: SandboxPlan,
     /// What the started sandbox pinned; set once its agent runs.
     pub started: StartedPin,
-    /// The run cgroup's `cgroup.procs` files, one per hierarchy.
-    pub cgroup_procs: Vec<PathBuf>,
+    /// How a helper joins the run's cgroup.
+    pub cgroup: CgroupJoin,
     /// The limits.
     pub limits: ExecLimits,
     /// Commands running now.
@@ -435,7 +436,7 @@ fn spawn_helper(
         &sandbox.spawner,
         sandbox.spawner.shim(),
         &["enter"],
-        &sandbox.cgroup_procs,
+        &sandbox.cgroup,
         fds,
     )?;
     // Only the helper holds its ends now: its output pipes end when it (and its command) do.
@@ -598,7 +599,7 @@ mod tests {
                 "inner_id": 1000, "host_id": 1
             }))
             .unwrap(),
-            cgroup_procs: Vec::new(),
+            cgroup: CgroupJoin::default(),
             limits: ExecLimits::default(),
             running: AtomicUsize::new(0),
         };

@@ -61,6 +61,16 @@ fn spawn_in(cgroup: &RunCgroup, script: &str) -> Child {
     child
 }
 
+/// The run's directory in every hierarchy, from how a process joins it.
+fn hierarchy_dirs(cgroup: &RunCgroup) -> Vec<std::path::PathBuf> {
+    let join = cgroup.join();
+    join.v1_tasks
+        .iter()
+        .filter_map(|tasks| tasks.parent().map(ToOwned::to_owned))
+        .chain(join.v2_dir)
+        .collect()
+}
+
 fn wait_for_pids(cgroup: &RunCgroup, at_least: usize) {
     let start = Instant::now();
     while cgroup.pids().unwrap().len() < at_least {
@@ -111,8 +121,8 @@ fn kill_and_remove(method: KillMethod, test: &str) {
         // A pure v1 host, or a kernel before 5.14: only the freezer exists.
         return;
     }
-    for file in cgroup.procs_files() {
-        assert!(file.exists(), "{}", file.display());
+    for dir in hierarchy_dirs(&cgroup) {
+        assert!(dir.exists(), "{}", dir.display());
     }
     let mut child = spawn_in(&cgroup, "for i in $(seq 50); do sleep 1000 & done; wait");
     wait_for_pids(&cgroup, 51);
@@ -128,12 +138,8 @@ fn kill_and_remove(method: KillMethod, test: &str) {
         assert!(!alive, "pid {pid} survived the kill");
     }
     cgroup.remove().unwrap();
-    for file in cgroup.procs_files() {
-        assert!(
-            !file.parent().unwrap().exists(),
-            "{} left behind",
-            file.display()
-        );
+    for dir in hierarchy_dirs(&cgroup) {
+        assert!(!dir.exists(), "{} left behind", dir.display());
     }
 }
 
@@ -363,6 +369,6 @@ fn the_sweep_leaves_the_supervisors_own_leaf_alone() {
     let leaf = RunCgroup::create_unlimited(&parent.run(SUPERVISOR_LEAF)).unwrap();
     let _run = RunCgroup::create_unlimited(&parent.run("r")).unwrap();
     assert_eq!(sweep(&parent.0, false).unwrap(), ["r"]);
-    assert!(leaf.procs_files().iter().all(|file| file.exists()));
+    assert!(hierarchy_dirs(&leaf).iter().all(|dir| dir.exists()));
     leaf.remove().unwrap();
 }

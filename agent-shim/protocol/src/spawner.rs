@@ -7,8 +7,10 @@
 //! closed again at the `execve`, a cost that grew with every live run).
 //!
 //! A request carries the program, its arguments and, as `SCM_RIGHTS`, the child's descriptors
-//! in the order of [`SpawnRequest::fd_targets`]; the environment is always empty. The reply
-//! carries the child's pid and an errno.
+//! in the order of [`SpawnRequest::fd_targets`], then the cgroup it joins: each cgroup v1
+//! hierarchy's `tasks` file, opened for writing, and the cgroup v2 directory (see
+//! [`SpawnRequest::join_tasks`]). The environment is always empty. The reply carries the
+//! child's pid, an errno and the step that failed.
 
 /// The spawner's end of its socket: fd 3, as the shim's control socket is.
 pub const SPAWNER_FD: i32 = 3;
@@ -16,15 +18,21 @@ pub const SPAWNER_FD: i32 = 3;
 /// The largest request the spawner reads (program and arguments are short paths and words).
 pub const MAX_REQUEST: usize = 16 * 1024;
 
-/// The most descriptors a request carries (stdout, stderr, control, stdin, pid 1's pidfd).
-pub const MAX_FDS: usize = 5;
+/// The most cgroup v1 `tasks` files a request carries (one per mounted v1 hierarchy a run
+/// uses: memory, pids, cpu, freezer, with room to spare).
+pub const MAX_JOIN_TASKS: usize = 8;
+
+/// The most descriptors a request carries: stdout, stderr, control, stdin, pid 1's pidfd,
+/// the `tasks` files and the v2 cgroup directory.
+pub const MAX_FDS: usize = 5 + MAX_JOIN_TASKS + 1;
 
 /// The size of an encoded [`SpawnReply`].
-pub const REPLY_LEN: usize = 8;
+pub const REPLY_LEN: usize = 12;
 
 /// The first byte of a request: which optional descriptors follow the three always sent.
 const HAS_STDIN: u8 = 1;
 const HAS_PID_ONE: u8 = 2;
+const HAS_CGROUP_DIR: u8 = 4;
 
 /// A request that could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -35,6 +43,9 @@ pub enum WireError {
     /// The program or an argument was not NUL-terminated, or the program was empty.
     #[error("a spawn request whose program or arguments are not NUL-terminated strings")]
     Strings,
+    /// More `tasks` files than [`MAX_JOIN_TASKS`].
+    #[error("a spawn request with more than {MAX_JOIN_TASKS} cgroup tasks files")]
+    TooManyTasks,
     /// A reply was not [`REPLY_LEN`] bytes long.
     #[error("a spawn reply of {0} bytes, not {REPLY_LEN}")]
     Reply(usize),
@@ -52,6 +63,14 @@ pub struct SpawnRequest {
     pub stdin: bool,
     /// Whether a pidfd of the sandbox's pid 1 is attached.
     pub pid_one: bool,
+    /// How many cgroup v1 `tasks` files are attached after the placed descriptors. The child
+    /// writes `0` to each before it executes the program: a single-threaded task moving
+    /// itself is the one move for which the kernel skips its threadgroup lock (moving a
+    /// process by pid takes it for writing, which can wait a whole RCU grace period).
+    pub join_tasks: u8,
+    /// Whether a cgroup v2 directory is attached last: the child is created in it
+    /// (`clone3` with `CLONE_INTO_CGROUP`), so it is never outside it.
+    pub join_dir: bool,
 }
 
 impl SpawnRequest {
@@ -69,11 +88,18 @@ impl SpawnRequest {
         targets
     }
 
-    /// The message: a flags byte, then the program and each argument NUL-terminated.
+    /// How many descriptors a request carries: the placed ones, then the cgroup's.
+    pub fn attached(&self) -> usize {
+        self.fd_targets().len() + usize::from(self.join_tasks) + usize::from(self.join_dir)
+    }
+
+    /// The message: a flags byte, the number of `tasks` files, then the program and each
+    /// argument NUL-terminated.
     pub fn encode(&self) -> Vec<u8> {
-        let flags =
-            if self.stdin { HAS_STDIN } else { 0 } | if self.pid_one { HAS_PID_ONE } else { 0 };
-        let mut message = vec![flags];
+        let flags = if self.stdin { HAS_STDIN } else { 0 }
+            | if self.pid_one { HAS_PID_ONE } else { 0 }
+            | if self.join_dir { HAS_CGROUP_DIR } else { 0 };
+        let mut message = vec![flags, self.join_tasks];
         for part in std::iter::once(&self.program).chain(&self.args) {
             message.extend_from_slice(part);
             message.push(0);
@@ -83,9 +109,15 @@ impl SpawnRequest {
 
     /// Reads a message [`SpawnRequest::encode`] wrote.
     pub fn decode(message: &[u8]) -> Result<Self, WireError> {
-        let (&flags, rest) = message.split_first().ok_or(WireError::Flags)?;
-        if flags & !(HAS_STDIN | HAS_PID_ONE) != 0 {
+        let [flags, join_tasks, rest @ ..] = message else {
             return Err(WireError::Flags);
+        };
+        let (flags, join_tasks) = (*flags, *join_tasks);
+        if flags & !(HAS_STDIN | HAS_PID_ONE | HAS_CGROUP_DIR) != 0 {
+            return Err(WireError::Flags);
+        }
+        if usize::from(join_tasks) > MAX_JOIN_TASKS {
+            return Err(WireError::TooManyTasks);
         }
         // Every part ends in a NUL: the text after the last one must be empty.
         let Some(rest) = rest.strip_suffix(&[0]) else {
@@ -101,27 +133,37 @@ impl SpawnRequest {
             args: parts.collect(),
             stdin: flags & HAS_STDIN != 0,
             pid_one: flags & HAS_PID_ONE != 0,
+            join_tasks,
+            join_dir: flags & HAS_CGROUP_DIR != 0,
         })
     }
 }
 
-/// The spawner's answer: the child's pid (0 when none was started) and an errno (0 when the
-/// child has executed the program). A child whose `execve` failed has exited already, and
-/// is the supervisor's to reap.
+/// The spawner's answer: the child's pid (0 when none was started), an errno (0 when the
+/// child has executed the program) and, for a failure, the step that failed. A child that
+/// failed after it was started has exited already, and is the supervisor's to reap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SpawnReply {
     /// The child's host pid, or 0.
     pub pid: i32,
     /// Why the start failed, or 0.
     pub errno: i32,
+    /// The cgroup the child could not join: an index into the request's cgroup descriptors
+    /// (the `tasks` files in order, then the v2 directory), or [`NO_JOIN`] when the failure
+    /// was not a join (or there was none).
+    pub failed_join: i32,
 }
 
+/// [`SpawnReply::failed_join`] when no join failed.
+pub const NO_JOIN: i32 = -1;
+
 impl SpawnReply {
-    /// The message: pid then errno, each 4 bytes little-endian.
+    /// The message: pid, errno and the failed join, each 4 bytes little-endian.
     pub fn encode(&self) -> [u8; REPLY_LEN] {
         let mut message = [0; REPLY_LEN];
         message[..4].copy_from_slice(&self.pid.to_le_bytes());
-        message[4..].copy_from_slice(&self.errno.to_le_bytes());
+        message[4..8].copy_from_slice(&self.errno.to_le_bytes());
+        message[8..].copy_from_slice(&self.failed_join.to_le_bytes());
         message
     }
 
@@ -130,10 +172,11 @@ impl SpawnReply {
         let message: [u8; REPLY_LEN] = message
             .try_into()
             .map_err(|_| WireError::Reply(message.len()))?;
-        let [a, b, c, d, e, f, g, h] = message;
+        let [a, b, c, d, e, f, g, h, i, j, k, l] = message;
         Ok(Self {
             pid: i32::from_le_bytes([a, b, c, d]),
             errno: i32::from_le_bytes([e, f, g, h]),
+            failed_join: i32::from_le_bytes([i, j, k, l]),
         })
     }
 }
@@ -149,28 +192,42 @@ mod tests {
             args: vec![b"enter".to_vec(), Vec::new()],
             stdin: true,
             pid_one: true,
+            join_tasks: 4,
+            join_dir: true,
         };
         assert_eq!(SpawnRequest::decode(&request.encode()), Ok(request.clone()));
         assert_eq!(request.fd_targets(), [1, 2, 3, 0, 4]);
+        assert_eq!(request.attached(), 10);
         let bare = SpawnRequest {
             args: Vec::new(),
             stdin: false,
             pid_one: false,
+            join_tasks: 0,
+            join_dir: false,
             ..request
         };
         assert_eq!(SpawnRequest::decode(&bare.encode()), Ok(bare.clone()));
         assert_eq!(bare.fd_targets(), [1, 2, 3]);
+        assert_eq!(bare.attached(), 3);
     }
 
     #[test]
     fn a_malformed_request_is_refused() {
         assert_eq!(SpawnRequest::decode(b""), Err(WireError::Flags));
+        assert_eq!(SpawnRequest::decode(b"\0"), Err(WireError::Flags));
         assert_eq!(
-            SpawnRequest::decode(b"\x08/bin/sh\0"),
+            SpawnRequest::decode(b"\x08\0/bin/sh\0"),
             Err(WireError::Flags)
         );
-        assert_eq!(SpawnRequest::decode(b"\0/bin/sh"), Err(WireError::Strings));
-        assert_eq!(SpawnRequest::decode(b"\0\0"), Err(WireError::Strings));
+        assert_eq!(
+            SpawnRequest::decode(b"\0\x09/bin/sh\0"),
+            Err(WireError::TooManyTasks)
+        );
+        assert_eq!(
+            SpawnRequest::decode(b"\0\0/bin/sh"),
+            Err(WireError::Strings)
+        );
+        assert_eq!(SpawnRequest::decode(b"\0\0\0"), Err(WireError::Strings));
     }
 
     #[test]
@@ -178,8 +235,14 @@ mod tests {
         let reply = SpawnReply {
             pid: 4242,
             errno: 2,
+            failed_join: NO_JOIN,
         };
         assert_eq!(SpawnReply::decode(&reply.encode()), Ok(reply));
+        let joined = SpawnReply {
+            failed_join: 3,
+            ..reply
+        };
+        assert_eq!(SpawnReply::decode(&joined.encode()), Ok(joined));
         assert_eq!(SpawnReply::decode(b"1234"), Err(WireError::Reply(4)));
     }
 }

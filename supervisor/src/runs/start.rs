@@ -503,7 +503,7 @@ impl RunManager {
             exec: Some(Arc::new(ExecSandbox {
                 spawner: self.sandboxes.spawner().clone(),
                 plan: plan.clone(),
-                cgroup_procs: live.cgroup.procs_files(),
+                cgroup: live.cgroup.join(),
                 limits: ExecLimits::default(),
                 running: AtomicUsize::new(0),
                 started: StartedPin::default(),

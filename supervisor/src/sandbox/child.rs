@@ -18,10 +18,11 @@ use tollgate_shim_protocol::protocol::{CONTROL_FD, PID_ONE_FD};
 /// Starting a shim in its cgroup failed; each step has its own variant.
 #[derive(Debug, thiserror::Error)]
 pub enum SpawnError {
-    /// A `cgroup.procs` file could not be opened (before anything was started).
-    #[error("opening {file} to move the shim into its cgroup: {source}")]
+    /// A cgroup's `tasks` file or v2 directory could not be opened (before anything was
+    /// started).
+    #[error("opening {file} for the shim to join its cgroup: {source}; check that the cgroup still exists")]
     OpenCgroup {
-        /// The `cgroup.procs` file.
+        /// The `tasks` file or v2 directory.
         file: PathBuf,
         /// The failure.
         source: std::io::Error,
@@ -53,15 +54,15 @@ pub enum SpawnError {
         /// The failure on the spawner's socket.
         source: std::io::Error,
     },
-    /// The started program could not be moved into its cgroup: it was killed and reaped
-    /// before it built anything.
-    #[error("moving {program} (pid {pid}) into its cgroup through {file}: {source} (it was killed before building anything); check that the cgroup still exists")]
+    /// The new child could not join its cgroup: it never executed the program (it exited,
+    /// and was reaped), or, for the v2 directory, it was never created.
+    #[error("starting {program} in its cgroup through {file}: {source} (it never ran); check that the cgroup still exists")]
     JoinCgroup {
         /// The program.
         program: PathBuf,
-        /// Its pid, now reaped.
-        pid: u32,
-        /// The `cgroup.procs` file whose write failed.
+        /// Its pid, now reaped; `None` when the v2 join failed, which is part of creating it.
+        pid: Option<u32>,
+        /// The `tasks` file whose write failed, or the v2 directory.
         file: PathBuf,
         /// The failure.
         source: std::io::Error,

@@ -19,9 +19,8 @@ use super::spawn::{spawn_in_cgroup, Spawner};
 use crate::cgroup::RunCgroup;
 
 /// A `tollgate-shim` that has not been given its plan yet. It was started without copying
-/// the supervisor and moved into its sandbox's cgroup in every hierarchy before its first
-/// message, which it waits for before anything else (so nothing of the sandbox ever runs
-/// outside that cgroup); since then it has compiled the seccomp programs, unshared the
+/// the supervisor, in its sandbox's cgroup in every hierarchy (it joined before it was
+/// executed), and waited for its first message before anything else; since then it has compiled the seccomp programs, unshared the
 /// sandbox's namespaces and forked pid 1, which is blocked reading the plan on the control
 /// socket. A shim serves exactly one sandbox. When the supervisor goes away the socket
 /// closes and the shim exits.
@@ -51,7 +50,7 @@ impl IdleShim {
             stdout: out_write.as_fd(),
             stderr: err_write.as_fd(),
         };
-        let child = spawn_in_cgroup(spawner, spawner.shim(), &[], &cgroup.procs_files(), fds)?;
+        let child = spawn_in_cgroup(spawner, spawner.shim(), &[], &cgroup.join(), fds)?;
         // Only the shim holds the pipes' write ends now, so the relays see EOF once the
         // sandbox's last process has exited.
         drop((theirs, out_write, err_write));

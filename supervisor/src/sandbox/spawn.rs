@@ -7,20 +7,23 @@
 //! table (about three descriptors per live run, all close-on-exec, each closed again at the
 //! `execve`). So the supervisor starts its children through a [`Spawner`]: a small process
 //! (`tollgate-shim spawner`) started once, when the run manager is built and the table is
-//! still small, that starts each child with `clone(CLONE_PARENT)`: the child is the
+//! still small, that starts each child with `clone3(CLONE_PARENT)`: the child is the
 //! supervisor's child as if the supervisor had started it, with a copy of the spawner's few
 //! descriptors.
 //!
-//! No code of ours runs in the child, so it cannot join its cgroup between fork and exec: the
-//! supervisor moves it in after the exec, writing its pid into every hierarchy's
-//! `cgroup.procs`. The programs started this way (`tollgate-shim`, `tollgate-shim enter`) do
-//! nothing before their first message on the control socket, which their caller sends only
-//! once [`spawn_in_cgroup`] has returned, so nothing of a sandbox ever runs outside its cgroup.
+//! The child joins its run's cgroup before it executes the program ([`CgroupJoin`]): it is
+//! created in the v2 directory and moves itself into each v1 hierarchy, so nothing of a
+//! sandbox ever runs outside its cgroup, not even the shim's loader. (Moving it in by pid
+//! from here, after the exec, took the kernel's threadgroup lock for writing on every
+//! hierarchy: an RCU grace period, 11–15 ms, on some starts.) The programs started this way
+//! (`tollgate-shim`, `tollgate-shim enter`) still do nothing before their first message on
+//! the control socket, which their caller sends once [`spawn_in_cgroup`] has returned.
 
 use std::fs::OpenOptions;
-use std::io::{IoSlice, Write as _};
-use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd, RawFd};
+use std::io::IoSlice;
+use std::os::fd::{AsFd, AsRawFd as _, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -28,9 +31,10 @@ use nix::errno::Errno;
 use nix::sys::socket::{
     recv, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
 };
-use tollgate_shim_protocol::spawner::{SpawnReply, SpawnRequest, REPLY_LEN};
+use tollgate_shim_protocol::spawner::{SpawnReply, SpawnRequest, MAX_JOIN_TASKS, REPLY_LEN};
 
 use super::child::{posix_spawn, ChildFds, ShimChild, SpawnError};
+use crate::cgroup::CgroupJoin;
 
 /// Starts every shim and `exec` helper of a run manager through one spawner process
 /// (`tollgate-shim spawner`), started with the spawner and restarted when it is found gone.
@@ -73,20 +77,32 @@ impl Spawner {
         &self.shim
     }
 
-    /// Starts `program` with `args`, an empty environment and `fds`; its pid once it has
-    /// executed the program. It is this process's child.
-    fn spawn(&self, program: &Path, args: &[&str], fds: ChildFds<'_>) -> Result<u32, SpawnError> {
+    /// Starts `program` with `args`, an empty environment and `fds`, in the cgroup `join`
+    /// names; its pid once it has executed the program. It is this process's child.
+    fn spawn(
+        &self,
+        program: &Path,
+        args: &[&str],
+        fds: ChildFds<'_>,
+        join: &CgroupJoin,
+    ) -> Result<u32, SpawnError> {
+        // Opened first: a cgroup that cannot be joined is found before anything starts.
+        let opened = OpenedJoin::open(join)?;
         let request = SpawnRequest {
             program: program.as_os_str().as_bytes().to_vec(),
             args: args.iter().map(|arg| arg.as_bytes().to_vec()).collect(),
             stdin: fds.stdin.is_some(),
             pid_one: fds.pid_one.is_some(),
+            join_tasks: opened.tasks.len() as u8,
+            join_dir: opened.dir.is_some(),
         };
-        // In the order of `SpawnRequest::fd_targets`.
+        // In the order of `SpawnRequest::fd_targets`, then the cgroup's.
         let attached: Vec<RawFd> = [Some(fds.stdout), Some(fds.stderr), Some(fds.control)]
             .into_iter()
             .chain([fds.stdin, fds.pid_one])
             .flatten()
+            .chain(opened.tasks.iter().map(AsFd::as_fd))
+            .chain(opened.dir.as_ref().map(AsFd::as_fd))
             .map(|fd| fd.as_raw_fd())
             .collect();
         let message = request.encode();
@@ -130,7 +146,7 @@ impl Spawner {
             }
             None => return Err(lost(std::io::ErrorKind::NotConnected.into())),
         };
-        drop(link);
+        drop((link, opened));
         let spawn_error = |source| SpawnError::Spawn {
             program: program.to_owned(),
             source,
@@ -142,11 +158,24 @@ impl Spawner {
             )))
         })?;
         if reply.errno != 0 {
-            // A child whose exec failed has exited; it is this process's to reap.
+            // A child that failed before its exec has exited; it is this process's to reap.
             if pid != 0 {
                 let _ = ShimChild::started(pid).wait();
             }
-            return Err(spawn_error(std::io::Error::from_raw_os_error(reply.errno)));
+            let source = std::io::Error::from_raw_os_error(reply.errno);
+            if let Some(file) = usize::try_from(reply.failed_join)
+                .ok()
+                .and_then(|index| join.v1_tasks.iter().chain(&join.v2_dir).nth(index))
+            {
+                tracing::warn!(pid, file = %file.display(), error = %source, "a new child could not join its cgroup");
+                return Err(SpawnError::JoinCgroup {
+                    program: program.to_owned(),
+                    pid: (pid != 0).then_some(pid),
+                    file: file.clone(),
+                    source,
+                });
+            }
+            return Err(spawn_error(source));
         }
         if pid == 0 {
             return Err(spawn_error(std::io::Error::other(
@@ -252,59 +281,74 @@ impl Link {
     }
 }
 
-/// Starts `program` with `args`, an empty environment and `fds` through `spawner`, then moves
-/// it into the cgroup whose `cgroup.procs` files are `procs` (every hierarchy). On success the
-/// child is in its cgroup and waiting for its first message; on a failed move it has been
-/// killed and reaped.
+/// A run's cgroup opened for a child to join: each v1 `tasks` file for writing, the v2
+/// directory for `CLONE_INTO_CGROUP`.
+struct OpenedJoin {
+    tasks: Vec<OwnedFd>,
+    dir: Option<OwnedFd>,
+}
+
+impl OpenedJoin {
+    fn open(join: &CgroupJoin) -> Result<Self, SpawnError> {
+        let failed = |file: &Path| {
+            let file = file.to_owned();
+            move |source| SpawnError::OpenCgroup { file, source }
+        };
+        if join.v1_tasks.len() > MAX_JOIN_TASKS {
+            return Err(failed(&join.v1_tasks[MAX_JOIN_TASKS])(
+                std::io::Error::other(format!(
+                    "more than {MAX_JOIN_TASKS} cgroup v1 hierarchies to join"
+                )),
+            ));
+        }
+        let tasks = join
+            .v1_tasks
+            .iter()
+            .map(|file| {
+                OpenOptions::new()
+                    .write(true)
+                    .open(file)
+                    .map(OwnedFd::from)
+                    .map_err(failed(file))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let dir = join
+            .v2_dir
+            .as_ref()
+            .map(|dir| {
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECTORY)
+                    .open(dir)
+                    .map(OwnedFd::from)
+                    .map_err(failed(dir))
+            })
+            .transpose()?;
+        Ok(Self { tasks, dir })
+    }
+}
+
+/// Starts `program` with `args`, an empty environment and `fds` through `spawner`, in the
+/// cgroup `join` names in every hierarchy. On success the child is in its cgroup and has
+/// executed the program; on a failed join it never ran (and is reaped).
 pub(crate) fn spawn_in_cgroup(
     spawner: &Spawner,
     program: &Path,
     args: &[&str],
-    procs: &[PathBuf],
+    join: &CgroupJoin,
     fds: ChildFds<'_>,
 ) -> Result<ShimChild, SpawnError> {
-    // Opened first: a cgroup that cannot be joined is found before anything starts.
-    let procs_files = procs
-        .iter()
-        .map(|file| {
-            OpenOptions::new()
-                .write(true)
-                .open(file)
-                .map_err(|source| SpawnError::OpenCgroup {
-                    file: file.clone(),
-                    source,
-                })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let pid = spawner.spawn(program, args, fds)?;
-    let mut child = ShimChild::started(pid);
-    let digits = pid.to_string();
-    for (file, path) in procs_files.iter().zip(procs) {
-        // One write: the kernel reads a cgroup file's value from a single write.
-        let written = (&*file).write(digits.as_bytes());
-        let failure = match written {
-            Ok(n) if n == digits.len() => continue,
-            Ok(_) => std::io::Error::other("short write"),
-            Err(e) => e,
-        };
-        // It has done nothing yet (it waits for its first message): end it here.
-        let _ = child.kill();
-        let _ = child.wait();
-        tracing::warn!(pid, file = %path.display(), error = %failure, "a new shim could not join its cgroup; killed");
-        return Err(SpawnError::JoinCgroup {
-            program: program.to_owned(),
-            pid,
-            file: path.clone(),
-            source: failure,
-        });
-    }
-    Ok(child)
+    spawner
+        .spawn(program, args, fds, join)
+        .map(ShimChild::started)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::{sweep, RunCgroup};
     use nix::sys::signal::Signal;
+    use std::io::{PipeReader, Read as _, Write as _};
     use std::os::fd::FromRawFd as _;
     use std::os::unix::net::UnixStream;
 
@@ -325,56 +369,107 @@ mod tests {
         Spawner::start(shim)
     }
 
-    fn fds<'a>(control: &'a UnixStream, out: &'a OwnedFd) -> ChildFds<'a> {
-        ChildFds {
-            control: control.as_fd(),
-            pid_one: None,
-            stdin: None,
-            stdout: out.as_fd(),
-            stderr: out.as_fd(),
+    /// A child's ends: its control socket and one pipe for its stdout and stderr; the test
+    /// keeps `ours` and `output`.
+    struct Ends {
+        ours: UnixStream,
+        theirs: UnixStream,
+        output: PipeReader,
+        write: OwnedFd,
+    }
+
+    impl Ends {
+        fn new() -> Self {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            let (output, write) = std::io::pipe().unwrap();
+            Self {
+                ours,
+                theirs,
+                output,
+                write: write.into(),
+            }
+        }
+
+        fn fds(&self) -> ChildFds<'_> {
+            ChildFds {
+                control: self.theirs.as_fd(),
+                pid_one: None,
+                stdin: None,
+                stdout: self.write.as_fd(),
+                stderr: self.write.as_fd(),
+            }
+        }
+
+        /// Only the child holds its ends now: the output ends when it does.
+        fn handed_over(self) -> (UnixStream, PipeReader) {
+            (self.ours, self.output)
+        }
+    }
+
+    /// No cgroup to join.
+    fn nowhere() -> CgroupJoin {
+        CgroupJoin::default()
+    }
+
+    /// A real run cgroup for one test (root; every hierarchy the host has), removed with
+    /// whatever is in it when dropped, even when the test fails.
+    struct TestCgroup {
+        parent: String,
+        cgroup: RunCgroup,
+    }
+
+    impl TestCgroup {
+        fn new(test: &str) -> Self {
+            let parent = format!("tollgate-test-{}-{test}", std::process::id());
+            let cgroup = RunCgroup::create_unlimited(&format!("{parent}/run")).unwrap();
+            Self { parent, cgroup }
+        }
+    }
+
+    impl Drop for TestCgroup {
+        fn drop(&mut self) {
+            if let Err(e) = sweep(&self.parent, true) {
+                eprintln!("cleanup of {} failed: {e}", self.parent);
+            }
         }
     }
 
     #[test]
-    fn the_child_is_in_its_cgroup_before_spawn_returns_and_has_its_descriptors() {
-        let dir = std::env::temp_dir().join(format!("tollgate-spawn-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        // Stand-ins for two hierarchies' cgroup.procs files: what is written, and when.
-        let procs = [dir.join("v1.procs"), dir.join("v2.procs")];
-        for file in &procs {
-            std::fs::write(file, b"").unwrap();
-        }
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        let (mut read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
-        // The child reports what it finds on fd 3 and its stdin only after its go-ahead.
-        let script = "read go <&3; ls -l /proc/self/fd/0 | sed 's/.*-> //'; \
-                      [ -S /proc/self/fd/3 ] || readlink /proc/self/fd/3; echo \"$go\"";
+    fn the_child_runs_in_its_cgroup_from_its_first_instruction() {
+        let test = TestCgroup::new("spawn-join");
+        let join = test.cgroup.join();
+        let ends = Ends::new();
+        // Its first act is to say where it is; then what it holds, then its go-ahead.
+        let script = "cat /proc/self/cgroup; ls /proc/$$/fd | tr '\\n' ' '; echo; \
+                      ls -l /proc/self/fd/0 | sed 's/.*-> //'; read go <&3; echo \"$go\"";
         let mut child = spawn_in_cgroup(
             &spawner(),
             Path::new("/bin/sh"),
             &["-c", script],
-            &procs,
-            fds(&theirs, &write),
+            &join,
+            ends.fds(),
         )
         .expect("spawns");
-        drop((theirs, write));
-        for file in &procs {
-            assert_eq!(
-                std::fs::read_to_string(file).unwrap(),
-                child.id().to_string(),
-                "the pid is written before the go-ahead can be sent"
-            );
-        }
-        (&ours).write_all(b"go\n").unwrap();
-        let mut output = String::new();
-        std::io::Read::read_to_string(&mut read, &mut output).unwrap();
-        assert!(child.wait().unwrap().success());
-        assert_eq!(output, "/dev/null\ngo\n");
-        // Reaped once: waiting again gives the same status, and a kill is a no-op.
-        assert!(child.wait().unwrap().success());
-        child.kill().unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        let (mut ours, mut output) = ends.handed_over();
+        ours.write_all(b"go\n").unwrap();
+        let mut text = String::new();
+        output.read_to_string(&mut text).unwrap();
+        assert!(child.wait().unwrap().success(), "{text}");
+        // One line per hierarchy (co-mounted v1 controllers share one).
+        let mut v1_dirs: Vec<&Path> = join.v1_tasks.iter().filter_map(|t| t.parent()).collect();
+        v1_dirs.sort();
+        v1_dirs.dedup();
+        let hierarchies = v1_dirs.len() + usize::from(join.v2_dir.is_some());
+        let inside = format!(":/{}", test.cgroup.relative());
+        let joined = text.lines().filter(|line| line.ends_with(&inside)).count();
+        assert!(hierarchies > 0);
+        assert_eq!(
+            joined, hierarchies,
+            "not in its cgroup in every hierarchy when it first ran:\n{text}"
+        );
+        // Nothing of the cgroup's descriptors (or the spawner's) reached it.
+        let rest: Vec<&str> = text.lines().filter(|line| !line.contains(":/")).collect();
+        assert_eq!(rest, ["0 1 2 3 ", "/dev/null", "go"], "{text}");
     }
 
     /// The size of `pid`'s descriptor table (`FDSize:` in its status).
@@ -401,86 +496,98 @@ mod tests {
                 }
             })
             .collect();
-        let dir = std::env::temp_dir().join(format!("tollgate-spawn-fds-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let procs = [dir.join("procs")];
-        std::fs::write(&procs[0], b"").unwrap();
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
+        let ends = Ends::new();
         // It waits for its go-ahead, as a shim does, and ends with it.
         let mut child = spawn_in_cgroup(
             &spawner,
             Path::new("/bin/sh"),
             &["-c", "read go <&3"],
-            &procs,
-            fds(&theirs, &write),
+            &nowhere(),
+            ends.fds(),
         )
         .expect("spawns");
-        drop((theirs, write));
+        let (mut ours, _output) = ends.handed_over();
         let size = fd_table_size(child.id());
         drop(held);
-        (&ours).write_all(b"go\n").unwrap();
+        ours.write_all(b"go\n").unwrap();
         assert!(child.wait().unwrap().success());
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(
             size <= 64,
             "the child inherited a table of {size} descriptors from its starter"
         );
     }
 
-    #[test]
-    fn a_failed_cgroup_join_kills_and_reaps_the_child() {
-        let (_ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
-        // Every write to /dev/full fails (ENOSPC), as a write to a removed cgroup would.
-        let procs = [PathBuf::from("/dev/full")];
-        let error = spawn_in_cgroup(
-            &spawner(),
-            Path::new("/bin/sleep"),
-            &["1000"],
-            &procs,
-            fds(&theirs, &write),
-        )
-        .expect_err("the join fails");
-        let SpawnError::JoinCgroup { pid, .. } = error else {
-            panic!("not a join failure: {error}");
-        };
-        // Reaped: no longer this process's child (no zombie), and gone.
+    /// Whether `pid` is gone as this process's child: reaped (no zombie left).
+    fn reaped(pid: u32) -> bool {
         #[allow(unsafe_code)]
         // SAFETY: waitpid with WNOHANG and a null status pointer touches no memory of ours.
         let waited =
             unsafe { libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG) };
-        assert_eq!(waited, -1);
-        assert_eq!(
-            std::io::Error::last_os_error().raw_os_error(),
-            Some(libc::ECHILD)
-        );
-        assert!(
-            !Path::new(&format!("/proc/{pid}")).exists() || {
-                // The pid was reused by another process: not the child's zombie.
-                let status =
-                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-                !status.contains(&format!("PPid:\t{}\n", std::process::id()))
-            }
-        );
+        waited == -1 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD)
+    }
+
+    #[test]
+    fn a_failed_v1_join_never_runs_the_program_and_leaves_no_child() {
+        let ends = Ends::new();
+        let marker =
+            std::env::temp_dir().join(format!("tollgate-spawn-ran-{}", std::process::id()));
+        // Every write to /dev/full fails (ENOSPC), as a write to a removed cgroup would.
+        let join = CgroupJoin {
+            v1_tasks: vec![PathBuf::from("/dev/null"), PathBuf::from("/dev/full")],
+            v2_dir: None,
+        };
+        let error = spawn_in_cgroup(
+            &spawner(),
+            Path::new("/bin/touch"),
+            &[marker.to_str().unwrap()],
+            &join,
+            ends.fds(),
+        )
+        .expect_err("the join fails");
+        let SpawnError::JoinCgroup {
+            pid: Some(pid),
+            file,
+            source,
+            ..
+        } = error
+        else {
+            panic!("not a failed join of a started child: {error}");
+        };
+        assert_eq!(file, Path::new("/dev/full"));
+        assert_eq!(source.raw_os_error(), Some(libc::ENOSPC));
+        assert!(reaped(pid));
+        assert!(!marker.exists(), "the program ran outside its cgroup");
+    }
+
+    #[test]
+    fn a_v2_directory_that_cannot_be_joined_starts_nothing() {
+        // A directory, but not a cgroup v2 one: the kernel refuses to create the child in it.
+        let dir = std::env::temp_dir();
+        let join = CgroupJoin {
+            v1_tasks: Vec::new(),
+            v2_dir: Some(dir.clone()),
+        };
+        let ends = Ends::new();
+        let error = spawn_in_cgroup(&spawner(), Path::new("/bin/true"), &[], &join, ends.fds())
+            .expect_err("nothing starts");
+        let SpawnError::JoinCgroup {
+            pid: None, file, ..
+        } = &error
+        else {
+            panic!("not a failed v2 join: {error}");
+        };
+        assert_eq!(file, &dir);
     }
 
     #[test]
     fn an_unopenable_cgroup_starts_nothing() {
-        let (_ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
-        let procs = [PathBuf::from("/nonexistent/tollgate/cgroup.procs")];
-        let error = spawn_in_cgroup(
-            &spawner(),
-            Path::new("/bin/true"),
-            &[],
-            &procs,
-            fds(&theirs, &write),
-        )
-        .expect_err("nothing starts");
+        let ends = Ends::new();
+        let join = CgroupJoin {
+            v1_tasks: vec![PathBuf::from("/nonexistent/tollgate/tasks")],
+            v2_dir: None,
+        };
+        let error = spawn_in_cgroup(&spawner(), Path::new("/bin/true"), &[], &join, ends.fds())
+            .expect_err("nothing starts");
         assert!(matches!(error, SpawnError::OpenCgroup { .. }), "{error}");
     }
 
@@ -496,19 +603,19 @@ mod tests {
 
     #[test]
     fn a_child_blocks_and_ignores_no_signal() {
-        let spawner = spawner();
-        let (ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
+        let ends = Ends::new();
         // sleep sets no signal disposition of its own: what it shows is what it inherited.
-        let mut child = spawner
-            .spawn(Path::new("/bin/sleep"), &["1000"], fds(&theirs, &write))
-            .map(ShimChild::started)
-            .expect("spawns");
+        let mut child = spawn_in_cgroup(
+            &spawner(),
+            Path::new("/bin/sleep"),
+            &["1000"],
+            &nowhere(),
+            ends.fds(),
+        )
+        .expect("spawns");
         let masks = signal_masks(child.id());
         child.kill().unwrap();
         child.wait().unwrap();
-        drop(ours);
         let nothing = "0000000000000000".to_owned();
         assert_eq!(masks, (nothing.clone(), nothing));
     }
@@ -516,21 +623,28 @@ mod tests {
     #[test]
     fn a_program_that_cannot_run_is_a_spawn_error_and_leaves_no_child() {
         let spawner = spawner();
-        let (_ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
-        let error = spawner
-            .spawn(Path::new("/nonexistent/program"), &[], fds(&theirs, &write))
-            .expect_err("nothing runs");
+        let ends = Ends::new();
+        let error = spawn_in_cgroup(
+            &spawner,
+            Path::new("/nonexistent/program"),
+            &[],
+            &nowhere(),
+            ends.fds(),
+        )
+        .expect_err("nothing runs");
         let SpawnError::Spawn { source, .. } = &error else {
             panic!("not a spawn failure: {error}");
         };
         assert_eq!(source.raw_os_error(), Some(libc::ENOENT), "{error}");
         // The spawner still serves.
-        let mut child = spawner
-            .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
-            .map(ShimChild::started)
-            .expect("spawns");
+        let mut child = spawn_in_cgroup(
+            &spawner,
+            Path::new("/bin/true"),
+            &[],
+            &nowhere(),
+            ends.fds(),
+        )
+        .expect("spawns");
         assert!(child.wait().unwrap().success());
     }
 
@@ -550,13 +664,15 @@ mod tests {
             libc::waitid(libc::P_PID, first, &mut info, libc::WEXITED | libc::WNOWAIT)
         };
         assert_eq!(waited, 0);
-        let (_ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
-        let mut child = spawner
-            .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
-            .map(ShimChild::started)
-            .expect("the next start restarts the spawner");
+        let ends = Ends::new();
+        let mut child = spawn_in_cgroup(
+            &spawner,
+            Path::new("/bin/true"),
+            &[],
+            &nowhere(),
+            ends.fds(),
+        )
+        .expect("the next start restarts the spawner");
         assert!(child.wait().unwrap().success());
         let second = spawner.link.lock().unwrap().as_ref().unwrap().process.id();
         assert_ne!(first, second);
@@ -565,12 +681,15 @@ mod tests {
     #[test]
     fn a_missing_shim_is_a_start_spawner_error() {
         let spawner = Spawner::start(PathBuf::from("/nonexistent/tollgate-shim"));
-        let (_ours, theirs) = UnixStream::pair().unwrap();
-        let (_read, write) = std::io::pipe().unwrap();
-        let write = OwnedFd::from(write);
-        let error = spawner
-            .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
-            .expect_err("no spawner");
+        let ends = Ends::new();
+        let error = spawn_in_cgroup(
+            &spawner,
+            Path::new("/bin/true"),
+            &[],
+            &nowhere(),
+            ends.fds(),
+        )
+        .expect_err("no spawner");
         assert!(matches!(error, SpawnError::StartSpawner { .. }), "{error}");
     }
 
@@ -583,13 +702,15 @@ mod tests {
                     scope.spawn(|| {
                         (0..4)
                             .map(|_| {
-                                let (_ours, theirs) = UnixStream::pair().unwrap();
-                                let (_read, write) = std::io::pipe().unwrap();
-                                let write = OwnedFd::from(write);
-                                let mut child = spawner
-                                    .spawn(Path::new("/bin/true"), &[], fds(&theirs, &write))
-                                    .map(ShimChild::started)
-                                    .expect("spawns");
+                                let ends = Ends::new();
+                                let mut child = spawn_in_cgroup(
+                                    &spawner,
+                                    Path::new("/bin/true"),
+                                    &[],
+                                    &nowhere(),
+                                    ends.fds(),
+                                )
+                                .expect("spawns");
                                 assert!(child.wait().unwrap().success());
                                 child.id()
                             })
