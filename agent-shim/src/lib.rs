@@ -96,11 +96,9 @@ pub fn run() -> ! {
         );
         fail_early(&reason)
     };
-    // The go-ahead first, before anything of the sandbox: the supervisor starts the shim
-    // without copying itself (through its spawner), so the shim begins outside the sandbox's
-    // cgroup; the supervisor writes its pid into every hierarchy and only then sends the
-    // first message. Nothing is compiled, unshared or forked before it arrives, so nothing of
-    // the sandbox ever runs outside its cgroup. The reader (and anything it read ahead, such
+    // The go-ahead first, before anything of the sandbox: the supervisor sends it once this
+    // process has started (in its cgroup: it joined before it ran). Nothing is compiled,
+    // unshared or forked before it arrives. The reader (and anything it read ahead, such
     // as the plan with its descriptors) goes to pid 1.
     let mut reader = ControlReader::new(&control);
     let base = match reader.next_message() {

@@ -11,7 +11,12 @@ fn main() {
         // Internal: the supervisor's gateway runs `exec` commands in a sandbox with it.
         Some("enter") => tollgate_agent_shim::enter(),
         // Internal: the supervisor starts every shim and `exec` helper through it.
-        Some("spawner") => std::process::exit(tollgate_agent_shim::spawner::main()),
+        Some("spawner") => std::process::exit(tollgate_agent_shim::spawner::main(
+            tollgate_agent_shim::spawner::Entries {
+                shim: tollgate_agent_shim::run,
+                enter: tollgate_agent_shim::enter,
+            },
+        )),
         // Internal: pid 1 starts the sandbox's model endpoint with it.
         Some("models") => std::process::exit(tollgate_agent_shim::models::main(&args[1..])),
         // Internal: pid 1 starts the sandbox's egress proxy with it.

@@ -17,6 +17,16 @@
 //! (11–15 ms measured) while holding the lock every other cgroup move needs; a
 //! single-threaded task moving itself through `tasks` does not take it.
 //!
+//! A child that is to run `tollgate-shim` itself (the shim, or `tollgate-shim enter`) is
+//! started in place ([`SpawnRequest::in_place`]): it runs the entry point in its copy of this
+//! process, which loaded and relocated the binary once, instead of executing it again (about
+//! a millisecond of every sandbox's start). It gets what an exec would have given it: its
+//! cgroup, its descriptors and nothing else of ours, every signal at its default (SIGPIPE
+//! ignored, as every Rust program starts), an empty environment, and its own command line in
+//! `ps`. What it shares with the spawner and every other shim is the binary's address layout:
+//! the shims take no input from inside a sandbox but their control socket's messages and the
+//! gateway connections they pass on unread, and every program they start is executed afresh.
+//!
 //! Single-threaded, so the clone is an ordinary fork: no other thread can hold a lock the
 //! child might need, and the child makes only async-signal-safe calls before `execve`.
 //!
@@ -42,13 +52,23 @@ use tollgate_shim_protocol::spawner::{
 /// (Linux 5.7); 64 bits wide, so not in every C library's headers.
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 
+/// The entry points of `tollgate-shim` a child started in place runs (see
+/// [`SpawnRequest::in_place`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Entries {
+    /// `tollgate-shim` without arguments: a sandbox's shim.
+    pub shim: fn() -> !,
+    /// `tollgate-shim enter`: one command inside a live sandbox.
+    pub enter: fn() -> !,
+}
+
 /// Serves start requests on fd 3 until the supervisor closes its end; the exit code.
-pub fn main() -> i32 {
+pub fn main(entries: Entries) -> i32 {
     #[allow(unsafe_code)]
     // SAFETY: fd 3 is the socket the supervisor placed for this mode; nothing else in this
     // process refers to it.
     let socket = unsafe { OwnedFd::from_raw_fd(SPAWNER_FD) };
-    match serve(&socket) {
+    match serve(&socket, entries) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("tollgate-shim spawner: {e} (it is started by tollgate-supervisor only)");
@@ -57,7 +77,7 @@ pub fn main() -> i32 {
     }
 }
 
-fn serve(socket: &OwnedFd) -> std::io::Result<()> {
+fn serve(socket: &OwnedFd, entries: Entries) -> std::io::Result<()> {
     // Whatever else it inherited (descriptors the supervisor's own starter left open) its
     // children would inherit too, and each child's table is sized to the highest one open.
     #[allow(unsafe_code)]
@@ -85,13 +105,16 @@ fn serve(socket: &OwnedFd) -> std::io::Result<()> {
         // SAFETY: SIG_IGN installs no handler of ours.
         unsafe { nix::sys::signal::sigaction(signal, &ignore) }?;
     }
+    let own_cmdline = own_cmdline();
     let mut buffer = vec![0; MAX_REQUEST];
     loop {
         let Some((length, fds)) = receive(socket, &mut buffer)? else {
             return Ok(());
         };
         let reply = match SpawnRequest::decode(&buffer[..length]) {
-            Ok(request) if request.attached() == fds.len() => start(&request, fds, &null),
+            Ok(request) if request.attached() == fds.len() => {
+                start(&request, fds, &null, entries, own_cmdline)
+            }
             _ => SpawnReply {
                 pid: 0,
                 errno: libc::EINVAL,
@@ -105,6 +128,18 @@ fn serve(socket: &OwnedFd) -> std::io::Result<()> {
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Where this process's command line lies in its memory and how long it is (the kernel's
+/// `arg_start` and `arg_end`, fields 48 and 49 of `/proc/self/stat`), if it can be read.
+fn own_cmdline() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which is in parentheses and may hold anything.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let mut fields = after_name.split(' ').skip(45);
+    let start: usize = fields.next()?.parse().ok()?;
+    let end: usize = fields.next()?.parse().ok()?;
+    (end > start).then_some((start, end - start))
 }
 
 /// One request: its length in `buffer` and the descriptors attached (close-on-exec), or
@@ -156,8 +191,14 @@ fn above_placed(fd: OwnedFd) -> std::io::Result<OwnedFd> {
 }
 
 /// Starts the requested child and answers with its pid, or why not.
-fn start(request: &SpawnRequest, fds: Vec<OwnedFd>, null: &OwnedFd) -> SpawnReply {
-    match clone_and_exec(request, fds, null) {
+fn start(
+    request: &SpawnRequest,
+    fds: Vec<OwnedFd>,
+    null: &OwnedFd,
+    entries: Entries,
+    own_cmdline: Option<(usize, usize)>,
+) -> SpawnReply {
+    match clone_child(request, fds, null, entries, own_cmdline) {
         Ok(pid) => SpawnReply {
             pid,
             errno: 0,
@@ -167,31 +208,87 @@ fn start(request: &SpawnRequest, fds: Vec<OwnedFd>, null: &OwnedFd) -> SpawnRepl
     }
 }
 
-/// The child's pid once it has executed the program, or the failure: the pid (0 if none was
-/// started), the errno and which cgroup join failed, if one did.
-fn clone_and_exec(
+/// What the new child does once it is in its cgroup with its descriptors placed.
+enum Then<'a> {
+    /// `execve` the program (`argv` and `envp`: null-terminated arrays of pointers to
+    /// NUL-terminated strings, built before the clone).
+    Exec {
+        argv: &'a [*const c_char],
+        envp: &'a [*const c_char],
+    },
+    /// Run this binary's entry point in place, with every descriptor above `highest_placed`
+    /// closed (what close-on-exec would have done), showing `cmdline` (NUL-separated, padded
+    /// with NULs to the spawner's own command line's length) as its command line, written
+    /// over the spawner's at `cmdline_area`.
+    InPlace {
+        entry: fn() -> !,
+        cmdline: &'a [u8],
+        cmdline_area: Option<usize>,
+        highest_placed: RawFd,
+    },
+}
+
+/// The child's pid once it has executed the program (or, in place, joined its cgroup and
+/// placed its descriptors), or the failure: the pid (0 if none was started), the errno and
+/// which cgroup join failed, if one did.
+fn clone_child(
     request: &SpawnRequest,
     mut fds: Vec<OwnedFd>,
     null: &OwnedFd,
+    entries: Entries,
+    own_cmdline: Option<(usize, usize)>,
 ) -> Result<i32, SpawnReply> {
     let errno = |e: std::io::Error| SpawnReply {
         pid: 0,
         errno: e.raw_os_error().unwrap_or(libc::EIO),
         failed_join: NO_JOIN,
     };
+    let invalid = || errno(std::io::Error::from_raw_os_error(libc::EINVAL));
     // The cgroup's descriptors come after the placed ones: the v2 directory last.
     let cgroup_dir = if request.join_dir { fds.pop() } else { None };
     let tasks = fds.split_off(request.fd_targets().len());
     let tasks_raw: Vec<RawFd> = tasks.iter().map(|fd| fd.as_raw_fd()).collect();
-    // Everything the child needs is built here: it allocates nothing.
+    // Everything the child needs is built here: it allocates nothing before its entry point
+    // (an exec'd program allocates nothing of ours at all).
     let argv = std::iter::once(&request.program)
         .chain(&request.args)
         .map(|part| CString::new(part.as_slice()))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| errno(std::io::Error::from_raw_os_error(libc::EINVAL)))?;
+        .map_err(|_| invalid())?;
     let mut argv_ptrs: Vec<*const c_char> = argv.iter().map(|arg| arg.as_ptr()).collect();
     argv_ptrs.push(ptr::null());
     let envp: [*const c_char; 1] = [ptr::null()];
+    let mut cmdline: Vec<u8> = argv
+        .iter()
+        .flat_map(|arg| arg.as_bytes_with_nul())
+        .copied()
+        .collect();
+    let cmdline_area = own_cmdline.map(|(start, length)| {
+        // Never past the spawner's own: the program is the same path, its argument shorter.
+        cmdline.resize(length, 0);
+        if let Some(last) = cmdline.last_mut() {
+            *last = 0;
+        }
+        start
+    });
+    let then = if request.in_place {
+        let entry = match request.args.as_slice() {
+            [] => entries.shim,
+            [verb] if verb == b"enter" => entries.enter,
+            _ => return Err(invalid()),
+        };
+        Then::InPlace {
+            entry,
+            cmdline: &cmdline,
+            cmdline_area,
+            highest_placed: request.fd_targets().into_iter().max().unwrap_or(2).max(2),
+        }
+    } else {
+        Then::Exec {
+            argv: &argv_ptrs,
+            envp: &envp,
+        }
+    };
     let sources = fds
         .into_iter()
         .map(above_placed)
@@ -212,8 +309,12 @@ fn clone_and_exec(
     // SAFETY: all-zero is a valid `clone_args` (every field a plain number).
     let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
     // No exit signal of its own: with CLONE_PARENT the child gets this process's (SIGCHLD),
-    // and clone3 refuses one given.
-    args.flags = (libc::CLONE_PARENT | libc::CLONE_VFORK) as u64;
+    // and clone3 refuses one given. CLONE_VFORK only for an exec: a child started in place
+    // never executes anything, and this process waits for its report pipe instead.
+    args.flags = libc::CLONE_PARENT as u64;
+    if !request.in_place {
+        args.flags |= libc::CLONE_VFORK as u64;
+    }
     if let Some(dir) = &cgroup_dir {
         args.flags |= CLONE_INTO_CGROUP;
         args.cgroup = dir.as_raw_fd() as u64;
@@ -223,7 +324,7 @@ fn clone_and_exec(
     // copy of this (single-threaded) process's memory, on its copy of this stack. `args` is
     // a live `clone_args` of the size passed. CLONE_PARENT makes the child the supervisor's;
     // CLONE_VFORK suspends this process until the child has executed the program or exited.
-    // The child runs `exec_child` only, which never returns.
+    // The child runs `start_child` only, which never returns.
     let pid = unsafe {
         libc::syscall(
             libc::SYS_clone3,
@@ -233,16 +334,16 @@ fn clone_and_exec(
     };
     if pid == 0 {
         #[allow(unsafe_code)]
-        // SAFETY: this is the new child; every pointer and descriptor handed over was built
-        // before the clone and is valid in its copy of the memory.
+        // SAFETY: this is the new child of a single-threaded process; every pointer and
+        // descriptor handed over was built before the clone and is valid in its copy of the
+        // memory.
         unsafe {
-            exec_child(
+            start_child(
                 &tasks_raw,
                 &placements,
-                argv_ptrs.as_ptr(),
-                envp.as_ptr(),
                 report_write.as_raw_fd(),
                 highest_signal,
+                then,
             )
         }
     }
@@ -259,8 +360,9 @@ fn clone_and_exec(
     let pid = pid as i32;
     // Only the child needed these.
     drop((tasks, cgroup_dir));
-    // The child has executed the program (its copy of the write end closed with the exec)
-    // or exited: the read below sees end of file or its failure at once.
+    // The child has executed the program (its copy of the write end closed with the exec),
+    // or, in place, closed the write end itself once it was ready, or exited: the read below
+    // sees end of file or its failure.
     drop(report_write);
     let mut report = [0u8; 8];
     let mut filled = 0;
@@ -285,25 +387,24 @@ fn clone_and_exec(
 
 /// In the new child: into each cgroup v1 hierarchy through its `tasks` file, every signal
 /// disposition back to its default and the mask emptied (what `posix_spawn` with
-/// `POSIX_SPAWN_SETSIGDEF`/`SETSIGMASK` gave), the descriptors placed, then `execve`. On a
-/// failure the failed join's index ([`NO_JOIN`] for any other step) and the errno go to
-/// `report`, and the child exits 127.
+/// `POSIX_SPAWN_SETSIGDEF`/`SETSIGMASK` gave), the descriptors placed, then what `then`
+/// says. On a failure the failed join's index ([`NO_JOIN`] for any other step) and the errno
+/// go to `report`, and the child exits 127.
 ///
 /// # Safety
-/// Only in the child of a fork of a single-threaded process, with `argv` and `envp`
-/// null-terminated arrays of NUL-terminated strings. It makes async-signal-safe calls only.
+/// Only in the child of a clone (without `CLONE_VM`) of a single-threaded process, with the
+/// pointers in `then` valid. Up to its entry point it makes async-signal-safe calls only.
 #[allow(unsafe_code)]
-unsafe fn exec_child(
+unsafe fn start_child(
     tasks: &[RawFd],
     placements: &[(RawFd, RawFd)],
-    argv: *const *const c_char,
-    envp: *const *const c_char,
     report: RawFd,
     highest_signal: i32,
+    then: Then<'_>,
 ) -> ! {
-    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, execve and
-    // _exit are async-signal-safe, and every pointer passed points at memory live in this
-    // copy.
+    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, prctl,
+    // close_range, execve and _exit are async-signal-safe, and every pointer passed points at
+    // memory live in this copy.
     unsafe {
         let fail = |join: i32| -> ! {
             let report_words = [join, *libc::__errno_location()];
@@ -339,17 +440,45 @@ unsafe fn exec_child(
         let mut empty: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut empty);
         libc::sigprocmask(libc::SIG_SETMASK, &empty, ptr::null_mut());
-        let mut failed = false;
         for &(source, target) in placements {
             // dup2 clears close-on-exec on the target; a source is never its own target.
             if libc::dup2(source, target) < 0 {
-                failed = true;
-                break;
+                fail(NO_JOIN);
             }
         }
-        if !failed {
-            libc::execve(*argv, argv, envp);
+        match then {
+            Then::Exec { argv, envp } => {
+                libc::execve(argv[0], argv.as_ptr(), envp.as_ptr());
+                fail(NO_JOIN)
+            }
+            Then::InPlace {
+                entry,
+                cmdline,
+                cmdline_area,
+                highest_placed,
+            } => {
+                // As every Rust program starts: SIGPIPE ignored (a write to a closed pipe
+                // or socket is an error, not death).
+                libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+                // What `ps` shows: the program and its arguments, not the spawner's, written
+                // over the spawner's own (this copy's), where the kernel reads them from.
+                if let Some(area) = cmdline_area {
+                    ptr::copy_nonoverlapping(cmdline.as_ptr(), area as *mut u8, cmdline.len());
+                }
+                // What close-on-exec does at an exec: the spawner's descriptors (its socket,
+                // the sources placed, the cgroup's) are gone, and so is `report`, which tells
+                // the spawner this child is ready.
+                if libc::syscall(
+                    libc::SYS_close_range,
+                    highest_placed + 1,
+                    libc::c_uint::MAX,
+                    0,
+                ) < 0
+                {
+                    fail(NO_JOIN);
+                }
+                entry()
+            }
         }
-        fail(NO_JOIN)
     }
 }

@@ -95,6 +95,9 @@ impl Spawner {
             pid_one: fds.pid_one.is_some(),
             join_tasks: opened.tasks.len() as u8,
             join_dir: opened.dir.is_some(),
+            // The spawner is this very binary, loaded and relocated once: its children run
+            // the shim's entry points without executing it again.
+            in_place: program == self.shim,
         };
         // In the order of `SpawnRequest::fd_targets`, then the cgroup's.
         let attached: Vec<RawFd> = [Some(fds.stdout), Some(fds.stderr), Some(fds.control)]
@@ -470,6 +473,52 @@ mod tests {
         // Nothing of the cgroup's descriptors (or the spawner's) reached it.
         let rest: Vec<&str> = text.lines().filter(|line| !line.contains(":/")).collect();
         assert_eq!(rest, ["0 1 2 3 ", "/dev/null", "go"], "{text}");
+    }
+
+    #[test]
+    fn the_shim_starts_in_place_with_what_an_exec_would_have_given_it() {
+        let test = TestCgroup::new("spawn-in-place");
+        let join = test.cgroup.join();
+        let spawner = spawner();
+        let ends = Ends::new();
+        // The shim itself: it waits for its go-ahead on fd 3, as it would after an exec.
+        let mut child = spawn_in_cgroup(&spawner, spawner.shim(), &[], &join, ends.fds())
+            .expect("spawns");
+        let (ours, _output) = ends.handed_over();
+        let proc = PathBuf::from(format!("/proc/{}", child.id()));
+        let cgroups = std::fs::read_to_string(proc.join("cgroup")).unwrap();
+        let cmdline = std::fs::read(proc.join("cmdline")).unwrap();
+        let environ = std::fs::read(proc.join("environ")).unwrap();
+        let mut fds: Vec<String> = std::fs::read_dir(proc.join("fd"))
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        fds.sort();
+        let masks = signal_masks(child.id());
+        // Without its go-ahead the shim ends (its socket closed) having built nothing.
+        drop(ours);
+        assert!(!child.wait().unwrap().success());
+        let inside = format!(":/{}", test.cgroup.relative());
+        assert!(
+            cgroups.lines().any(|line| line.ends_with(&inside)),
+            "{cgroups}"
+        );
+        // Its own command line, not the spawner's (`ps` shows NULs as spaces).
+        let shown = cmdline.split(|&b| b == 0).next().unwrap();
+        assert_eq!(shown, spawner.shim().as_os_str().as_bytes());
+        assert!(
+            cmdline[shown.len()..].iter().all(|&b| b == 0),
+            "{}",
+            String::from_utf8_lossy(&cmdline)
+        );
+        assert!(environ.is_empty());
+        // 4 is its own second handle on the control socket, for writing.
+        assert_eq!(fds, ["0", "1", "2", "3", "4"]);
+        // Blocks nothing; ignores SIGPIPE only, as every Rust program starts.
+        assert_eq!(
+            masks,
+            ("0000000000000000".to_owned(), "0000000000001000".to_owned())
+        );
     }
 
     /// The size of `pid`'s descriptor table (`FDSize:` in its status).
