@@ -121,7 +121,7 @@ impl SupervisorProcess {
         )
     }
 
-    /// Starts it as supervisor `id` through the command `prefix` (e.g. a [`lan::Lan`]
+    /// Starts it as supervisor `id` through the command `prefix` (e.g. a [`crate::lan::Lan`]
     /// host's), listening on `listen`, following `authority`, with extra flags.
     #[allow(clippy::too_many_arguments)]
     pub fn start_on(
