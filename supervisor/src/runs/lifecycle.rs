@@ -431,7 +431,8 @@ impl RunManager {
             teardowns.submit(move || {
                 audited(&run_id, created);
                 ShimWatch::reap(child, &reaped);
-                manager.teardown_gathered(
+                manager.teardown(
+                    &manager.endings,
                     &run_id,
                     &live,
                     &dirs,

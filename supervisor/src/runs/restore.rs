@@ -34,6 +34,7 @@ use tollgate_shim_protocol::protocol::ToShim;
 
 use super::amend::AmendedRun;
 use super::lifecycle::{RunTasks, Watched};
+use super::teardowns::Endings;
 use super::{now_ms, LiveRun, RunManager, RunState};
 use crate::cgroup::RunCgroup;
 use crate::error::StartError;
@@ -394,7 +395,9 @@ impl RunManager {
                     Watched::Detached => None,
                 };
                 drop(output);
+                // Its end recorded before re-adoption goes on: a group of its own.
                 self.teardown(
+                    &Endings::default(),
                     &run_id,
                     &live,
                     &dirs,

@@ -30,6 +30,7 @@ use tollgate_audit::{AuditError, Decision, EntryDraft, EntryKind, PendingEntry};
 
 use super::lifecycle::RunTasks;
 use super::teardown::Ended;
+use super::teardowns::Endings;
 use super::{now_ms, LiveRun, OutputSink, OutputStream, RunManager};
 
 /// The run directory's entry holding its egress certificate authority (shown in the sandbox).
@@ -258,7 +259,9 @@ impl RunManager {
                 Ok(run_id)
             }
             Err(e) => {
+                // Its end recorded before the error is returned: a group of its own.
                 self.teardown(
+                    &Endings::default(),
                     &run_id,
                     &live,
                     &dirs,

@@ -134,10 +134,14 @@ impl RunManager {
             .collect()
     }
 
-    /// The one teardown path, all at once: returns once the run's end is recorded (a start
-    /// that failed, a run lost at re-adoption).
+    /// The one teardown path: the run is cleaned up here, and its end recorded with
+    /// `endings`, the group it joins: the manager's on a teardown worker (written with every
+    /// end gathered meanwhile, one durable write per group), or a group of its own
+    /// (`&Endings::default()`) where the caller needs the end recorded before this returns
+    /// (a start that failed, a run lost at re-adoption). `set_ended` follows the record.
     pub(super) fn teardown(
         &self,
+        endings: &Endings<(Arc<LiveRun>, Instant)>,
         run_id: &str,
         live: &Arc<LiveRun>,
         dirs: &RunDirs,
@@ -145,24 +149,7 @@ impl RunManager {
         started_ms: u64,
     ) {
         let ending = self.clean_up(run_id, live, dirs, ended, started_ms);
-        Endings::default().add(&self.records, ending, |ending, recorded| {
-            self.finish_run(ending, recorded)
-        });
-    }
-
-    /// The one teardown path, on a teardown worker: the run is cleaned up here, and its end
-    /// recorded with every other end gathered meanwhile (see [`Endings`]); `set_ended` follows
-    /// the record, as in [`Self::teardown`].
-    pub(super) fn teardown_gathered(
-        &self,
-        run_id: &str,
-        live: &Arc<LiveRun>,
-        dirs: &RunDirs,
-        ended: Ended,
-        started_ms: u64,
-    ) {
-        let ending = self.clean_up(run_id, live, dirs, ended, started_ms);
-        self.endings.add(&self.records, ending, |ending, recorded| {
+        endings.add(&self.records, ending, |ending, recorded| {
             self.finish_run(ending, recorded)
         });
     }
