@@ -271,6 +271,15 @@ fn write_file(file: &Path, value: &str) -> Result<(), CgroupError> {
     fs::write(file, value).map_err(io_error(file))
 }
 
+/// Writes `value` to `file` unless it holds it already (read first: a cgroup file reads back
+/// what was written, trimmed).
+fn write_if_differs(file: &Path, value: &str) -> Result<(), CgroupError> {
+    if read_trimmed(file)? == value {
+        return Ok(());
+    }
+    write_file(file, value)
+}
+
 impl RunCgroup {
     /// Creates `relative` (e.g. `tollgate/<sandbox-id>`) in every hierarchy, applies
     /// `limits` and reads them back. On any failure, whatever was created is removed again.
@@ -372,7 +381,11 @@ impl RunCgroup {
 
     /// Applies `limits` and reads every one back: the run must never start without what the
     /// receipt promises. Written file by file rather than through `cgroups-rs`, whose
-    /// `Cgroup::load` re-reads the mount table each time: this runs on every start.
+    /// `Cgroup::load` re-reads the mount table each time: this runs on every start. A file
+    /// already holding its value is not written: a sandbox prepared ahead holds the limits
+    /// of the run before it (see `warm`), and a write of the CPU quota makes the kernel walk
+    /// every CPU cgroup on the host to check the quotas still fit (`tg_set_cfs_bandwidth`),
+    /// a cost that grows with every live run.
     pub fn apply_limits(&self, limits: CgroupLimits) -> Result<(), CgroupError> {
         let memory = limits.memory_rounded().to_string();
         let pids = limits.pids.to_string();
@@ -380,33 +393,39 @@ impl RunCgroup {
         match self.mode {
             CgroupMode::Unified => {
                 let dir = self.v2_dir.clone().unwrap_or_default();
-                write_file(&dir.join("memory.max"), &memory)?;
+                write_if_differs(&dir.join("memory.max"), &memory)?;
                 // No swap beyond the memory limit, where swap accounting exists.
                 if dir.join("memory.swap.max").exists() {
-                    write_file(&dir.join("memory.swap.max"), "0")?;
+                    write_if_differs(&dir.join("memory.swap.max"), "0")?;
                 }
-                write_file(&dir.join("pids.max"), &pids)?;
-                write_file(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+                write_if_differs(&dir.join("pids.max"), &pids)?;
+                write_if_differs(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
                 self.verify_v2_limits(limits)
             }
             CgroupMode::Legacy | CgroupMode::Hybrid => {
                 let memory_dir = self.v1_dir(&Controllers::Mem);
-                // The memory limit first: memory+swap may never be below it.
-                write_file(&memory_dir.join("memory.limit_in_bytes"), &memory)?;
+                let limit = memory_dir.join("memory.limit_in_bytes");
                 let memsw = memory_dir.join("memory.memsw.limit_in_bytes");
-                if memsw.exists() {
-                    write_file(&memsw, &memory)?;
+                let memsw = memsw.exists().then_some(memsw);
+                // Memory+swap may never be below the memory limit: when the limit rises, the
+                // memory+swap limit rises first.
+                let rising = read_trimmed(&limit)?
+                    .parse::<u64>()
+                    .is_ok_and(|current| current < limits.memory_rounded());
+                if rising {
+                    if let Some(memsw) = &memsw {
+                        write_if_differs(memsw, &memory)?;
+                    }
                 }
-                write_file(&self.v1_dir(&Controllers::Pids).join("pids.max"), &pids)?;
+                write_if_differs(&limit, &memory)?;
+                if let Some(memsw) = &memsw {
+                    write_if_differs(memsw, &memory)?;
+                }
+                write_if_differs(&self.v1_dir(&Controllers::Pids).join("pids.max"), &pids)?;
                 let cpu = self.v1_dir(&Controllers::Cpu);
-                // Each write of either file makes the kernel walk every cpu cgroup on the host
-                // to check the quotas still fit (`tg_set_cfs_bandwidth`): a new cgroup already
-                // has the default period, so it is written only where it differs.
-                let period = cpu.join("cpu.cfs_period_us");
-                if read_trimmed(&period)? != CPU_PERIOD_US.to_string() {
-                    write_file(&period, &CPU_PERIOD_US.to_string())?;
-                }
-                write_file(&cpu.join("cpu.cfs_quota_us"), &quota)?;
+                // A new cgroup already has the default period.
+                write_if_differs(&cpu.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write_if_differs(&cpu.join("cpu.cfs_quota_us"), &quota)?;
                 self.verify_v1_limits(limits)
             }
         }

@@ -1,8 +1,11 @@
 //! Sandboxes prepared ahead of need, so a run's start pays only for what depends on its
 //! receipt.
 //!
-//! A warm sandbox is a fresh cgroup (`<parent>/<sandbox-id>`, no limits yet) holding an
-//! [`IdleShim`]: the shim has been loaded, has compiled the seccomp programs, unshared the
+//! A warm sandbox is a fresh cgroup (`<parent>/<sandbox-id>`) holding an [`IdleShim`]. Its
+//! cgroup holds the limits of the run that took the sandbox before it (none before the
+//! first): most runs started together share their limits, and a start then writes none of
+//! them again (a write of the CPU quota walks every CPU cgroup on the host, so its cost grows
+//! with every live run; see `RunCgroup::apply_limits`). the shim has been loaded, has compiled the seccomp programs, unshared the
 //! six namespaces and forked pid 1, which has built the part of the root no receipt decides
 //! (system directories, `/proc`, `/dev`) and waits for its plan. Only the shim's own code runs
 //! there, and it does nothing until a run takes the sandbox. A start then applies the
@@ -36,8 +39,8 @@ pub struct PreparedSandbox {
 }
 
 impl PreparedSandbox {
-    /// Prepares a sandbox in a new cgroup under `parent`: with `limits` applied before the
-    /// shim starts when given, without limits (a warm sandbox) otherwise.
+    /// Prepares a sandbox in a new cgroup under `parent`, with `limits` applied before the
+    /// shim starts when given (a start's own, or a warm sandbox's guess: the last run's).
     fn prepare(
         spawner: &Spawner,
         parent: &str,
@@ -89,6 +92,8 @@ pub struct SandboxPool {
     warm: Mutex<Vec<PreparedSandbox>>,
     refilling: AtomicBool,
     closed: AtomicBool,
+    /// The limits of the last sandbox taken: the next ones are prepared with them.
+    last_limits: Mutex<Option<CgroupLimits>>,
 }
 
 impl SandboxPool {
@@ -109,6 +114,7 @@ impl SandboxPool {
             warm: Mutex::new(Vec::new()),
             refilling: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            last_limits: Mutex::new(None),
         })
     }
 
@@ -121,6 +127,7 @@ impl SandboxPool {
     /// one when ready, else a fresh one. The caller calls [`SandboxPool::refill`] once its
     /// start is done, so preparing the next one does not compete with it.
     pub fn take(self: &Arc<Self>, limits: CgroupLimits) -> Result<PreparedSandbox, StartError> {
+        *self.last_limits.lock().unwrap_or_else(|p| p.into_inner()) = Some(limits);
         let warm = {
             let mut warm = self.warm.lock().unwrap_or_else(|p| p.into_inner());
             let taken = warm.pop();
@@ -159,8 +166,13 @@ impl SandboxPool {
                 if !short || pool.closed.load(Ordering::SeqCst) {
                     break;
                 }
-                match PreparedSandbox::prepare(&pool.spawner, &pool.cgroup_parent, &pool.base, None)
-                {
+                let limits = *pool.last_limits.lock().unwrap_or_else(|p| p.into_inner());
+                match PreparedSandbox::prepare(
+                    &pool.spawner,
+                    &pool.cgroup_parent,
+                    &pool.base,
+                    limits,
+                ) {
                     Ok(sandbox) => {
                         let mut warm = pool.warm.lock().unwrap_or_else(|p| p.into_inner());
                         warm.push(sandbox);

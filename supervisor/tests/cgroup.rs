@@ -372,3 +372,69 @@ fn the_sweep_leaves_the_supervisors_own_leaf_alone() {
     assert!(hierarchy_dirs(&leaf).iter().all(|dir| dir.exists()));
     leaf.remove().unwrap();
 }
+
+/// Watches `dirs` for writes to their files (inotify: a write is `IN_MODIFY`).
+struct WriteWatch(std::os::fd::OwnedFd);
+
+impl WriteWatch {
+    fn new(dirs: &[std::path::PathBuf]) -> Self {
+        use std::os::fd::FromRawFd as _;
+        use std::os::unix::ffi::OsStrExt as _;
+        #[allow(unsafe_code)]
+        // SAFETY: inotify_init1 takes flags only; the new descriptor is owned here.
+        let fd = unsafe {
+            std::os::fd::OwnedFd::from_raw_fd(libc::inotify_init1(
+                libc::IN_NONBLOCK | libc::IN_CLOEXEC,
+            ))
+        };
+        for dir in dirs {
+            let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+            #[allow(unsafe_code)]
+            // SAFETY: a live NUL-terminated path and a descriptor this watch owns.
+            let added = unsafe {
+                libc::inotify_add_watch(
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    path.as_ptr(),
+                    libc::IN_MODIFY,
+                )
+            };
+            assert!(added >= 0, "watching {}", dir.display());
+        }
+        Self(fd)
+    }
+
+    /// Whether any file was written since the last call.
+    fn written(&self) -> bool {
+        let mut events = [0u8; 4096];
+        nix::unistd::read(&self.0, &mut events).is_ok_and(|n| n > 0)
+    }
+}
+
+#[test]
+fn limits_already_held_are_not_written_again_and_limits_can_rise() {
+    if !require_root() {
+        return;
+    }
+    let parent = Parent::new("rewrite");
+    let cgroup = RunCgroup::create(&parent.run("r"), LIMITS).unwrap();
+    // What a sandbox prepared with one run's limits and taken by another needs: higher
+    // limits (memory+swap rises before memory), then lower ones, each read back.
+    let higher = CgroupLimits {
+        memory_bytes: 128 << 20,
+        pids: 200,
+        cpu_millicores: 1000,
+    };
+    cgroup.apply_limits(higher).unwrap();
+    cgroup.apply_limits(LIMITS).unwrap();
+    // The same limits again: nothing is written (a CPU quota write walks every CPU cgroup on
+    // the host).
+    let watch = WriteWatch::new(&hierarchy_dirs(&cgroup));
+    cgroup.apply_limits(LIMITS).unwrap();
+    assert!(
+        !watch.written(),
+        "limits the cgroup held were written again"
+    );
+    // The watch sees writes: different limits are written.
+    cgroup.apply_limits(higher).unwrap();
+    assert!(watch.written(), "the watch saw no write at all");
+}

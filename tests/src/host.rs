@@ -61,11 +61,21 @@ pub fn pids_cgroup_dir(parent: &str) -> PathBuf {
 }
 
 /// Whether the sandbox cgroup `name` under `parent` is a warm one: prepared ahead of need,
-/// holding only an idle shim, and so still without limits (every run's cgroup has a pids
-/// limit, applied before its agent exists).
+/// holding only an idle shim and its pid 1 (no agent: every process a `tollgate-shim`), or,
+/// while the first is still being prepared, nothing yet and no limits. (A warm sandbox holds
+/// the limits of the run that took the one before it, so its limits do not tell.)
 pub fn is_warm(parent: &str, name: &str) -> bool {
-    std::fs::read_to_string(pids_cgroup_dir(parent).join(name).join("pids.max"))
-        .is_ok_and(|max| max.trim() == "max")
+    let dir = pids_cgroup_dir(parent).join(name);
+    let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+        return false;
+    };
+    if procs.trim().is_empty() {
+        return std::fs::read_to_string(dir.join("pids.max")).is_ok_and(|max| max.trim() == "max");
+    }
+    procs.lines().all(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|comm| comm.trim() == "tollgate-shim")
+    })
 }
 
 /// What is left of runs: cgroups under `parent` other than (at most one) warm sandbox, and

@@ -482,8 +482,8 @@ mod tests {
         let spawner = spawner();
         let ends = Ends::new();
         // The shim itself: it waits for its go-ahead on fd 3, as it would after an exec.
-        let mut child = spawn_in_cgroup(&spawner, spawner.shim(), &[], &join, ends.fds())
-            .expect("spawns");
+        let mut child =
+            spawn_in_cgroup(&spawner, spawner.shim(), &[], &join, ends.fds()).expect("spawns");
         let (ours, _output) = ends.handed_over();
         let proc = PathBuf::from(format!("/proc/{}", child.id()));
         let cgroups = std::fs::read_to_string(proc.join("cgroup")).unwrap();
