@@ -414,6 +414,16 @@ mod tests {
         CgroupJoin::default()
     }
 
+    /// Starts `/bin/true` through `spawner` and waits for its success; its pid.
+    fn run_true(spawner: &Spawner) -> u32 {
+        let ends = Ends::new();
+        let mut child =
+            spawn_in_cgroup(spawner, Path::new("/bin/true"), &[], &nowhere(), ends.fds())
+                .expect("spawns");
+        assert!(child.wait().unwrap().success());
+        child.id()
+    }
+
     /// A real run cgroup for one test (root; every hierarchy the host has), removed with
     /// whatever is in it when dropped, even when the test fails.
     struct TestCgroup {
@@ -686,15 +696,7 @@ mod tests {
         };
         assert_eq!(source.raw_os_error(), Some(libc::ENOENT), "{error}");
         // The spawner still serves.
-        let mut child = spawn_in_cgroup(
-            &spawner,
-            Path::new("/bin/true"),
-            &[],
-            &nowhere(),
-            ends.fds(),
-        )
-        .expect("spawns");
-        assert!(child.wait().unwrap().success());
+        run_true(&spawner);
     }
 
     #[test]
@@ -713,16 +715,8 @@ mod tests {
             libc::waitid(libc::P_PID, first, &mut info, libc::WEXITED | libc::WNOWAIT)
         };
         assert_eq!(waited, 0);
-        let ends = Ends::new();
-        let mut child = spawn_in_cgroup(
-            &spawner,
-            Path::new("/bin/true"),
-            &[],
-            &nowhere(),
-            ends.fds(),
-        )
-        .expect("the next start restarts the spawner");
-        assert!(child.wait().unwrap().success());
+        // The next start restarts the spawner.
+        run_true(&spawner);
         let second = spawner.link.lock().unwrap().as_ref().unwrap().process.id();
         assert_ne!(first, second);
     }
@@ -747,25 +741,7 @@ mod tests {
         let spawner = spawner();
         let pids = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..8)
-                .map(|_| {
-                    scope.spawn(|| {
-                        (0..4)
-                            .map(|_| {
-                                let ends = Ends::new();
-                                let mut child = spawn_in_cgroup(
-                                    &spawner,
-                                    Path::new("/bin/true"),
-                                    &[],
-                                    &nowhere(),
-                                    ends.fds(),
-                                )
-                                .expect("spawns");
-                                assert!(child.wait().unwrap().success());
-                                child.id()
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
+                .map(|_| scope.spawn(|| (0..4).map(|_| run_true(&spawner)).collect::<Vec<_>>()))
                 .collect();
             workers
                 .into_iter()
