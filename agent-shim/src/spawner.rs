@@ -6,9 +6,9 @@
 //! which holds about three descriptors per live run, that cost grew with every live run; the
 //! spawner holds a handful. It starts each child with `clone3(CLONE_PARENT)`, so the child is
 //! the supervisor's child exactly as if the supervisor had started it (the supervisor reaps
-//! it and watches it through a pidfd), and with `CLONE_VFORK`, so the reply is sent only once
-//! the child has executed the program (or failed to: its errno comes back on a close-on-exec
-//! pipe).
+//! it and watches it through a pidfd). The reply is sent once the child is ready, or with the
+//! errno of the step that failed (it comes back on a close-on-exec pipe): a child that
+//! executes a program is started with `CLONE_VFORK`, so this process waits for its exec.
 //!
 //! The child joins its run's cgroup before it executes anything: it is created in the cgroup
 //! v2 directory (`CLONE_INTO_CGROUP`), and it writes `0` to each cgroup v1 hierarchy's `tasks`
@@ -28,7 +28,11 @@
 //! gateway connections they pass on unread, and every program they start is executed afresh.
 //!
 //! Single-threaded, so the clone is an ordinary fork: no other thread can hold a lock the
-//! child might need, and the child makes only async-signal-safe calls before `execve`.
+//! child might need, and the child makes only async-signal-safe calls before `execve` or
+//! its entry point. A child started in place then runs ordinary Rust code, as after `fork`,
+//! with one difference: the clone is the raw system call, so the C library's record of the
+//! thread's id is still the spawner's. The shim uses nothing that reads it (no threads of
+//! its own; Rust's locks are futexes; the C library's `raise` and `fork` ask the kernel).
 //!
 //! It ends when the supervisor closes its end of the socket, which the kernel does when the
 //! supervisor dies however it dies. No `PR_SET_PDEATHSIG`: it fires when the *thread* that
@@ -402,9 +406,11 @@ unsafe fn start_child(
     highest_signal: i32,
     then: Then<'_>,
 ) -> ! {
-    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, prctl,
-    // close_range, execve and _exit are async-signal-safe, and every pointer passed points at
-    // memory live in this copy.
+    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, close_range,
+    // execve and _exit are async-signal-safe, and every pointer passed points at memory live
+    // in this copy. The command line is written within the bytes the kernel names as this
+    // process's (arg_start, and exactly arg_end - arg_start of them: `cmdline` was sized so),
+    // the argument strings at the top of the stack, present and writable in this copy.
     unsafe {
         let fail = |join: i32| -> ! {
             let report_words = [join, *libc::__errno_location()];

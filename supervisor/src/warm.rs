@@ -5,9 +5,10 @@
 //! cgroup holds the limits of the run that took the sandbox before it (none before the
 //! first): most runs started together share their limits, and a start then writes none of
 //! them again (a write of the CPU quota walks every CPU cgroup on the host, so its cost grows
-//! with every live run; see `RunCgroup::apply_limits`). the shim has been loaded, has compiled the seccomp programs, unshared the
-//! six namespaces and forked pid 1, which has built the part of the root no receipt decides
-//! (system directories, `/proc`, `/dev`) and waits for its plan. Only the shim's own code runs
+//! with every live run; see `RunCgroup::apply_limits`). The shim has been started, has
+//! compiled the seccomp programs, unshared the six namespaces and forked pid 1, which has
+//! built the part of the root no receipt decides (system directories, `/proc`, `/dev`) and
+//! waits for its plan. Only the shim's own code runs
 //! there, and it does nothing until a run takes the sandbox. A start then applies the
 //! receipt's limits to that cgroup (read back, failing closed) **before** it sends the plan,
 //! so the agent never exists outside its limits. Each warm sandbox serves exactly one run and

@@ -78,7 +78,8 @@ impl Spawner {
     }
 
     /// Starts `program` with `args`, an empty environment and `fds`, in the cgroup `join`
-    /// names; its pid once it has executed the program. It is this process's child.
+    /// names; its pid once it is ready (it has executed the program, or, for the shim's own
+    /// entry points, started in place). It is this process's child.
     fn spawn(
         &self,
         program: &Path,
@@ -96,8 +97,8 @@ impl Spawner {
             join_tasks: opened.tasks.len() as u8,
             join_dir: opened.dir.is_some(),
             // The spawner is this very binary, loaded and relocated once: its children run
-            // the shim's entry points without executing it again.
-            in_place: program == self.shim,
+            // the shim's entry points (the shim, `enter`) without executing it again.
+            in_place: program == self.shim && matches!(args, [] | ["enter"]),
         };
         // In the order of `SpawnRequest::fd_targets`, then the cgroup's.
         let attached: Vec<RawFd> = [Some(fds.stdout), Some(fds.stderr), Some(fds.control)]
