@@ -2,7 +2,7 @@
 //! it, and is the sandbox's pid 1.
 //!
 //! The supervisor starts the shim with the control socket on fd 3 ([`CONTROL_FD`]), often
-//! ahead of need, already in the sandbox's cgroup (it joined before it was executed: see
+//! ahead of need, already in the sandbox's cgroup (it joined before it ran anything: see
 //! [`spawner`]), and only then sends the first message
 //! (the go-ahead: the part of the sandbox no receipt decides). Everything that does not depend
 //! on the plan happens before the plan arrives, and the supervisor applies the run's limits to

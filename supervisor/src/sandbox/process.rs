@@ -19,11 +19,11 @@ use super::spawn::{spawn_in_cgroup, Spawner};
 use crate::cgroup::RunCgroup;
 
 /// A `tollgate-shim` that has not been given its plan yet. It was started without copying
-/// the supervisor, in its sandbox's cgroup in every hierarchy (it joined before it was
-/// executed), and waited for its first message before anything else; since then it has compiled the seccomp programs, unshared the
-/// sandbox's namespaces and forked pid 1, which is blocked reading the plan on the control
-/// socket. A shim serves exactly one sandbox. When the supervisor goes away the socket
-/// closes and the shim exits.
+/// the supervisor, in its sandbox's cgroup in every hierarchy (it joined before it ran
+/// anything), and waited for its first message before anything else; since then it has
+/// compiled the seccomp programs, unshared the sandbox's namespaces and forked pid 1, which
+/// is blocked reading the plan on the control socket. A shim serves exactly one sandbox.
+/// When the supervisor goes away the socket closes and the shim exits.
 #[derive(Debug)]
 pub struct IdleShim {
     child: ShimChild,

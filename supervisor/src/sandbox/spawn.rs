@@ -11,13 +11,14 @@
 //! supervisor's child as if the supervisor had started it, with a copy of the spawner's few
 //! descriptors.
 //!
-//! The child joins its run's cgroup before it executes the program ([`CgroupJoin`]): it is
-//! created in the v2 directory and moves itself into each v1 hierarchy, so nothing of a
-//! sandbox ever runs outside its cgroup, not even the shim's loader. (Moving it in by pid
-//! from here, after the exec, took the kernel's threadgroup lock for writing on every
-//! hierarchy: an RCU grace period, 11–15 ms, on some starts.) The programs started this way
-//! (`tollgate-shim`, `tollgate-shim enter`) still do nothing before their first message on
-//! the control socket, which their caller sends once [`spawn_in_cgroup`] has returned.
+//! The child joins its run's cgroup before it runs anything ([`CgroupJoin`]): it is created
+//! in the v2 directory and moves itself into each v1 hierarchy, so nothing of a sandbox ever
+//! runs outside its cgroup. (Moving it in by pid from here, after the exec, took the kernel's
+//! threadgroup lock for writing on every hierarchy: an RCU grace period, 11–15 ms, on some
+//! starts.) The shim and `tollgate-shim enter` then run in place, in the child's copy of the
+//! spawner (the binary is not executed again: see the spawner's docs). They still do nothing
+//! before their first message on the control socket, which their caller sends once
+//! [`spawn_in_cgroup`] has returned.
 
 use std::fs::OpenOptions;
 use std::io::IoSlice;
