@@ -262,30 +262,33 @@ fn clone_child(
     let mut argv_ptrs: Vec<*const c_char> = argv.iter().map(|arg| arg.as_ptr()).collect();
     argv_ptrs.push(ptr::null());
     let envp: [*const c_char; 1] = [ptr::null()];
-    let mut cmdline: Vec<u8> = argv
-        .iter()
-        .flat_map(|arg| arg.as_bytes_with_nul())
-        .copied()
-        .collect();
-    let cmdline_area = own_cmdline.map(|(start, length)| {
-        // Never past the spawner's own: the program is the same path, its argument shorter.
-        cmdline.resize(length, 0);
-        if let Some(last) = cmdline.last_mut() {
-            *last = 0;
-        }
-        start
-    });
+    // What `ps` shows for a child started in place, built only for one.
+    let mut cmdline: Vec<u8>;
     let then = if request.in_place {
         let entry = match request.args.as_slice() {
             [] => entries.shim,
             [verb] if verb == b"enter" => entries.enter,
             _ => return Err(invalid()),
         };
+        cmdline = argv
+            .iter()
+            .flat_map(|arg| arg.as_bytes_with_nul())
+            .copied()
+            .collect();
+        let cmdline_area = own_cmdline.map(|(start, length)| {
+            // Never past the spawner's own: the program is the same path, its argument shorter.
+            cmdline.resize(length, 0);
+            if let Some(last) = cmdline.last_mut() {
+                *last = 0;
+            }
+            start
+        });
         Then::InPlace {
             entry,
             cmdline: &cmdline,
             cmdline_area,
-            highest_placed: request.fd_targets().into_iter().max().unwrap_or(2).max(2),
+            // The targets always include stdout, stderr and the control socket.
+            highest_placed: request.fd_targets().into_iter().max().unwrap_or(PID_ONE_FD),
         }
     } else {
         Then::Exec {
