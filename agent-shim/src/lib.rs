@@ -300,9 +300,7 @@ fn pid_one(
         Err(reason) => fail(&mut control, reason),
     };
     let has_gateway = plan.gateway_socket.is_some();
-    let mut mounts = match reader
-        .take_fds(plan.binds.len() + usize::from(plan.rootfs.is_some()) + usize::from(has_gateway))
-    {
+    let mut mounts = match reader.take_fds(plan.descriptors()) {
         Ok(mounts) => mounts,
         Err(reason) => fail(&mut control, reason),
     };
@@ -326,7 +324,9 @@ fn pid_one(
         Ok(input) => input,
         Err(reason) => fail(&mut control, reason),
     };
-    if let Err(e) = setup::finish_root(base, &plan, mounts) {
+    let finished = setup::PlanMounts::take(&plan, mounts)
+        .and_then(|mounts| setup::finish_root(base, &plan, mounts));
+    if let Err(e) = finished {
         fail(&mut control, e.to_string());
     }
     // The executables' interpreters, resolved once, now, before the agent exists: a command

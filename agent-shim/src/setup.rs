@@ -11,6 +11,7 @@
 // module, and every block carries its `// SAFETY:` line (clippy::undocumented_unsafe_blocks).
 #![allow(unsafe_code)]
 
+mod base;
 mod error;
 mod mounts;
 mod net;
@@ -19,6 +20,7 @@ mod root;
 mod userland;
 mod views;
 
+pub use base::make_base;
 pub use error::SetupError;
 pub(crate) use programs::{hide_programs, reveal_program};
-pub use root::{finish_root, prepare_root};
+pub use root::{finish_root, prepare_root, PlanMounts};

@@ -47,9 +47,10 @@ use std::ptr;
 use nix::errno::Errno;
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal};
 use nix::sys::socket::{recvmsg, send, ControlMessageOwned, MsgFlags};
+use tollgate_shim_protocol::plan::SandboxBase;
 use tollgate_shim_protocol::protocol::PID_ONE_FD;
 use tollgate_shim_protocol::spawner::{
-    SpawnReply, SpawnRequest, MAX_FDS, MAX_REQUEST, NO_JOIN, SPAWNER_FD,
+    SpawnReply, SpawnRequest, BASE_READY, MAX_FDS, MAX_REQUEST, NO_BASE, NO_JOIN, SPAWNER_FD,
 };
 
 /// `clone3`'s flag to create the child in the cgroup v2 directory given in its arguments
@@ -111,13 +112,26 @@ fn serve(socket: &OwnedFd, entries: Entries) -> std::io::Result<()> {
     }
     let own_cmdline = own_cmdline();
     let mut buffer = vec![0; MAX_REQUEST];
+    // First the sandboxes' base mount namespace, which every shim starts in.
+    let Some((length, _)) = receive(socket, &mut buffer)? else {
+        return Ok(());
+    };
+    let made = serde_json::from_slice::<SandboxBase>(&buffer[..length])
+        .map_err(|e| format!("the sandboxes' base could not be read: {e}"))
+        .and_then(|base| crate::setup::make_base(&base).map_err(|e| e.to_string()));
+    let answer = match &made {
+        Ok(_) => BASE_READY.to_vec(),
+        Err(reason) => reason.as_bytes().to_vec(),
+    };
+    send(socket.as_raw_fd(), &answer, MsgFlags::MSG_NOSIGNAL)?;
+    let base = above_placed(made.map_err(std::io::Error::other)?)?;
     loop {
         let Some((length, fds)) = receive(socket, &mut buffer)? else {
             return Ok(());
         };
         let reply = match SpawnRequest::decode(&buffer[..length]) {
             Ok(request) if request.attached() == fds.len() => {
-                start(&request, fds, &null, entries, own_cmdline)
+                start(&request, fds, &null, &base, entries, own_cmdline)
             }
             _ => SpawnReply {
                 pid: 0,
@@ -199,10 +213,11 @@ fn start(
     request: &SpawnRequest,
     fds: Vec<OwnedFd>,
     null: &OwnedFd,
+    base: &OwnedFd,
     entries: Entries,
     own_cmdline: Option<(usize, usize)>,
 ) -> SpawnReply {
-    match clone_child(request, fds, null, entries, own_cmdline) {
+    match clone_child(request, fds, null, base, entries, own_cmdline) {
         Ok(pid) => SpawnReply {
             pid,
             errno: 0,
@@ -223,9 +238,11 @@ enum Then<'a> {
     /// Run this binary's entry point in place, with every descriptor above `highest_placed`
     /// closed (what close-on-exec would have done), showing `cmdline` (NUL-separated, padded
     /// with NULs to the spawner's own command line's length) as its command line, written
-    /// over the spawner's at `cmdline_area`.
+    /// over the spawner's at `cmdline_area`; in the mount namespace `base` first, if given
+    /// (the shim's).
     InPlace {
         entry: fn() -> !,
+        base: Option<RawFd>,
         cmdline: &'a [u8],
         cmdline_area: Option<usize>,
         highest_placed: RawFd,
@@ -239,6 +256,7 @@ fn clone_child(
     request: &SpawnRequest,
     mut fds: Vec<OwnedFd>,
     null: &OwnedFd,
+    base: &OwnedFd,
     entries: Entries,
     own_cmdline: Option<(usize, usize)>,
 ) -> Result<i32, SpawnReply> {
@@ -265,9 +283,10 @@ fn clone_child(
     // What `ps` shows for a child started in place, built only for one.
     let mut cmdline: Vec<u8>;
     let then = if request.in_place {
-        let entry = match request.args.as_slice() {
-            [] => entries.shim,
-            [verb] if verb == b"enter" => entries.enter,
+        // A shim starts in the sandboxes' base; `enter` joins a sandbox's namespaces itself.
+        let (entry, base) = match request.args.as_slice() {
+            [] => (entries.shim, Some(base.as_raw_fd())),
+            [verb] if verb == b"enter" => (entries.enter, None),
             _ => return Err(invalid()),
         };
         cmdline = argv
@@ -285,6 +304,7 @@ fn clone_child(
         });
         Then::InPlace {
             entry,
+            base,
             cmdline: &cmdline,
             cmdline_area,
             // The targets always include stdout, stderr and the control socket.
@@ -409,8 +429,8 @@ unsafe fn start_child(
     highest_signal: i32,
     then: Then<'_>,
 ) -> ! {
-    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, close_range,
-    // execve and _exit are async-signal-safe, and every pointer passed points at memory live
+    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, setns,
+    // close_range, execve and _exit are async-signal-safe, and every pointer passed points at memory live
     // in this copy. The command line is written within the bytes the kernel names as this
     // process's (arg_start, and exactly arg_end - arg_start of them: `cmdline` was sized so),
     // the argument strings at the top of the stack, present and writable in this copy.
@@ -462,10 +482,17 @@ unsafe fn start_child(
             }
             Then::InPlace {
                 entry,
+                base,
                 cmdline,
                 cmdline_area,
                 highest_placed,
             } => {
+                // Its mount namespace's copy is taken from the base (see `setup::make_base`).
+                if let Some(base) = base {
+                    if libc::setns(base, libc::CLONE_NEWNS) < 0 {
+                        fail(NO_BASE);
+                    }
+                }
                 // As every Rust program starts: SIGPIPE ignored (a write to a closed pipe
                 // or socket is an error, not death).
                 libc::signal(libc::SIGPIPE, libc::SIG_IGN);

@@ -590,7 +590,13 @@ mod tests {
     #[test]
     fn timeouts_default_to_and_stop_at_the_maximum() {
         let sandbox = ExecSandbox {
-            spawner: Arc::new(Spawner::start(PathBuf::new())),
+            spawner: Arc::new(Spawner::start(
+                PathBuf::new(),
+                crate::sandbox::sandbox_base(
+                    std::path::Path::new("/nonexistent"),
+                    std::path::Path::new(""),
+                ),
+            )),
             started: StartedPin::default(),
             plan: serde_json::from_value(serde_json::json!({
                 "run_id": "r", "workspace": "/w", "tmpfs_bytes": 0, "binds": [],

@@ -1262,24 +1262,24 @@ fn an_unknown_key_refreshes_the_key_set_once_before_refusing() {
     fx.manager.wait(&run, Duration::from_secs(10));
 }
 
-/// A start that fails for a reason of the host's before the agent exists (here: the shim
-/// cannot be started) leaves the receipt startable: its record says `failed_before_start`,
-/// each try is audited, the next start of the same receipt runs, and the tries are bounded.
+/// A start that fails for a reason of the host's before the agent exists (here: the run's
+/// directory cannot be made) leaves the receipt startable: its record says
+/// `failed_before_start`, each try is audited, the next start of the same receipt runs, and
+/// the tries are bounded.
 #[test]
 fn a_start_that_fails_before_the_agent_exists_leaves_the_receipt_startable() {
     if !require_root() {
         return;
     }
-    let fx = Fixture::with("retry", 201_300, |settings, tmp| {
-        let shim = tmp.join("tollgate-shim");
-        std::fs::copy(bin_path("tollgate-shim"), &shim).unwrap();
-        settings.shim = shim;
-        // Each start spawns its own shim, so a missing one fails the start itself.
+    let fx = Fixture::with("retry", 201_300, |settings, _| {
+        // Each start takes its own sandbox.
         settings.warm_sandboxes = 0;
     });
-    let shim = fx.data.parent().unwrap().join("tollgate-shim");
-    let away = shim.with_extension("away");
-    std::fs::rename(&shim, &away).unwrap();
+    // Where runs' directories are made, a file: no run directory can be.
+    let runs = fx.data.join("runs");
+    let away = runs.with_extension("away");
+    std::fs::rename(&runs, &away).unwrap();
+    std::fs::write(&runs, b"").unwrap();
 
     let signed = fx.sign(fx.receipt("echo started", 60));
     let run_id = tollgate_proto::v1::Receipt::decode(signed.receipt.as_slice())
@@ -1293,7 +1293,8 @@ fn a_start_that_fails_before_the_agent_exists_leaves_the_receipt_startable() {
     }
 
     // The host is fixed: the same receipt runs.
-    std::fs::rename(&away, &shim).unwrap();
+    std::fs::remove_file(&runs).unwrap();
+    std::fs::rename(&away, &runs).unwrap();
     fx.start(&signed)
         .expect("a receipt whose starts failed before its agent may start");
     let record = fx.manager.wait(&run_id, Duration::from_secs(30)).unwrap();

@@ -90,7 +90,7 @@ impl Harness {
             &bin_path("tollgate-shim"),
         );
         create_mount_point(&base).unwrap();
-        let spawner = Spawner::start(bin_path("tollgate-shim"));
+        let spawner = Spawner::start(bin_path("tollgate-shim"), base.clone());
         let shim = IdleShim::spawn(&spawner, &cgroup, &base).expect("shim spawns");
         // Each mounted grant goes to the shim as a detached mount of its pinned descriptor.
         let grant = GrantRoot::open(&receipt.fs[0].path).expect("grant pins");
@@ -166,7 +166,7 @@ impl Harness {
             &bin_path("tollgate-shim"),
         );
         create_mount_point(&base).unwrap();
-        let spawner = Spawner::start(bin_path("tollgate-shim"));
+        let spawner = Spawner::start(bin_path("tollgate-shim"), base.clone());
         let shim = IdleShim::spawn(&spawner, &cgroup, &base).expect("shim spawns");
         let grant = GrantRoot::open(&receipt.fs[0].path).expect("grant pins");
         let mounts = vec![detached_mount(&grant).expect("grant clones")];

@@ -264,7 +264,8 @@ pub const GATEWAY_IN_SANDBOX: &str = "/run/tollgate/gateway.sock";
 pub struct SandboxPlan {
     /// The run id (the receipt id).
     pub run_id: String,
-    /// Host directory shown read-write at `/work`.
+    /// Host directory shown read-write at `/work` (for messages: the workspace itself comes
+    /// as the first detached mount, see [`SandboxPlan::descriptors`]).
     pub workspace: PathBuf,
     /// Whether `/work` is mounted without `noexec` (the receipt's `workspace_exec`: W^X
     /// lifted for `/work` alone; `nosuid` stays).
@@ -283,7 +284,8 @@ pub struct SandboxPlan {
     /// The host uid and gid the inner id maps to (unique to this sandbox).
     pub host_id: u32,
     /// Host path of the run's gateway socket (bound by the supervisor before the plan is
-    /// sent), shown at [`GATEWAY_IN_SANDBOX`]; none: no gateway.
+    /// sent; for messages: it comes as a detached mount), shown at [`GATEWAY_IN_SANDBOX`];
+    /// none: no gateway.
     #[serde(default)]
     pub gateway_socket: Option<PathBuf>,
     /// The model endpoint to start; none: the receipt grants no model route.
@@ -292,8 +294,9 @@ pub struct SandboxPlan {
     /// The egress proxy to start; none: the receipt grants no outbound connection.
     #[serde(default)]
     pub egress: Option<EgressProxy>,
-    /// Host directory of the run's egress certificate authority, shown read-only at
-    /// [`EGRESS_CA_IN_SANDBOX`]; none: the receipt inspects no host.
+    /// Host directory of the run's egress certificate authority (for messages: it comes as
+    /// a detached mount), shown read-only at [`EGRESS_CA_IN_SANDBOX`]; none: the receipt
+    /// inspects no host.
     #[serde(default)]
     pub egress_ca: Option<PathBuf>,
     /// `RLIMIT_NOFILE` (soft and hard) of the agent and of every command the gateway execs:
@@ -312,6 +315,22 @@ pub struct SandboxPlan {
     /// shim covers each before the agent exists, so the agent cannot execute or load them.
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+}
+
+impl SandboxPlan {
+    /// How many descriptors come with the plan, in this order: detached mounts (clones made
+    /// by the supervisor, never a path the shim looks up) of the workspace, the egress
+    /// certificate authority's directory when there is one, the gateway socket when there is
+    /// one, each bind in order, and the root file system when there is one; then the run's
+    /// gateway listening socket when there is a gateway, which pid 1 keeps.
+    pub fn descriptors(&self) -> usize {
+        let gateway = usize::from(self.gateway_socket.is_some());
+        1 + usize::from(self.egress_ca.is_some())
+            + gateway
+            + self.binds.len()
+            + usize::from(self.rootfs.is_some())
+            + gateway
+    }
 }
 
 #[cfg(test)]

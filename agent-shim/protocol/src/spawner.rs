@@ -11,6 +11,11 @@
 //! hierarchy's `tasks` file, opened for writing, and the cgroup v2 directory (see
 //! [`SpawnRequest::join_tasks`]). The environment is always empty. The reply carries the
 //! child's pid, an errno and the step that failed.
+//!
+//! Before any request, the supervisor sends the [`SandboxBase`](crate::plan::SandboxBase) of
+//! its sandboxes (JSON, one message), and the spawner makes the sandboxes' base mount
+//! namespace from it: every shim it starts starts there. It answers with one message: empty
+//! once the base is made, or one line saying why it could not be (then it exits).
 
 /// The spawner's end of its socket: fd 3, as the shim's control socket is.
 pub const SPAWNER_FD: i32 = 3;
@@ -25,6 +30,10 @@ pub const MAX_JOIN_TASKS: usize = 8;
 /// The most descriptors a request carries: stdout, stderr, control, stdin, pid 1's pidfd,
 /// the `tasks` files and the v2 cgroup directory.
 pub const MAX_FDS: usize = 5 + MAX_JOIN_TASKS + 1;
+
+/// The spawner's answer to the base once it has made the base mount namespace; any other
+/// answer is why it could not.
+pub const BASE_READY: &[u8] = b"ready";
 
 /// The size of an encoded [`SpawnReply`].
 pub const REPLY_LEN: usize = 12;
@@ -157,13 +166,18 @@ pub struct SpawnReply {
     /// Why the start failed, or 0.
     pub errno: i32,
     /// The cgroup the child could not join: an index into the request's cgroup descriptors
-    /// (the `tasks` files in order, then the v2 directory), or [`NO_JOIN`] when the failure
-    /// was not a join (or there was none).
+    /// (the `tasks` files in order, then the v2 directory), [`NO_BASE`] when the shim could
+    /// not enter the sandboxes' base mount namespace, or [`NO_JOIN`] when the failure was
+    /// neither (or there was none).
     pub failed_join: i32,
 }
 
 /// [`SpawnReply::failed_join`] when no join failed.
 pub const NO_JOIN: i32 = -1;
+
+/// [`SpawnReply::failed_join`] when the shim could not enter the sandboxes' base mount
+/// namespace (it never ran).
+pub const NO_BASE: i32 = -2;
 
 impl SpawnReply {
     /// The message: pid, errno and the failed join, each 4 bytes little-endian.

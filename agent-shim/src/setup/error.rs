@@ -45,20 +45,29 @@ pub enum SetupError {
         /// The error.
         source: std::io::Error,
     },
-    /// The supervisor sent a different number of grant mounts than the plan has binds.
-    #[error("the plan has {binds} mounted grants but {mounts} mounts came with it")]
+    /// The supervisor sent a different number of detached mounts than the plan needs.
+    #[error("the plan needs {expected} detached mounts but {received} came with it")]
     MountCount {
         /// Mounts received.
-        mounts: usize,
-        /// Binds in the plan.
-        binds: usize,
+        received: usize,
+        /// Mounts the plan needs.
+        expected: usize,
     },
     /// A bind source does not exist on the host.
     #[error("bind source {0} does not exist")]
     MissingSource(PathBuf),
-    /// `pivot_root` or detaching the old root failed.
+    /// Moving the new root over the base's and changing into it failed.
     #[error("switching to the new root: {0}")]
-    PivotRoot(nix::Error),
+    SwitchRoot(nix::Error),
+    /// A step of making the sandboxes' base mount namespace failed: a new mount namespace,
+    /// its descriptor, `pivot_root` into the base, or the way back to the host's.
+    #[error("the sandboxes' base mount namespace: {step}: {source}")]
+    Base {
+        /// The step.
+        step: &'static str,
+        /// The error.
+        source: nix::Error,
+    },
     /// Setting the host name failed.
     #[error("setting the host name: {0}")]
     Hostname(nix::Error),

@@ -1,12 +1,13 @@
 //! The two halves of building the root: what does not depend on the plan (`prepare_root`,
-//! done ahead of need) and what does (`finish_root`, with the plan), ending in `pivot_root`.
+//! done ahead of need) and what does (`finish_root`, with the plan), ending with the new root
+//! moved over the base's (see the `base` module).
 
 use std::fs;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use nix::unistd::{chdir, pivot_root, sethostname};
+use nix::mount::{mount, MsFlags};
+use nix::unistd::{chdir, chroot, sethostname};
 use tollgate_shim_protocol::plan::{
     SandboxBase, SandboxPlan, EGRESS_CA_IN_SANDBOX, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
 };
@@ -22,7 +23,8 @@ use super::views::{
 
 /// Builds the part of the sandbox no receipt decides: a tmpfs root at `base.root_dir` with
 /// the host's system directories read-only, a fresh `/proc`, a minimal `/dev`, the host
-/// name and loopback. Must run in fresh mount, uts and net namespaces and, for `/proc`, as
+/// name and loopback. Must run in fresh mount, uts and net namespaces (the mount namespace a
+/// copy of the sandboxes' base, see [`make_base`](super::make_base)) and, for `/proc`, as
 /// pid 1 of a fresh pid namespace. Runs before the plan arrives when the sandbox is prepared
 /// ahead of need.
 pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
@@ -88,13 +90,59 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
     Ok(())
 }
 
+/// The detached mounts that come with a plan (see [`SandboxPlan::descriptors`]), taken apart.
+pub struct PlanMounts {
+    /// The workspace, shown at `/work`.
+    pub workspace: OwnedFd,
+    /// The egress certificate authority's directory, when the plan has one.
+    pub egress_ca: Option<OwnedFd>,
+    /// The gateway socket, when the plan has one.
+    pub gateway_socket: Option<OwnedFd>,
+    /// One per bind, in order.
+    pub grants: Vec<OwnedFd>,
+    /// The root file system, when the plan has one.
+    pub userland: Option<OwnedFd>,
+}
+
+impl PlanMounts {
+    /// Takes `plan`'s mounts apart from `mounts`, in the order they were sent (the gateway's
+    /// listening socket, if it came, already taken off the end).
+    pub fn take(plan: &SandboxPlan, mounts: Vec<OwnedFd>) -> Result<Self, SetupError> {
+        let gateway = usize::from(plan.gateway_socket.is_some());
+        let expected = plan.descriptors() - gateway;
+        if mounts.len() != expected {
+            return Err(SetupError::MountCount {
+                received: mounts.len(),
+                expected,
+            });
+        }
+        let mut mounts = mounts.into_iter();
+        let mut next = |wanted: bool| if wanted { mounts.next() } else { None };
+        let workspace = next(true);
+        let egress_ca = next(plan.egress_ca.is_some());
+        let gateway_socket = next(plan.gateway_socket.is_some());
+        let grants: Vec<OwnedFd> = (0..plan.binds.len()).filter_map(|_| next(true)).collect();
+        let userland = next(plan.rootfs.is_some());
+        Ok(Self {
+            workspace: workspace.ok_or(SetupError::MountCount {
+                received: 0,
+                expected,
+            })?,
+            egress_ca,
+            gateway_socket,
+            grants,
+            userland,
+        })
+    }
+}
+
 /// Completes the root prepared by [`prepare_root`] from the plan (`/tmp`, `/work`, the
-/// receipt's grants, attached from `mounts`: one detached mount per bind, in order) and
-/// switches to it.
+/// receipt's grants, the run's gateway socket and certificate authority, each attached from
+/// its detached mount in `mounts`) and switches to it.
 pub fn finish_root(
     base: &SandboxBase,
     plan: &SandboxPlan,
-    mounts: Vec<OwnedFd>,
+    mounts: PlanMounts,
 ) -> Result<(), SetupError> {
     let root = base.root_dir.as_path();
     let tmp = inside(root, Path::new("/tmp"));
@@ -107,7 +155,8 @@ pub fn finish_root(
         &format!("mode=1777,size={}", plan.tmpfs_bytes.max(4096)),
     )?;
 
-    bind(
+    attach(
+        &mounts.workspace,
         &plan.workspace,
         &inside(root, Path::new("/work")),
         Restrict {
@@ -125,18 +174,10 @@ pub fn finish_root(
         plan.agent.home(),
     )?;
     // The root file system's mount comes after the grants'.
-    let mut mounts = mounts;
-    let userland = plan.rootfs.as_ref().map(|source| (source, mounts.pop()));
-    if mounts.len() != plan.binds.len() || userland.as_ref().is_some_and(|(_, m)| m.is_none()) {
-        return Err(SetupError::MountCount {
-            mounts: mounts.len() + usize::from(userland.is_some()),
-            binds: plan.binds.len() + usize::from(userland.is_some()),
-        });
-    }
-    if let Some((source, Some(mount))) = &userland {
+    if let (Some(source), Some(mount)) = (&plan.rootfs, &mounts.userland) {
         switch_userland(root, source, mount)?;
     }
-    for (grant, mount) in plan.binds.iter().zip(&mounts) {
+    for (grant, mount) in plan.binds.iter().zip(&mounts.grants) {
         attach(
             mount,
             &grant.source,
@@ -151,9 +192,10 @@ pub fn finish_root(
         )?;
     }
 
-    if let Some(ca) = &plan.egress_ca {
+    if let (Some(ca), Some(mount)) = (&plan.egress_ca, &mounts.egress_ca) {
         // The run's egress certificate authority (its certificate; the key stays outside).
-        bind(
+        attach(
+            mount,
             ca,
             &inside(root, Path::new(EGRESS_CA_IN_SANDBOX)),
             Restrict {
@@ -163,10 +205,11 @@ pub fn finish_root(
             },
         )?;
     }
-    if let Some(socket) = &plan.gateway_socket {
+    if let (Some(socket), Some(mount)) = (&plan.gateway_socket, &mounts.gateway_socket) {
         // The run's own gateway socket: connect() needs only write permission on the socket
         // inode (it is the run's host id's, 0600), not a writable mount.
-        bind(
+        attach(
+            mount,
             socket,
             &inside(root, Path::new(GATEWAY_IN_SANDBOX)),
             Restrict {
@@ -177,12 +220,15 @@ pub fn finish_root(
         )?;
     }
 
-    // Switch roots: the old root is stacked under the new one and detached, so no path
-    // leads back to the host's file system.
-    chdir(root).map_err(SetupError::PivotRoot)?;
-    pivot_root(".", ".").map_err(SetupError::PivotRoot)?;
-    umount2(".", MntFlags::MNT_DETACH).map_err(SetupError::PivotRoot)?;
-    chdir("/").map_err(SetupError::PivotRoot)?;
+    // Switch roots: the new root is moved over the base's `/` and becomes this process's
+    // root. The base stays beneath it, covered: no path leads below a mount stacked on `/`,
+    // and the base holds nothing a sandbox does not show (see the `base` module). No
+    // `pivot_root`, which walks every thread on the host.
+    chdir(root).map_err(SetupError::SwitchRoot)?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(SetupError::SwitchRoot)?;
+    chroot(".").map_err(SetupError::SwitchRoot)?;
+    chdir("/").map_err(SetupError::SwitchRoot)?;
     // From here on nothing the host mounts reaches the agent: a mount propagated under a
     // grant would arrive without the restrictions set above (read-only, noexec).
     mount(

@@ -71,9 +71,18 @@ pub(super) fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError
         "mode=0755,size=256k",
     )?;
     write_generated_etc(&etc, hostname)?;
-    let host_etc = Path::new("/etc");
-    // Every /etc/python3.X too: Debian's Python reads its site customisation from there.
-    let pythons = fs::read_dir(host_etc)
+    for name in etc_from_host() {
+        show_host_path(&Path::new("/etc").join(&name), &etc.join(&name), true)?;
+    }
+    // Made read-only by `finish_etc` once the plan names the agent's home.
+    Ok(())
+}
+
+/// The entries of `/etc` a sandbox shows from the host: [`ETC_FROM_HOST`] and every
+/// `/etc/python3.X` (Debian's Python reads its site customisation from there). Whether the
+/// host has each is decided where it is shown.
+pub(super) fn etc_from_host() -> Vec<String> {
+    let pythons = fs::read_dir("/etc")
         .into_iter()
         .flatten()
         .flatten()
@@ -81,16 +90,11 @@ pub(super) fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError
             let name = entry.file_name().into_string().ok()?;
             name.starts_with("python3.").then_some(name)
         });
-    let names: Vec<String> = ETC_FROM_HOST
+    ETC_FROM_HOST
         .iter()
         .map(|name| (*name).to_owned())
         .chain(pythons)
-        .collect();
-    for name in names {
-        show_host_path(&host_etc.join(&name), &etc.join(&name), true)?;
-    }
-    // Made read-only by `finish_etc` once the plan names the agent's home.
-    Ok(())
+        .collect()
 }
 
 /// Writes the agent's home (the plan's `HOME`) into the generated `/etc/passwd` under `root`

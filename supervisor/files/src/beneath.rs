@@ -127,7 +127,13 @@ pub fn first_link(path: &str) -> Option<String> {
 /// sandbox sees.
 pub fn detached_mount(root: &GrantRoot) -> nix::Result<OwnedFd> {
     // The very inode pinned at start (a granted file's too), never its name again.
-    let entry = root.file.as_ref().unwrap_or(&root.dir);
+    detached_copy(root.file.as_ref().unwrap_or(&root.dir).as_fd())
+}
+
+/// A detached copy of the mount tree at `entry` (a descriptor of any file, `O_PATH` will do):
+/// `open_tree` with `OPEN_TREE_CLONE | AT_RECURSIVE`, for the shim to attach with
+/// `move_mount`.
+pub fn detached_copy(entry: std::os::fd::BorrowedFd<'_>) -> nix::Result<OwnedFd> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     let flags = OPEN_TREE_CLONE

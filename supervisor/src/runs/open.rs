@@ -28,8 +28,11 @@ impl RunManager {
         keys: KeySet,
         audit: AuditLog,
     ) -> Result<(Arc<Self>, Vec<String>), StartError> {
+        // The mount point of every sandbox's root, which the spawner's base needs too.
+        let base = sandbox_base(&settings.data_dir, &settings.shim);
+        create_mount_point(&base)?;
         // First, while this process holds few descriptors: every shim inherits its table.
-        let spawner = Arc::new(Spawner::start(settings.shim.clone()));
+        let spawner = Arc::new(Spawner::start(settings.shim.clone(), base.clone()));
         let runs_dir = settings.data_dir.join("runs");
         std::fs::create_dir_all(&runs_dir).map_err(|source| SandboxError::RunDir {
             path: runs_dir.clone(),
@@ -130,8 +133,6 @@ impl RunManager {
         let host_ids = HostIds::new(settings.host_ids.clone(), records.live_host_ids()?);
         let admission =
             ReceiptAdmission::new(settings.supervisor_id.clone(), keys, settings.clock_skew);
-        let base = sandbox_base(&settings.data_dir, &settings.shim);
-        create_mount_point(&base)?;
         let sandboxes = SandboxPool::new(
             spawner,
             settings.cgroup_parent.clone(),

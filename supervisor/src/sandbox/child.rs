@@ -44,6 +44,24 @@ pub enum SpawnError {
         /// The failure.
         source: std::io::Error,
     },
+    /// The spawner started but could not make the sandboxes' base mount namespace (every
+    /// shim starts in it): it exited, and nothing was started.
+    #[error("the spawner could not make the sandboxes' base mount namespace: {source}; each start tries again")]
+    SpawnerBase {
+        /// The shim binary.
+        shim: PathBuf,
+        /// Why, as the spawner said it.
+        source: std::io::Error,
+    },
+    /// The new shim could not enter the sandboxes' base mount namespace: it never ran (it
+    /// exited, and was reaped).
+    #[error("starting {program} in the sandboxes' base mount namespace: {source} (it never ran)")]
+    EnterBase {
+        /// The program.
+        program: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
     /// The spawner went away (it exited or was killed) while starting `program`: whether it
     /// was started is unknown. Its own variant because it is neither the program's failure
     /// nor a host limit, and because the next start starts a new spawner.
@@ -77,6 +95,8 @@ impl SpawnError {
             Self::Spawn { source, .. } | Self::StartSpawner { source, .. } => (source, true),
             Self::OpenCgroup { source, .. }
             | Self::JoinCgroup { source, .. }
+            | Self::SpawnerBase { source, .. }
+            | Self::EnterBase { source, .. }
             | Self::SpawnerLost { source, .. } => (source, false),
         }
     }

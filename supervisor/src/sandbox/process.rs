@@ -159,23 +159,57 @@ pub struct ReattachedSandbox {
     pub pid_one: OwnedFd,
 }
 
+/// A detached mount of one of the run's own files (its workspace, certificate authority
+/// directory or gateway socket, which the supervisor made in the run's root-owned directory):
+/// the shim attaches it, and looks nothing up on the host (its mount namespace is a copy of
+/// the sandboxes' base, which has none of the host's data).
+fn run_mount(path: &Path) -> Result<OwnedFd, SandboxError> {
+    let failed =
+        |e: nix::Error| SandboxError::Setup(format!("a detached mount of {}: {e}", path.display()));
+    let entry = nix::fcntl::open(
+        path,
+        nix::fcntl::OFlag::O_PATH | nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(failed)?;
+    crate::beneath::detached_copy(entry.as_fd()).map_err(failed)
+}
+
 impl SandboxProcess {
     /// Sends the idle `shim` its plan, with `mounts` (detached mounts of the plan's binds, in
     /// order, then its root file system's when it has one, then the run's gateway listening
-    /// socket when the plan has one, which pid 1 keeps) attached, and waits for `Started`.
-    /// The caller has applied the run's limits to the shim's cgroup first.
+    /// socket when the plan has one, which pid 1 keeps) attached after the run's own detached
+    /// mounts (its workspace, certificate authority and gateway socket, made here: see
+    /// [`SandboxPlan::descriptors`]), and waits for `Started`. The caller has applied the
+    /// run's limits to the shim's cgroup first.
     pub fn start(
         shim: IdleShim,
         plan: &SandboxPlan,
         mounts: Vec<OwnedFd>,
     ) -> Result<(Self, FromShim, SandboxOutput), SandboxError> {
-        let expected = plan.binds.len()
-            + usize::from(plan.rootfs.is_some())
-            + usize::from(plan.gateway_socket.is_some());
+        let own = [
+            Some(&plan.workspace),
+            plan.egress_ca.as_ref(),
+            plan.gateway_socket.as_ref(),
+        ];
+        let own = match own
+            .into_iter()
+            .flatten()
+            .map(|path| run_mount(path))
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(own) => own,
+            Err(e) => {
+                shim.discard();
+                return Err(e);
+            }
+        };
+        let mounts: Vec<OwnedFd> = own.into_iter().chain(mounts).collect();
+        let expected = plan.descriptors();
         if mounts.len() != expected {
             shim.discard();
             return Err(SandboxError::Setup(format!(
-                "{} descriptors for {expected} (binds, root file system and gateway socket)",
+                "{} descriptors for {expected} (the run's mounts, binds, root file system and gateway socket)",
                 mounts.len(),
             )));
         }

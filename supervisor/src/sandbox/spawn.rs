@@ -32,7 +32,10 @@ use nix::errno::Errno;
 use nix::sys::socket::{
     recv, sendmsg, socketpair, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
 };
-use tollgate_shim_protocol::spawner::{SpawnReply, SpawnRequest, MAX_JOIN_TASKS, REPLY_LEN};
+use tollgate_shim_protocol::plan::SandboxBase;
+use tollgate_shim_protocol::spawner::{
+    SpawnReply, SpawnRequest, BASE_READY, MAX_JOIN_TASKS, MAX_REQUEST, NO_BASE, REPLY_LEN,
+};
 
 use super::child::{posix_spawn, ChildFds, ShimChild, SpawnError};
 use crate::cgroup::CgroupJoin;
@@ -44,6 +47,9 @@ use crate::cgroup::CgroupJoin;
 #[derive(Debug)]
 pub struct Spawner {
     shim: PathBuf,
+    /// What every sandbox shares: the spawner makes the sandboxes' base mount namespace
+    /// from it, and starts every shim there.
+    base: SandboxBase,
     /// `None` until started, and after it was found gone.
     link: Mutex<Option<Link>>,
 }
@@ -57,10 +63,12 @@ struct Link {
 
 impl Spawner {
     /// Starts the spawner of `shim` (the `tollgate-shim` binary) now, while this process's
-    /// descriptor table is small: a child gets a copy of its starter's table. If it cannot
-    /// start, each start tries again and fails with [`SpawnError::StartSpawner`].
-    pub fn start(shim: PathBuf) -> Self {
-        let link = match Link::start(&shim) {
+    /// descriptor table is small: a child gets a copy of its starter's table. The spawner
+    /// makes the base mount namespace of `base`'s sandboxes, where every shim starts (its
+    /// `root_dir` must exist). If it cannot start, each start tries again and fails with
+    /// [`SpawnError::StartSpawner`] or [`SpawnError::SpawnerBase`].
+    pub fn start(shim: PathBuf, base: SandboxBase) -> Self {
+        let link = match Link::start(&shim, &base) {
             Ok(link) => Some(link),
             Err(error) => {
                 tracing::warn!(shim = %shim.display(), %error, "the spawner did not start; each sandbox start tries again");
@@ -69,6 +77,7 @@ impl Spawner {
         };
         Self {
             shim,
+            base,
             link: Mutex::new(link),
         }
     }
@@ -120,10 +129,7 @@ impl Spawner {
         for attempt in 0.. {
             let current = match link.take() {
                 Some(current) => current,
-                None => Link::start(&self.shim).map_err(|source| SpawnError::StartSpawner {
-                    shim: self.shim.clone(),
-                    source,
-                })?,
+                None => Link::start(&self.shim, &self.base)?,
             };
             match current.send(&message, &attached) {
                 Ok(()) => {
@@ -168,6 +174,12 @@ impl Spawner {
                 let _ = ShimChild::started(pid).wait();
             }
             let source = std::io::Error::from_raw_os_error(reply.errno);
+            if reply.failed_join == NO_BASE {
+                return Err(SpawnError::EnterBase {
+                    program: program.to_owned(),
+                    source,
+                });
+            }
             if let Some(file) = usize::try_from(reply.failed_join)
                 .ok()
                 .and_then(|index| join.v1_tasks.iter().chain(&join.v2_dir).nth(index))
@@ -210,8 +222,36 @@ fn is_gone(error: &std::io::Error) -> bool {
 
 impl Link {
     /// Starts `shim spawner` with its end of a new socket on fd 3, `/dev/null` on stdin and
-    /// stdout, and this process's stderr (it says there why it ends, if not at end of file).
-    fn start(shim: &Path) -> std::io::Result<Self> {
+    /// stdout, and this process's stderr (it says there why it ends, if not at end of file),
+    /// and waits for it to make the sandboxes' base mount namespace of `base`.
+    fn start(shim: &Path, base: &SandboxBase) -> Result<Self, SpawnError> {
+        let start_error = |source| SpawnError::StartSpawner {
+            shim: shim.to_owned(),
+            source,
+        };
+        let link = Self::spawn(shim).map_err(start_error)?;
+        let answer = serde_json::to_vec(base)
+            .map_err(std::io::Error::other)
+            .and_then(|message| link.send(&message, &[]))
+            .and_then(|()| link.receive_message(MAX_REQUEST));
+        match answer {
+            Ok(answer) if answer == BASE_READY => Ok(link),
+            Ok(answer) => {
+                link.retire();
+                Err(SpawnError::SpawnerBase {
+                    shim: shim.to_owned(),
+                    source: std::io::Error::other(String::from_utf8_lossy(&answer).into_owned()),
+                })
+            }
+            Err(source) => {
+                link.retire();
+                Err(start_error(source))
+            }
+        }
+    }
+
+    /// Starts the process (see [`Link::start`]).
+    fn spawn(shim: &Path) -> std::io::Result<Self> {
         let (ours, theirs) = socketpair(
             AddressFamily::Unix,
             SockType::SeqPacket,
@@ -256,9 +296,15 @@ impl Link {
 
     /// Waits for the reply to the request sent.
     fn receive(&self) -> std::io::Result<SpawnReply> {
-        let mut reply = [0; REPLY_LEN + 1];
+        let reply = self.receive_message(REPLY_LEN + 1)?;
+        SpawnReply::decode(&reply).map_err(std::io::Error::other)
+    }
+
+    /// Waits for the spawner's next message (at most `limit` bytes are kept).
+    fn receive_message(&self, limit: usize) -> std::io::Result<Vec<u8>> {
+        let mut message = vec![0; limit];
         let length = loop {
-            match recv(self.socket.as_raw_fd(), &mut reply, MsgFlags::empty()) {
+            match recv(self.socket.as_raw_fd(), &mut message, MsgFlags::empty()) {
                 Ok(length) => break length,
                 Err(Errno::EINTR) => continue,
                 Err(e) => return Err(e.into()),
@@ -270,7 +316,8 @@ impl Link {
                 "its socket closed",
             ));
         }
-        SpawnReply::decode(&reply[..length]).map_err(std::io::Error::other)
+        message.truncate(length);
+        Ok(message)
     }
 
     /// Ends the spawner (closing its socket first) and reaps it. The children it started
@@ -371,7 +418,15 @@ mod tests {
             "{} is missing: build it first (cargo build -p tollgate-agent-shim)",
             shim.display()
         );
-        Spawner::start(shim)
+        Spawner::start(shim.clone(), test_base(&shim))
+    }
+
+    /// A base for the tests' spawners: any existing directory serves as the mount point, which
+    /// the spawner covers only inside its own mount namespace.
+    fn test_base(shim: &Path) -> SandboxBase {
+        let mut base = crate::sandbox::sandbox_base(&std::env::temp_dir(), shim);
+        base.root_dir = std::env::temp_dir();
+        base
     }
 
     /// A child's ends: its control socket and one pipe for its stdout and stderr; the test
@@ -730,7 +785,8 @@ mod tests {
 
     #[test]
     fn a_missing_shim_is_a_start_spawner_error() {
-        let spawner = Spawner::start(PathBuf::from("/nonexistent/tollgate-shim"));
+        let shim = PathBuf::from("/nonexistent/tollgate-shim");
+        let spawner = Spawner::start(shim.clone(), test_base(&shim));
         let ends = Ends::new();
         let error = spawn_in_cgroup(
             &spawner,

@@ -1,0 +1,230 @@
+//! The sandboxes' base mount namespace: what every sandbox's mount namespace starts as.
+//!
+//! A sandbox's shim makes its mount namespace with `unshare(CLONE_NEWNS)`, which copies the
+//! namespace it is in, and switches to its new root. With the host's namespace as the copy,
+//! the host's whole mount tree had to be cut away with `pivot_root`, and `pivot_root` walks
+//! every thread on the host (the kernel re-points each one's root and working directory that
+//! named the old root): a cost that grew with every live sandbox, about 5 ms a start with
+//! 3,000 live. The spawner makes this base once, with one `pivot_root`, and starts each shim
+//! in it: the shim copies the base (a few dozen mounts, none of them host data), builds its
+//! root beside it and moves that root over the base's own (`MS_MOVE` onto `/`, then
+//! `chroot`), which walks nothing.
+//!
+//! The base stays in each sandbox's namespace beneath the sandbox's root, covered by it: no
+//! path leads below a mount stacked on `/` (`..` at a sandbox's root stays there; joining the
+//! namespace lands on the topmost mount), the agent can neither unmount nor move anything
+//! (the mounts are the host user namespace's, and its filter refuses every mount call and new
+//! user namespaces), and `/proc/<pid>/mountinfo` lists only what is beneath a process's root.
+//! So the base holds only what sandboxes are built from and already show: the host's system
+//! paths, the entries of `/etc` a sandbox shows, the device nodes a sandbox binds (and the
+//! host's `/dev/ptmx` with its `/dev/pts`, where an agent's terminal is made), the shim
+//! binary, and the empty mount point of the sandboxes' roots. Its own tmpfs is read-only:
+//! every sandbox's copy shares it.
+
+use std::os::fd::OwnedFd;
+use std::path::Path;
+
+use nix::fcntl::{open, OFlag};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+use nix::sys::stat::Mode;
+use nix::unistd::{chdir, pivot_root};
+use tollgate_shim_protocol::plan::SandboxBase;
+
+use super::error::SetupError;
+use super::mounts::{bind, create_dir, inside, mount_fs, Restrict};
+use super::views::{etc_from_host, show_host_path, show_system_paths, DEVICES};
+
+/// Makes the base mount namespace of `base`'s sandboxes and returns a descriptor of it; the
+/// calling process is back in the mount namespace it was in, whether or not this succeeded.
+/// Needs real root, and a single-threaded caller (the way back is `setns`, which refuses a
+/// process sharing its file-system context).
+pub fn make_base(base: &SandboxBase) -> Result<OwnedFd, SetupError> {
+    let step = |step: &'static str| move |source| SetupError::Base { step, source };
+    let own_namespace = || {
+        open(
+            // The calling thread's: a test calls this from one thread of many.
+            "/proc/thread-self/ns/mnt",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+    };
+    let host = own_namespace().map_err(step("opening this process's mount namespace"))?;
+    unshare(CloneFlags::CLONE_NEWNS).map_err(step("a new mount namespace"))?;
+    let made = own_namespace()
+        .map_err(step("opening the new mount namespace"))
+        .and_then(|namespace| fill(base).map(|()| namespace));
+    // Back to the host's namespace (its root and working directory with it), even after a
+    // failure: the spawner starts `exec` helpers and other programs from there.
+    setns(&host, CloneFlags::CLONE_NEWNS)
+        .map_err(step("returning to the host's mount namespace"))?;
+    made
+}
+
+/// Fills the new namespace with the base and makes it the namespace's root.
+fn fill(base: &SandboxBase) -> Result<(), SetupError> {
+    // Nothing mounted here reaches the host; the host's unmounts still reach the base's
+    // binds (a volume unmounted there is not kept busy here).
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(SetupError::Private)?;
+    // Built on the sandboxes' own mount point, which only this namespace sees covered.
+    let top = base.root_dir.as_path();
+    mount_fs(
+        "tollgate-base",
+        top,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        "mode=0755,size=64k",
+    )?;
+    show_system_paths(top, &base.system_paths)?;
+    for name in etc_from_host() {
+        let host = Path::new("/etc").join(&name);
+        show_host_path(&host, &inside(top, &host), true)?;
+    }
+    let devices = DEVICES.iter().chain(&["ptmx", "pts"]);
+    for device in devices {
+        let host = Path::new("/dev").join(device);
+        if host.exists() {
+            bind(
+                &host,
+                &inside(top, &host),
+                Restrict {
+                    read_only: false,
+                    devices: true,
+                    no_exec: true,
+                },
+            )?;
+        }
+    }
+    if let Some(shim) = &base.shim_binary {
+        bind(
+            shim,
+            &inside(top, shim),
+            Restrict {
+                read_only: true,
+                devices: false,
+                no_exec: false,
+            },
+        )?;
+    }
+    create_dir(&inside(top, &base.root_dir))?;
+    let switch = |source| SetupError::Base {
+        step: "pivot_root into the base",
+        source,
+    };
+    chdir(top).map_err(switch)?;
+    pivot_root(".", ".").map_err(switch)?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(switch)?;
+    chdir("/").map_err(switch)?;
+    // Shared by every sandbox's copy: nothing may write to it.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|source| SetupError::Mount {
+        what: "read-only remount of the base".into(),
+        target: top.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+    use tollgate_shim_protocol::plan::ETC_FROM_HOST;
+
+    /// The names in `dir` of the calling thread's root.
+    fn names(dir: &str) -> BTreeSet<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect()
+    }
+
+    fn first_component(path: &Path) -> String {
+        let first = path.components().nth(1).unwrap();
+        first.as_os_str().to_str().unwrap().to_owned()
+    }
+
+    /// What every sandbox's namespace keeps beneath its root is only what sandboxes show:
+    /// no `/proc`, `/sys`, home or data directory of the host, no `/etc` entry but those
+    /// shown, no device but those bound; and it is read-only. (Root only: it makes a mount
+    /// namespace, entered from this test's thread alone.)
+    #[test]
+    fn the_base_holds_only_what_sandboxes_are_built_from() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let shim = std::env::current_exe().unwrap();
+        let root_dir = std::env::temp_dir();
+        let base = SandboxBase {
+            hostname: "tollgate".into(),
+            root_dir: root_dir.clone(),
+            system_paths: ["/usr", "/bin", "/sbin", "/lib", "/lib64"]
+                .map(std::path::PathBuf::from)
+                .to_vec(),
+            shim_binary: Some(shim.clone()),
+        };
+        let made = make_base(&base).expect("the base is made");
+        let host = open(
+            "/proc/thread-self/ns/mnt",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        // This thread's file-system context is its own since `make_base` unshared it.
+        setns(&made, CloneFlags::CLONE_NEWNS).unwrap();
+        let top = names("/");
+        let etc = names("/etc");
+        let dev = names("/dev");
+        let shown = std::fs::metadata(&shim).is_ok();
+        let written = std::fs::write("/written", b"x").map_err(|e| e.raw_os_error());
+        setns(&host, CloneFlags::CLONE_NEWNS).unwrap();
+        assert!(std::fs::metadata("/proc/self").is_ok(), "back on the host");
+
+        let mut expected: BTreeSet<String> = base
+            .system_paths
+            .iter()
+            .filter(|path| std::fs::symlink_metadata(path).is_ok())
+            .map(|path| first_component(path))
+            .collect();
+        expected.extend(["etc".into(), "dev".into()]);
+        expected.insert(first_component(&root_dir));
+        expected.insert(first_component(&shim));
+        assert_eq!(top, expected);
+        let allowed: BTreeSet<String> = ETC_FROM_HOST
+            .iter()
+            .map(|name| first_component(&Path::new("/").join(name)))
+            .collect();
+        for name in &etc {
+            assert!(
+                allowed.contains(name) || name.starts_with("python3."),
+                "/etc/{name} is in the base"
+            );
+        }
+        assert!(!etc.contains("shadow") && !etc.contains("passwd"));
+        for name in &dev {
+            assert!(
+                DEVICES.contains(&name.as_str()) || name == "ptmx" || name == "pts",
+                "/dev/{name} is in the base"
+            );
+        }
+        assert!(shown, "the shim binary is in the base");
+        assert_eq!(written, Err(Some(libc::EROFS)));
+    }
+}
