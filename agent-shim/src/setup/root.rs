@@ -18,7 +18,7 @@ use super::net::loopback_up;
 use super::programs::hide_programs;
 use super::userland::{switch_userland, USERLAND_STAGING};
 use super::views::{
-    finish_etc, generate_etc, mask_host_views, minimal_dev, show_system_paths, write_generated_etc,
+    finish_etc, mask_host_views, minimal_dev, show_etc, show_system_paths, write_generated_etc,
 };
 
 /// Builds the part of the sandbox no receipt decides: a tmpfs root at `base.root_dir` with
@@ -50,7 +50,7 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
     )?;
 
     show_system_paths(root, &base.system_paths)?;
-    generate_etc(root, &base.hostname)?;
+    show_etc(root)?;
     // The generated files again, where a run on its own userland takes them from (hidden, and
     // outside every Landlock rule).
     let generated = inside(root, Path::new(USERLAND_STAGING)).join("generated");

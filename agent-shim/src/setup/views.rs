@@ -5,11 +5,11 @@ use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use tollgate_shim_protocol::plan::{generated_etc, generated_passwd, ETC_FROM_HOST};
 
 use super::error::SetupError;
-use super::mounts::{bind, create_dir, inside, mount_fs, restrict_recursively, Restrict};
+use super::mounts::{bind, create_dir, inside, restrict_recursively, Restrict};
 
 /// Device nodes bound from the host into the sandbox's `/dev`.
 pub(super) const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
@@ -54,28 +54,40 @@ pub(super) fn show_host_path(host: &Path, target: &Path, no_exec: bool) -> Resul
     }
 }
 
-/// A small `/etc` of the sandbox's own under `root` instead of the host's: the files
+/// Where, in the sandboxes' base, the `/dev` every sandbox shows is built (see [`dev_in_base`]).
+const DEV_IN_BASE: &str = "/.tollgate-dev";
+/// Where, in the sandboxes' base, the empty file and directory masks are bound from.
+const MASKS_IN_BASE: &str = "/.tollgate-masked";
+
+/// The base's `/etc`, which every sandbox shows as its own (see [`show_etc`]): the files
 /// [`generated_etc`] writes (users with the agent, hosts, no name server), and the few host
 /// entries programs need to run ([`ETC_FROM_HOST`], those the host has) shown read-only, links
-/// recreated as links. It is made read-only by [`finish_etc`], once the plan is known.
-pub(super) fn generate_etc(root: &Path, hostname: &str) -> Result<(), SetupError> {
-    let etc = inside(root, Path::new("/etc"));
+/// recreated as links. `top` is the base's root, read-only once made.
+pub(super) fn etc_in_base(top: &Path, hostname: &str) -> Result<(), SetupError> {
+    let etc = inside(top, Path::new("/etc"));
     create_dir(&etc)?;
-    // Its own small tmpfs: a run on a root file system of its choosing covers the whole of it
-    // (with everything bound inside) with one overlay.
-    mount_fs(
-        "tollgate-etc",
-        &etc,
-        "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        "mode=0755,size=256k",
-    )?;
     write_generated_etc(&etc, hostname)?;
     for name in etc_from_host() {
-        show_host_path(&Path::new("/etc").join(&name), &etc.join(&name), true)?;
+        let host = Path::new("/etc").join(&name);
+        show_host_path(&host, &inside(top, &host), true)?;
     }
-    // Made read-only by `finish_etc` once the plan names the agent's home.
     Ok(())
+}
+
+/// The sandbox's `/etc` under `root`: the base's (see [`etc_in_base`]), bound with every bind
+/// inside it, read-only. Bound rather than built: a file system of its own per sandbox would
+/// cost the kernel a shrinker for every memory cgroup on the host. The agent's own
+/// `/etc/passwd` is bound over the base's by [`finish_etc`].
+pub(super) fn show_etc(root: &Path) -> Result<(), SetupError> {
+    bind(
+        Path::new("/etc"),
+        &inside(root, Path::new("/etc")),
+        Restrict {
+            read_only: true,
+            devices: false,
+            no_exec: true,
+        },
+    )
 }
 
 /// The entries of `/etc` a sandbox shows from the host: [`ETC_FROM_HOST`] and every
@@ -97,41 +109,39 @@ pub(super) fn etc_from_host() -> Vec<String> {
         .collect()
 }
 
-/// Writes the agent's home (the plan's `HOME`) into the generated `/etc/passwd` under `root`
-/// and into the copy a run on its own userland takes (`generated`), then makes the generated
-/// `/etc` read-only (the binds inside keep their own flags).
+/// Writes the agent's `/etc/passwd`, with its home (the plan's `HOME`), into `generated` (the
+/// copy of the generated files a run on its own userland takes, in the root's own tmpfs) and
+/// binds it, read-only, over the base's `/etc/passwd` in the sandbox's `/etc` under `root`.
 pub(super) fn finish_etc(root: &Path, generated: &Path, home: &str) -> Result<(), SetupError> {
     use std::os::unix::fs::PermissionsExt as _;
-    let etc = inside(root, Path::new("/etc"));
-    let passwd = generated_passwd(home);
-    for dir in [&etc, generated] {
-        let path = dir.join("passwd");
-        fs::write(&path, &passwd)
-            .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o644)))
-            .map_err(|source| SetupError::MountPoint { path, source })?;
-    }
-    remount_tmpfs_read_only(&etc, "the generated /etc")
-}
-
-/// Remounts the tmpfs at `target` read-only (and nosuid, nodev, noexec); `what` names it in
-/// the error.
-pub(super) fn remount_tmpfs_read_only(target: &Path, what: &str) -> Result<(), SetupError> {
+    let path = generated.join("passwd");
+    fs::write(&path, generated_passwd(home))
+        .and_then(|()| fs::set_permissions(&path, fs::Permissions::from_mode(0o644)))
+        .map_err(|source| SetupError::MountPoint {
+            path: path.clone(),
+            source,
+        })?;
+    let target = inside(root, Path::new("/etc/passwd"));
     mount(
+        Some(path.as_path()),
+        target.as_path(),
         None::<&str>,
-        target,
-        None::<&str>,
-        MsFlags::MS_REMOUNT
-            | MsFlags::MS_RDONLY
-            | MsFlags::MS_NOSUID
-            | MsFlags::MS_NODEV
-            | MsFlags::MS_NOEXEC,
+        MsFlags::MS_BIND,
         None::<&str>,
     )
     .map_err(|source| SetupError::Mount {
-        what: format!("read-only remount of {what}"),
-        target: target.to_owned(),
+        what: "the agent's /etc/passwd".into(),
+        target: target.clone(),
         source,
-    })
+    })?;
+    restrict_recursively(
+        &target,
+        Restrict {
+            read_only: true,
+            devices: false,
+            no_exec: true,
+        },
+    )
 }
 
 /// Writes the files [`generated_etc`] names into `dir`, 0644.
@@ -146,18 +156,12 @@ pub(super) fn write_generated_etc(dir: &Path, hostname: &str) -> Result<(), Setu
     Ok(())
 }
 
-/// A minimal `/dev` under `root`: a small tmpfs with the host's [`DEVICES`] bound in and
-/// the `fd`/`stdin`/`stdout`/`stderr` links, then made read-only.
-pub(super) fn minimal_dev(root: &Path) -> Result<(), SetupError> {
-    let dev = inside(root, Path::new("/dev"));
+/// Builds, in the base under `top`, the `/dev` every sandbox shows (see [`minimal_dev`]): the
+/// host's [`DEVICES`] bound in and the `fd`/`stdin`/`stdout`/`stderr` links; and the empty file
+/// and directory [`mask_host_views`] binds from.
+pub(super) fn dev_and_masks_in_base(top: &Path) -> Result<(), SetupError> {
+    let dev = inside(top, Path::new(DEV_IN_BASE));
     create_dir(&dev)?;
-    mount_fs(
-        "tollgate-dev",
-        &dev,
-        "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        "mode=0755,size=64k",
-    )?;
     for device in DEVICES {
         let host = Path::new("/dev").join(device);
         if host.exists() {
@@ -183,15 +187,40 @@ pub(super) fn minimal_dev(root: &Path) -> Result<(), SetupError> {
             source,
         })?;
     }
-    restrict_recursively(
-        &dev,
+    let masks = inside(top, Path::new(MASKS_IN_BASE));
+    create_dir(&masks)?;
+    let (empty_file, empty_dir) = (masks.join("file"), masks.join("dir"));
+    let made = |path: &Path, result: std::io::Result<()>| {
+        result.map_err(|source| SetupError::MountPoint {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    made(&empty_file, fs::write(&empty_file, b""))?;
+    made(&empty_dir, fs::create_dir(&empty_dir))?;
+    use std::os::unix::fs::PermissionsExt as _;
+    made(
+        &empty_file,
+        fs::set_permissions(&empty_file, fs::Permissions::from_mode(0o444)),
+    )?;
+    made(
+        &empty_dir,
+        fs::set_permissions(&empty_dir, fs::Permissions::from_mode(0o555)),
+    )
+}
+
+/// A minimal `/dev` under `root`: the base's (see [`dev_and_masks_in_base`]) bound with its
+/// device binds, read-only (the devices stay usable).
+pub(super) fn minimal_dev(root: &Path) -> Result<(), SetupError> {
+    bind(
+        Path::new(DEV_IN_BASE),
+        &inside(root, Path::new("/dev")),
         Restrict {
             read_only: true,
             devices: true,
             no_exec: true,
         },
-    )?;
-    Ok(())
+    )
 }
 
 /// Files and directories that show the host rather than the sandbox, masked (where this
@@ -217,53 +246,24 @@ pub(super) const MASKED: [&str; 13] = [
 
 /// Binds an empty read-only file over each file of [`MASKED`] inside `root`, and an empty
 /// read-only directory over each directory: they read as empty, and nothing can be written
-/// or executed through them. Both come from one small tmpfs, detached from the tree once
-/// bound, so no path inside the sandbox leads to it.
+/// or executed through them. Both are the base's (read-only, `noexec`, `nosuid`, `nodev`, and
+/// covered by the sandbox's root once it is switched to).
 pub(super) fn mask_host_views(root: &Path) -> Result<(), SetupError> {
-    let targets: Vec<(PathBuf, bool)> = MASKED
-        .iter()
-        .map(|path| inside(root, Path::new(path)))
-        .filter_map(|target| {
-            let meta = fs::symlink_metadata(&target).ok()?;
-            (!meta.file_type().is_symlink()).then_some((target, meta.is_dir()))
-        })
-        .collect();
-    if targets.is_empty() {
-        return Ok(());
-    }
-    let source = root.join(".tollgate-masked");
-    create_dir(&source)?;
-    mount_fs(
-        "tollgate-masked",
-        &source,
-        "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        "mode=0555,size=4k,nr_inodes=4",
-    )?;
-    let (empty_file, empty_dir) = (source.join("file"), source.join("dir"));
-    let made = |path: &Path, result: std::io::Result<()>| {
-        result.map_err(|source| SetupError::MountPoint {
-            path: path.to_owned(),
-            source,
-        })
-    };
-    made(&empty_file, fs::write(&empty_file, b""))?;
-    made(&empty_dir, fs::create_dir(&empty_dir))?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        made(
-            &empty_file,
-            fs::set_permissions(&empty_file, fs::Permissions::from_mode(0o444)),
-        )?;
-        made(
-            &empty_dir,
-            fs::set_permissions(&empty_dir, fs::Permissions::from_mode(0o555)),
-        )?;
-    }
-    // Read-only before anything is bound from it: the binds inherit its flags.
-    remount_tmpfs_read_only(&source, "the masking tmpfs")?;
-    for (target, is_dir) in &targets {
-        let what = if *is_dir { &empty_dir } else { &empty_file };
+    let masks = Path::new(MASKS_IN_BASE);
+    let (empty_file, empty_dir) = (masks.join("file"), masks.join("dir"));
+    for path in MASKED {
+        let target = inside(root, Path::new(path));
+        let Ok(meta) = fs::symlink_metadata(&target) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let what = if meta.is_dir() {
+            &empty_dir
+        } else {
+            &empty_file
+        };
         mount(
             Some(what.as_path()),
             target.as_path(),
@@ -277,10 +277,5 @@ pub(super) fn mask_host_views(root: &Path) -> Result<(), SetupError> {
             source: e,
         })?;
     }
-    umount2(&source, MntFlags::MNT_DETACH).map_err(|e| SetupError::Mount {
-        what: "detaching the masking tmpfs".into(),
-        target: source.clone(),
-        source: e,
-    })?;
-    made(&source, fs::remove_dir(&source))
+    Ok(())
 }
