@@ -34,6 +34,14 @@
 //! thread's id is still the spawner's. The shim uses nothing that reads it (no threads of
 //! its own; Rust's locks are futexes; the C library's `raise` and `fork` ask the kernel).
 //!
+//! Before its first request it makes the sandboxes' base mount namespace, from the
+//! [`SandboxBase`] the supervisor sends first (see `setup::make_base`), and answers that it
+//! is ready or why it could not be; it then returns to the host's namespace. A shim (started
+//! in place without arguments) enters the base before anything else, so its sandbox's mount
+//! namespace is a copy of the base, not of the host's: nothing of the host's tree needs
+//! cutting away with `pivot_root` on each start. `enter` helpers and programs executed start
+//! in the host's namespace.
+//!
 //! It ends when the supervisor closes its end of the socket, which the kernel does when the
 //! supervisor dies however it dies. No `PR_SET_PDEATHSIG`: it fires when the *thread* that
 //! started this process exits, and the supervisor may start (or restart) its spawner from a

@@ -352,6 +352,18 @@ attempt("module", syscall(SYS["init_module"], None, 0, b""))
 attempt("by_handle", syscall(SYS["open_by_handle_at"], -100, ctypes.create_string_buffer(16), 0))
 attempt("setuid0", lambda: os.setuid(0))
 attempt("shadow", lambda: open("/etc/shadow").read())
+def below_root():
+    # The base the sandbox's root was built on lies beneath it in its mount namespace.
+    if os.stat("/..").st_ino != os.stat("/").st_ino or sorted(os.listdir("/..")) != sorted(os.listdir("/")):
+        return "/.. is not /"
+    if os.path.lexists("/.tollgate-dev") or os.path.lexists("/.tollgate-masked"):
+        return "the base's own entries show"
+    mounts = open("/proc/self/mountinfo").read()
+    if "tollgate-base" in mounts or ".tollgate-dev" in mounts:
+        return "the base's mounts are listed"
+    raise OSError(errno.EACCES, "out of reach")
+attempt("below_root", below_root)
+attempt("chroot", syscall(161, b"/tmp"))
 attempt("cgroup", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write("1"))
 attempt("host_port", lambda: socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=2))
 attempt("internet", lambda: socket.create_connection(("10.0.0.1", 80), timeout=2))
@@ -415,6 +427,8 @@ fn escape_attempts_are_refused() {
         "by_handle",
         "setuid0",
         "shadow",
+        "below_root",
+        "chroot",
         "cgroup",
         "host_port",
         "internet",

@@ -38,7 +38,7 @@ use nix::unistd::{chdir, pivot_root};
 use tollgate_shim_protocol::plan::SandboxBase;
 
 use super::error::SetupError;
-use super::mounts::{bind, create_dir, inside, mount_fs, Restrict};
+use super::mounts::{bind, create_dir, inside, mount_fs, receive_only, Restrict};
 use super::views::{dev_and_masks_in_base, etc_in_base, show_system_paths};
 
 /// Makes the base mount namespace of `base`'s sandboxes and returns a descriptor of it; the
@@ -71,14 +71,7 @@ pub fn make_base(base: &SandboxBase) -> Result<OwnedFd, SetupError> {
 fn fill(base: &SandboxBase) -> Result<(), SetupError> {
     // Nothing mounted here reaches the host; the host's unmounts still reach the base's
     // binds (a volume unmounted there is not kept busy here).
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_SLAVE,
-        None::<&str>,
-    )
-    .map_err(SetupError::Private)?;
+    receive_only()?;
     // Built on the sandboxes' own mount point, which only this namespace sees covered.
     let top = base.root_dir.as_path();
     mount_fs(

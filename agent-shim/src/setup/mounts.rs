@@ -37,6 +37,19 @@ pub(super) fn mount_fs(
     })
 }
 
+/// Makes every mount of this mount namespace a slave of its peers: nothing mounted here
+/// propagates out, and what is mounted or unmounted there still propagates in.
+pub(super) fn receive_only() -> Result<(), SetupError> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(SetupError::Private)
+}
+
 /// `struct mount_attr` of mount_setattr(2).
 #[repr(C)]
 struct MountAttr {

@@ -13,7 +13,7 @@ use tollgate_shim_protocol::plan::{
 };
 
 use super::error::SetupError;
-use super::mounts::{attach, bind, create_dir, inside, mount_fs, Restrict};
+use super::mounts::{attach, bind, create_dir, inside, mount_fs, receive_only, Restrict};
 use super::net::loopback_up;
 use super::programs::hide_programs;
 use super::userland::{switch_userland, USERLAND_STAGING};
@@ -32,14 +32,7 @@ pub fn prepare_root(base: &SandboxBase) -> Result<(), SetupError> {
     // keep reaching this copy while the sandbox waits for its plan (it may wait for hours):
     // its binds must see the host as it is when the run starts, and it must not keep an
     // unmounted volume busy. `finish_root` cuts the link once the binds are made.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_SLAVE,
-        None::<&str>,
-    )
-    .map_err(SetupError::Private)?;
+    receive_only()?;
     let root = base.root_dir.as_path();
     mount_fs(
         "tollgate-root",
