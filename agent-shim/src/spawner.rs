@@ -132,7 +132,12 @@ fn serve(socket: &OwnedFd, entries: Entries) -> std::io::Result<()> {
         Err(reason) => reason.as_bytes().to_vec(),
     };
     send(socket.as_raw_fd(), &answer, MsgFlags::MSG_NOSIGNAL)?;
-    let base = above_placed(made.map_err(std::io::Error::other)?)?;
+    let base = made.map_err(|reason| {
+        std::io::Error::other(format!(
+            "making the sandboxes' base mount namespace: {reason}"
+        ))
+    })?;
+    let base = above_placed(base)?;
     loop {
         let Some((length, fds)) = receive(socket, &mut buffer)? else {
             return Ok(());

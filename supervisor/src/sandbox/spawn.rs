@@ -799,6 +799,35 @@ mod tests {
         assert!(matches!(error, SpawnError::StartSpawner { .. }), "{error}");
     }
 
+    /// A spawner that cannot make the sandboxes' base says why, starts nothing, and is gone:
+    /// each start tries again and fails the same way, naming the step.
+    #[test]
+    fn a_base_that_cannot_be_made_is_a_spawner_base_error_and_starts_nothing() {
+        let shim = spawner().shim().to_owned();
+        let mut base = test_base(&shim);
+        base.root_dir = PathBuf::from("/nonexistent/tollgate-root");
+        let spawner = Spawner::start(shim, base);
+        assert!(spawner.link.lock().unwrap().is_none(), "no spawner is kept");
+        for _ in 0..2 {
+            let ends = Ends::new();
+            let error = spawn_in_cgroup(
+                &spawner,
+                Path::new("/bin/true"),
+                &[],
+                &nowhere(),
+                ends.fds(),
+            )
+            .expect_err("no base");
+            assert!(matches!(error, SpawnError::SpawnerBase { .. }), "{error}");
+            let text = error.to_string();
+            assert!(
+                text.contains("base mount namespace")
+                    && text.contains("/nonexistent/tollgate-root"),
+                "{text}"
+            );
+        }
+    }
+
     #[test]
     fn concurrent_starts_each_get_their_own_child() {
         let spawner = spawner();
