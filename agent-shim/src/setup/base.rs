@@ -103,7 +103,13 @@ fn fill(base: &SandboxBase) -> Result<(), SetupError> {
         std::os::unix::fs::symlink("pts/ptmx", &ptmx)
             .map_err(|source| SetupError::MountPoint { path: ptmx, source })?;
     }
-    if let Some(shim) = &base.shim_binary {
+    // Bound at its own path, unless a system path shows it already (an installed shim in
+    // `/usr/local/bin`): a bind there would need a mount point made in a read-only bind.
+    if let Some(shim) = base
+        .shim_binary
+        .as_ref()
+        .filter(|shim| std::fs::symlink_metadata(inside(top, shim)).is_err())
+    {
         bind(
             shim,
             &inside(top, shim),
@@ -244,5 +250,36 @@ mod tests {
         assert!(shown, "the shim binary is in the base");
         assert_eq!(terminal, Ok(()), "a terminal can be made in the base");
         assert_eq!(written, Err(Some(libc::EROFS)));
+    }
+
+    /// An installed shim (in a system path, as `/usr/local/bin/tollgate-shim`) is shown by
+    /// that path's bind: the base is made all the same.
+    #[test]
+    fn a_shim_in_a_system_path_is_shown_by_that_path() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let installed = std::path::PathBuf::from("/usr/bin/true");
+        let base = SandboxBase {
+            hostname: "tollgate".into(),
+            root_dir: std::env::temp_dir(),
+            system_paths: vec!["/usr".into()],
+            shim_binary: Some(installed.clone()),
+        };
+        let made = make_base(&base).expect("the base is made");
+        let host = open(
+            "/proc/thread-self/ns/mnt",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        setns(&made, CloneFlags::CLONE_NEWNS).unwrap();
+        let shown = std::fs::metadata(&installed).map(|m| m.len());
+        setns(&host, CloneFlags::CLONE_NEWNS).unwrap();
+        assert_eq!(
+            shown.ok(),
+            std::fs::metadata(&installed).ok().map(|m| m.len())
+        );
     }
 }
