@@ -72,8 +72,19 @@ fn fill(base: &SandboxBase) -> Result<(), SetupError> {
     // Nothing mounted here reaches the host; the host's unmounts still reach the base's
     // binds (a volume unmounted there is not kept busy here).
     receive_only()?;
-    // Built on the sandboxes' own mount point, which only this namespace sees covered.
+    // Built on the sandboxes' own mount point, which only this namespace sees covered: it
+    // must be empty, or what is beneath it (a binary the base shows, say) would be covered.
     let top = base.root_dir.as_path();
+    let occupied = std::fs::read_dir(top)
+        .map_err(|e| SetupError::MountPoint {
+            path: top.to_owned(),
+            source: e,
+        })?
+        .next()
+        .is_some();
+    if occupied {
+        return Err(SetupError::MountPointNotEmpty(top.to_owned()));
+    }
     mount_fs(
         "tollgate-base",
         top,
@@ -163,6 +174,25 @@ mod tests {
             .collect()
     }
 
+    /// An empty directory for a base's mount point (the base covers whatever is beneath it,
+    /// inside its own namespace: not the test binary's directory), removed when dropped.
+    struct MountPoint(std::path::PathBuf);
+
+    impl MountPoint {
+        fn new(test: &str) -> Self {
+            let path =
+                std::env::temp_dir().join(format!("tollgate-base-{test}-{}", std::process::id()));
+            std::fs::create_dir(&path).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for MountPoint {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
     fn first_component(path: &Path) -> String {
         let first = path.components().nth(1).unwrap();
         first.as_os_str().to_str().unwrap().to_owned()
@@ -180,7 +210,8 @@ mod tests {
             return;
         }
         let shim = std::env::current_exe().unwrap();
-        let root_dir = std::env::temp_dir();
+        let mount_point = MountPoint::new("contents");
+        let root_dir = mount_point.0.clone();
         let base = SandboxBase {
             hostname: "tollgate".into(),
             root_dir: root_dir.clone(),
@@ -252,6 +283,32 @@ mod tests {
         assert_eq!(written, Err(Some(libc::EROFS)));
     }
 
+    /// A mount point that holds something is refused, naming it: the base would cover it.
+    #[test]
+    fn a_mount_point_that_is_not_empty_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let mount_point = MountPoint::new("occupied");
+        let inside_it = mount_point.0.join("something");
+        std::fs::write(&inside_it, b"").unwrap();
+        let base = SandboxBase {
+            hostname: "tollgate".into(),
+            root_dir: mount_point.0.clone(),
+            system_paths: vec!["/usr".into()],
+            shim_binary: None,
+        };
+        let refused = make_base(&base).map(drop).map_err(|e| e.to_string());
+        std::fs::remove_file(&inside_it).unwrap();
+        let reason = refused.expect_err("refused");
+        assert!(
+            reason.contains(&mount_point.0.display().to_string()),
+            "{reason}"
+        );
+        assert!(std::fs::metadata("/proc/self").is_ok(), "back on the host");
+    }
+
     /// An installed shim (in a system path, as `/usr/local/bin/tollgate-shim`) is shown by
     /// that path's bind: the base is made all the same.
     #[test]
@@ -261,9 +318,10 @@ mod tests {
             return;
         }
         let installed = std::path::PathBuf::from("/usr/bin/true");
+        let mount_point = MountPoint::new("installed");
         let base = SandboxBase {
             hostname: "tollgate".into(),
-            root_dir: std::env::temp_dir(),
+            root_dir: mount_point.0.clone(),
             system_paths: vec!["/usr".into()],
             shim_binary: Some(installed.clone()),
         };

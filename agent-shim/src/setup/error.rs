@@ -68,6 +68,9 @@ pub enum SetupError {
         /// The error.
         source: nix::Error,
     },
+    /// The directory the base is built on holds something, which the base would cover.
+    #[error("the sandboxes' mount point {0} is not empty; it must be an empty directory (the data directory's root/): empty it or choose another --data-dir")]
+    MountPointNotEmpty(PathBuf),
     /// Setting the host name failed.
     #[error("setting the host name: {0}")]
     Hostname(nix::Error),

@@ -405,8 +405,10 @@ mod tests {
     use std::os::unix::net::UnixStream;
 
     /// A spawner of the `tollgate-shim` built beside this test binary
-    /// (`target/<profile>/deps/<test>` -> `target/<profile>/tollgate-shim`).
-    fn spawner() -> Spawner {
+    /// (`target/<profile>/deps/<test>` -> `target/<profile>/tollgate-shim`), with an empty
+    /// directory of its own for the base's mount point (the base covers whatever is beneath
+    /// it, inside the spawner's namespace), removed when dropped.
+    fn spawner() -> TestSpawner {
         let exe = std::env::current_exe().unwrap();
         let mut dir = exe.parent().unwrap().to_path_buf();
         if dir.ends_with("deps") {
@@ -418,14 +420,47 @@ mod tests {
             "{} is missing: build it first (cargo build -p tollgate-agent-shim)",
             shim.display()
         );
-        Spawner::start(shim.clone(), test_base(&shim))
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let mount_point = std::env::temp_dir().join(format!(
+            "tollgate-spawn-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        std::fs::create_dir(&mount_point).unwrap();
+        let spawner = Spawner::start(shim.clone(), test_base(&shim, &mount_point));
+        TestSpawner {
+            spawner: Some(spawner),
+            mount_point,
+        }
     }
 
-    /// A base for the tests' spawners: any existing directory serves as the mount point, which
-    /// the spawner covers only inside its own mount namespace.
-    fn test_base(shim: &Path) -> SandboxBase {
+    /// A test's spawner and its base's mount point.
+    struct TestSpawner {
+        spawner: Option<Spawner>,
+        mount_point: PathBuf,
+    }
+
+    impl std::ops::Deref for TestSpawner {
+        type Target = Spawner;
+
+        fn deref(&self) -> &Spawner {
+            self.spawner.as_ref().expect("until dropped")
+        }
+    }
+
+    impl Drop for TestSpawner {
+        fn drop(&mut self) {
+            drop(self.spawner.take());
+            if let Err(e) = std::fs::remove_dir(&self.mount_point) {
+                eprintln!("removing {}: {e}", self.mount_point.display());
+            }
+        }
+    }
+
+    /// A base for the tests' spawners, on the empty directory `mount_point`.
+    fn test_base(shim: &Path, mount_point: &Path) -> SandboxBase {
         let mut base = crate::sandbox::sandbox_base(&std::env::temp_dir(), shim);
-        base.root_dir = std::env::temp_dir();
+        base.root_dir = mount_point.to_owned();
         base
     }
 
@@ -786,7 +821,7 @@ mod tests {
     #[test]
     fn a_missing_shim_is_a_start_spawner_error() {
         let shim = PathBuf::from("/nonexistent/tollgate-shim");
-        let spawner = Spawner::start(shim.clone(), test_base(&shim));
+        let spawner = Spawner::start(shim.clone(), test_base(&shim, Path::new("/nonexistent")));
         let ends = Ends::new();
         let error = spawn_in_cgroup(
             &spawner,
@@ -804,7 +839,7 @@ mod tests {
     #[test]
     fn a_base_that_cannot_be_made_is_a_spawner_base_error_and_starts_nothing() {
         let shim = spawner().shim().to_owned();
-        let mut base = test_base(&shim);
+        let mut base = test_base(&shim, Path::new("/nonexistent"));
         base.root_dir = PathBuf::from("/nonexistent/tollgate-root");
         let spawner = Spawner::start(shim, base);
         assert!(spawner.link.lock().unwrap().is_none(), "no spawner is kept");
