@@ -21,6 +21,7 @@ import argparse
 import base64
 import hashlib
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -585,6 +586,13 @@ def test_stop_tears_down_a_live_run() -> None:
 @test(SUPERVISOR)
 def test_approvals_are_watched_and_decided_and_live_runs_amended() -> None:
     workdir = tempfile.mkdtemp(prefix="tollgate-py-approvals-")
+    try:
+        approvals_and_amendments_in(workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def approvals_and_amendments_in(workdir: str) -> None:
     os.chmod(workdir, 0o755)
     script = (
         f"printf hi | tollgate-shim tool write {workdir}/x.txt --create; echo write rc=$?; "
