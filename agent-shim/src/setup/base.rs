@@ -193,6 +193,21 @@ mod tests {
         }
     }
 
+    /// What `look` finds with this thread in the base `made`, back in this thread's own mount
+    /// namespace afterwards (its file-system context is its own since `make_base` unshared it).
+    fn inside_base<T>(made: &OwnedFd, look: impl FnOnce() -> T) -> T {
+        let own = open(
+            "/proc/thread-self/ns/mnt",
+            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .unwrap();
+        setns(made, CloneFlags::CLONE_NEWNS).unwrap();
+        let found = look();
+        setns(&own, CloneFlags::CLONE_NEWNS).unwrap();
+        found
+    }
+
     fn first_component(path: &Path) -> String {
         let first = path.components().nth(1).unwrap();
         first.as_os_str().to_str().unwrap().to_owned()
@@ -221,24 +236,20 @@ mod tests {
             shim_binary: Some(shim.clone()),
         };
         let made = make_base(&base).expect("the base is made");
-        let host = open(
-            "/proc/thread-self/ns/mnt",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap();
-        // This thread's file-system context is its own since `make_base` unshared it.
-        setns(&made, CloneFlags::CLONE_NEWNS).unwrap();
-        let top = names("/");
-        let etc = names("/etc");
-        let dev = names("/dev");
-        let sandbox_dev = names("/.tollgate-dev");
-        let masks = names("/.tollgate-masked");
-        let passwd = std::fs::read_to_string("/etc/passwd").unwrap();
-        let terminal = nix::pty::openpty(None, None).map(drop);
-        let shown = std::fs::metadata(&shim).is_ok();
-        let written = std::fs::write("/written", b"x").map_err(|e| e.raw_os_error());
-        setns(&host, CloneFlags::CLONE_NEWNS).unwrap();
+        let (top, etc, dev, sandbox_dev, masks, passwd, terminal, shown, written) =
+            inside_base(&made, || {
+                (
+                    names("/"),
+                    names("/etc"),
+                    names("/dev"),
+                    names("/.tollgate-dev"),
+                    names("/.tollgate-masked"),
+                    std::fs::read_to_string("/etc/passwd").unwrap(),
+                    nix::pty::openpty(None, None).map(drop),
+                    std::fs::metadata(&shim).is_ok(),
+                    std::fs::write("/written", b"x").map_err(|e| e.raw_os_error()),
+                )
+            });
         assert!(std::fs::metadata("/proc/self").is_ok(), "back on the host");
 
         let mut expected: BTreeSet<String> = base
@@ -326,15 +337,7 @@ mod tests {
             shim_binary: Some(installed.clone()),
         };
         let made = make_base(&base).expect("the base is made");
-        let host = open(
-            "/proc/thread-self/ns/mnt",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .unwrap();
-        setns(&made, CloneFlags::CLONE_NEWNS).unwrap();
-        let shown = std::fs::metadata(&installed).map(|m| m.len());
-        setns(&host, CloneFlags::CLONE_NEWNS).unwrap();
+        let shown = inside_base(&made, || std::fs::metadata(&installed).map(|m| m.len()));
         assert_eq!(
             shown.ok(),
             std::fs::metadata(&installed).ok().map(|m| m.len())

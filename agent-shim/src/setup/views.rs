@@ -54,7 +54,7 @@ pub(super) fn show_host_path(host: &Path, target: &Path, no_exec: bool) -> Resul
     }
 }
 
-/// Where, in the sandboxes' base, the `/dev` every sandbox shows is built (see [`dev_in_base`]).
+/// Where, in the sandboxes' base, the `/dev` every sandbox shows is built (see [`dev_and_masks_in_base`]).
 const DEV_IN_BASE: &str = "/.tollgate-dev";
 /// Where, in the sandboxes' base, the empty file and directory masks are bound from.
 const MASKS_IN_BASE: &str = "/.tollgate-masked";

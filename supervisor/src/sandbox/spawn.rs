@@ -508,12 +508,15 @@ mod tests {
 
     /// Starts `/bin/true` through `spawner` and waits for its success; its pid.
     fn run_true(spawner: &Spawner) -> u32 {
-        let ends = Ends::new();
-        let mut child =
-            spawn_in_cgroup(spawner, Path::new("/bin/true"), &[], &nowhere(), ends.fds())
-                .expect("spawns");
+        let mut child = start_true(spawner, &nowhere()).expect("spawns");
         assert!(child.wait().unwrap().success());
         child.id()
+    }
+
+    /// Starts `/bin/true` through `spawner` in `join`'s cgroup.
+    fn start_true(spawner: &Spawner, join: &CgroupJoin) -> Result<ShimChild, SpawnError> {
+        let ends = Ends::new();
+        spawn_in_cgroup(spawner, Path::new("/bin/true"), &[], join, ends.fds())
     }
 
     /// A real run cgroup for one test (root; every hierarchy the host has), removed with
@@ -723,9 +726,7 @@ mod tests {
             v1_tasks: Vec::new(),
             v2_dir: Some(dir.clone()),
         };
-        let ends = Ends::new();
-        let error = spawn_in_cgroup(&spawner(), Path::new("/bin/true"), &[], &join, ends.fds())
-            .expect_err("nothing starts");
+        let error = start_true(&spawner(), &join).expect_err("nothing starts");
         let SpawnError::JoinCgroup {
             pid: None, file, ..
         } = &error
@@ -737,13 +738,11 @@ mod tests {
 
     #[test]
     fn an_unopenable_cgroup_starts_nothing() {
-        let ends = Ends::new();
         let join = CgroupJoin {
             v1_tasks: vec![PathBuf::from("/nonexistent/tollgate/tasks")],
             v2_dir: None,
         };
-        let error = spawn_in_cgroup(&spawner(), Path::new("/bin/true"), &[], &join, ends.fds())
-            .expect_err("nothing starts");
+        let error = start_true(&spawner(), &join).expect_err("nothing starts");
         assert!(matches!(error, SpawnError::OpenCgroup { .. }), "{error}");
     }
 
@@ -822,15 +821,7 @@ mod tests {
     fn a_missing_shim_is_a_start_spawner_error() {
         let shim = PathBuf::from("/nonexistent/tollgate-shim");
         let spawner = Spawner::start(shim.clone(), test_base(&shim, Path::new("/nonexistent")));
-        let ends = Ends::new();
-        let error = spawn_in_cgroup(
-            &spawner,
-            Path::new("/bin/true"),
-            &[],
-            &nowhere(),
-            ends.fds(),
-        )
-        .expect_err("no spawner");
+        let error = start_true(&spawner, &nowhere()).expect_err("no spawner");
         assert!(matches!(error, SpawnError::StartSpawner { .. }), "{error}");
     }
 
@@ -844,15 +835,7 @@ mod tests {
         let spawner = Spawner::start(shim, base);
         assert!(spawner.link.lock().unwrap().is_none(), "no spawner is kept");
         for _ in 0..2 {
-            let ends = Ends::new();
-            let error = spawn_in_cgroup(
-                &spawner,
-                Path::new("/bin/true"),
-                &[],
-                &nowhere(),
-                ends.fds(),
-            )
-            .expect_err("no base");
+            let error = start_true(&spawner, &nowhere()).expect_err("no base");
             assert!(matches!(error, SpawnError::SpawnerBase { .. }), "{error}");
             let text = error.to_string();
             assert!(
