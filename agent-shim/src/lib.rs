@@ -6,12 +6,17 @@
 //! [`spawner`]), and only then sends the first message
 //! (the go-ahead: the part of the sandbox no receipt decides). Everything that does not depend
 //! on the plan happens before the plan arrives, and the supervisor applies the run's limits to
-//! the cgroup before it sends the plan. Then, in three processes:
+//! the cgroup before it sends the plan. Then, in two processes that stay (and one that
+//! does not):
 //!
-//! 1. **outer** (host pid namespace, real root): waits for the go-ahead and does nothing
-//!    before it; then compiles the seccomp programs, unshares mount, pid, net, ipc, uts and
-//!    cgroup namespaces, forks pid 1 and waits for it, exiting with its status.
-//! 2. **pid 1** (new namespaces, real root): reads the plan, builds the root file system
+//! 1. **the shim as started** (host pid namespace, real root, its own process group):
+//!    waits for the go-ahead and does nothing before it; then compiles the seccomp
+//!    programs, unshares mount, pid, net, ipc, uts and cgroup namespaces, forks pid 1 as
+//!    the supervisor's own child (`CLONE_PARENT`), tells the supervisor pid 1's host pid
+//!    (`PidOne`) and exits. The supervisor reaps both, and finds a pid 1 it was not told
+//!    of (this process killed in between) through the process group.
+//! 2. **pid 1** (new namespaces, real root): prepares what needs no plan, reads the plan
+//!    (it writes nothing on the control socket before it has the plan), builds the root file system
 //!    ([`setup`]), forks the agent, writes the agent's uid/gid map, reports `Started`, then
 //!    reaps children and watches the control socket. It holds the run's gateway listening
 //!    socket (sent with the plan) and, each time the supervisor asks (`Accept`), accepts one
@@ -26,7 +31,7 @@
 //!    `no_new_privs`, applies Landlock and seccomp ([`confine`]), closes inherited fds and
 //!    executes the agent's argv in a new session.
 //!
-//! The shim is single-threaded, so `fork` here is ordinary (no other thread can hold a lock).
+//! The shim is single-threaded, so a fork here is ordinary (no other thread can hold a lock).
 
 // Every `unsafe` block is allowed where it stands, with its `// SAFETY:` line.
 #![deny(unsafe_code)]
@@ -57,7 +62,7 @@ use nix::sched::{unshare, CloneFlags};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::{fork, ForkResult, Pid};
+use nix::unistd::Pid;
 use tollgate_shim_protocol::plan::{self, SandboxPlan, INPUT_MARKER};
 use tollgate_shim_protocol::protocol::{AgentExit, FromShim, ToShim, CONTROL_FD, DETACH_FDS};
 
@@ -122,23 +127,19 @@ pub fn run() -> ! {
     if let Err(e) = unshare(namespaces) {
         fail(&mut control_writer, format!("unsharing namespaces: {e}"));
     }
-    // SAFETY: single-threaded process; the child only runs ordinary Rust code.
+    // pid 1 is forked as the supervisor's own child, and this process exits once it has
+    // said which pid that is: a sandbox is two processes (pid 1 and the agent), not three,
+    // for the kernel to schedule, map, walk and kill. Nothing was sent after the go-ahead
+    // yet (the supervisor sends the plan only once it has read `PidOne`), so pid 1 has
+    // everything this process read.
     #[allow(unsafe_code)]
-    let forked = unsafe { fork() };
-    match forked {
-        Ok(ForkResult::Child) => pid_one(reader, &base, seccomp, control_writer),
-        Ok(ForkResult::Parent { child }) => {
-            // Only pid 1 keeps the link (and any descriptor read ahead): when it exits, the
-            // supervisor sees EOF.
-            drop(reader);
-            drop(control);
-            drop(control_writer);
-            let code = match waitpid(child, None) {
-                Ok(WaitStatus::Exited(_, code)) => code,
-                Ok(WaitStatus::Signaled(_, signal, _)) => 128 + signal as i32,
-                _ => EXIT_SETUP_FAILED,
-            };
-            std::process::exit(code)
+    // SAFETY: this process is single-threaded (nothing here starts a thread), no flag is
+    // added, and the child runs `pid_one` only, which never returns.
+    match unsafe { spawner::fork_for_parent(0, None) } {
+        Ok(0) => pid_one(reader, &base, seccomp, control_writer),
+        Ok(host_pid) => {
+            send(&mut control_writer, &FromShim::PidOne { host_pid });
+            std::process::exit(0)
         }
         Err(e) => fail(&mut control_writer, format!("forking pid 1: {e}")),
     }
@@ -269,27 +270,28 @@ fn pid_one(
         );
         fail_early(&reason)
     };
-    let seccomp = match seccomp {
-        Ok(programs) => programs,
-        Err(e) => fail(&mut control, e.to_string()),
-    };
-    // One reader for both messages (the outer process read the first): the second may have
-    // arrived in the same read as the first.
-    if let Err(e) = setup::prepare_root(base) {
-        fail(&mut control, e.to_string());
-    }
-    // SIGCHLD arrives through a signalfd so one poll() watches children and the socket.
-    let mut mask = SigSet::empty();
-    mask.add(Signal::SIGCHLD);
-    if let Err(e) = mask.thread_block() {
-        fail(&mut control, format!("blocking SIGCHLD: {e}"));
-    }
-    let signals = match SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-    {
-        Ok(fd) => fd,
-        Err(e) => fail(&mut control, format!("signalfd: {e}")),
-    };
-    // Everything above ran before the plan when the sandbox was prepared ahead of need.
+    // Everything that does not need the plan, before it: a sandbox prepared ahead of need
+    // has done all of it when a run takes it. A failure is said only once the plan has come:
+    // until then the process that forked this one may still be writing `PidOne`, which the
+    // supervisor reads first.
+    let ready = seccomp
+        .map_err(|e| e.to_string())
+        .and_then(|seccomp| {
+            setup::prepare_root(base).map_err(|e| e.to_string())?;
+            Ok(seccomp)
+        })
+        .and_then(|seccomp| {
+            // SIGCHLD arrives through a signalfd so one poll() watches children and the
+            // socket.
+            let mut mask = SigSet::empty();
+            mask.add(Signal::SIGCHLD);
+            mask.thread_block()
+                .map_err(|e| format!("blocking SIGCHLD: {e}"))?;
+            let signals =
+                SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+                    .map_err(|e| format!("signalfd: {e}"))?;
+            Ok((seccomp, signals))
+        });
     let plan = match reader.next_message() {
         Ok(ToShim::Start(plan)) => *plan,
         Ok(ToShim::Prepare(_)) => fail(
@@ -297,6 +299,11 @@ fn pid_one(
             "a second base came instead of the plan".into(),
         ),
         Ok(other) => fail(&mut control, format!("{other:?} came instead of the plan")),
+        // The supervisor is gone, or discarded this sandbox unused: nothing to tell it.
+        Err(reason) => fail_early(&reason),
+    };
+    let (seccomp, signals) = match ready {
+        Ok(ready) => ready,
         Err(reason) => fail(&mut control, reason),
     };
     let has_gateway = plan.gateway_socket.is_some();

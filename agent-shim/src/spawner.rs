@@ -252,7 +252,7 @@ enum Then<'a> {
     /// closed (what close-on-exec would have done), showing `cmdline` (NUL-separated, padded
     /// with NULs to the spawner's own command line's length) as its command line, written
     /// over the spawner's at `cmdline_area`; in the mount namespace `base` first, if given
-    /// (the shim's).
+    /// (the shim's), and then leading a process group of its own.
     InPlace {
         entry: fn() -> !,
         base: Option<RawFd>,
@@ -345,32 +345,30 @@ fn clone_child(
     let (report_read, report_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| errno(e.into()))?;
     let highest_signal = libc::SIGRTMAX();
+    // CLONE_VFORK only for an exec: a child started in place never executes anything, and
+    // this process waits for its report pipe instead.
+    let vfork = if request.in_place {
+        0
+    } else {
+        libc::CLONE_VFORK as u64
+    };
     #[allow(unsafe_code)]
-    // SAFETY: all-zero is a valid `clone_args` (every field a plain number).
-    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
-    // No exit signal of its own: with CLONE_PARENT the child gets this process's (SIGCHLD),
-    // and clone3 refuses one given. CLONE_VFORK only for an exec: a child started in place
-    // never executes anything, and this process waits for its report pipe instead.
-    args.flags = libc::CLONE_PARENT as u64;
-    if !request.in_place {
-        args.flags |= libc::CLONE_VFORK as u64;
-    }
-    if let Some(dir) = &cgroup_dir {
-        args.flags |= CLONE_INTO_CGROUP;
-        args.cgroup = dir.as_raw_fd() as u64;
-    }
-    #[allow(unsafe_code)]
-    // SAFETY: clone3 without CLONE_VM and with no stack is a fork: the child runs on its own
-    // copy of this (single-threaded) process's memory, on its copy of this stack. `args` is
-    // a live `clone_args` of the size passed. CLONE_PARENT makes the child the supervisor's;
-    // CLONE_VFORK suspends this process until the child has executed the program or exited.
-    // The child runs `start_child` only, which never returns.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone3,
-            &mut args as *mut libc::clone_args,
-            size_of::<libc::clone_args>(),
-        )
+    // SAFETY: this process is single-threaded; CLONE_VFORK suspends it until the child has
+    // executed the program or exited. The child runs `start_child` only, which never
+    // returns.
+    let forked = unsafe { fork_for_parent(vfork, cgroup_dir.as_ref().map(|dir| dir.as_raw_fd())) };
+    let pid = match forked {
+        Ok(pid) => pid as i32,
+        Err(error) => {
+            let mut failure = errno(error);
+            // Out of pids or memory is the host's limit, whatever the flags; anything else
+            // with a cgroup directory is that directory's (removed, not cgroup v2, not
+            // joinable).
+            if cgroup_dir.is_some() && !matches!(failure.errno, libc::EAGAIN | libc::ENOMEM) {
+                failure.failed_join = tasks_raw.len() as i32;
+            }
+            return Err(failure);
+        }
     };
     if pid == 0 {
         #[allow(unsafe_code)]
@@ -387,17 +385,6 @@ fn clone_child(
             )
         }
     }
-    if pid < 0 {
-        let error = std::io::Error::last_os_error();
-        let mut failure = errno(error);
-        // Out of pids or memory is the host's limit, whatever the flags; anything else with
-        // a cgroup directory is that directory's (removed, not cgroup v2, not joinable).
-        if cgroup_dir.is_some() && !matches!(failure.errno, libc::EAGAIN | libc::ENOMEM) {
-            failure.failed_join = tasks_raw.len() as i32;
-        }
-        return Err(failure);
-    }
-    let pid = pid as i32;
     // Only the child needed these.
     drop((tasks, cgroup_dir));
     // The child has executed the program (its copy of the write end closed with the exec),
@@ -425,6 +412,41 @@ fn clone_child(
     Ok(pid)
 }
 
+/// Forks this process with `CLONE_PARENT` and the `extra` flags, in the cgroup v2 directory
+/// `cgroup` when given (`CLONE_INTO_CGROUP`): the child is this process's parent's child
+/// (the supervisor's), exactly as if the supervisor had started it. 0 in the child; its pid
+/// here. No exit signal is given: with `CLONE_PARENT` the child gets this process's
+/// (SIGCHLD, as every shim and the spawner have), and clone3 refuses one given.
+///
+/// # Safety
+/// This process must be single-threaded (the child runs on its own copy of its memory and
+/// of this stack, and no other thread can hold a lock it needs), `extra` must not share
+/// memory (`CLONE_VM`, `CLONE_THREAD`), and with `CLONE_VFORK` the child must execute a
+/// program or exit.
+#[allow(unsafe_code)]
+pub(crate) unsafe fn fork_for_parent(extra: u64, cgroup: Option<RawFd>) -> std::io::Result<u32> {
+    // SAFETY: all-zero is a valid `clone_args` (every field a plain number).
+    let mut args: libc::clone_args = unsafe { std::mem::zeroed() };
+    args.flags = libc::CLONE_PARENT as u64 | extra;
+    if let Some(dir) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = dir as u64;
+    }
+    // SAFETY: the caller's contract; without CLONE_VM and with no stack this is a fork.
+    // `args` is a live `clone_args` of the size passed.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut libc::clone_args,
+            size_of::<libc::clone_args>(),
+        )
+    };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    u32::try_from(pid).map_err(std::io::Error::other)
+}
+
 /// In the new child: into each cgroup v1 hierarchy through its `tasks` file, every signal
 /// disposition back to its default and the mask emptied (what `posix_spawn` with
 /// `POSIX_SPAWN_SETSIGDEF`/`SETSIGMASK` gave), the descriptors placed, then what `then`
@@ -442,7 +464,7 @@ unsafe fn start_child(
     highest_signal: i32,
     then: Then<'_>,
 ) -> ! {
-    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, setns,
+    // SAFETY: the caller's contract; write, rt_sigaction, sigprocmask, dup2, setns, setpgid,
     // close_range, execve and _exit are async-signal-safe, and every pointer passed points at memory live
     // in this copy. The command line is written within the bytes the kernel names as this
     // process's (arg_start, and exactly arg_end - arg_start of them: `cmdline` was sized so),
@@ -504,6 +526,13 @@ unsafe fn start_child(
                 if let Some(base) = base {
                     if libc::setns(base, libc::CLONE_NEWNS) < 0 {
                         fail(NO_BASE);
+                    }
+                    // A shim leads a process group of its own, before the supervisor hears
+                    // of it: the pid 1 it forks is in it too, so the supervisor can reap a
+                    // pid 1 whose pid it was never told (the shim killed in between), and
+                    // keystrokes at the supervisor's terminal signal neither.
+                    if libc::setpgid(0, 0) < 0 {
+                        fail(NO_JOIN);
                     }
                 }
                 // As every Rust program starts: SIGPIPE ignored (a write to a closed pipe

@@ -6,10 +6,11 @@
 //! first): most runs started together share their limits, and a start then writes none of
 //! them again (a write of the CPU quota walks every CPU cgroup on the host, so its cost grows
 //! with every live run; see `RunCgroup::apply_limits`). The shim has been started, has
-//! compiled the seccomp programs, unshared the six namespaces and forked pid 1, which has
-//! built the part of the root no receipt decides (system directories, `/proc`, `/dev`) and
-//! waits for its plan. Only the shim's own code runs
-//! there, and it does nothing until a run takes the sandbox. A start then applies the
+//! compiled the seccomp programs, unshared the six namespaces, forked pid 1 (the
+//! supervisor's child) and exited, reaped; pid 1 has built the part of the root no receipt
+//! decides (system directories, `/proc`, `/dev`) and waits for its plan, alone in the
+//! cgroup. Only the shim's own code runs there, and it does nothing until a run takes the
+//! sandbox. A start then applies the
 //! receipt's limits to that cgroup (read back, failing closed) **before** it sends the plan,
 //! so the agent never exists outside its limits. Each warm sandbox serves exactly one run and
 //! is never reused. When the pool is empty a start prepares its own sandbox the same way,
@@ -59,6 +60,21 @@ impl PreparedSandbox {
                 // A shim that started has been killed and reaped before the error came back
                 // (it builds nothing before its go-ahead); the cgroup is emptied and removed
                 // all the same, so no failure path relies on that.
+                let _ = cgroup.kill_all(DISCARD_DEADLINE);
+                let _ = cgroup.remove();
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Waits until its pid 1 is forked and its shim reaped (see [`IdleShim::settle`]), so it
+    /// waits in the pool as one process: off a start's path, where that wait would add to
+    /// it. A failure has removed the cgroup.
+    fn settle(self) -> Result<Self, StartError> {
+        let Self { cgroup, shim } = self;
+        match shim.settle() {
+            Ok(shim) => Ok(Self { cgroup, shim }),
+            Err(e) => {
                 let _ = cgroup.kill_all(DISCARD_DEADLINE);
                 let _ = cgroup.remove();
                 Err(e.into())
@@ -173,7 +189,9 @@ impl SandboxPool {
                     &pool.cgroup_parent,
                     &pool.base,
                     limits,
-                ) {
+                )
+                .and_then(PreparedSandbox::settle)
+                {
                     Ok(sandbox) => {
                         let mut warm = pool.warm.lock().unwrap_or_else(|p| p.into_inner());
                         warm.push(sandbox);

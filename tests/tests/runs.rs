@@ -60,8 +60,8 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
     let procs = std::fs::read_to_string(warm_dir.join("cgroup.procs")).unwrap();
     assert_eq!(
         procs.lines().count(),
-        3,
-        "shim, pid 1 and the agent: {procs}"
+        2,
+        "pid 1 and the agent (the shim that forked pid 1 has exited): {procs}"
     );
     assert!(fx.manager.stop(&run_id, "test"));
     let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
@@ -71,9 +71,13 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
         Some(format!("{}/{warm}", fx.parent))
     );
     fx.assert_gone(&run_id);
+    // The shim that forked pid 1 and pid 1 itself were both this process's children: both
+    // are reaped (a warm sandbox prepared since waits as its pid 1 alone).
+    assert_eq!(zombie_children(), Vec::<u32>::new(), "zombies left");
 
     // Shutdown discards the sandbox prepared since (or in progress): nothing is left.
     fx.manager.shutdown();
+    assert_eq!(zombie_children(), Vec::<u32>::new(), "zombies left");
     assert_eq!(sandbox_cgroups(&fx.parent), Vec::<String>::new());
     let left: Vec<_> = std::fs::read_dir("/sys/fs/cgroup")
         .unwrap()
@@ -90,17 +94,49 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
     assert!(left.is_empty(), "cgroups left: {left:?}");
 }
 
+/// This process's children (of any of its threads) that have exited and are not reaped.
+fn zombie_children() -> Vec<u32> {
+    let tasks = std::fs::read_dir("/proc/self/task").unwrap();
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("children")).ok())
+        .flat_map(|children| {
+            children
+                .split_whitespace()
+                .filter_map(|pid| pid.parse::<u32>().ok())
+                .collect::<Vec<_>>()
+        })
+        .filter(|pid| {
+            // The state follows the command name, which is in parentheses.
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(") ")
+                    .is_some_and(|(_, rest)| rest.starts_with('Z'))
+            })
+        })
+        .collect()
+}
+
 /// Waits (bounded) until the fixture's pool holds a prepared sandbox: one cgroup under the
-/// parent with the idle shim and its pid 1.
+/// parent holding its pid 1 alone (the shim that forked it has exited).
 fn wait_for_warm_sandbox(fx: &Fixture) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let names = sandbox_cgroups(&fx.parent);
         if let [name] = names.as_slice() {
-            if std::fs::read_to_string(pids_cgroup_dir(&fx.parent).join(name).join("cgroup.procs"))
-                .is_ok_and(|procs| procs.lines().count() == 2)
-            {
-                return name.clone();
+            let procs = std::fs::read_to_string(
+                pids_cgroup_dir(&fx.parent).join(name).join("cgroup.procs"),
+            )
+            .unwrap_or_default();
+            if let [pid] = procs.lines().collect::<Vec<_>>().as_slice() {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let ns_pids = status
+                    .lines()
+                    .find_map(|line| line.strip_prefix("NSpid:"))
+                    .unwrap_or_default();
+                if ns_pids.split_whitespace().last() == Some("1") {
+                    return name.clone();
+                }
             }
         }
         assert!(Instant::now() < deadline, "no warm sandbox appeared");

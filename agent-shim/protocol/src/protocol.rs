@@ -19,7 +19,8 @@ pub enum ToShim {
     /// every hierarchy; it does nothing before it): build the part of the sandbox no receipt
     /// decides.
     Prepare(Box<SandboxBase>),
-    /// Second message: complete the sandbox for this run and start the agent. Sent with
+    /// Second message, sent only once the supervisor has read [`FromShim::PidOne`]: complete
+    /// the sandbox for this run and start the agent. Sent with
     /// descriptors attached (SCM_RIGHTS), in this order: a detached mount of each of the
     /// plan's binds, the run's root file system's when it has one, and the run's gateway
     /// listening socket when it has one (`gateway_socket`). pid 1 keeps the gateway socket,
@@ -78,6 +79,14 @@ pub enum AgentExit {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FromShim {
+    /// The first message, from the shim that received [`ToShim::Prepare`]: it has forked the
+    /// sandbox's pid 1 as the supervisor's own child (`CLONE_PARENT`) and exits. The
+    /// supervisor reaps both; pid 1 writes nothing before it has the plan, so this is always
+    /// the first line (or `Failed`, when nothing was forked).
+    PidOne {
+        /// pid 1's pid in the supervisor's pid namespace.
+        host_pid: u32,
+    },
     /// The sandbox is built and the agent has been started.
     Started {
         /// The agent's pid as seen inside the sandbox (never 1).

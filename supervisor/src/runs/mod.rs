@@ -58,7 +58,7 @@ struct RestoreHandles {
     /// The read ends of the agent's stdout and stderr (the relays read them).
     stdout: Arc<std::os::fd::OwnedFd>,
     stderr: Arc<std::os::fd::OwnedFd>,
-    /// The shim's host pid.
+    /// The host pid of the sandbox's pid 1 (recorded as `shim_pid`).
     shim_pid: u32,
     /// The argv given at the start, if any.
     argv: Option<Vec<String>>,
@@ -66,7 +66,7 @@ struct RestoreHandles {
     started_ms: u64,
 }
 
-/// What keeping a run for a live restore records besides its descriptors: the shim's host
+/// What keeping a run for a live restore records besides its descriptors: its pid 1's host
 /// pid, the argv given at the start, and when the run was admitted (Unix milliseconds).
 type RestoreMeta = (u32, Option<Vec<String>>, u64);
 

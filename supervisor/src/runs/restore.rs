@@ -10,7 +10,7 @@
 //! Gateway calls made meanwhile wait in the gateway socket's backlog (pid 1 accepts nothing
 //! while detached); output waits in the pipes (a writer blocks once a pipe is full).
 //!
-//! Re-adopting it: the next supervisor connects to that socket, checks the recorded shim is
+//! Re-adopting it: the next supervisor connects to that socket, checks the recorded pid 1 is
 //! still in the run's cgroup, takes the pipes back, serves the same gateway socket again (on
 //! the connections pid 1 hands over, as before) with the budgets the run had left, and
 //! watches the run as if it had started it (and can
@@ -55,7 +55,8 @@ pub(super) struct DetachedRun {
     pub until_ms: u64,
     /// The run's cgroup, relative to each hierarchy's root.
     pub cgroup: String,
-    /// The shim's host pid (the parent of the sandbox's pid 1).
+    /// The host pid of the sandbox's pid 1 (in records of older supervisors, of its parent
+    /// shim, which stayed).
     pub shim_pid: u32,
     /// The argv the run was started with, when it was not pinned in the receipt.
     pub argv: Option<Vec<String>>,

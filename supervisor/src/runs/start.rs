@@ -342,7 +342,7 @@ impl RunManager {
         let restore = if live.parent.is_none() && self.settings.live_restore.is_some() {
             let kept = process.pid().map(|shim_pid| (shim_pid, argv, started_ms));
             if kept.is_none() {
-                tracing::warn!(run_id = %run_id, "the shim is not this supervisor's child; this run ends at the next stop");
+                tracing::warn!(run_id = %run_id, "the sandbox's pid 1 is not this supervisor's child; this run ends at the next stop");
             }
             kept
         } else {

@@ -235,6 +235,31 @@ impl ShimChild {
         Ok(unsafe { OwnedFd::from_raw_fd(raw as RawFd) })
     }
 
+    /// Waits for it and for every other child of this process in its process group, and
+    /// reaps them all: a shim leads a group of its own (the spawner makes it), and the pid 1
+    /// it forks is in it too, so a pid 1 whose pid was never said is reaped as well. The
+    /// group's number stays taken while a member is left, and once none is, no new process
+    /// gets it in the moment before the last wait (pids are handed out in turn).
+    pub fn wait_with_process_group(self) {
+        if self.status.is_some() {
+            return;
+        }
+        let group = -(self.pid as libc::pid_t);
+        loop {
+            #[allow(unsafe_code)]
+            // SAFETY: waitpid with a null status pointer writes nothing; the group is the
+            // shim's own, pinned by its unreaped leader or by a member.
+            let reaped = unsafe { libc::waitpid(group, std::ptr::null_mut(), 0) };
+            if reaped > 0 {
+                continue;
+            }
+            // ECHILD: none of them is left.
+            if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
+    }
+
     /// Waits for it to exit and reaps it; its status again once reaped.
     pub fn wait(&mut self) -> std::io::Result<ExitStatus> {
         if let Some(status) = self.status {
@@ -257,5 +282,73 @@ impl ShimChild {
         let status = ExitStatus::from_raw(raw);
         self.status = Some(status);
         Ok(status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShimChild;
+
+    /// A shim killed after forking pid 1 and before saying its pid: pid 1 is this
+    /// process's child all the same, and must not be left a zombie.
+    #[test]
+    fn a_pid_one_never_said_is_reaped_with_the_shims_process_group() {
+        #[allow(unsafe_code)]
+        // SAFETY: the child makes raw system calls only (setpgid, clone3, nanosleep, kill,
+        // _exit), all async-signal-safe, on memory that is its own copy.
+        let shim = unsafe { libc::fork() };
+        if shim == 0 {
+            #[allow(unsafe_code)]
+            // SAFETY: as above.
+            unsafe {
+                libc::setpgid(0, 0);
+                let mut args: libc::clone_args = std::mem::zeroed();
+                args.flags = libc::CLONE_PARENT as u64;
+                let pid_one = libc::syscall(
+                    libc::SYS_clone3,
+                    &mut args as *mut libc::clone_args,
+                    size_of::<libc::clone_args>(),
+                );
+                if pid_one == 0 {
+                    // pid 1 outlives its shim by a moment.
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 200_000_000,
+                    };
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                    libc::_exit(0);
+                }
+                libc::kill(libc::getpid(), libc::SIGKILL);
+                libc::_exit(1);
+            }
+        }
+        assert!(shim > 0, "fork: {}", std::io::Error::last_os_error());
+        // As the spawner makes it: a group of its own before the supervisor hears of it.
+        #[allow(unsafe_code)]
+        // SAFETY: setpgid takes numbers only; the child has not executed anything.
+        unsafe {
+            libc::setpgid(shim, shim)
+        };
+        ShimChild::started(shim as u32).wait_with_process_group();
+        // Nothing of this process's is left to reap, exited or running.
+        #[allow(unsafe_code)]
+        // SAFETY: all-zero is a valid `siginfo_t`, which waitid fills.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        #[allow(unsafe_code)]
+        // SAFETY: waitid writes only into `info`, a live local.
+        let left = unsafe {
+            libc::waitid(
+                libc::P_ALL,
+                0,
+                &mut info,
+                libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+            )
+        };
+        let error = std::io::Error::last_os_error();
+        assert_eq!(
+            (left, error.raw_os_error()),
+            (-1, Some(libc::ECHILD)),
+            "a child is left"
+        );
     }
 }

@@ -205,34 +205,134 @@ pub(crate) fn recv_with_room(
     })
 }
 
-/// A pidfd of the sandbox's pid 1, the only child of the shim `shim`; checked to still be
-/// that shim's child after it is opened (a pid reused since is refused).
-pub(super) fn pin_pid_one(shim: u32) -> std::io::Result<OwnedFd> {
-    {
-        let children = fs::read_to_string(format!("/proc/{shim}/task/{shim}/children"))?;
-        let pid: i32 = children
-            .split_whitespace()
-            .next()
-            .and_then(|pid| pid.parse().ok())
-            .ok_or_else(|| std::io::Error::other("the sandbox has no pid 1"))?;
+/// A pidfd of whichever process has `pid` now: the caller makes sure that is the one it
+/// means (its own child not yet reaped, whose pid is its own, or checked after).
+pub(super) fn open_pidfd(pid: u32) -> std::io::Result<OwnedFd> {
+    #[allow(unsafe_code)]
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+    // of this process is involved.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    #[allow(unsafe_code)]
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as RawFd) })
+}
+
+/// A pidfd of a detached sandbox's pid 1, from the host pid recorded at its detach: pid 1's
+/// own, or (recorded by an older supervisor, whose shim stayed as pid 1's parent) its shim's.
+/// Checked after it is opened: a pid 1 is the first process of a pid namespace of its own;
+/// a shim's only child is pid 1 when that child's parent is still the shim (a pid reused
+/// since is refused). The caller checks that `recorded` is in the run's cgroup.
+pub(super) fn pin_recorded_pid_one(recorded: u32) -> std::io::Result<OwnedFd> {
+    let pidfd = open_pidfd(recorded)?;
+    let status = fs::read_to_string(format!("/proc/{recorded}/status"))?;
+    if is_namespace_init(&status) {
+        return Ok(pidfd);
+    }
+    drop(pidfd);
+    let children = fs::read_to_string(format!("/proc/{recorded}/task/{recorded}/children"))?;
+    let pid: u32 = children
+        .split_whitespace()
+        .next()
+        .and_then(|pid| pid.parse().ok())
+        .ok_or_else(|| std::io::Error::other("the sandbox has no pid 1"))?;
+    let pidfd = open_pidfd(pid)?;
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let parent = status
+        .lines()
+        .find_map(|line| line.strip_prefix("PPid:"))
+        .and_then(|ppid| ppid.trim().parse::<u32>().ok());
+    if parent != Some(recorded) || !is_namespace_init(&status) {
+        return Err(std::io::Error::other("the sandbox's pid 1 has ended"));
+    }
+    Ok(pidfd)
+}
+
+/// Whether a `/proc/<pid>/status` is that of a pid namespace's first process: its `NSpid`
+/// (its pid in each namespace it is in, outermost first) ends in 1 below the host's.
+fn is_namespace_init(status: &str) -> bool {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("NSpid:"))
+        .map(|pids| pids.split_whitespace().collect::<Vec<_>>())
+        .is_some_and(|pids| pids.len() > 1 && pids.last() == Some(&"1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsRawFd as _;
+
+    use super::pin_recorded_pid_one;
+
+    /// The pid of the process a pidfd refers to (its `fdinfo`'s `Pid:`).
+    fn pid_of(pidfd: &std::os::fd::OwnedFd) -> u32 {
+        let info =
+            std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).unwrap();
+        info.lines()
+            .find_map(|line| line.strip_prefix("Pid:"))
+            .and_then(|pid| pid.trim().parse().ok())
+            .unwrap()
+    }
+
+    /// A recorded pid is pid 1's own (this build's shims) or its parent shim's (an older
+    /// build's, left running across an upgrade); anything else is refused.
+    #[test]
+    fn a_recorded_pid_pins_pid_one_itself_or_through_its_parent_shim() {
+        if !nix::unistd::Uid::effective().is_root() {
+            eprintln!("skipped: needs root (a pid namespace)");
+            return;
+        }
+        let (ready_read, ready_write) = std::io::pipe().unwrap();
         #[allow(unsafe_code)]
-        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no
-        // memory of this process is involved.
-        let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if raw < 0 {
-            return Err(std::io::Error::last_os_error());
+        // SAFETY: the child makes raw system calls only (unshare, fork, write, pause,
+        // _exit), all async-signal-safe, on memory that is its own copy.
+        let shim = unsafe { libc::fork() };
+        if shim == 0 {
+            #[allow(unsafe_code)]
+            // SAFETY: as above.
+            unsafe {
+                if libc::unshare(libc::CLONE_NEWPID) < 0 {
+                    libc::_exit(1);
+                }
+                let pid_one = libc::fork();
+                if pid_one == 0 {
+                    libc::pause();
+                    libc::_exit(0);
+                }
+                // As an older shim: pid 1's parent, waiting. Says pid 1's host pid.
+                let said = (pid_one as u32).to_ne_bytes();
+                libc::write(ready_write.as_raw_fd(), said.as_ptr().cast(), said.len());
+                libc::pause();
+                libc::_exit(0);
+            }
+        }
+        drop(ready_write);
+        let mut said = [0u8; 4];
+        std::io::Read::read_exact(&mut &ready_read, &mut said).unwrap();
+        let pid_one = u32::from_ne_bytes(said);
+        let shim = shim as u32;
+        let through_shim = pin_recorded_pid_one(shim).map(|fd| pid_of(&fd));
+        let itself = pin_recorded_pid_one(pid_one).map(|fd| pid_of(&fd));
+        // This test process is neither a pid 1 nor the parent of one.
+        let neither = pin_recorded_pid_one(std::process::id());
+        // pid 1 first, then the shim: pid 1 goes to the host's init, which reaps it.
+        for pid in [pid_one, shim] {
+            #[allow(unsafe_code)]
+            // SAFETY: kill takes numbers only; both are alive (the shim, this process's
+            // child, is not reaped; pid 1 is the shim's, not reaped while the shim lives).
+            unsafe {
+                libc::kill(pid as i32, libc::SIGKILL)
+            };
         }
         #[allow(unsafe_code)]
-        // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-        let pidfd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw as RawFd) };
-        let status = fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let parent = status
-            .lines()
-            .find_map(|line| line.strip_prefix("PPid:"))
-            .and_then(|ppid| ppid.trim().parse::<u32>().ok());
-        if parent != Some(shim) {
-            return Err(std::io::Error::other("the sandbox's pid 1 has ended"));
-        }
-        Ok(pidfd)
+        // SAFETY: waitpid with a null status pointer writes nothing.
+        unsafe {
+            libc::waitpid(shim as i32, std::ptr::null_mut(), 0)
+        };
+        assert_eq!(through_shim.unwrap(), pid_one);
+        assert_eq!(itself.unwrap(), pid_one);
+        assert!(neither.is_err(), "this process was taken for a pid 1");
     }
 }

@@ -12,7 +12,8 @@ use tollgate_shim_protocol::protocol::{FromShim, ToShim, REATTACH_FDS};
 
 use super::child::{ChildFds, ShimChild};
 use super::control::{
-    connect_unix, pin_pid_one, recv_byte_with_fds, send_line, send_line_with_fds,
+    connect_unix, open_pidfd, pin_recorded_pid_one, recv_byte_with_fds, send_line,
+    send_line_with_fds,
 };
 use super::error::SandboxError;
 use super::spawn::{spawn_in_cgroup, Spawner};
@@ -20,16 +21,28 @@ use crate::cgroup::RunCgroup;
 
 /// A `tollgate-shim` that has not been given its plan yet. It was started without copying
 /// the supervisor, in its sandbox's cgroup in every hierarchy (it joined before it ran
-/// anything), and waited for its first message before anything else; since then it has
-/// compiled the seccomp programs, unshared the sandbox's namespaces and forked pid 1, which
-/// is blocked reading the plan on the control socket. A shim serves exactly one sandbox.
-/// When the supervisor goes away the socket closes and the shim exits.
+/// anything), leading a process group of its own, and waited for its first message before
+/// anything else; since then it has compiled the seccomp programs, unshared the sandbox's
+/// namespaces, forked pid 1 as this process's child (which prepares what needs no plan and
+/// then waits for it on the control socket), said pid 1's pid (`PidOne`) and exited. A shim
+/// serves exactly one sandbox. When the supervisor goes away the socket closes and pid 1
+/// exits.
 #[derive(Debug)]
 pub struct IdleShim {
-    child: ShimChild,
+    process: IdleProcess,
     control: UnixStream,
     stdout: PipeReader,
     stderr: PipeReader,
+}
+
+/// Which of an idle sandbox's processes this process holds to reap.
+#[derive(Debug)]
+enum IdleProcess {
+    /// The shim as started, whose `PidOne` is not read yet: it exits once it has forked
+    /// pid 1 (and said so).
+    Shim(ShimChild),
+    /// pid 1, the shim reaped ([`IdleShim::settle`]).
+    PidOne(ShimChild),
 }
 
 impl IdleShim {
@@ -55,7 +68,7 @@ impl IdleShim {
         // sandbox's last process has exited.
         drop((theirs, out_write, err_write));
         let mut idle = Self {
-            child,
+            process: IdleProcess::Shim(child),
             control: ours,
             stdout,
             stderr,
@@ -69,16 +82,109 @@ impl IdleShim {
         Ok(idle)
     }
 
-    /// The shim's host pid (its only child becomes the sandbox's pid 1).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// Reads which pid 1 the shim forked and reaps the shim (it has exited, or is exiting),
+    /// so a sandbox kept ready holds nothing to reap but its pid 1. A start does this
+    /// itself when it was not done, reaping the shim after it has sent the plan. An error
+    /// has ended and reaped both.
+    pub fn settle(self) -> Result<Self, SandboxError> {
+        let Self {
+            process,
+            control,
+            stdout,
+            stderr,
+        } = self;
+        let process = match process {
+            IdleProcess::Shim(shim) => {
+                let (pid_one, mut shim) = forked_pid_one(shim, &control)?;
+                let _ = shim.wait();
+                IdleProcess::PidOne(pid_one)
+            }
+            settled => settled,
+        };
+        Ok(Self {
+            process,
+            control,
+            stdout,
+            stderr,
+        })
     }
 
-    /// Kills and reaps the shim (it was never given a plan; its pid 1 exits with the
-    /// socket, and the cgroup's owner kills what is left).
-    pub fn discard(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// Ends and reaps the shim and its pid 1 (it was never given a plan): pid 1 exits once
+    /// the socket is shut. Before the shim's `PidOne` is read, both are reaped through the
+    /// shim's process group, so pid 1's pid need not be known. The cgroup's owner kills
+    /// whatever else is left.
+    pub fn discard(self) {
+        match self.process {
+            IdleProcess::Shim(shim) => end_unstarted(shim, &self.control),
+            IdleProcess::PidOne(mut pid_one) => {
+                let _ = self.control.shutdown(std::net::Shutdown::Both);
+                let _ = pid_one.kill();
+                let _ = pid_one.wait();
+            }
+        }
+    }
+}
+
+/// Ends the shim `child` (as started) and the pid 1 it may have forked, and reaps both: shuts
+/// the control socket (the shim and a pid 1 waiting for their messages exit), then waits
+/// for every child of this process in the shim's process group. A pid 1 forked by a shim
+/// killed before it said `PidOne` is reaped so too. A shim's group is pinned while any
+/// member is left, and pids are handed out in turn, so no other process can join it here.
+fn end_unstarted(child: ShimChild, control: &UnixStream) {
+    let _ = control.shutdown(std::net::Shutdown::Both);
+    child.wait_with_process_group();
+}
+
+/// pid 1, as the shim `shim` said it forked it, and the shim (exited or exiting, not yet
+/// reaped); when it forked none (or its word cannot be read), both are ended and reaped and
+/// the error says why.
+fn forked_pid_one(
+    shim: ShimChild,
+    control: &UnixStream,
+) -> Result<(ShimChild, ShimChild), SandboxError> {
+    match read_forked(control) {
+        Ok(Forked::PidOne(pid)) => Ok((ShimChild::started(pid), shim)),
+        Ok(Forked::Failed(reason)) => {
+            end_unstarted(shim, control);
+            Err(SandboxError::Setup(reason))
+        }
+        Err(e) => {
+            end_unstarted(shim, control);
+            Err(e)
+        }
+    }
+}
+
+/// What the shim said first, before the plan: pid 1's host pid, or why it forked none.
+enum Forked {
+    /// pid 1, this process's child.
+    PidOne(u32),
+    /// The shim's reason; no pid 1 was forked.
+    Failed(String),
+}
+
+/// Reads the shim's first line, [`FromShim::PidOne`] (or `Failed`). Nothing else can be on
+/// the socket yet: pid 1 writes nothing before it has the plan, which is sent only after
+/// this, so the line is read whole and nothing behind it (no descriptor) is read with it.
+fn read_forked(control: &UnixStream) -> Result<Forked, SandboxError> {
+    let mut reader = BufReader::new(control);
+    let mut line = String::new();
+    reader.read_line(&mut line).map_err(SandboxError::Control)?;
+    if !reader.buffer().is_empty() {
+        return Err(SandboxError::Setup(
+            "the shim wrote more than one line before its plan".into(),
+        ));
+    }
+    match serde_json::from_str(&line) {
+        Ok(FromShim::PidOne { host_pid }) => Ok(Forked::PidOne(host_pid)),
+        Ok(FromShim::Failed { reason }) => Ok(Forked::Failed(reason)),
+        Ok(other) => Err(SandboxError::Setup(format!(
+            "the shim said {other:?} before its plan"
+        ))),
+        Err(_) if line.is_empty() => Err(SandboxError::Setup(
+            "the shim ended before it forked the sandbox's pid 1".into(),
+        )),
+        Err(e) => Err(SandboxError::Control(std::io::Error::other(e))),
     }
 }
 
@@ -95,16 +201,16 @@ pub struct SandboxOutput {
     pub input: Option<OwnedFd>,
 }
 
-/// A running `tollgate-shim` and its control socket.
+/// A running sandbox's pid 1 (`tollgate-shim`) and its control socket.
 #[derive(Debug)]
 pub struct SandboxProcess {
-    /// The shim, when this supervisor started it (a re-adopted one is not its child).
+    /// pid 1, when this supervisor started it (a re-adopted one is not its child).
     child: Option<ShimChild>,
     events: BufReader<UnixStream>,
     // Kept open: closing it tells pid 1 the supervisor is gone.
     control: UnixStream,
-    /// Set (under the write lock) before the shim is reaped: from then on its pid may be
-    /// anyone's, so nothing pins pid 1 through it (see [`PidOne`]).
+    /// Set (under the write lock) before pid 1 is reaped: from then on its pid may be
+    /// anyone's, so nothing pins it through its pid (see [`PidOne`]).
     reaped: Arc<RwLock<bool>>,
     /// pid 1 keeps each gateway connection it hands over until told it arrived (see
     /// [`ShimWatch::keeps_connections`]).
@@ -115,15 +221,14 @@ pub struct SandboxProcess {
 /// up again (a recycled pid could be anyone's).
 #[derive(Debug)]
 pub enum PidOne {
-    /// A pidfd taken once: a re-adopted sandbox, whose shim is not this process's child.
+    /// A pidfd taken once: a re-adopted sandbox, whose pid 1 is not this process's child.
     Pinned(OwnedFd),
-    /// Pinned for each command through the shim, this process's child: while the shim is
-    /// not reaped its pid is its own, so its only child is the sandbox's pid 1. No
-    /// descriptor is held between commands.
-    Shim {
-        /// The shim's host pid.
+    /// Pinned for each command by its pid: pid 1 is this process's child, and while it is
+    /// not reaped its pid is its own. No descriptor is held between commands.
+    Child {
+        /// pid 1's host pid.
         pid: u32,
-        /// Whether the shim has been (or is being) reaped.
+        /// Whether pid 1 has been (or is being) reaped.
         reaped: Arc<RwLock<bool>>,
     },
 }
@@ -133,13 +238,13 @@ impl PidOne {
     pub fn pidfd(&self) -> std::io::Result<OwnedFd> {
         match self {
             Self::Pinned(fd) => fd.try_clone(),
-            Self::Shim { pid, reaped } => {
-                // Held across the pin: the shim is not reaped meanwhile.
+            Self::Child { pid, reaped } => {
+                // Held across the pin: pid 1 is not reaped meanwhile.
                 let reaped = reaped.read().unwrap_or_else(|p| p.into_inner());
                 if *reaped {
                     return Err(std::io::Error::other("the sandbox has ended"));
                 }
-                pin_pid_one(*pid)
+                open_pidfd(*pid)
             }
         }
     }
@@ -214,12 +319,19 @@ impl SandboxProcess {
             )));
         }
         let IdleShim {
-            child,
+            process,
             control,
             stdout,
             stderr,
         } = shim;
-        let mut child = child;
+        // pid 1 first: the plan goes to it, and it is this process's to reap from now on.
+        let (mut child, shim) = match process {
+            IdleProcess::PidOne(pid_one) => (pid_one, None),
+            IdleProcess::Shim(shim) => {
+                let (pid_one, shim) = forked_pid_one(shim, &control)?;
+                (pid_one, Some(shim))
+            }
+        };
         let mut control = control;
         let sent = send_line_with_fds(
             &mut control,
@@ -227,12 +339,17 @@ impl SandboxProcess {
             &mounts,
         )
         .and_then(|()| control.try_clone());
-        // The shim holds its own copies now (or never will).
+        // pid 1 holds its own copies now (or never will).
         drop(mounts);
+        // The shim as started exited once it had said `PidOne`: reaped while pid 1 takes the
+        // plan, when it was not already.
+        if let Some(mut shim) = shim {
+            let _ = shim.wait();
+        }
         let events = match sent {
             Ok(clone) => BufReader::new(clone),
             Err(e) => {
-                // A shim that failed while idle has said why before closing the socket.
+                // A pid 1 that failed while idle has said why before closing the socket.
                 let reason = control.try_clone().ok().and_then(|clone| {
                     // Bounded: the shim may be alive and simply not reading.
                     clone
@@ -245,7 +362,7 @@ impl SandboxProcess {
                         _ => None,
                     }
                 });
-                // Never leave a zombie (or a live shim) behind an error.
+                // Never leave a zombie (or a live pid 1) behind an error.
                 let _ = child.kill();
                 let _ = child.wait();
                 return Err(match reason {
@@ -328,31 +445,30 @@ impl SandboxProcess {
         }
     }
 
-    /// The shim's host pid.
+    /// pid 1's host pid, when it is this process's child.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(ShimChild::id)
     }
 
-    /// The sandbox's pid 1 (the shim's only child), checked pinnable now. The shim is this
-    /// process's child and not yet reaped, so its pid is its own; a pid 1 that already
-    /// ended, with its number taken by another process, is recognised by that process's
-    /// parent.
+    /// The sandbox's pid 1, checked pinnable now. It is this process's child and not yet
+    /// reaped, so its pid is its own.
     pub fn pid_one(&self) -> std::io::Result<PidOne> {
-        let shim = self
+        let pid = self
             .pid()
-            .ok_or_else(|| std::io::Error::other("the shim is not this process's child"))?;
-        drop(pin_pid_one(shim)?);
-        Ok(PidOne::Shim {
-            pid: shim,
+            .ok_or_else(|| std::io::Error::other("pid 1 is not this process's child"))?;
+        drop(open_pidfd(pid)?);
+        Ok(PidOne::Child {
+            pid,
             reaped: self.reaped.clone(),
         })
     }
 
     /// Takes over a sandbox left running detached: connects to its detach socket, asks pid 1
     /// to `Reattach`, and receives the agent's output pipes (pid 1 kept the gateway socket,
-    /// and hands its connections over when asked, as before the detach). `shim` is
-    /// the shim's host pid as recorded at the detach; it must still be in `cgroup` (a pid
-    /// reused by anything else is refused).
+    /// and hands its connections over when asked, as before the detach). `shim` is the
+    /// host pid recorded at the detach: pid 1's (or, recorded by an older supervisor, its
+    /// parent shim's); it must still be in `cgroup` (a pid reused by anything else is
+    /// refused).
     pub fn reattach(
         socket: &Path,
         shim: u32,
@@ -369,7 +485,7 @@ impl SandboxProcess {
                 cgroup.relative()
             )));
         }
-        let pid_one = pin_pid_one(shim).map_err(|e| lost(e.to_string()))?;
+        let pid_one = pin_recorded_pid_one(shim).map_err(|e| lost(e.to_string()))?;
         let mut control =
             connect_unix(socket).map_err(|e| lost(format!("{}: {e}", socket.display())))?;
         control
@@ -438,7 +554,7 @@ impl SandboxProcess {
             .map_err(|e| SandboxError::Control(std::io::Error::other(e)))
     }
 
-    /// Kills and reaps the shim, when it is this process's child.
+    /// Kills and reaps pid 1, when it is this process's child.
     fn kill(&mut self) {
         *self.reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
         if let Some(child) = self.child.as_mut() {
@@ -447,8 +563,8 @@ impl SandboxProcess {
         }
     }
 
-    /// Waits for the shim process to exit, when it is this process's child (a re-adopted
-    /// shim's parent reaps it).
+    /// Waits for pid 1 to exit, when it is this process's child (a re-adopted pid 1's
+    /// parent reaps it).
     pub fn wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
         *self.reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
         self.child.as_mut().map(ShimChild::wait).transpose()
@@ -459,14 +575,14 @@ impl SandboxProcess {
 /// what reaps it (see [`SandboxProcess::into_watch`]).
 #[derive(Debug)]
 pub struct ShimWatch {
-    /// The shim, when this supervisor started it (reaped once its socket has closed).
+    /// pid 1, when this supervisor started it (reaped once its socket has closed).
     pub child: Option<ShimChild>,
     /// The control socket: the only descriptor left on it (closing it tells pid 1 the
     /// supervisor is gone).
     pub control: UnixStream,
     /// Bytes of events already read from the socket and not yet parsed.
     pub buffered: Vec<u8>,
-    /// Set before the shim is reaped (see [`PidOne`]).
+    /// Set before pid 1 is reaped (see [`PidOne`]).
     pub reaped: Arc<RwLock<bool>>,
     /// pid 1 keeps each gateway connection it hands over until told it arrived, and sends
     /// it again when asked: so a `Connection` whose descriptor did not arrive is asked for
@@ -476,8 +592,8 @@ pub struct ShimWatch {
 }
 
 impl ShimWatch {
-    /// Reaps the shim (its socket has closed: it is ending, if it has not already), once
-    /// nothing can pin pid 1 through its pid any more.
+    /// Reaps pid 1 (its socket has closed: it is ending, if it has not already), once
+    /// nothing can pin it through its pid any more.
     pub fn reap(child: Option<ShimChild>, reaped: &RwLock<bool>) {
         *reaped.write().unwrap_or_else(|p| p.into_inner()) = true;
         if let Some(mut child) = child {
