@@ -16,7 +16,8 @@
 //!   `cgroups-rs` would re-read the mount table on every load, on every start.
 //! * **Hybrid hosts**: `cgroups-rs` picks v1 there and ignores the v2 tree beside it. We also
 //!   create the run's directory in the v2 tree, with no controllers, purely for membership, so
-//!   that `cgroup.kill` works (systemd does the same on hybrid hosts).
+//!   that `cgroup.kill` works (systemd does the same on hybrid hosts), and then no v1 freezer
+//!   directory: one hierarchy fewer to make, join and remove for every run.
 //! * **Kill**: `cgroups-rs` kills only on v2 (`cgroup.kill`); on pure v1 we freeze, SIGKILL
 //!   every member, thaw, and repeat until empty, so nothing forks away mid-kill.
 //! * **Removal with retries**: `rmdir` of a cgroup fails with `EBUSY` while the kernel is
@@ -50,7 +51,9 @@ use nix::unistd::Pid;
 const UNIFIED_ROOT: &str = "/sys/fs/cgroup";
 /// Where systemd mounts the v2 tree on a hybrid host.
 const HYBRID_V2_ROOT: &str = "/sys/fs/cgroup/unified";
-/// v1 controllers a run uses: limits, plus the freezer for killing on pure v1.
+/// v1 controllers a run uses: limits, plus the freezer for killing where no v2 directory
+/// has `cgroup.kill` (pure v1; a hybrid host's run skips it, see
+/// [`RunCgroup::create_unlimited`]).
 const V1_CONTROLLERS: [Controllers; 4] = [
     Controllers::Mem,
     Controllers::Pids,
@@ -284,12 +287,16 @@ impl RunCgroup {
     /// Creates `relative` (e.g. `tollgate/<sandbox-id>`) in every hierarchy, applies
     /// `limits` and reads them back. On any failure, whatever was created is removed again.
     pub fn create(relative: &str, limits: CgroupLimits) -> Result<Self, CgroupError> {
-        let cgroup = Self::create_unlimited(relative)?;
-        match cgroup.apply_limits(limits) {
-            Ok(()) => Ok(cgroup),
+        Self::create_unlimited(relative)?.limited(limits)
+    }
+
+    /// This cgroup with `limits` applied and read back, or removed again.
+    fn limited(self, limits: CgroupLimits) -> Result<Self, CgroupError> {
+        match self.apply_limits(limits) {
+            Ok(()) => Ok(self),
             Err(error) => {
                 // Best effort: the original error is what the caller needs to see.
-                let _ = cgroup.remove();
+                let _ = self.remove();
                 Err(error)
             }
         }
@@ -302,7 +309,13 @@ impl RunCgroup {
         Self {
             v1_dirs: match mode {
                 CgroupMode::Unified => Vec::new(),
-                _ => V1_CONTROLLERS
+                // A hybrid host's runs have no freezer directory (older supervisors' did).
+                CgroupMode::Hybrid => V1_CONTROLLERS
+                    .into_iter()
+                    .filter_map(|c| v1_mount(c.clone()).ok().map(|m| (c, m.join(relative))))
+                    .filter(|(c, dir)| *c != Controllers::Freezer || dir.exists())
+                    .collect(),
+                CgroupMode::Legacy => V1_CONTROLLERS
                     .into_iter()
                     .filter_map(|c| v1_mount(c.clone()).ok().map(|m| (c, m.join(relative))))
                     .collect(),
@@ -320,8 +333,23 @@ impl RunCgroup {
     /// Creates `relative` in every hierarchy without limits yet: for a sandbox prepared
     /// ahead of need, whose only processes are the shim's, idle until
     /// [`RunCgroup::apply_limits`] has run. On failure nothing is left behind.
+    ///
+    /// On a hybrid host whose v2 directory has `cgroup.kill` (kernel 5.14+), no v1 freezer
+    /// directory is made: the v2 directory already tracks membership and kills, and each
+    /// hierarchy is a directory made, joined by every process started in it and removed at
+    /// its end, under the kernel's one cgroup mutex.
     pub fn create_unlimited(relative: &str) -> Result<Self, CgroupError> {
-        let mode = CgroupMode::detect();
+        Self::create_in_mode(relative, CgroupMode::detect())
+    }
+
+    /// Creates `relative` as on a pure cgroup v1 host, in the v1 hierarchies only (the
+    /// freezer among them), whatever else this host has, and applies `limits`: how the
+    /// freezer's kill is tested on hosts that also have a v2 tree, whose runs never use it.
+    pub fn create_as_v1_only(relative: &str, limits: CgroupLimits) -> Result<Self, CgroupError> {
+        Self::create_in_mode(relative, CgroupMode::Legacy)?.limited(limits)
+    }
+
+    fn create_in_mode(relative: &str, mode: CgroupMode) -> Result<Self, CgroupError> {
         let mut cgroup = Self {
             relative: relative.to_owned(),
             mode: mode.clone(),
@@ -361,18 +389,24 @@ impl RunCgroup {
                 self.v2_dir = Some(dir);
             }
             CgroupMode::Legacy | CgroupMode::Hybrid => {
-                for controller in V1_CONTROLLERS {
-                    let dir = v1_mount(controller.clone())?.join(&self.relative);
+                // The v2 directory first: whether it has `cgroup.kill` decides the freezer.
+                let mut freezer = true;
+                if self.mode == CgroupMode::Hybrid {
+                    let dir = Path::new(HYBRID_V2_ROOT).join(&self.relative);
                     // Recorded before it is made: a failure's cleanup removes what was.
+                    self.v2_dir = Some(dir.clone());
+                    fs::create_dir_all(&dir)
+                        .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
+                    freezer = self.kill_method() == KillMethod::Freezer;
+                }
+                for controller in V1_CONTROLLERS {
+                    if controller == Controllers::Freezer && !freezer {
+                        continue;
+                    }
+                    let dir = v1_mount(controller.clone())?.join(&self.relative);
                     self.v1_dirs.push((controller, dir.clone()));
                     fs::create_dir_all(&dir)
                         .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
-                }
-                if self.mode == CgroupMode::Hybrid {
-                    let dir = Path::new(HYBRID_V2_ROOT).join(&self.relative);
-                    fs::create_dir_all(&dir)
-                        .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
-                    self.v2_dir = Some(dir);
                 }
             }
         }

@@ -112,10 +112,21 @@ fn the_cgroup_mode_is_the_one_this_host_is_expected_to_have() {
 
 fn kill_and_remove(method: KillMethod, test: &str) {
     let parent = Parent::new(test);
-    let cgroup = RunCgroup::create(&parent.run("a"), LIMITS).unwrap();
+    let cgroup = match method {
+        KillMethod::CgroupKill => RunCgroup::create(&parent.run("a"), LIMITS).unwrap(),
+        // Runs on a host with a v2 tree never use the freezer: made as on pure v1.
+        KillMethod::Freezer => RunCgroup::create_as_v1_only(&parent.run("a"), LIMITS).unwrap(),
+    };
+    if *cgroup.mode() == CgroupMode::Hybrid {
+        // The v2 directory tracks membership and kills: no freezer directory is made.
+        let freezer = std::path::Path::new("/sys/fs/cgroup/freezer").join(parent.run("a"));
+        assert!(!freezer.exists(), "{} was made", freezer.display());
+    }
     if *cgroup.mode() != CgroupMode::Legacy {
         // cgroup.kill came with 5.14; every kernel this runs on has it, on v2 and hybrid.
         assert_eq!(cgroup.kill_method(), KillMethod::CgroupKill);
+    } else {
+        assert_eq!(cgroup.kill_method(), KillMethod::Freezer);
     }
     if method == KillMethod::CgroupKill && cgroup.kill_method() != KillMethod::CgroupKill {
         // A pure v1 host, or a kernel before 5.14: only the freezer exists.
