@@ -103,8 +103,8 @@ pub fn run() -> ! {
     };
     // The go-ahead first, before anything of the sandbox: the supervisor sends it once this
     // process has started (in its cgroup: it joined before it ran). Nothing is compiled,
-    // unshared or forked before it arrives. The reader (and anything it read ahead, such
-    // as the plan with its descriptors) goes to pid 1.
+    // unshared or forked before it arrives. The reader goes to pid 1 (the plan cannot have
+    // come with it: it is sent only once the supervisor has read `PidOne`).
     let mut reader = ControlReader::new(&control);
     let base = match reader.next_message() {
         Ok(ToShim::Prepare(base)) => *base,

@@ -349,7 +349,8 @@ impl SandboxProcess {
         let events = match sent {
             Ok(clone) => BufReader::new(clone),
             Err(e) => {
-                // A pid 1 that failed while idle has said why before closing the socket.
+                // A pid 1 that failed as its plan came may have said why before it closed the
+                // socket (it says nothing before the plan).
                 let reason = control.try_clone().ok().and_then(|clone| {
                     // Bounded: the shim may be alive and simply not reading.
                     clone
