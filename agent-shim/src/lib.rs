@@ -274,24 +274,7 @@ fn pid_one(
     // has done all of it when a run takes it. A failure is said only once the plan has come:
     // until then the process that forked this one may still be writing `PidOne`, which the
     // supervisor reads first.
-    let ready = seccomp
-        .map_err(|e| e.to_string())
-        .and_then(|seccomp| {
-            setup::prepare_root(base).map_err(|e| e.to_string())?;
-            Ok(seccomp)
-        })
-        .and_then(|seccomp| {
-            // SIGCHLD arrives through a signalfd so one poll() watches children and the
-            // socket.
-            let mut mask = SigSet::empty();
-            mask.add(Signal::SIGCHLD);
-            mask.thread_block()
-                .map_err(|e| format!("blocking SIGCHLD: {e}"))?;
-            let signals =
-                SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
-                    .map_err(|e| format!("signalfd: {e}"))?;
-            Ok((seccomp, signals))
-        });
+    let ready = prepare_without_plan(base, seccomp);
     let plan = match reader.next_message() {
         Ok(ToShim::Start(plan)) => *plan,
         Ok(ToShim::Prepare(_)) => fail(
@@ -408,6 +391,24 @@ fn pid_one(
         Some(AgentExit::Signal(signal)) => 128 + signal,
         None => EXIT_SETUP_FAILED,
     })
+}
+
+/// pid 1's part of the sandbox that needs no plan: the seccomp programs (compiled before the
+/// fork), the root's preparation, and SIGCHLD through a signalfd, so that one poll() watches
+/// children and the socket. The failure's one line, said once the plan has come.
+fn prepare_without_plan(
+    base: &plan::SandboxBase,
+    seccomp: Result<confine::SeccompPrograms, confine::ConfineError>,
+) -> Result<(confine::SeccompPrograms, SignalFd), String> {
+    let seccomp = seccomp.map_err(|e| e.to_string())?;
+    setup::prepare_root(base).map_err(|e| e.to_string())?;
+    let mut mask = SigSet::empty();
+    mask.add(Signal::SIGCHLD);
+    mask.thread_block()
+        .map_err(|e| format!("blocking SIGCHLD: {e}"))?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+        .map_err(|e| format!("signalfd: {e}"))?;
+    Ok((seccomp, signals))
 }
 
 /// A supervisor connected to pid 1: its control socket, what came on it and is not yet

@@ -309,15 +309,13 @@ impl RunCgroup {
         Self {
             v1_dirs: match mode {
                 CgroupMode::Unified => Vec::new(),
-                // A hybrid host's runs have no freezer directory (older supervisors' did).
-                CgroupMode::Hybrid => V1_CONTROLLERS
+                _ => V1_CONTROLLERS
                     .into_iter()
                     .filter_map(|c| v1_mount(c.clone()).ok().map(|m| (c, m.join(relative))))
-                    .filter(|(c, dir)| *c != Controllers::Freezer || dir.exists())
-                    .collect(),
-                CgroupMode::Legacy => V1_CONTROLLERS
-                    .into_iter()
-                    .filter_map(|c| v1_mount(c.clone()).ok().map(|m| (c, m.join(relative))))
+                    // A hybrid host's runs have no freezer directory (older supervisors' did).
+                    .filter(|(c, dir)| {
+                        mode != CgroupMode::Hybrid || *c != Controllers::Freezer || dir.exists()
+                    })
                     .collect(),
             },
             v2_dir: match mode {
