@@ -47,6 +47,13 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
 
+mod tree;
+
+pub use tree::{
+    is_shard, make_shards, remove_shards, sandbox_cgroups, sandbox_path, sweep, sweep_keeping,
+    SHARDS,
+};
+
 /// Where cgroup v2 is mounted on a unified host.
 const UNIFIED_ROOT: &str = "/sys/fs/cgroup";
 /// Where systemd mounts the v2 tree on a hybrid host.
@@ -284,8 +291,9 @@ fn write_if_differs(file: &Path, value: &str) -> Result<(), CgroupError> {
 }
 
 impl RunCgroup {
-    /// Creates `relative` (e.g. `tollgate/<sandbox-id>`) in every hierarchy, applies
-    /// `limits` and reads them back. On any failure, whatever was created is removed again.
+    /// Creates `relative` (e.g. `tollgate/shard-0a/<sandbox-id>`, see [`sandbox_path`]) in
+    /// every hierarchy, with any level above it that is missing (a shard), applies `limits`
+    /// and reads them back. On any failure, whatever was created for the run is removed.
     pub fn create(relative: &str, limits: CgroupLimits) -> Result<Self, CgroupError> {
         Self::create_unlimited(relative)?.limited(limits)
     }
@@ -463,7 +471,8 @@ impl RunCgroup {
         }
     }
 
-    /// The cgroup's path relative to each hierarchy's root (e.g. `tollgate/<sandbox-id>`).
+    /// The cgroup's path relative to each hierarchy's root (e.g.
+    /// `tollgate/shard-0a/<sandbox-id>`).
     pub fn relative(&self) -> &str {
         &self.relative
     }
@@ -574,7 +583,10 @@ impl RunCgroup {
         let start = Instant::now();
         if method == KillMethod::CgroupKill {
             let dir = self.v2_dir.clone().unwrap_or_default();
-            if !write_kill(&dir)? {
+            // Most runs are empty by their teardown (pid 1's exit ended its pid namespace, or
+            // a stop killed every run at once): no kill then, as its write waits for the
+            // kernel's cgroup mutex, which every other ending run's removal also takes.
+            if read_pids(&dir)?.is_empty() || !write_kill(&dir)? {
                 return Ok(());
             }
             return wait_empty(&dir, start, deadline);
@@ -769,60 +781,6 @@ fn remove_with_retries(dir: &Path, deadline: Duration) -> Result<(), CgroupError
             }
         }
     }
-}
-
-/// Removes every run cgroup under `parent` (e.g. `tollgate`) in every hierarchy, killing what
-/// is inside first; then `parent` itself when `remove_parent`. Used at start-up to sweep what
-/// a crashed supervisor left. Returns the run names swept.
-pub fn sweep(parent: &str, remove_parent: bool) -> Result<Vec<String>, CgroupError> {
-    sweep_keeping(parent, remove_parent, &std::collections::BTreeSet::new())
-}
-
-/// [`sweep`], leaving the run cgroups named in `keep` (runs a live restore re-adopted) and
-/// the parent with them.
-pub fn sweep_keeping(
-    parent: &str,
-    remove_parent: bool,
-    keep: &std::collections::BTreeSet<String>,
-) -> Result<Vec<String>, CgroupError> {
-    let mode = CgroupMode::detect();
-    let mut roots = Vec::new();
-    match mode {
-        CgroupMode::Unified => roots.push(PathBuf::from(UNIFIED_ROOT)),
-        CgroupMode::Legacy | CgroupMode::Hybrid => {
-            for controller in V1_CONTROLLERS {
-                if let Ok(mount) = v1_mount(controller) {
-                    roots.push(mount);
-                }
-            }
-            if mode == CgroupMode::Hybrid {
-                roots.push(PathBuf::from(HYBRID_V2_ROOT));
-            }
-        }
-    }
-    let mut names = std::collections::BTreeSet::new();
-    for root in &roots {
-        if let Ok(entries) = fs::read_dir(root.join(parent)) {
-            for entry in entries.flatten() {
-                // The supervisor's own leaf, when its parent is inside its own cgroup.
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if entry.path().is_dir() && name != SUPERVISOR_LEAF && !keep.contains(&name) {
-                    names.insert(entry.file_name().to_string_lossy().into_owned());
-                }
-            }
-        }
-    }
-    for name in &names {
-        let run = RunCgroup::existing(&format!("{parent}/{name}"));
-        run.kill_all(Duration::from_secs(5))?;
-        run.remove()?;
-    }
-    if remove_parent && keep.is_empty() {
-        for root in &roots {
-            remove_with_retries(&root.join(parent), Duration::from_secs(1))?;
-        }
-    }
-    Ok(names.into_iter().collect())
 }
 
 /// Makes `memory`, `pids` and `cpu` available to the children of `parent` (relative to the

@@ -1,8 +1,8 @@
 //! Sandboxes prepared ahead of need, so a run's start pays only for what depends on its
 //! receipt.
 //!
-//! A warm sandbox is a fresh cgroup (`<parent>/<sandbox-id>`) holding an [`IdleShim`]. Its
-//! cgroup holds the limits of the run that took the sandbox before it (none before the
+//! A warm sandbox is a fresh cgroup (`<parent>/shard-NN/<sandbox-id>`) holding an
+//! [`IdleShim`]. Its cgroup holds the limits of the run that took the sandbox before it (none before the
 //! first): most runs started together share their limits, and a start then writes none of
 //! them again (a write of the CPU quota walks every CPU cgroup on the host, so its cost grows
 //! with every live run; see `RunCgroup::apply_limits`). The shim has been started, has
@@ -49,7 +49,7 @@ impl PreparedSandbox {
         base: &SandboxBase,
         limits: Option<CgroupLimits>,
     ) -> Result<Self, StartError> {
-        let relative = format!("{parent}/{}", new_sandbox_id());
+        let relative = crate::cgroup::sandbox_path(parent, &new_sandbox_id());
         let cgroup = match limits {
             Some(limits) => RunCgroup::create(&relative, limits)?,
             None => RunCgroup::create_unlimited(&relative)?,

@@ -7,7 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_supervisor::cgroup::{
-    delegate_to, sweep, CgroupLimits, CgroupMode, KillMethod, RunCgroup, SUPERVISOR_LEAF,
+    delegate_to, is_shard, make_shards, sandbox_cgroups, sandbox_path, sweep, sweep_keeping,
+    CgroupLimits, CgroupMode, KillMethod, RunCgroup, SHARDS, SUPERVISOR_LEAF,
 };
 
 fn require_root() -> bool {
@@ -230,6 +231,103 @@ fn sweep_kills_and_removes_what_a_crash_left() {
         .unwrap()
         .flatten()
         .any(|hierarchy| hierarchy.path().join(&parent.0).exists());
+    assert!(!left, "parent cgroup left behind");
+}
+
+/// Sandboxes go into shards under the parent, made all at once beforehand; a restart's sweep
+/// kills and removes every sandbox not re-adopted and keeps a re-adopted one, and the shards;
+/// a stop's sweep then leaves nothing at all, the shards and the parent included.
+#[test]
+fn sandboxes_live_in_shards_that_a_stop_removes_with_them() {
+    if !require_root() {
+        return;
+    }
+    let parent = Parent::new("shards");
+    // Every hierarchy's root: on pure v2 the one tree, else each v1 controller and the v2
+    // tree beside them.
+    let roots: Vec<std::path::PathBuf> = if CgroupMode::detect() == CgroupMode::Unified {
+        vec!["/sys/fs/cgroup".into()]
+    } else {
+        std::fs::read_dir("/sys/fs/cgroup")
+            .unwrap()
+            .flatten()
+            .map(|h| h.path())
+            .collect()
+    };
+    let under_parent = || -> std::collections::BTreeSet<String> {
+        roots
+            .iter()
+            .flat_map(|root| {
+                std::fs::read_dir(root.join(&parent.0))
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .filter(|e| e.path().is_dir())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    make_shards(&parent.0).unwrap();
+    let shards = under_parent();
+    assert_eq!(shards.len(), SHARDS as usize, "{shards:?}");
+    assert!(shards.iter().all(|name| is_shard(name)), "{shards:?}");
+    // Made again (a restart): nothing changes.
+    make_shards(&parent.0).unwrap();
+    assert_eq!(under_parent(), shards);
+
+    let ids = ["sandbox-a", "sandbox-b", "sandbox-c"];
+    let cgroups: Vec<RunCgroup> = ids
+        .iter()
+        .map(|id| RunCgroup::create(&sandbox_path(&parent.0, id), LIMITS).unwrap())
+        .collect();
+    let mut children: Vec<Child> = cgroups
+        .iter()
+        .map(|cgroup| spawn_in(cgroup, "sleep 1000"))
+        .collect();
+    for cgroup in &cgroups {
+        wait_for_pids(cgroup, 1);
+        let (shard, _) = cgroup
+            .relative()
+            .strip_prefix(&format!("{}/", parent.0))
+            .and_then(|rest| rest.split_once('/'))
+            .expect("a sandbox is one level below the parent");
+        assert!(shards.contains(shard), "{}", cgroup.relative());
+    }
+    let in_shard = |id: &str| {
+        sandbox_path(&parent.0, id)
+            .strip_prefix(&format!("{}/", parent.0))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        sandbox_cgroups(&parent.0),
+        ids.iter()
+            .map(|id| in_shard(id))
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect::<Vec<_>>()
+    );
+
+    let keep: std::collections::BTreeSet<String> = ["sandbox-c".to_owned()].into();
+    let mut swept = sweep_keeping(&parent.0, false, &keep).unwrap();
+    swept.sort();
+    let mut expected = vec![in_shard("sandbox-a"), in_shard("sandbox-b")];
+    expected.sort();
+    assert_eq!(swept, expected);
+    for child in &mut children[..2] {
+        assert!(!child.wait().unwrap().success());
+    }
+    assert_eq!(sandbox_cgroups(&parent.0), [in_shard("sandbox-c")]);
+    assert_eq!(
+        under_parent(),
+        shards,
+        "the shards stay for the runs to come"
+    );
+
+    assert_eq!(sweep(&parent.0, true).unwrap(), [in_shard("sandbox-c")]);
+    assert!(!children[2].wait().unwrap().success());
+    assert!(under_parent().is_empty());
+    let left = roots.iter().any(|root| root.join(&parent.0).exists());
     assert!(!left, "parent cgroup left behind");
 }
 

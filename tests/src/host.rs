@@ -60,7 +60,7 @@ pub fn pids_cgroup_dir(parent: &str) -> PathBuf {
     }
 }
 
-/// Whether the sandbox cgroup `name` under `parent` is a warm one: prepared ahead of need,
+/// Whether the sandbox cgroup `name` under `parent` (`shard-NN/sandbox-…`) is a warm one: prepared ahead of need,
 /// holding only an idle shim and its pid 1 (no agent: every process a `tollgate-shim`), or,
 /// while the first is still being prepared, nothing yet and no limits. (A warm sandbox holds
 /// the limits of the run that took the one before it, so its limits do not tell.)
@@ -78,35 +78,16 @@ pub fn is_warm(parent: &str, name: &str) -> bool {
     })
 }
 
-/// What is left of runs: cgroups under `parent` other than (at most one) warm sandbox, and
-/// run directories.
+/// What is left of runs: sandbox cgroups under `parent` (in its shards) other than (at most
+/// one) warm sandbox, and run directories. A live supervisor's shards are not left-overs; a
+/// stopped one's parent is checked by the tests that stop it.
 pub fn leftovers(data_dir: &Path, parent: &str) -> Vec<String> {
-    let dirs: Vec<PathBuf> = std::fs::read_dir("/sys/fs/cgroup")
-        .unwrap()
-        .flatten()
-        .flat_map(|h| {
-            std::fs::read_dir(h.path().join(parent))
-                .into_iter()
-                .flatten()
-                .flatten()
-        })
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    let mut names: Vec<String> = dirs
-        .iter()
-        .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        .collect();
-    names.sort();
-    names.dedup();
+    let names = tollgate_supervisor::cgroup::sandbox_cgroups(parent);
     let warm: Vec<&String> = names.iter().filter(|n| is_warm(parent, n)).collect();
-    let mut left: Vec<String> = dirs
+    let mut left: Vec<String> = names
         .iter()
-        .filter(|p| {
-            !p.file_name()
-                .is_some_and(|n| warm.iter().any(|w| n == w.as_str()))
-        })
-        .map(|p| p.display().to_string())
+        .filter(|name| !warm.contains(name))
+        .map(|name| format!("cgroup {parent}/{name}"))
         .collect();
     if warm.len() > 1 {
         left.push(format!(

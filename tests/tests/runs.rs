@@ -10,26 +10,13 @@ use tollgate_proto::v1 as pb;
 use tollgate_receipt::{
     timestamp_from_unix, unix_now, KeySet, ReceiptSigner, SignedReceipt, VerifyFailure,
 };
-use tollgate_supervisor::cgroup::{sweep, CgroupLimits, RunCgroup};
+use tollgate_supervisor::cgroup::{sandbox_cgroups, sweep, CgroupLimits, RunCgroup};
 use tollgate_supervisor::error::StartError;
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
 use tollgate_supervisor::runs::RunManager;
 use tollgate_tests::{bin_path, pids_cgroup_dir, require_root, supervisor_audit};
 
 use tollgate_tests::run_fixture::{settings, with_venv_agent, RunFixture as Fixture};
-
-/// Sandbox cgroups under `parent` in the pids hierarchy.
-fn sandbox_cgroups(parent: &str) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(pids_cgroup_dir(parent))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
 
 #[test]
 fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {

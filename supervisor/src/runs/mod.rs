@@ -86,7 +86,8 @@ pub struct RunSettings {
     pub supervisor_id: String,
     /// The `tollgate-shim` binary.
     pub shim: PathBuf,
-    /// Parent cgroup of every run (`<parent>/<run_id>`).
+    /// Parent cgroup of every run (`<parent>/shard-NN/sandbox-<uuid>`; see
+    /// [`crate::cgroup::sandbox_path`]).
     pub cgroup_parent: String,
     /// Host uids/gids handed to sandboxes, one per live run.
     pub host_ids: std::ops::Range<u32>,
@@ -641,6 +642,17 @@ impl RunManager {
         }
         for (id, _) in live {
             self.wait(&id, Duration::from_secs(30));
+        }
+        // Any cgroup a failed teardown left, and the shards the runs' cgroups were in: a
+        // clean stop leaves nothing under the parent. Not where a run was left detached: its
+        // cgroup is in one of them.
+        if !self.left_detached() {
+            let parent = &self.settings.cgroup_parent;
+            let cleared = crate::cgroup::sweep(parent, false)
+                .and_then(|_| crate::cgroup::remove_shards(parent));
+            if let Err(e) = cleared {
+                tracing::warn!(error = %e, "could not remove what was left under the parent cgroup");
+            }
         }
         // A clean stop ends the log with an entry and a signed checkpoint.
         let stopped = self

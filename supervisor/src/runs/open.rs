@@ -11,7 +11,7 @@ use tollgate_receipt::{unix_now, KeySet};
 
 use super::{restore, RunManager, RunSettings};
 use crate::admission::ReceiptAdmission;
-use crate::cgroup::{delegate_to, sweep_keeping};
+use crate::cgroup::{delegate_to, make_shards, sweep_keeping};
 use crate::error::StartError;
 use crate::host_ids::HostIds;
 use crate::records::{RunRecords, RunState, TeardownReport};
@@ -65,6 +65,8 @@ impl RunManager {
         let swept = sweep_keeping(&settings.cgroup_parent, false, &keep)?;
         // A parent that cannot hold limited runs fails the start-up, not the first run.
         delegate_to(&settings.cgroup_parent)?;
+        // Made now, not by the first runs that need them (see `cgroup::make_shards`).
+        make_shards(&settings.cgroup_parent)?;
         if let Ok(entries) = std::fs::read_dir(&runs_dir) {
             for entry in entries.flatten() {
                 if !adopted.contains(entry.file_name().to_string_lossy().as_ref()) {

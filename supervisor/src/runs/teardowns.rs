@@ -4,7 +4,7 @@
 //!
 //! Why not tokio's blocking pool: it grows to a thread per queued task (up to 512). A stop
 //! of thousands of live runs, or thousands expiring together, then ran hundreds of
-//! teardowns at once; they gained nothing from it (each removes its cgroup from five
+//! teardowns at once; they gained nothing from it (each removes its cgroup from four
 //! hierarchies under the kernel's one cgroup mutex, and its run directory under the
 //! parent's inode lock) and cost hundreds of threads, each fighting the others for those
 //! locks and for the CPU. A few workers keep the kernel's locks busy with less contention;
