@@ -274,6 +274,11 @@ fn sandboxes_live_in_shards_that_a_stop_removes_with_them() {
     // Made again (a restart): nothing changes.
     make_shards(&parent.0).unwrap();
     assert_eq!(under_parent(), shards);
+    // Only where runs' cgroups go: a hybrid host's runs have no freezer cgroup.
+    if CgroupMode::detect() == CgroupMode::Hybrid {
+        let freezer = std::path::Path::new("/sys/fs/cgroup/freezer").join(&parent.0);
+        assert!(!freezer.exists(), "shards made in the freezer hierarchy");
+    }
 
     let ids = ["sandbox-a", "sandbox-b", "sandbox-c"];
     let cgroups: Vec<RunCgroup> = ids

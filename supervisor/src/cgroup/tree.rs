@@ -51,25 +51,20 @@ fn shard_name(index: u32) -> String {
     format!("{SHARD_PREFIX}{index:02x}")
 }
 
-/// Makes every shard under `parent` in every hierarchy (on v2 with the run controllers
-/// enabled in each, as [`delegate_to`] does for the parent), with `parent` where it is
-/// missing; shards already there are kept.
+/// Makes every shard under `parent`, with `parent` where it is missing, in the hierarchies a
+/// run's cgroup is in (no v1 freezer on a hybrid host whose v2 tree kills, as for runs; on v2
+/// with the run controllers enabled for its children, as [`delegate_to`] does for the
+/// parent). Shards already there are kept.
 pub fn make_shards(parent: &str) -> Result<(), CgroupError> {
-    let mode = CgroupMode::detect();
-    if mode == CgroupMode::Unified {
-        return (0..SHARDS)
-            .try_for_each(|index| delegate_to(&format!("{parent}/{}", shard_name(index))));
-    }
-    for root in hierarchy_roots(&mode) {
-        for index in 0..SHARDS {
-            let dir = root.join(parent).join(shard_name(index));
-            fs::create_dir_all(&dir).map_err(|e| CgroupError::Create {
-                path: format!("{parent}/{}", shard_name(index)),
-                detail: format!("{}: {e}", dir.display()),
-            })?;
+    let unified = CgroupMode::detect() == CgroupMode::Unified;
+    (0..SHARDS).try_for_each(|index| {
+        let shard = format!("{parent}/{}", shard_name(index));
+        if unified {
+            delegate_to(&shard)
+        } else {
+            RunCgroup::create_unlimited(&shard).map(drop)
         }
-    }
-    Ok(())
+    })
 }
 
 /// Removes every shard under `parent` in every hierarchy; each must be empty (a clean stop's
