@@ -60,10 +60,11 @@ pub fn pids_cgroup_dir(parent: &str) -> PathBuf {
     }
 }
 
-/// Whether the sandbox cgroup `name` under `parent` (`shard-NN/sandbox-…`) is a warm one: prepared ahead of need,
-/// holding only an idle shim and its pid 1 (no agent: every process a `tollgate-shim`), or,
-/// while the first is still being prepared, nothing yet and no limits. (A warm sandbox holds
-/// the limits of the run that took the one before it, so its limits do not tell.)
+/// Whether the sandbox cgroup `name` under `parent` (`shard-NN/sandbox-…`) is a warm one:
+/// prepared ahead of need, holding only an idle shim and its pid 1 (no agent: every process a
+/// `tollgate-shim`), or, while the first is still being prepared, nothing yet and no limits.
+/// (A warm sandbox holds the limits of the run that took the one before it, so its limits do
+/// not tell.)
 pub fn is_warm(parent: &str, name: &str) -> bool {
     let dir = pids_cgroup_dir(parent).join(name);
     let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
