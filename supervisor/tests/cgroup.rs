@@ -304,14 +304,9 @@ fn sandboxes_live_in_shards_that_a_stop_removes_with_them() {
             .unwrap()
             .to_owned()
     };
-    assert_eq!(
-        sandbox_cgroups(&parent.0),
-        ids.iter()
-            .map(|id| in_shard(id))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect::<Vec<_>>()
-    );
+    let mut all: Vec<String> = ids.iter().map(|id| in_shard(id)).collect();
+    all.sort();
+    assert_eq!(sandbox_cgroups(&parent.0), all);
 
     let keep: std::collections::BTreeSet<String> = ["sandbox-c".to_owned()].into();
     let mut swept = sweep_keeping(&parent.0, false, &keep).unwrap();
