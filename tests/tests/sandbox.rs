@@ -280,6 +280,57 @@ exit 7
     assert_eq!(owner, 200_101);
 }
 
+/// `/tmp` holds the receipt's `tmpfs` size (8 MiB here) and no more, and the rest of the root
+/// stays read-only to the agent: `/tmp` is a writable bind of a directory of the root's own
+/// tmpfs, grown by that size when the plan arrives.
+#[test]
+fn tmp_holds_the_receipts_size_and_no_more() {
+    if !require_root() {
+        return;
+    }
+    let harness = Harness::new("tmp-size");
+    let script = r#"
+if cat /dev/zero > /tmp/fill 2>/dev/null; then echo "fill=ended"; else echo "fill=full"; fi
+set -- $(ls -ln /tmp/fill); echo "filled=$5"
+if echo x > /tmp/more 2>/dev/null; then echo "more=allowed"; else echo "more=refused"; fi
+: > /tmp/fill
+if echo x > /tmp/again 2>/dev/null; then echo "again=allowed"; else echo "again=refused"; fi
+if mkdir /evil 2>/dev/null; then echo "root_dir=allowed"; else echo "root_dir=refused"; fi
+grep ' / / ' /proc/self/mountinfo | { read -r _ _ _ _ _ options _; echo "root_mount=$options"; }
+grep ' /tmp ' /proc/self/mountinfo | { read -r _ _ _ _ _ options _; echo "tmp_mount=$options"; }
+"#;
+    let (exit, output) = harness.run_argv(
+        vec!["/bin/sh".into(), "-c".into(), script.into()],
+        &["/usr/bin/mkdir"],
+        LIMITS,
+        200_108,
+    );
+    assert_eq!(exit, AgentExit::Code(0), "{output}");
+    assert_eq!(line(&output, "fill"), "full", "{output}");
+    let filled: u64 = line(&output, "filled").parse().unwrap();
+    // All of the 8 MiB, less at most a few pages the agent's own files took.
+    assert!(
+        ((8 << 20) - (64 << 10)..=8 << 20).contains(&filled),
+        "/tmp took {filled} bytes, not the receipt's 8 MiB\n{output}"
+    );
+    assert_eq!(line(&output, "more"), "refused", "{output}");
+    assert_eq!(
+        line(&output, "again"),
+        "allowed",
+        "space comes back\n{output}"
+    );
+    assert_eq!(line(&output, "root_dir"), "refused", "{output}");
+    let root = line(&output, "root_mount");
+    assert!(root.split(',').any(|o| o == "ro"), "{root}\n{output}");
+    let tmp = line(&output, "tmp_mount");
+    for option in ["rw", "nosuid", "nodev", "noexec"] {
+        assert!(
+            tmp.split(',').any(|o| o == option),
+            "{option}: {tmp}\n{output}"
+        );
+    }
+}
+
 #[test]
 fn exec_outside_the_list_is_refused() {
     if !require_root() {

@@ -71,6 +71,10 @@ pub enum SetupError {
     /// The directory the base is built on holds something, which the base would cover.
     #[error("the sandboxes' mount point {0} is not empty; it must be an empty directory (the data directory's root/): empty it or choose another --data-dir")]
     MountPointNotEmpty(PathBuf),
+    /// Reading how much the sandbox's root tmpfs holds (`statvfs`), which `/tmp`'s size is
+    /// added to, failed.
+    #[error("reading what the sandbox's root holds, to size /tmp: {0}")]
+    RootSize(nix::Error),
     /// Setting the host name failed.
     #[error("setting the host name: {0}")]
     Hostname(nix::Error),

@@ -4,9 +4,11 @@
 
 use std::fs;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
+use nix::sys::statvfs::statvfs;
 use nix::unistd::{chdir, chroot, sethostname};
 use tollgate_shim_protocol::plan::{
     SandboxBase, SandboxPlan, EGRESS_CA_IN_SANDBOX, GATEWAY_IN_SANDBOX, SHIM_IN_SANDBOX,
@@ -138,15 +140,7 @@ pub fn finish_root(
     mounts: PlanMounts,
 ) -> Result<(), SetupError> {
     let root = base.root_dir.as_path();
-    let tmp = inside(root, Path::new("/tmp"));
-    create_dir(&tmp)?;
-    mount_fs(
-        "tollgate-tmp",
-        &tmp,
-        "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        &format!("mode=1777,size={}", plan.tmpfs_bytes.max(4096)),
-    )?;
+    tmp_in_root(root, plan.tmpfs_bytes)?;
 
     attach(
         &mounts.workspace,
@@ -234,12 +228,18 @@ pub fn finish_root(
     .map_err(SetupError::Private)?;
     // Programs the agent may run only through the gateway: out of its reach before it exists.
     hide_programs(&plan.hidden, &plan.landlock.execute)?;
-    // The root tmpfs itself becomes read-only: the agent writes only /work and /tmp.
+    // The root's mount becomes read-only: the agent writes only /work and /tmp. The mount,
+    // not the file system: `/tmp` is the same tmpfs, through its own writable bind. The
+    // mounts are the host user namespace's, so the agent cannot make it writable again.
     mount(
         None::<&str>,
         "/",
         None::<&str>,
-        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
         None::<&str>,
     )
     .map_err(|source| SetupError::Mount {
@@ -258,4 +258,50 @@ pub fn finish_root(
         })?;
     }
     Ok(())
+}
+
+/// Makes `/tmp` a directory of the root's own tmpfs, bound over itself (writable, `noexec`,
+/// `nosuid`, `nodev`) so that it stays writable once the root's mount is made read-only, and
+/// grows that tmpfs by `tmpfs_bytes` (the receipt's size for `/tmp`) over what the root
+/// already holds: the agent can write `tmpfs_bytes` there and no more.
+///
+/// Not a tmpfs of its own: every file system is a superblock, with a shrinker for which every
+/// memory cgroup on the host keeps a slot, sized by the most superblocks the host has ever held
+/// at once, until reboot. A sandbox holds three (its root, `/proc`, its IPC namespace's
+/// message queues), not four, and its start mounts one file system fewer.
+fn tmp_in_root(root: &Path, tmpfs_bytes: u64) -> Result<(), SetupError> {
+    let tmp = inside(root, Path::new("/tmp"));
+    create_dir(&tmp)?;
+    // Sticky and writable by all, as a tmpfs of its own was (mode=1777); mkdir's mode is
+    // cut by the umask.
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o1777)).map_err(|source| {
+        SetupError::MountPoint {
+            path: tmp.clone(),
+            source,
+        }
+    })?;
+    let held = statvfs(root).map_err(SetupError::RootSize)?;
+    let used = held
+        .blocks()
+        .saturating_sub(held.blocks_free())
+        .saturating_mul(held.fragment_size());
+    let size = used.saturating_add(tmpfs_bytes.max(4096));
+    // A remount of the tmpfs itself (not of a mount): only its size changes, and the flags
+    // given are the root mount's as they were.
+    mount_fs(
+        "tollgate-root",
+        root,
+        "tmpfs",
+        MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        &format!("size={size}"),
+    )?;
+    bind(
+        &tmp,
+        &tmp,
+        Restrict {
+            read_only: false,
+            devices: false,
+            no_exec: true,
+        },
+    )
 }

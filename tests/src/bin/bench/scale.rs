@@ -10,7 +10,8 @@
 //!
 //! The peer, after Tollgate's runs are gone: the same program under `bwrap --unshare-all`,
 //! spawned one after another and kept alive, timed from spawn to first byte at the same
-//! counts, with the host's memory per live sandbox.
+//! counts, with the host's memory per live sandbox; then every sandbox is killed at once and
+//! the time until all their processes have exited is reported beside Tollgate's clean stop.
 //!
 //! With `--gateway-check` (issue 32's item 4), each run's program stays a shell that, on
 //! SIGUSR1, makes one gateway call (`tollgate-shim receipt`); once the last count is live,
@@ -429,8 +430,16 @@ fn left_behind(tollgate: &Tollgate) -> Vec<String> {
     left
 }
 
-/// The peer's side: sandboxes kept alive until the ramp is done, then killed.
-fn peer(at: &[usize], samples: usize) -> Ramp {
+/// The peer's side: sandboxes kept alive until the ramp is done, then killed all at once;
+/// with how many were live then, and how long from the first kill until every process of
+/// every sandbox had exited (the peer of Tollgate's clean stop).
+fn peer(at: &[usize], samples: usize) -> (Ramp, usize, Duration) {
+    // Each sandbox's own pid 1 (bwrap's inner process) is orphaned when its outer bwrap is
+    // killed, and dies then (`--die-with-parent`): as their subreaper this process reaps
+    // them, so "no child left" is "every sandbox gone".
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("bwrap: not a subreaper ({e}): the stop's time counts the outer bwraps only");
+    }
     let mut children: Vec<Child> = Vec::new();
     let ramp = ramp(at, samples, || {
         let begin = Instant::now();
@@ -446,13 +455,17 @@ fn peer(at: &[usize], samples: usize) -> Ramp {
         read.context("no output from bwrap")?;
         Ok(took)
     });
+    let live = children.len();
+    let begin = Instant::now();
     for child in &mut children {
         let _ = child.kill();
     }
     for child in &mut children {
         let _ = child.wait();
     }
-    ramp
+    // The sandboxes' pid 1s, orphaned to this process; ECHILD once none is left.
+    while let Ok(_) | Err(nix::errno::Errno::EINTR) = nix::sys::wait::waitpid(None, None) {}
+    (ramp, live, begin.elapsed())
 }
 
 fn print(name: &str, ramp: &Ramp, supervisor: bool) {
@@ -549,8 +562,12 @@ pub(crate) fn bench(
     if peer_too {
         // Let the host settle (teardown's memory back) before the peer's baseline.
         std::thread::sleep(Duration::from_secs(2));
-        let ramp = peer(&at, samples);
+        let (ramp, live, stop) = peer(&at, samples);
         print("bwrap", &ramp, false);
+        println!(
+            "bwrap     kill of {live} live sandboxes -> every process exited: {:.2} s",
+            stop.as_secs_f64()
+        );
     }
     Ok(())
 }
