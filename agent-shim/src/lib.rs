@@ -255,6 +255,34 @@ impl<'a> ControlReader<'a> {
     }
 }
 
+/// Moves pid 1 (single-threaded, alone in the sandbox: the shim has exited and the agent is
+/// not forked yet) into the run's cgroup in each v1 hierarchy whose `tasks` file the
+/// supervisor sent (a write of `0` moves the writer; the file was opened by the supervisor,
+/// whose credentials the kernel checks), then gives it a cgroup namespace rooted there, so
+/// the agent sees its own cgroups as `/`, as it would had the sandbox started in them.
+fn join_run_cgroup(tasks: &[OwnedFd]) -> Result<(), String> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    for (index, file) in tasks.iter().enumerate() {
+        match nix::unistd::write(file, b"0") {
+            Ok(1) => {}
+            Ok(n) => {
+                return Err(format!(
+                    "joining the run's cgroup (v1 hierarchy {index}): {n} of 1 byte written"
+                ))
+            }
+            Err(e) => {
+                return Err(format!(
+                    "joining the run's cgroup (v1 hierarchy {index}): {e}"
+                ))
+            }
+        }
+    }
+    unshare(CloneFlags::CLONE_NEWCGROUP)
+        .map_err(|e| format!("a cgroup namespace rooted at the run's cgroup: {e}"))
+}
+
 fn pid_one(
     mut reader: ControlReader<'_>,
     base: &plan::SandboxBase,
@@ -294,6 +322,14 @@ fn pid_one(
         Ok(mounts) => mounts,
         Err(reason) => fail(&mut control, reason),
     };
+    // The run's cgroup v1 hierarchies come first when this sandbox started in its shard's
+    // (see `SandboxPlan::cgroup_joins`): joined before anything of the run is made.
+    let joins: Vec<OwnedFd> = mounts
+        .drain(..plan.cgroup_joins.min(mounts.len()))
+        .collect();
+    if let Err(reason) = join_run_cgroup(&joins) {
+        fail(&mut control, reason);
+    }
     // The run's gateway listening socket comes last: pid 1 holds it and accepts on it for
     // the supervisor, one connection each time it is asked.
     let gateway = match has_gateway.then(|| mounts.pop()).flatten() {

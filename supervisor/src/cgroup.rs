@@ -348,6 +348,76 @@ impl RunCgroup {
         Self::create_in_mode(relative, CgroupMode::detect())
     }
 
+    /// Makes only the run's v2 directory `relative`, on a hybrid host whose v2 directory
+    /// kills (`cgroup.kill`): the first step of a run's cgroup made in two, for a start with
+    /// no sandbox prepared ahead. The shim starts at once, in this directory and in its
+    /// shard's v1 cgroups ([`Self::first_join`]); the run's v1 directories and limits are
+    /// made while it builds the sandbox's namespaces ([`Self::complete`]), and pid 1 joins
+    /// them before the agent exists. A memory cgroup's creation is most of what a run's
+    /// cgroup costs (0.2 to 3 ms, with the host's state), and a write of a CPU quota walks
+    /// every CPU cgroup on the host: both come off the start's path. `None`, with nothing
+    /// made, on any other host.
+    pub fn create_membership_first(relative: &str) -> Result<Option<Self>, CgroupError> {
+        if CgroupMode::detect() != CgroupMode::Hybrid {
+            return Ok(None);
+        }
+        let dir = Path::new(HYBRID_V2_ROOT).join(relative);
+        let cgroup = Self {
+            relative: relative.to_owned(),
+            mode: CgroupMode::Hybrid,
+            v1_dirs: Vec::new(),
+            v2_dir: Some(dir.clone()),
+        };
+        // The shard the shim starts in must be there in every v1 hierarchy (made when the
+        // supervisor opened); where one is not, the cgroup is made in one step, shard and all.
+        if !cgroup.first_join().v1_tasks.iter().all(|tasks| tasks.exists()) {
+            return Ok(None);
+        }
+        if let Err(e) = fs::create_dir_all(&dir) {
+            let _ = cgroup.remove();
+            return Err(cgroup.create_error(format!("{}: {e}", dir.display())));
+        }
+        if cgroup.kill_method() != KillMethod::CgroupKill {
+            // Its v1 freezer would have to be joined as the shim starts: made in one step.
+            let _ = cgroup.remove();
+            return Ok(None);
+        }
+        Ok(Some(cgroup))
+    }
+
+    /// How the first process of a cgroup from [`Self::create_membership_first`] joins as it
+    /// starts: the run's v2 directory (so it is the run's to kill from its first
+    /// instruction), and its shard's cgroup in each v1 hierarchy, never the supervisor's own
+    /// (what the shim makes before pid 1 joins the run's is charged to the shard).
+    pub fn first_join(&self) -> CgroupJoin {
+        let shard = Path::new(&self.relative).parent().unwrap_or(Path::new(""));
+        CgroupJoin {
+            v1_tasks: V1_CONTROLLERS
+                .into_iter()
+                .filter(|c| *c != Controllers::Freezer)
+                .filter_map(|c| v1_mount(c).ok())
+                .map(|mount| mount.join(shard).join("tasks"))
+                .collect(),
+            v2_dir: self.v2_dir.clone(),
+        }
+    }
+
+    /// Makes the v1 directories of a cgroup from [`Self::create_membership_first`] (memory,
+    /// pids, cpu) and applies `limits`, read back. On failure what was made stays recorded
+    /// here: the caller kills the shim in the v2 directory and removes the whole cgroup.
+    pub fn complete(&mut self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        for controller in V1_CONTROLLERS {
+            if controller == Controllers::Freezer {
+                continue;
+            }
+            let dir = v1_mount(controller.clone())?.join(&self.relative);
+            self.v1_dirs.push((controller, dir.clone()));
+            fs::create_dir_all(&dir)
+                .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
+        }
+        self.apply_limits(limits)
+    }
+
     /// Creates `relative` as on a pure cgroup v1 host, in the v1 hierarchies only (the
     /// freezer among them), whatever else this host has, and applies `limits`: how the
     /// freezer's kill is tested on hosts that also have a v2 tree, whose runs never use it.
@@ -538,6 +608,22 @@ impl RunCgroup {
                 .collect(),
             v2_dir: self.v2_dir.clone(),
         }
+    }
+
+    /// Each v1 hierarchy's `tasks` file of this cgroup, opened for writing: sent with the plan
+    /// to a pid 1 that joins them itself (see [`Self::create_membership_first`]).
+    pub fn open_v1_tasks(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError> {
+        self.v1_dirs
+            .iter()
+            .map(|(_, dir)| {
+                let file = dir.join("tasks");
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&file)
+                    .map(std::os::fd::OwnedFd::from)
+                    .map_err(io_error(&file))
+            })
+            .collect()
     }
 
     /// Moves process `pid` into the run's cgroup in every hierarchy, by pid (for a process

@@ -14,7 +14,9 @@
 //! receipt's limits to that cgroup (read back, failing closed) **before** it sends the plan,
 //! so the agent never exists outside its limits. Each warm sandbox serves exactly one run and
 //! is never reused. When the pool is empty a start prepares its own sandbox the same way,
-//! with the limits applied before the shim is even spawned.
+//! with the limits applied before the shim is even spawned; on a hybrid host the run's v1
+//! cgroups and limits are made instead while the shim builds the namespaces, and pid 1
+//! joins them before the agent exists (see [`PreparedSandbox::prepare_for_start`]).
 //!
 //! If the supervisor dies, idle shims see their socket close and exit; the next start's
 //! sweep removes every cgroup under the parent, warm ones included.
@@ -38,11 +40,15 @@ pub struct PreparedSandbox {
     pub cgroup: RunCgroup,
     /// The shim, not yet given its plan.
     pub shim: IdleShim,
+    /// Whether pid 1 is still to join the run's cgroup in the v1 hierarchies (its `tasks`
+    /// files go with the plan): a start's own sandbox on a hybrid host, whose shim started
+    /// before they were made (see [`PreparedSandbox::prepare_for_start`]).
+    pub pid_one_joins: bool,
 }
 
 impl PreparedSandbox {
     /// Prepares a sandbox in a new cgroup under `parent`, with `limits` applied before the
-    /// shim starts when given (a start's own, or a warm sandbox's guess: the last run's).
+    /// shim starts when given (a warm sandbox's guess: the last run's).
     fn prepare(
         spawner: &Spawner,
         parent: &str,
@@ -50,12 +56,67 @@ impl PreparedSandbox {
         limits: Option<CgroupLimits>,
     ) -> Result<Self, StartError> {
         let relative = crate::cgroup::sandbox_path(parent, &new_sandbox_id());
+        Self::prepare_at(spawner, &relative, base, limits)
+    }
+
+    /// A start's own sandbox, none being ready, its cgroup holding `limits` before the plan
+    /// is sent. On a hybrid host whose v2 directory kills, its shim starts first, in the
+    /// run's v2 directory and its shard's v1 cgroups, and the run's v1 cgroups and limits
+    /// are made while the shim builds the sandbox's namespaces on the other core (see
+    /// `RunCgroup::create_membership_first`); pid 1 joins them before anything of the run,
+    /// the agent included, exists. Elsewhere the limits come first, as for a warm one.
+    fn prepare_for_start(
+        spawner: &Spawner,
+        parent: &str,
+        base: &SandboxBase,
+        limits: CgroupLimits,
+    ) -> Result<Self, StartError> {
+        let relative = crate::cgroup::sandbox_path(parent, &new_sandbox_id());
+        let Some(mut cgroup) = RunCgroup::create_membership_first(&relative)? else {
+            return Self::prepare_at(spawner, &relative, base, Some(limits));
+        };
+        let shim = match IdleShim::spawn_joining(spawner, &cgroup.first_join(), base) {
+            Ok(shim) => shim,
+            Err(e) => {
+                let _ = cgroup.kill_all(DISCARD_DEADLINE);
+                let _ = cgroup.remove();
+                return Err(e.into());
+            }
+        };
+        match cgroup.complete(limits) {
+            Ok(()) => Ok(Self {
+                cgroup,
+                shim,
+                pid_one_joins: true,
+            }),
+            Err(e) => {
+                Self {
+                    cgroup,
+                    shim,
+                    pid_one_joins: true,
+                }
+                .discard();
+                Err(e.into())
+            }
+        }
+    }
+
+    fn prepare_at(
+        spawner: &Spawner,
+        relative: &str,
+        base: &SandboxBase,
+        limits: Option<CgroupLimits>,
+    ) -> Result<Self, StartError> {
         let cgroup = match limits {
-            Some(limits) => RunCgroup::create(&relative, limits)?,
-            None => RunCgroup::create_unlimited(&relative)?,
+            Some(limits) => RunCgroup::create(relative, limits)?,
+            None => RunCgroup::create_unlimited(relative)?,
         };
         match IdleShim::spawn(spawner, &cgroup, base) {
-            Ok(shim) => Ok(Self { cgroup, shim }),
+            Ok(shim) => Ok(Self {
+                cgroup,
+                shim,
+                pid_one_joins: false,
+            }),
             Err(e) => {
                 // A shim that started has been killed and reaped before the error came back
                 // (it builds nothing before its go-ahead); the cgroup is emptied and removed
@@ -71,9 +132,17 @@ impl PreparedSandbox {
     /// waits in the pool as one process: off a start's path, where that wait would add to
     /// it. A failure has removed the cgroup.
     fn settle(self) -> Result<Self, StartError> {
-        let Self { cgroup, shim } = self;
+        let Self {
+            cgroup,
+            shim,
+            pid_one_joins,
+        } = self;
         match shim.settle() {
-            Ok(shim) => Ok(Self { cgroup, shim }),
+            Ok(shim) => Ok(Self {
+                cgroup,
+                shim,
+                pid_one_joins,
+            }),
             Err(e) => {
                 let _ = cgroup.kill_all(DISCARD_DEADLINE);
                 let _ = cgroup.remove();
@@ -159,11 +228,11 @@ impl SandboxPool {
                     Err(e.into())
                 }
             },
-            None => PreparedSandbox::prepare(
+            None => PreparedSandbox::prepare_for_start(
                 &self.spawner,
                 &self.cgroup_parent,
                 &self.base,
-                Some(limits),
+                limits,
             ),
         }
     }

@@ -81,6 +81,87 @@ fn warm_sandboxes_take_the_receipts_limits_and_go_at_shutdown() {
     assert!(left.is_empty(), "cgroups left: {left:?}");
 }
 
+/// A start with no sandbox prepared ahead puts pid 1 and the agent in the run's own cgroup in
+/// every hierarchy, under the receipt's limits, before the agent runs: on a hybrid host its
+/// shim starts in the run's v2 directory and its shard's v1 cgroups while the run's v1
+/// cgroups are made, and pid 1 joins them when the plan comes. The agent's cgroup namespace is
+/// rooted at the run's cgroup, and the shard keeps no process.
+#[test]
+fn a_start_with_none_prepared_ahead_runs_the_agent_in_its_own_cgroup_everywhere() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::with("cold", 201_425, |settings, _| settings.warm_sandboxes = 0);
+    let signed = fx.sign(fx.receipt(
+        "while read -r line; do echo \"$line\"; done < /proc/self/cgroup; echo listed; exec /usr/bin/sleep 5454",
+        60,
+    ));
+    let run_id = fx.start(&signed).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !fx.output_of(&run_id).contains("listed") {
+        assert!(Instant::now() < deadline, "{}", fx.output_of(&run_id));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let output = fx.output_of(&run_id);
+    let listed: Vec<&str> = output.lines().take_while(|l| *l != "listed").collect();
+    assert!(!listed.is_empty(), "{output}");
+    for line in &listed {
+        assert!(
+            line.ends_with(":/"),
+            "not rooted at the run's cgroup: {line}\n{output}"
+        );
+    }
+    let sandboxes = sandbox_cgroups(&fx.parent);
+    let [sandbox] = sandboxes.as_slice() else {
+        panic!("one sandbox cgroup, not {sandboxes:?}");
+    };
+    let shard = std::path::Path::new(sandbox).parent().unwrap();
+    let hybrid = std::path::Path::new("/sys/fs/cgroup/unified").is_dir()
+        && std::path::Path::new("/sys/fs/cgroup/memory").is_dir();
+    let roots: Vec<PathBuf> = if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+    {
+        vec![PathBuf::from("/sys/fs/cgroup")]
+    } else {
+        ["memory", "pids", "cpu", "unified"]
+            .iter()
+            .map(|h| PathBuf::from("/sys/fs/cgroup").join(h))
+            .collect()
+    };
+    let procs = |dir: PathBuf| -> usize {
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .lines()
+            .count()
+    };
+    for root in &roots {
+        let parent = root.join(&fx.parent);
+        assert_eq!(
+            procs(parent.join(sandbox)),
+            2,
+            "pid 1 and the agent in {}",
+            root.display()
+        );
+        assert_eq!(
+            procs(parent.join(shard)),
+            0,
+            "the shard in {}",
+            root.display()
+        );
+    }
+    if hybrid {
+        let pids = PathBuf::from("/sys/fs/cgroup/pids")
+            .join(&fx.parent)
+            .join(sandbox)
+            .join("pids.max");
+        assert_eq!(std::fs::read_to_string(pids).unwrap().trim(), "64");
+    }
+    assert!(fx.manager.stop(&run_id, "test"));
+    let record = fx.manager.wait(&run_id, Duration::from_secs(10)).unwrap();
+    assert_eq!(record.state, RunState::Stopped);
+    fx.assert_gone(&run_id);
+    assert_eq!(zombie_children(), Vec::<u32>::new(), "zombies left");
+}
+
 /// This process's children (of any of its threads) that have exited and are not reaped.
 fn zombie_children() -> Vec<u32> {
     let tasks = std::fs::read_dir("/proc/self/task").unwrap();

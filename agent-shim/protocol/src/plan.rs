@@ -315,17 +315,28 @@ pub struct SandboxPlan {
     /// shim covers each before the agent exists, so the agent cannot execute or load them.
     #[serde(default)]
     pub hidden: Vec<PathBuf>,
+    /// How many of the run's cgroup v1 `tasks` files come first among the plan's descriptors
+    /// (0: the sandbox started in the run's cgroup in every hierarchy). A sandbox started with
+    /// none prepared ahead on a hybrid host starts in the run's v2 directory and its shard's
+    /// v1 cgroups, while the supervisor makes the run's v1 cgroups and limits beside it; pid 1
+    /// joins them (writes `0` to each) before anything else of the plan, and the agent, forked
+    /// later, is in them from its first instruction.
+    #[serde(default)]
+    pub cgroup_joins: usize,
 }
 
 impl SandboxPlan {
-    /// How many descriptors come with the plan, in this order: detached mounts (clones made
-    /// by the supervisor, never a path the shim looks up) of the workspace, the egress
-    /// certificate authority's directory when there is one, the gateway socket when there is
-    /// one, each bind in order, and the root file system when there is one; then the run's
-    /// gateway listening socket when there is a gateway, which pid 1 keeps.
+    /// How many descriptors come with the plan, in this order: the run's cgroup v1 `tasks`
+    /// files pid 1 joins ([`SandboxPlan::cgroup_joins`], usually none); detached mounts
+    /// (clones made by the supervisor, never a path the shim looks up) of the workspace, the
+    /// egress certificate authority's directory when there is one, the gateway socket when
+    /// there is one, each bind in order, and the root file system when there is one; then the
+    /// run's gateway listening socket when there is a gateway, which pid 1 keeps.
     pub fn descriptors(&self) -> usize {
         let gateway = usize::from(self.gateway_socket.is_some());
-        1 + usize::from(self.egress_ca.is_some())
+        self.cgroup_joins
+            + 1
+            + usize::from(self.egress_ca.is_some())
             + gateway
             + self.binds.len()
             + usize::from(self.rootfs.is_some())

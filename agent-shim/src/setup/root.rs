@@ -100,11 +100,12 @@ pub struct PlanMounts {
 }
 
 impl PlanMounts {
-    /// Takes `plan`'s mounts apart from `mounts`, in the order they were sent (the gateway's
-    /// listening socket, if it came, already taken off the end).
+    /// Takes `plan`'s mounts apart from `mounts`, in the order they were sent (the cgroup
+    /// files pid 1 joins, if any came, already taken off the front, and the gateway's
+    /// listening socket, if it came, off the end).
     pub fn take(plan: &SandboxPlan, mounts: Vec<OwnedFd>) -> Result<Self, SetupError> {
         let gateway = usize::from(plan.gateway_socket.is_some());
-        let expected = plan.descriptors() - gateway;
+        let expected = plan.descriptors() - gateway - plan.cgroup_joins;
         if mounts.len() != expected {
             return Err(SetupError::MountCount {
                 received: mounts.len(),

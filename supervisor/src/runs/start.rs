@@ -66,6 +66,9 @@ pub(super) struct Spawn<'a> {
     grants: Vec<FsGrant>,
     /// The `run_admitted` entry: the plan is not sent before it is on disk.
     admitted: PendingEntry,
+    /// The run's cgroup v1 `tasks` files, when pid 1 is to join them (see
+    /// `PreparedSandbox::pid_one_joins`); sent first with the plan.
+    cgroup_joins: Vec<OwnedFd>,
 }
 
 /// A run whose agent has started.
@@ -218,7 +221,25 @@ impl RunManager {
             pids: limits.pids,
             cpu_millicores: limits.cpu_millicores,
         });
-        let PreparedSandbox { cgroup, shim } = match prepared.map_err(StartError::host_limited) {
+        let prepared = prepared
+            .map_err(StartError::host_limited)
+            .and_then(|prepared| {
+                // A start's own sandbox on a hybrid host: its pid 1 joins the run's v1 cgroups
+                // when the plan comes, through their `tasks` files opened here.
+                let joins = if prepared.pid_one_joins {
+                    prepared.cgroup.open_v1_tasks()
+                } else {
+                    Ok(Vec::new())
+                };
+                match joins {
+                    Ok(joins) => Ok((prepared, joins)),
+                    Err(e) => {
+                        prepared.discard();
+                        Err(StartError::host_limited(e.into()))
+                    }
+                }
+            });
+        let (PreparedSandbox { cgroup, shim, .. }, cgroup_joins) = match prepared {
             Ok(prepared) => prepared,
             Err(e) => {
                 self.sandboxes.refill();
@@ -237,6 +258,7 @@ impl RunManager {
             input: run.input,
             grants: run.grants,
             admitted,
+            cgroup_joins,
         };
         let spawned = self
             .spawn_sandbox(spawn, &dirs, &live, shim)
@@ -537,6 +559,7 @@ impl RunManager {
             input,
             grants,
             admitted,
+            cgroup_joins,
         } = spawn;
         // Pinned again here (it was at admission, where a bad one is refused before the
         // receipt is spent): the mount is cloned from this descriptor.
@@ -591,7 +614,8 @@ impl RunManager {
         };
         let mut plan = plan;
         plan.input = input;
-        let mut mounts = mounts;
+        plan.cgroup_joins = cgroup_joins.len();
+        let mut mounts: Vec<OwnedFd> = cgroup_joins.into_iter().chain(mounts).collect();
         match self.serve_gateway(receipt, dirs, &plan, live, (signed, grants)) {
             Ok((socket, ca_dir, listener)) => {
                 plan.gateway_socket = Some(socket);

@@ -208,6 +208,8 @@ pub fn plan_for(
             .iter()
             .map(|g| PathBuf::from(&g.program))
             .collect(),
+        // Set by the run manager when its sandbox's pid 1 is to join the run's v1 cgroups.
+        cgroup_joins: 0,
     })
 }
 

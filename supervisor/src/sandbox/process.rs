@@ -17,7 +17,7 @@ use super::control::{
 };
 use super::error::SandboxError;
 use super::spawn::{spawn_in_cgroup, Spawner};
-use crate::cgroup::RunCgroup;
+use crate::cgroup::{CgroupJoin, RunCgroup};
 
 /// A `tollgate-shim` that has not been given its plan yet. It was started without copying
 /// the supervisor, in its sandbox's cgroup in every hierarchy (it joined before it ran
@@ -53,6 +53,16 @@ impl IdleShim {
         cgroup: &RunCgroup,
         base: &SandboxBase,
     ) -> Result<Self, SandboxError> {
+        Self::spawn_joining(spawner, &cgroup.join(), base)
+    }
+
+    /// [`IdleShim::spawn`], the shim joining the cgroups `join` names as it starts (a run's
+    /// cgroup made in two steps: see `RunCgroup::first_join`).
+    pub fn spawn_joining(
+        spawner: &Spawner,
+        join: &CgroupJoin,
+        base: &SandboxBase,
+    ) -> Result<Self, SandboxError> {
         let (ours, theirs) = UnixStream::pair().map_err(SandboxError::Control)?;
         let (stdout, out_write) = std::io::pipe().map_err(SandboxError::Control)?;
         let (stderr, err_write) = std::io::pipe().map_err(SandboxError::Control)?;
@@ -63,7 +73,7 @@ impl IdleShim {
             stdout: out_write.as_fd(),
             stderr: err_write.as_fd(),
         };
-        let child = spawn_in_cgroup(spawner, spawner.shim(), &[], &cgroup.join(), fds)?;
+        let child = spawn_in_cgroup(spawner, spawner.shim(), &[], join, fds)?;
         // Only the shim holds the pipes' write ends now, so the relays see EOF once the
         // sandbox's last process has exited.
         drop((theirs, out_write, err_write));
@@ -281,12 +291,14 @@ fn run_mount(path: &Path) -> Result<OwnedFd, SandboxError> {
 }
 
 impl SandboxProcess {
-    /// Sends the idle `shim` its plan, with `mounts` (detached mounts of the plan's binds, in
-    /// order, then its root file system's when it has one, then the run's gateway listening
-    /// socket when the plan has one, which pid 1 keeps) attached after the run's own detached
-    /// mounts (its workspace, certificate authority and gateway socket, made here: see
-    /// [`SandboxPlan::descriptors`]), and waits for `Started`. The caller has applied the
-    /// run's limits to the shim's cgroup first.
+    /// Sends the idle `shim` its plan, with `mounts` (first the run's cgroup v1 `tasks` files
+    /// pid 1 is to join, as many as the plan's `cgroup_joins`; then detached mounts of the
+    /// plan's binds, in order, then its root file system's when it has one, then the run's
+    /// gateway listening socket when the plan has one, which pid 1 keeps), the run's own
+    /// detached mounts (its workspace, certificate authority and gateway socket, made here)
+    /// after the cgroup files: see [`SandboxPlan::descriptors`]. Waits for `Started`. The
+    /// caller has applied the run's limits to the shim's cgroup (or to those pid 1 joins)
+    /// first.
     pub fn start(
         shim: IdleShim,
         plan: &SandboxPlan,
@@ -309,7 +321,9 @@ impl SandboxProcess {
                 return Err(e);
             }
         };
-        let mounts: Vec<OwnedFd> = own.into_iter().chain(mounts).collect();
+        let mut mounts = mounts;
+        let rest = mounts.split_off(plan.cgroup_joins.min(mounts.len()));
+        let mounts: Vec<OwnedFd> = mounts.into_iter().chain(own).chain(rest).collect();
         let expected = plan.descriptors();
         if mounts.len() != expected {
             shim.discard();
