@@ -370,7 +370,12 @@ impl RunCgroup {
         };
         // The shard the shim starts in must be there in every v1 hierarchy (made when the
         // supervisor opened); where one is not, the cgroup is made in one step, shard and all.
-        if !cgroup.first_join().v1_tasks.iter().all(|tasks| tasks.exists()) {
+        if !cgroup
+            .first_join()
+            .v1_tasks
+            .iter()
+            .all(|tasks| tasks.exists())
+        {
             return Ok(None);
         }
         if let Err(e) = fs::create_dir_all(&dir) {
