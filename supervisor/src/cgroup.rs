@@ -4,7 +4,10 @@
 //! sandbox's first process (the shim) is created in it and joins every hierarchy itself
 //! before it executes the shim (through [`RunCgroup::join`]; see `sandbox::spawn`), and it
 //! does nothing before its first message; the run's limits are in place
-//! before the shim is given its plan. The cgroup is the source of truth
+//! before the shim is given its plan. A start with no sandbox prepared ahead on a hybrid host
+//! makes it in two steps instead ([`RunCgroup::create_membership_first`]): the shim starts in
+//! the run's v2 directory and its shard's v1 cgroups, and pid 1 joins the run's v1 cgroups,
+//! limits in place, before it forks the agent. The cgroup is the source of truth
 //! for "everything the run started": teardown kills what it contains and removes it.
 //!
 //! `cgroups-rs` finds where the v1 controllers are mounted (read once per process: the
