@@ -414,8 +414,15 @@ impl RunCgroup {
     /// pids, cpu) and applies `limits`, read back. On failure what was made stays recorded
     /// here: the caller kills the shim in the v2 directory and removes the whole cgroup.
     pub fn complete(&mut self, limits: CgroupLimits) -> Result<(), CgroupError> {
+        self.create_v1_dirs(false)?;
+        self.apply_limits(limits)
+    }
+
+    /// Makes the run's directory in each v1 hierarchy (the freezer's only when `freezer`),
+    /// each recorded before it is made, so a failure's cleanup removes what was.
+    fn create_v1_dirs(&mut self, freezer: bool) -> Result<(), CgroupError> {
         for controller in V1_CONTROLLERS {
-            if controller == Controllers::Freezer {
+            if controller == Controllers::Freezer && !freezer {
                 continue;
             }
             let dir = v1_mount(controller.clone())?.join(&self.relative);
@@ -423,7 +430,7 @@ impl RunCgroup {
             fs::create_dir_all(&dir)
                 .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
         }
-        self.apply_limits(limits)
+        Ok(())
     }
 
     /// Creates `relative` as on a pure cgroup v1 host, in the v1 hierarchies only (the
@@ -483,15 +490,7 @@ impl RunCgroup {
                         .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
                     freezer = self.kill_method() == KillMethod::Freezer;
                 }
-                for controller in V1_CONTROLLERS {
-                    if controller == Controllers::Freezer && !freezer {
-                        continue;
-                    }
-                    let dir = v1_mount(controller.clone())?.join(&self.relative);
-                    self.v1_dirs.push((controller, dir.clone()));
-                    fs::create_dir_all(&dir)
-                        .map_err(|e| self.create_error(format!("{}: {e}", dir.display())))?;
-                }
+                self.create_v1_dirs(freezer)?;
             }
         }
         Ok(())
@@ -621,15 +620,15 @@ impl RunCgroup {
     /// Each v1 hierarchy's `tasks` file of this cgroup, opened for writing: sent with the plan
     /// to a pid 1 that joins them itself (see [`Self::create_membership_first`]).
     pub fn open_v1_tasks(&self) -> Result<Vec<std::os::fd::OwnedFd>, CgroupError> {
-        self.v1_dirs
+        self.join()
+            .v1_tasks
             .iter()
-            .map(|(_, dir)| {
-                let file = dir.join("tasks");
+            .map(|file| {
                 fs::OpenOptions::new()
                     .write(true)
-                    .open(&file)
+                    .open(file)
                     .map(std::os::fd::OwnedFd::from)
-                    .map_err(io_error(&file))
+                    .map_err(io_error(file))
             })
             .collect()
     }

@@ -78,8 +78,7 @@ impl PreparedSandbox {
         let shim = match IdleShim::spawn_joining(spawner, &cgroup.first_join(), base) {
             Ok(shim) => shim,
             Err(e) => {
-                let _ = cgroup.kill_all(DISCARD_DEADLINE);
-                let _ = cgroup.remove();
+                empty_and_remove(&cgroup);
                 return Err(e.into());
             }
         };
@@ -121,8 +120,7 @@ impl PreparedSandbox {
                 // A shim that started has been killed and reaped before the error came back
                 // (it builds nothing before its go-ahead); the cgroup is emptied and removed
                 // all the same, so no failure path relies on that.
-                let _ = cgroup.kill_all(DISCARD_DEADLINE);
-                let _ = cgroup.remove();
+                empty_and_remove(&cgroup);
                 Err(e.into())
             }
         }
@@ -144,8 +142,7 @@ impl PreparedSandbox {
                 pid_one_joins,
             }),
             Err(e) => {
-                let _ = cgroup.kill_all(DISCARD_DEADLINE);
-                let _ = cgroup.remove();
+                empty_and_remove(&cgroup);
                 Err(e.into())
             }
         }
@@ -161,6 +158,13 @@ impl PreparedSandbox {
             tracing::warn!(cgroup = self.cgroup.relative(), error = %e, "removing an unused sandbox's cgroup failed");
         }
     }
+}
+
+/// Kills whatever is in `cgroup` and removes it, after a failed preparation: best effort,
+/// the preparation's own error is what the caller reports.
+fn empty_and_remove(cgroup: &RunCgroup) {
+    let _ = cgroup.kill_all(DISCARD_DEADLINE);
+    let _ = cgroup.remove();
 }
 
 /// A new sandbox id: unique across restarts (time-ordered UUID).
