@@ -259,8 +259,9 @@ impl<'a> ControlReader<'a> {
 /// not forked yet) into the run's cgroup in each v1 hierarchy whose `tasks` file the
 /// supervisor sent (a write of `0` moves the writer; the file was opened by the supervisor,
 /// whose credentials the kernel checks), then gives it a cgroup namespace rooted there, so
-/// the agent sees its own cgroups as `/`, as it would had the sandbox started in them.
-fn join_run_cgroup(tasks: &[OwnedFd]) -> Result<(), String> {
+/// the agent sees its own cgroups as `/`, as it would had the sandbox started in them. The
+/// files are closed on return: pid 1 keeps nothing of them for the run's life.
+fn join_run_cgroup(tasks: Vec<OwnedFd>) -> Result<(), String> {
     if tasks.is_empty() {
         return Ok(());
     }
@@ -327,7 +328,7 @@ fn pid_one(
     let joins: Vec<OwnedFd> = mounts
         .drain(..plan.cgroup_joins.min(mounts.len()))
         .collect();
-    if let Err(reason) = join_run_cgroup(&joins) {
+    if let Err(reason) = join_run_cgroup(joins) {
         fail(&mut control, reason);
     }
     // The run's gateway listening socket comes last: pid 1 holds it and accepts on it for
