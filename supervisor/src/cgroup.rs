@@ -788,6 +788,33 @@ pub fn kill_subtree(parent: &str) -> Result<bool, CgroupError> {
     write_kill(&dir)
 }
 
+/// Waits until no process is left anywhere under `parent` (its v2 `cgroup.events` says
+/// `populated 0`), up to `deadline`: `false` when some were still there, or where the host has
+/// no v2 directory to tell. What a stop waits for after [`kill_subtree`]: a process is out of
+/// its cgroup only once its exit has released its namespaces' mounts, so an empty subtree
+/// means every sandbox's root and `/proc` are gone.
+pub fn wait_subtree_empty(parent: &str, deadline: Duration) -> Result<bool, CgroupError> {
+    let Some(dir) = RunCgroup::existing(parent).v2_dir else {
+        return Ok(false);
+    };
+    let file = dir.join("cgroup.events");
+    let start = Instant::now();
+    loop {
+        let events = match fs::read_to_string(&file) {
+            Ok(events) => events,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(true),
+            Err(e) => return Err(CgroupError::Io { file, source: e }),
+        };
+        if events.lines().any(|line| line.trim() == "populated 0") {
+            return Ok(true);
+        }
+        if start.elapsed() > deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn read_pids(dir: &Path) -> Result<Vec<u32>, CgroupError> {
     let file = dir.join("cgroup.procs");
     match fs::read_to_string(&file) {

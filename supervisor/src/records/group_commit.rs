@@ -62,14 +62,26 @@ fn commit_finishes(conn: &mut Connection, group: Vec<Finish>) {
         }
     };
     let mut outcomes = Vec::with_capacity(group.len());
-    for finish in &group {
-        let updated = tx
-            .execute(
-                "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4, detached = NULL WHERE run_id = ?1",
-                params![finish.run_id, finish.state.name(), finish.now, finish.report],
-            )
-            .map(|_| ());
-        outcomes.push(updated);
+    {
+        // Compiled once for the group (and kept by the connection), not once a run: a stop's
+        // group is every live run.
+        let mut update = tx.prepare_cached(
+            "UPDATE runs SET state = ?2, ended_at = ?3, report = ?4, detached = NULL WHERE run_id = ?1",
+        );
+        for finish in &group {
+            let updated = match &mut update {
+                Ok(update) => update
+                    .execute(params![
+                        finish.run_id,
+                        finish.state.name(),
+                        finish.now,
+                        finish.report
+                    ])
+                    .map(|_| ()),
+                Err(e) => Err(copy_error(e)),
+            };
+            outcomes.push(updated);
+        }
     }
     let committed = if tx.is_autocommit() {
         // A failure that rolled the whole transaction back (a full disk, an I/O error).

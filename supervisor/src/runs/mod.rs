@@ -29,7 +29,7 @@ use crate::records::{RecordsError, RunRecord, RunRecords, RunState};
 use crate::warm::SandboxPool;
 use crate::COMPONENT;
 use family::{Family, Holds};
-use teardowns::{Endings, Teardowns};
+use teardowns::{Endings, RemovalGate, Teardowns};
 use tollgate_audit::{AuditError, AuditLog, EntryDraft, EntryKind};
 
 pub mod access;
@@ -308,6 +308,8 @@ pub struct RunManager {
     teardowns: Teardowns,
     /// Runs cleaned up by the teardown workers whose ends are being made durable together.
     endings: Endings<(Arc<LiveRun>, Instant)>,
+    /// Held by a stop while every sandbox exits; teardowns remove cgroups only after.
+    removals: RemovalGate,
     live: Mutex<HashMap<String, Arc<LiveRun>>>,
     allocation: Mutex<()>,
     closing: std::sync::atomic::AtomicBool,
@@ -628,6 +630,8 @@ impl RunManager {
         }
         // Never where a run was left detached (live restore), by this stop or an earlier
         // one (a second shutdown finds no run live): its sandbox is under the same parent.
+        // The teardowns remove no cgroup until every sandbox has exited (see `RemovalGate`).
+        self.removals.hold();
         let killed_all = !live.is_empty()
             && detached.is_empty()
             && !self.left_detached()
@@ -635,6 +639,19 @@ impl RunManager {
                 tracing::warn!(error = %e, "could not kill every run at once; killing each");
                 false
             });
+        if killed_all {
+            let parent = &self.settings.cgroup_parent;
+            match crate::cgroup::wait_subtree_empty(parent, Duration::from_secs(10)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!("processes were left under the parent cgroup after the kill; tearing down regardless");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not tell whether every sandbox exited; tearing down regardless");
+                }
+            }
+        }
+        self.removals.open();
         if !killed_all {
             for (_, run) in &live {
                 run.trigger_without_waiting(RunState::SupervisorShutdown, SHUTDOWN.into());

@@ -171,6 +171,7 @@ impl RunManager {
             allocation: Mutex::new(()),
             closing: std::sync::atomic::AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            removals: Default::default(),
             left_detached: std::sync::atomic::AtomicBool::new(false),
         });
         for run in reclaimed {

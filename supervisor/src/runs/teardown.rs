@@ -246,6 +246,7 @@ impl RunManager {
         // Whatever ended this run ends its descendants, before its own cleanup.
         self.cascade(run_id, state, &reason);
         report.reason = reason;
+        self.removals.pass();
         let emptied = match live.cgroup.kill_all(KILL_DEADLINE) {
             Ok(()) => true,
             Err(e) => {

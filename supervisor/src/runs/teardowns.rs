@@ -109,6 +109,47 @@ impl Teardowns {
     }
 }
 
+/// Held by a supervisor's stop from its kill of every run until all their processes have
+/// exited: each teardown waits here before it removes its run's cgroup.
+///
+/// Why: removing a memory cgroup makes the kernel walk every memory-cgroup-aware list of
+/// every superblock on the host (`memcg_reparent_list_lrus`), under the one mutex that each
+/// superblock's destruction also takes, and every sandbox has its own root and `/proc`.
+/// Removed while the other sandboxes were still exiting, each of thousands of cgroups walked
+/// thousands of superblocks about to go, and the exits spun on that mutex. Once every
+/// sandbox has exited, their superblocks are gone and each walk is short.
+#[derive(Debug, Default)]
+pub(super) struct RemovalGate {
+    held: Mutex<bool>,
+    opened: Condvar,
+}
+
+/// The longest a teardown waits at a held [`RemovalGate`]: a stop opens it within its own
+/// wait for the exits; this only bounds a stop that never returned to open it.
+const MOST_HELD: Duration = Duration::from_secs(60);
+
+impl RemovalGate {
+    /// Teardowns wait from now until [`Self::open`].
+    pub(super) fn hold(&self) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    }
+
+    /// Lets every waiting teardown (and later ones) go on.
+    pub(super) fn open(&self) {
+        *self.held.lock().unwrap_or_else(|p| p.into_inner()) = false;
+        self.opened.notify_all();
+    }
+
+    /// Returns once the gate is open (at once unless a stop holds it).
+    pub(super) fn pass(&self) {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self
+            .opened
+            .wait_timeout_while(held, MOST_HELD, |held| *held)
+            .unwrap_or_else(|p| p.into_inner());
+    }
+}
+
 /// A run whose clean-up is done (sandbox killed, cgroup and run directory removed) and whose
 /// end is not durable yet: its audit entries are submitted, its final record not written.
 pub(super) struct Ending<R> {
@@ -285,5 +326,36 @@ mod tests {
         assert_eq!(*count, JOBS, "every job ran");
         assert!(most.load(Ordering::SeqCst) <= 3, "at most three at once");
         assert!(teardowns.shared.0.lock().unwrap().workers <= 3);
+    }
+
+    /// An open gate lets a teardown through at once; a held one keeps every teardown that
+    /// reaches it until it is opened, and then lets them all go.
+    #[test]
+    fn a_held_removal_gate_keeps_teardowns_until_it_opens() {
+        let gate = Arc::new(RemovalGate::default());
+        gate.pass();
+        gate.hold();
+        let passed = Arc::new(AtomicUsize::new(0));
+        let waiting: Vec<_> = (0..3)
+            .map(|_| {
+                let (gate, passed) = (gate.clone(), passed.clone());
+                std::thread::spawn(move || {
+                    gate.pass();
+                    passed.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(
+            passed.load(Ordering::SeqCst),
+            0,
+            "a teardown passed a held gate"
+        );
+        gate.open();
+        for waiter in waiting {
+            waiter.join().unwrap();
+        }
+        assert_eq!(passed.load(Ordering::SeqCst), 3);
+        gate.pass();
     }
 }
