@@ -100,7 +100,7 @@ pub fn with_interpreters(executables: &[std::path::PathBuf]) -> Vec<std::path::P
         if out.contains(&path) || !path.exists() {
             continue;
         }
-        if let Some(interpreter) = read_head(&path).and_then(|bytes| interpreter_of(&bytes)) {
+        if let Some(interpreter) = interpreter_of(&path) {
             pending.push(interpreter);
         }
         out.push(path);
@@ -108,45 +108,76 @@ pub fn with_interpreters(executables: &[std::path::PathBuf]) -> Vec<std::path::P
     out
 }
 
-/// The first 64 KiB of a file: enough for a `#!` line and for ELF program headers and the
-/// interpreter path, which linkers place at the start; reading whole binaries (python3 is
-/// megabytes) on every sandbox start would be waste.
-fn read_head(path: &Path) -> Option<Vec<u8>> {
-    use std::io::Read as _;
-    let mut head = Vec::with_capacity(4096);
-    std::fs::File::open(path)
-        .ok()?
-        .take(64 * 1024)
-        .read_to_end(&mut head)
-        .ok()?;
-    Some(head)
-}
+/// How much of a file is read first: a `#!` line is at most the kernel's 256 bytes, and
+/// linkers put the ELF program headers and the interpreter path within the first page, so one
+/// read of this size answers for nearly every file. Anything past it is read where it is
+/// (reading a whole binary, or a fixed 64 KiB of one, on every sandbox start was waste: this
+/// runs on every start, for every executable of the receipt).
+const HEAD: usize = 4096;
 
 /// The interpreter a file asks the kernel for: `PT_INTERP` of a 64-bit little-endian ELF, or
-/// the first word of a `#!` line.
-fn interpreter_of(bytes: &[u8]) -> Option<std::path::PathBuf> {
-    if let Some(line) = bytes.strip_prefix(b"#!") {
+/// the first word of a `#!` line; `None` for anything else, or a file that cannot be read.
+fn interpreter_of(path: &Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::FileExt as _;
+    let file = std::fs::File::open(path).ok()?;
+    let mut head = vec![0; HEAD];
+    let mut len = 0;
+    while len < HEAD {
+        match file.read_at(&mut head[len..], len as u64) {
+            Ok(0) => break,
+            Ok(read) => len += read,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    head.truncate(len);
+    // `len` bytes at `offset`: from the head where they are in it, else read from the file.
+    let span = |offset: usize, len: usize| -> Option<Vec<u8>> {
+        let end = offset.checked_add(len)?;
+        if let Some(bytes) = head.get(offset..end) {
+            return Some(bytes.to_vec());
+        }
+        let mut bytes = vec![0; len];
+        file.read_exact_at(&mut bytes, u64::try_from(offset).ok()?)
+            .ok()?;
+        Some(bytes)
+    };
+    interpreter_in(&head, span)
+}
+
+/// [`interpreter_of`] over a file's first bytes (`head`), with `span(offset, len)` for any
+/// part of the file past them.
+fn interpreter_in(
+    head: &[u8],
+    span: impl Fn(usize, usize) -> Option<Vec<u8>>,
+) -> Option<std::path::PathBuf> {
+    if let Some(line) = head.strip_prefix(b"#!") {
         let line = line.split(|b| *b == b'\n').next()?;
         let text = std::str::from_utf8(line).ok()?;
         return text.split_whitespace().next().map(std::path::PathBuf::from);
     }
     // ELF64 little-endian: e_phoff at 32, e_phentsize at 54, e_phnum at 56.
-    if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
+    if head.len() < 64 || &head[..4] != b"\x7fELF" || head[4] != 2 || head[5] != 1 {
         return None;
     }
-    let u16_at = |at: usize| Some(u16::from_le_bytes(bytes.get(at..at + 2)?.try_into().ok()?));
-    let u64_at = |at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
-    let phoff = usize::try_from(u64_at(32)?).ok()?;
+    let u16_at = |at: usize| Some(u16::from_le_bytes(head.get(at..at + 2)?.try_into().ok()?));
+    let u64_at =
+        |bytes: &[u8], at: usize| Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?));
+    let phoff = usize::try_from(u64_at(head, 32)?).ok()?;
     let phentsize = usize::from(u16_at(54)?);
     let phnum = usize::from(u16_at(56)?);
-    for index in 0..phnum {
-        let header = phoff.checked_add(index.checked_mul(phentsize)?)?;
-        let kind = u32::from_le_bytes(bytes.get(header..header + 4)?.try_into().ok()?);
+    if phentsize < 40 {
+        return None;
+    }
+    let headers = span(phoff, phnum.checked_mul(phentsize)?)?;
+    for header in headers.chunks_exact(phentsize) {
+        let kind = u32::from_le_bytes(header.get(..4)?.try_into().ok()?);
         const PT_INTERP: u32 = 3;
         if kind == PT_INTERP {
-            let offset = usize::try_from(u64_at(header + 8)?).ok()?;
-            let size = usize::try_from(u64_at(header + 32)?).ok()?;
-            let raw = bytes.get(offset..offset.checked_add(size)?)?;
+            let offset = usize::try_from(u64_at(header, 8)?).ok()?;
+            // The kernel refuses an interpreter path longer than a page.
+            let size = usize::try_from(u64_at(header, 32)?).ok()?.min(HEAD);
+            let raw = span(offset, size)?;
             let raw = raw.split(|b| *b == 0).next()?;
             return Some(std::path::PathBuf::from(std::str::from_utf8(raw).ok()?));
         }
@@ -176,5 +207,35 @@ mod tests {
         assert!(with.contains(&sh), "{with:?}");
         assert!(with_interpreters(&[dir.join("missing")]).is_empty());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Program headers and an interpreter path past the first read are read where they are.
+    #[test]
+    fn an_interpreter_past_the_first_page_is_found() {
+        let mut elf = vec![0u8; 7000];
+        elf[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        let (phoff, phentsize, interp_at) = (5000usize, 56usize, 6100usize);
+        elf[32..40].copy_from_slice(&(phoff as u64).to_le_bytes());
+        elf[54..56].copy_from_slice(&(phentsize as u16).to_le_bytes());
+        elf[56..58].copy_from_slice(&2u16.to_le_bytes());
+        // A PT_LOAD first, then the PT_INTERP.
+        elf[phoff..phoff + 4].copy_from_slice(&1u32.to_le_bytes());
+        let interp = phoff + phentsize;
+        elf[interp..interp + 4].copy_from_slice(&3u32.to_le_bytes());
+        let path = b"/lib64/ld-far-away.so.2\0";
+        elf[interp + 8..interp + 16].copy_from_slice(&(interp_at as u64).to_le_bytes());
+        elf[interp + 32..interp + 40].copy_from_slice(&(path.len() as u64).to_le_bytes());
+        elf[interp_at..interp_at + path.len()].copy_from_slice(path);
+        let dir = std::env::temp_dir().join(format!("tollgate-far-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("far");
+        std::fs::write(&file, &elf).unwrap();
+        let found = interpreter_of(&file);
+        // Cut short before the interpreter's path: nothing, not a wrong path.
+        std::fs::write(&file, &elf[..interp_at + 4]).unwrap();
+        let cut = interpreter_of(&file);
+        std::fs::remove_dir_all(dir).unwrap();
+        assert_eq!(found, Some("/lib64/ld-far-away.so.2".into()));
+        assert_eq!(cut, None);
     }
 }
