@@ -166,10 +166,13 @@ fn interpreter_in(
     let phoff = usize::try_from(u64_at(head, 32)?).ok()?;
     let phentsize = usize::from(u16_at(54)?);
     let phnum = usize::from(u16_at(56)?);
-    if phentsize < 40 {
+    // The kernel executes no ELF whose program headers take more than 64 KiB, and a file
+    // that claims more is not read for them.
+    let table = phnum.checked_mul(phentsize)?;
+    if phentsize < 40 || table > 64 * 1024 {
         return None;
     }
-    let headers = span(phoff, phnum.checked_mul(phentsize)?)?;
+    let headers = span(phoff, table)?;
     for header in headers.chunks_exact(phentsize) {
         let kind = u32::from_le_bytes(header.get(..4)?.try_into().ok()?);
         const PT_INTERP: u32 = 3;
@@ -237,5 +240,9 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
         assert_eq!(found, Some("/lib64/ld-far-away.so.2".into()));
         assert_eq!(cut, None);
+        // A table of program headers larger than any the kernel executes is not read.
+        let mut huge = elf.clone();
+        huge[56..58].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert_eq!(interpreter_in(&huge[..4096], |_, _| unreachable!()), None);
     }
 }

@@ -628,10 +628,10 @@ impl RunManager {
         for (_, run) in &live {
             run.note_trigger(RunState::SupervisorShutdown, SHUTDOWN.into());
         }
-        // Never where a run was left detached (live restore), by this stop or an earlier
-        // one (a second shutdown finds no run live): its sandbox is under the same parent.
         // The teardowns remove no cgroup until every sandbox has exited (see `RemovalGate`).
         self.removals.hold();
+        // Never where a run was left detached (live restore), by this stop or an earlier
+        // one (a second shutdown finds no run live): its sandbox is under the same parent.
         let killed_all = !live.is_empty()
             && detached.is_empty()
             && !self.left_detached()
