@@ -22,12 +22,12 @@ use crate::cgroup::{CgroupJoin, RunCgroup};
 /// A `tollgate-shim` that has not been given its plan yet. It was started without copying
 /// the supervisor, in its sandbox's cgroup in every hierarchy (it joined before it ran
 /// anything; a start's own sandbox on a hybrid host starts in the run's v2 directory and its
-/// shard's v1 cgroups, and its pid 1 joins the run's v1 cgroups with the plan), leading a process group of its own, and waited for its first message before
-/// anything else; since then it has compiled the seccomp programs, unshared the sandbox's
-/// namespaces, forked pid 1 as this process's child (which prepares what needs no plan and
-/// then waits for it on the control socket), said pid 1's pid (`PidOne`) and exited. A shim
-/// serves exactly one sandbox. When the supervisor goes away the socket closes and pid 1
-/// exits.
+/// shard's v1 cgroups, and its pid 1 joins the run's v1 cgroups with the plan), leading a
+/// process group of its own, and waited for its first message before anything else; since
+/// then it has compiled the seccomp programs, unshared the sandbox's namespaces, forked pid 1
+/// as this process's child (which prepares what needs no plan and then waits for it on the
+/// control socket), said pid 1's pid (`PidOne`) and exited. A shim serves exactly one
+/// sandbox. When the supervisor goes away the socket closes and pid 1 exits.
 #[derive(Debug)]
 pub struct IdleShim {
     process: IdleProcess,
