@@ -46,6 +46,14 @@ pub struct TokenLabels {
     pub kind: String,
 }
 
+/// Where a started run's sandbox came from.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SandboxSourceLabels {
+    /// `prepared_ahead` (taken from the warm pool) or `prepared_at_start` (the pool was
+    /// empty, so the start made its own).
+    pub source: String,
+}
+
 /// Every metric the supervisor keeps.
 #[derive(Debug)]
 pub struct Metrics {
@@ -62,6 +70,10 @@ pub struct Metrics {
     pub live_runs: Gauge,
     /// Sandboxes prepared ahead and not taken yet.
     pub warm_sandboxes: Gauge,
+    /// Sandboxes taken by starts, by where each came from: many `prepared_at_start` under a
+    /// steady load say the warm pool is too small (`--warm-sandboxes`) or the host too busy
+    /// to refill it between starts.
+    pub sandboxes_taken: Family<SandboxSourceLabels, Counter>,
     /// Gateway calls by tool and decision.
     pub gateway_calls: Family<CallLabels, Counter>,
     /// Model tokens charged, by route and kind.
@@ -106,6 +118,18 @@ impl Metrics {
             "Sandboxes prepared ahead and not taken yet",
             warm_sandboxes.clone(),
         );
+        let sandboxes_taken = Family::<SandboxSourceLabels, Counter>::default();
+        // Both series from the start, at 0: a dashboard's ratio of the two has no gap.
+        for source in ["prepared_ahead", "prepared_at_start"] {
+            drop(sandboxes_taken.get_or_create(&SandboxSourceLabels {
+                source: source.to_owned(),
+            }));
+        }
+        registry.register(
+            "sandboxes_taken",
+            "Sandboxes taken by starts, by where each came from",
+            sandboxes_taken.clone(),
+        );
         let gateway_calls = Family::<CallLabels, Counter>::default();
         registry.register(
             "gateway_calls",
@@ -145,6 +169,7 @@ impl Metrics {
             run_teardown_seconds,
             live_runs,
             warm_sandboxes,
+            sandboxes_taken,
             gateway_calls,
             model_tokens,
             revocation_stream_up,
@@ -163,6 +188,24 @@ impl Metrics {
         if result == "started" {
             self.run_start_seconds.observe(took.as_secs_f64());
         }
+    }
+
+    /// Counts a sandbox taken by a start: `prepared_ahead` or `prepared_at_start`.
+    pub fn sandbox_taken(&self, source: &str) {
+        self.sandboxes_taken
+            .get_or_create(&SandboxSourceLabels {
+                source: source.to_owned(),
+            })
+            .inc();
+    }
+
+    /// How many sandboxes starts have taken from `source` so far.
+    pub fn sandboxes_taken_from(&self, source: &str) -> u64 {
+        self.sandboxes_taken
+            .get_or_create(&SandboxSourceLabels {
+                source: source.to_owned(),
+            })
+            .get()
     }
 
     /// Counts a teardown.
@@ -227,6 +270,7 @@ mod tests {
         metrics.start("started", Duration::from_millis(3));
         metrics.call("fs.read", "allow");
         metrics.tokens("local", 12, 5);
+        metrics.sandbox_taken("prepared_ahead");
         let text = metrics.encode();
         assert!(
             text.contains("tollgate_supervisor_run_starts_total{result=\"started\"} 1"),
@@ -244,6 +288,11 @@ mod tests {
             ),
             "{text}"
         );
+        assert!(
+            text.contains("tollgate_supervisor_sandboxes_taken_total{source=\"prepared_ahead\"} 1"),
+            "{text}"
+        );
+        assert_eq!(metrics.sandboxes_taken_from("prepared_ahead"), 1);
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

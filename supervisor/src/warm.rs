@@ -224,6 +224,12 @@ impl SandboxPool {
             crate::metrics::get().warm_sandboxes.set(warm.len() as i64);
             taken
         };
+        let source = if warm.is_some() {
+            "prepared_ahead"
+        } else {
+            "prepared_at_start"
+        };
+        crate::metrics::get().sandbox_taken(source);
         match warm {
             Some(sandbox) => match sandbox.cgroup.apply_limits(limits) {
                 Ok(()) => Ok(sandbox),

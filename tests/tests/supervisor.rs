@@ -771,6 +771,13 @@ async fn metrics_are_scraped_and_parsed() {
     assert!(value("tollgate_supervisor_run_teardowns_total [('state', 'exited')]") >= 1.0);
     assert!(value("tollgate_supervisor_run_start_seconds_count []") >= 1.0);
     assert_eq!(value("tollgate_supervisor_live_runs []"), 0.0);
+    // Every started run's sandbox came from one of the two places.
+    let taken = value("tollgate_supervisor_sandboxes_taken_total [('source', 'prepared_ahead')]")
+        + value("tollgate_supervisor_sandboxes_taken_total [('source', 'prepared_at_start')]");
+    assert!(
+        taken >= value("tollgate_supervisor_run_starts_total [('result', 'started')]"),
+        "{samples}"
+    );
     assert_eq!(value("tollgate_supervisor_revocation_stream_up []"), 1.0);
     assert!(value("tollgate_supervisor_key_set_updated_timestamp_seconds []") > 0.0);
     // The run's admission and teardown entries, at least, were appended durably.

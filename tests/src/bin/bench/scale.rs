@@ -64,6 +64,10 @@ struct Window {
     live_after: usize,
     /// Each timed start, admitted (or spawned) → first byte.
     starts: Vec<Duration>,
+    /// Tollgate's side: the same starts split by where each one's sandbox came from,
+    /// prepared ahead (the warm pool) or by the start itself (the pool was empty).
+    ahead: Vec<Duration>,
+    own: Vec<Duration>,
     /// Wall time of the timed starts together.
     elapsed: Duration,
     /// After the window: this process's threads, RSS (KiB) and open descriptors.
@@ -100,9 +104,15 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)
 }
 
+/// What one start took, and on Tollgate's side whether its sandbox was prepared ahead.
+struct Started {
+    took: Duration,
+    prepared_ahead: Option<bool>,
+}
+
 /// Starts until `target` are live, timing each of the `samples` starts from `at[i]`.
 /// `start` starts one and returns its time to first byte.
-fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<Duration>) -> Ramp {
+fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<Started>) -> Ramp {
     let baseline = mem_available_kib();
     let mut live = 0usize;
     let mut windows = Vec::new();
@@ -122,9 +132,17 @@ fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<
         let first = live;
         let began = Instant::now();
         let mut starts = Vec::with_capacity(samples);
+        let (mut ahead, mut own) = (Vec::new(), Vec::new());
         for _ in 0..samples {
             match start() {
-                Ok(took) => starts.push(took),
+                Ok(started) => {
+                    starts.push(started.took);
+                    match started.prepared_ahead {
+                        Some(true) => ahead.push(started.took),
+                        Some(false) => own.push(started.took),
+                        None => {}
+                    }
+                }
                 Err(e) => {
                     return Ramp {
                         windows,
@@ -140,10 +158,14 @@ fn ramp(at: &[usize], samples: usize, mut start: impl FnMut() -> anyhow::Result<
         let elapsed = began.elapsed();
         let taken = baseline.saturating_sub(mem_available_kib());
         starts.sort();
+        ahead.sort();
+        own.sort();
         windows.push(Window {
             live: first,
             live_after: live,
             starts,
+            ahead,
+            own,
             elapsed,
             threads: proc_field("/proc/self/status", "Threads"),
             rss_kib: proc_field("/proc/self/status", "VmRSS"),
@@ -233,12 +255,18 @@ fn tollgate(
                     .or_default() += 1;
             }
         });
+        let metrics = tollgate_supervisor::metrics::get();
+        let ahead_before = metrics.sandboxes_taken_from("prepared_ahead");
         let begin = Instant::now();
         tollgate.manager.start(&signed, None, sink)?;
         let arrived = arrived
             .recv_timeout(START_DEADLINE)
             .context("no output from the run")?;
-        Ok(arrived - begin)
+        Ok(Started {
+            took: arrived - begin,
+            // Starts are one at a time: the count moved only if this one's was.
+            prepared_ahead: Some(metrics.sandboxes_taken_from("prepared_ahead") > ahead_before),
+        })
     });
     let check = (gateway_check && ramp.failure.is_none())
         .then(|| check_gateways(&tollgate, &answers, ids))
@@ -453,7 +481,10 @@ fn peer(at: &[usize], samples: usize) -> (Ramp, usize, Duration) {
         let took = begin.elapsed();
         children.push(child);
         read.context("no output from bwrap")?;
-        Ok(took)
+        Ok(Started {
+            took,
+            prepared_ahead: None,
+        })
     });
     let live = children.len();
     let begin = Instant::now();
@@ -468,6 +499,14 @@ fn peer(at: &[usize], samples: usize) -> (Ramp, usize, Duration) {
     (ramp, live, begin.elapsed())
 }
 
+/// The p50 of sorted `starts` in milliseconds, or `-` when there are none.
+fn p50_of(starts: &[Duration]) -> String {
+    if starts.is_empty() {
+        return "-".to_owned();
+    }
+    format!("{:.2} ms", percentile(starts, 0.5).as_secs_f64() * 1e3)
+}
+
 fn print(name: &str, ramp: &Ramp, supervisor: bool) {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     for window in &ramp.windows {
@@ -477,10 +516,15 @@ fn print(name: &str, ramp: &Ramp, supervisor: bool) {
             .map_or("-".to_owned(), |kib| format!("{:.2} MiB", kib / 1024.0));
         let own = if supervisor {
             format!(
-                "  threads {:>6}  RSS {:>7.1} MiB  fds {:>6}",
+                "  threads {:>6}  RSS {:>7.1} MiB  fds {:>6}\n{:<9}             sandboxes prepared ahead {:>4} (p50 {:>9}), by the start {:>4} (p50 {:>9})",
                 window.threads,
                 window.rss_kib as f64 / 1024.0,
-                window.fds
+                window.fds,
+                "",
+                window.ahead.len(),
+                p50_of(&window.ahead),
+                window.own.len(),
+                p50_of(&window.own),
             )
         } else {
             String::new()
