@@ -264,7 +264,7 @@ fn tollgate(
             .context("no output from the run")?;
         Ok(Started {
             took: arrived - begin,
-            // Starts are one at a time: the count moved only if this one's was.
+            // Starts run one at a time, so only this start can have moved the count.
             prepared_ahead: Some(metrics.sandboxes_taken_from("prepared_ahead") > ahead_before),
         })
     });
