@@ -51,11 +51,13 @@ use nix::sys::statfs::{statfs, CGROUP2_SUPER_MAGIC};
 use nix::unistd::Pid;
 
 mod tree;
+mod weight;
 
 pub use tree::{
     is_shard, make_shards, remove_shards, sandbox_cgroups, sandbox_path, sweep, sweep_keeping,
     SHARDS,
 };
+pub use weight::{raise_for_stop, restore_left, StopWeight};
 
 /// Where cgroup v2 is mounted on a unified host.
 const UNIFIED_ROOT: &str = "/sys/fs/cgroup";
@@ -165,6 +167,15 @@ pub enum CgroupError {
         count: usize,
         /// How long we tried.
         waited: Duration,
+    },
+    /// The record of the runs' parent's CPU weight before a stop raised it cannot be read
+    /// back, so the weight a crashed stop left raised cannot be put back.
+    #[error("the record of the parent cgroup's CPU weight before a stop, {file}, cannot be read ({detail}); check the parent's cpu.shares or cpu.weight by hand, then remove the record")]
+    WeightRecord {
+        /// The record.
+        file: PathBuf,
+        /// What is wrong with it.
+        detail: String,
     },
     /// A directory could not be removed.
     #[error("cannot remove cgroup {path}: {source}")]

@@ -7,8 +7,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tollgate_supervisor::cgroup::{
-    delegate_to, is_shard, make_shards, sandbox_cgroups, sandbox_path, sweep, sweep_keeping,
-    CgroupLimits, CgroupMode, KillMethod, RunCgroup, SHARDS, SUPERVISOR_LEAF,
+    delegate_to, is_shard, make_shards, raise_for_stop, restore_left, sandbox_cgroups,
+    sandbox_path, sweep, sweep_keeping, CgroupLimits, CgroupMode, KillMethod, RunCgroup, SHARDS,
+    SUPERVISOR_LEAF,
 };
 
 fn require_root() -> bool {
@@ -546,4 +547,69 @@ fn limits_already_held_are_not_written_again_and_limits_can_rise() {
     // The watch sees writes: different limits are written.
     cgroup.apply_limits(higher).unwrap();
     assert!(watch.written(), "the watch saw no write at all");
+}
+
+/// The file that weighs `parent` against its siblings for the CPU on this host, and the
+/// highest value it takes: v1 `cpu.shares`, or v2 `cpu.weight` on a unified host.
+fn weight_file(parent: &str) -> (std::path::PathBuf, &'static str) {
+    if CgroupMode::detect() == CgroupMode::Unified {
+        (
+            std::path::Path::new("/sys/fs/cgroup")
+                .join(parent)
+                .join("cpu.weight"),
+            "10000",
+        )
+    } else {
+        let cpu = ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"]
+            .into_iter()
+            .map(std::path::Path::new)
+            .find(|dir| dir.join("cpu.shares").exists())
+            .expect("a v1 cpu hierarchy");
+        (cpu.join(parent).join("cpu.shares"), "262144")
+    }
+}
+
+/// A stop raises the parent's CPU weight to the highest the kernel takes and puts it back;
+/// the record of what it was is written first and removed after. A stop that never put it
+/// back (its supervisor died) leaves the record, from which the next start puts it back,
+/// unless someone set the weight meanwhile.
+#[test]
+fn a_stop_raises_the_parents_cpu_weight_and_puts_it_back() {
+    if !require_root() {
+        return;
+    }
+    let parent = Parent::new("weight");
+    make_shards(&parent.0).unwrap();
+    let (file, most) = weight_file(&parent.0);
+    let read = || std::fs::read_to_string(&file).unwrap().trim().to_owned();
+    let before = read();
+    assert_ne!(before, most, "a new cgroup starts at the default weight");
+    let data = tempfile::tempdir().unwrap();
+    let record = data.path().join("stop-cpu-weight.json");
+
+    let weight = raise_for_stop(&parent.0, &record).unwrap();
+    assert!(weight.raised_any());
+    assert_eq!(read(), most);
+    assert!(
+        record.exists(),
+        "the record is on disk while the weight is raised"
+    );
+    weight.restore().unwrap();
+    assert_eq!(read(), before);
+    assert!(!record.exists());
+
+    // A supervisor that died mid-stop: raised, never restored.
+    std::mem::forget(raise_for_stop(&parent.0, &record).unwrap());
+    assert_eq!(read(), most);
+    assert_eq!(restore_left(&record).unwrap(), 1);
+    assert_eq!(read(), before);
+    assert!(!record.exists());
+
+    // Set by someone else after the stop raised it: left as they set it.
+    std::mem::forget(raise_for_stop(&parent.0, &record).unwrap());
+    let theirs = if most == "10000" { "300" } else { "3072" };
+    std::fs::write(&file, theirs).unwrap();
+    assert_eq!(restore_left(&record).unwrap(), 0);
+    assert_eq!(read(), theirs);
+    assert!(!record.exists());
 }

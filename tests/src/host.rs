@@ -60,6 +60,17 @@ pub fn pids_cgroup_dir(parent: &str) -> PathBuf {
     }
 }
 
+/// The file that weighs cgroup `parent` against its siblings for the CPU: the v1 `cpu`
+/// controller's `cpu.shares`, or v2's `cpu.weight` on a unified host.
+pub fn cpu_weight_file(parent: &str) -> PathBuf {
+    ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup/cpu,cpuacct"]
+        .into_iter()
+        .map(Path::new)
+        .find(|v1| v1.join("cpu.shares").exists())
+        .map(|v1| v1.join(parent).join("cpu.shares"))
+        .unwrap_or_else(|| Path::new("/sys/fs/cgroup").join(parent).join("cpu.weight"))
+}
+
 /// Whether the sandbox cgroup `name` under `parent` (`shard-NN/sandbox-…`) is a warm one:
 /// prepared ahead of need, holding only an idle shim and its pid 1 (no agent: every process a
 /// `tollgate-shim`), or, while the first is still being prepared, nothing yet and no limits.

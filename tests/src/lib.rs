@@ -26,8 +26,8 @@ mod supervisor;
 pub use authority::AuthorityProcess;
 pub use client::{authed, reflected_services, sample, scrape_metrics};
 pub use host::{
-    bin_path, is_warm, leftovers, pids_cgroup_dir, private_dir, repo_root, require_root,
-    stderr_line, supervisor_audit, wait_for_file,
+    bin_path, cpu_weight_file, is_warm, leftovers, pids_cgroup_dir, private_dir, repo_root,
+    require_root, stderr_line, supervisor_audit, wait_for_file,
 };
 pub use pki::Pki;
 pub use supervisor::{daemons, SupervisorProcess};

@@ -10,11 +10,13 @@ use tollgate_proto::v1 as pb;
 use tollgate_receipt::{
     timestamp_from_unix, unix_now, KeySet, ReceiptSigner, SignedReceipt, VerifyFailure,
 };
-use tollgate_supervisor::cgroup::{sandbox_cgroups, sweep, CgroupLimits, RunCgroup};
+use tollgate_supervisor::cgroup::{
+    raise_for_stop, sandbox_cgroups, sweep, CgroupLimits, RunCgroup,
+};
 use tollgate_supervisor::error::StartError;
 use tollgate_supervisor::records::{NewRun, RunRecords, RunState};
-use tollgate_supervisor::runs::RunManager;
-use tollgate_tests::{bin_path, pids_cgroup_dir, require_root, supervisor_audit};
+use tollgate_supervisor::runs::{stop_weight_record, RunManager};
+use tollgate_tests::{bin_path, cpu_weight_file, pids_cgroup_dir, require_root, supervisor_audit};
 
 use tollgate_tests::run_fixture::{settings, with_venv_agent, RunFixture as Fixture};
 
@@ -1259,6 +1261,14 @@ fn restart_after_a_crash_sweeps_what_was_left() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("supervisor");
     let parent = format!("tollgate-test-{}-crash", std::process::id());
+    // Swept (its processes killed) however the test ends.
+    struct Swept<'a>(&'a str);
+    impl Drop for Swept<'_> {
+        fn drop(&mut self) {
+            let _ = sweep(self.0, true);
+        }
+    }
+    let _swept = Swept(&parent);
     std::fs::create_dir_all(data.join("runs/r-crashed/work")).unwrap();
     let records = RunRecords::open(&data.join("supervisor.db")).unwrap();
     records
@@ -1290,6 +1300,12 @@ fn restart_after_a_crash_sweeps_what_was_left() {
         .spawn()
         .unwrap();
     cgroup.add_process(orphan.id()).unwrap();
+    // It died during a stop, the parent's CPU weight raised (see `cgroup::raise_for_stop`).
+    let weight = cpu_weight_file(&parent);
+    let read_weight = || std::fs::read_to_string(&weight).unwrap().trim().to_owned();
+    let default_weight = read_weight();
+    std::mem::forget(raise_for_stop(&parent, &stop_weight_record(&data)).unwrap());
+    assert_ne!(read_weight(), default_weight);
 
     let (manager, recovered) = RunManager::open(
         settings(&data, &parent, 201_300),
@@ -1304,9 +1320,32 @@ fn restart_after_a_crash_sweeps_what_was_left() {
     assert!(!orphan.wait().unwrap().success(), "the orphan was killed");
     assert!(!data.join("runs/r-crashed").exists());
     assert!(cgroup.pids().unwrap().is_empty());
+    assert_eq!(read_weight(), default_weight, "the weight is put back");
+    assert!(!stop_weight_record(&data).exists());
     // Shutdown also discards the warm sandbox the manager prepares in the background.
     manager.shutdown();
-    let _ = sweep(&parent, true);
+}
+
+/// A stop with runs live raises the parent's CPU weight while it ends them (see
+/// `cgroup::raise_for_stop`), and leaves it as it found it, with no record of it left.
+#[test]
+fn a_stop_leaves_the_parents_cpu_weight_as_it_found_it() {
+    if !require_root() {
+        return;
+    }
+    let fx = Fixture::new("stop-weight", 201_475);
+    let weight = cpu_weight_file(&fx.parent);
+    let read_weight = || std::fs::read_to_string(&weight).unwrap().trim().to_owned();
+    let before = read_weight();
+    let run_id = fx
+        .start(&fx.sign(fx.receipt("exec /usr/bin/sleep 5354", 60)))
+        .unwrap();
+    fx.manager.shutdown();
+    let record = fx.manager.get(&run_id).unwrap().unwrap();
+    assert_eq!(record.state, RunState::SupervisorShutdown);
+    fx.assert_gone(&run_id);
+    assert_eq!(read_weight(), before);
+    assert!(!stop_weight_record(&fx.data).exists());
 }
 
 /// A receipt signed by a key the supervisor does not know yet (the authority rotated) gets

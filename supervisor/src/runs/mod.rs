@@ -336,6 +336,13 @@ impl std::fmt::Debug for RunManager {
     }
 }
 
+/// Where, in the supervisor's data directory `data_dir`, a stop records the parent cgroup's
+/// CPU weight before raising it (see [`crate::cgroup::raise_for_stop`]); the next start puts
+/// it back from there if the stop did not finish.
+pub fn stop_weight_record(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("stop-cpu-weight.json")
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -614,6 +621,20 @@ impl RunManager {
         if !detached.is_empty() {
             self.left_detached.store(true, Ordering::SeqCst);
         }
+        // From the kill until the runs are removed, their sandboxes outweigh the kernel's
+        // workers cleaning up after them (see `cgroup::raise_for_stop`).
+        let weight = if live.is_empty() {
+            None
+        } else {
+            let record = stop_weight_record(&self.settings.data_dir);
+            match crate::cgroup::raise_for_stop(&self.settings.cgroup_parent, &record) {
+                Ok(weight) => Some(weight),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not raise the parent cgroup's CPU weight for the stop");
+                    None
+                }
+            }
+        };
         // Every run's kill is sent before any is waited for: the kernel then ends their
         // processes and namespaces side by side, and their teardowns run side by side on
         // the blocking pool. Killed and waited for one run at a time, the stop took one
@@ -670,6 +691,9 @@ impl RunManager {
             if let Err(e) = cleared {
                 tracing::warn!(error = %e, "could not remove what was left under the parent cgroup");
             }
+        }
+        if let Some(Err(e)) = weight.map(crate::cgroup::StopWeight::restore) {
+            tracing::error!(error = %e, "could not put back the parent cgroup's CPU weight after the stop");
         }
         // A clean stop ends the log with an entry and a signed checkpoint.
         let stopped = self

@@ -11,7 +11,7 @@ use tollgate_receipt::{unix_now, KeySet};
 
 use super::{restore, RunManager, RunSettings};
 use crate::admission::ReceiptAdmission;
-use crate::cgroup::{delegate_to, make_shards, sweep_keeping};
+use crate::cgroup::{delegate_to, make_shards, restore_left, sweep_keeping};
 use crate::error::StartError;
 use crate::host_ids::HostIds;
 use crate::records::{RunRecords, RunState, TeardownReport};
@@ -63,6 +63,18 @@ impl RunManager {
             .map(restore::Reclaimed::cgroup_name)
             .collect();
         let swept = sweep_keeping(&settings.cgroup_parent, false, &keep)?;
+        // A stop that did not finish may have left the parent's CPU weight raised (see
+        // `cgroup::raise_for_stop`): the runs to come must not outweigh the host.
+        match restore_left(&super::stop_weight_record(&settings.data_dir)) {
+            Ok(0) => {}
+            Ok(files) => tracing::warn!(
+                files,
+                "a stop that did not finish left the parent cgroup's CPU weight raised; put back"
+            ),
+            Err(e) => {
+                tracing::error!(error = %e, "could not put back the parent cgroup's CPU weight")
+            }
+        }
         // A parent that cannot hold limited runs fails the start-up, not the first run.
         delegate_to(&settings.cgroup_parent)?;
         // Made now, not by the first runs that need them (see `cgroup::make_shards`).
