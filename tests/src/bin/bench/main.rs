@@ -80,6 +80,10 @@ enum Bench {
         /// Leave out the bwrap peer.
         #[arg(long)]
         no_peer: bool,
+        /// Run the bwrap peer before Tollgate's side, not after it: whether the order of the
+        /// sides, and what the first one leaves the host in, changes either side's numbers.
+        #[arg(long, conflicts_with = "no_peer")]
+        peer_first: bool,
         /// Once the last count is live, have every live run answer one gateway call, then
         /// time `ps` (ListRuns, live only) and one revocation to its run's end, and check
         /// that nothing is left after the clean stop.
@@ -425,13 +429,18 @@ fn main() -> anyhow::Result<()> {
             warm,
             host_id_base,
             no_peer,
+            peer_first,
             gateway_check,
         } => scale::bench(
             at,
             samples.max(2),
             warm,
             host_id_base,
-            !no_peer,
+            match (no_peer, peer_first) {
+                (true, _) => scale::Peer::None,
+                (false, true) => scale::Peer::First,
+                (false, false) => scale::Peer::After,
+            },
             gateway_check,
         ),
         Bench::Audit { count, samples } => audit::bench(count.max(16), samples.max(1)),

@@ -8,10 +8,11 @@
 //! (`MemAvailable` before the first start less now, over the live runs). Then a clean stop of
 //! every run is timed.
 //!
-//! The peer, after Tollgate's runs are gone: the same program under `bwrap --unshare-all`,
-//! spawned one after another and kept alive, timed from spawn to first byte at the same
-//! counts, with the host's memory per live sandbox; then every sandbox is killed at once and
-//! the time until all their processes have exited is reported beside Tollgate's clean stop.
+//! The peer, after Tollgate's runs are gone (or before Tollgate's side, with `--peer-first`):
+//! the same program under `bwrap --unshare-all`, spawned one after another and kept alive,
+//! timed from spawn to first byte at the same counts, with the host's memory per live
+//! sandbox; then every sandbox is killed at once and the time until all their processes have
+//! exited is reported beside Tollgate's clean stop.
 //!
 //! With `--gateway-check` (issue 32's item 4), each run's program stays a shell that, on
 //! SIGUSR1, makes one gateway call (`tollgate-shim receipt`); once the last count is live,
@@ -550,7 +551,7 @@ pub(crate) fn bench(
     samples: usize,
     warm: usize,
     host_id_base: u32,
-    peer_too: bool,
+    peer: Peer,
     gateway_check: bool,
 ) -> anyhow::Result<()> {
     at.sort_unstable();
@@ -564,6 +565,11 @@ pub(crate) fn bench(
         "scale: counts {at:?}, {samples} timed starts at each, warm pool {warm}, host ids {host_id_base}.., open-file limit {hard}"
     );
     let ids = host_id_base..host_id_base + u32::try_from(most + 1)?;
+    if peer == Peer::First {
+        peer_side(&at, samples);
+        // As between the sides in the usual order: the peer's memory back first.
+        std::thread::sleep(Duration::from_secs(2));
+    }
     let TollgateSide {
         ramp,
         stop,
@@ -603,15 +609,31 @@ pub(crate) fn bench(
             left.iter().take(5).cloned().collect::<Vec<_>>().join("; ")
         );
     }
-    if peer_too {
+    if peer == Peer::After {
         // Let the host settle (teardown's memory back) before the peer's baseline.
         std::thread::sleep(Duration::from_secs(2));
-        let (ramp, live, stop) = peer(&at, samples);
-        print("bwrap", &ramp, false);
-        println!(
-            "bwrap     kill of {live} live sandboxes -> every process exited: {:.2} s",
-            stop.as_secs_f64()
-        );
+        peer_side(&at, samples);
     }
     Ok(())
+}
+
+/// Whether the bwrap peer runs, and on which side of Tollgate's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// Not at all.
+    None,
+    /// After Tollgate's side (the usual order).
+    After,
+    /// Before it (`--peer-first`).
+    First,
+}
+
+/// The peer's ramp and kill, printed.
+fn peer_side(at: &[usize], samples: usize) {
+    let (ramp, live, stop) = peer(at, samples);
+    print("bwrap", &ramp, false);
+    println!(
+        "bwrap     kill of {live} live sandboxes -> every process exited: {:.2} s",
+        stop.as_secs_f64()
+    );
 }
