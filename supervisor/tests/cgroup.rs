@@ -612,4 +612,17 @@ fn a_stop_raises_the_parents_cpu_weight_and_puts_it_back() {
     assert_eq!(restore_left(&record).unwrap(), 0);
     assert_eq!(read(), theirs);
     assert!(!record.exists());
+
+    // Already at the highest, with a record this stop did not write (one a crashed stop left
+    // that could not be read back): nothing raised, and that record kept for its operator.
+    std::fs::write(&file, most).unwrap();
+    std::fs::write(&record, "left by another stop").unwrap();
+    let weight = raise_for_stop(&parent.0, &record).unwrap();
+    assert!(!weight.raised_any());
+    weight.restore().unwrap();
+    assert_eq!(read(), most);
+    assert_eq!(
+        std::fs::read_to_string(&record).unwrap(),
+        "left by another stop"
+    );
 }

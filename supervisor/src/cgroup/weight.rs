@@ -45,7 +45,9 @@ struct RaisedFile {
 #[must_use = "the weight stays raised until restored"]
 pub struct StopWeight {
     raised: Vec<RaisedFile>,
-    record: PathBuf,
+    /// The record this stop wrote (none where it raised nothing): never another's, such as
+    /// one a crashed stop left that could not be read back.
+    record: Option<PathBuf>,
 }
 
 /// Raises the CPU weight of `parent` (the runs' parent cgroup) to the highest the kernel
@@ -69,19 +71,21 @@ pub fn raise_for_stop(parent: &str, record: &Path) -> Result<StopWeight, CgroupE
             });
         }
     }
-    let weight = StopWeight {
-        raised: Vec::new(),
-        record: record.to_owned(),
-    };
     if planned.is_empty() {
-        return Ok(weight);
+        return Ok(StopWeight {
+            raised: Vec::new(),
+            record: None,
+        });
     }
     if let Err(e) = write_record(record, &planned) {
         // Nothing was raised: no record either, not even part of one.
         let _ = remove_record(record);
         return Err(e);
     }
-    let mut weight = weight;
+    let mut weight = StopWeight {
+        raised: Vec::new(),
+        record: Some(record.to_owned()),
+    };
     for file in planned {
         if let Err(e) = write_file(&file.file, &file.raised) {
             // Best effort: the write that failed is the error to report.
@@ -103,7 +107,7 @@ impl StopWeight {
     /// set it meanwhile) or is gone (the parent was removed), then removes the record.
     pub fn restore(self) -> Result<(), CgroupError> {
         put_back(&self.raised)?;
-        remove_record(&self.record)
+        self.record.as_deref().map_or(Ok(()), remove_record)
     }
 }
 
