@@ -17,15 +17,13 @@
 //! ([`restore_left`]); a weight someone changed meanwhile is left as they set it.
 
 use std::fs;
-use std::io::{ErrorKind, Write as _};
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use cgroups_rs::fs::Controllers;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    read_trimmed, v1_mount, write_file, CgroupError, CgroupMode, HYBRID_V2_ROOT, UNIFIED_ROOT,
-};
+use super::{read_trimmed, write_file, CgroupError, RunCgroup};
 
 /// The highest `cpu.shares` a v1 cgroup takes (the kernel's `MAX_SHARES`, 2^18).
 const V1_MOST_SHARES: &str = "262144";
@@ -77,11 +75,7 @@ pub fn raise_for_stop(parent: &str, record: &Path) -> Result<StopWeight, CgroupE
             record: None,
         });
     }
-    if let Err(e) = write_record(record, &planned) {
-        // Nothing was raised: no record either, not even part of one.
-        let _ = remove_record(record);
-        return Err(e);
-    }
+    write_record(record, &planned)?;
     let mut weight = StopWeight {
         raised: Vec::new(),
         record: Some(record.to_owned()),
@@ -138,21 +132,17 @@ pub fn restore_left(record: &Path) -> Result<usize, CgroupError> {
 /// The control files that weigh `parent` against its siblings, each with the highest value
 /// it takes.
 fn weight_files(parent: &str) -> Vec<(PathBuf, &'static str)> {
-    let v2_root = match CgroupMode::detect() {
-        CgroupMode::Unified => Some(UNIFIED_ROOT),
-        // A hybrid host's v2 tree has no CPU controller; the file is looked for regardless.
-        CgroupMode::Hybrid => Some(HYBRID_V2_ROOT),
-        CgroupMode::Legacy => None,
-    };
-    let v1 = v1_mount(Controllers::Cpu)
-        .ok()
-        .map(|mount| (mount.join(parent).join("cpu.shares"), V1_MOST_SHARES));
-    let v2 = v2_root.map(|root| {
-        (
-            Path::new(root).join(parent).join("cpu.weight"),
-            V2_MOST_WEIGHT,
-        )
-    });
+    // Where `parent` is in each hierarchy, as for a run's cgroup. A hybrid host's v2 tree has
+    // no CPU controller; its file is looked for regardless.
+    let cgroup = RunCgroup::existing(parent);
+    let v1 = cgroup
+        .v1_dirs
+        .iter()
+        .find(|(controller, _)| *controller == Controllers::Cpu)
+        .map(|(_, dir)| (dir.join("cpu.shares"), V1_MOST_SHARES));
+    let v2 = cgroup
+        .v2_dir
+        .map(|dir| (dir.join("cpu.weight"), V2_MOST_WEIGHT));
     v1.into_iter().chain(v2).collect()
 }
 
@@ -173,17 +163,15 @@ fn put_back(raised: &[RaisedFile]) -> Result<usize, CgroupError> {
     Ok(restored)
 }
 
-/// Writes the record of what the weights were, synced: it must be on disk before any is
-/// raised.
+/// Writes the record of what the weights were, whole or not at all, and durably (file and
+/// directory synced): it must be on disk before any is raised.
 fn write_record(record: &Path, raised: &[RaisedFile]) -> Result<(), CgroupError> {
     let io = |source| CgroupError::Io {
         file: record.to_owned(),
         source,
     };
     let text = serde_json::to_vec(raised).map_err(|e| io(e.into()))?;
-    let mut file = fs::File::create(record).map_err(io)?;
-    file.write_all(&text).map_err(io)?;
-    file.sync_all().map_err(io)
+    tollgate_daemon::files::write_atomic(record, &text, 0o600).map_err(io)
 }
 
 fn remove_record(record: &Path) -> Result<(), CgroupError> {
