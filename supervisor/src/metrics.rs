@@ -54,6 +54,28 @@ pub struct SandboxSourceLabels {
     pub source: String,
 }
 
+/// Where a started run's sandbox came from (the `source` label of `sandboxes_taken`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SandboxSource {
+    /// Taken from the warm pool.
+    PreparedAhead,
+    /// The pool was empty, so the start made its own.
+    PreparedAtStart,
+}
+
+impl SandboxSource {
+    /// Both, in the order their series are made.
+    const ALL: [Self; 2] = [Self::PreparedAhead, Self::PreparedAtStart];
+
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::PreparedAhead => "prepared_ahead",
+            Self::PreparedAtStart => "prepared_at_start",
+        }
+    }
+}
+
 /// Every metric the supervisor keeps.
 #[derive(Debug)]
 pub struct Metrics {
@@ -120,9 +142,9 @@ impl Metrics {
         );
         let sandboxes_taken = Family::<SandboxSourceLabels, Counter>::default();
         // Both series from the start, at 0: a dashboard's ratio of the two has no gap.
-        for source in ["prepared_ahead", "prepared_at_start"] {
+        for source in SandboxSource::ALL {
             drop(sandboxes_taken.get_or_create(&SandboxSourceLabels {
-                source: source.to_owned(),
+                source: source.label().to_owned(),
             }));
         }
         registry.register(
@@ -190,20 +212,20 @@ impl Metrics {
         }
     }
 
-    /// Counts a sandbox taken by a start: `prepared_ahead` or `prepared_at_start`.
-    pub fn sandbox_taken(&self, source: &str) {
+    /// Counts a sandbox taken by a start from `source`.
+    pub fn sandbox_taken(&self, source: SandboxSource) {
         self.sandboxes_taken
             .get_or_create(&SandboxSourceLabels {
-                source: source.to_owned(),
+                source: source.label().to_owned(),
             })
             .inc();
     }
 
     /// How many sandboxes starts have taken from `source` so far.
-    pub fn sandboxes_taken_from(&self, source: &str) -> u64 {
+    pub fn sandboxes_taken_from(&self, source: SandboxSource) -> u64 {
         self.sandboxes_taken
             .get_or_create(&SandboxSourceLabels {
-                source: source.to_owned(),
+                source: source.label().to_owned(),
             })
             .get()
     }
@@ -270,7 +292,7 @@ mod tests {
         metrics.start("started", Duration::from_millis(3));
         metrics.call("fs.read", "allow");
         metrics.tokens("local", 12, 5);
-        metrics.sandbox_taken("prepared_ahead");
+        metrics.sandbox_taken(SandboxSource::PreparedAhead);
         let text = metrics.encode();
         assert!(
             text.contains("tollgate_supervisor_run_starts_total{result=\"started\"} 1"),
@@ -292,7 +314,10 @@ mod tests {
             text.contains("tollgate_supervisor_sandboxes_taken_total{source=\"prepared_ahead\"} 1"),
             "{text}"
         );
-        assert_eq!(metrics.sandboxes_taken_from("prepared_ahead"), 1);
+        assert_eq!(
+            metrics.sandboxes_taken_from(SandboxSource::PreparedAhead),
+            1
+        );
         assert!(text.ends_with("# EOF\n"), "{text}");
     }
 }

@@ -225,9 +225,9 @@ impl SandboxPool {
             taken
         };
         let source = if warm.is_some() {
-            "prepared_ahead"
+            crate::metrics::SandboxSource::PreparedAhead
         } else {
-            "prepared_at_start"
+            crate::metrics::SandboxSource::PreparedAtStart
         };
         crate::metrics::get().sandbox_taken(source);
         match warm {

@@ -38,6 +38,7 @@ use tollgate_proto::v1 as pb;
 use tollgate_receipt::{timestamp_from_unix, unix_now};
 use tollgate_supervisor::callers::CallerCheck;
 use tollgate_supervisor::daemon::serve_api;
+use tollgate_supervisor::metrics::SandboxSource;
 use tollgate_supervisor::runs::{OutputSink, RunManager};
 use tollgate_supervisor::service::SupervisorService;
 
@@ -257,7 +258,7 @@ fn tollgate(
             }
         });
         let metrics = tollgate_supervisor::metrics::get();
-        let ahead_before = metrics.sandboxes_taken_from("prepared_ahead");
+        let ahead_before = metrics.sandboxes_taken_from(SandboxSource::PreparedAhead);
         let begin = Instant::now();
         tollgate.manager.start(&signed, None, sink)?;
         let arrived = arrived
@@ -266,7 +267,9 @@ fn tollgate(
         Ok(Started {
             took: arrived - begin,
             // Starts run one at a time, so only this start can have moved the count.
-            prepared_ahead: Some(metrics.sandboxes_taken_from("prepared_ahead") > ahead_before),
+            prepared_ahead: Some(
+                metrics.sandboxes_taken_from(SandboxSource::PreparedAhead) > ahead_before,
+            ),
         })
     });
     let check = (gateway_check && ramp.failure.is_none())
