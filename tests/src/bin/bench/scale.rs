@@ -6,7 +6,10 @@
 //! receipt to the agent's first output byte; their p50 and p99 and their rate are reported
 //! with the supervisor's threads, RSS and descriptors, and the host's memory per live run
 //! (`MemAvailable` before the first start less now, over the live runs). Then a clean stop of
-//! every run is timed.
+//! every run is timed. Each side's ramp begins once the host's CPUs are quiet (at least 90 %
+//! idle over half a second): the kernel is still freeing the namespaces of sandboxes killed
+//! just before, by the other side or by a run before this one, for seconds after their last
+//! process has exited.
 //!
 //! The peer, after Tollgate's runs are gone (or before Tollgate's side, with `--peer-first`):
 //! the same program under `bwrap --unshare-all`, spawned one after another and kept alive,
@@ -569,10 +572,10 @@ pub(crate) fn bench(
     );
     let ids = host_id_base..host_id_base + u32::try_from(most + 1)?;
     if peer == Peer::First {
+        settle("bwrap");
         peer_side(&at, samples);
-        // As between the sides in the usual order: the peer's memory back first.
-        std::thread::sleep(Duration::from_secs(2));
     }
+    settle("tollgate");
     let TollgateSide {
         ramp,
         stop,
@@ -613,11 +616,120 @@ pub(crate) fn bench(
         );
     }
     if peer == Peer::After {
-        // Let the host settle (teardown's memory back) before the peer's baseline.
-        std::thread::sleep(Duration::from_secs(2));
+        settle("bwrap");
         peer_side(&at, samples);
     }
     Ok(())
+}
+
+/// How idle the host's CPUs must have been, over [`QUIET_WINDOW`], before a side's ramp.
+const QUIET_IDLE: f64 = 0.9;
+const QUIET_WINDOW: Duration = Duration::from_millis(500);
+/// How long a side waits for a quiet host before it starts anyway.
+const QUIET_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Waits until the host's CPUs have been at least [`QUIET_IDLE`] idle over [`QUIET_WINDOW`]
+/// (at most [`QUIET_DEADLINE`]), and says how long that took. A side's first starts are the
+/// base every later count is compared with: measured while the kernel still frees the
+/// namespaces of the sandboxes just killed (seconds of work after their last process exits,
+/// after the other side or a benchmark run just before), they would be slowed, and every ratio
+/// with them. Each side waits the same way.
+fn settle(side: &str) {
+    let begin = Instant::now();
+    let mut idle = 0.0;
+    while begin.elapsed() < QUIET_DEADLINE {
+        let before = cpu_times();
+        std::thread::sleep(QUIET_WINDOW);
+        idle = match (before, cpu_times()) {
+            (Some(before), Some(after)) => idle_share(before, after),
+            // No /proc/stat to read: nothing to wait for.
+            _ => return,
+        };
+        if idle >= QUIET_IDLE {
+            println!(
+                "{side:<9} host quiet ({:.0} % idle) after {:.1} s",
+                idle * 100.0,
+                begin.elapsed().as_secs_f64()
+            );
+            return;
+        }
+    }
+    println!(
+        "{side:<9} host NOT quiet after {:.0} s ({:.0} % idle): its first starts share the CPUs",
+        QUIET_DEADLINE.as_secs_f64(),
+        idle * 100.0
+    );
+}
+
+/// The host's CPU time so far, idle (with I/O wait) and in all, in clock ticks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuTimes {
+    idle: u64,
+    total: u64,
+}
+
+fn cpu_times() -> Option<CpuTimes> {
+    parse_cpu_times(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+/// The first line of `/proc/stat`: `cpu  user nice system idle iowait irq softirq steal …`.
+fn parse_cpu_times(stat: &str) -> Option<CpuTimes> {
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .strip_prefix("cpu ")?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    // Guest time is counted in user and nice already.
+    let counted = fields.get(..8)?;
+    Some(CpuTimes {
+        idle: counted[3] + counted[4],
+        total: counted.iter().sum(),
+    })
+}
+
+/// The share of the CPU time between `before` and `after` that was idle.
+fn idle_share(before: CpuTimes, after: CpuTimes) -> f64 {
+    let total = after.total.saturating_sub(before.total);
+    if total == 0 {
+        return 1.0;
+    }
+    after.idle.saturating_sub(before.idle) as f64 / total as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_times_count_idle_and_io_wait_and_leave_guest_time_out() {
+        let stat = "cpu  100 5 50 800 40 3 2 0 7 1\ncpu0 50 2 25 400 20 1 1 0 3 0\n";
+        assert_eq!(
+            parse_cpu_times(stat),
+            Some(CpuTimes {
+                idle: 840,
+                total: 1000
+            })
+        );
+        assert_eq!(parse_cpu_times("intr 1 2 3\n"), None);
+        assert_eq!(parse_cpu_times("cpu  1 2 3\n"), None);
+    }
+
+    #[test]
+    fn idle_share_is_of_the_time_between_the_readings() {
+        let before = CpuTimes {
+            idle: 840,
+            total: 1000,
+        };
+        let after = CpuTimes {
+            idle: 1020,
+            total: 1200,
+        };
+        assert!((idle_share(before, after) - 0.9).abs() < 1e-9);
+        assert!((idle_share(before, before) - 1.0).abs() < 1e-9);
+    }
 }
 
 /// Whether the bwrap peer runs, and on which side of Tollgate's.
