@@ -32,14 +32,88 @@ pub async fn blocking<T: Send + 'static>(
 }
 
 /// An error with every cause under it, `: `-separated (a TLS failure is several layers down,
-/// and the top one alone says only "transport error").
+/// and the top one alone says only "transport error"). A cause the line already ends with is
+/// said once: a wrapper that prints its inner error's words, or a layer that prints its own
+/// cause, would otherwise repeat it ("tcp connect error: tcp connect error: …").
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
+        let cause = inner.to_string();
+        if !cause.is_empty() && !text.ends_with(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
         source = inner.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    /// One layer of an error: its words and what is under it.
+    #[derive(Debug)]
+    struct Layer {
+        words: &'static str,
+        under: Option<Box<Layer>>,
+    }
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.words)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.under
+                .as_deref()
+                .map(|layer| layer as &(dyn std::error::Error + 'static))
+        }
+    }
+
+    fn chain(words: &[&'static str]) -> Layer {
+        let mut layers = words.iter().rev();
+        let mut error = Layer {
+            words: layers.next().expect("one layer at least"),
+            under: None,
+        };
+        for words in layers {
+            error = Layer {
+                words,
+                under: Some(Box::new(error)),
+            };
+        }
+        error
+    }
+
+    #[test]
+    fn every_cause_is_said_once() {
+        // tonic's transport error over hyper's connect error, which repeats its own words.
+        let refused = chain(&[
+            "transport error",
+            "tcp connect error",
+            "tcp connect error",
+            "Connection refused (os error 111)",
+        ]);
+        assert_eq!(
+            error_chain(&refused),
+            "transport error: tcp connect error: Connection refused (os error 111)"
+        );
+        // A layer that prints its cause itself.
+        let read = chain(&["reading /etc/x: Permission denied", "Permission denied"]);
+        assert_eq!(error_chain(&read), "reading /etc/x: Permission denied");
+        // Different words are all kept, in order.
+        let tls = chain(&[
+            "transport error",
+            "invalid peer certificate",
+            "UnknownIssuer",
+        ]);
+        assert_eq!(
+            error_chain(&tls),
+            "transport error: invalid peer certificate: UnknownIssuer"
+        );
+    }
 }

@@ -790,19 +790,7 @@ fn transport_detail(error: &(dyn std::error::Error + 'static)) -> String {
         }
         cause = current.source();
     }
-    error_chain(error)
-}
-
-/// A transport error with its causes (hyper's top-level message alone says little).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
+    tollgate_daemon::error_chain(error)
 }
 
 /// Reads a body up to `cap` bytes.
