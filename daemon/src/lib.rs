@@ -32,15 +32,17 @@ pub async fn blocking<T: Send + 'static>(
 }
 
 /// An error with every cause under it, `: `-separated (a TLS failure is several layers down,
-/// and the top one alone says only "transport error"). A cause the line already ends with is
-/// said once: a wrapper that prints its inner error's words, or a layer that prints its own
-/// cause, would otherwise repeat it ("tcp connect error: tcp connect error: …").
+/// and the top one alone says only "transport error"). A cause that repeats the whole line, or
+/// the part of it after its last `: `, is said once: a wrapper that prints its inner error's
+/// words, or a layer that prints its own cause, would otherwise repeat it ("tcp connect error:
+/// tcp connect error: …").
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(inner) = source {
         let cause = inner.to_string();
-        if !cause.is_empty() && !text.ends_with(&cause) {
+        let repeated = text == cause || text.ends_with(&format!(": {cause}"));
+        if !cause.is_empty() && !repeated {
             text.push_str(": ");
             text.push_str(&cause);
         }
@@ -105,6 +107,11 @@ mod tests {
         // A layer that prints its cause itself.
         let read = chain(&["reading /etc/x: Permission denied", "Permission denied"]);
         assert_eq!(error_chain(&read), "reading /etc/x: Permission denied");
+        // Words that only end like the line before are a cause of their own.
+        let denied = chain(&["access denied", "denied"]);
+        assert_eq!(error_chain(&denied), "access denied: denied");
+        let checksum = chain(&["checksum mismatch", "match"]);
+        assert_eq!(error_chain(&checksum), "checksum mismatch: match");
         // Different words are all kept, in order.
         let tls = chain(&[
             "transport error",

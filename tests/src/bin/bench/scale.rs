@@ -6,10 +6,10 @@
 //! receipt to the agent's first output byte; their p50 and p99 and their rate are reported
 //! with the supervisor's threads, RSS and descriptors, and the host's memory per live run
 //! (`MemAvailable` before the first start less now, over the live runs). Then a clean stop of
-//! every run is timed. Each side's ramp begins once the host's CPUs are quiet (at least 90 %
-//! idle over half a second): the kernel is still freeing the namespaces of sandboxes killed
-//! just before, by the other side or by a run before this one, for seconds after their last
-//! process has exited.
+//! every run is timed. Each side's ramp begins once the host is quiet (at most a fifth of a
+//! CPU busy over half a second): the kernel goes on freeing the namespaces of sandboxes killed
+//! just before, by the other side or by a run before this one, after their last process has
+//! exited.
 //!
 //! The peer, after Tollgate's runs are gone (or before Tollgate's side, with `--peer-first`):
 //! the same program under `bwrap --unshare-all`, spawned one after another and kept alive,
@@ -622,114 +622,90 @@ pub(crate) fn bench(
     Ok(())
 }
 
-/// How idle the host's CPUs must have been, over [`QUIET_WINDOW`], before a side's ramp.
-const QUIET_IDLE: f64 = 0.9;
+/// How much CPU, in CPUs, may have been busy over [`QUIET_WINDOW`] for the host to count as
+/// quiet before a side's ramp: a share of all CPUs would let a many-CPU host count as quiet
+/// while one kernel worker still frees the last side's namespaces.
+const QUIET_BUSY_CPUS: f64 = 0.2;
 const QUIET_WINDOW: Duration = Duration::from_millis(500);
 /// How long a side waits for a quiet host before it starts anyway.
 const QUIET_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Waits until the host's CPUs have been at least [`QUIET_IDLE`] idle over [`QUIET_WINDOW`]
-/// (at most [`QUIET_DEADLINE`]), and says how long that took. A side's first starts are the
-/// base every later count is compared with: measured while the kernel still frees the
-/// namespaces of the sandboxes just killed (seconds of work after their last process exits,
-/// after the other side or a benchmark run just before), they would be slowed, and every ratio
-/// with them. Each side waits the same way.
+/// Waits until at most [`QUIET_BUSY_CPUS`] have been busy over [`QUIET_WINDOW`] (at most
+/// [`QUIET_DEADLINE`]), and says how long that took. A side's first starts are the base every
+/// later count is compared with: measured while the kernel still frees the namespaces of the
+/// sandboxes just killed (work that goes on after their last process exits, after the other
+/// side or a benchmark run just before), they would be slowed, and every ratio with them. Each
+/// side waits the same way.
 fn settle(side: &str) {
     let begin = Instant::now();
-    let mut idle = 0.0;
+    let mut busy = f64::NAN;
     while begin.elapsed() < QUIET_DEADLINE {
         let before = cpu_times();
         std::thread::sleep(QUIET_WINDOW);
-        idle = match (before, cpu_times()) {
-            (Some(before), Some(after)) => idle_share(before, after),
-            // No /proc/stat to read: nothing to wait for.
-            _ => return,
+        let (Some(before), Some(after)) = (before, cpu_times()) else {
+            println!("{side:<9} host quiet: not known (no /proc/stat to read), not waited for");
+            return;
         };
-        if idle >= QUIET_IDLE {
+        busy = busy_cpus(before, after);
+        if busy <= QUIET_BUSY_CPUS {
             println!(
-                "{side:<9} host quiet ({:.0} % idle) after {:.1} s",
-                idle * 100.0,
+                "{side:<9} host quiet ({busy:.2} CPUs busy) after {:.1} s",
                 begin.elapsed().as_secs_f64()
             );
             return;
         }
     }
     println!(
-        "{side:<9} host NOT quiet after {:.0} s ({:.0} % idle): its first starts share the CPUs",
-        QUIET_DEADLINE.as_secs_f64(),
-        idle * 100.0
+        "{side:<9} host NOT quiet after {:.0} s ({busy:.2} CPUs busy): its first starts share the CPUs",
+        begin.elapsed().as_secs_f64(),
     );
 }
 
-/// The host's CPU time so far, idle (with I/O wait) and in all, in clock ticks.
+/// The host's CPU time so far, idle (with I/O wait) and in all, in clock ticks, and how many
+/// CPUs it counts.
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct CpuTimes {
     idle: u64,
     total: u64,
+    cpus: usize,
 }
 
 fn cpu_times() -> Option<CpuTimes> {
     parse_cpu_times(&std::fs::read_to_string("/proc/stat").ok()?)
 }
 
-/// The first line of `/proc/stat`: `cpu  user nice system idle iowait irq softirq steal …`.
+/// `/proc/stat`: its first line, `cpu  user nice system idle iowait irq softirq steal guest
+/// guest_nice`, summed over the CPUs, then one `cpuN` line a CPU.
 fn parse_cpu_times(stat: &str) -> Option<CpuTimes> {
-    let fields: Vec<u64> = stat
-        .lines()
+    let mut lines = stat.lines();
+    let fields: Vec<u64> = lines
         .next()?
         .strip_prefix("cpu ")?
         .split_whitespace()
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    // Guest time is counted in user and nice already.
+    // Guest time is counted in user and nice already; steal is time the CPU was not ours.
     let counted = fields.get(..8)?;
-    Some(CpuTimes {
+    let cpus = lines
+        .take_while(|line| line.starts_with("cpu"))
+        .filter(|line| line[3..].starts_with(|c: char| c.is_ascii_digit()))
+        .count();
+    (cpus > 0).then(|| CpuTimes {
         idle: counted[3] + counted[4],
         total: counted.iter().sum(),
+        cpus,
     })
 }
 
-/// The share of the CPU time between `before` and `after` that was idle.
-fn idle_share(before: CpuTimes, after: CpuTimes) -> f64 {
+/// How many CPUs were busy, on average, between `before` and `after`.
+fn busy_cpus(before: CpuTimes, after: CpuTimes) -> f64 {
     let total = after.total.saturating_sub(before.total);
     if total == 0 {
-        return 1.0;
+        return 0.0;
     }
-    after.idle.saturating_sub(before.idle) as f64 / total as f64
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cpu_times_count_idle_and_io_wait_and_leave_guest_time_out() {
-        let stat = "cpu  100 5 50 800 40 3 2 0 7 1\ncpu0 50 2 25 400 20 1 1 0 3 0\n";
-        assert_eq!(
-            parse_cpu_times(stat),
-            Some(CpuTimes {
-                idle: 840,
-                total: 1000
-            })
-        );
-        assert_eq!(parse_cpu_times("intr 1 2 3\n"), None);
-        assert_eq!(parse_cpu_times("cpu  1 2 3\n"), None);
-    }
-
-    #[test]
-    fn idle_share_is_of_the_time_between_the_readings() {
-        let before = CpuTimes {
-            idle: 840,
-            total: 1000,
-        };
-        let after = CpuTimes {
-            idle: 1020,
-            total: 1200,
-        };
-        assert!((idle_share(before, after) - 0.9).abs() < 1e-9);
-        assert!((idle_share(before, before) - 1.0).abs() < 1e-9);
-    }
+    let busy = total.saturating_sub(after.idle.saturating_sub(before.idle));
+    busy as f64 / total as f64 * after.cpus as f64
 }
 
 /// Whether the bwrap peer runs, and on which side of Tollgate's.
@@ -751,4 +727,47 @@ fn peer_side(at: &[usize], samples: usize) {
         "bwrap     kill of {live} live sandboxes -> every process exited: {:.2} s",
         stop.as_secs_f64()
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STAT: &str = "cpu  100 5 50 800 40 3 2 4 7 1\ncpu0 50 2 25 400 20 1 1 2 3 0\ncpu1 50 3 25 400 20 2 1 2 4 1\nintr 1 2 3\n";
+
+    #[test]
+    fn cpu_times_count_idle_with_io_wait_steal_as_busy_and_guest_time_once() {
+        assert_eq!(
+            parse_cpu_times(STAT),
+            Some(CpuTimes {
+                idle: 840,
+                total: 1004,
+                cpus: 2
+            })
+        );
+        // Not the summed line first, too few fields, or no CPU of its own: nothing to read.
+        assert_eq!(parse_cpu_times("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(parse_cpu_times("cpu  1 2 3\ncpu0 1 2 3\n"), None);
+        assert_eq!(parse_cpu_times("cpu  1 2 3 4 5 6 7 8\nintr 1\n"), None);
+    }
+
+    #[test]
+    fn busy_cpus_are_of_the_time_between_the_readings() {
+        let before = CpuTimes {
+            idle: 840,
+            total: 1000,
+            cpus: 2,
+        };
+        // 200 ticks on 2 CPUs, 180 of them idle: a tenth of the time busy, a fifth of a CPU.
+        let after = CpuTimes {
+            idle: 1020,
+            total: 1200,
+            cpus: 2,
+        };
+        assert!((busy_cpus(before, after) - 0.2).abs() < 1e-9);
+        // The same share on 16 CPUs is 1.6 CPUs busy: not quiet.
+        let many = |t: CpuTimes| CpuTimes { cpus: 16, ..t };
+        assert!((busy_cpus(many(before), many(after)) - 1.6).abs() < 1e-9);
+        assert!(busy_cpus(before, before).abs() < 1e-9);
+    }
 }
