@@ -50,8 +50,16 @@ pub struct TokenLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SandboxSourceLabels {
     /// `prepared_ahead` (taken from the warm pool) or `prepared_at_start` (the pool was
-    /// empty, so the start made its own).
-    pub source: String,
+    /// empty, so the start made its own): [`SandboxSource::label`].
+    pub source: &'static str,
+}
+
+impl From<SandboxSource> for SandboxSourceLabels {
+    fn from(source: SandboxSource) -> Self {
+        Self {
+            source: source.label(),
+        }
+    }
 }
 
 /// Where a started run's sandbox came from (the `source` label of `sandboxes_taken`).
@@ -143,9 +151,7 @@ impl Metrics {
         let sandboxes_taken = Family::<SandboxSourceLabels, Counter>::default();
         // Both series from the start, at 0: a dashboard's ratio of the two has no gap.
         for source in SandboxSource::ALL {
-            drop(sandboxes_taken.get_or_create(&SandboxSourceLabels {
-                source: source.label().to_owned(),
-            }));
+            drop(sandboxes_taken.get_or_create(&source.into()));
         }
         registry.register(
             "sandboxes_taken",
@@ -214,20 +220,12 @@ impl Metrics {
 
     /// Counts a sandbox taken by a start from `source`.
     pub fn sandbox_taken(&self, source: SandboxSource) {
-        self.sandboxes_taken
-            .get_or_create(&SandboxSourceLabels {
-                source: source.label().to_owned(),
-            })
-            .inc();
+        self.sandboxes_taken.get_or_create(&source.into()).inc();
     }
 
     /// How many sandboxes starts have taken from `source` so far.
     pub fn sandboxes_taken_from(&self, source: SandboxSource) -> u64 {
-        self.sandboxes_taken
-            .get_or_create(&SandboxSourceLabels {
-                source: source.label().to_owned(),
-            })
-            .get()
+        self.sandboxes_taken.get_or_create(&source.into()).get()
     }
 
     /// Counts a teardown.
